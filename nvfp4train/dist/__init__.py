@@ -1,0 +1,105 @@
+"""Process-group setup from torchrun or SLURM, and the data-parallel wrappers (DDP, FSDP2).
+
+torchrun sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT. A task launched by plain
+`srun` (no torchrun) has only SLURM_* variables: we translate them, so both launch styles work.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+PARALLEL_MODES = ("ddp", "fsdp2", "deepspeed")
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_from_slurm() -> None:
+    """Fill torchrun's variables from SLURM's when a task was started by `srun` directly."""
+    if "RANK" in os.environ or "SLURM_PROCID" not in os.environ or "SLURM_NTASKS" not in os.environ:
+        return
+    os.environ["RANK"] = os.environ["SLURM_PROCID"]
+    os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+    os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    if "MASTER_ADDR" not in os.environ:
+        nodelist = os.environ.get("SLURM_JOB_NODELIST", os.environ.get("SLURM_NODELIST", "127.0.0.1"))
+        try:  # the first host of a compressed list such as "gpu[01-04]"
+            first = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                                   text=True, check=True).stdout.split()[0]
+        except (OSError, subprocess.CalledProcessError, IndexError):
+            first = nodelist.split(",")[0]
+        os.environ["MASTER_ADDR"] = first
+    os.environ.setdefault("MASTER_PORT", str(29500 + int(os.environ.get("SLURM_JOB_ID", "0")) % 1000))
+
+
+def init_distributed(device: str = "auto") -> DistInfo:
+    """Initialise torch.distributed when launched with several processes; pick this rank's device."""
+    _env_from_slurm()
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("train.device=cuda but no CUDA GPU is visible; use train.device=cpu or auto")
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    elif device == "cpu":
+        dev = torch.device("cpu")
+    else:
+        raise ValueError(f"train.device={device!r}: allowed auto, cpu, cuda")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo",
+                                rank=rank, world_size=world_size, device_id=dev if dev.type == "cuda" else None)
+    return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
+
+
+def wrap_model(model: nn.Module, mode: str, info: DistInfo) -> nn.Module:
+    """Wrap for data parallelism. World size 1 runs the bare model (DeepSpeed wraps in its own engine)."""
+    if mode not in PARALLEL_MODES:
+        raise ValueError(f"train.parallel={mode!r}: allowed {', '.join(PARALLEL_MODES)}")
+    if info.world_size == 1 or mode == "deepspeed":
+        return model
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    # BF16 compute copies of the sharded FP32 master weights; gradients reduced in FP32.
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+def all_reduce_mean(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.world_size > 1:
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value /= info.world_size
+    return value
+
+
+def barrier(info: DistInfo) -> None:
+    if info.world_size > 1:
+        dist.barrier()
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,65 @@
+"""Learning-rate schedules as pure functions of the step.
+
+WSD (warmup-stable-decay) follows Megatron-LM's `--lr-decay-style WSD`: linear warmup to the peak,
+constant, then a decay over the last `decay_fraction` of the steps down to `min_lr`, in one of
+Megatron's four shapes (`--lr-wsd-decay-style`). The paper trains its 12B model with WSD, decaying
+over the last 20% to 1% of the peak.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+SCHEDULES = ("wsd", "cosine", "constant")
+DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    name: str = "wsd"
+    warmup_steps: int = 0
+    decay_fraction: float = 0.2
+    decay_style: str = "linear"
+
+    def __post_init__(self):
+        if self.name not in SCHEDULES:
+            raise ValueError(f"optim.schedule.name={self.name!r}: allowed {', '.join(SCHEDULES)}")
+        if self.decay_style not in DECAY_STYLES:
+            raise ValueError(f"optim.schedule.decay_style={self.decay_style!r}: allowed {', '.join(DECAY_STYLES)}")
+        if not 0.0 <= self.decay_fraction <= 1.0:
+            raise ValueError(f"optim.schedule.decay_fraction={self.decay_fraction}: must be in [0, 1]")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optim.schedule.warmup_steps={self.warmup_steps}: must be >= 0")
+
+
+def decay_coefficient(style: str, ratio: float) -> float:
+    """Fraction of (peak - min) still applied after `ratio` in [0, 1] of the decay phase."""
+    ratio = min(max(ratio, 0.0), 1.0)
+    if style == "linear":
+        return 1.0 - ratio
+    if style == "cosine":
+        return 0.5 * (math.cos(math.pi * ratio) + 1.0)
+    if style == "exponential":
+        return 2.0 * 0.5**ratio - 1.0
+    if style == "minus_sqrt":
+        return 1.0 - math.sqrt(ratio)
+    raise ValueError(f"unknown decay style {style!r}: allowed {', '.join(DECAY_STYLES)}")
+
+
+def lr_at(step: int, total_steps: int, peak_lr: float, min_lr: float, cfg: ScheduleConfig) -> float:
+    """Learning rate for optimizer step `step` (0-based) of a run of `total_steps` steps."""
+    if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
+        return peak_lr * (step + 1) / cfg.warmup_steps
+    if cfg.name == "constant":
+        return peak_lr
+    if cfg.name == "cosine":
+        span = max(total_steps - cfg.warmup_steps, 1)
+        return min_lr + decay_coefficient("cosine", (step - cfg.warmup_steps) / span) * (peak_lr - min_lr)
+    # WSD: the decay phase covers the last `decay_fraction` of all steps (and never the warmup).
+    decay_steps = max(int(round(cfg.decay_fraction * total_steps)), 0)
+    decay_start = max(total_steps - decay_steps, cfg.warmup_steps)
+    if decay_steps == 0 or step < decay_start:
+        return peak_lr
+    # (step + 1) so that the last step lands exactly on min_lr, as Megatron's 1-based counter does.
+    ratio = (step + 1 - decay_start) / max(total_steps - decay_start, 1)
+    return min_lr + decay_coefficient(cfg.decay_style, ratio) * (peak_lr - min_lr)

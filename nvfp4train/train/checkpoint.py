@@ -1,0 +1,162 @@
+"""Checkpoints: sharded, atomic, keep-last-k, resumable, and never unpickling arbitrary objects.
+
+Layout of one checkpoint, `<out_dir>/checkpoints/step_00000100/`:
+  model_optim/            torch.distributed.checkpoint (DCP): model weights and AdamW moments, FP32,
+                          each rank writing its own shards (FSDP2) or rank 0 the whole (DDP / single)
+  rank_00000.pt           per-rank state: RNG states (torch, CUDA, stochastic-rounding generators),
+                          data-loader position, precision-schedule state (tensors and plain data only)
+  meta.json               step, tokens, world size, the model config it was written for, the
+                          optimizer's param_groups, the W&B run id; written last
+
+A save goes to `step_XXXXXXXX.tmp/` and is renamed into place when every rank has written, so a crash
+mid-save leaves the previous checkpoint as the latest loadable one. Loading uses `weights_only=True`
+for `torch.load` and a restricted unpickler for DCP's metadata file; non-tensor optimizer fields
+travel in meta.json, so DCP never has to unpickle a Python object.
+"""
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+from torch.distributed.checkpoint.metadata import StorageMeta
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+PREFIX = "step_"
+META = "meta.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used for this run; the message names the file and the mismatch."""
+
+
+# ----------------------------------------------------------------------------------------- reading
+class _MetadataUnpickler(pickle.Unpickler):
+    """Resolves only the classes DCP's `.metadata` file is made of."""
+
+    ALLOWED_MODULES = ("torch.distributed.checkpoint.",)
+    ALLOWED = {("torch", "Size"), ("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"),
+               ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"),
+               ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
+               ("pathlib", "PurePosixPath")}  # maps "torch.strided" to the layout object
+
+    def find_class(self, module, name):
+        if module.startswith(self.ALLOWED_MODULES) or (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if module == "torch" and name in ("contiguous_format", "channels_last", "preserve_format"):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not allowed")
+
+
+class SafeFileSystemReader(FileSystemReader):
+    def read_metadata(self, *args, **kwargs):
+        rank = kwargs.get("rank")
+        with self.fs.create_stream(self._get_metadata_path(rank), "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def list_checkpoints(ckpt_root: Path) -> list[Path]:
+    """Complete checkpoints (renamed into place, meta.json present), oldest first."""
+    if not ckpt_root.is_dir():
+        return []
+    found = [p for p in ckpt_root.iterdir()
+             if p.is_dir() and p.name.startswith(PREFIX) and not p.name.endswith(".tmp") and (p / META).is_file()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def read_meta(ckpt: Path) -> dict:
+    path = ckpt / META
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{ckpt}: not a checkpoint ({META} missing)") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: unreadable ({e})") from None
+
+
+def check_compatible(ckpt: Path, meta: dict, model_config: dict) -> None:
+    """Refuse, before any step, a checkpoint written for another model."""
+    saved = meta.get("model_config", {})
+    diffs = [f"{k} ({saved.get(k)!r} in the checkpoint, {model_config.get(k)!r} now)"
+             for k in sorted(set(saved) | set(model_config)) if saved.get(k) != model_config.get(k)
+             and k != "ssd_backend"]
+    if diffs:
+        raise CheckpointError(f"{ckpt} was written for another model: " + "; ".join(diffs))
+
+
+def load(ckpt: Path, model, optimizer, rank: int, model_config: dict) -> tuple[dict, dict]:
+    """Restore model and optimizer in place; return (meta, this rank's trainer state)."""
+    meta = read_meta(ckpt)
+    check_compatible(ckpt, meta, model_config)
+    rank_file = ckpt / f"rank_{rank:05d}.pt"
+    if not rank_file.is_file():
+        raise CheckpointError(f"{rank_file} missing: the checkpoint was written by {meta.get('world_size')} "
+                              f"ranks; exact resume needs the same world size")
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd["state"]}
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(ckpt / "model_optim")))
+    except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures in a traceback text; surface its last error line
+        lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln] or [str(e)]
+        raise CheckpointError(f"{ckpt / 'model_optim'}: cannot load ({lines[-1][:400]})") from None
+    optim_sd = {"state": state["optim"], "param_groups": _groups_from_json(meta["param_groups"])}
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_sd)
+    trainer_state = torch.load(rank_file, map_location="cpu", weights_only=True)
+    return meta, trainer_state
+
+
+# ----------------------------------------------------------------------------------------- writing
+def save(ckpt_root: Path, step: int, model, optimizer, rank: int, world_size: int, meta: dict,
+         trainer_state: dict, keep_last: int, barrier) -> Path:
+    """Write a checkpoint for `step` atomically (all ranks call this); return its final path."""
+    final = ckpt_root / f"{PREFIX}{step:08d}"
+    tmp = ckpt_root / f"{final.name}.tmp"
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    for fqn, st in optim_sd["state"].items():
+        for k, v in st.items():
+            if not isinstance(v, torch.Tensor):
+                raise TypeError(f"optimizer state {fqn}.{k} is not a tensor ({type(v).__name__})")
+    dcp.save({"model": model_sd, "optim": optim_sd["state"]}, checkpoint_id=str(tmp / "model_optim"))
+    torch.save(trainer_state, tmp / f"rank_{rank:05d}.pt")
+    barrier()
+    if rank == 0:
+        meta = dict(meta, step=step, world_size=world_size, param_groups=_groups_to_json(optim_sd["param_groups"]))
+        (tmp / META).write_text(json.dumps(meta, indent=1))
+        if final.exists():  # re-saving the same step (e.g. final save right after a periodic one)
+            shutil.rmtree(final)
+        tmp.rename(final)
+        for old in list_checkpoints(ckpt_root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier()
+    return final
+
+
+def _groups_to_json(groups: list[dict]) -> list[dict]:
+    out = []
+    for g in groups:
+        g = {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()}
+        for k, v in g.items():
+            if isinstance(v, torch.Tensor):
+                g[k] = v.item()
+        out.append(g)
+    return out
+
+
+def _groups_from_json(groups: list[dict]) -> list[dict]:
+    return [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in groups]

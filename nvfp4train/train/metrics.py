@@ -1,0 +1,103 @@
+"""Where numbers go: metrics.jsonl (always), W&B (when enabled), and a progress bar.
+
+metrics.jsonl gets one JSON object per logged step; on resume it is truncated to the steps before the
+checkpoint, so a resumed run's file reads like one uninterrupted run. A resumed run continues the same
+W&B run (its id is stored in the checkpoint) in the same group.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from nvfp4train.train.config import WandbConfig
+
+
+class MetricsLogger:
+    def __init__(self, out_dir: Path, enabled: bool):
+        self.path = out_dir / "metrics.jsonl"
+        self.enabled = enabled
+        self._file = None
+        self._wandb_run = None
+
+    def open(self, resume_step: int | None) -> None:
+        """Start the file; on resume keep only records of steps <= resume_step."""
+        if not self.enabled:
+            return
+        kept = []
+        if resume_step is not None and self.path.exists():
+            for line in self.path.read_text().splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    break  # a torn last line from a killed run
+                if record.get("step", math.inf) <= resume_step:
+                    kept.append(line)
+        self._file = open(self.path, "w")
+        for line in kept:
+            self._file.write(line + "\n")
+        self._file.flush()
+
+    def start_wandb(self, cfg: WandbConfig, run_config: dict, experiment: str, out_dir: Path,
+                    run_id: str | None) -> str | None:
+        """Start (or continue) the W&B run; return its id for the checkpoint."""
+        if not (self.enabled and cfg.enabled):
+            return run_id
+        import wandb
+
+        mode = cfg.mode
+        if mode == "auto":  # wandb.init fails at once without a key in online mode: go offline instead
+            has_key = bool(os.environ.get("WANDB_API_KEY")) or (Path.home() / ".netrc").exists()
+            mode = "online" if has_key else "offline"
+        self._wandb_run = wandb.init(project=cfg.project, entity=cfg.entity, group=cfg.group or experiment,
+                                     name=cfg.name, config=run_config, dir=str(out_dir), mode=mode,
+                                     id=run_id, resume="allow" if run_id else None)
+        return self._wandb_run.id
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._wandb_run is not None:
+            self._wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+            self._wandb_run = None
+
+
+class ProgressBar:
+    """A tqdm bar showing step, loss and tokens/s; silent when not interactive (unless forced)."""
+
+    def __init__(self, setting: str, enabled: bool, total: int, initial: int, log_every: int = 10):
+        setting = str(setting).lower()
+        self.enabled, self.log_every = enabled, log_every
+        show = enabled and (setting == "true" or (setting == "auto" and sys.stderr.isatty()))
+        self._bar = None
+        if show:
+            from tqdm import tqdm
+            self._bar = tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)
+
+    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"step {step} loss {loss:.4f} {tokens_per_s:,.0f} tok/s", refresh=False)
+            self._bar.update(1)
+        elif self.enabled and step % self.log_every == 0:  # logs (SLURM, CI) get a plain line instead
+            print(f"step {step} loss {loss:.4f} {tokens_per_s:,.0f} tok/s", flush=True)
+
+    def write(self, message: str) -> None:
+        if self._bar is not None:
+            self._bar.write(message)
+        else:
+            print(message, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
