@@ -1,0 +1,14 @@
+"""Pure numerics: NVFP4, MXFP4 and FP8 quantizers, the random Hadamard transform, E2M1 rounding.
+
+Functions of tensors only (CPU or CUDA); nothing here imports the rest of nvfp4train.
+
+    from nvfp4train.formats import nvfp4, mxfp4, fp8, hadamard
+    q = nvfp4.quantize(x, tile=(1, 16), rounding="rne")      # packed, bit-exact with TE
+    v, s_dec = nvfp4.fake_quantize(x, tile=(16, 16))           # dense e2m1*scale_b, + global scale
+    y = hadamard.rht(x, d=16)
+"""
+
+from . import e2m1, fp8, hadamard, mxfp4, nvfp4, rounding
+from .rounding import sr_generator
+
+__all__ = ["e2m1", "fp8", "hadamard", "mxfp4", "nvfp4", "rounding", "sr_generator"]

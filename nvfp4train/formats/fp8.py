@@ -1,0 +1,125 @@
+"""FP8 (E4M3 / E5M2) with current scaling: per tensor, or DeepSeek-style blockwise.
+
+Per tensor (TE ``Float8CurrentScaling``):
+    encode = fp8_max / max|x|  (FP32 division; 1 if amax is 0; capped at FLT_MAX)
+    data   = sat_cast(x * encode),   decode_scale = 1 / encode
+Blockwise (TE ``Float8BlockScaling`` / DeepSeek-V3, the paper's FP8 baseline): the same per block
+of (1, 128) (activations, gradients; one scale per row-chunk) or (128, 128) (weights). Decode
+scales are FP32, shaped ``[rows, cols/128]`` for (1, 128) and ``[rows/128, cols/128]`` for
+(128, 128) (one per tile, not repeated — the layout ``torch._scaled_mm`` takes for blockwise
+scaling on Hopper). ``pow2_scales=True`` rounds the encode scale down to a power of two (TE's
+default for this recipe), which makes dequantized values exact in BF16.
+
+``sat_cast`` clamps to ±fp8_max before the cast: PyTorch's float8 casts are not specified to
+saturate (older versions turn large E4M3 inputs into NaN; E5M2 overflows to Inf).
+
+Non-finite input: if a tensor (per tensor) or block (blockwise) holds NaN/±Inf, its decode scale
+is NaN, so everything it scales dequantizes to NaN (never silently clipped to fp8_max).
+
+``fake_quantize_*`` return ``(values, global_decode_scale)`` like nvfp4/mxfp4: per tensor, the FP8
+values themselves (exact in BF16) and the tensor's decode scale, to be applied after the matmul;
+blockwise, the dequantized values (``out_dtype``, default float32; exact in bf16 only with
+``pow2_scales``) and 1.0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+BLOCKS = ((1, 128), (128, 128))
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_FLT_MAX = torch.finfo(torch.float32).max
+
+
+def fp8_max(dtype: torch.dtype) -> float:
+    _check_fp8_dtype(dtype)
+    return float(torch.finfo(dtype).max)  # 448 for E4M3, 57344 for E5M2
+
+
+def _check_fp8_dtype(dtype) -> None:
+    if dtype not in FP8_DTYPES:
+        raise ValueError(f"fp8: dtype={dtype} is not supported; allowed: {FP8_DTYPES}")
+
+
+def _check_input(x: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"fp8: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"fp8: x.dtype={x.dtype} is not supported; allowed: {INPUT_DTYPES}")
+    if x.numel() == 0:
+        raise ValueError(f"fp8: x must be non-empty, got shape {tuple(x.shape)}")
+
+
+def saturating_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Clamp to ±fp8_max, then cast with RNE (NaN stays NaN)."""
+    limit = fp8_max(dtype)
+    return torch.clamp(x, -limit, limit).to(dtype)
+
+
+def encode_scale_from_amax(amax: torch.Tensor, dtype: torch.dtype, pow2_scales: bool = False) -> torch.Tensor:
+    """FP32 encode scale fp8_max / amax: 1 where amax is 0, capped at FLT_MAX, NaN where amax is
+    not finite; with ``pow2_scales`` rounded down to a power of two (so decoding never clips)."""
+    amax = amax.to(torch.float32)
+    scale = torch.div(torch.full_like(amax, fp8_max(dtype)), amax)
+    scale = torch.clamp(scale, max=_FLT_MAX)
+    scale = torch.where(amax == 0, torch.ones_like(scale), scale)
+    if pow2_scales:
+        mantissa, exponent = torch.frexp(scale)  # scale = m * 2^e, m in [0.5, 1)
+        scale = torch.ldexp(torch.full_like(scale, 0.5), exponent)  # 2^floor(log2 scale)
+    return torch.where(torch.isfinite(amax), scale, torch.full_like(scale, float("nan")))
+
+
+def quantize_tensorwise(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False):
+    """``(data_fp8, decode_scale)``: per-tensor current scaling; decode_scale is FP32 0-d."""
+    _check_input(x)
+    _check_fp8_dtype(dtype)
+    xf = x.to(torch.float32)
+    encode = encode_scale_from_amax(xf.abs().amax(), dtype, pow2_scales)
+    return saturating_cast(xf * encode, dtype), torch.reciprocal(encode)
+
+
+def fake_quantize_tensorwise(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False, out_dtype: torch.dtype | None = None):
+    """``(fp8 values in out_dtype (default x.dtype), decode_scale)``; apply the scale after the matmul."""
+    data, decode = quantize_tensorwise(x, dtype, pow2_scales)
+    return data.to(out_dtype or x.dtype), decode
+
+
+def _block_view(x: torch.Tensor, block) -> tuple[torch.Tensor, tuple[int, int]]:
+    """x as FP32 [rows/br, br, cols/bc, bc] plus the scale grid shape."""
+    block = tuple(block)
+    if block not in BLOCKS:
+        raise ValueError(f"fp8: block={block!r} is not supported; allowed: {BLOCKS}")
+    if x.ndim < 2:
+        raise ValueError(f"fp8: blockwise scaling needs a tensor with >= 2 dims, got shape {tuple(x.shape)}")
+    cols = x.shape[-1]
+    rows = x.numel() // cols
+    br, bc = block
+    if cols % bc or rows % br:
+        raise ValueError(f"fp8: block {block} must divide (rows={rows}, cols={cols}) of shape {tuple(x.shape)} (no padding is done)")
+    return x.reshape(rows // br, br, cols // bc, bc).to(torch.float32), (rows // br, cols // bc)
+
+
+def quantize_blockwise(x: torch.Tensor, block=(1, 128), dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False):
+    """``(data_fp8 [x.shape], decode_scales FP32)``; scales are [rows, cols/128] for (1, 128) and
+    [rows/128, cols/128] for (128, 128) (leading dims of x flattened into rows)."""
+    _check_input(x)
+    _check_fp8_dtype(dtype)
+    xb, grid = _block_view(x, block)
+    encode = encode_scale_from_amax(xb.abs().amax(dim=(1, 3)), dtype, pow2_scales)  # [grid]
+    data = saturating_cast(xb * encode[:, None, :, None], dtype)
+    return data.reshape(x.shape), torch.reciprocal(encode)
+
+
+def dequantize_blockwise(data: torch.Tensor, scales: torch.Tensor, block=(1, 128), dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of ``quantize_blockwise`` (FP32 math, then cast to ``dtype``)."""
+    block = tuple(block)
+    values, _ = _block_view(data.to(torch.float32), block)
+    return (values * scales[:, None, :, None]).reshape(data.shape).to(dtype)
+
+
+def fake_quantize_blockwise(x: torch.Tensor, block=(1, 128), dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False, out_dtype: torch.dtype = torch.float32):
+    """``(dequantized values in out_dtype, 1.0)``; equal to dequantize_blockwise(quantize_blockwise(.))."""
+    data, scales = quantize_blockwise(x, block, dtype, pow2_scales)
+    ones = torch.ones((), dtype=torch.float32, device=x.device)
+    return dequantize_blockwise(data, scales, block, out_dtype), ones

@@ -1,0 +1,79 @@
+"""Random Hadamard transform (RHT) along the last dimension, in blocks of d.
+
+    rht_matrix(d) = diag(signs) @ H_d / sqrt(d)
+
+H_d is the Sylvester Hadamard matrix (entries ±1); ``diag(signs)`` flips its rows (the sign
+matrix multiplies from the left, as in the paper App. C and TE). The matrix is orthogonal, and
+``rht(x)`` is ``x.reshape(-1, d) @ rht_matrix(d)``, so applying it to both operands of a GEMM
+along their contraction dim leaves the product unchanged (``M @ M.T = I``).
+
+Signs:
+* ``None`` and d = 16: TE's fixed vector ``WGRAD_SIGNS_16`` (also torchao's default);
+* ``None`` and any other d: ``random_signs(d, DEFAULT_SIGN_SEED)``;
+* an int: ``random_signs(d, seed)``;
+* a tensor of ±1 of length d.
+
+Precision: the product is computed in FP32 and rounded once to x's dtype, as TE's reference
+does for bf16 inputs (it multiplies in the input dtype), so the quantizer sees bf16 values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+WGRAD_SIGNS_16 = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
+DEFAULT_SIGN_SEED = 0
+
+
+def random_signs(d: int, seed: int = DEFAULT_SIGN_SEED) -> torch.Tensor:
+    """A ±1 float32 vector of length d from a CPU ``torch.Generator`` seeded with ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    bits = torch.randint(0, 2, (d,), generator=gen)
+    return (1 - 2 * bits).to(torch.float32)
+
+
+def _check_d(d: int) -> None:
+    if not isinstance(d, int) or d < 1 or d & (d - 1):
+        raise ValueError(f"hadamard: d={d!r} must be a positive power of two (16 for NVFP4, 32 for MXFP4)")
+
+
+def resolve_signs(d: int, signs=None) -> torch.Tensor:
+    """The ±1 sign vector (float32, CPU) that ``signs`` stands for (see module docstring)."""
+    _check_d(d)
+    if signs is None:
+        return torch.tensor(WGRAD_SIGNS_16, dtype=torch.float32) if d == 16 else random_signs(d)
+    if isinstance(signs, int) and not isinstance(signs, bool):
+        return random_signs(d, signs)
+    signs = torch.as_tensor(signs, dtype=torch.float32).cpu()
+    if signs.shape != (d,) or not bool(((signs == 1) | (signs == -1)).all()):
+        raise ValueError(f"hadamard: signs must be None, an int seed or {d} values of ±1, got {signs.tolist()}")
+    return signs
+
+
+def sylvester(d: int) -> torch.Tensor:
+    """The d x d Sylvester Hadamard matrix with ±1 entries (float32)."""
+    _check_d(d)
+    h = torch.ones(1, 1)
+    while h.shape[0] < d:
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    return h
+
+
+def rht_matrix(d: int = 16, signs=None, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """``diag(signs) @ H_d / sqrt(d)`` in ``dtype`` (exact for d = 16 in any float dtype)."""
+    h = resolve_signs(d, signs).unsqueeze(1) * sylvester(d)
+    return (h.double() / math.sqrt(d)).to(dtype=dtype, device=device)
+
+
+def rht(x: torch.Tensor, d: int = 16, signs=None) -> torch.Tensor:
+    """Transform ``x`` along its last dim in blocks of d; same shape and dtype as x."""
+    _check_d(d)
+    if not x.is_floating_point():
+        raise TypeError(f"hadamard.rht: x must be a floating tensor, got {x.dtype}")
+    if x.ndim == 0 or x.shape[-1] % d != 0:
+        raise ValueError(f"hadamard.rht: the last dim of shape {tuple(x.shape)} must be a multiple of d={d}")
+    matrix = rht_matrix(d, signs, dtype=torch.float32, device=x.device)
+    y = x.reshape(-1, d).to(torch.float32) @ matrix
+    return y.to(x.dtype).reshape(x.shape)

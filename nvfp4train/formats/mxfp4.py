@@ -1,0 +1,119 @@
+"""MXFP4: E2M1 elements, one power-of-two (E8M0) decode scale per 32 elements, no tensor scale.
+
+Scale rules (``scale_rule``):
+* "ceil" (default, the paper's App. B.4 and TE's reference): X = 2^ceil(log2(amax_b / 6)), the
+  smallest power of two with 6 * X >= amax_b, so the block amax never saturates.
+* "floor" (OCP MX v1.0): X = 2^(floor(log2(amax_b)) - 2); the block amax lands in [4, 8) and
+  values above 6 clip to 6.
+Exponents are clamped to E8M0's [-127, 127]; an all-zero block gets 2^-127 (as TE's reference).
+The ceil exponent is computed exactly from the FP32 bits of amax_b / 6 (TE's reference uses
+``ceil(torch.log2(.))``, which can round an amax just above 6 * 2^k down to k and clip; the
+golden vectors do not hit that edge and agree).
+
+Elements: ``e2m1(clamp(x / X, -6, 6))`` with RNE or SR. Non-finite: a block holding NaN/±Inf gets
+the E8M0 NaN scale (0xFF) and dequantizes to NaN; other blocks are unaffected (no global scale).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import e2m1
+
+BLOCK = 32
+SCALE_RULES = ("ceil", "floor")
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+E8M0_NAN = 255
+
+
+@dataclass
+class MXFP4Tensor:
+    """A packed MXFP4 tensor. ``shape`` is the logical shape ``[..., cols]``."""
+
+    codes: torch.Tensor  # uint8 [..., cols // 2], element 2j in the low nibble
+    scales: torch.Tensor  # float8_e8m0fnu [..., cols // 32]; .to(torch.float32) gives 2^e
+    shape: torch.Size
+    scale_rule: str
+
+    @property
+    def global_decode_scale(self) -> torch.Tensor:
+        return torch.ones((), dtype=torch.float32, device=self.codes.device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel() + self.scales.numel()
+
+    def unpacked_codes(self) -> torch.Tensor:
+        return e2m1.unpack(self.codes)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True) -> torch.Tensor:
+        """Decode to ``dtype`` (``apply_global_scale`` is accepted for symmetry; there is none)."""
+        values = e2m1.decode(self.unpacked_codes()).unflatten(-1, (-1, BLOCK))
+        values = values * scale_from_e8m0(self.scales).unsqueeze(-1)
+        return values.flatten(-2).to(dtype)
+
+
+def scale_from_e8m0(scales: torch.Tensor) -> torch.Tensor:
+    """float8_e8m0fnu (or its uint8 bits) -> FP32 2^(bits - 127); 0xFF -> NaN."""
+    bits = scales.view(torch.uint8).to(torch.int32)
+    normal = torch.bitwise_left_shift(bits.clamp(min=1), 23).view(torch.float32)  # 2^(bits-127)
+    value = torch.where(bits == 0, torch.full_like(normal, 2.0**-127), normal)
+    return torch.where(bits == E8M0_NAN, torch.full_like(value, float("nan")), value)
+
+
+def scale_exponent(block_amax: torch.Tensor, scale_rule: str) -> torch.Tensor:
+    """Unbiased E8M0 exponent (int32, in [-127, 127]) of each block's decode scale."""
+    if scale_rule == "ceil":
+        v = block_amax / e2m1.E2M1_MAX
+        mantissa, exponent = torch.frexp(v)  # v = mantissa * 2^exponent, mantissa in [0.5, 1)
+        e = exponent - (mantissa == 0.5).to(exponent.dtype)  # exact ceil(log2 v)
+    elif scale_rule == "floor":
+        _, exponent = torch.frexp(block_amax)
+        e = exponent - 1 - 2  # floor(log2 amax) - emax(E2M1)
+    else:
+        raise ValueError(f"mxfp4: scale_rule={scale_rule!r} is not supported; allowed: {SCALE_RULES}")
+    e = torch.where(block_amax == 0, torch.full_like(e, -127), e)
+    return e.to(torch.int32).clamp(-127, 127)
+
+
+def _quantize_core(x: torch.Tensor, rounding: str, scale_rule: str, generator):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"mxfp4: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"mxfp4: x.dtype={x.dtype} is not supported; allowed: {INPUT_DTYPES}")
+    if x.ndim == 0 or x.numel() == 0 or x.shape[-1] % BLOCK != 0:
+        raise ValueError(f"mxfp4: the last dim of shape {tuple(x.shape)} must be a non-zero multiple of {BLOCK} (no padding is done)")
+    e2m1.check_rounding(rounding)
+    cols = x.shape[-1]
+    xb = x.reshape(-1, cols // BLOCK, BLOCK).to(torch.float32)
+    block_amax = xb.abs().amax(dim=-1)
+    finite = torch.isfinite(block_amax)
+    bits = (scale_exponent(torch.where(finite, block_amax, 0.0), scale_rule) + 127).to(torch.uint8)
+    bits = torch.where(finite, bits, torch.full_like(bits, E8M0_NAN))
+    scale = scale_from_e8m0(bits)
+    negative, magnitude = e2m1.round_scaled(xb * torch.reciprocal(scale).unsqueeze(-1), rounding, generator)
+    return negative, magnitude, bits, scale
+
+
+def quantize(x: torch.Tensor, rounding: str = "rne", scale_rule: str = "ceil", generator: torch.Generator | None = None) -> MXFP4Tensor:
+    """Quantize ``x`` (blocks of 32 along dim -1) to packed MXFP4."""
+    negative, magnitude, bits, _ = _quantize_core(x, rounding, scale_rule, generator)
+    lead = x.shape[:-1]
+    codes = e2m1.pack(e2m1.encode(negative, magnitude).flatten(-2))
+    return MXFP4Tensor(
+        codes=codes.reshape(*lead, -1),
+        scales=bits.view(torch.float8_e8m0fnu).reshape(*lead, -1),
+        shape=x.shape,
+        scale_rule=scale_rule,
+    )
+
+
+def fake_quantize(x: torch.Tensor, rounding: str = "rne", scale_rule: str = "ceil", generator: torch.Generator | None = None, out_dtype: torch.dtype | None = None):
+    """``(values, 1.0)``: dequantized MXFP4 values in ``out_dtype`` (default x.dtype), equal bit
+    for bit to ``quantize(...).dequantize(out_dtype)``. Exact in bf16 (E2M1 x 2^e)."""
+    negative, magnitude, _, scale = _quantize_core(x, rounding, scale_rule, generator)
+    values = torch.where(negative, -magnitude, magnitude) * scale.unsqueeze(-1)
+    ones = torch.ones((), dtype=torch.float32, device=x.device)
+    return values.reshape(x.shape).to(out_dtype or x.dtype), ones

@@ -1,0 +1,159 @@
+"""NVFP4: E2M1 elements, one E4M3 decode scale per 16 elements, one FP32 scale per tensor.
+
+Bit-exact with Transformer Engine's reference quantizer (see docs/nvfp4-recipe.md §1.4):
+
+    amax     = max|x|                                       (FP32, whole tensor)
+    s_enc    = 2688 / amax  (true FP32 division; min FLT_MAX; 1 if amax == 0)
+    s_dec    = 1 / s_enc                                    (``global_decode_scale``)
+    scale_b  = e4m3_rne( min(amax_b * (s_enc * fp32(1/6)), 448) )    (stored block scale)
+    enc_b    = min(1 / (fp32(scale_b) * s_dec), FLT_MAX)    (from the *quantized* scale)
+    code_i   = e2m1( clamp(x_i * enc_b, -6, 6) )            (RNE, or SR for gradients)
+    x_hat_i  = e2m1(code_i) * fp32(scale_b) * s_dec
+
+Tiles: (1, 16) gives one scale per 16 consecutive elements of the last dim (activations and
+gradients); (16, 16) gives one scale per 16x16 tile, stored repeated on each of its 16 rows, so
+``quantize(w, (16, 16))`` and ``quantize(w.T, (16, 16))`` hold transposed copies of the same
+numbers (weights: Fprop and Dgrad see one quantized W). Shapes the tile does not divide are an
+error (no padding).
+
+Non-finite input (policy, deliberately unlike hardware satfinite, which turns NaN into +6): if any
+element of ``x`` is NaN or ±Inf, ``amax`` records it (NaN or Inf), the global scales become NaN and
+every block scale is E4M3 NaN (0x7F), so the whole tensor dequantizes to NaN and a trainer's
+non-finite guard fires instead of training on silently clipped numbers.
+
+Two ways in:
+* ``quantize`` packs codes (uint8, two per byte) and scales (float8_e4m3fn): storage / exactness.
+* ``fake_quantize`` returns ``e2m1 * fp32(scale_b)`` as a dense tensor plus ``s_dec`` — the same
+  numbers as ``quantize(...).dequantize(apply_global_scale=False)``, without packing. These
+  products have at most 6 significant bits and magnitudes in [2^-10, 2688], so they are exact in
+  BF16; an emulated GEMM multiplies the two operands' ``s_dec`` into its FP32 output afterwards,
+  like the hardware epilogue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import e2m1
+
+BLOCK = 16
+E4M3_MAX = 448.0
+TILES = ((1, 16), (16, 16))
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_FLT_MAX = torch.finfo(torch.float32).max
+
+
+@dataclass
+class NVFP4Tensor:
+    """A packed NVFP4 tensor. ``shape`` is the logical shape ``[..., cols]``."""
+
+    codes: torch.Tensor  # uint8 [..., cols // 2], element 2j in the low nibble
+    scales: torch.Tensor  # float8_e4m3fn [..., cols // 16] block decode scales
+    amax: torch.Tensor  # float32 0-d, max|x| the global scale came from
+    global_decode_scale: torch.Tensor  # float32 0-d, 1 / s_enc
+    shape: torch.Size
+    tile: tuple[int, int]
+
+    @property
+    def nbytes(self) -> int:
+        """Packed storage: codes + block scales + the FP32 amax."""
+        return self.codes.numel() + self.scales.numel() + 4
+
+    def unpacked_codes(self) -> torch.Tensor:
+        """One 4-bit code per uint8, logical shape."""
+        return e2m1.unpack(self.codes)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True) -> torch.Tensor:
+        """Decode to ``dtype``. ``apply_global_scale=False`` returns ``e2m1 * fp32(scale_b)``
+        only (exact in BF16; apply ``global_decode_scale`` after the matmul)."""
+        values = e2m1.decode(self.unpacked_codes()).unflatten(-1, (-1, BLOCK))
+        values = values * self.scales.to(torch.float32).unsqueeze(-1)
+        if apply_global_scale:
+            values = values * self.global_decode_scale
+        return values.flatten(-2).to(dtype)
+
+
+def _check_input(x: torch.Tensor, tile) -> tuple[int, int]:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"nvfp4: x must be a torch.Tensor, got {type(x).__name__}")
+    if tile not in TILES:
+        raise ValueError(f"nvfp4: tile={tile!r} is not supported; allowed: {TILES}")
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"nvfp4: x.dtype={x.dtype} is not supported; allowed: {INPUT_DTYPES}")
+    min_ndim = 2 if tile == (16, 16) else 1
+    if x.ndim < min_ndim or x.numel() == 0:
+        raise ValueError(f"nvfp4: x must be a non-empty tensor with at least {min_ndim} dim(s) for tile {tile}, got shape {tuple(x.shape)}")
+    cols = x.shape[-1]
+    rows = x.numel() // cols
+    if cols % BLOCK != 0:
+        raise ValueError(f"nvfp4: the last dim ({cols}) of shape {tuple(x.shape)} must be a multiple of {BLOCK} (no padding is done)")
+    if rows % tile[0] != 0:
+        raise ValueError(f"nvfp4: tile {tile} needs the row count ({rows}, all dims but the last of {tuple(x.shape)}) to be a multiple of {tile[0]}")
+    return rows, cols
+
+
+def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
+    """s_enc = 2688 / amax as TE computes it: FP32 division, capped at FLT_MAX, 1 when amax is 0.
+    NaN when amax is not finite (see the non-finite policy in the module docstring)."""
+    amax = amax.to(torch.float32)
+    s_enc = torch.div(torch.full_like(amax, 6.0 * E4M3_MAX), amax)  # a tensor / tensor: one rounding
+    s_enc = torch.clamp(s_enc, max=_FLT_MAX)
+    s_enc = torch.where((amax == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
+    return torch.where(torch.isfinite(amax), s_enc, torch.full_like(s_enc, float("nan")))
+
+
+def _quantize_core(x: torch.Tensor, tile, rounding: str, generator):
+    """Shared by ``quantize`` and ``fake_quantize``: returns
+    (negative [rows, nb, 16], magnitude [rows, nb, 16], scales_e4m3 [rows, nb], amax, s_dec)."""
+    tile = tuple(tile)
+    rows, cols = _check_input(x, tile)
+    e2m1.check_rounding(rounding)
+    nb = cols // BLOCK
+    xb = x.reshape(rows, nb, BLOCK).to(torch.float32)
+
+    if tile == (1, 16):
+        block_amax = xb.abs().amax(dim=-1)  # [rows, nb]
+    else:
+        tile_amax = xb.view(rows // 16, 16, nb, BLOCK).abs().amax(dim=(1, 3))  # [rows/16, nb]
+        block_amax = tile_amax.unsqueeze(1).expand(-1, 16, -1).reshape(rows, nb)
+    amax = block_amax.amax()  # == max|x|; NaN propagates
+
+    s_enc = global_encode_scale(amax)
+    s_dec = torch.reciprocal(s_enc)
+    # TE folds 1/6 into the global multiplier "to ensure exact match" with its kernel.
+    multiplier = s_enc * torch.reciprocal(torch.tensor(e2m1.E2M1_MAX, device=x.device))
+    # Saturate before the cast: PyTorch's float8 cast is not guaranteed to saturate.
+    scales = torch.clamp(block_amax * multiplier, max=E4M3_MAX).to(torch.float8_e4m3fn)
+    block_encode = torch.clamp(torch.reciprocal(scales.to(torch.float32) * s_dec), max=_FLT_MAX)
+
+    negative, magnitude = e2m1.round_scaled(xb * block_encode.unsqueeze(-1), rounding, generator)
+    return negative, magnitude, scales, amax, s_dec
+
+
+def quantize(x: torch.Tensor, tile=(1, 16), rounding: str = "rne", generator: torch.Generator | None = None) -> NVFP4Tensor:
+    """Quantize ``x`` (float32/bfloat16/float16, blocks along dim -1) to packed NVFP4.
+
+    rounding: "rne" (weights, activations) or "sr" (gradients; draws from ``generator``, a
+    ``torch.Generator`` on x's device, or torch's default generator when None)."""
+    negative, magnitude, scales, amax, s_dec = _quantize_core(x, tile, rounding, generator)
+    codes = e2m1.encode(negative, magnitude).flatten(-2)
+    lead = x.shape[:-1]
+    return NVFP4Tensor(
+        codes=e2m1.pack(codes).reshape(*lead, -1),
+        scales=scales.reshape(*lead, -1),
+        amax=amax,
+        global_decode_scale=s_dec,
+        shape=x.shape,
+        tile=tuple(tile),
+    )
+
+
+def fake_quantize(x: torch.Tensor, tile=(1, 16), rounding: str = "rne", generator: torch.Generator | None = None, out_dtype: torch.dtype | None = None):
+    """``(values, global_decode_scale)`` with ``values = e2m1 * fp32(scale_b)`` in ``out_dtype``
+    (default: x.dtype; exact in bf16/fp32), equal bit for bit to
+    ``quantize(...).dequantize(out_dtype, apply_global_scale=False)``. No packing, no Python loops."""
+    negative, magnitude, scales, _, s_dec = _quantize_core(x, tile, rounding, generator)
+    values = torch.where(negative, -magnitude, magnitude) * scales.to(torch.float32).unsqueeze(-1)
+    return values.reshape(x.shape).to(out_dtype or x.dtype), s_dec
