@@ -41,13 +41,12 @@ class _StopSignal:
 
 
 def _check_out_dir(out_dir: Path) -> None:
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / f".write_probe_{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"out_dir={str(out_dir)!r}: not writable ({e.strerror or e})") from None
+    """Fail early if out_dir cannot be created or written, without creating anything yet."""
+    existing = out_dir.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"out_dir={str(out_dir)!r}: not writable ({existing} is not a writable directory)")
 
 
 def _build(cfg: RunConfig, info: dist.DistInfo):
@@ -115,6 +114,9 @@ def run(cfg: RunConfig) -> dict:
     t = cfg.train
     _check_out_dir(cfg.out_dir)
     model_cfg, model, controller, loader, val_data = _build(cfg, info)
+    if info.is_main:
+        cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    dist.barrier(info)
 
     from nvfp4train.model import flops_per_token, param_groups
     from nvfp4train.model.mfu import peak_flops

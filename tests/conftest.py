@@ -1,0 +1,44 @@
+"""Shared helpers: run the real CLI in a subprocess, read its metrics."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# Offline everywhere: no hub retries, no W&B network.
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+
+def cli_env(**extra) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def train_cmd(*overrides: str) -> list[str]:
+    return [sys.executable, "-m", "nvfp4train.train", *overrides]
+
+
+def run_train(*overrides: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(train_cmd(*overrides), cwd=REPO, env=cli_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"training failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def read_metrics(out_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def quick():
+    """Overrides for a fast CPU run of the default model and data."""
+    return ["train.max_steps=12", "train.log_every=1", "train.eval_sequences=2", "train.progress=false"]

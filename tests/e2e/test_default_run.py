@@ -1,0 +1,27 @@
+"""The README's main job, run as a user runs it."""
+import json
+import math
+
+import yaml
+
+from tests.conftest import read_metrics, run_train
+
+REQUIRED = {"step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s"}
+
+
+def test_default_run_loss_falls_and_writes_outputs(tmp_path):
+    out = tmp_path / "run"
+    run_train(f"out_dir={out}", "train.max_steps=80", "train.log_every=5", "train.progress=false")
+    records = read_metrics(out)
+    assert [r["step"] for r in records if "loss" in r][:2] == [1, 5]
+    for r in records:
+        assert REQUIRED <= r.keys(), r.keys()
+        assert math.isfinite(r["loss"]) and r["tokens_per_s"] > 0
+        assert r["tokens"] == r["step"] * 16 * 128
+    first, last = records[0]["loss"], records[-1]["loss"]
+    assert last < first - 1.0, (first, last)            # learns well beyond noise in 80 steps
+    assert records[-1]["step"] == 80 and any(k.startswith("val/") for k in records[-1])
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert cfg["train"]["max_steps"] == 80 and cfg["out_dir"] == str(out)
+    assert (out / "checkpoints" / "step_00000080" / "meta.json").is_file()
+    json.loads((out / "checkpoints" / "step_00000080" / "meta.json").read_text())

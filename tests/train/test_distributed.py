@@ -1,0 +1,60 @@
+"""Data parallelism on CPU with gloo: one rank with gradient accumulation and two DDP ranks see the
+same global batches and give the same losses; the SLURM launch path runs under simulated SLURM env."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, cli_env, read_metrics, run_train
+
+COMMON = ["train.max_steps=6", "train.global_batch_size=8", "train.micro_batch_size=4", "train.log_every=1",
+          "train.progress=false", "train.eval_sequences=2"]
+
+
+def _torchrun(out, *extra, nproc=2, env=None):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "nvfp4train.train", f"out_dir={out}", *COMMON, *extra]
+    proc = subprocess.run(cmd, cwd=REPO, env=env or cli_env(OMP_NUM_THREADS=1), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def test_ddp_two_ranks_matches_one_rank_with_accumulation(tmp_path):
+    run_train(f"out_dir={tmp_path / 'one'}", *COMMON)
+    _torchrun(tmp_path / "two")
+    one = [r["loss"] for r in read_metrics(tmp_path / "one")]
+    two = [r["loss"] for r in read_metrics(tmp_path / "two")]
+    assert len(one) == len(two) == 6
+    assert one == pytest.approx(two, rel=1e-4, abs=1e-4)
+
+
+def test_slurm_single_node_script_runs_two_cpu_ranks(tmp_path):
+    env = cli_env(SLURM_JOB_ID=4242, SLURM_JOB_NODELIST="localhost", SLURM_NNODES=1, NPROC_PER_NODE=2,
+                  OMP_NUM_THREADS=1, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    if shutil.which("torchrun", path=env["PATH"]) is None:
+        pytest.skip("torchrun is not on PATH next to this Python")
+    out = tmp_path / "slurm"
+    proc = subprocess.run(["bash", "slurm/single_node.sbatch", f"out_dir={out}", *COMMON], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert len(read_metrics(out)) == 6
+
+
+def test_plain_srun_environment_is_understood(tmp_path):
+    """Tasks started by `srun` alone carry only SLURM_* variables: two such processes form a group."""
+    procs = []
+    for rank in range(2):
+        env = cli_env(SLURM_PROCID=rank, SLURM_NTASKS=2, SLURM_LOCALID=rank, SLURM_JOB_ID=4243,
+                      SLURM_JOB_NODELIST="localhost", OMP_NUM_THREADS=1)
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(k, None)
+        procs.append(subprocess.Popen([sys.executable, "-m", "nvfp4train.train", f"out_dir={tmp_path / 'srun'}",
+                                       *COMMON], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-4000:]
+    assert len(read_metrics(tmp_path / "srun")) == 6

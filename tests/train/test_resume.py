@@ -1,0 +1,54 @@
+"""Exact resume: a run killed with SIGKILL after a checkpoint, then resumed, repeats the uninterrupted
+run's per-step losses bit for bit on CPU. SIGTERM (preemption) checkpoints and exits cleanly."""
+import os
+import signal
+import subprocess
+import time
+
+from tests.conftest import REPO, cli_env, read_metrics, run_train, train_cmd
+
+COMMON = ["train.max_steps=40", "train.save_every=10", "train.log_every=1", "train.progress=false",
+          "train.eval_sequences=2", "precision=nvfp4"]
+
+
+def _wait_for(path, proc, timeout=300):
+    t0 = time.time()
+    while not path.exists():
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else "exited"
+        assert time.time() - t0 < timeout, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
+    ref, cut = tmp_path / "ref", tmp_path / "cut"
+    run_train(f"out_dir={ref}", *COMMON)
+    proc = subprocess.Popen(train_cmd(f"out_dir={cut}", *COMMON), cwd=REPO, env=cli_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _wait_for(cut / "checkpoints" / "step_00000010" / "meta.json", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_steps = [r["step"] for r in read_metrics(cut)]
+    assert killed_steps[-1] < 40, "the run finished before it could be killed"
+    resumed = run_train(f"out_dir={cut}", *COMMON)
+    assert "resumed from" in resumed.stdout
+    a = {r["step"]: r["loss"] for r in read_metrics(ref)}
+    b = {r["step"]: r["loss"] for r in read_metrics(cut)}
+    assert sorted(b) == sorted(a) == list(range(1, 41))
+    assert all(a[s] == b[s] for s in a), [(s, a[s], b[s]) for s in a if a[s] != b[s]][:5]
+
+
+def test_sigterm_checkpoints_and_exits_cleanly(tmp_path):
+    out = tmp_path / "run"
+    args = [f"out_dir={out}", "train.max_steps=400", "train.log_every=1", "train.progress=false"]
+    proc = subprocess.Popen(train_cmd(*args), cwd=REPO, env=cli_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for(out / "metrics.jsonl", proc)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    assert "checkpoint" in stdout and "requeued" in stdout
+    ckpts = sorted((out / "checkpoints").glob("step_*"))
+    assert len(ckpts) == 1 and int(ckpts[0].name[5:]) < 400
+    step = int(ckpts[0].name[5:])
+    assert read_metrics(out)[-1]["step"] == step
