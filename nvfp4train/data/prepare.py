@@ -1,0 +1,300 @@
+"""Raw documents -> token shards (see shards.py for the format).
+
+    python -m nvfp4train.data.prepare --input 'corpus/*.jsonl.gz' --tokenizer bpe8k --out shards/web/train
+    python scripts/prepare_data.py --config configs/data/bundled.yaml          # every source of a data config
+
+Inputs: local .jsonl/.jsonl.gz/.json (one JSON object per line, text in `text_field`), .txt/.txt.gz
+(one document per file), .parquet, a directory or glob of those, or a `datasets` hub dataset
+({hf: name, name: config, split: train}) where a hub is reachable. Several processes tokenize
+(ordered, so the result does not depend on num_proc).
+
+Idempotent: a finished directory whose manifest matches the inputs (sizes + sha256) and the tokenizer
+is left alone. Resumable: every `docs_per_shard` input documents a shard is finished and recorded in
+progress.json; a restarted build skips those documents and continues with the next shard.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import glob
+import gzip
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .paths import resolve_path
+from .shards import FORMAT_VERSION, MANIFEST, read_manifest, sha256_file, token_dtype
+from .tokenizer import load_tokenizer
+
+PROGRESS = "progress.json"
+KNOWN_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".txt", ".txt.gz", ".parquet")
+BATCH_DOCS = 256
+
+
+# ----------------------------------------------------------------------------- reading inputs
+def _format_of(path: Path, fmt: str | None) -> str:
+    if fmt:
+        return fmt
+    name = path.name.lower()
+    for suffix, kind in ((".jsonl", "jsonl"), (".jsonl.gz", "jsonl"), (".json", "jsonl"), (".json.gz", "jsonl"),
+                         (".txt", "txt"), (".txt.gz", "txt"), (".parquet", "parquet")):
+        if name.endswith(suffix):
+            return kind
+    raise ValueError(f"cannot tell the format of {path}; use one of {KNOWN_SUFFIXES} or set `format`")
+
+
+def expand_inputs(spec, key: str = "input") -> list[Path]:
+    """A path, glob, directory, or list of them -> sorted list of existing files."""
+    items = spec if isinstance(spec, (list, tuple)) else [spec]
+    files = []
+    for item in items:
+        if not isinstance(item, (str, os.PathLike)):
+            raise ValueError(f"{key}: expected a path, glob or list of paths, got {item!r}")
+        path = resolve_path(item)
+        if any(ch in str(item) for ch in "*?["):
+            matched = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+            if not matched:
+                raise FileNotFoundError(f"{key}: no files match {path}")
+            files.extend(matched)
+        elif path.is_dir():
+            matched = sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(KNOWN_SUFFIXES))
+            if not matched:
+                raise FileNotFoundError(f"{key}: directory {path} has no {'/'.join(KNOWN_SUFFIXES)} files")
+            files.extend(matched)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"{key}: input file not found: {path}")
+    return files
+
+
+def iter_documents(spec, *, text_field: str = "text", fmt: str | None = None, key: str = "input"):
+    """Yield document texts in a fixed order."""
+    if isinstance(spec, dict):
+        if "hf" not in spec:
+            raise ValueError(f"{key}: a mapping input must be a hub dataset {{hf: name, name: ..., split: ...}}")
+        import datasets
+
+        ds = datasets.load_dataset(spec["hf"], spec.get("name"), split=spec.get("split", "train"), streaming=True)
+        for row in ds:
+            yield row[text_field]
+        return
+    for path in expand_inputs(spec, key):
+        kind = _format_of(path, fmt)
+        opener = gzip.open if path.name.endswith(".gz") else open
+        if kind == "txt":
+            with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+                yield f.read()
+        elif kind in ("jsonl", "json"):
+            with opener(path, "rt", encoding="utf-8") as f:
+                for line_no, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                        text = row[text_field]
+                    except json.JSONDecodeError as err:
+                        raise ValueError(f"{path}:{line_no}: not a JSON line ({err})") from None
+                    except (KeyError, TypeError):
+                        raise ValueError(f"{path}:{line_no}: no {text_field!r} field (set text_field)") from None
+                    if not isinstance(text, str):
+                        raise ValueError(f"{path}:{line_no}: field {text_field!r} is not a string")
+                    yield text
+        elif kind == "parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path, columns=[text_field])
+            yield from table.column(text_field).to_pylist()
+
+
+def inputs_fingerprint(spec, text_field: str, fmt: str | None, key: str) -> dict:
+    if isinstance(spec, dict):
+        return {"hub": spec, "text_field": text_field}
+    files = expand_inputs(spec, key)
+    return {"text_field": text_field, "format": fmt,
+            "files": [{"name": p.name, "size": p.stat().st_size, "sha256": sha256_file(p)} for p in files]}
+
+
+# ----------------------------------------------------------------------------- tokenizing
+_worker_tokenizer = None
+
+
+def _init_worker(tokenizer_name: str) -> None:
+    global _worker_tokenizer
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _worker_tokenizer = load_tokenizer(tokenizer_name)
+
+
+def _encode_batch(texts: list[str]) -> list[list[int]]:
+    return _worker_tokenizer.encode_batch(texts)
+
+
+def _batches(docs, size):
+    batch = []
+    for doc in docs:
+        batch.append(doc)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+@contextlib.contextmanager
+def _locked(out_dir: Path):
+    """Only one process builds a directory; others wait, then find it finished."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _is_current(out_dir: Path, identity: str, fingerprint: dict) -> bool:
+    try:
+        manifest = read_manifest(out_dir)
+    except (FileNotFoundError, ValueError):
+        return False
+    return manifest.get("tokenizer") == identity and manifest.get("inputs") == fingerprint and all(
+        (out_dir / s["file"]).is_file() and (out_dir / s["file"]).stat().st_size ==
+        s["n_tokens"] * np.dtype(manifest["dtype"]).itemsize for s in manifest["shards"])
+
+
+def prepare_split(spec, out_dir, *, tokenizer: str, text_field: str = "text", fmt: str | None = None,
+                  num_proc: int = 1, docs_per_shard: int = 100_000, key: str = "input",
+                  progress: bool | None = None) -> dict:
+    """Tokenize the documents of `spec` into shards under `out_dir`; return the manifest."""
+    out_dir = resolve_path(out_dir)
+    tok = load_tokenizer(tokenizer)
+    fingerprint = inputs_fingerprint(spec, text_field, fmt, key)
+    if _is_current(out_dir, tok.identity, fingerprint):
+        return read_manifest(out_dir)
+    with _locked(out_dir):
+        if _is_current(out_dir, tok.identity, fingerprint):    # another process finished it meanwhile
+            return read_manifest(out_dir)
+        return _build(spec, out_dir, tok, tokenizer, fingerprint, text_field, fmt, num_proc, docs_per_shard,
+                      key, progress)
+
+
+def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num_proc, docs_per_shard, key, progress):
+    from tqdm.auto import tqdm
+
+    dtype = token_dtype(tok.vocab_size)
+    header = {"tokenizer": tok.identity, "inputs": fingerprint, "docs_per_shard": docs_per_shard, "dtype": dtype.str}
+    done = []
+    progress_path = out_dir / PROGRESS
+    if progress_path.is_file():
+        saved = json.loads(progress_path.read_text())
+        if saved.get("header") == header:
+            done = saved["shards"]        # resume after the last finished shard
+    if not done and out_dir.exists():
+        shutil.rmtree(out_dir)            # stale or foreign: start clean
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MANIFEST).unlink(missing_ok=True)
+
+    skip_docs = sum(s["n_input_docs"] for s in done)
+    docs = iter_documents(spec, text_field=text_field, fmt=fmt, key=key)
+    bar = tqdm(desc=f"tokenizing -> {out_dir.name}", unit="doc", initial=skip_docs, disable=progress is False or None,
+               file=sys.stderr)
+    for _ in range(skip_docs):
+        next(docs)
+
+    pool = None
+    if num_proc > 1:
+        import multiprocessing as mp
+
+        pool = mp.get_context("fork").Pool(num_proc, initializer=_init_worker, initargs=(tokenizer_name,))
+        encoded_batches = pool.imap(_encode_batch, _batches(docs, BATCH_DOCS))
+    else:
+        encoded_batches = map(tok.encode_batch, _batches(docs, BATCH_DOCS))
+
+    chunks, offsets, n_input = [], [0], 0
+
+    def flush():
+        nonlocal chunks, offsets, n_input
+        index = len(done)
+        name = f"shard_{index:05d}"
+        tokens = np.concatenate(chunks).astype(dtype) if chunks else np.zeros(0, dtype)
+        tmp = out_dir / f"{name}.bin.tmp"
+        tokens.tofile(tmp)
+        os.replace(tmp, out_dir / f"{name}.bin")
+        with open(out_dir / f"{name}.idx.npy.tmp", "wb") as f:
+            np.save(f, np.asarray(offsets, dtype=np.int64))
+        os.replace(out_dir / f"{name}.idx.npy.tmp", out_dir / f"{name}.idx.npy")
+        done.append({"file": f"{name}.bin", "index": f"{name}.idx.npy", "n_tokens": int(tokens.size),
+                     "n_docs": len(offsets) - 1, "n_input_docs": n_input, "sha256": sha256_file(out_dir / f"{name}.bin")})
+        progress_path.write_text(json.dumps({"header": header, "shards": done}))
+        chunks, offsets, n_input = [], [0], 0
+
+    try:
+        for batch in encoded_batches:
+            for ids in batch:
+                n_input += 1
+                if ids:                    # empty documents carry no text: skip them
+                    ids = np.asarray(ids + [tok.eos_id], dtype=np.int64)
+                    if ids.max() >= tok.vocab_size:
+                        raise ValueError(f"token id {ids.max()} >= vocab size {tok.vocab_size}")
+                    chunks.append(ids)
+                    offsets.append(offsets[-1] + ids.size)
+                if n_input == docs_per_shard:
+                    flush()
+            bar.update(len(batch))
+        if n_input or not done:
+            flush()
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.terminate()
+
+    manifest = {"format_version": FORMAT_VERSION, **header, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
+                "n_docs": sum(s["n_docs"] for s in done), "n_tokens": sum(s["n_tokens"] for s in done),
+                "shards": done}
+    if manifest["n_tokens"] == 0:
+        raise ValueError(f"{key}: no text in {spec!r} (empty source)")
+    tmp = out_dir / f"{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, out_dir / MANIFEST)
+    progress_path.unlink(missing_ok=True)
+    return manifest
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", nargs="+", help="files, globs or directories of documents")
+    parser.add_argument("--hf", help="a `datasets` hub dataset name (needs a reachable hub)")
+    parser.add_argument("--hf-config", default=None)
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--out", help="output directory of the shards")
+    parser.add_argument("--tokenizer", default="bpe8k")
+    parser.add_argument("--text-field", default="text")
+    parser.add_argument("--format", default=None, choices=["jsonl", "json", "txt", "parquet"])
+    parser.add_argument("--num-proc", type=int, default=max(1, (os.cpu_count() or 1) - 1))
+    parser.add_argument("--docs-per-shard", type=int, default=100_000)
+    parser.add_argument("--config", help="a data config yaml: prepare every source (train and val) it names")
+    args = parser.parse_args(argv)
+    if args.config:
+        import yaml
+
+        from .loader import prepare_all
+        cfg = yaml.safe_load(resolve_path(args.config).read_text())
+        for name, split_dir in prepare_all(cfg, num_proc=args.num_proc, progress=True).items():
+            print(f"{name}: {split_dir}")
+        return
+    if not args.out or not (args.input or args.hf):
+        parser.error("give --out and --input (or --hf), or --config")
+    spec = {"hf": args.hf, "name": args.hf_config, "split": args.split} if args.hf else args.input
+    manifest = prepare_split(spec, args.out, tokenizer=args.tokenizer, text_field=args.text_field, fmt=args.format,
+                             num_proc=args.num_proc, docs_per_shard=args.docs_per_shard, progress=True)
+    print(f"{args.out}: {manifest['n_docs']} documents, {manifest['n_tokens']} tokens, "
+          f"{len(manifest['shards'])} shard(s), tokenizer {manifest['tokenizer']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Memory-mapped token shards: the on-disk format and its reader.
+
+A prepared split is one directory:
+    manifest.json            tokenizer identity, dtype, counts, inputs fingerprint, per-shard sha256
+    shard_00000.bin          raw little-endian uint16 (vocab <= 65536) or uint32 tokens; every document
+                             is stored followed by EOS, so any concatenation has EOS between documents
+    shard_00000.idx.npy      int64 document offsets into the .bin (n_docs + 1 entries)
+The manifest is written last (atomically): a directory without one is an unfinished build.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_manifest(split_dir: Path) -> dict:
+    path = Path(split_dir) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"no token shards at {split_dir}: {path} is missing "
+                                "(prepare them with scripts/prepare_data.py)")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); delete the directory and prepare it again") from None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: shard format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}")
+    return manifest
+
+
+class TokenShards:
+    """All documents of one prepared split, read through memory maps (nothing is loaded eagerly)."""
+
+    def __init__(self, split_dir, *, expected_tokenizer: str | None = None, verify_checksums: bool = False):
+        self.dir = Path(split_dir)
+        self.manifest = read_manifest(self.dir)
+        if expected_tokenizer is not None and self.manifest["tokenizer"] != expected_tokenizer:
+            raise ValueError(f"token shards at {self.dir} were made with tokenizer {self.manifest['tokenizer']}, "
+                             f"but the configured tokenizer is {expected_tokenizer}; prepare them again with "
+                             "this tokenizer or configure the one they were made with")
+        self.dtype = np.dtype(self.manifest["dtype"])
+        self.eos_id = int(self.manifest["eos_id"])
+        self.tokenizer = self.manifest["tokenizer"]
+        self.arrays, starts, lengths, shard_ids = [], [], [], []
+        for i, shard in enumerate(self.manifest["shards"]):
+            bin_path, idx_path = self.dir / shard["file"], self.dir / shard["index"]
+            for p in (bin_path, idx_path):
+                if not p.is_file():
+                    raise FileNotFoundError(f"shard file missing: {p} (listed in {self.dir / MANIFEST})")
+            expected_bytes = shard["n_tokens"] * self.dtype.itemsize
+            actual_bytes = bin_path.stat().st_size
+            if actual_bytes != expected_bytes:
+                raise ValueError(f"truncated or corrupt shard {bin_path}: {actual_bytes} bytes, manifest says "
+                                 f"{shard['n_tokens']} tokens = {expected_bytes} bytes; prepare it again")
+            if verify_checksums and sha256_file(bin_path) != shard["sha256"]:
+                raise ValueError(f"checksum mismatch for shard {bin_path}; prepare it again")
+            try:
+                offsets = np.load(idx_path)
+            except (ValueError, EOFError, OSError) as err:
+                raise ValueError(f"unreadable document index {idx_path} ({err}); prepare it again") from None
+            if offsets.shape != (shard["n_docs"] + 1,) or offsets[0] != 0 or offsets[-1] != shard["n_tokens"]:
+                raise ValueError(f"document index {idx_path} does not match {bin_path} "
+                                 f"({shard['n_docs']} docs, {shard['n_tokens']} tokens); prepare it again")
+            self.arrays.append(np.memmap(bin_path, dtype=self.dtype, mode="r") if shard["n_tokens"] else
+                               np.zeros(0, self.dtype))
+            starts.append(offsets[:-1].astype(np.int64))
+            lengths.append(np.diff(offsets).astype(np.int64))
+            shard_ids.append(np.full(shard["n_docs"], i, dtype=np.int32))
+        self.doc_start = np.concatenate(starts) if starts else np.zeros(0, np.int64)
+        self.doc_len = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+        self.doc_shard = np.concatenate(shard_ids) if shard_ids else np.zeros(0, np.int32)
+        self.n_docs = int(self.doc_len.size)
+        self.n_tokens = int(self.doc_len.sum())
+        if self.n_tokens == 0:
+            raise ValueError(f"token shards at {self.dir} hold no tokens (empty source)")
+
+    def document(self, i: int) -> np.ndarray:
+        s = self.doc_start[i]
+        return self.arrays[self.doc_shard[i]][s:s + self.doc_len[i]]
+
+    def fingerprint(self) -> str:
+        """Identifies the content (used by loader state to refuse resuming onto different data)."""
+        return hashlib.sha256(json.dumps([self.tokenizer, [s["sha256"] for s in self.manifest["shards"]]]
+                                         ).encode()).hexdigest()[:16]

