@@ -1,0 +1,18 @@
+"""Precision policies and quantized linear layers (issue #6).
+
+    from nvfp4train.precision import PrecisionPolicy, build_linear_factory, PrecisionController
+    policy = PrecisionPolicy.from_dict(cfg.precision)         # validates
+    factory = build_linear_factory(policy, n_blocks, seed)    # the model's linear_factory
+    ctl = PrecisionController(policy, model)                  # schedule, telemetry, checkpoint state
+
+Imports `nvfp4train.formats` only; Transformer Engine is imported lazily by the `te` backend.
+"""
+from .controller import PrecisionController, build_linear_factory
+from .linear import QuantLinear
+from .memory import saved_activation_bytes, saved_bytes_report
+from .policy import ROLES, LayerRecipe, OperandSpec, PrecisionPolicy, SwitchConfig
+
+__all__ = [
+    "PrecisionPolicy", "build_linear_factory", "PrecisionController", "QuantLinear", "LayerRecipe",
+    "OperandSpec", "SwitchConfig", "ROLES", "saved_activation_bytes", "saved_bytes_report",
+]

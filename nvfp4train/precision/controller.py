@@ -1,0 +1,135 @@
+"""The linear factory the model calls, and the controller the trainer drives.
+
+    factory = build_linear_factory(policy, n_blocks, seed)
+    layer = factory(in_features, out_features, block_index=3, name="fc1")   # QuantLinear / TELinear
+    ctl = PrecisionController(policy, model)
+    msg = ctl.on_step(tokens_fraction)   # schedule switch + telemetry gating, once per step
+    stats = ctl.quant_stats()            # {"quant/block3.fc1/wgrad_dy/rel_err": ..., ...}
+    torch.save(ctl.state_dict(), f)      # switch state + SR generator states (weights_only-loadable)
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from torch import nn
+
+from .backends import resolve_backend
+from .linear import QuantLinear
+from .policy import PrecisionPolicy
+
+log = logging.getLogger(__name__)
+
+LINEAR_NAMES = ("in_proj", "out_proj", "qkv", "out", "fc1", "fc2")
+
+
+def build_linear_factory(policy: PrecisionPolicy, n_blocks: int, seed: int) -> Callable[..., nn.Module]:
+    """The model's `linear_factory(in_features, out_features, *, block_index, name) -> nn.Module`.
+
+    Resolves the backend once (auto logs its choice). `seed` seeds the per-layer SR streams."""
+    if not isinstance(policy, PrecisionPolicy):
+        raise TypeError(f"build_linear_factory: policy must be a PrecisionPolicy, got {type(policy).__name__}")
+    if n_blocks < 1:
+        raise ValueError(f"build_linear_factory: n_blocks must be >= 1, got {n_blocks}")
+    backend, reason = resolve_backend(policy)
+    log.info("precision %s: backend %s (%s)", policy.name or policy.format, backend, reason)
+    first, last = policy.bf16_block_counts(n_blocks)
+    if policy.format != "bf16":
+        log.info("precision: BF16 blocks = first %d + last %d of %d", first, last, n_blocks)
+
+    def linear_factory(in_features: int, out_features: int, *, block_index: int, name: str) -> nn.Module:
+        if name not in LINEAR_NAMES:
+            raise ValueError(f"linear_factory: name={name!r} is not one of {list(LINEAR_NAMES)}")
+        kwargs = dict(policy=policy, block_index=block_index, n_blocks=n_blocks, name=name, seed=seed)
+        if backend == "te":
+            from .te_backend import TELinear
+            layer = TELinear(in_features, out_features, **kwargs)
+        else:
+            layer = QuantLinear(in_features, out_features, backend=backend, **kwargs)
+        layer.backend_reason = reason
+        return layer
+
+    linear_factory.backend_name = backend
+    linear_factory.backend_reason = reason
+    return linear_factory
+
+
+def _is_precision_linear(module: nn.Module) -> bool:
+    return isinstance(module, QuantLinear) or type(module).__name__ == "TELinear"
+
+
+class PrecisionController:
+    """Applies the precision schedule and gathers telemetry for every factory-built linear."""
+
+    def __init__(self, policy: PrecisionPolicy, model: nn.Module):
+        self.policy = policy
+        self.layers = [m for _, m in model.named_modules() if _is_precision_linear(m)]
+        backends = sorted({m.backend for m in self.layers})
+        if len(backends) > 1:
+            raise ValueError(f"PrecisionController: the model mixes backends {backends}")
+        if backends:
+            self.backend_name = backends[0]
+            self.backend_reason = getattr(self.layers[0], "backend_reason", "")
+        else:
+            self.backend_name, self.backend_reason = resolve_backend(policy)
+        labels = [m.label for m in self.layers]
+        if len(set(labels)) != len(labels):
+            raise ValueError("PrecisionController: two linears share a (block_index, name) label")
+        self.switched = False
+        self.switched_at: float | None = None
+        self.steps = 0  # on_step calls so far
+        log.info("precision controller: %d linears, backend %s (%s)", len(self.layers), self.backend_name, self.backend_reason)
+
+    # ------------------------------------------------------------------ per step
+    def on_step(self, tokens_fraction: float) -> str | None:
+        """Call once per optimizer step, before its forward passes. Switches to BF16 when the
+        schedule says so (returns a message then) and enables telemetry every `stats_every` steps."""
+        every = self.policy.stats_every
+        collect = every > 0 and self.steps % every == 0
+        for layer in self.layers:
+            layer.stats_enabled = collect
+        self.steps += 1
+        if not self.switched and self.policy.switch_due(tokens_fraction):
+            self._apply_switch(True)
+            self.switched_at = float(tokens_fraction)
+            return (f"precision: switched {self.policy.switch.mode} to BF16 at tokens fraction "
+                    f"{tokens_fraction:.4f} (scheduled at {self.policy.switch.at_fraction})")
+        return None
+
+    def _apply_switch(self, switched: bool) -> None:
+        self.switched = switched
+        for layer in self.layers:
+            layer.set_switched(switched)
+
+    def quant_stats(self) -> dict[str, float]:
+        """Telemetry gathered since the last call, flat: quant/<layer>/<operand>/<stat>."""
+        out = {}
+        for layer in self.layers:
+            for key, value in layer.pop_stats().items():
+                out[f"quant/{layer.label}/{key}"] = value
+        return out
+
+    # ------------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        generators = {}
+        for layer in self.layers:
+            state = layer.generator_state()
+            if state is not None:
+                generators[layer.label] = state.clone()
+        return {
+            "switched": self.switched,
+            "switched_at": -1.0 if self.switched_at is None else self.switched_at,
+            "steps": self.steps,
+            "generators": generators,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        missing = {"switched", "switched_at", "steps", "generators"} - set(state)
+        if missing:
+            raise ValueError(f"PrecisionController.load_state_dict: missing key(s) {sorted(missing)}")
+        self._apply_switch(bool(state["switched"]))
+        self.switched_at = None if state["switched_at"] < 0 else float(state["switched_at"])
+        self.steps = int(state["steps"])
+        generators = state["generators"]
+        for layer in self.layers:
+            layer.load_generator_state(generators.get(layer.label))

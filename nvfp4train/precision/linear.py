@@ -1,0 +1,244 @@
+"""QuantLinear: a bias-free linear layer whose three GEMMs follow a `LayerRecipe`.
+
+    forward   Y  = Q(X) · Q(W)ᵀ                     (fprop_x, fprop_w)
+    backward  dX = Q(dY) · Q(W)                     (dgrad_dy, dgrad_w; with a 16x16 weight tile
+                                                     the very bits Fprop used, transposed)
+              dW = Q(RHT(dYᵀ)) · Q(RHT(Xᵀ))ᵀ        (wgrad_dy, wgrad_x; along tokens)
+
+Emulated GEMM (recipe §6.4): the operands are dequantized to `code x block scale`, which is exact
+in BF16 (and in TF32); the product is accumulated in FP32; the two FP32 global decode scales are
+multiplied into the FP32 result afterwards, as the hardware epilogue does; the result is rounded
+once to the output dtype (BF16 under autocast). Weight gradients are returned in FP32.
+
+Saved for backward (what the recipe lets us keep instead of a BF16 copy of X): the Wgrad copy of
+X, already transformed and quantized along tokens (packed 4-bit codes + scales for NVFP4), and
+the packed 2-D weight when Dgrad reuses it. The BF16 copy of X is saved only when the Wgrad X
+operand is BF16. `saved_activation_bytes` measures this.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nvfp4train.formats import rounding
+
+from . import operands
+from .operands import round_up
+from .policy import ROLES, LayerRecipe, PrecisionPolicy
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype nn.Linear would produce here: the autocast dtype when autocast is on."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+def gemm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [M, K] @ b [N, K]ᵀ with exact products and FP32 accumulation.
+
+    The operand values are exact in BF16, so a BF16 tensor-core GEMM with an FP32 output is exact
+    up to summation order; on CPU (and if that overload is missing) an FP32 GEMM is, too."""
+    if a.is_cuda and a.dtype == b.dtype == torch.bfloat16:
+        try:
+            return torch.mm(a, b.t(), out_dtype=torch.float32)
+        except (RuntimeError, TypeError):
+            pass
+    return a.float() @ b.float().t()
+
+
+def _scaled_mm_fp8(a: operands.Quantized, b: operands.Quantized) -> torch.Tensor:
+    """Per-tensor FP8 GEMM on FP8 tensor cores (sm_89+): torch._scaled_mm with FP32 output.
+    cuBLASLt wants K and N multiples of 16 and b column-major; pad with zeros."""
+    da, db = a.fp8_data, b.fp8_data
+    k = round_up(da.shape[1], 16)
+    n = db.shape[0]
+    da = operands.pad2d(da.view(torch.uint8), da.shape[0], k).view(da.dtype)
+    db = operands.pad2d(db.view(torch.uint8), round_up(n, 16), k).view(db.dtype)
+    out = torch._scaled_mm(da, db.t(), scale_a=a.decode_scale.reshape(()).float(),
+                           scale_b=b.decode_scale.reshape(()).float(), out_dtype=torch.float32)
+    return out[:, :n]
+
+
+def scaled_gemm(a: operands.Quantized, b: operands.Quantized, backend: str) -> torch.Tensor:
+    """FP32 result of (a.values · b.valuesᵀ) · a.decode_scale · b.decode_scale."""
+    if backend == "scaled_mm" and a.fp8_data is not None and b.fp8_data is not None:
+        return _scaled_mm_fp8(a, b)
+    out = gemm_fp32(a.values, b.values)
+    if a.decode_scale is not None:
+        out = out * a.decode_scale
+    if b.decode_scale is not None:
+        out = out * b.decode_scale
+    return out
+
+
+def _k_pad(k: int, *specs) -> int:
+    return round_up(k, math.lcm(*(s.k_block for s in specs)))
+
+
+class _QuantLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, layer: "QuantLinear", recipe: LayerRecipe):
+        out_dtype = _compute_dtype(x)
+        out_f, in_f = weight.shape
+        device = x.device.type
+        with torch.autocast(device, enabled=False):
+            x2d = x.reshape(-1, in_f)
+            tokens = x2d.shape[0]
+            gen = layer.generator(x.device)
+            signs = layer.rht_signs
+
+            # Fprop: Y = Q(X) Q(W)ᵀ, K = in_features.
+            k_f = _k_pad(in_f, recipe.fprop_x, recipe.fprop_w)
+            if recipe.reuses_fprop_weight:
+                # Quantize W once into its storage form: Fprop uses it, Dgrad reuses the same bits.
+                w_packed = operands.pack(weight, recipe.fprop_w, k_f, gen, signs)
+                w_q = w_packed.dequantize()
+                layer._record("fprop_w", weight, recipe.fprop_w, k_f, w_packed)
+            else:
+                w_packed = None
+                w_q = layer._quantize("fprop_w", weight, recipe.fprop_w, k_f, gen)
+            x_q = layer._quantize("fprop_x", x2d, recipe.fprop_x, k_f, gen)
+            y = scaled_gemm(x_q, operands.Quantized(w_q.values[:out_f], w_q.decode_scale, w_q.fp8_data), layer.backend)
+            y = y.to(out_dtype)
+
+            # The Wgrad copy of X: transposed [in, tokens], quantized along tokens now, saved packed.
+            k_w = _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x)
+            x_packed = operands.pack(x2d.t(), recipe.wgrad_x, k_w, gen, signs)
+            layer._record("wgrad_x", x2d.t(), recipe.wgrad_x, k_w, x_packed)
+
+        ctx.recipe, ctx.layer = recipe, layer
+        ctx.x_meta = (x.shape, x.dtype, out_dtype, tokens, k_w)
+        ctx.x_packed, ctx.w_packed = x_packed, w_packed
+        ctx.n_x = len(x_packed.tensors)
+        saved = list(x_packed.tensors) + (list(w_packed.tensors) if w_packed is not None else [])
+        ctx.save_for_backward(weight, *saved)
+        return y.reshape(*x.shape[:-1], out_f)
+
+    @staticmethod
+    def backward(ctx, dy):
+        recipe, layer = ctx.recipe, ctx.layer
+        x_shape, x_dtype, out_dtype, tokens, k_w = ctx.x_meta
+        weight, *saved = ctx.saved_tensors
+        x_packed = ctx.x_packed.rebuild(saved[: ctx.n_x])
+        out_f, in_f = weight.shape
+        with torch.autocast(dy.device.type, enabled=False):
+            dy2d = dy.reshape(-1, out_f)
+            gen = layer.generator(dy.device)
+            signs = layer.rht_signs
+
+            dx = None
+            if ctx.needs_input_grad[0]:
+                # Dgrad: dX = Q(dY) Q(W), K = out_features; W operand is Wᵀ [in, out].
+                if recipe.reuses_fprop_weight:
+                    w_q = ctx.w_packed.rebuild(saved[ctx.n_x:]).dequantize()
+                    # Fprop's padded [out_p, in_p] values, transposed: the same bits.
+                    wt_values = w_q.values.t()[:in_f]
+                    k_d = max(_k_pad(out_f, recipe.dgrad_dy), wt_values.shape[1])
+                    wt_q = operands.Quantized(operands.pad2d(wt_values, in_f, k_d), w_q.decode_scale)
+                else:
+                    k_d = _k_pad(out_f, recipe.dgrad_dy, recipe.dgrad_w)
+                    wt_q = layer._quantize("dgrad_w", weight.t(), recipe.dgrad_w, k_d, gen)
+                    wt_q = operands.Quantized(wt_q.values[:in_f], wt_q.decode_scale, wt_q.fp8_data)
+                dy_q = layer._quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d, gen)
+                dx = scaled_gemm(dy_q, wt_q, layer.backend).to(out_dtype).to(x_dtype).reshape(x_shape)
+
+            dw = None
+            if ctx.needs_input_grad[1]:
+                # Wgrad: dW = Q(RHT(dYᵀ)) Q(RHT(Xᵀ))ᵀ, K = tokens.
+                dyt_q = layer._quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w, gen)
+                xt_q = x_packed.dequantize()
+                xt_q = operands.Quantized(xt_q.values[:in_f], xt_q.decode_scale, xt_q.fp8_data)
+                dw = scaled_gemm(dyt_q, xt_q, layer.backend).to(weight.dtype)
+        ctx.x_packed = ctx.w_packed = None
+        return dx, dw, None, None
+
+
+class QuantLinear(nn.Module):
+    """y = x @ weight.T with the GEMM numerics of `policy` for block `block_index`.
+
+    `.weight` is an FP32 [out, in] parameter (the master copy the optimizer owns); every GEMM
+    quantizes from it. A layer whose recipe is all-BF16 runs `F.linear` (bit-identical to
+    nn.Linear, autocast included)."""
+
+    def __init__(self, in_features: int, out_features: int, *, policy: PrecisionPolicy, block_index: int,
+                 n_blocks: int, name: str, seed: int = 0, backend: str = "emulated", rht_signs=None,
+                 device=None, dtype=torch.float32):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's default; models re-init
+        self.policy, self.block_index, self.n_blocks, self.name = policy, block_index, n_blocks, name
+        self.label = f"block{block_index}.{name}"
+        self.backend = backend
+        self.rht_signs = rht_signs
+        self.sr_seed = seed
+        self.sr_stream = block_index * 16 + _NAME_IDS.get(name, 15)
+        self._generator: torch.Generator | None = None
+        self._pending_generator_state: torch.Tensor | None = None
+        self.stats_enabled = False
+        self._stats: dict[str, list[float]] = defaultdict(list)
+        self.switched = False
+        self.recipe = policy.layer_recipe(block_index, n_blocks, switched=False)
+
+    def extra_repr(self) -> str:
+        kind = "bf16" if self.recipe.all_bf16 else self.policy.format
+        return f"{self.in_features}, {self.out_features}, {self.label}, {kind}, backend={self.backend}, switched={self.switched}"
+
+    # ------------------------------------------------------------------ schedule
+    def set_switched(self, switched: bool) -> None:
+        self.switched = bool(switched)
+        self.recipe = self.policy.layer_recipe(self.block_index, self.n_blocks, switched=self.switched)
+
+    # ------------------------------------------------------------------ stochastic rounding stream
+    def generator(self, device: torch.device) -> torch.Generator | None:
+        """This layer's SR generator on `device` (created on first use from (seed, stream))."""
+        if not any(getattr(self.recipe, r).rounding == "sr" for r in ROLES):
+            return None
+        if self._generator is None or self._generator.device.type != device.type:
+            self._generator = rounding.sr_generator(self.sr_seed, self.sr_stream, device=device)
+            if self._pending_generator_state is not None:
+                self._generator.set_state(self._pending_generator_state)
+                self._pending_generator_state = None
+        return self._generator
+
+    def generator_state(self) -> torch.Tensor | None:
+        if self._generator is not None:
+            return self._generator.get_state()
+        return self._pending_generator_state
+
+    def load_generator_state(self, state: torch.Tensor | None) -> None:
+        self._generator = None  # re-created on the next SR draw, on the data's device
+        self._pending_generator_state = state
+
+    # ------------------------------------------------------------------ quantization + telemetry
+    def _quantize(self, role: str, x: torch.Tensor, spec, k_pad: int, gen) -> operands.Quantized:
+        if self.stats_enabled and not spec.is_bf16:
+            packed = operands.pack(x, spec, k_pad, gen, self.rht_signs)
+            self._record(role, x, spec, k_pad, packed)
+            return packed.dequantize()
+        return operands.fake_quantize(x, spec, k_pad, gen, self.rht_signs)
+
+    def _record(self, role, x, spec, k_pad, packed) -> None:
+        if self.stats_enabled and not spec.is_bf16:
+            for key, value in operands.operand_stats(x, spec, packed, k_pad, self.rht_signs).items():
+                self._stats[f"{role}/{key}"].append(value)
+
+    def pop_stats(self) -> dict[str, float]:
+        """Mean of each statistic recorded since the last call; clears them."""
+        out = {k: sum(v) / len(v) for k, v in self._stats.items() if v}
+        self._stats.clear()
+        return out
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recipe.all_bf16:
+            return F.linear(x, self.weight)
+        return _QuantLinearFunction.apply(x, self.weight, self, self.recipe)
+
+
+_NAME_IDS = {"in_proj": 0, "out_proj": 1, "qkv": 2, "out": 3, "fc1": 4, "fc2": 5}

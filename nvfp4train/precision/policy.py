@@ -1,0 +1,293 @@
+"""Precision policies: which format each operand of each linear-layer GEMM uses.
+
+A linear layer Y = X Wᵀ runs three GEMMs, each with two operands (recipe §2.2):
+
+    Fprop  Y  = X  · Wᵀ     operands fprop_x  [tokens, in]   fprop_w  [out, in]     (K = in)
+    Dgrad  dX = dY · W      operands dgrad_dy [tokens, out]  dgrad_w  [in, out]     (K = out)
+    Wgrad  dW = dYᵀ · X     operands wgrad_dy [out, tokens]  wgrad_x  [in, tokens]  (K = tokens)
+
+Every operand is written in its GEMM layout, rows × K, so "tile (1, 16)" always means 16
+consecutive elements along that GEMM's contraction dimension. A `PrecisionPolicy` (plain data,
+built from the Hydra `precision` group) resolves, for a block index and a schedule phase, to a
+`LayerRecipe`: one `OperandSpec` per operand role.
+
+Knobs are independent (issue #6): rht on wgrad|all|none, sr on grads|all|none, weight tile,
+BF16 first/last blocks, and a mid-run switch to BF16 (full|forward_only|backward_only).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+ROLES = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
+FORWARD_ROLES = ("fprop_x", "fprop_w")
+BACKWARD_ROLES = ("dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
+GRADIENT_ROLES = ("dgrad_dy", "wgrad_dy")
+
+FORMATS = ("bf16", "fp8_blockwise", "fp8_tensorwise", "nvfp4", "mxfp4")
+BACKENDS = ("auto", "emulated", "scaled_mm", "te")
+RHT_CHOICES = ("wgrad", "all", "none")
+SR_CHOICES = ("grads", "all", "none")
+SWITCH_MODES = ("full", "forward_only", "backward_only")
+MXFP4_SCALE_RULES = ("ceil", "floor")
+
+# Weight tiles each format accepts (rows x K of the Fprop weight operand) and its default.
+WEIGHT_TILES = {
+    "bf16": ("none",),
+    "fp8_tensorwise": ("tensor",),
+    "fp8_blockwise": ("128x128", "1x128"),
+    "nvfp4": ("16x16", "1x16"),
+    "mxfp4": ("1x32",),
+}
+DEFAULT_WEIGHT_TILE = {"bf16": "none", "fp8_tensorwise": "tensor", "fp8_blockwise": "128x128",
+                       "nvfp4": "16x16", "mxfp4": "1x32"}
+# Block length along K of the activation/gradient operands (1 x block).
+ACTIVATION_BLOCK = {"fp8_blockwise": 128, "nvfp4": 16, "mxfp4": 32}
+DEFAULT_RHT_DIM = {"nvfp4": 16, "mxfp4": 32}
+
+
+@dataclass(frozen=True)
+class OperandSpec:
+    """How one GEMM operand is quantized. `tile` is (rows, K) in the operand's GEMM layout;
+    None for per-tensor scaling and for bf16. `rht_dim` > 0 applies a random Hadamard transform
+    of that size along K before quantizing (both operands of that GEMM get the same one)."""
+    format: str  # "bf16" | "nvfp4" | "mxfp4" | "fp8_e4m3" | "fp8_e5m2"
+    tile: tuple[int, int] | None = None
+    rounding: str = "rne"  # "rne" | "sr"
+    rht_dim: int = 0
+    scale_mode: str = ""  # mxfp4: "ceil" | "floor"; fp8 blockwise: "pow2" | "fp32"; else ""
+
+    @property
+    def is_bf16(self) -> bool:
+        return self.format == "bf16"
+
+    @property
+    def k_block(self) -> int:
+        """Granularity along K that the operand's K length must be padded to."""
+        sizes = [1]
+        if self.tile is not None:
+            sizes.append(self.tile[1])
+        if self.rht_dim:
+            sizes.append(self.rht_dim)
+        return math.lcm(*sizes)
+
+    @property
+    def row_block(self) -> int:
+        return self.tile[0] if self.tile is not None else 1
+
+    def describe(self) -> str:
+        if self.is_bf16:
+            return "bf16"
+        tile = "tensor" if self.tile is None else f"{self.tile[0]}x{self.tile[1]}"
+        rht = f" rht{self.rht_dim}" if self.rht_dim else ""
+        return f"{self.format} {tile} {self.rounding}{rht}"
+
+
+BF16_OPERAND = OperandSpec("bf16")
+
+
+@dataclass(frozen=True)
+class LayerRecipe:
+    """One OperandSpec per role (see ROLES)."""
+    fprop_x: OperandSpec = BF16_OPERAND
+    fprop_w: OperandSpec = BF16_OPERAND
+    dgrad_dy: OperandSpec = BF16_OPERAND
+    dgrad_w: OperandSpec = BF16_OPERAND
+    wgrad_dy: OperandSpec = BF16_OPERAND
+    wgrad_x: OperandSpec = BF16_OPERAND
+
+    @property
+    def all_bf16(self) -> bool:
+        return all(getattr(self, r).is_bf16 for r in ROLES)
+
+    @property
+    def forward_bf16(self) -> bool:
+        return self.fprop_x.is_bf16 and self.fprop_w.is_bf16
+
+    @property
+    def reuses_fprop_weight(self) -> bool:
+        """Dgrad uses the Fprop weight quantization (transposed) when the two specs are the same
+        square tile without RHT: a square tile's scale covers the same elements either way, so
+        the two quantizations are bit-identical transposes (recipe §1.5)."""
+        w, wt = self.fprop_w, self.dgrad_w
+        return (not w.is_bf16 and w == wt and w.tile is not None and w.tile[0] == w.tile[1]
+                and w.rht_dim == 0)
+
+    def with_bf16(self, roles) -> "LayerRecipe":
+        return dataclasses.replace(self, **{r: BF16_OPERAND for r in roles})
+
+    def describe(self) -> dict[str, str]:
+        return {r: getattr(self, r).describe() for r in ROLES}
+
+
+@dataclass(frozen=True)
+class SwitchConfig:
+    """Switch to BF16 once `tokens_fraction >= at_fraction` (paper App. D). None: never."""
+    at_fraction: float | None = None
+    mode: str = "full"
+
+
+def _tile(text: str) -> tuple[int, int] | None:
+    if text in ("tensor", "none"):
+        return None
+    rows, cols = text.split("x")
+    return int(rows), int(cols)
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """Plain-data precision policy. Build with `PrecisionPolicy.from_dict(cfg)` (validates)."""
+    format: str = "bf16"
+    backend: str = "auto"
+    weight_tile: str | None = None  # None: the format's default (DEFAULT_WEIGHT_TILE)
+    rht: str = "none"
+    rht_dim: int | None = None  # None: 16 for nvfp4, 32 for mxfp4
+    sr: str = "none"
+    mxfp4_scale_rule: str = "ceil"
+    fp8_pow2_scales: bool = True
+    # BF16 blocks: counts, or fractions of the block count (rounded half up: 0.03 / 0.13 of the
+    # 12B's 62 blocks give its first 2 / last 8). Set a count or a fraction per side, not both.
+    bf16_first_blocks: int = 0
+    bf16_last_blocks: int = 0
+    bf16_first_fraction: float = 0.0
+    bf16_last_fraction: float = 0.0
+    switch: SwitchConfig = field(default_factory=SwitchConfig)
+    stats_every: int = 0  # collect quantization telemetry every N steps; 0 = never
+    name: str = ""
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any] | None) -> "PrecisionPolicy":
+        """Build and validate. Raises ValueError naming the key and the allowed values."""
+        cfg = dict(cfg or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise ValueError(f"precision: unknown key(s) {unknown}; allowed keys: {sorted(known)}")
+        switch = cfg.pop("switch", None)
+        if switch is None:
+            switch_cfg = SwitchConfig()
+        elif isinstance(switch, Mapping):
+            bad = sorted(set(switch) - {"at_fraction", "mode"})
+            if bad:
+                raise ValueError(f"precision.switch: unknown key(s) {bad}; allowed: ['at_fraction', 'mode']")
+            switch_cfg = SwitchConfig(at_fraction=switch.get("at_fraction"), mode=switch.get("mode", "full"))
+        else:
+            raise ValueError(f"precision.switch must be a mapping {{at_fraction, mode}}, got {switch!r}")
+        policy = cls(switch=switch_cfg, **cfg)
+        policy.validate()
+        return policy
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        def choice(key, value, allowed):
+            if value not in allowed:
+                raise ValueError(f"precision.{key}={value!r} is not allowed; choose one of {list(allowed)}")
+
+        choice("format", self.format, FORMATS)
+        choice("backend", self.backend, BACKENDS)
+        choice("rht", self.rht, RHT_CHOICES)
+        choice("sr", self.sr, SR_CHOICES)
+        choice("mxfp4_scale_rule", self.mxfp4_scale_rule, MXFP4_SCALE_RULES)
+        choice("switch.mode", self.switch.mode, SWITCH_MODES)
+        choice(f"weight_tile (format {self.format})", self.resolved_weight_tile, WEIGHT_TILES[self.format])
+        if self.format.startswith("fp8"):
+            # The FP8 baselines are RNE without RHT (TE Float8BlockScaling / Float8CurrentScaling).
+            if self.sr != "none":
+                raise ValueError(f"precision.sr={self.sr!r} is not allowed with format {self.format}; choose 'none'")
+            if self.rht != "none":
+                raise ValueError(f"precision.rht={self.rht!r} is not allowed with format {self.format}; choose 'none'")
+        if self.rht != "none":
+            d = self.resolved_rht_dim
+            if not (isinstance(d, int) and d >= 2 and d & (d - 1) == 0 and d <= 256):
+                raise ValueError(f"precision.rht_dim={d!r} is not allowed; choose a power of two in [2, 256]")
+        for key in ("bf16_first_blocks", "bf16_last_blocks", "stats_every"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"precision.{key}={value!r} is not allowed; choose an integer >= 0")
+        for side in ("first", "last"):
+            frac = getattr(self, f"bf16_{side}_fraction")
+            if not isinstance(frac, (int, float)) or not 0.0 <= frac < 1.0:
+                raise ValueError(f"precision.bf16_{side}_fraction={frac!r} is not allowed; choose a number in [0, 1)")
+            if frac and getattr(self, f"bf16_{side}_blocks"):
+                raise ValueError(f"precision: set bf16_{side}_blocks or bf16_{side}_fraction, not both")
+        at = self.switch.at_fraction
+        if at is not None and (not isinstance(at, (int, float)) or not 0.0 <= at <= 1.0):
+            raise ValueError(f"precision.switch.at_fraction={at!r} is not allowed; choose null or a number in [0, 1]")
+        if not isinstance(self.fp8_pow2_scales, bool):
+            raise ValueError(f"precision.fp8_pow2_scales={self.fp8_pow2_scales!r} is not allowed; choose true or false")
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def resolved_weight_tile(self) -> str:
+        return self.weight_tile if self.weight_tile is not None else DEFAULT_WEIGHT_TILE[self.format]
+
+    @property
+    def resolved_rht_dim(self) -> int:
+        return self.rht_dim if self.rht_dim is not None else DEFAULT_RHT_DIM.get(self.format, 16)
+
+    def bf16_block_counts(self, n_blocks: int) -> tuple[int, int]:
+        """(first, last) numbers of blocks kept in BF16 for a model of n_blocks blocks."""
+        def count(blocks, frac):
+            if frac:
+                return min(n_blocks, math.floor(frac * n_blocks + 0.5))
+            return min(n_blocks, blocks)
+        return count(self.bf16_first_blocks, self.bf16_first_fraction), count(self.bf16_last_blocks, self.bf16_last_fraction)
+
+    def is_bf16_block(self, block_index: int, n_blocks: int) -> bool:
+        if not 0 <= block_index < n_blocks:
+            raise ValueError(f"block_index={block_index} is outside 0..{n_blocks - 1}")
+        first, last = self.bf16_block_counts(n_blocks)
+        return block_index < first or block_index >= n_blocks - last
+
+    def quantized_recipe(self) -> LayerRecipe:
+        """The recipe of a quantized (non-BF16) block, before any schedule switch."""
+        fmt = self.format
+        if fmt == "bf16":
+            return LayerRecipe()
+        if fmt == "fp8_tensorwise":
+            # Current scaling, HYBRID: E4M3 for weights and activations, E5M2 for gradients.
+            e4, e5 = OperandSpec("fp8_e4m3"), OperandSpec("fp8_e5m2")
+            return LayerRecipe(fprop_x=e4, fprop_w=e4, dgrad_dy=e5, dgrad_w=e4, wgrad_dy=e5, wgrad_x=e4)
+
+        block = ACTIVATION_BLOCK[fmt]
+        elem = "fp8_e4m3" if fmt == "fp8_blockwise" else fmt
+        wtile = _tile(self.resolved_weight_tile)
+        rht_dim = self.resolved_rht_dim
+        rht_all = rht_dim if self.rht == "all" else 0
+        rht_wgrad = rht_dim if self.rht in ("wgrad", "all") else 0
+        sr_grads = "sr" if self.sr in ("grads", "all") else "rne"
+        sr_other = "sr" if self.sr == "all" else "rne"
+        act = (1, block)
+        mode = {"mxfp4": self.mxfp4_scale_rule,
+                "fp8_blockwise": "pow2" if self.fp8_pow2_scales else "fp32"}.get(fmt, "")
+
+        def spec(tile, rounding, rht):
+            return OperandSpec(elem, tile, rounding, rht, mode)
+
+        return LayerRecipe(
+            fprop_x=spec(act, sr_other, rht_all),
+            fprop_w=spec(wtile, sr_other, rht_all),
+            dgrad_dy=spec(act, sr_grads, rht_all),
+            dgrad_w=spec(wtile, sr_other, rht_all),
+            wgrad_dy=spec(act, sr_grads, rht_wgrad),
+            wgrad_x=spec(act, sr_other, rht_wgrad),
+        )
+
+    def layer_recipe(self, block_index: int, n_blocks: int, switched: bool = False) -> LayerRecipe:
+        """The recipe a linear of block `block_index` runs, given whether the schedule switch is on."""
+        if self.is_bf16_block(block_index, n_blocks):
+            return LayerRecipe()
+        recipe = self.quantized_recipe()
+        if switched:
+            roles = {"full": ROLES, "forward_only": FORWARD_ROLES, "backward_only": BACKWARD_ROLES}[self.switch.mode]
+            recipe = recipe.with_bf16(roles)
+        return recipe
+
+    def switch_due(self, tokens_fraction: float) -> bool:
+        at = self.switch.at_fraction
+        return at is not None and tokens_fraction >= at
