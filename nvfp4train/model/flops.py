@@ -16,10 +16,10 @@ SSD with chunk length Q, d_inner = heads * head_dim, N = state, G = groups, per 
     C B^T per group           2 Q N G
     intra-chunk scores @ x    2 Q d_inner
     chunk states  B^T x       2 N d_inner
-    carry across chunks       2 (T/Q) N d_inner      (chunks x chunks per sequence)
+    carry across chunks       2 (T/Q^2) N d_inner    (2 c^2 N d_inner per sequence of c chunks)
     incoming state  C S       2 N d_inner
 (The sequence is padded to a multiple of Q = min(mamba_chunk, T); padded tokens are counted
-because they are computed.)
+because they are computed. With a single chunk only the first two terms exist.)
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ def _mamba_forward(cfg: ModelConfig, seq_len: int, causal: bool) -> float:
     Q = min(cfg.mamba_chunk, seq_len)
     n_chunks = -(-seq_len // Q)
     tri = 0.5 if causal else 1.0
-    per_padded_token = (
-        tri * 2 * Q * n * g  # C B^T
-        + tri * 2 * Q * di  # scores @ x
-        + 2 * n * di  # chunk states
-        + tri * 2 * n_chunks * n * di  # carry across chunks
-        + 2 * n * di  # incoming state
-    )
+    per_padded_token = tri * 2 * Q * n * g + tri * 2 * Q * di  # C B^T, scores @ x
+    if n_chunks > 1:  # a single chunk has no past state (ssd.py skips these products)
+        per_padded_token += (
+            2 * n * di  # chunk states
+            + tri * 2 * (n_chunks / Q) * n * di  # carry across chunks: 2 c^2 N d_inner per sequence
+            + 2 * n * di  # incoming state
+        )
     ssd = per_padded_token * (n_chunks * Q) / seq_len
     return linears + conv + ssd
 

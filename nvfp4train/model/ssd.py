@@ -88,21 +88,22 @@ def ssd_chunked_torch(
         scores = CB.unsqueeze(3) * torch.exp(_segsum(a))  # [b,c,g,r,Q,Q], causal mask inside
         y = torch.einsum("bcgrls,bcsgrp->bclgrp", scores, xdt)
 
-        # 2. Each chunk's own contribution to the state at its end.
-        decay_to_end = torch.exp(a_cum[..., -1:] - a_cum)  # [b,c,g,r,Q]
-        xdt_to_end = xdt * decay_to_end.permute(0, 1, 4, 2, 3).unsqueeze(-1)
-        chunk_states = torch.einsum("bclgn,bclgrp->bcgrpn", B, xdt_to_end)  # [b,c,g,r,p,n]
+        if n_chunks > 1:  # with a single chunk there is no past state to carry
+            # 2. Each chunk's own contribution to the state at its end.
+            decay_to_end = torch.exp(a_cum[..., -1:] - a_cum)  # [b,c,g,r,Q]
+            xdt_to_end = xdt * decay_to_end.permute(0, 1, 4, 2, 3).unsqueeze(-1)
+            chunk_states = torch.einsum("bclgn,bclgrp->bcgrpn", B, xdt_to_end)  # [b,c,g,r,p,n]
 
-        # 3. Across chunks: state at the end of chunk z = sum_{c <= z} (decay of chunks c+1..z)
-        #    * chunk_states[c]; the state entering chunk z is the one at the end of chunk z-1.
-        chunk_log_decay = a_cum[..., -1].permute(0, 2, 3, 1)  # [b,g,r,c]
-        carry = torch.exp(_segsum(chunk_log_decay))  # [b,g,r,z,c]
-        end_states = torch.einsum("bgrzc,bcgrpn->bzgrpn", carry, chunk_states)
-        start_states = F.pad(end_states[:, :-1], (0, 0, 0, 0, 0, 0, 0, 0, 1, 0))
+            # 3. Across chunks: state at the end of chunk z = sum_{c <= z} (decay of chunks c+1..z)
+            #    * chunk_states[c]; the state entering chunk z is the one at the end of chunk z-1.
+            chunk_log_decay = a_cum[..., -1].permute(0, 2, 3, 1)  # [b,g,r,c]
+            carry = torch.exp(_segsum(chunk_log_decay))  # [b,g,r,z,c]
+            end_states = torch.einsum("bgrzc,bcgrpn->bzgrpn", carry, chunk_states)
+            start_states = F.pad(end_states[:, :-1], (0, 0, 0, 0, 0, 0, 0, 0, 1, 0))
 
-        # 4. Contribution of the incoming state to each position of the chunk.
-        y_past = torch.einsum("bclgn,bcgrpn->bclgrp", C, start_states)
-        y = y + y_past * torch.exp(a_cum).permute(0, 1, 4, 2, 3).unsqueeze(-1)
+            # 4. Contribution of the incoming state to each position of the chunk.
+            y_past = torch.einsum("bclgn,bcgrpn->bclgrp", C, start_states)
+            y = y + y_past * torch.exp(a_cum).permute(0, 1, 4, 2, 3).unsqueeze(-1)
 
         y = y.reshape(b, n_chunks * Q, h, p)[:, :T]
         y = y + x32 * D.to(f32).view(1, 1, h, 1)
