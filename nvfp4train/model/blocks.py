@@ -1,0 +1,192 @@
+"""The three block types of the hybrid family and their norms.
+
+Each block is pre-RMSNorm -> mixer -> residual add. Every GEMM of a linear layer goes through
+`linear_factory(in_features, out_features, *, block_index, name)`, so the precision layer can
+hand out quantized linears; everything else (norms, conv1d, the SSD scan, attention's softmax
+and batched matmuls) stays in high precision here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .ssd import causal_conv1d_silu, ssd_scan
+
+LinearFactory = Callable[..., nn.Module]
+
+
+def default_linear_factory(in_features: int, out_features: int, *, block_index: int, name: str) -> nn.Module:
+    return nn.Linear(in_features, out_features, bias=False)
+
+
+class RMSNorm(nn.Module):
+    """y = x / rms(x) * weight, computed in float32, returned in x's dtype."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """Mamba-2's output norm: RMSNorm(y * silu(z)) over groups of `group_size` channels.
+
+    "Gate before norm" (Megatron / mamba-ssm `norm_before_gate=False`); one group per Mamba
+    group, so the normalization never mixes channels of different B/C groups.
+    """
+
+    def __init__(self, dim: int, group_size: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.group_size = group_size
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        gated = y.float() * F.silu(z.float())
+        grouped = gated.unflatten(-1, (-1, self.group_size))
+        normed = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed.flatten(-2) * self.weight.float()).to(y.dtype)
+
+
+class Mamba2Mixer(nn.Module):
+    """in_proj -> depthwise causal conv1d + SiLU on (x, B, C) -> SSD scan -> gated RMSNorm -> out_proj.
+
+    in_proj produces, per token, [z (d_inner) | x (d_inner) | B (groups*state) | C (groups*state)
+    | dt (heads)] — the same order as Megatron's MambaMixer and mamba-ssm's Mamba2. out_proj is
+    applied here, outside any fused kernel, so a quantized out_proj is really used.
+    """
+
+    def __init__(self, cfg: ModelConfig, block_index: int, linear_factory: LinearFactory):
+        super().__init__()
+        self.d_inner = cfg.mamba_d_inner
+        self.n_heads = cfg.mamba_heads
+        self.head_dim = cfg.mamba_head_dim
+        self.groups = cfg.mamba_groups
+        self.state = cfg.mamba_state
+        self.chunk = cfg.mamba_chunk
+        self.ssd_backend = cfg.ssd_backend
+        conv_dim = cfg.mamba_conv_dim
+
+        self.in_proj = linear_factory(cfg.d_model, cfg.mamba_in_proj_dim, block_index=block_index, name="in_proj")
+        self.conv1d = nn.Conv1d(conv_dim, conv_dim, cfg.mamba_conv, groups=conv_dim, bias=True)
+        self.dt_bias = nn.Parameter(torch.empty(self.n_heads))
+        self.A_log = nn.Parameter(torch.empty(self.n_heads))
+        self.D = nn.Parameter(torch.empty(self.n_heads))
+        self.norm = GatedRMSNorm(self.d_inner, self.d_inner // self.groups, cfg.norm_eps)
+        self.out_proj = linear_factory(self.d_inner, cfg.d_model, block_index=block_index, name="out_proj")
+        self.reset_ssm_parameters()
+
+    @torch.no_grad()
+    def reset_ssm_parameters(self, dt_min: float = 1e-3, dt_max: float = 0.1, dt_floor: float = 1e-4) -> None:
+        """Mamba-2 / Megatron init: dt ~ logUniform[dt_min, dt_max] stored as softplus^-1 in
+        dt_bias, A = -U[1, 16] stored as log, D = 1, conv1d PyTorch's default (kaiming uniform)."""
+        if self.A_log.is_meta:
+            return
+        dt = torch.exp(torch.rand(self.n_heads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        dt = dt.clamp(min=dt_floor)
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse of softplus
+        self.A_log.copy_(torch.log(torch.empty(self.n_heads).uniform_(1.0, 16.0)))
+        self.D.fill_(1.0)
+        self.conv1d.reset_parameters()
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        b, T, _ = u.shape
+        zxbcdt = self.in_proj(u)
+        z, xBC, dt = torch.split(zxbcdt, [self.d_inner, self.conv1d.in_channels, self.n_heads], dim=-1)
+        xBC = causal_conv1d_silu(xBC.transpose(1, 2), self.conv1d.weight, self.conv1d.bias).transpose(1, 2)
+        x, B, C = torch.split(xBC, [self.d_inner, self.groups * self.state, self.groups * self.state], dim=-1)
+        y = ssd_scan(
+            x.reshape(b, T, self.n_heads, self.head_dim),
+            dt,
+            -torch.exp(self.A_log.float()),
+            B.reshape(b, T, self.groups, self.state),
+            C.reshape(b, T, self.groups, self.state),
+            self.D,
+            self.dt_bias,
+            chunk_size=self.chunk,
+            backend=self.ssd_backend,
+        )
+        y = self.norm(y.reshape(b, T, self.d_inner), z)
+        return self.out_proj(y)
+
+
+def apply_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding, "rotate half" layout (Megatron's default, rotary_interleaved=False).
+    x [b, heads, T, head_dim]; angles computed on the fly in float32 (cheap, compile-friendly)."""
+    T, hd = x.shape[-2], x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
+    angles = torch.outer(torch.arange(T, device=x.device, dtype=torch.float32), inv_freq)
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x32 * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention: fused qkv linear -> (RoPE) -> SDPA -> out linear."""
+
+    def __init__(self, cfg: ModelConfig, block_index: int, linear_factory: LinearFactory):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.rope_theta = cfg.rope_theta if cfg.rope else None
+        qkv_dim = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+        self.qkv = linear_factory(cfg.d_model, qkv_dim, block_index=block_index, name="qkv")
+        self.out = linear_factory(cfg.n_heads * cfg.head_dim, cfg.d_model, block_index=block_index, name="out")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, T, _ = x.shape
+        q, k, v = self.qkv(x).split(
+            [self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim], dim=-1
+        )
+        q = q.view(b, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.rope_theta is not None:
+            q, k = apply_rope(q, self.rope_theta), apply_rope(k, self.rope_theta)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        return self.out(y.transpose(1, 2).reshape(b, T, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """fc1 -> squared ReLU -> fc2 (non-gated, no biases; Nemotron-H's FFN)."""
+
+    def __init__(self, cfg: ModelConfig, block_index: int, linear_factory: LinearFactory):
+        super().__init__()
+        self.fc1 = linear_factory(cfg.d_model, cfg.ffn_hidden, block_index=block_index, name="fc1")
+        self.fc2 = linear_factory(cfg.ffn_hidden, cfg.d_model, block_index=block_index, name="fc2")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.relu(self.fc1(x)).square())
+
+
+MIXERS = {"M": Mamba2Mixer, "*": Attention, "-": MLP}
+
+
+class Block(nn.Module):
+    """x + mixer(RMSNorm(x)). `index` is the position in the pattern, `kind` its symbol."""
+
+    def __init__(self, cfg: ModelConfig, index: int, kind: str, linear_factory: LinearFactory):
+        super().__init__()
+        self.index = index
+        self.kind = kind
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mixer = MIXERS[kind](cfg, index, linear_factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mixer(self.norm(x))
+
+    def extra_repr(self) -> str:
+        return f"index={self.index}, kind={self.kind!r}"

@@ -1,0 +1,81 @@
+"""HybridLM: embedding -> blocks (pattern of M / * / -) -> final RMSNorm -> LM head.
+
+Untied input embedding and LM head, no biases, no position embedding (RoPE optional inside
+attention). The embedding, norms and LM head are plain high-precision modules; the linears
+inside blocks come from `linear_factory` (see blocks.py).
+
+Initialization (Megatron / Nemotron-H): every weight matrix ~ N(0, init_std), except the
+output-side linears of each block (Mamba out_proj, attention out, MLP fc2), which use
+N(0, init_std / sqrt(2 * n_blocks)) (Megatron's `scaled_init_method_normal` with
+num_layers = pattern length, as Megatron's hybrid model counts layers). Norm weights are 1,
+the LM head and the embedding use init_std. Mamba's A_log, D, dt_bias and conv1d keep their
+Mamba-2 init (blocks.Mamba2Mixer.reset_ssm_parameters).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from .blocks import Block, LinearFactory, RMSNorm, default_linear_factory
+from .config import ModelConfig
+
+OUTPUT_LINEARS = ("out_proj", "out", "fc2")  # write into the residual stream: scaled init
+INPUT_LINEARS = ("in_proj", "qkv", "fc1")
+
+
+class HybridLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, linear_factory: Optional[LinearFactory] = None):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        factory = linear_factory or default_linear_factory
+        self.embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, i, kind, factory) for i, kind in enumerate(cfg.pattern))
+        self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        std = self.cfg.init_std
+        out_std = std / math.sqrt(2 * self.cfg.n_blocks)
+        nn.init.normal_(self.embedding.weight, 0.0, std)
+        nn.init.normal_(self.lm_head.weight, 0.0, std)
+        for block in self.blocks:
+            for name in INPUT_LINEARS + OUTPUT_LINEARS:
+                linear = getattr(block.mixer, name, None)
+                if linear is not None:
+                    nn.init.normal_(linear.weight, 0.0, out_std if name in OUTPUT_LINEARS else std)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, T] (int64) -> logits [B, T, vocab] (float32, or the autocast dtype)."""
+        x = self.embedding(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.final_norm(x))
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.embedding.weight.numel() + self.lm_head.weight.numel()
+        return n
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW parameter groups, following Megatron's default `no_weight_decay_cond`:
+    decay every parameter with >= 2 dims (linear weights, embedding, LM head, conv1d weight);
+    no decay for 1-D parameters (RMSNorm weights, conv1d bias, Mamba's A_log, D, dt_bias) and
+    for anything named `*.bias`. Frozen parameters are left out."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or name.endswith(".bias") else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay, "group": "decay"},
+        {"params": no_decay, "weight_decay": 0.0, "group": "no_decay"},
+    ]

@@ -1,0 +1,238 @@
+"""The Mamba-2 SSD scan: a chunked pure-PyTorch reference, the step-by-step recurrence it must
+equal, and mamba-ssm's Triton kernel for CUDA.
+
+All of them compute, per head h (with B and C shared by the heads of one group):
+
+    dt_t  = softplus(dt_raw_t + dt_bias)            (per token and head)
+    S_t   = exp(dt_t * A) * S_{t-1} + dt_t * x_t B_t^T   (state: head_dim x d_state)
+    y_t   = S_t C_t + D * x_t
+
+Shapes (batch b, length T, heads h, head_dim p, groups g, state n):
+    x [b,T,h,p]   dt_raw [b,T,h]   A [h] (negative)   B, C [b,T,g,n]   D [h]   dt_bias [h]
+Output y [b,T,h,p] in x's dtype. The reference computes in float32 (float64 for float64 inputs) whatever the input dtype.
+
+The chunked algorithm (Mamba-2 paper, "SSD"): split the sequence into chunks of Q tokens;
+within a chunk the output is a masked (causal, decaying) attention-like product; across chunks
+a small recurrence on the chunk-final states carries the past. Every contraction below is a
+two-operand einsum that maps to one batched matmul, so `torch.utils.flop_counter` sees exactly
+the FLOPs that `flops.py` predicts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import sys
+import types
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+
+def _segsum(a: torch.Tensor) -> torch.Tensor:
+    """a [..., L] -> [..., L, L] with out[i, j] = a[j+1] + ... + a[i] for i >= j, -inf above.
+
+    Summed from a masked copy rather than as a difference of cumulative sums: cumsum(a)[i] -
+    cumsum(a)[j] cancels catastrophically once the cumulative log-decay is large.
+    """
+    L = a.size(-1)
+    ones = torch.ones(L, L, dtype=torch.bool, device=a.device)
+    a_cols = a.unsqueeze(-1).expand(*a.shape, L)  # [..., k, j] = a[k]
+    summed = a_cols.masked_fill(~ones.tril(-1), 0.0).cumsum(dim=-2)  # sum over j < k <= i
+    return summed.masked_fill(~ones.tril(0), -math.inf)
+
+
+def ssd_chunked_torch(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    chunk_size: int,
+) -> torch.Tensor:
+    """Chunked SSD in float32 (see module docstring). Any sequence length; pads to a chunk multiple."""
+    out_dtype = x.dtype
+    b, T, h, p = x.shape
+    g, n = B.shape[-2:]
+    r = h // g  # heads per group
+    Q = min(chunk_size, T)
+    n_chunks = -(-T // Q)
+    pad = n_chunks * Q - T
+
+    f32 = torch.promote_types(x.dtype, torch.float32)  # float64 stays float64 (for tests)
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        x32, B, C = x.to(f32), B.to(f32), C.to(f32)
+        dt = F.softplus(dt.to(f32) + dt_bias.to(f32))  # [b,T,h]
+        xdt = x32 * dt.unsqueeze(-1)  # discretized input
+        log_decay = dt * A.to(f32)  # [b,T,h], <= 0
+        if pad:
+            # Zero padding at the end: dt = 0 there means no input and no decay, and the padded
+            # outputs are dropped; earlier outputs never see later tokens.
+            xdt = F.pad(xdt, (0, 0, 0, 0, 0, pad))
+            log_decay = F.pad(log_decay, (0, 0, 0, pad))
+            B = F.pad(B, (0, 0, 0, 0, 0, pad))
+            C = F.pad(C, (0, 0, 0, 0, 0, pad))
+
+        xdt = xdt.reshape(b, n_chunks, Q, g, r, p)
+        B = B.reshape(b, n_chunks, Q, g, n)
+        C = C.reshape(b, n_chunks, Q, g, n)
+        a = log_decay.reshape(b, n_chunks, Q, g, r).permute(0, 1, 3, 4, 2)  # [b,c,g,r,Q]
+        a_cum = a.cumsum(dim=-1)
+
+        # 1. Within each chunk: y_l = sum_{s <= l} (C_l . B_s) exp(a_cum_l - a_cum_s) xdt_s.
+        CB = torch.einsum("bclgn,bcsgn->bcgls", C, B)  # shared by the r heads of a group
+        scores = CB.unsqueeze(3) * torch.exp(_segsum(a))  # [b,c,g,r,Q,Q], causal mask inside
+        y = torch.einsum("bcgrls,bcsgrp->bclgrp", scores, xdt)
+
+        if n_chunks > 1:  # with a single chunk there is no past state to carry
+            # 2. Each chunk's own contribution to the state at its end.
+            decay_to_end = torch.exp(a_cum[..., -1:] - a_cum)  # [b,c,g,r,Q]
+            xdt_to_end = xdt * decay_to_end.permute(0, 1, 4, 2, 3).unsqueeze(-1)
+            chunk_states = torch.einsum("bclgn,bclgrp->bcgrpn", B, xdt_to_end)  # [b,c,g,r,p,n]
+
+            # 3. Across chunks: state at the end of chunk z = sum_{c <= z} (decay of chunks c+1..z)
+            #    * chunk_states[c]; the state entering chunk z is the one at the end of chunk z-1.
+            chunk_log_decay = a_cum[..., -1].permute(0, 2, 3, 1)  # [b,g,r,c]
+            carry = torch.exp(_segsum(chunk_log_decay))  # [b,g,r,z,c]
+            end_states = torch.einsum("bgrzc,bcgrpn->bzgrpn", carry, chunk_states)
+            start_states = F.pad(end_states[:, :-1], (0, 0, 0, 0, 0, 0, 0, 0, 1, 0))
+
+            # 4. Contribution of the incoming state to each position of the chunk.
+            y_past = torch.einsum("bclgn,bcgrpn->bclgrp", C, start_states)
+            y = y + y_past * torch.exp(a_cum).permute(0, 1, 4, 2, 3).unsqueeze(-1)
+
+        y = y.reshape(b, n_chunks * Q, h, p)[:, :T]
+        y = y + x32 * D.to(f32).view(1, 1, h, 1)
+    return y.to(out_dtype)
+
+
+def ssd_recurrent(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+) -> torch.Tensor:
+    """The recurrence, one token at a time (slow; the ground truth for tests). Computes in x's dtype."""
+    b, T, h, p = x.shape
+    g, n = B.shape[-2:]
+    r = h // g
+    dt = F.softplus(dt + dt_bias)
+    Bh = B.repeat_interleave(r, dim=2)  # [b,T,h,n]: head k uses group k // r
+    Ch = C.repeat_interleave(r, dim=2)
+    state = x.new_zeros(b, h, p, n)
+    ys = []
+    for t in range(T):
+        decay = torch.exp(dt[:, t] * A).view(b, h, 1, 1)
+        state = decay * state + (dt[:, t, :, None] * x[:, t]).unsqueeze(-1) * Bh[:, t].unsqueeze(-2)
+        ys.append(torch.einsum("bhpn,bhn->bhp", state, Ch[:, t]) + D.view(1, h, 1) * x[:, t])
+    return torch.stack(ys, dim=1)
+
+
+# ---- mamba-ssm's Triton kernel --------------------------------------------------------------
+
+_TRITON_SSD: Optional[Callable] = None
+_TRITON_SSD_ERROR: Optional[str] = None
+
+
+def load_triton_ssd() -> Callable:
+    """Import mamba-ssm's `mamba_chunk_scan_combined` without importing the mamba_ssm package.
+
+    `import mamba_ssm` runs its __init__, which needs the compiled `selective_scan_cuda`
+    extension; the pure-Python wheel (MAMBA_SKIP_CUDA_BUILD) has only the Triton kernels.
+    Registering a bare package object under the name `mamba_ssm` lets the Triton submodules
+    import (environment.md, "mamba-ssm" section). Raises ImportError when unavailable.
+    """
+    global _TRITON_SSD, _TRITON_SSD_ERROR
+    if _TRITON_SSD is not None:
+        return _TRITON_SSD
+    if _TRITON_SSD_ERROR is not None:
+        raise ImportError(_TRITON_SSD_ERROR)
+    try:
+        if "mamba_ssm" not in sys.modules:
+            spec = importlib.util.find_spec("mamba_ssm")
+            if spec is None or spec.submodule_search_locations is None:
+                raise ImportError("mamba-ssm is not installed")
+            package = types.ModuleType("mamba_ssm")
+            package.__path__ = list(spec.submodule_search_locations)
+            package.__spec__ = spec
+            sys.modules["mamba_ssm"] = package
+        module = importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
+        _TRITON_SSD = module.mamba_chunk_scan_combined
+    except Exception as e:  # ImportError, or triton failing to initialise without a GPU
+        _TRITON_SSD_ERROR = (
+            f"mamba-ssm Triton SSD unavailable ({type(e).__name__}: {e}); build the pure wheel with "
+            "MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip wheel --no-deps "
+            "--no-build-isolation mamba-ssm==2.3.2.post1 and install it with --no-deps"
+        )
+        raise ImportError(_TRITON_SSD_ERROR) from e
+    return _TRITON_SSD
+
+
+def triton_ssd_available() -> bool:
+    try:
+        load_triton_ssd()
+        return True
+    except ImportError:
+        return False
+
+
+@torch.compiler.disable  # a custom autograd.Function around Triton launches: run it eagerly
+def ssd_chunked_triton(x, dt, A, B, C, D, dt_bias, chunk_size: int) -> torch.Tensor:
+    scan = load_triton_ssd()
+    return scan(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias, dt_softplus=True)
+
+
+def ssd_scan(x, dt, A, B, C, D, dt_bias, chunk_size: int, backend: str = "auto") -> torch.Tensor:
+    """Dispatch to a backend: "torch", "triton" (CUDA tensors only) or "auto"."""
+    if backend == "auto":
+        backend = "triton" if x.is_cuda and triton_ssd_available() else "torch"
+    if backend == "torch":
+        return ssd_chunked_torch(x, dt, A, B, C, D, dt_bias, chunk_size)
+    if backend == "triton":
+        if not x.is_cuda:
+            raise ValueError("ssd_backend='triton' needs CUDA tensors; use 'torch' or 'auto' on CPU")
+        return ssd_chunked_triton(x, dt, A, B, C, D, dt_bias, chunk_size)
+    raise ValueError(f"ssd_backend: {backend!r} is not one of auto, torch, triton")
+
+
+# ---- depthwise causal conv1d ----------------------------------------------------------------
+
+_CAUSAL_CONV1D: Optional[Callable] = None
+_CAUSAL_CONV1D_TRIED = False
+
+
+def _load_causal_conv1d() -> Optional[Callable]:
+    global _CAUSAL_CONV1D, _CAUSAL_CONV1D_TRIED
+    if not _CAUSAL_CONV1D_TRIED:
+        _CAUSAL_CONV1D_TRIED = True
+        try:
+            from causal_conv1d import causal_conv1d_fn  # compiled CUDA extension, optional
+
+            _CAUSAL_CONV1D = causal_conv1d_fn
+        except Exception:
+            _CAUSAL_CONV1D = None
+    return _CAUSAL_CONV1D
+
+
+def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                       use_kernel: bool = True) -> torch.Tensor:
+    """SiLU(depthwise causal conv) over time. x [b, channels, T], weight [channels, 1, k].
+
+    Uses causal_conv1d's CUDA kernel when importable and x is on CUDA; otherwise F.conv1d on
+    the input left-padded by k-1 (so the output has exactly T positions and position t sees
+    only inputs t-k+1..t).
+    """
+    k = weight.shape[-1]
+    if use_kernel and x.is_cuda:
+        kernel = _load_causal_conv1d()
+        if kernel is not None:
+            return kernel(x, weight.squeeze(1), bias, activation="silu")
+    y = F.conv1d(F.pad(x, (k - 1, 0)), weight, bias, groups=x.shape[1])
+    return F.silu(y)
