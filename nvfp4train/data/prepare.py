@@ -201,8 +201,9 @@ def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num
 
     skip_docs = sum(s["n_input_docs"] for s in done)
     docs = iter_documents(spec, text_field=text_field, fmt=fmt, key=key)
-    bar = tqdm(desc=f"tokenizing -> {out_dir.name}", unit="doc", initial=skip_docs, disable=progress is False or None,
-               file=sys.stderr)
+    # progress=None: a bar only on a terminal; False: never.
+    bar = tqdm(desc=f"tokenizing -> {out_dir}", unit="doc", initial=skip_docs,
+               disable=True if progress is False else None, file=sys.stderr)
     for _ in range(skip_docs):
         next(docs)
 
@@ -211,9 +212,9 @@ def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num
         import multiprocessing as mp
 
         pool = mp.get_context("fork").Pool(num_proc, initializer=_init_worker, initargs=(tokenizer_name,))
-        encoded_batches = pool.imap(_encode_batch, _batches(docs, BATCH_DOCS))
+        encoded_batches = pool.imap(_encode_batch, _batches(docs, min(BATCH_DOCS, docs_per_shard)))
     else:
-        encoded_batches = map(tok.encode_batch, _batches(docs, BATCH_DOCS))
+        encoded_batches = map(tok.encode_batch, _batches(docs, min(BATCH_DOCS, docs_per_shard)))
 
     chunks, offsets, n_input = [], [0], 0
 

@@ -1,0 +1,131 @@
+"""Every bad input gets one clear error naming the key or file, before any training step."""
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from nvfp4train.data import TokenShards, build_train_loader, prepare_split
+
+ARGS = dict(seq_len=32, global_batch_size=8, micro_batch_size=2, rank=0, world_size=1, seed=0, total_samples=100)
+
+
+def build(cfg, **kw):
+    return build_train_loader(cfg, **{**ARGS, **kw})
+
+
+def with_phases(corpus, phases):
+    cfg = copy.deepcopy(corpus)
+    cfg["phases"] = phases
+    return cfg
+
+
+def test_missing_path_names_the_file(corpus, tmp_path):
+    corpus["sources"]["lower"]["train"] = str(tmp_path / "missing.jsonl")
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        build(corpus)
+
+
+def test_empty_source_names_the_source(corpus, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"text": ""}) + "\n")
+    corpus["sources"]["digits"]["train"] = str(empty)
+    with pytest.raises(ValueError, match=r"data.sources.digits.train.*empty source"):
+        build(corpus)
+
+
+def test_source_smaller_than_one_sample(corpus, tmp_path):
+    tiny = tmp_path / "tiny.jsonl"
+    tiny.write_text(json.dumps({"text": "abc def"}) + "\n")
+    corpus["sources"]["digits"]["train"] = str(tiny)
+    with pytest.raises(ValueError, match=r"'digits'.*fewer than seq_len"):
+        build(corpus)
+
+
+def test_missing_text_field_names_file_and_line(corpus, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "ok"}) + "\n" + json.dumps({"body": "x"}) + "\n")
+    corpus["sources"]["lower"]["train"] = str(bad)
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: no 'text' field"):
+        build(corpus)
+
+
+@pytest.mark.parametrize("weight", [0, -0.5, "heavy"])
+def test_bad_weights_name_the_key(corpus, weight):
+    cfg = with_phases(corpus, [{"start": 0, "weights": {"lower": 1, "digits": weight}}])
+    with pytest.raises(ValueError, match=r"data.phases\[0\].weights.digits"):
+        build(cfg)
+
+
+def test_unknown_source_in_weights(corpus):
+    cfg = with_phases(corpus, [{"start": 0, "weights": {"lower": 1, "books": 1}}])
+    with pytest.raises(ValueError, match=r"weights.books: unknown source"):
+        build(cfg)
+
+
+@pytest.mark.parametrize("starts, match", [
+    ((0.1, 0.7), r"phases\[0\].start must be 0"),
+    ((0.0, 0.7, 0.7), r"phases\[2\].start=0.7 must be greater"),
+    ((0.0, 0.9, 0.7), r"phases\[2\].start=0.7 must be greater"),
+    ((0.0, 1.0), r"phases\[1\].start=1.0 must be < 1"),
+])
+def test_phase_starts_must_begin_at_zero_and_increase(corpus, starts, match):
+    cfg = with_phases(corpus, [{"start": s, "weights": {"lower": 1}} for s in starts])
+    with pytest.raises(ValueError, match=match):
+        build(cfg)
+
+
+def test_batch_layout_must_divide(corpus):
+    with pytest.raises(ValueError, match="global_batch_size=8 must be divisible by micro_batch_size"):
+        build(corpus, micro_batch_size=3)
+    with pytest.raises(ValueError, match="rank=2 must be < world_size=2"):
+        build(corpus, rank=2, world_size=2)
+
+
+def test_unknown_config_key(corpus):
+    corpus["shuffle_buffer"] = 100
+    with pytest.raises(ValueError, match="unknown key.*shuffle_buffer"):
+        build(corpus)
+
+
+@pytest.fixture
+def prepared(corpus, tmp_path):
+    """`lower` prepared explicitly, then used as a `shards:` source."""
+    out = tmp_path / "prepared" / "lower"
+    prepare_split(corpus["sources"]["lower"]["train"], out, tokenizer="bpe8k", progress=False)
+    corpus["sources"]["lower"] = {"shards": str(out)}
+    return corpus, out
+
+
+def test_shards_from_another_tokenizer_are_refused(prepared):
+    corpus, out = prepared
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["tokenizer"] = "tokenizers:0123456789abcdef"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"made with tokenizer tokenizers:0123456789abcdef"):
+        build(corpus)
+
+
+def test_truncated_shard_names_the_file(prepared):
+    corpus, out = prepared
+    shard = out / "shard_00000.bin"
+    shard.write_bytes(shard.read_bytes()[:-6])
+    with pytest.raises(ValueError, match=r"truncated or corrupt shard .*shard_00000.bin"):
+        build(corpus)
+
+
+def test_corrupt_shard_is_caught_by_checksums(prepared):
+    corpus, out = prepared
+    shard = out / "shard_00000.bin"
+    tokens = np.fromfile(shard, dtype="<u2")
+    tokens[10] ^= 1
+    tokens.tofile(shard)
+    build(corpus)                                  # sizes fine: only a checksum sees it
+    corpus["verify_checksums"] = True
+    with pytest.raises(ValueError, match="checksum mismatch.*shard_00000.bin"):
+        build(corpus)
+
+
+def test_missing_manifest_names_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="manifest.json"):
+        TokenShards(tmp_path)
