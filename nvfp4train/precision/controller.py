@@ -113,9 +113,9 @@ class PrecisionController:
     def state_dict(self) -> dict[str, Any]:
         generators = {}
         for layer in self.layers:
-            state = layer.generator_state()
-            if state is not None:
-                generators[layer.label] = state.clone()
+            states = layer.generator_state()
+            if states:
+                generators[layer.label] = {role: t.clone() for role, t in states.items()}
         return {
             "switched": self.switched,
             "switched_at": -1.0 if self.switched_at is None else self.switched_at,

@@ -89,27 +89,23 @@ class _QuantLinearFunction(torch.autograd.Function):
         with torch.autocast(device, enabled=False):
             x2d = x.reshape(-1, in_f)
             tokens = x2d.shape[0]
-            gen = layer.generator(x.device)
-            signs = layer.rht_signs
 
             # Fprop: Y = Q(X) Q(W)ᵀ, K = in_features.
             k_f = _k_pad(in_f, recipe.fprop_x, recipe.fprop_w)
             if recipe.reuses_fprop_weight:
                 # Quantize W once into its storage form: Fprop uses it, Dgrad reuses the same bits.
-                w_packed = operands.pack(weight, recipe.fprop_w, k_f, gen, signs)
+                w_packed = layer._pack("fprop_w", weight, recipe.fprop_w, k_f)
                 w_q = w_packed.dequantize()
-                layer._record("fprop_w", weight, recipe.fprop_w, k_f, w_packed)
             else:
                 w_packed = None
-                w_q = layer._quantize("fprop_w", weight, recipe.fprop_w, k_f, gen)
-            x_q = layer._quantize("fprop_x", x2d, recipe.fprop_x, k_f, gen)
+                w_q = layer._quantize("fprop_w", weight, recipe.fprop_w, k_f)
+            x_q = layer._quantize("fprop_x", x2d, recipe.fprop_x, k_f)
             y = scaled_gemm(x_q, operands.Quantized(w_q.values[:out_f], w_q.decode_scale, w_q.fp8_data), layer.backend)
             y = y.to(out_dtype)
 
             # The Wgrad copy of X: transposed [in, tokens], quantized along tokens now, saved packed.
             k_w = _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x)
-            x_packed = operands.pack(x2d.t(), recipe.wgrad_x, k_w, gen, signs)
-            layer._record("wgrad_x", x2d.t(), recipe.wgrad_x, k_w, x_packed)
+            x_packed = layer._pack("wgrad_x", x2d.t(), recipe.wgrad_x, k_w)
 
         ctx.recipe, ctx.layer = recipe, layer
         ctx.x_meta = (x.shape, x.dtype, out_dtype, tokens, k_w)
@@ -128,8 +124,6 @@ class _QuantLinearFunction(torch.autograd.Function):
         out_f, in_f = weight.shape
         with torch.autocast(dy.device.type, enabled=False):
             dy2d = dy.reshape(-1, out_f)
-            gen = layer.generator(dy.device)
-            signs = layer.rht_signs
 
             dx = None
             if ctx.needs_input_grad[0]:
@@ -142,15 +136,15 @@ class _QuantLinearFunction(torch.autograd.Function):
                     wt_q = operands.Quantized(operands.pad2d(wt_values, in_f, k_d), w_q.decode_scale)
                 else:
                     k_d = _k_pad(out_f, recipe.dgrad_dy, recipe.dgrad_w)
-                    wt_q = layer._quantize("dgrad_w", weight.t(), recipe.dgrad_w, k_d, gen)
+                    wt_q = layer._quantize("dgrad_w", weight.t(), recipe.dgrad_w, k_d)
                     wt_q = operands.Quantized(wt_q.values[:in_f], wt_q.decode_scale, wt_q.fp8_data)
-                dy_q = layer._quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d, gen)
+                dy_q = layer._quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d)
                 dx = scaled_gemm(dy_q, wt_q, layer.backend).to(out_dtype).to(x_dtype).reshape(x_shape)
 
             dw = None
             if ctx.needs_input_grad[1]:
                 # Wgrad: dW = Q(RHT(dYᵀ)) Q(RHT(Xᵀ))ᵀ, K = tokens.
-                dyt_q = layer._quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w, gen)
+                dyt_q = layer._quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w)
                 xt_q = x_packed.dequantize()
                 xt_q = operands.Quantized(xt_q.values[:in_f], xt_q.decode_scale, xt_q.fp8_data)
                 dw = scaled_gemm(dyt_q, xt_q, layer.backend).to(weight.dtype)
@@ -177,9 +171,11 @@ class QuantLinear(nn.Module):
         self.backend = backend
         self.rht_signs = rht_signs
         self.sr_seed = seed
-        self.sr_stream = block_index * 16 + _NAME_IDS.get(name, 15)
-        self._generator: torch.Generator | None = None
-        self._pending_generator_state: torch.Tensor | None = None
+        self.sr_stream_base = (block_index * 8 + _NAME_IDS.get(name, 7)) * 8
+        # One SR generator per operand role, so toggling SR on one operand never shifts the
+        # random draws of another (created lazily on the data's device).
+        self._generators: dict[str, torch.Generator] = {}
+        self._pending_generator_states: dict[str, torch.Tensor] = {}
         self.stats_enabled = False
         self._stats: dict[str, list[float]] = defaultdict(list)
         self.switched = False
@@ -194,34 +190,40 @@ class QuantLinear(nn.Module):
         self.switched = bool(switched)
         self.recipe = self.policy.layer_recipe(self.block_index, self.n_blocks, switched=self.switched)
 
-    # ------------------------------------------------------------------ stochastic rounding stream
-    def generator(self, device: torch.device) -> torch.Generator | None:
-        """This layer's SR generator on `device` (created on first use from (seed, stream))."""
-        if not any(getattr(self.recipe, r).rounding == "sr" for r in ROLES):
-            return None
-        if self._generator is None or self._generator.device.type != device.type:
-            self._generator = rounding.sr_generator(self.sr_seed, self.sr_stream, device=device)
-            if self._pending_generator_state is not None:
-                self._generator.set_state(self._pending_generator_state)
-                self._pending_generator_state = None
-        return self._generator
+    # ------------------------------------------------------------------ stochastic rounding streams
+    def generator(self, role: str, device: torch.device) -> torch.Generator:
+        """The SR generator of operand `role` on `device`, seeded from (seed, layer, role)."""
+        gen = self._generators.get(role)
+        if gen is None or gen.device.type != device.type:
+            gen = rounding.sr_generator(self.sr_seed, self.sr_stream_base + ROLES.index(role), device=device)
+            pending = self._pending_generator_states.pop(role, None)
+            if pending is not None:
+                gen.set_state(pending)
+            self._generators[role] = gen
+        return gen
 
-    def generator_state(self) -> torch.Tensor | None:
-        if self._generator is not None:
-            return self._generator.get_state()
-        return self._pending_generator_state
+    def generator_state(self) -> dict[str, torch.Tensor]:
+        states = dict(self._pending_generator_states)
+        states.update({role: gen.get_state() for role, gen in self._generators.items()})
+        return states
 
-    def load_generator_state(self, state: torch.Tensor | None) -> None:
-        self._generator = None  # re-created on the next SR draw, on the data's device
-        self._pending_generator_state = state
+    def load_generator_state(self, states: dict[str, torch.Tensor] | None) -> None:
+        self._generators = {}  # re-created on the next SR draw, on the data's device
+        self._pending_generator_states = dict(states or {})
 
     # ------------------------------------------------------------------ quantization + telemetry
-    def _quantize(self, role: str, x: torch.Tensor, spec, k_pad: int, gen) -> operands.Quantized:
+    def _gen(self, role: str, spec, device) -> torch.Generator | None:
+        return self.generator(role, device) if spec.rounding == "sr" else None
+
+    def _pack(self, role: str, x: torch.Tensor, spec, k_pad: int) -> operands.Packed:
+        packed = operands.pack(x, spec, k_pad, self._gen(role, spec, x.device), self.rht_signs)
+        self._record(role, x, spec, k_pad, packed)
+        return packed
+
+    def _quantize(self, role: str, x: torch.Tensor, spec, k_pad: int) -> operands.Quantized:
         if self.stats_enabled and not spec.is_bf16:
-            packed = operands.pack(x, spec, k_pad, gen, self.rht_signs)
-            self._record(role, x, spec, k_pad, packed)
-            return packed.dequantize()
-        return operands.fake_quantize(x, spec, k_pad, gen, self.rht_signs)
+            return self._pack(role, x, spec, k_pad).dequantize()
+        return operands.fake_quantize(x, spec, k_pad, self._gen(role, spec, x.device), self.rht_signs)
 
     def _record(self, role, x, spec, k_pad, packed) -> None:
         if self.stats_enabled and not spec.is_bf16:

@@ -101,8 +101,8 @@ class TELinear(nn.Module):
     def set_switched(self, switched: bool) -> None:
         self.switched = bool(switched)
 
-    def generator_state(self):
-        return None  # TE draws SR bits from torch's default CUDA generator
+    def generator_state(self) -> dict:
+        return {}  # TE draws SR bits from torch's default CUDA generator
 
     def load_generator_state(self, state) -> None:
         pass

@@ -1,0 +1,85 @@
+"""Shared helpers for the precision tests."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from nvfp4train.precision import PrecisionPolicy, QuantLinear, linear as linear_mod
+
+PRESETS = ("bf16", "fp8_blockwise", "fp8_tensorwise", "nvfp4", "nvfp4_no_sr", "nvfp4_no_rht", "nvfp4_no_2d",
+           "nvfp4_all_layers", "nvfp4_sr_everywhere", "nvfp4_rht_everywhere", "mxfp4")
+
+
+def load_preset(name: str, **overrides) -> PrecisionPolicy:
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "precision" / f"{name}.yaml"
+    cfg = OmegaConf.to_container(OmegaConf.load(path))
+    cfg.update(overrides)
+    return PrecisionPolicy.from_dict(cfg)
+
+
+def make_layer(policy: PrecisionPolicy, in_f=64, out_f=48, seed=0, weight_seed=0, block_index=0, n_blocks=1, backend="emulated"):
+    layer = QuantLinear(in_f, out_f, policy=policy, block_index=block_index, n_blocks=n_blocks, name="fc1",
+                        seed=seed, backend=backend)
+    g = torch.Generator().manual_seed(weight_seed)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(out_f, in_f, generator=g) * 0.1)
+    return layer
+
+
+def inputs(tokens=64, in_f=64, out_f=48, seed=1, dtype=torch.bfloat16):
+    """x and a fixed upstream gradient G (loss = sum(y * G), so dY = G whatever the forward did)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, in_f, generator=g).to(dtype)
+    grad = torch.randn(tokens, out_f, generator=g).to(torch.bfloat16)
+    return x, grad
+
+
+def run(layer, x, grad, autocast=True):
+    """Forward + backward; returns (y, dx, dw)."""
+    layer.weight.grad = None
+    x = x.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        y = layer(x)
+    y.backward(grad.to(y.dtype))
+    return y.detach(), x.grad.detach(), layer.weight.grad.detach().clone()
+
+
+class GemmSpy:
+    """Records the operands of every emulated GEMM (in call order: Fprop, Dgrad, Wgrad) as
+    FP64 dense tensors with their global decode scales applied."""
+
+    def __init__(self):
+        self.calls = []
+
+    @contextlib.contextmanager
+    def patch(self, monkeypatch):
+        real = linear_mod.scaled_gemm
+
+        def spy(a, b, backend):
+            self.calls.append((self._dense(a), self._dense(b)))
+            return real(a, b, backend)
+
+        monkeypatch.setattr(linear_mod, "scaled_gemm", spy)
+        yield self
+        monkeypatch.setattr(linear_mod, "scaled_gemm", real)
+
+    @staticmethod
+    def _dense(q):
+        v = q.values.double()
+        return v * q.decode_scale.double() if q.decode_scale is not None else v
+
+    def operands(self) -> dict[str, torch.Tensor]:
+        """The six operands by role (requires exactly one forward + backward)."""
+        assert len(self.calls) == 3, f"expected 3 GEMMs (fprop, dgrad, wgrad), saw {len(self.calls)}"
+        (fx, fw), (ddy, dw), (wdy, wx) = self.calls
+        return {"fprop_x": fx, "fprop_w": fw, "dgrad_dy": ddy, "dgrad_w": dw, "wgrad_dy": wdy, "wgrad_x": wx}
+
+
+def rel_err(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())

@@ -1,0 +1,225 @@
+"""QuantLinear numerics: BF16 parity, weight consistency, per-operand toggles, SR placement,
+determinism, emulation exactness and error against FP64, padding, dtypes, saved bytes."""
+import pytest
+import torch
+from torch import nn
+
+from nvfp4train.formats import hadamard, nvfp4
+from nvfp4train.precision import PrecisionPolicy, ROLES, saved_activation_bytes
+
+from .helpers import GemmSpy, inputs, load_preset, make_layer, rel_err, run
+
+
+@pytest.mark.parametrize("autocast, x_dtype", [(True, torch.float32), (True, torch.bfloat16), (False, torch.float32)])
+def test_bf16_policy_reproduces_nn_linear_bitwise(autocast, x_dtype):
+    layer = make_layer(load_preset("bf16"))
+    ref = nn.Linear(64, 48, bias=False)
+    ref.weight.data.copy_(layer.weight.data)
+    x, grad = inputs(dtype=x_dtype)
+    y, dx, dw = run(layer, x, grad, autocast)
+    y_ref, dx_ref, dw_ref = run(ref, x, grad, autocast)
+    assert y.dtype == y_ref.dtype and dx.dtype == dx_ref.dtype and dw.dtype == torch.float32
+    assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref) and torch.equal(dw, dw_ref)
+
+
+@pytest.mark.parametrize("preset", ["nvfp4", "mxfp4", "fp8_blockwise", "fp8_tensorwise"])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_output_in_autocast_dtype_and_fp32_weight_grads(preset, x_dtype):
+    layer = make_layer(load_preset(preset))
+    x, grad = inputs(dtype=x_dtype)
+    y, dx, dw = run(layer, x, grad)
+    assert y.dtype == torch.bfloat16 and dx.dtype == x_dtype and dw.dtype == torch.float32
+    assert torch.isfinite(y).all() and torch.isfinite(dx).all() and torch.isfinite(dw).all()
+    # Without autocast the output follows the input dtype, like nn.Linear.
+    y32, _, _ = run(layer, x.float(), grad, autocast=False)
+    assert y32.dtype == torch.float32
+
+
+def test_dgrad_uses_the_fprop_weight_bit_for_bit(monkeypatch):
+    spy = GemmSpy()
+    layer = make_layer(load_preset("nvfp4"), in_f=64, out_f=40)  # out 40: the 16x16 tiles pad rows
+    with spy.patch(monkeypatch):
+        run(layer, *inputs(out_f=40))
+    ops = spy.operands()
+    assert torch.equal(ops["dgrad_w"][:, :40], ops["fprop_w"].t())
+    # ... and that is the 16x16-tile quantization of W (formats' own packed path), not a re-quantization.
+    w16 = nvfp4.quantize(torch.nn.functional.pad(layer.weight.detach(), (0, 0, 0, 8)), (16, 16))
+    expect = w16.dequantize(torch.float64, apply_global_scale=False) * w16.global_decode_scale.double()
+    assert torch.equal(ops["fprop_w"], expect[:40])
+
+
+def test_1x16_weights_make_fprop_and_dgrad_see_different_weights(monkeypatch):
+    spy = GemmSpy()
+    with spy.patch(monkeypatch):
+        run(make_layer(load_preset("nvfp4_no_2d")), *inputs())
+    ops = spy.operands()
+    assert not torch.equal(ops["dgrad_w"], ops["fprop_w"].t())
+
+
+def _operands(monkeypatch, policy, seed=0):
+    spy = GemmSpy()
+    with spy.patch(monkeypatch):
+        run(make_layer(policy, seed=seed), *inputs())
+    return spy.operands()
+
+
+@pytest.mark.parametrize("ablation, changed", [
+    ("nvfp4_no_sr", {"dgrad_dy", "wgrad_dy"}),
+    ("nvfp4_no_rht", {"wgrad_dy", "wgrad_x"}),
+    ("nvfp4_no_2d", {"fprop_w", "dgrad_w"}),
+    ("nvfp4_sr_everywhere", {"fprop_x", "fprop_w", "dgrad_w", "wgrad_x"}),
+    ("nvfp4_rht_everywhere", {"fprop_x", "fprop_w", "dgrad_dy", "dgrad_w"}),
+])
+def test_each_toggle_changes_exactly_the_operands_it_names(monkeypatch, ablation, changed):
+    base = _operands(monkeypatch, load_preset("nvfp4_all_layers"))
+    other = _operands(monkeypatch, load_preset(ablation, bf16_first_fraction=0.0, bf16_last_fraction=0.0))
+    assert {role for role in ROLES if not torch.equal(base[role], other[role])} == changed
+
+
+@pytest.mark.parametrize("preset, stochastic", [
+    ("nvfp4_all_layers", {"dgrad_dy", "wgrad_dy"}),
+    ("nvfp4_no_sr", set()),
+    ("nvfp4_sr_everywhere", set(ROLES)),
+    ("mxfp4", {"dgrad_dy", "wgrad_dy"}),
+])
+def test_stochastic_rounding_only_where_configured(monkeypatch, preset, stochastic):
+    policy = load_preset(preset, bf16_first_fraction=0.0, bf16_last_fraction=0.0)
+    a = _operands(monkeypatch, policy, seed=0)
+    b = _operands(monkeypatch, policy, seed=1)
+    again = _operands(monkeypatch, policy, seed=0)
+    assert {role for role in ROLES if not torch.equal(a[role], b[role])} == stochastic
+    assert all(torch.equal(a[role], again[role]) for role in ROLES)  # same seed, same bits
+
+
+def test_determinism_with_a_seed():
+    policy = load_preset("nvfp4_all_layers")
+    first = run(make_layer(policy, seed=7), *inputs())
+    second = run(make_layer(policy, seed=7), *inputs())
+    other = run(make_layer(policy, seed=8), *inputs())
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert torch.equal(first[0], other[0])  # forward is RNE: seed-independent
+    assert not torch.equal(first[2], other[2])  # Wgrad uses SR gradients
+
+
+def test_wgrad_operands_are_rht_transformed_along_tokens(monkeypatch):
+    """The Wgrad operands are RHT16(dYᵀ) and RHT16(Xᵀ) quantized; their product is still ≈ dYᵀX."""
+    ops = _operands(monkeypatch, load_preset("nvfp4_all_layers", sr="none"))
+    x, grad = inputs()
+    xt_rht = hadamard.rht(x.t().contiguous(), d=16)
+    q = nvfp4.quantize(xt_rht, (1, 16))
+    expect = q.dequantize(torch.float64, apply_global_scale=False) * q.global_decode_scale.double()
+    assert torch.equal(ops["wgrad_x"], expect)
+
+
+@pytest.mark.parametrize("preset", ["nvfp4", "nvfp4_rht_everywhere", "mxfp4", "fp8_blockwise", "fp8_tensorwise"])
+def test_emulated_gemms_equal_fp64_products_of_the_quantized_operands(monkeypatch, preset):
+    """BF16 operands + FP32 accumulation + epilogue scales == the exact product of the dequantized
+    operands, up to FP32 summation and the final rounding (BF16 for Y and dX, FP32 for dW)."""
+    spy = GemmSpy()
+    layer = make_layer(load_preset(preset, bf16_first_fraction=0.0, bf16_last_fraction=0.0, bf16_first_blocks=0, bf16_last_blocks=0)
+                       if preset.startswith(("nvfp4", "mxfp4")) else
+                       load_preset(preset, bf16_first_blocks=0, bf16_last_blocks=0))
+    x, grad = inputs()
+    with spy.patch(monkeypatch):
+        y, dx, dw = run(layer, x, grad)
+    ops = spy.operands()
+    y_exact = ops["fprop_x"] @ ops["fprop_w"].t()
+    dx_exact = (ops["dgrad_dy"] @ ops["dgrad_w"].t())[:, :64]
+    dw_exact = ops["wgrad_dy"] @ ops["wgrad_x"].t()
+    assert (y.double() - y_exact).abs().max() <= 2**-8 * y_exact.abs().max()
+    assert (dx.double() - dx_exact).abs().max() <= 2**-8 * dx_exact.abs().max()
+    assert rel_err(dw, dw_exact) < 1e-6
+
+
+# Relative Frobenius error of Y, dX, dW against FP64 with unquantized operands, for Gaussian data.
+# Each quantized operand carries the format's relative error (NVFP4 RNE ≈ 0.09, SR ≈ 0.13, MXFP4
+# ≈ 0.12-0.17, FP8 E4M3 ≈ 0.025, E5M2 ≈ 0.05); a GEMM of two such operands has about the
+# root-sum-square of the two; the bounds leave ~1.5x headroom.
+ERROR_BOUNDS = {"nvfp4": 0.25, "mxfp4": 0.35, "fp8_blockwise": 0.06, "fp8_tensorwise": 0.1, "bf16": 0.01}
+
+
+@pytest.mark.parametrize("preset", list(ERROR_BOUNDS))
+def test_gradients_against_fp64_within_the_formats_error(preset):
+    policy = load_preset(preset)
+    layer = make_layer(policy, in_f=128, out_f=96, block_index=0, n_blocks=1)
+    layer.set_switched(False)
+    if preset != "bf16":  # n_blocks=1 with fractions: make sure the single block is quantized
+        layer.recipe = policy.quantized_recipe()
+    x, grad = inputs(tokens=128, in_f=128, out_f=96)
+    y, dx, dw = run(layer, x, grad)
+    w = layer.weight.detach().double()
+    xd, gd = x.double(), grad.double()
+    errs = [rel_err(y, xd @ w.t()), rel_err(dx, gd @ w), rel_err(dw, gd.t() @ xd)]
+    assert max(errs) < ERROR_BOUNDS[preset], errs
+    if preset != "bf16":
+        assert min(errs) > 1e-3, "quantization should leave a visible error"
+
+
+def test_sr_gradients_are_unbiased_on_average():
+    """Averaging Wgrad over SR draws removes the gradient-rounding part of the error (the X operand
+    stays RNE), so the averaged error is well below one draw's."""
+    policy = load_preset("nvfp4_all_layers", rht="none")
+    x, grad = inputs(tokens=64)
+    layer = make_layer(policy)
+    exact_wrt_x = grad.double().t() @ x.double()
+    draws = [run(layer, x, grad)[2].double() for _ in range(24)]
+    single = rel_err(draws[0], exact_wrt_x)
+    mean = rel_err(torch.stack(draws).mean(0), exact_wrt_x)
+    assert mean < 0.6 * single
+
+
+@pytest.mark.parametrize("preset", ["nvfp4", "mxfp4", "fp8_blockwise", "nvfp4_rht_everywhere"])
+def test_shapes_the_tiles_do_not_divide_are_padded(monkeypatch, preset):
+    policy = load_preset(preset)
+    layer = make_layer(policy, in_f=40, out_f=24)
+    layer.recipe = policy.quantized_recipe()
+    x, grad = inputs(tokens=37, in_f=40, out_f=24)
+    y, dx, dw = run(layer, x.reshape(37, 40), grad)
+    assert y.shape == (37, 24) and dx.shape == (37, 40) and dw.shape == (24, 40)
+    w = layer.weight.detach().double()
+    assert rel_err(y, x.double() @ w.t()) < 0.35
+    assert rel_err(dw, grad.double().t() @ x.double()) < 0.35
+
+
+def test_leading_dims_are_flattened_into_tokens():
+    layer = make_layer(load_preset("nvfp4_all_layers"))
+    x, grad = inputs(tokens=64)
+    y2, dx2, dw2 = run(layer, x, grad)
+    y3, dx3, dw3 = run(make_layer(load_preset("nvfp4_all_layers")), x.reshape(4, 16, 64), grad.reshape(4, 16, 48))
+    assert torch.equal(y3.reshape(64, 48), y2) and torch.equal(dx3.reshape(64, 64), dx2) and torch.equal(dw3, dw2)
+
+
+def test_saved_activations_are_packed_not_bf16():
+    """Between forward and backward an NVFP4 layer keeps the packed Wgrad copy of X (4-bit codes +
+    E4M3 scale per 16 = 0.5625 B/element) where nn.Linear keeps BF16 X (2 B/element)."""
+    tokens, in_f, out_f = 1024, 64, 64
+    x = torch.randn(tokens, in_f).to(torch.bfloat16)
+    ref = saved_activation_bytes(nn.Linear(in_f, out_f, bias=False), x)
+    assert ref == tokens * in_f * 2 + in_f * out_f * 2  # bf16 X + bf16 cast of W
+    nv = saved_activation_bytes(make_layer(load_preset("nvfp4_all_layers"), in_f, out_f), x)
+    packed_x, packed_w = tokens * in_f * 9 // 16, in_f * out_f * 9 // 16
+    assert nv == packed_x + packed_w + 4 * 4  # + amax and decode scale of each
+    assert nv / ref < 0.3
+    bf = saved_activation_bytes(make_layer(load_preset("bf16"), in_f, out_f), x)
+    assert bf == ref
+    fp8 = saved_activation_bytes(make_layer(load_preset("fp8_tensorwise", bf16_first_blocks=0, bf16_last_blocks=0), in_f, out_f), x)
+    assert fp8 == tokens * in_f + 4  # FP8 X + its scale; W is re-quantized from the parameter
+    # A backward switched to BF16 must keep the BF16 copy again.
+    switched = make_layer(load_preset("nvfp4_all_layers", switch={"at_fraction": 0.5, "mode": "backward_only"}), in_f, out_f)
+    switched.set_switched(True)
+    assert saved_activation_bytes(switched, x) == tokens * in_f * 2
+
+
+def test_scaled_mm_and_te_refuse_clearly_without_hardware():
+    from nvfp4train.precision import build_linear_factory
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU-only refusal")
+    with pytest.raises(ValueError, match="scaled_mm.*CUDA"):
+        build_linear_factory(PrecisionPolicy.from_dict({"format": "fp8_tensorwise", "backend": "scaled_mm"}), 4, 0)
+    with pytest.raises(ValueError, match="scaled_mm runs the fp8_tensorwise policy only"):
+        build_linear_factory(PrecisionPolicy.from_dict({"format": "nvfp4", "backend": "scaled_mm"}), 4, 0)
+    with pytest.raises(ValueError, match="backend='te' cannot run here"):
+        build_linear_factory(PrecisionPolicy.from_dict({"format": "fp8_blockwise", "backend": "te"}), 4, 0)
+    factory = build_linear_factory(load_preset("fp8_tensorwise"), 4, 0)
+    assert factory.backend_name == "emulated" and "not scaled_mm" in factory.backend_reason

@@ -1,0 +1,98 @@
+"""Policies: validation, presets, BF16 block selection, per-operand recipe resolution."""
+import pytest
+
+from nvfp4train.precision import ROLES, PrecisionPolicy
+from nvfp4train.precision.policy import FORWARD_ROLES, BACKWARD_ROLES
+
+from .helpers import PRESETS, load_preset
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_loads_and_validates(name):
+    policy = load_preset(name)
+    assert policy.name == name
+    recipe = policy.quantized_recipe()
+    assert recipe.all_bf16 == (name == "bf16")
+
+
+@pytest.mark.parametrize("cfg, key, allowed", [
+    ({"format": "nvfp5"}, "precision.format", "nvfp4"),
+    ({"format": "nvfp4", "rht": "fprop"}, "precision.rht", "wgrad"),
+    ({"format": "nvfp4", "sr": "weights"}, "precision.sr", "grads"),
+    ({"format": "nvfp4", "weight_tile": "32x32"}, "weight_tile", "16x16"),
+    ({"format": "mxfp4", "weight_tile": "16x16"}, "weight_tile", "1x32"),
+    ({"backend": "cuda"}, "precision.backend", "scaled_mm"),
+    ({"switch": {"at_fraction": 0.8, "mode": "fwd"}}, "switch.mode", "forward_only"),
+    ({"switch": {"at_fraction": 1.5}}, "switch.at_fraction", "[0, 1]"),
+    ({"bf16_last_blocks": -1}, "bf16_last_blocks", ">= 0"),
+    ({"bf16_last_fraction": 1.0}, "bf16_last_fraction", "[0, 1)"),
+    ({"format": "nvfp4", "rht": "wgrad", "rht_dim": 12}, "rht_dim", "power of two"),
+    ({"format": "fp8_blockwise", "sr": "grads"}, "precision.sr", "'none'"),
+    ({"format": "fp8_tensorwise", "rht": "wgrad"}, "precision.rht", "'none'"),
+    ({"mxfp4_scale_rule": "round"}, "mxfp4_scale_rule", "ceil"),
+])
+def test_bad_values_name_the_key_and_the_allowed_values(cfg, key, allowed):
+    with pytest.raises(ValueError) as err:
+        PrecisionPolicy.from_dict(cfg)
+    assert key in str(err.value) and allowed in str(err.value)
+
+
+def test_unknown_keys_and_conflicting_counts_are_rejected():
+    with pytest.raises(ValueError, match="unknown key.*'sr_mode'"):
+        PrecisionPolicy.from_dict({"format": "nvfp4", "sr_mode": "grads"})
+    with pytest.raises(ValueError, match="bf16_last_blocks or bf16_last_fraction"):
+        PrecisionPolicy.from_dict({"bf16_last_blocks": 2, "bf16_last_fraction": 0.1})
+    with pytest.raises(ValueError, match="switch: unknown"):
+        PrecisionPolicy.from_dict({"switch": {"at": 0.5}})
+
+
+def test_nvfp4_preset_keeps_the_papers_12b_blocks_and_about_15_percent_elsewhere():
+    policy = load_preset("nvfp4")
+    assert policy.bf16_block_counts(62) == (2, 8)  # paper 12B: first 2 + last 8 of 62
+    for n in (8, 12, 24, 52, 62):
+        first, last = policy.bf16_block_counts(n)
+        assert 0.10 <= (first + last) / n <= 0.2, (n, first, last)
+    bf16 = [i for i in range(62) if policy.is_bf16_block(i, 62)]
+    assert bf16 == [0, 1] + list(range(54, 62))
+    assert load_preset("nvfp4_all_layers").bf16_block_counts(62) == (0, 0)
+    assert load_preset("fp8_blockwise").bf16_block_counts(62) == (1, 2)  # first block + last 2
+
+
+def test_paper_recipe_per_operand():
+    r = load_preset("nvfp4").quantized_recipe()
+    assert (r.fprop_x.tile, r.fprop_x.rounding, r.fprop_x.rht_dim) == ((1, 16), "rne", 0)
+    assert (r.fprop_w.tile, r.fprop_w.rounding, r.fprop_w.rht_dim) == ((16, 16), "rne", 0)
+    assert (r.dgrad_dy.tile, r.dgrad_dy.rounding, r.dgrad_dy.rht_dim) == ((1, 16), "sr", 0)
+    assert r.dgrad_w == r.fprop_w and r.reuses_fprop_weight
+    assert (r.wgrad_dy.tile, r.wgrad_dy.rounding, r.wgrad_dy.rht_dim) == ((1, 16), "sr", 16)
+    assert (r.wgrad_x.tile, r.wgrad_x.rounding, r.wgrad_x.rht_dim) == ((1, 16), "rne", 16)
+    m = load_preset("mxfp4").quantized_recipe()
+    assert m.wgrad_x.tile == (1, 32) and m.wgrad_x.rht_dim == 32 and m.fprop_x.scale_mode == "ceil"
+    t = load_preset("fp8_tensorwise").quantized_recipe()
+    assert [getattr(t, role).format for role in ROLES] == ["fp8_e4m3", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3"]
+    b = load_preset("fp8_blockwise").quantized_recipe()
+    assert b.fprop_w.tile == (128, 128) and b.fprop_x.tile == (1, 128) and b.wgrad_dy.tile == (1, 128)
+
+
+@pytest.mark.parametrize("ablation, changed", [
+    ("nvfp4_no_sr", {"dgrad_dy", "wgrad_dy"}),
+    ("nvfp4_no_rht", {"wgrad_dy", "wgrad_x"}),
+    ("nvfp4_no_2d", {"fprop_w", "dgrad_w"}),
+    ("nvfp4_sr_everywhere", {"fprop_x", "fprop_w", "dgrad_w", "wgrad_x"}),
+    ("nvfp4_rht_everywhere", {"fprop_x", "fprop_w", "dgrad_dy", "dgrad_w"}),
+])
+def test_each_toggle_changes_exactly_the_operand_specs_it_names(ablation, changed):
+    base, other = load_preset("nvfp4").quantized_recipe(), load_preset(ablation).quantized_recipe()
+    assert {role for role in ROLES if getattr(base, role) != getattr(other, role)} == changed
+
+
+@pytest.mark.parametrize("mode, bf16_roles", [
+    ("full", set(ROLES)), ("forward_only", set(FORWARD_ROLES)), ("backward_only", set(BACKWARD_ROLES))])
+def test_switch_modes_turn_the_right_operands_to_bf16(mode, bf16_roles):
+    policy = load_preset("nvfp4", switch={"at_fraction": 0.8, "mode": mode})
+    assert not policy.switch_due(0.79) and policy.switch_due(0.8)
+    before = policy.layer_recipe(5, 12, switched=False)
+    after = policy.layer_recipe(5, 12, switched=True)
+    assert not any(getattr(before, r).is_bf16 for r in ROLES)
+    assert {r for r in ROLES if getattr(after, r).is_bf16} == bf16_roles
+    assert policy.layer_recipe(11, 12, switched=False).all_bf16  # a BF16 (last) block
