@@ -63,11 +63,15 @@ def test_rne_scales_and_elements_are_nearest(x, tile):
 @given(x=tensors(), tile=st.sampled_from(TILES), rounding=st.sampled_from(["rne", "sr"]), seed=st.integers(0, 1000))
 def test_fake_quantize_equals_packed_path_bit_for_bit(x, tile, rounding, seed):
     q = nvfp4.quantize(x, tile=tile, rounding=rounding, generator=sr_generator(seed))
-    values, s_dec = nvfp4.fake_quantize(x, tile=tile, rounding=rounding, generator=sr_generator(seed), out_dtype=torch.float32)
+    values, s_dec = nvfp4.fake_quantize(
+        x, tile=tile, rounding=rounding, generator=sr_generator(seed), out_dtype=torch.float32
+    )
     assert torch.equal(as_bits(values), as_bits(q.dequantize(torch.float32, apply_global_scale=False)))
     assert torch.equal(s_dec, q.global_decode_scale)
     # e2m1 * e4m3 is exact in bf16: casting loses nothing, and the bf16 output path agrees.
-    values_bf16, _ = nvfp4.fake_quantize(x, tile=tile, rounding=rounding, generator=sr_generator(seed), out_dtype=torch.bfloat16)
+    values_bf16, _ = nvfp4.fake_quantize(
+        x, tile=tile, rounding=rounding, generator=sr_generator(seed), out_dtype=torch.bfloat16
+    )
     assert torch.equal(as_bits(values_bf16.to(torch.float32)), as_bits(values))
     assert torch.equal(as_bits(q.dequantize(torch.bfloat16, apply_global_scale=False)), as_bits(values_bf16))
     # Default out_dtype is x's dtype; the full dequantize applies s_dec in FP32.
