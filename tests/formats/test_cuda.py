@@ -33,7 +33,9 @@ def test_nvfp4_rne_same_bits_as_cpu(cuda, tile, rht):
             cpu, gpu = nvfp4.quantize(xx, tile=tile), nvfp4.quantize(xx.to(cuda), tile=tile)
             assert torch.equal(cpu.codes, gpu.codes.cpu())
             assert torch.equal(cpu.scales.view(torch.uint8), gpu.scales.view(torch.uint8).cpu())
-            assert torch.equal(cpu.amax, gpu.amax.cpu()) and torch.equal(cpu.global_decode_scale, gpu.global_decode_scale.cpu())
+            assert torch.equal(cpu.amax, gpu.amax.cpu()) and torch.equal(
+                cpu.global_decode_scale, gpu.global_decode_scale.cpu()
+            )
             values, s_dec = nvfp4.fake_quantize(xx.to(cuda), tile=tile)
             assert torch.equal(values.cpu(), nvfp4.fake_quantize(xx, tile=tile)[0])
 
@@ -62,7 +64,10 @@ def test_golden_vectors_on_cuda(cuda):
         for which, xx in (("rowwise", x), ("columnwise", col)):
             q = nvfp4.quantize(xx, tile=tuple(meta["tile"]))
             assert torch.equal(q.codes.cpu(), tensors[f"{meta['name']}/{which}_codes"]), (meta, which)
-            assert torch.equal(q.scales.view(torch.uint8).cpu(), tensors[f"{meta['name']}/{which}_scales_e4m3"]), (meta, which)
+            assert torch.equal(q.scales.view(torch.uint8).cpu(), tensors[f"{meta['name']}/{which}_scales_e4m3"]), (
+                meta,
+                which,
+            )
 
 
 @pytest.mark.parametrize("scale_rule", ["ceil", "floor"])

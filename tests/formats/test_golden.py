@@ -32,7 +32,8 @@ def _case(golden, name):
 
 
 def _assert_same_bits(q: nvfp4.NVFP4Tensor, fields: dict, which: str, meta: dict) -> None:
-    where = f"{meta['name']} ({meta['kind']}, {meta['dtype']}, tile {meta['tile']}, rht={meta['rht_on_columnwise']}) {which}"
+    where = f"{meta['name']} ({meta['kind']}, {meta['dtype']}, tile {meta['tile']}, rht={meta['rht_on_columnwise']})"
+    where += f" {which}"
     want_scales = fields[f"{which}_scales_e4m3"]
     got_scales = q.scales.view(torch.uint8)
     assert torch.equal(got_scales, want_scales), f"{where}: {(got_scales != want_scales).sum()} scale bytes differ"

@@ -29,7 +29,10 @@ def test_d16_is_exact_and_uses_te_signs_on_rows():
 
 def test_transform_leaves_gemm_along_the_transformed_dim_unchanged():
     gen = torch.Generator().manual_seed(0)
-    a, b = torch.randn(8, 64, generator=gen, dtype=torch.float64), torch.randn(5, 64, generator=gen, dtype=torch.float64)
+    a, b = (
+        torch.randn(8, 64, generator=gen, dtype=torch.float64),
+        torch.randn(5, 64, generator=gen, dtype=torch.float64),
+    )
     for d in (16, 32):
         assert torch.allclose(hadamard.rht(a, d) @ hadamard.rht(b, d).T, a @ b.T, atol=1e-10)
 

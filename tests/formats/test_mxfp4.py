@@ -46,10 +46,14 @@ def test_scales_follow_the_rule_and_elements_are_nearest(x, scale_rule):
 @given(x=tensors(), rounding=st.sampled_from(["rne", "sr"]), scale_rule=st.sampled_from(["ceil", "floor"]))
 def test_fake_quantize_equals_packed_path_bit_for_bit(x, rounding, scale_rule):
     q = mxfp4.quantize(x, rounding=rounding, scale_rule=scale_rule, generator=sr_generator(7))
-    values, g = mxfp4.fake_quantize(x, rounding=rounding, scale_rule=scale_rule, generator=sr_generator(7), out_dtype=torch.float32)
+    values, g = mxfp4.fake_quantize(
+        x, rounding=rounding, scale_rule=scale_rule, generator=sr_generator(7), out_dtype=torch.float32
+    )
     assert g == 1.0 and q.global_decode_scale == 1.0
     assert torch.equal(values.view(torch.int32), q.dequantize().view(torch.int32))
-    values_bf16, _ = mxfp4.fake_quantize(x, rounding=rounding, scale_rule=scale_rule, generator=sr_generator(7), out_dtype=torch.bfloat16)
+    values_bf16, _ = mxfp4.fake_quantize(
+        x, rounding=rounding, scale_rule=scale_rule, generator=sr_generator(7), out_dtype=torch.bfloat16
+    )
     assert torch.equal(values_bf16.to(torch.float32).view(torch.int32), values.view(torch.int32))
 
 

@@ -63,11 +63,15 @@ def test_rne_scales_and_elements_are_nearest(x, tile):
 @given(x=tensors(), tile=st.sampled_from(TILES), rounding=st.sampled_from(["rne", "sr"]), seed=st.integers(0, 1000))
 def test_fake_quantize_equals_packed_path_bit_for_bit(x, tile, rounding, seed):
     q = nvfp4.quantize(x, tile=tile, rounding=rounding, generator=sr_generator(seed))
-    values, s_dec = nvfp4.fake_quantize(x, tile=tile, rounding=rounding, generator=sr_generator(seed), out_dtype=torch.float32)
+    values, s_dec = nvfp4.fake_quantize(
+        x, tile=tile, rounding=rounding, generator=sr_generator(seed), out_dtype=torch.float32
+    )
     assert torch.equal(as_bits(values), as_bits(q.dequantize(torch.float32, apply_global_scale=False)))
     assert torch.equal(s_dec, q.global_decode_scale)
     # e2m1 * e4m3 is exact in bf16: casting loses nothing, and the bf16 output path agrees.
-    values_bf16, _ = nvfp4.fake_quantize(x, tile=tile, rounding=rounding, generator=sr_generator(seed), out_dtype=torch.bfloat16)
+    values_bf16, _ = nvfp4.fake_quantize(
+        x, tile=tile, rounding=rounding, generator=sr_generator(seed), out_dtype=torch.bfloat16
+    )
     assert torch.equal(as_bits(values_bf16.to(torch.float32)), as_bits(values))
     assert torch.equal(as_bits(q.dequantize(torch.bfloat16, apply_global_scale=False)), as_bits(values_bf16))
     # Default out_dtype is x's dtype; the full dequantize applies s_dec in FP32.
@@ -204,3 +208,20 @@ def test_e2m1_pack_unpack_roundtrip_and_layout():
     assert torch.equal(e2m1.unpack(packed), codes)
     assert e2m1.decode(torch.tensor([8], dtype=torch.uint8)).item() == 0.0
     assert torch.signbit(e2m1.decode(torch.tensor([8], dtype=torch.uint8))).item()
+
+
+def test_emulated_gemm_protocol_applies_global_scales_after_the_matmul():
+    """The contract the precision layer builds on: matmul the fake-quantized operands (exact
+    in bf16), then multiply by both global decode scales, equals the GEMM of the dequantized tensors."""
+    gen = torch.Generator().manual_seed(0)
+    a, w = torch.randn(32, 64, generator=gen) * 5, torch.randn(48, 64, generator=gen) * 0.02
+    va, sa = nvfp4.fake_quantize(a.to(torch.bfloat16), (1, 16))
+    vw, sw = nvfp4.fake_quantize(w.to(torch.bfloat16), (16, 16))
+    y = (va.double() @ vw.double().T) * (sa.double() * sw.double())
+    qa, qw = nvfp4.quantize(a.to(torch.bfloat16), (1, 16)), nvfp4.quantize(w.to(torch.bfloat16), (16, 16))
+    y_ref = qa.dequantize(torch.float64) @ qw.dequantize(torch.float64).T
+    # (dequantize rounds each element's s_dec product to FP32: agreement to FP32 precision)
+    assert torch.allclose(y, y_ref, rtol=0, atol=1e-6 * float(y.abs().max()))
+    # And the quantized GEMM is a fair approximation of the real one (NVFP4 error ~10% per element).
+    exact = a.double() @ w.double().T
+    assert (y - exact).norm() / exact.norm() < 0.15

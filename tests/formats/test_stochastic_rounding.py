@@ -39,7 +39,9 @@ def test_mean_of_50_sr_quantizations_beats_one_rne(x, tile):
     """TE's SR oracle (test_nvfp4_sr_quantize.py), on the dequantized values."""
     rne = nvfp4.quantize(x, tile=tile).dequantize()
     gen = sr_generator(2)
-    mean_sr = torch.stack([nvfp4.quantize(x, tile=tile, rounding="sr", generator=gen).dequantize() for _ in range(50)]).mean(0)
+    mean_sr = torch.stack(
+        [nvfp4.quantize(x, tile=tile, rounding="sr", generator=gen).dequantize() for _ in range(50)]
+    ).mean(0)
     assert rmse(mean_sr, x) < 0.5 * rmse(rne, x)
 
 
