@@ -115,7 +115,10 @@ def run(cfg: RunConfig) -> dict:
     _check_out_dir(cfg.out_dir)
     model_cfg, model, controller, loader, val_data = _build(cfg, info)
     if info.is_main:
-        cfg.out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            cfg.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"out_dir={str(cfg.out_dir)!r}: not writable ({e.strerror})") from None
     dist.barrier(info)
 
     from nvfp4train.model import flops_per_token, param_groups
