@@ -36,3 +36,19 @@ def test_default_data_config_trains_and_validates():
     assert [p for p in cfg["phases"]][1]["start"] == 0.7 and cfg["phases"][2]["start"] == 0.9
     val = build_val_data(cfg, seq_len=128, max_sequences_per_domain=16)
     assert set(val) == set(DOMAINS) and all(v.shape == (16, 129) for v in val.values())
+
+
+def test_corpus_builder_splits_by_work_and_cuts_at_paragraphs():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_corpora", REPO_ROOT / "scripts" / "build_corpora.py")
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    text = "\n\n".join(f"paragraph {i} " + "word " * 300 for i in range(200))
+    docs = builder.split_long_text(text, max_chars=16_000)
+    assert len(docs) > 1 and all(len(d) <= 16_000 for d in docs)
+    assert "\n\n".join(docs) == text.strip()                        # nothing lost or reordered
+    works = [(f"work{i}", "x") for i in range(100)]
+    train, val = builder.split_works(works)
+    assert len(val) == 5 and not {w for w, _ in train} & {w for w, _ in val}
+    assert builder.split_works(list(reversed(works)))[1] == val      # order-independent choice

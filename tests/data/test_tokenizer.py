@@ -31,3 +31,9 @@ def test_identity_is_a_content_hash(tmp_path, tokenizer):
 def test_missing_tokenizer_names_the_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.json"):
         load_tokenizer(str(tmp_path / "nope.json"))
+
+
+def test_gpt2_without_a_ranks_file_says_where_to_put_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("NVFP4TRAIN_GPT2_TIKTOKEN", str(tmp_path / "gpt2.tiktoken"))
+    with pytest.raises(FileNotFoundError, match="gpt2.tiktoken"):
+        load_tokenizer("gpt2")
