@@ -3,7 +3,7 @@ import gzip
 import json
 
 import torch
-import yaml
+from omegaconf import OmegaConf
 
 from nvfp4train.data import build_train_loader, build_val_data
 from nvfp4train.data.paths import REPO_ROOT
@@ -28,7 +28,8 @@ def test_bundle_is_small_real_and_split():
 
 
 def test_default_data_config_trains_and_validates():
-    cfg = yaml.safe_load((REPO_ROOT / "configs" / "data" / "bundled.yaml").read_text())
+    # As the trainer gets it: the Hydra group's node turned into a plain dict.
+    cfg = OmegaConf.to_container(OmegaConf.load(REPO_ROOT / "configs" / "data" / "bundled.yaml"), resolve=True)
     loader = build_train_loader(cfg, seq_len=128, global_batch_size=8, micro_batch_size=4, rank=0, world_size=1,
                                 seed=0, total_samples=800)
     x, y = loader.next_microbatch()
