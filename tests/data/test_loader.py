@@ -155,7 +155,8 @@ def test_state_from_another_run_is_refused(corpus):
         make(corpus).load_state_dict(state)
 
 
-def test_exhausted_source_is_reepoched_with_a_fresh_shuffle_and_counted(corpus, tokenizer):
+def test_exhausted_source_is_reepoched_with_a_fresh_shuffle_and_counted(corpus, tokenizer, caplog):
+    caplog.set_level("INFO", logger="nvfp4train.data.loader")
     corpus["phases"] = [{"start": 0.0, "weights": {"upper": 1}}]
     loader = make(corpus, global_batch_size=4, micro_batch_size=4, total_samples=10_000)
     stream = loader.streams["upper"]
@@ -183,6 +184,9 @@ def test_exhausted_source_is_reepoched_with_a_fresh_shuffle_and_counted(corpus, 
     assert orders[0][:20] != orders[1][:20]                # a fresh shuffle per epoch
     stats = loader.stats()
     assert stats["data/reepochs/upper"] == 2
+    assert [r.getMessage() for r in caplog.records if "ran out" in r.getMessage()] == [
+        f"data source 'upper' ran out: epoch {e} (fresh shuffle) begins in global step {(e * per_epoch) // 4}"
+        for e in (1, 2)]
     assert math.isclose(stats["data/epochs/upper"], len(rows) / per_epoch)
 
 

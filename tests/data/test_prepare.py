@@ -91,3 +91,20 @@ def test_parquet_input(tmp_path, tokenizer):
     prepare_split(str(tmp_path / "d.parquet"), tmp_path / "out", tokenizer="bpe8k", text_field="content",
                   progress=False)
     assert TokenShards(tmp_path / "out").n_docs == 2
+
+
+def test_command_line(corpus, tmp_path):
+    import subprocess
+    import sys
+
+    from nvfp4train.data.paths import REPO_ROOT
+
+    out = tmp_path / "cli"
+    run = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "prepare_data.py"), "--input",
+                          corpus["sources"]["upper"]["train"], "--out", str(out), "--num-proc", "1"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "60 documents" in run.stdout and TokenShards(out).n_docs == 60
+    run = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "prepare_data.py"), "--input",
+                          str(tmp_path / "nope.jsonl"), "--out", str(out)], capture_output=True, text=True)
+    assert run.returncode != 0 and "nope.jsonl" in run.stderr

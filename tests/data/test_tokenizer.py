@@ -31,3 +31,21 @@ def test_identity_is_a_content_hash(tmp_path, tokenizer):
 def test_missing_tokenizer_names_the_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.json"):
         load_tokenizer(str(tmp_path / "nope.json"))
+
+
+def test_gpt2_without_a_ranks_file_says_where_to_put_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("NVFP4TRAIN_GPT2_TIKTOKEN", str(tmp_path / "gpt2.tiktoken"))
+    with pytest.raises(FileNotFoundError, match="gpt2.tiktoken"):
+        load_tokenizer("gpt2")
+
+
+def test_gpt2_reproduces_gpt2_where_the_ranks_file_exists():
+    import os
+
+    path = os.environ.get("NVFP4TRAIN_GPT2_TIKTOKEN") or str(REPO_ROOT / "data/tokenizer/gpt2.tiktoken")
+    if not os.path.isfile(path):
+        pytest.skip("no gpt2.tiktoken here (see data/README.md)")
+    tok = load_tokenizer("gpt2")
+    assert tok.encode("Hello world") == [15496, 995]
+    assert (tok.eos_id, tok.vocab_size) == (50256, 50257)
+    assert tok.decode(tok.encode("héllo\n\tworld")) == "héllo\n\tworld"
