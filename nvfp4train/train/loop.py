@@ -233,7 +233,7 @@ def run(cfg: RunConfig) -> dict:
                           "step_skipped": not applied, "loss_spike": spike}
                 if peak is not None:
                     record["mfu"] = flops_tok * tokens_per_s / info.world_size / peak[0]
-                record.update({f"data/{k}": v for k, v in loader.stats().items()})
+                record.update(loader.stats())  # keys already start with "data/"
                 record.update(controller.quant_stats())
             if (t.eval_every and step % t.eval_every == 0) or is_last:
                 record = record or {"step": step, "tokens": step * tokens_per_step}

@@ -1,0 +1,194 @@
+"""How one optimizer step runs, per engine: PyTorch (single process, DDP, FSDP2) or DeepSpeed ZeRO.
+
+Both give the loop the same small interface:
+    engine.train_step(micro_batches, lr, step) -> (loss, grad_norm, applied)
+    engine.save(ckpt_dir) / engine.load(ckpt_dir)       model weights + optimizer state
+    engine.module                                       the model to evaluate
+The loop stays the same whichever engine runs; checkpoint directories share one layout.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import socket
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from nvfp4train import dist
+from nvfp4train.optim import OptimConfig, build_optimizer
+from nvfp4train.train import checkpoint
+from nvfp4train.train.guards import NonFiniteGuard
+
+
+def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+class TorchEngine:
+    """FP32 master weights in the model, BF16 autocast compute, torch AdamW; DDP/FSDP2 for >1 rank."""
+
+    def __init__(self, model: nn.Module, groups: list[dict], optim_cfg: OptimConfig, parallel: str,
+                 info: dist.DistInfo, guard: NonFiniteGuard, compile: bool = False):
+        self.model, self.info, self.parallel, self.guard = model, info, parallel, guard
+        self.wrapped = dist.wrap_model(model, parallel, info)  # FSDP2 swaps parameters: optimizer after
+        self.optimizer = build_optimizer(groups(model), optim_cfg)
+        self.forward = torch.compile(self.wrapped) if compile else self.wrapped
+        self.grad_clip = optim_cfg.grad_clip
+        self.module = self.forward
+
+    def autocast(self):
+        return torch.autocast(self.info.device.type, dtype=torch.bfloat16)
+
+    def train_step(self, micro_batches, lr: float, step: int) -> tuple[float, float, bool]:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        n = len(micro_batches)
+        loss_sum = torch.zeros((), device=self.info.device)
+        for i, (x, y) in enumerate(micro_batches):
+            x, y = x.to(self.info.device, non_blocking=True), y.to(self.info.device, non_blocking=True)
+            with self._sync_context(last=i == n - 1):
+                with self.autocast():
+                    logits = self.forward(x)
+                loss = _loss(logits, y)
+                (loss / n).backward()
+            loss_sum += loss.detach()
+        loss_t = dist.all_reduce_mean(loss_sum / n, self.info)
+        max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+            grad_norm = grad_norm.full_tensor()
+        loss_value, norm_value = loss_t.item(), grad_norm.item()
+        applied = self.guard.check(step, loss_value, norm_value)
+        if applied:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_value, norm_value, applied
+
+    def _sync_context(self, last: bool):
+        """Skip the gradient all-reduce on all but the last micro-batch of a step."""
+        if self.info.world_size == 1 or last:
+            return contextlib.nullcontext()
+        if self.parallel == "ddp":
+            return self.wrapped.no_sync()
+        return _fsdp_no_sync(self.wrapped)
+
+    def save(self, tmp_dir: Path) -> dict:
+        return checkpoint.save_model_optim(tmp_dir, self.model, self.optimizer)
+
+    def load(self, ckpt_dir: Path, meta: dict) -> None:
+        checkpoint.load_model_optim(ckpt_dir, self.model, self.optimizer, meta)
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+class DeepSpeedEngine:
+    """DeepSpeed ZeRO-1/2 with BF16 weights and DeepSpeed's FP32 master copies and Adam moments.
+
+    DeepSpeed owns gradient accumulation, clipping and the optimizer step. A non-finite loss is caught
+    before the step boundary: the accumulated gradients are zeroed so the update is a no-op for the
+    weights (Adam's moments still decay by beta, as a skipped step in Megatron does not).
+    """
+
+    def __init__(self, model: nn.Module, groups, optim_cfg: OptimConfig, zero_stage: int, grad_accum: int,
+                 micro_batch_size: int, info: dist.DistInfo, guard: NonFiniteGuard):
+        import deepspeed
+
+        _ensure_rendezvous_env()
+        self.info, self.guard = info, guard
+        on_cpu = info.device.type == "cpu"
+        config = {
+            "train_micro_batch_size_per_gpu": micro_batch_size,
+            "gradient_accumulation_steps": grad_accum,
+            "train_batch_size": micro_batch_size * grad_accum * info.world_size,
+            "bf16": {"enabled": True},
+            "zero_optimization": {"stage": zero_stage},
+            "gradient_clipping": optim_cfg.grad_clip,
+            "optimizer": {"type": "AdamW", "params": {
+                "lr": optim_cfg.lr, "betas": list(optim_cfg.betas), "eps": optim_cfg.eps,
+                "weight_decay": optim_cfg.weight_decay, "torch_adam": on_cpu}},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, model_parameters=groups(model), config=config,
+            dist_init_required=not torch.distributed.is_initialized())
+        self.engine.checkpoint_engine.load = _weights_only_load
+        self.module = self.engine
+
+    def train_step(self, micro_batches, lr: float, step: int) -> tuple[float, float, bool]:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        n = len(micro_batches)
+        losses = []
+        for i, (x, y) in enumerate(micro_batches):
+            x, y = x.to(self.engine.device), y.to(self.engine.device)
+            loss = _loss(self.engine(x), y)
+            self.engine.backward(loss)
+            losses.append(loss.detach())
+            if i == n - 1:
+                loss_value = dist.all_reduce_mean(torch.stack(losses).mean(), self.info).item()
+                if not math.isfinite(loss_value):
+                    self.engine.optimizer.zero_grad()
+            self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        norm_value = float(norm) if norm is not None else math.nan
+        applied = self.guard.check(step, loss_value, norm_value if math.isfinite(loss_value) else math.nan)
+        return loss_value, norm_value, applied
+
+    def save(self, tmp_dir: Path) -> dict:
+        self.engine.save_checkpoint(str(tmp_dir), tag="deepspeed", save_latest=False)
+        return {"engine": "deepspeed"}
+
+    def load(self, ckpt_dir: Path, meta: dict) -> None:
+        if meta.get("engine") != "deepspeed":
+            raise checkpoint.CheckpointError(f"{ckpt_dir} was written by the {meta.get('engine', 'torch')} engine; "
+                                             "train.parallel=deepspeed resumes only DeepSpeed checkpoints")
+        path, _ = self.engine.load_checkpoint(str(ckpt_dir), tag="deepspeed", load_lr_scheduler_states=False)
+        if path is None:
+            raise checkpoint.CheckpointError(f"{ckpt_dir}/deepspeed: DeepSpeed could not load it")
+
+
+def _weights_only_load(path: str, map_location=None):
+    """DeepSpeed's files hold tensors, numbers, strings and a few DeepSpeed enums: nothing else loads."""
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    with torch.serialization.safe_globals([ZeroStageEnum, fragment_address, argparse_namespace()]):
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def argparse_namespace():
+    import argparse
+    return argparse.Namespace
+
+
+def _ensure_rendezvous_env() -> None:
+    """DeepSpeed always wants a process group; give a single process one on a free local port."""
+    if "MASTER_ADDR" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+
+
+def build_engine(model, groups, optim_cfg, train_cfg, info, guard, grad_accum):
+    if train_cfg.parallel == "deepspeed":
+        return DeepSpeedEngine(model, groups, optim_cfg, train_cfg.zero_stage, grad_accum,
+                               train_cfg.micro_batch_size, info, guard)
+    return TorchEngine(model, groups, optim_cfg, train_cfg.parallel, info, guard, compile=train_cfg.compile)
+
+
+__all__ = ["TorchEngine", "DeepSpeedEngine", "build_engine", "json"]
