@@ -175,6 +175,7 @@ def load_triton_ssd() -> Callable:
     return _TRITON_SSD
 
 
+@torch.compiler.assume_constant_result  # evaluated once when compiling, not traced
 def triton_ssd_available() -> bool:
     try:
         load_triton_ssd()
@@ -221,6 +222,16 @@ def _load_causal_conv1d() -> Optional[Callable]:
     return _CAUSAL_CONV1D
 
 
+@torch.compiler.assume_constant_result
+def causal_conv1d_kernel_available() -> bool:
+    return _load_causal_conv1d() is not None
+
+
+@torch.compiler.disable  # compiled CUDA extension: run it eagerly
+def _causal_conv1d_kernel(x, weight, bias):
+    return _load_causal_conv1d()(x, weight.squeeze(1), bias, activation="silu")
+
+
 def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                        use_kernel: bool = True) -> torch.Tensor:
     """SiLU(depthwise causal conv) over time. x [b, channels, T], weight [channels, 1, k].
@@ -230,9 +241,7 @@ def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     only inputs t-k+1..t).
     """
     k = weight.shape[-1]
-    if use_kernel and x.is_cuda:
-        kernel = _load_causal_conv1d()
-        if kernel is not None:
-            return kernel(x, weight.squeeze(1), bias, activation="silu")
+    if use_kernel and x.is_cuda and causal_conv1d_kernel_available():
+        return _causal_conv1d_kernel(x, weight, bias)
     y = F.conv1d(F.pad(x, (k - 1, 0)), weight, bias, groups=x.shape[1])
     return F.silu(y)
