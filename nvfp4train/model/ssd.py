@@ -167,9 +167,9 @@ def load_triton_ssd() -> Callable:
         _TRITON_SSD = module.mamba_chunk_scan_combined
     except Exception as e:  # ImportError, or triton failing to initialise without a GPU
         _TRITON_SSD_ERROR = (
-            f"mamba-ssm Triton SSD unavailable ({type(e).__name__}: {e}); build the pure wheel with "
-            "MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip wheel --no-deps "
-            "--no-build-isolation mamba-ssm==2.3.2.post1 and install it with --no-deps"
+            f"mamba-ssm Triton SSD unavailable ({type(e).__name__}: {e}); it needs triton (CUDA) and "
+            "mamba-ssm's pure wheel: MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip wheel "
+            "--no-deps --no-build-isolation mamba-ssm==2.3.2.post1, installed with --no-deps"
         )
         raise ImportError(_TRITON_SSD_ERROR) from e
     return _TRITON_SSD
