@@ -9,7 +9,8 @@ All of them compute, per head h (with B and C shared by the heads of one group):
 
 Shapes (batch b, length T, heads h, head_dim p, groups g, state n):
     x [b,T,h,p]   dt_raw [b,T,h]   A [h] (negative)   B, C [b,T,g,n]   D [h]   dt_bias [h]
-Output y [b,T,h,p] in x's dtype. The reference computes in float32 (float64 for float64 inputs) whatever the input dtype.
+Output y [b,T,h,p] in x's dtype. The reference computes in float32 whatever the input dtype
+(float64 for float64 inputs, which the tests use).
 
 The chunked algorithm (Mamba-2 paper, "SSD"): split the sequence into chunks of Q tokens;
 within a chunk the output is a masked (causal, decaying) attention-like product; across chunks
