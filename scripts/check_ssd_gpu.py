@@ -214,8 +214,10 @@ def main() -> int:
         print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, mamba-ssm {source}, "
               f"causal_conv1d kernel {'yes' if _load_causal_conv1d() else 'no (F.conv1d)'}")
 
-    iters = 3 if args.quick else 10
+    iters = 1 if args.cpu_dry_run else 3 if args.quick else 10
     shape = dict(b=2, T=300, h=8, p=32, g=2, n=32) if args.quick else dict(b=8, T=2048, h=32, p=64, g=8, n=128)
+    if args.cpu_dry_run:
+        shape = dict(b=1, T=130, h=4, p=16, g=2, n=16)
     table = Table()
     t0 = time.time()
     parts = set(args.only or ["fp32", "bf16", "model"])
@@ -228,8 +230,12 @@ def main() -> int:
     if args.quick:
         model_cfg.update(vocab_size=1024, d_model=128, ffn_hidden=512, n_heads=4, head_dim=32, mamba_groups=2,
                          mamba_state=32, mamba_head_dim=32, mamba_chunk=64)
+    if args.cpu_dry_run:
+        model_cfg.update(vocab_size=256, d_model=64, ffn_hidden=128, n_heads=2, n_kv_heads=1, mamba_head_dim=16,
+                         mamba_state=16, mamba_chunk=32)
     if "model" in parts:
-        check_model(table, model_cfg, batch=2 if args.quick else 8, seq_len=300 if args.quick else 2000,
+        check_model(table, model_cfg, batch=1 if args.cpu_dry_run else 2 if args.quick else 8,
+                    seq_len=130 if args.cpu_dry_run else 300 if args.quick else 2000,
                     iters=iters, device=device, backends=backends)
     table.print()
     failures = table.failures()
