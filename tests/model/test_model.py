@@ -185,6 +185,21 @@ def test_meta_device_build_allocates_nothing():
     assert model.num_params() > 268_000_000
 
 
+def test_meta_build_then_materialize_and_reset(small_cfg_dict):
+    with torch.device("meta"):
+        model = build_model(small_cfg_dict)
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    model.reset_parameters(include_ssm_and_norms=True)
+    for name, p in model.named_parameters():
+        assert torch.isfinite(p).all(), name
+    mixer = model.blocks[0].mixer
+    assert torch.equal(mixer.D, torch.ones_like(mixer.D)) and torch.equal(mixer.norm.weight, torch.ones_like(mixer.norm.weight))
+    assert (-torch.exp(mixer.A_log) <= -1).all()
+    logits = model(torch.randint(0, 97, (1, 12)))
+    assert abs(F.cross_entropy(logits[0], torch.randint(0, 97, (12,))).item() - math.log(97)) < 0.1
+
+
 @pytest.mark.slow
 def test_torch_compile_matches_eager(small_cfg_dict):
     torch.manual_seed(0)
