@@ -106,7 +106,7 @@ class ModelConfig:
 
     def validate(self) -> None:
         for f in fields(self):
-            _coerce(f.name, getattr(self, f.name), _field_type(f.name))
+            setattr(self, f.name, _coerce(f.name, getattr(self, f.name), _field_type(f.name)))
         if not self.pattern:
             raise ValueError("model.pattern: must be a non-empty string of block symbols M, *, -")
         for i, ch in enumerate(self.pattern):
@@ -159,7 +159,7 @@ def _field_type(name: str) -> type:
 
 
 def _coerce(key: str, value: Any, typ: type) -> Any:
-    """Accept exactly the field's type (ints for floats too); reject bools posing as ints."""
+    """Accept exactly the field's type (ints and numeric strings for floats too); reject bools posing as ints."""
     if typ is bool:
         if isinstance(value, bool):
             return value
@@ -169,6 +169,11 @@ def _coerce(key: str, value: Any, typ: type) -> Any:
     elif typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # PyYAML reads "1e-5" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif typ is str:
         if isinstance(value, str):
             return value

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .blocks import Block, LinearFactory, RMSNorm, default_linear_factory
+from .blocks import Block, GatedRMSNorm, LinearFactory, Mamba2Mixer, RMSNorm, default_linear_factory
 from .config import ModelConfig
 
 OUTPUT_LINEARS = ("out_proj", "out", "fc2")  # write into the residual stream: scaled init
@@ -40,9 +40,18 @@ class HybridLM(nn.Module):
         self.reset_parameters()
 
     @torch.no_grad()
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, include_ssm_and_norms: bool = False) -> None:
+        """Initialize the weight matrices. With include_ssm_and_norms=True also the norms and the
+        Mamba SSM parameters (which the constructor already set), so a model built on the meta
+        device can be materialized with `model.to_empty(device=...)` and then this call."""
         std = self.cfg.init_std
         out_std = std / math.sqrt(2 * self.cfg.n_blocks)
+        if include_ssm_and_norms:
+            for module in self.modules():
+                if isinstance(module, (RMSNorm, GatedRMSNorm)):
+                    module.weight.fill_(1.0)
+                elif isinstance(module, Mamba2Mixer):
+                    module.reset_ssm_parameters()
         nn.init.normal_(self.embedding.weight, 0.0, std)
         nn.init.normal_(self.lm_head.weight, 0.0, std)
         for block in self.blocks:

@@ -18,7 +18,6 @@ T = 1e12
 PEAK_TABLE: list[tuple[str, str, dict[str, float]]] = [
     ("GH200", "GH200", {"bf16": 989.4 * T, "fp8": 1978.9 * T}),  # before "H200", which it contains
     ("GB300", "GB300", {"bf16": 2500 * T, "fp8": 5000 * T, "fp4": 15000 * T}),
-    ("B300", "B300 SXM", {"bf16": 2250 * T, "fp8": 4500 * T, "fp4": 13500 * T}),
     ("GB200", "GB200", {"bf16": 2500 * T, "fp8": 5000 * T, "fp4": 10000 * T}),
     ("B200", "B200 SXM", {"bf16": 2250 * T, "fp8": 4500 * T, "fp4": 9000 * T}),
     ("H200 NVL", "H200 NVL", {"bf16": 835.5 * T, "fp8": 1671 * T}),
@@ -26,8 +25,7 @@ PEAK_TABLE: list[tuple[str, str, dict[str, float]]] = [
     ("H100 NVL", "H100 NVL", {"bf16": 835.5 * T, "fp8": 1671 * T}),
     ("H100 PCIe", "H100 PCIe", {"bf16": 756 * T, "fp8": 1513 * T}),
     ("H100", "H100 SXM", {"bf16": 989.4 * T, "fp8": 1978.9 * T}),  # "H100 80GB HBM3" is SXM
-    ("H800", "H800 SXM", {"bf16": 989.4 * T, "fp8": 1978.9 * T}),
-    ("H20", "H20", {"bf16": 148 * T, "fp8": 296 * T}),
+    ("H20", "H20", {"bf16": 148 * T, "fp8": 296 * T}),  # after every "H200" row (substring)
     ("L40S", "L40S", {"bf16": 362.05 * T, "fp8": 733 * T}),
     ("A100", "A100", {"bf16": 312 * T}),
     ("A800", "A800", {"bf16": 312 * T}),

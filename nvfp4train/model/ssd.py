@@ -9,7 +9,8 @@ All of them compute, per head h (with B and C shared by the heads of one group):
 
 Shapes (batch b, length T, heads h, head_dim p, groups g, state n):
     x [b,T,h,p]   dt_raw [b,T,h]   A [h] (negative)   B, C [b,T,g,n]   D [h]   dt_bias [h]
-Output y [b,T,h,p] in x's dtype. The reference computes in float32 (float64 for float64 inputs) whatever the input dtype.
+Output y [b,T,h,p] in x's dtype. The reference computes in float32 whatever the input dtype
+(float64 for float64 inputs, which the tests use).
 
 The chunked algorithm (Mamba-2 paper, "SSD"): split the sequence into chunks of Q tokens;
 within a chunk the output is a masked (causal, decaying) attention-like product; across chunks
@@ -167,14 +168,15 @@ def load_triton_ssd() -> Callable:
         _TRITON_SSD = module.mamba_chunk_scan_combined
     except Exception as e:  # ImportError, or triton failing to initialise without a GPU
         _TRITON_SSD_ERROR = (
-            f"mamba-ssm Triton SSD unavailable ({type(e).__name__}: {e}); build the pure wheel with "
-            "MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip wheel --no-deps "
-            "--no-build-isolation mamba-ssm==2.3.2.post1 and install it with --no-deps"
+            f"mamba-ssm Triton SSD unavailable ({type(e).__name__}: {e}); it needs triton (CUDA) and "
+            "mamba-ssm's pure wheel: MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip wheel "
+            "--no-deps --no-build-isolation mamba-ssm==2.3.2.post1, installed with --no-deps"
         )
         raise ImportError(_TRITON_SSD_ERROR) from e
     return _TRITON_SSD
 
 
+@torch.compiler.assume_constant_result  # evaluated once when compiling, not traced
 def triton_ssd_available() -> bool:
     try:
         load_triton_ssd()
@@ -221,6 +223,16 @@ def _load_causal_conv1d() -> Optional[Callable]:
     return _CAUSAL_CONV1D
 
 
+@torch.compiler.assume_constant_result
+def causal_conv1d_kernel_available() -> bool:
+    return _load_causal_conv1d() is not None
+
+
+@torch.compiler.disable  # compiled CUDA extension: run it eagerly
+def _causal_conv1d_kernel(x, weight, bias):
+    return _load_causal_conv1d()(x, weight.squeeze(1), bias, activation="silu")
+
+
 def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                        use_kernel: bool = True) -> torch.Tensor:
     """SiLU(depthwise causal conv) over time. x [b, channels, T], weight [channels, 1, k].
@@ -230,9 +242,7 @@ def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     only inputs t-k+1..t).
     """
     k = weight.shape[-1]
-    if use_kernel and x.is_cuda:
-        kernel = _load_causal_conv1d()
-        if kernel is not None:
-            return kernel(x, weight.squeeze(1), bias, activation="silu")
+    if use_kernel and x.is_cuda and causal_conv1d_kernel_available():
+        return _causal_conv1d_kernel(x, weight, bias)
     y = F.conv1d(F.pad(x, (k - 1, 0)), weight, bias, groups=x.shape[1])
     return F.silu(y)

@@ -63,6 +63,13 @@ def test_attention_constraints_ignored_without_attention_blocks():
     assert cfg.count("*") == 0
 
 
+def test_float_fields_accept_yaml_exponent_strings():
+    # PyYAML parses "1e-5" (no dot) as a string; that is still a valid float.
+    assert ModelConfig.from_dict({"norm_eps": "1e-6"}).norm_eps == 1e-6
+    with pytest.raises(ValueError, match="model.norm_eps: expected float"):
+        ModelConfig.from_dict({"norm_eps": "small"})
+
+
 def test_build_model_rejects_bad_dict():
     with pytest.raises(ValueError, match="unknown key 'dmodel'"):
         build_model({"dmodel": 64})

@@ -90,6 +90,9 @@ def test_seq_len_must_be_positive():
         ("NVIDIA B200", "fp4", 9000e12, "B200"),
         ("NVIDIA GB200", "fp4", 10000e12, "GB200"),
         ("NVIDIA A100-SXM4-80GB", "bf16", 312e12, "A100"),
+        ("NVIDIA GH200 480GB", "bf16", 989.4e12, "GH200"),
+        ("NVIDIA H20", "fp8", 296e12, "H20 dense"),
+        ("NVIDIA H200 NVL", "bf16", 835.5e12, "H200 NVL"),
     ],
 )
 def test_peak_table_lookup(device_name, precision, expected_flops, label_word):

@@ -149,9 +149,9 @@ def test_a_few_adamw_steps_fit_a_fixed_batch(small_cfg_dict):
     torch.manual_seed(0)
     model = build_model(small_cfg_dict)
     tokens = torch.randint(0, 97, (4, 33))
-    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=3e-3)
+    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-2)
     losses = []
-    for _ in range(25):
+    for _ in range(12):
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, 97), tokens[:, 1:].reshape(-1))
         opt.zero_grad()
@@ -183,6 +183,21 @@ def test_meta_device_build_allocates_nothing():
                              "ffn_hidden": 4096})
     assert all(p.is_meta for p in model.parameters())
     assert model.num_params() > 268_000_000
+
+
+def test_meta_build_then_materialize_and_reset(small_cfg_dict):
+    with torch.device("meta"):
+        model = build_model(small_cfg_dict)
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    model.reset_parameters(include_ssm_and_norms=True)
+    for name, p in model.named_parameters():
+        assert torch.isfinite(p).all(), name
+    mixer = model.blocks[0].mixer
+    assert torch.equal(mixer.D, torch.ones_like(mixer.D)) and torch.equal(mixer.norm.weight, torch.ones_like(mixer.norm.weight))
+    assert (-torch.exp(mixer.A_log) <= -1).all()
+    logits = model(torch.randint(0, 97, (1, 12)))
+    assert abs(F.cross_entropy(logits[0], torch.randint(0, 97, (12,))).item() - math.log(97)) < 0.1
 
 
 @pytest.mark.slow

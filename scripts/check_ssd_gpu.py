@@ -1,0 +1,247 @@
+"""Check mamba-ssm's Triton SSD against the project's PyTorch reference on a CUDA GPU.
+
+    python scripts/check_ssd_gpu.py            # kernel and full-model checks, table, exit code
+    python scripts/check_ssd_gpu.py --quick    # smaller shapes, fewer timing iterations
+    python scripts/check_ssd_gpu.py --cpu-dry-run   # exercises this script on CPU (torch vs torch)
+
+What it does:
+  1. Kernel: `ssd_scan(..., backend="triton")` vs `backend="torch"` on the same inputs, in
+     float32 and bfloat16: relative error (||a - b|| / ||b||) of the output and of the
+     gradients of x, dt, A, B, C, D and dt_bias, plus forward+backward time of each backend.
+  2. Model: a small hybrid (all three block types) with identical weights, run with each
+     backend under bf16 autocast: relative error of the logits, the loss and every parameter
+     gradient (worst one named), plus forward+backward time.
+Exit status: 0 when every relative error is below the bf16 tolerance (TOL below), 1 when one
+is not, 2 when the check cannot run (no CUDA, or mamba-ssm's Triton kernels not importable).
+
+mamba-ssm: only the pure-Python wheel is needed (Triton kernels, no CUDA extension). Build it
+on a machine with PyPI access (environment.md, "mamba-ssm"):
+    MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip wheel --no-deps --no-build-isolation \
+        mamba-ssm==2.3.2.post1 -w .whl/
+and carry `.whl/` to the GPU machine: this script unpacks `.whl/mamba_ssm-*.whl` into
+`.whl/site/` and puts it on sys.path when mamba_ssm is not importable otherwise. The first
+Triton call compiles and autotunes for minutes (about 3 on an H200); timings are taken after
+a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.util
+import math
+import os
+import sys
+import time
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from nvfp4train.model import build_model  # noqa: E402
+from nvfp4train.model.ssd import _load_causal_conv1d, load_triton_ssd, ssd_scan  # noqa: E402
+
+# bf16 has an 8-bit significand (relative spacing 2^-8 = 3.9e-3); the chunked algorithms sum
+# in different orders, so a few ulps of disagreement in a norm-wise relative error is expected.
+# environment.md measured 1.4e-3 (fp32 inputs) and 2.3e-3 (bf16) for the forward and dx.
+TOL = 2e-2
+
+
+def make_mamba_importable() -> str:
+    if importlib.util.find_spec("mamba_ssm") is not None:
+        return "installed"
+    wheels = sorted(glob.glob(os.path.join(ROOT, ".whl", "mamba_ssm-*.whl")))
+    if not wheels:
+        return "missing"
+    site = os.path.join(ROOT, ".whl", "site")
+    if not os.path.isdir(os.path.join(site, "mamba_ssm")):
+        with zipfile.ZipFile(wheels[-1]) as z:
+            z.extractall(site)
+    sys.path.insert(0, site)
+    importlib.invalidate_caches()
+    return f"from {os.path.relpath(wheels[-1], ROOT)}"
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def time_ms(fn, iters: int, device: torch.device) -> float:
+    """Median wall time of fn() in milliseconds (CUDA events on a GPU)."""
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t))
+    times.sort()
+    return times[len(times) // 2]
+
+
+class Table:
+    def __init__(self):
+        self.rows: list[tuple[str, str, float]] = []
+
+    def add(self, check: str, what: str, err: float) -> None:
+        self.rows.append((check, what, err))
+
+    def failures(self) -> list[tuple[str, str, float]]:
+        return [r for r in self.rows if not (r[2] < TOL)]  # NaN counts as a failure
+
+    def print(self) -> None:
+        width = max(len(what) for _, what, _ in self.rows)
+        print(f"\n{'check':<30} {'quantity':<{width}} {'rel. error':>11}  status (tol {TOL:g})")
+        for check, what, err in self.rows:
+            print(f"{check:<30} {what:<{width}} {err:>11.2e}  {'ok' if err < TOL else 'MISMATCH'}")
+
+
+def ssd_inputs(b, T, h, p, g, n, dtype, device, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def r(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(device)
+
+    x, B, C = r(b, T, h, p), r(b, T, g, n), r(b, T, g, n)
+    dt = r(b, T, h, scale=0.5)
+    # Mamba-2 init ranges: A in [-16, -1], softplus(dt_bias) in [1e-3, 0.1], D around 1.
+    A = -torch.empty(h).uniform_(1.0, 16.0, generator=gen).to(device)
+    dt0 = torch.exp(torch.empty(h).uniform_(math.log(1e-3), math.log(0.1), generator=gen)).to(device)
+    dt_bias = dt0 + torch.log(-torch.expm1(-dt0))
+    D = 1.0 + r(h, scale=0.1)
+    # Activations in the working dtype; SSM parameters stay float32, as in the model.
+    return [x.to(dtype), dt.to(dtype), A, B.to(dtype), C.to(dtype), D, dt_bias]
+
+
+def check_kernel(table: Table, dtype: torch.dtype, shape: dict, chunk: int, iters: int,
+                 device: torch.device, backends: tuple[str, str]) -> None:
+    base = ssd_inputs(dtype=dtype, device=device, **shape)
+    grad_out = torch.randn(shape["b"], shape["T"], shape["h"], shape["p"], device=device).to(dtype)
+    results, timings = {}, {}
+    for key, backend in zip(("torch", "triton"), backends):
+        leaves = [t.detach().clone().requires_grad_() for t in base]
+
+        def step():
+            for t in leaves:
+                t.grad = None
+            y = ssd_scan(*leaves, chunk_size=chunk, backend=backend)
+            y.backward(grad_out)
+            return y
+
+        y = step()  # warm-up (Triton compiles and autotunes here)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        results[key] = (y.detach(), [t.grad.detach() for t in leaves])
+        timings[key] = time_ms(step, iters, device)
+    name = f"SSD kernel {str(dtype).replace('torch.', '')}"
+    table.add(name, "y", rel_err(results["triton"][0], results["torch"][0]))
+    for label, g_tr, g_ref in zip(["dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias"], results["triton"][1], results["torch"][1]):
+        table.add(name, label, rel_err(g_tr, g_ref))
+    tokens = shape["b"] * shape["T"]
+    print(f"{name}: fwd+bwd {tokens} tokens, {shape['h']} heads x {shape['p']}, {shape['g']} groups, "
+          f"state {shape['n']}, chunk {chunk}: torch {timings['torch']:.2f} ms, triton {timings['triton']:.2f} ms "
+          f"({timings['torch'] / timings['triton']:.1f}x)")
+
+
+def check_model(table: Table, model_cfg: dict, batch: int, seq_len: int, iters: int,
+                device: torch.device, backends: tuple[str, str]) -> None:
+    torch.manual_seed(0)
+    reference = build_model({**model_cfg, "ssd_backend": backends[0]}).to(device)
+    kernel = build_model({**model_cfg, "ssd_backend": backends[1]}).to(device)
+    kernel.load_state_dict(reference.state_dict())
+    tokens = torch.randint(0, model_cfg["vocab_size"], (batch, seq_len + 1), device=device)
+    out, timings = {}, {}
+    for name, model in (("torch", reference), ("triton", kernel)):
+        def step():
+            model.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                logits = model(tokens[:, :-1])
+            loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+            loss.backward()
+            return logits, loss
+
+        logits, loss = step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        out[name] = (logits.detach().float(), loss.detach(), {n: p.grad.detach() for n, p in model.named_parameters()})
+        timings[name] = time_ms(step, iters, device)
+    label = f"model {model_cfg['pattern']} bf16 autocast"
+    table.add(label, "logits", rel_err(out["triton"][0], out["torch"][0]))
+    table.add(label, "loss", rel_err(out["triton"][1], out["torch"][1]))
+    grad_errs = {n: rel_err(out["triton"][2][n], g) for n, g in out["torch"][2].items()}
+    worst = max(grad_errs, key=lambda n: grad_errs[n] if not math.isnan(grad_errs[n]) else math.inf)
+    for n in ("blocks.0.mixer.A_log", "blocks.0.mixer.in_proj.weight", "blocks.0.mixer.conv1d.weight"):
+        table.add(label, "grad " + n.replace("blocks.0.mixer.", ""), grad_errs[n])
+    table.add(label, f"worst grad: {worst}", grad_errs[worst])
+    n_tok = batch * seq_len
+    print(f"{label}: fwd+bwd {n_tok} tokens: torch SSD {timings['torch']:.1f} ms, triton SSD {timings['triton']:.1f} ms "
+          f"({n_tok / timings['triton'] * 1e3:,.0f} tokens/s with triton)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small shapes, 3 timing iterations")
+    parser.add_argument("--only", action="append", choices=["fp32", "bf16", "model"],
+                        help="run only these parts (repeatable); each new shape/dtype autotunes again, "
+                             "so splitting helps under a per-command time limit")
+    parser.add_argument("--cpu-dry-run", action="store_true",
+                        help="run the script's machinery on CPU with the torch backend on both sides")
+    args = parser.parse_args()
+    if args.cpu_dry_run:
+        device, backends, args.quick = torch.device("cpu"), ("torch", "torch"), True
+        print("CPU dry run: torch vs torch (checks this script, not the kernel)")
+    else:
+        if not torch.cuda.is_available():
+            print("no CUDA device: nothing to check")
+            return 2
+        source = make_mamba_importable()
+        try:
+            load_triton_ssd()
+        except ImportError as e:
+            print(f"mamba-ssm ({source}): {e}")
+            return 2
+        device, backends = torch.device("cuda"), ("torch", "triton")
+        print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, mamba-ssm {source}, "
+              f"causal_conv1d kernel {'yes' if _load_causal_conv1d() else 'no (F.conv1d)'}")
+
+    iters = 1 if args.cpu_dry_run else 3 if args.quick else 10
+    shape = dict(b=2, T=300, h=8, p=32, g=2, n=32) if args.quick else dict(b=8, T=2048, h=32, p=64, g=8, n=128)
+    if args.cpu_dry_run:
+        shape = dict(b=1, T=130, h=4, p=16, g=2, n=16)
+    table = Table()
+    t0 = time.time()
+    parts = set(args.only or ["fp32", "bf16", "model"])
+    for dtype in [d for key, d in (("fp32", torch.float32), ("bf16", torch.bfloat16)) if key in parts]:
+        check_kernel(table, dtype, shape, chunk=64 if args.quick else 128, iters=iters, device=device, backends=backends)
+    # A hybrid_125m-like model with all three block types (T not a multiple of the chunk).
+    model_cfg = dict(name="check", pattern="M-M*-M-", vocab_size=50304, d_model=640, ffn_hidden=2560,
+                     n_heads=10, n_kv_heads=2, head_dim=64, mamba_groups=4, mamba_state=128,
+                     mamba_head_dim=64, mamba_chunk=128)
+    if args.quick:
+        model_cfg.update(vocab_size=1024, d_model=128, ffn_hidden=512, n_heads=4, head_dim=32, mamba_groups=2,
+                         mamba_state=32, mamba_head_dim=32, mamba_chunk=64)
+    if args.cpu_dry_run:
+        model_cfg.update(vocab_size=256, d_model=64, ffn_hidden=128, n_heads=2, n_kv_heads=1, mamba_head_dim=16,
+                         mamba_state=16, mamba_chunk=32)
+    if "model" in parts:
+        check_model(table, model_cfg, batch=1 if args.cpu_dry_run else 2 if args.quick else 8,
+                    seq_len=130 if args.cpu_dry_run else 300 if args.quick else 2000,
+                    iters=iters, device=device, backends=backends)
+    table.print()
+    failures = table.failures()
+    print(f"\n{len(table.rows) - len(failures)}/{len(table.rows)} within tolerance; {time.time() - t0:.0f} s")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
