@@ -17,6 +17,7 @@ operand is BF16. `saved_activation_bytes` measures this.
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 
@@ -29,6 +30,8 @@ from nvfp4train.formats import rounding
 from . import operands
 from .operands import round_up
 from .policy import ROLES, LayerRecipe, PrecisionPolicy
+
+log = logging.getLogger(__name__)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -82,7 +85,7 @@ def _k_pad(k: int, *specs) -> int:
 
 class _QuantLinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, layer: "QuantLinear", recipe: LayerRecipe):
+    def forward(ctx, x, weight, layer: "QuantLinear", recipe: LayerRecipe, need_backward: bool):
         out_dtype = _compute_dtype(x)
         out_f, in_f = weight.shape
         device = x.device.type
@@ -103,6 +106,8 @@ class _QuantLinearFunction(torch.autograd.Function):
             y = scaled_gemm(x_q, operands.Quantized(w_q.values[:out_f], w_q.decode_scale, w_q.fp8_data), layer.backend)
             y = y.to(out_dtype)
 
+            if not need_backward:  # inference / frozen: nothing to save
+                return y.reshape(*x.shape[:-1], out_f)
             # The Wgrad copy of X: transposed [in, tokens], quantized along tokens now, saved packed.
             k_w = _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x)
             x_packed = layer._pack("wgrad_x", x2d.t(), recipe.wgrad_x, k_w)
@@ -149,7 +154,7 @@ class _QuantLinearFunction(torch.autograd.Function):
                 xt_q = operands.Quantized(xt_q.values[:in_f], xt_q.decode_scale, xt_q.fp8_data)
                 dw = scaled_gemm(dyt_q, xt_q, layer.backend).to(weight.dtype)
         ctx.x_packed = ctx.w_packed = None
-        return dx, dw, None, None
+        return dx, dw, None, None, None
 
 
 class QuantLinear(nn.Module):
@@ -198,7 +203,12 @@ class QuantLinear(nn.Module):
             gen = rounding.sr_generator(self.sr_seed, self.sr_stream_base + ROLES.index(role), device=device)
             pending = self._pending_generator_states.pop(role, None)
             if pending is not None:
-                gen.set_state(pending)
+                try:
+                    gen.set_state(pending)
+                except (RuntimeError, ValueError):
+                    # A CPU generator state does not fit a CUDA generator (or vice versa).
+                    log.warning("%s/%s: saved SR generator state does not fit a %s generator; "
+                                "continuing from the seeded stream", self.label, role, device.type)
             self._generators[role] = gen
         return gen
 
@@ -240,7 +250,8 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recipe.all_bf16:
             return F.linear(x, self.weight)
-        return _QuantLinearFunction.apply(x, self.weight, self, self.recipe)
+        need_backward = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        return _QuantLinearFunction.apply(x, self.weight, self, self.recipe, need_backward)
 
 
 _NAME_IDS = {"in_proj": 0, "out_proj": 1, "qkv": 2, "out": 3, "fc1": 4, "fc2": 5}

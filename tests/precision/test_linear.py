@@ -223,3 +223,16 @@ def test_scaled_mm_and_te_refuse_clearly_without_hardware():
         build_linear_factory(PrecisionPolicy.from_dict({"format": "fp8_blockwise", "backend": "te"}), 4, 0)
     factory = build_linear_factory(load_preset("fp8_tensorwise"), 4, 0)
     assert factory.backend_name == "emulated" and "not scaled_mm" in factory.backend_reason
+
+
+def test_no_grad_forward_saves_nothing_and_matches_the_training_forward():
+    layer = make_layer(load_preset("nvfp4_all_layers"))
+    x, grad = inputs()
+    y_train = run(layer, x, grad)[0]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y_eval = layer(x)
+    assert torch.equal(y_eval, y_train)
+    layer.weight.requires_grad_(False)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: pytest.fail("saved a tensor"), lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            layer(x)  # neither x nor the (frozen) weight needs a gradient
