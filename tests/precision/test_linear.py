@@ -236,3 +236,23 @@ def test_no_grad_forward_saves_nothing_and_matches_the_training_forward():
     with torch.autograd.graph.saved_tensors_hooks(lambda t: pytest.fail("saved a tensor"), lambda t: t):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             layer(x)  # neither x nor the (frozen) weight needs a gradient
+
+
+def test_only_what_backward_needs_is_saved():
+    tokens, in_f, out_f = 256, 64, 64
+    x = torch.randn(tokens, in_f).to(torch.bfloat16)
+    layer = make_layer(load_preset("nvfp4_all_layers"), in_f, out_f)
+    both = saved_activation_bytes(layer, x)
+    layer.weight.requires_grad_(False)  # frozen W: no Wgrad, so no copy of X; Dgrad still needs W
+    assert saved_activation_bytes(layer, x) == in_f * out_f * 9 // 16 + 8
+    layer.weight.requires_grad_(True)
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(x)  # x needs no gradient (a first layer): no Dgrad, so no packed W
+    saved.pop(layer.weight.untyped_storage().data_ptr(), None)
+    assert sum(saved.values()) == tokens * in_f * 9 // 16 + 8 == both - (in_f * out_f * 9 // 16 + 8)
