@@ -78,7 +78,5 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
 
 def decode(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """4-bit codes -> E2M1 values (code 0x8 decodes to -0.0)."""
-    table = torch.tensor(
-        E2M1_MAGNITUDES + tuple(-v for v in E2M1_MAGNITUDES), dtype=dtype, device=codes.device
-    )
+    table = torch.tensor(E2M1_MAGNITUDES + tuple(-v for v in E2M1_MAGNITUDES), dtype=dtype, device=codes.device)
     return table[codes.long()]

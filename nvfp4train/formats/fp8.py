@@ -79,7 +79,12 @@ def quantize_tensorwise(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3f
     return saturating_cast(xf * encode, dtype), torch.reciprocal(encode)
 
 
-def fake_quantize_tensorwise(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False, out_dtype: torch.dtype | None = None):
+def fake_quantize_tensorwise(
+    x: torch.Tensor,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    pow2_scales: bool = False,
+    out_dtype: torch.dtype | None = None,
+):
     """``(fp8 values in out_dtype (default x.dtype), decode_scale)``; apply the scale after the matmul."""
     data, decode = quantize_tensorwise(x, dtype, pow2_scales)
     return data.to(out_dtype or x.dtype), decode
@@ -96,11 +101,15 @@ def _block_view(x: torch.Tensor, block) -> tuple[torch.Tensor, tuple[int, int]]:
     rows = x.numel() // cols
     br, bc = block
     if cols % bc or rows % br:
-        raise ValueError(f"fp8: block {block} must divide (rows={rows}, cols={cols}) of shape {tuple(x.shape)} (no padding is done)")
+        raise ValueError(
+            f"fp8: block {block} must divide (rows={rows}, cols={cols}) of shape {tuple(x.shape)} (no padding is done)"
+        )
     return x.reshape(rows // br, br, cols // bc, bc).to(torch.float32), (rows // br, cols // bc)
 
 
-def quantize_blockwise(x: torch.Tensor, block=(1, 128), dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False):
+def quantize_blockwise(
+    x: torch.Tensor, block=(1, 128), dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False
+):
     """``(data_fp8 [x.shape], decode_scales FP32)``; scales are [rows, cols/128] for (1, 128) and
     [rows/128, cols/128] for (128, 128) (leading dims of x flattened into rows)."""
     _check_input(x)
@@ -111,14 +120,22 @@ def quantize_blockwise(x: torch.Tensor, block=(1, 128), dtype: torch.dtype = tor
     return data.reshape(x.shape), torch.reciprocal(encode)
 
 
-def dequantize_blockwise(data: torch.Tensor, scales: torch.Tensor, block=(1, 128), dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize_blockwise(
+    data: torch.Tensor, scales: torch.Tensor, block=(1, 128), dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Inverse of ``quantize_blockwise`` (FP32 math, then cast to ``dtype``)."""
     block = tuple(block)
     values, _ = _block_view(data.to(torch.float32), block)
     return (values * scales[:, None, :, None]).reshape(data.shape).to(dtype)
 
 
-def fake_quantize_blockwise(x: torch.Tensor, block=(1, 128), dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False, out_dtype: torch.dtype = torch.float32):
+def fake_quantize_blockwise(
+    x: torch.Tensor,
+    block=(1, 128),
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    pow2_scales: bool = False,
+    out_dtype: torch.dtype = torch.float32,
+):
     """``(dequantized values in out_dtype, 1.0)``; equal to dequantize_blockwise(quantize_blockwise(.))."""
     data, scales = quantize_blockwise(x, block, dtype, pow2_scales)
     ones = torch.ones((), dtype=torch.float32, device=x.device)

@@ -13,8 +13,13 @@ Signs:
 * an int: ``random_signs(d, seed)``;
 * a tensor of ±1 of length d.
 
-Precision: the product is computed in FP32 and rounded once to x's dtype, as TE's reference
-does for bf16 inputs (it multiplies in the input dtype), so the quantizer sees bf16 values.
+Precision: the output is rounded to x's dtype, as TE's reference does (it multiplies in the input
+dtype), so for bf16 inputs the quantizer sees bf16 values.
+* bf16 / fp16 inputs are transformed in float64, where the 16-term sums are exact, then rounded
+  once: the correctly rounded transform, the same bits on every device (and TE's bits).
+* fp32 inputs are transformed with an fp32 matmul, as TE's reference does; that matches the
+  reference's bits on CPU, but the last bit depends on the backend's summation order (CPU vs
+  CUDA may differ by 1 ulp). The recipe applies the RHT to bf16 tensors.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ def rht(x: torch.Tensor, d: int = 16, signs=None) -> torch.Tensor:
         raise TypeError(f"hadamard.rht: x must be a floating tensor, got {x.dtype}")
     if x.ndim == 0 or x.shape[-1] % d != 0:
         raise ValueError(f"hadamard.rht: the last dim of shape {tuple(x.shape)} must be a multiple of d={d}")
-    matrix = rht_matrix(d, signs, dtype=torch.float32, device=x.device)
-    y = x.reshape(-1, d).to(torch.float32) @ matrix
+    compute_dtype = torch.float64 if x.element_size() <= 2 else x.dtype
+    matrix = rht_matrix(d, signs, dtype=compute_dtype, device=x.device)
+    y = x.reshape(-1, d).to(compute_dtype) @ matrix
     return y.to(x.dtype).reshape(x.shape)

@@ -84,7 +84,9 @@ def _quantize_core(x: torch.Tensor, rounding: str, scale_rule: str, generator):
     if x.dtype not in INPUT_DTYPES:
         raise TypeError(f"mxfp4: x.dtype={x.dtype} is not supported; allowed: {INPUT_DTYPES}")
     if x.ndim == 0 or x.numel() == 0 or x.shape[-1] % BLOCK != 0:
-        raise ValueError(f"mxfp4: the last dim of shape {tuple(x.shape)} must be a non-zero multiple of {BLOCK} (no padding is done)")
+        raise ValueError(
+            f"mxfp4: the last dim of shape {tuple(x.shape)} must be a non-zero multiple of {BLOCK} (no padding is done)"
+        )
     e2m1.check_rounding(rounding)
     cols = x.shape[-1]
     xb = x.reshape(-1, cols // BLOCK, BLOCK).to(torch.float32)
@@ -97,7 +99,9 @@ def _quantize_core(x: torch.Tensor, rounding: str, scale_rule: str, generator):
     return negative, magnitude, bits, scale
 
 
-def quantize(x: torch.Tensor, rounding: str = "rne", scale_rule: str = "ceil", generator: torch.Generator | None = None) -> MXFP4Tensor:
+def quantize(
+    x: torch.Tensor, rounding: str = "rne", scale_rule: str = "ceil", generator: torch.Generator | None = None
+) -> MXFP4Tensor:
     """Quantize ``x`` (blocks of 32 along dim -1) to packed MXFP4."""
     negative, magnitude, bits, _ = _quantize_core(x, rounding, scale_rule, generator)
     lead = x.shape[:-1]
@@ -110,7 +114,13 @@ def quantize(x: torch.Tensor, rounding: str = "rne", scale_rule: str = "ceil", g
     )
 
 
-def fake_quantize(x: torch.Tensor, rounding: str = "rne", scale_rule: str = "ceil", generator: torch.Generator | None = None, out_dtype: torch.dtype | None = None):
+def fake_quantize(
+    x: torch.Tensor,
+    rounding: str = "rne",
+    scale_rule: str = "ceil",
+    generator: torch.Generator | None = None,
+    out_dtype: torch.dtype | None = None,
+):
     """``(values, 1.0)``: dequantized MXFP4 values in ``out_dtype`` (default x.dtype), equal bit
     for bit to ``quantize(...).dequantize(out_dtype)``. Exact in bf16 (E2M1 x 2^e)."""
     negative, magnitude, _, scale = _quantize_core(x, rounding, scale_rule, generator)

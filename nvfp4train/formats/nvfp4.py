@@ -84,13 +84,21 @@ def _check_input(x: torch.Tensor, tile) -> tuple[int, int]:
         raise TypeError(f"nvfp4: x.dtype={x.dtype} is not supported; allowed: {INPUT_DTYPES}")
     min_ndim = 2 if tile == (16, 16) else 1
     if x.ndim < min_ndim or x.numel() == 0:
-        raise ValueError(f"nvfp4: x must be a non-empty tensor with at least {min_ndim} dim(s) for tile {tile}, got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"nvfp4: x must be a non-empty tensor with at least {min_ndim} dim(s) for tile {tile}, "
+            f"got shape {tuple(x.shape)}"
+        )
     cols = x.shape[-1]
     rows = x.numel() // cols
     if cols % BLOCK != 0:
-        raise ValueError(f"nvfp4: the last dim ({cols}) of shape {tuple(x.shape)} must be a multiple of {BLOCK} (no padding is done)")
+        raise ValueError(
+            f"nvfp4: the last dim ({cols}) of shape {tuple(x.shape)} must be a multiple of {BLOCK} (no padding is done)"
+        )
     if rows % tile[0] != 0:
-        raise ValueError(f"nvfp4: tile {tile} needs the row count ({rows}, all dims but the last of {tuple(x.shape)}) to be a multiple of {tile[0]}")
+        raise ValueError(
+            f"nvfp4: tile {tile} needs the row count ({rows}, all dims but the last of {tuple(x.shape)}) "
+            f"to be a multiple of {tile[0]}"
+        )
     return rows, cols
 
 
@@ -132,7 +140,9 @@ def _quantize_core(x: torch.Tensor, tile, rounding: str, generator):
     return negative, magnitude, scales, amax, s_dec
 
 
-def quantize(x: torch.Tensor, tile=(1, 16), rounding: str = "rne", generator: torch.Generator | None = None) -> NVFP4Tensor:
+def quantize(
+    x: torch.Tensor, tile=(1, 16), rounding: str = "rne", generator: torch.Generator | None = None
+) -> NVFP4Tensor:
     """Quantize ``x`` (float32/bfloat16/float16, blocks along dim -1) to packed NVFP4.
 
     rounding: "rne" (weights, activations) or "sr" (gradients; draws from ``generator``, a
@@ -150,7 +160,13 @@ def quantize(x: torch.Tensor, tile=(1, 16), rounding: str = "rne", generator: to
     )
 
 
-def fake_quantize(x: torch.Tensor, tile=(1, 16), rounding: str = "rne", generator: torch.Generator | None = None, out_dtype: torch.dtype | None = None):
+def fake_quantize(
+    x: torch.Tensor,
+    tile=(1, 16),
+    rounding: str = "rne",
+    generator: torch.Generator | None = None,
+    out_dtype: torch.dtype | None = None,
+):
     """``(values, global_decode_scale)`` with ``values = e2m1 * fp32(scale_b)`` in ``out_dtype``
     (default: x.dtype; exact in bf16/fp32), equal bit for bit to
     ``quantize(...).dequantize(out_dtype, apply_global_scale=False)``. No packing, no Python loops."""
