@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from nvfp4train.formats import hadamard, nvfp4
-from nvfp4train.precision import PrecisionPolicy, ROLES, saved_activation_bytes
+from nvfp4train.precision import PrecisionPolicy, ROLES, saved_activation_bytes, saved_bytes_report
 
 from .helpers import GemmSpy, inputs, load_preset, make_layer, rel_err, run
 
@@ -256,3 +256,10 @@ def test_only_what_backward_needs_is_saved():
         layer(x)  # x needs no gradient (a first layer): no Dgrad, so no packed W
     saved.pop(layer.weight.untyped_storage().data_ptr(), None)
     assert sum(saved.values()) == tokens * in_f * 9 // 16 + 8 == both - (in_f * out_f * 9 // 16 + 8)
+
+
+def test_saved_bytes_report_against_nn_linear():
+    report = saved_bytes_report(load_preset("nvfp4_all_layers"), 64, 64, tokens=2048)
+    # X packed (0.5625 B) + packed W vs X in BF16 (2 B) + the BF16 cast of W.
+    expect = (2048 * 64 * 9 / 16 + 64 * 64 * 9 / 16 + 16) / (2048 * 64 * 2 + 64 * 64 * 2)
+    assert report["ratio"] == pytest.approx(expect)

@@ -96,3 +96,14 @@ def test_switch_modes_turn_the_right_operands_to_bf16(mode, bf16_roles):
     assert not any(getattr(before, r).is_bf16 for r in ROLES)
     assert {r for r in ROLES if getattr(after, r).is_bf16} == bf16_roles
     assert policy.layer_recipe(11, 12, switched=False).all_bf16  # a BF16 (last) block
+
+
+def test_from_dict_takes_an_omegaconf_node_and_round_trips():
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "precision" / "nvfp4.yaml"
+    policy = PrecisionPolicy.from_dict(OmegaConf.load(path))
+    assert policy == load_preset("nvfp4")
+    assert PrecisionPolicy.from_dict(policy.to_dict()) == policy
