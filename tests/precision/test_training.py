@@ -1,6 +1,10 @@
-"""A short CPU training run per policy: a small residual MLP stack of factory-built linears learns a
-fixed synthetic task (a random teacher network's classes); every policy stays finite and ends
-within a few percent of BF16's loss. The integrator adds the end-to-end run with the real model."""
+"""A short CPU training run per policy: a small MLP stack of factory-built linears learns a fixed
+synthetic task (a random teacher network's classes); every policy stays finite and ends within a
+few percent of BF16's loss. The integrator adds the end-to-end run with the real model.
+
+The stack has no residual connections on purpose: every gradient below the top block must pass
+through the quantized Dgrad GEMMs, so a broken Dgrad (or Wgrad) stops the run from learning
+(checked by hand: zeroing Dgrad leaves the loss at its start, negating Wgrad too)."""
 import pytest
 import torch
 from torch import nn
@@ -12,7 +16,7 @@ from .helpers import PRESETS, load_preset
 # RMSNorm gets BF16 activations and an FP32 weight under autocast; torch warns it cannot fuse that.
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
 
-D, HIDDEN, CLASSES, N_BLOCKS, STEPS, BATCH = 64, 128, 16, 4, 40, 256
+D, HIDDEN, CLASSES, N_BLOCKS, STEPS, BATCH = 64, 128, 16, 4, 60, 256
 
 
 class Student(nn.Module):
@@ -29,7 +33,7 @@ class Student(nn.Module):
     def forward(self, x):
         h = self.inp(x)
         for norm, fc1, fc2 in zip(self.norms, self.fc1, self.fc2):
-            h = h + fc2(torch.relu(fc1(norm(h))).square())  # squared ReLU, as the paper's FFN
+            h = fc2(torch.relu(fc1(norm(h))).square())  # squared ReLU, as the paper's FFN
         return self.head(h)
 
 
@@ -70,6 +74,6 @@ def bf16_losses():
 def test_short_training_run_tracks_bf16(preset, bf16_losses):
     losses = train(preset)
     assert all(torch.isfinite(torch.tensor(losses)))
-    final, final_bf16 = sum(losses[-5:]) / 5, sum(bf16_losses[-5:]) / 5
-    assert final < 0.6 * losses[0], "the run must learn"
+    final, final_bf16 = sum(losses[-10:]) / 10, sum(bf16_losses[-10:]) / 10
+    assert final < 0.8 * losses[0], "the run must learn"
     assert abs(final - final_bf16) / final_bf16 < 0.05, (final, final_bf16)
