@@ -107,3 +107,9 @@ def test_from_dict_takes_an_omegaconf_node_and_round_trips():
     policy = PrecisionPolicy.from_dict(OmegaConf.load(path))
     assert policy == load_preset("nvfp4")
     assert PrecisionPolicy.from_dict(policy.to_dict()) == policy
+
+
+def test_summary_names_blocks_operands_and_switch():
+    text = load_preset("nvfp4", switch={"at_fraction": 0.82, "mode": "forward_only"}).summary(62)
+    assert "first 2 + last 8 of 62" in text and "wgrad_dy=nvfp4 1x16 sr rht16" in text
+    assert "switch forward_only to BF16 at 0.82" in text
