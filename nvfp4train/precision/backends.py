@@ -15,13 +15,10 @@ faithfully here, and says why.
 from __future__ import annotations
 
 import importlib.util
-import logging
 
 import torch
 
 from .policy import PrecisionPolicy
-
-log = logging.getLogger(__name__)
 
 
 def cuda_capability() -> tuple[int, int] | None:

@@ -33,9 +33,7 @@ def build_linear_factory(policy: PrecisionPolicy, n_blocks: int, seed: int) -> C
         raise ValueError(f"build_linear_factory: n_blocks must be >= 1, got {n_blocks}")
     backend, reason = resolve_backend(policy)
     log.info("precision %s: backend %s (%s)", policy.name or policy.format, backend, reason)
-    first, last = policy.bf16_block_counts(n_blocks)
-    if policy.format != "bf16":
-        log.info("precision: BF16 blocks = first %d + last %d of %d", first, last, n_blocks)
+    log.info("precision %s", policy.summary(n_blocks))
 
     def linear_factory(in_features: int, out_features: int, *, block_index: int, name: str) -> nn.Module:
         if name not in LINEAR_NAMES:

@@ -17,6 +17,7 @@ operand is BF16. `saved_activation_bytes` measures this.
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 
@@ -29,6 +30,8 @@ from nvfp4train.formats import rounding
 from . import operands
 from .operands import round_up
 from .policy import ROLES, LayerRecipe, PrecisionPolicy
+
+log = logging.getLogger(__name__)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -82,7 +85,7 @@ def _k_pad(k: int, *specs) -> int:
 
 class _QuantLinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, layer: "QuantLinear", recipe: LayerRecipe):
+    def forward(ctx, x, weight, layer: "QuantLinear", recipe: LayerRecipe, need_backward: bool):
         out_dtype = _compute_dtype(x)
         out_f, in_f = weight.shape
         device = x.device.type
@@ -100,27 +103,31 @@ class _QuantLinearFunction(torch.autograd.Function):
                 w_packed = None
                 w_q = layer._quantize("fprop_w", weight, recipe.fprop_w, k_f)
             x_q = layer._quantize("fprop_x", x2d, recipe.fprop_x, k_f)
-            y = scaled_gemm(x_q, operands.Quantized(w_q.values[:out_f], w_q.decode_scale, w_q.fp8_data), layer.backend)
-            y = y.to(out_dtype)
+            y = scaled_gemm(x_q, w_q.first_rows(out_f), layer.backend).to(out_dtype)
+            y = y.reshape(*x.shape[:-1], out_f)
+            if not need_backward:  # inference, or nothing upstream wants a gradient: save nothing
+                return y
 
-            # The Wgrad copy of X: transposed [in, tokens], quantized along tokens now, saved packed.
+            # The Wgrad copy of X: transposed [in, tokens], quantized along tokens now, saved packed
+            # (only if W wants a gradient); the packed W only if Dgrad runs.
             k_w = _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x)
-            x_packed = layer._pack("wgrad_x", x2d.t(), recipe.wgrad_x, k_w)
+            x_packed = layer._pack("wgrad_x", x2d.t(), recipe.wgrad_x, k_w) if ctx.needs_input_grad[1] else None
+            if not ctx.needs_input_grad[0]:
+                w_packed = None
 
         ctx.recipe, ctx.layer = recipe, layer
-        ctx.x_meta = (x.shape, x.dtype, out_dtype, tokens, k_w)
+        ctx.x_meta = (x.shape, x.dtype, out_dtype, k_w)
         ctx.x_packed, ctx.w_packed = x_packed, w_packed
-        ctx.n_x = len(x_packed.tensors)
-        saved = list(x_packed.tensors) + (list(w_packed.tensors) if w_packed is not None else [])
-        ctx.save_for_backward(weight, *saved)
-        return y.reshape(*x.shape[:-1], out_f)
+        x_saved = list(x_packed.tensors) if x_packed is not None else []
+        ctx.n_x = len(x_saved)
+        ctx.save_for_backward(weight, *x_saved, *(w_packed.tensors if w_packed is not None else ()))
+        return y
 
     @staticmethod
     def backward(ctx, dy):
         recipe, layer = ctx.recipe, ctx.layer
-        x_shape, x_dtype, out_dtype, tokens, k_w = ctx.x_meta
+        x_shape, x_dtype, out_dtype, k_w = ctx.x_meta
         weight, *saved = ctx.saved_tensors
-        x_packed = ctx.x_packed.rebuild(saved[: ctx.n_x])
         out_f, in_f = weight.shape
         with torch.autocast(dy.device.type, enabled=False):
             dy2d = dy.reshape(-1, out_f)
@@ -136,8 +143,7 @@ class _QuantLinearFunction(torch.autograd.Function):
                     wt_q = operands.Quantized(operands.pad2d(wt_values, in_f, k_d), w_q.decode_scale)
                 else:
                     k_d = _k_pad(out_f, recipe.dgrad_dy, recipe.dgrad_w)
-                    wt_q = layer._quantize("dgrad_w", weight.t(), recipe.dgrad_w, k_d)
-                    wt_q = operands.Quantized(wt_q.values[:in_f], wt_q.decode_scale, wt_q.fp8_data)
+                    wt_q = layer._quantize("dgrad_w", weight.t(), recipe.dgrad_w, k_d).first_rows(in_f)
                 dy_q = layer._quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d)
                 dx = scaled_gemm(dy_q, wt_q, layer.backend).to(out_dtype).to(x_dtype).reshape(x_shape)
 
@@ -145,11 +151,10 @@ class _QuantLinearFunction(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 # Wgrad: dW = Q(RHT(dYᵀ)) Q(RHT(Xᵀ))ᵀ, K = tokens.
                 dyt_q = layer._quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w)
-                xt_q = x_packed.dequantize()
-                xt_q = operands.Quantized(xt_q.values[:in_f], xt_q.decode_scale, xt_q.fp8_data)
+                xt_q = ctx.x_packed.rebuild(saved[: ctx.n_x]).dequantize().first_rows(in_f)
                 dw = scaled_gemm(dyt_q, xt_q, layer.backend).to(weight.dtype)
         ctx.x_packed = ctx.w_packed = None
-        return dx, dw, None, None
+        return dx, dw, None, None, None
 
 
 class QuantLinear(nn.Module):
@@ -198,7 +203,12 @@ class QuantLinear(nn.Module):
             gen = rounding.sr_generator(self.sr_seed, self.sr_stream_base + ROLES.index(role), device=device)
             pending = self._pending_generator_states.pop(role, None)
             if pending is not None:
-                gen.set_state(pending)
+                try:
+                    gen.set_state(pending)
+                except (RuntimeError, ValueError):
+                    # A CPU generator state does not fit a CUDA generator (or vice versa).
+                    log.warning("%s/%s: saved SR generator state does not fit a %s generator; "
+                                "continuing from the seeded stream", self.label, role, device.type)
             self._generators[role] = gen
         return gen
 
@@ -240,7 +250,8 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recipe.all_bf16:
             return F.linear(x, self.weight)
-        return _QuantLinearFunction.apply(x, self.weight, self, self.recipe)
+        need_backward = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        return _QuantLinearFunction.apply(x, self.weight, self, self.recipe, need_backward)
 
 
 _NAME_IDS = {"in_proj": 0, "out_proj": 1, "qkv": 2, "out": 3, "fc1": 4, "fc2": 5}

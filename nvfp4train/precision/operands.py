@@ -59,6 +59,11 @@ class Quantized:
     decode_scale: torch.Tensor | None
     fp8_data: torch.Tensor | None = None  # per-tensor FP8 only: the raw data, for torch._scaled_mm
 
+    def first_rows(self, n: int) -> "Quantized":
+        """Drop the rows a tile padded on (the K padding stays: it multiplies zeros)."""
+        data = self.fp8_data[:n] if self.fp8_data is not None else None
+        return Quantized(self.values[:n], self.decode_scale, data)
+
 
 def fake_quantize(x: torch.Tensor, spec: OperandSpec, k_pad: int, generator=None, rht_signs=None) -> Quantized:
     """Quantize `x` [rows, K] to dense values, K zero-padded to `k_pad`."""

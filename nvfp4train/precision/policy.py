@@ -288,6 +288,18 @@ class PrecisionPolicy:
             recipe = recipe.with_bf16(roles)
         return recipe
 
+    def summary(self, n_blocks: int) -> str:
+        """One line for the run log: BF16 blocks, the per-operand recipe, the switch."""
+        if self.format == "bf16":
+            return "bf16: every linear in BF16"
+        first, last = self.bf16_block_counts(n_blocks)
+        bf16 = sum(self.is_bf16_block(i, n_blocks) for i in range(n_blocks))
+        ops = ", ".join(f"{role}={spec}" for role, spec in self.quantized_recipe().describe().items())
+        switch = "no switch" if self.switch.at_fraction is None else \
+            f"switch {self.switch.mode} to BF16 at {self.switch.at_fraction:g} of tokens"
+        return (f"{self.name or self.format}: BF16 blocks first {first} + last {last} of {n_blocks} "
+                f"({100 * bf16 / n_blocks:.1f}% of blocks); {ops}; {switch}")
+
     def switch_due(self, tokens_fraction: float) -> bool:
         at = self.switch.at_fraction
         return at is not None and tokens_fraction >= at

@@ -114,5 +114,9 @@ class TELinear(nn.Module):
         import transformer_engine.pytorch as te
 
         quantized = not (self.bf16_block or self.switched)
-        with te.autocast(enabled=quantized, recipe=self.te_recipe):
+        if hasattr(te, "autocast"):  # TE >= 2.9
+            context = te.autocast(enabled=quantized, recipe=self.te_recipe)
+        else:
+            context = te.fp8_autocast(enabled=quantized, fp8_recipe=self.te_recipe)
+        with context:
             return self.linear(x)

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from nvfp4train.formats import hadamard, nvfp4
-from nvfp4train.precision import PrecisionPolicy, ROLES, saved_activation_bytes
+from nvfp4train.precision import PrecisionPolicy, ROLES, saved_activation_bytes, saved_bytes_report
 
 from .helpers import GemmSpy, inputs, load_preset, make_layer, rel_err, run
 
@@ -223,3 +223,43 @@ def test_scaled_mm_and_te_refuse_clearly_without_hardware():
         build_linear_factory(PrecisionPolicy.from_dict({"format": "fp8_blockwise", "backend": "te"}), 4, 0)
     factory = build_linear_factory(load_preset("fp8_tensorwise"), 4, 0)
     assert factory.backend_name == "emulated" and "not scaled_mm" in factory.backend_reason
+
+
+def test_no_grad_forward_saves_nothing_and_matches_the_training_forward():
+    layer = make_layer(load_preset("nvfp4_all_layers"))
+    x, grad = inputs()
+    y_train = run(layer, x, grad)[0]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y_eval = layer(x)
+    assert torch.equal(y_eval, y_train)
+    layer.weight.requires_grad_(False)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: pytest.fail("saved a tensor"), lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            layer(x)  # neither x nor the (frozen) weight needs a gradient
+
+
+def test_only_what_backward_needs_is_saved():
+    tokens, in_f, out_f = 256, 64, 64
+    x = torch.randn(tokens, in_f).to(torch.bfloat16)
+    layer = make_layer(load_preset("nvfp4_all_layers"), in_f, out_f)
+    both = saved_activation_bytes(layer, x)
+    layer.weight.requires_grad_(False)  # frozen W: no Wgrad, so no copy of X; Dgrad still needs W
+    assert saved_activation_bytes(layer, x) == in_f * out_f * 9 // 16 + 8
+    layer.weight.requires_grad_(True)
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(x)  # x needs no gradient (a first layer): no Dgrad, so no packed W
+    saved.pop(layer.weight.untyped_storage().data_ptr(), None)
+    assert sum(saved.values()) == tokens * in_f * 9 // 16 + 8 == both - (in_f * out_f * 9 // 16 + 8)
+
+
+def test_saved_bytes_report_against_nn_linear():
+    report = saved_bytes_report(load_preset("nvfp4_all_layers"), 64, 64, tokens=2048)
+    # X packed (0.5625 B) + packed W vs X in BF16 (2 B) + the BF16 cast of W.
+    expect = (2048 * 64 * 9 / 16 + 64 * 64 * 9 / 16 + 16) / (2048 * 64 * 2 + 64 * 64 * 2)
+    assert report["ratio"] == pytest.approx(expect)

@@ -96,3 +96,20 @@ def test_switch_modes_turn_the_right_operands_to_bf16(mode, bf16_roles):
     assert not any(getattr(before, r).is_bf16 for r in ROLES)
     assert {r for r in ROLES if getattr(after, r).is_bf16} == bf16_roles
     assert policy.layer_recipe(11, 12, switched=False).all_bf16  # a BF16 (last) block
+
+
+def test_from_dict_takes_an_omegaconf_node_and_round_trips():
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "precision" / "nvfp4.yaml"
+    policy = PrecisionPolicy.from_dict(OmegaConf.load(path))
+    assert policy == load_preset("nvfp4")
+    assert PrecisionPolicy.from_dict(policy.to_dict()) == policy
+
+
+def test_summary_names_blocks_operands_and_switch():
+    text = load_preset("nvfp4", switch={"at_fraction": 0.82, "mode": "forward_only"}).summary(62)
+    assert "first 2 + last 8 of 62" in text and "wgrad_dy=nvfp4 1x16 sr rht16" in text
+    assert "switch forward_only to BF16 at 0.82" in text

@@ -1,0 +1,175 @@
+"""GPU checks of the precision backends (run on an H100/H200; exits non-zero on a mismatch).
+
+    python scripts/check_precision_gpu.py            # prints a table
+
+1. CUDA == CPU, bit for bit, for the quantized operands of RNE paths (emulated backend): every
+   operand the three GEMMs see, per role, RHT'd ones included (formats transforms BF16 inputs
+   exactly, in float64, so their bits do not depend on the device's summation order).
+2. The CUDA emulated GEMM (BF16 operands, FP32 output) equals an FP64 product of the same operands.
+3. scaled_mm (torch._scaled_mm, FP8 tensor cores) == emulated for fp8_tensorwise: same operands,
+   both accumulate in FP32, so Y/dX/dW agree to BF16 rounding.
+4. te (when Transformer Engine is installed and runs the recipe here) against emulated: the same
+   recipe, different kernels: agree to within a fraction of the format's error.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nvfp4train.precision import ROLES, PrecisionPolicy, QuantLinear, linear as linear_mod  # noqa: E402
+from nvfp4train.precision.backends import scaled_mm_unsupported, te_unsupported  # noqa: E402
+
+PRESET_DIR = Path(__file__).resolve().parents[1] / "configs" / "precision"
+
+
+def preset(name: str, **overrides) -> PrecisionPolicy:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(OmegaConf.load(PRESET_DIR / f"{name}.yaml"))
+    cfg.update(overrides)
+    return PrecisionPolicy.from_dict(cfg)
+
+
+DEVICE = "cuda"  # the device compared against the CPU (a CPU smoke run of this script sets "cpu")
+
+
+def all_quantized(name: str, **overrides) -> PrecisionPolicy:
+    """The preset with no BF16 blocks, so a one-block test layer is quantized."""
+    counts = {"bf16_first_blocks": 0, "bf16_last_blocks": 0} if name.startswith("fp8") else \
+             {"bf16_first_fraction": 0.0, "bf16_last_fraction": 0.0}
+    return preset(name, **counts, **overrides)
+
+
+def layer_on(policy, device, backend="emulated", in_f=256, out_f=192, seed=0):
+    layer = QuantLinear(in_f, out_f, policy=policy, block_index=0, n_blocks=1, name="fc1", seed=seed,
+                        backend=backend).to(device)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        layer.weight.copy_((torch.randn(out_f, in_f, generator=g) * 0.05).to(device))
+    return layer
+
+
+def data(device, tokens=512, in_f=256, out_f=192):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(tokens, in_f, generator=g).to(torch.bfloat16)
+    grad = torch.randn(tokens, out_f, generator=g).to(torch.bfloat16)
+    return x.to(device), grad.to(device)
+
+
+def run(layer, x, grad):
+    x = x.clone().requires_grad_(True)
+    layer.weight.grad = None
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        y = layer(x)
+    y.backward(grad.to(y.dtype))
+    return y.detach().float(), x.grad.detach().float(), layer.weight.grad.detach().float()
+
+
+def captured_operands(layer, x, grad):
+    calls = []
+    real = linear_mod.scaled_gemm
+
+    def spy(a, b, backend):
+        calls.append((a, b))
+        return real(a, b, backend)
+
+    linear_mod.scaled_gemm = spy
+    try:
+        outputs = run(layer, x, grad)
+    finally:
+        linear_mod.scaled_gemm = real
+    (fx, fw), (ddy, dw), (wdy, wx) = calls
+    ops = dict(zip(ROLES, (fx, fw, ddy, dw, wdy, wx)))
+    return ops, outputs
+
+
+def rel(a, b) -> float:
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def check_cuda_equals_cpu(rows):
+    for name in ("nvfp4_no_sr", "mxfp4", "fp8_blockwise", "fp8_tensorwise"):
+        policy = all_quantized(name) if name.startswith("fp8") else all_quantized(name, sr="none")
+        ops_cpu, _ = captured_operands(layer_on(policy, "cpu"), *data("cpu"))
+        ops_gpu, _ = captured_operands(layer_on(policy, DEVICE), *data(DEVICE))
+        for role in ROLES:
+            a, b = ops_cpu[role], ops_gpu[role]
+            diff = float((a.values.cpu() != b.values.cpu()).float().mean())
+            scale_ok = (a.decode_scale is None) or torch.equal(a.decode_scale.cpu(), b.decode_scale.cpu())
+            rows.append((f"cuda==cpu {name}", role, diff, 0.0, diff == 0.0 and scale_ok))
+
+
+def check_emulated_gemm_exact(rows):
+    for name in ("nvfp4", "mxfp4", "fp8_tensorwise"):
+        ops, (y, dx, dw) = captured_operands(layer_on(all_quantized(name), DEVICE), *data(DEVICE))
+
+        def dense(q):
+            v = q.values.double()
+            return v * q.decode_scale.double() if q.decode_scale is not None else v
+        y_exact = dense(ops["fprop_x"]) @ dense(ops["fprop_w"])[:192].t()
+        rows.append((f"emulated gemm {name}", "Y vs fp64", rel(y, y_exact), 2**-8, rel(y, y_exact) <= 2**-8))
+
+
+def check_scaled_mm(rows):
+    policy = all_quantized("fp8_tensorwise")
+    why = scaled_mm_unsupported(policy)
+    if why:
+        rows.append(("scaled_mm fp8_tensorwise", f"skipped: {why}", float("nan"), 0.0, True))
+        return
+    x, grad = data(DEVICE)
+    emulated = run(layer_on(policy, DEVICE, "emulated"), x, grad)
+    fp8 = run(layer_on(policy, DEVICE, "scaled_mm"), x, grad)
+    for label, a, b in zip(("Y", "dX", "dW"), fp8, emulated):
+        err = rel(a, b)
+        rows.append(("scaled_mm vs emulated fp8_tensorwise", label, err, 2**-7, err <= 2**-7))
+
+
+def check_te(rows):
+    for name in ("fp8_blockwise", "fp8_tensorwise", "nvfp4"):
+        policy = all_quantized(name)
+        why = te_unsupported(policy)
+        if why:
+            rows.append((f"te vs emulated {name}", f"skipped: {why}", float("nan"), 0.0, True))
+            continue
+        from nvfp4train.precision.te_backend import TELinear
+
+        x, grad = data(DEVICE)
+        emulated_layer = layer_on(policy, DEVICE)
+        te_layer = TELinear(256, 192, policy=policy, block_index=0, n_blocks=1, name="fc1")
+        with torch.no_grad():
+            te_layer.weight.copy_(emulated_layer.weight)
+        ref = run(emulated_layer, x, grad)
+        out = run(te_layer, x, grad)
+        limit = 0.05 if name.startswith("fp8") else 0.2
+        for label, a, b in zip(("Y", "dX", "dW"), out, ref):
+            err = rel(a, b)
+            rows.append((f"te vs emulated {name}", label, err, limit, err <= limit))
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("check_precision_gpu: no CUDA GPU here")
+        return 2
+    print(f"device: {torch.cuda.get_device_name()} sm_{''.join(map(str, torch.cuda.get_device_capability()))}, torch {torch.__version__}")
+    rows: list[tuple] = []
+    for check in (check_cuda_equals_cpu, check_emulated_gemm_exact, check_scaled_mm, check_te):
+        try:
+            check(rows)
+        except Exception as exc:  # report and keep going: one table for everything
+            rows.append((check.__name__, f"error: {type(exc).__name__}: {exc}", float("nan"), 0.0, False))
+    width = max(len(r[0]) for r in rows)
+    print(f"{'check':<{width}}  {'item':<24} {'value':>10} {'limit':>10}  ok")
+    for check, item, value, limit, ok in rows:
+        print(f"{check:<{width}}  {item:<24} {value:>10.3g} {limit:>10.3g}  {'ok' if ok else 'MISMATCH'}")
+    bad = [r for r in rows if not r[4]]
+    print(f"{len(rows) - len(bad)} passed, {len(bad)} failed")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
