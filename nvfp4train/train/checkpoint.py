@@ -95,30 +95,37 @@ def check_compatible(ckpt: Path, meta: dict, model_config: dict) -> None:
         raise CheckpointError(f"{ckpt} was written for another model: " + "; ".join(diffs))
 
 
-def load(ckpt: Path, model, optimizer, rank: int, model_config: dict) -> tuple[dict, dict]:
-    """Restore model and optimizer in place; return (meta, this rank's trainer state)."""
+def load(ckpt: Path, engine, rank: int, model_config: dict) -> tuple[dict, dict]:
+    """Restore the engine's model and optimizer in place; return (meta, this rank's trainer state)."""
     meta = read_meta(ckpt)
     check_compatible(ckpt, meta, model_config)
     rank_file = ckpt / f"rank_{rank:05d}.pt"
     if not rank_file.is_file():
         raise CheckpointError(f"{rank_file} missing: the checkpoint was written by {meta.get('world_size')} "
                               f"ranks; exact resume needs the same world size")
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd["state"]}
-    try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(str(ckpt / "model_optim")))
-    except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures in a traceback text; surface its last error line
-        lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln] or [str(e)]
-        raise CheckpointError(f"{ckpt / 'model_optim'}: cannot load ({lines[-1][:400]})") from None
-    optim_sd = {"state": state["optim"], "param_groups": _groups_from_json(meta["param_groups"])}
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_sd)
+    engine.load(ckpt, meta)
     trainer_state = torch.load(rank_file, map_location="cpu", weights_only=True)
     return meta, trainer_state
 
 
+def load_model_optim(ckpt: Path, model, optimizer, meta: dict) -> None:
+    """The PyTorch engine's part: DCP shards of weights and AdamW moments, param_groups from meta.json."""
+    if meta.get("engine", "torch") != "torch":
+        raise CheckpointError(f"{ckpt} was written by the {meta['engine']} engine; use train.parallel=deepspeed")
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd["state"]}
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(ckpt / "model_optim")))
+    except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures in a traceback text
+        lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln] or [str(e)]
+        raise CheckpointError(f"{ckpt / 'model_optim'}: cannot load ({lines[-1][:400]})") from None
+    optim_sd = {"state": state["optim"], "param_groups": _groups_from_json(meta["param_groups"])}
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_sd)
+
+
 # ----------------------------------------------------------------------------------------- writing
-def save(ckpt_root: Path, step: int, model, optimizer, rank: int, world_size: int, meta: dict,
-         trainer_state: dict, keep_last: int, barrier) -> Path:
+def save(ckpt_root: Path, step: int, engine, rank: int, world_size: int, meta: dict, trainer_state: dict,
+         keep_last: int, barrier) -> Path:
     """Write a checkpoint for `step` atomically (all ranks call this); return its final path."""
     final = ckpt_root / f"{PREFIX}{step:08d}"
     tmp = ckpt_root / f"{final.name}.tmp"
@@ -127,16 +134,11 @@ def save(ckpt_root: Path, step: int, model, optimizer, rank: int, world_size: in
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    for fqn, st in optim_sd["state"].items():
-        for k, v in st.items():
-            if not isinstance(v, torch.Tensor):
-                raise TypeError(f"optimizer state {fqn}.{k} is not a tensor ({type(v).__name__})")
-    dcp.save({"model": model_sd, "optim": optim_sd["state"]}, checkpoint_id=str(tmp / "model_optim"))
+    engine_meta = engine.save(tmp)
     torch.save(trainer_state, tmp / f"rank_{rank:05d}.pt")
     barrier()
     if rank == 0:
-        meta = dict(meta, step=step, world_size=world_size, param_groups=_groups_to_json(optim_sd["param_groups"]))
+        meta = dict(meta, **engine_meta, step=step, world_size=world_size)
         (tmp / META).write_text(json.dumps(meta, indent=1))
         if final.exists():  # re-saving the same step (e.g. final save right after a periodic one)
             shutil.rmtree(final)
@@ -145,6 +147,17 @@ def save(ckpt_root: Path, step: int, model, optimizer, rank: int, world_size: in
             shutil.rmtree(old, ignore_errors=True)
     barrier()
     return final
+
+
+def save_model_optim(tmp: Path, model, optimizer) -> dict:
+    """The PyTorch engine's part (all ranks): tensors to DCP, the optimizer's plain fields to meta."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    for fqn, st in optim_sd["state"].items():
+        for k, v in st.items():
+            if not isinstance(v, torch.Tensor):
+                raise TypeError(f"optimizer state {fqn}.{k} is not a tensor ({type(v).__name__})")
+    dcp.save({"model": model_sd, "optim": optim_sd["state"]}, checkpoint_id=str(tmp / "model_optim"))
+    return {"engine": "torch", "param_groups": _groups_to_json(optim_sd["param_groups"])}
 
 
 def _groups_to_json(groups: list[dict]) -> list[dict]:

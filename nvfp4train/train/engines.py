@@ -8,8 +8,8 @@ The loop stays the same whichever engine runs; checkpoint directories share one 
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
-import json
 import math
 import os
 import socket
@@ -79,6 +79,7 @@ class TorchEngine:
 
     def save(self, tmp_dir: Path) -> dict:
         return checkpoint.save_model_optim(tmp_dir, self.model, self.optimizer)
+
 
     def load(self, ckpt_dir: Path, meta: dict) -> None:
         checkpoint.load_model_optim(ckpt_dir, self.model, self.optimizer, meta)
@@ -161,17 +162,14 @@ class DeepSpeedEngine:
 
 
 def _weights_only_load(path: str, map_location=None):
-    """DeepSpeed's files hold tensors, numbers, strings and a few DeepSpeed enums: nothing else loads."""
+    """DeepSpeed's files hold tensors, numbers, strings and three small DeepSpeed records: nothing else
+    is unpickled (DeepSpeed's own loader uses weights_only=False)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    with torch.serialization.safe_globals([ZeroStageEnum, fragment_address, argparse_namespace()]):
+    with torch.serialization.safe_globals([LossScaler, ZeroStageEnum, fragment_address, argparse.Namespace]):
         return torch.load(path, map_location=map_location, weights_only=True)
-
-
-def argparse_namespace():
-    import argparse
-    return argparse.Namespace
 
 
 def _ensure_rendezvous_env() -> None:
@@ -191,4 +189,4 @@ def build_engine(model, groups, optim_cfg, train_cfg, info, guard, grad_accum):
     return TorchEngine(model, groups, optim_cfg, train_cfg.parallel, info, guard, compile=train_cfg.compile)
 
 
-__all__ = ["TorchEngine", "DeepSpeedEngine", "build_engine", "json"]
+__all__ = ["TorchEngine", "DeepSpeedEngine", "build_engine"]

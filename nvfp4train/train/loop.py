@@ -11,7 +11,6 @@ One optimizer step, as data flows:
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -21,9 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from nvfp4train import dist
-from nvfp4train.optim import build_optimizer, lr_at
+from nvfp4train.optim import lr_at
 from nvfp4train.train import checkpoint
 from nvfp4train.train.config import ConfigError, RunConfig
+from nvfp4train.train.engines import build_engine
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector
 from nvfp4train.train.metrics import MetricsLogger, ProgressBar
 
@@ -124,25 +124,23 @@ def run(cfg: RunConfig) -> dict:
     from nvfp4train.model import flops_per_token, param_groups
     from nvfp4train.model.mfu import peak_flops
 
-    wrapped = dist.wrap_model(model, t.parallel, info)  # FSDP2 swaps parameters: build the optimizer after
-    optimizer = build_optimizer(param_groups(model, cfg.optim.weight_decay), cfg.optim)
-    train_model = torch.compile(wrapped) if t.compile else wrapped
-    autocast = lambda: torch.autocast(info.device.type, dtype=torch.bfloat16)  # noqa: E731
     grad_accum = t.global_batch_size // (t.micro_batch_size * info.world_size)
     tokens_per_step = t.global_batch_size * t.seq_len
     ckpt_root = cfg.out_dir / "checkpoints"
+    guard, spikes = NonFiniteGuard(t.max_nonfinite_steps), SpikeDetector(t.spike_factor)
+    engine = build_engine(model, lambda m: param_groups(m, cfg.optim.weight_decay), cfg.optim, t, info, guard,
+                          grad_accum)
+    autocast = lambda: torch.autocast(info.device.type, dtype=torch.bfloat16)  # noqa: E731
 
     # ---- resume
-    guard, spikes = NonFiniteGuard(t.max_nonfinite_steps), SpikeDetector(t.spike_factor)
-    start_step, wandb_id = 0, None
-    resume_from = None
+    start_step, wandb_id, resume_from = 0, None, None
     if t.resume == "auto":
         existing = checkpoint.list_checkpoints(ckpt_root)
         resume_from = existing[-1] if existing else None
     elif t.resume != "never":
         resume_from = Path(t.resume)
     if resume_from is not None:
-        meta, state = checkpoint.load(resume_from, model, optimizer, info.rank, cfg.model)
+        meta, state = checkpoint.load(resume_from, engine, info.rank, cfg.model)
         start_step, wandb_id = int(meta["step"]), meta.get("wandb_id")
         loader.load_state_dict(state["loader"])
         controller.load_state_dict(state["precision"])
@@ -162,12 +160,12 @@ def run(cfg: RunConfig) -> dict:
     if info.is_main:
         n_params = sum(p.numel() for p in model.parameters())
         where = f"resumed from {resume_from}" if resume_from else "from scratch"
-        bar.write(f"model {model_cfg.name}: {n_params / 1e6:.2f}M params | precision backend "
-                  f"{controller.backend_name} | {info.world_size} rank(s) on {info.device.type} | "
-                  f"{t.max_steps} steps x {tokens_per_step} tokens | {where}")
+        bar.write(f"model {model_cfg.name}: {n_params / 1e6:.2f}M params | precision {cfg.precision.get('name', '?')} "
+                  f"({controller.backend_name}) | {t.parallel if info.world_size > 1 or t.parallel == 'deepspeed' else 'single'} "
+                  f"x{info.world_size} on {info.device.type} | {t.max_steps} steps x {tokens_per_step} tokens | {where}")
 
     flops_tok = flops_per_token(model_cfg, t.seq_len)["total"]
-    gemm_precision = "bf16"
+    gemm_precision = "bf16"  # emulated formats run BF16 GEMMs: MFU against the BF16 peak
     if controller.backend_name in ("scaled_mm", "te"):
         gemm_precision = "fp8" if "fp8" in str(cfg.precision.get("format", "")) else "fp4"
     peak = peak_flops(info.device, gemm_precision) if info.device.type == "cuda" else None
@@ -179,8 +177,8 @@ def run(cfg: RunConfig) -> dict:
             state["rng_cuda"] = torch.cuda.get_rng_state()
         meta = {"model_config": cfg.model, "tokens": step * tokens_per_step, "wandb_id": wandb_id,
                 "experiment": cfg.experiment}
-        return checkpoint.save(ckpt_root, step, model, optimizer, info.rank, info.world_size, meta, state,
-                               t.keep_last, barrier=lambda: dist.barrier(info))
+        return checkpoint.save(ckpt_root, step, engine, info.rank, info.world_size, meta, state, t.keep_last,
+                               barrier=lambda: dist.barrier(info))
 
     stop = _StopSignal()
     last_ckpt, loss_value, step = None, float("nan"), start_step
@@ -192,29 +190,8 @@ def run(cfg: RunConfig) -> dict:
             if switch_msg and info.is_main:
                 bar.write(f"step {step}: {switch_msg}")
             lr = lr_at(step - 1, t.max_steps, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.schedule)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-
-            loss_sum = torch.zeros((), device=info.device)
-            for micro in range(grad_accum):
-                x, y = loader.next_microbatch()
-                x, y = x.to(info.device, non_blocking=True), y.to(info.device, non_blocking=True)
-                with _sync_context(wrapped, t.parallel, info, last=micro == grad_accum - 1):
-                    with autocast():
-                        logits = train_model(x)
-                    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-                    (loss / grad_accum).backward()
-                loss_sum += loss.detach()
-            loss_t = dist.all_reduce_mean(loss_sum / grad_accum, info)
-            max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-            if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
-                grad_norm = grad_norm.full_tensor()
-            loss_value, norm_value = loss_t.item(), grad_norm.item()
-            applied = guard.check(step, loss_value, norm_value)
-            if applied:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            micro_batches = [loader.next_microbatch() for _ in range(grad_accum)]
+            loss_value, norm_value, applied = engine.train_step(micro_batches, lr, step)
             spike = spikes.update(loss_value)
             if info.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -237,7 +214,7 @@ def run(cfg: RunConfig) -> dict:
                 record.update(controller.quant_stats())
             if (t.eval_every and step % t.eval_every == 0) or is_last:
                 record = record or {"step": step, "tokens": step * tokens_per_step}
-                record.update(evaluate(train_model, val_data, t.micro_batch_size, info.device, autocast))
+                record.update(evaluate(engine.module, val_data, t.micro_batch_size, info.device, autocast))
             if record is not None:
                 logger.log(record)
 
@@ -255,26 +232,6 @@ def run(cfg: RunConfig) -> dict:
     dist.barrier(info)
     return {"step": step, "loss": loss_value, "checkpoint": str(last_ckpt) if last_ckpt else None,
             "out_dir": str(cfg.out_dir)}
-
-
-def _sync_context(wrapped, mode: str, info: dist.DistInfo, last: bool):
-    """Skip the gradient all-reduce on all but the last micro-batch of a step."""
-    if info.world_size == 1 or last:
-        return contextlib.nullcontext()
-    if mode == "ddp":
-        return wrapped.no_sync()
-    if mode == "fsdp2":
-        return _fsdp_no_sync(wrapped)
-    return contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _fsdp_no_sync(model):
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
 
 
 def _agree(flag: bool, info: dist.DistInfo) -> bool:

@@ -4,11 +4,14 @@ import pickle
 import pytest
 import torch
 import torch.nn as nn
-
-from nvfp4train.train import checkpoint
 from torch.distributed.checkpoint.api import CheckpointException
 
+from nvfp4train.dist import DistInfo
+from nvfp4train.optim import OptimConfig
+from nvfp4train.train import checkpoint
 from nvfp4train.train.checkpoint import CheckpointError
+from nvfp4train.train.engines import TorchEngine
+from nvfp4train.train.guards import NonFiniteGuard
 
 MODEL_CFG = {"name": "toy", "d_model": 8}
 
@@ -24,25 +27,32 @@ class Toy(nn.Module):
 
 
 def make(seed=0):
+    """A real single-process engine (FP32 weights, AdamW) around a small model."""
     torch.manual_seed(seed)
     model = Toy()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95))
-    return model, opt
+    engine = TorchEngine(model, lambda m: [{"params": list(m.parameters())}], OptimConfig(lr=1e-2), "ddp",
+                         DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")),
+                         NonFiniteGuard(5))
+    return model, engine
 
 
-def train_steps(model, opt, n, seed=1):
+def train_steps(model, engine, n, seed=1):
     g = torch.Generator().manual_seed(seed)
     for _ in range(n):
         loss = model(torch.randn(4, 8, generator=g)).square().mean()
         loss.backward()
-        opt.step()
-        opt.zero_grad()
+        engine.optimizer.step()
+        engine.optimizer.zero_grad()
 
 
-def save(root, step, model, opt, keep_last=3, state=None):
-    return checkpoint.save(root, step, model, opt, rank=0, world_size=1, meta={"model_config": MODEL_CFG},
+def save(root, step, model, engine, keep_last=3, state=None):
+    return checkpoint.save(root, step, engine, rank=0, world_size=1, meta={"model_config": MODEL_CFG},
                            trainer_state=state or {"loader": {"consumed": step}}, keep_last=keep_last,
                            barrier=lambda: None)
+
+
+def load(path, engine, model_config=MODEL_CFG):
+    return checkpoint.load(path, engine, rank=0, model_config=model_config)
 
 
 def test_roundtrip_restores_weights_and_optimizer_exactly(tmp_path):
@@ -50,11 +60,11 @@ def test_roundtrip_restores_weights_and_optimizer_exactly(tmp_path):
     train_steps(model, opt, 3)
     path = save(tmp_path, 3, model, opt, state={"loader": {"consumed": 3}, "rng": torch.get_rng_state()})
     model2, opt2 = make(seed=5)
-    meta, state = checkpoint.load(path, model2, opt2, rank=0, model_config=MODEL_CFG)
+    meta, state = load(path, opt2)
     assert meta["step"] == 3 and state["loader"] == {"consumed": 3}
     for p, q in zip(model.parameters(), model2.parameters()):
         assert torch.equal(p, q)
-    assert opt2.param_groups[0]["betas"] == (0.9, 0.95)
+    assert opt2.optimizer.param_groups[0]["betas"] == (0.9, 0.95)
     # continuing both gives bit-identical weights
     train_steps(model, opt, 2, seed=7)
     train_steps(model2, opt2, 2, seed=7)
@@ -85,14 +95,14 @@ def test_crash_mid_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "save", real_save)
     latest = checkpoint.list_checkpoints(tmp_path)[-1]
     assert latest.name == "step_00000001"
-    checkpoint.load(latest, *make(), rank=0, model_config=MODEL_CFG)
+    load(latest, make()[1])
 
 
 def test_other_model_config_is_refused_by_name(tmp_path):
     model, opt = make()
     path = save(tmp_path, 1, model, opt)
     with pytest.raises(CheckpointError, match=r"d_model \(8 in the checkpoint, 16 now\)"):
-        checkpoint.load(path, *make(), rank=0, model_config={"name": "toy", "d_model": 16})
+        load(path, make()[1], model_config={"name": "toy", "d_model": 16})
 
 
 def test_metadata_with_foreign_objects_is_not_unpickled(tmp_path):
@@ -105,5 +115,5 @@ def test_metadata_with_foreign_objects_is_not_unpickled(tmp_path):
 
     (path / "model_optim" / ".metadata").write_bytes(pickle.dumps(Evil()))
     with pytest.raises(CheckpointError, match="not allowed"):
-        checkpoint.load(path, *make(), rank=0, model_config=MODEL_CFG)
+        load(path, make()[1])
     assert not (tmp_path / "pwned").exists()
