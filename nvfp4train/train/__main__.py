@@ -6,6 +6,8 @@ what is allowed, and exit code 2, before anything is written.
 """
 from __future__ import annotations
 
+import logging
+import os
 import re
 import sys
 
@@ -44,6 +46,8 @@ def explain_override_error(overrides: list[str]) -> str | None:
 
 
 def _main(cfg: DictConfig) -> None:
+    if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) != 0:
+        logging.getLogger().setLevel(logging.WARNING)  # one copy of the start-up log lines, from rank 0
     from nvfp4train.train.checkpoint import CheckpointError
     from nvfp4train.train.guards import TrainingHalted
     from nvfp4train.train.loop import run
@@ -57,7 +61,7 @@ def _main(cfg: DictConfig) -> None:
     except TrainingHalted as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(3)
-    if summary["checkpoint"]:
+    if summary["checkpoint"] and summary["rank"] == 0:
         print(f"done: step {summary['step']}, loss {summary['loss']:.4f}, checkpoint {summary['checkpoint']}")
 
 

@@ -231,7 +231,7 @@ def run(cfg: RunConfig) -> dict:
         logger.close()
     dist.barrier(info)
     return {"step": step, "loss": loss_value, "checkpoint": str(last_ckpt) if last_ckpt else None,
-            "out_dir": str(cfg.out_dir)}
+            "out_dir": str(cfg.out_dir), "rank": info.rank}
 
 
 def _agree(flag: bool, info: dist.DistInfo) -> bool:
