@@ -31,6 +31,19 @@ def test_ddp_two_ranks_matches_one_rank_with_accumulation(tmp_path):
     assert one == pytest.approx(two, rel=1e-4, abs=1e-4)
 
 
+def test_fsdp2_two_ranks_tracks_one_rank(tmp_path):
+    """FSDP2 (gloo on CPU) shards the FP32 masters and computes with BF16 copies: the curve stays within
+    BF16 noise of the single-process run (which casts the same FP32 weights under autocast)."""
+    run_train(f"out_dir={tmp_path / 'one'}", *COMMON)
+    _torchrun(tmp_path / "fsdp", "train.parallel=fsdp2", "train.save_every=3")
+    one = [r["loss"] for r in read_metrics(tmp_path / "one")]
+    fsdp = [r["loss"] for r in read_metrics(tmp_path / "fsdp")]
+    assert len(fsdp) == 6 and fsdp == pytest.approx(one, rel=5e-3)
+    # sharded checkpoint: one DCP shard file per rank
+    shards = sorted(p.name for p in (tmp_path / "fsdp" / "checkpoints" / "step_00000006" / "model_optim").glob("*.distcp"))
+    assert len(shards) == 2, shards
+
+
 def test_slurm_single_node_script_runs_two_cpu_ranks(tmp_path):
     env = cli_env(SLURM_JOB_ID=4242, SLURM_JOB_NODELIST="localhost", SLURM_NNODES=1, NPROC_PER_NODE=2,
                   OMP_NUM_THREADS=1, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])

@@ -7,8 +7,9 @@ import time
 
 from tests.conftest import REPO, cli_env, read_metrics, run_train, train_cmd
 
-COMMON = ["train.max_steps=40", "train.save_every=10", "train.log_every=1", "train.progress=false",
-          "train.eval_sequences=2", "precision=nvfp4"]
+COMMON = ["train.max_steps=16", "train.save_every=4", "train.log_every=1", "train.progress=false",
+          "train.eval_sequences=2", "train.seq_len=64", "train.global_batch_size=8", "train.micro_batch_size=4",
+          "precision=nvfp4"]
 
 
 def _wait_for(path, proc, timeout=300):
@@ -24,16 +25,16 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     run_train(f"out_dir={ref}", *COMMON)
     proc = subprocess.Popen(train_cmd(f"out_dir={cut}", *COMMON), cwd=REPO, env=cli_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _wait_for(cut / "checkpoints" / "step_00000010" / "meta.json", proc)
+    _wait_for(cut / "checkpoints" / "step_00000004" / "meta.json", proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     killed_steps = [r["step"] for r in read_metrics(cut)]
-    assert killed_steps[-1] < 40, "the run finished before it could be killed"
+    assert killed_steps[-1] < 16, "the run finished before it could be killed"
     resumed = run_train(f"out_dir={cut}", *COMMON)
     assert "resumed from" in resumed.stdout
     a = {r["step"]: r["loss"] for r in read_metrics(ref)}
     b = {r["step"]: r["loss"] for r in read_metrics(cut)}
-    assert sorted(b) == sorted(a) == list(range(1, 41))
+    assert sorted(b) == sorted(a) == list(range(1, 17))
     assert all(a[s] == b[s] for s in a), [(s, a[s], b[s]) for s in a if a[s] != b[s]][:5]
 
 
