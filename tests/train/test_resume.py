@@ -53,3 +53,34 @@ def test_sigterm_checkpoints_and_exits_cleanly(tmp_path):
     assert len(ckpts) == 1 and int(ckpts[0].name[5:]) < 400
     step = int(ckpts[0].name[5:])
     assert read_metrics(out)[-1]["step"] == step
+
+
+def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):
+    out = tmp_path / "run"
+    args = [f"out_dir={out}", "train.max_steps=2", "train.progress=false", "train.eval_sequences=2",
+            "train.seq_len=64", "train.global_batch_size=4", "train.micro_batch_size=4"]
+    run_train(*args)
+    before = (out / "metrics.jsonl").read_text()
+    proc = run_train(*args, "train.max_steps=4", "model.d_model=64", check=False)
+    assert proc.returncode == 2
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "written for another model" in line and "d_model (128 in the checkpoint, 64 now)" in line
+    assert (out / "metrics.jsonl").read_text() == before      # nothing trained, nothing overwritten
+
+
+def test_wandb_offline_run_continues_after_resume(tmp_path):
+    out = tmp_path / "run"
+    args = [f"out_dir={out}", "train.max_steps=4", "train.save_every=2", "train.progress=false",
+            "train.eval_sequences=2", "train.seq_len=64", "train.global_batch_size=4", "train.micro_batch_size=4",
+            "train.wandb.enabled=true", "experiment=wb"]
+    run_train(*args)
+    import json
+    first_id = json.loads((out / "checkpoints" / "step_00000004" / "meta.json").read_text())["wandb_id"]
+    assert first_id
+    import shutil
+    shutil.rmtree(out / "checkpoints" / "step_00000004")
+    run_train(*args)
+    second_id = json.loads((out / "checkpoints" / "step_00000004" / "meta.json").read_text())["wandb_id"]
+    assert second_id == first_id
+    runs = sorted(p.name for p in (out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.endswith(first_id) for r in runs)
