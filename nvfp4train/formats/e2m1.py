@@ -5,23 +5,33 @@ Two codes per byte, element 2j in the low nibble and 2j+1 in the high nibble (TE
 
 Rounding works on already-scaled FP32 values ``y``:
 * they are first clamped to [-6, 6] ("satfinite"; NaN stays NaN: see nvfp4.py for NaN policy);
-* RNE: ties go to the even code (0, 1, 2, 4), which is exactly torch.round (half-to-even) applied
-  on the local grid step (0.5 below 2, 1 below 4, 2 up to 6) — this reproduces TE's decision table;
-* SR: round up with probability (|y| - lo) / (hi - lo), from one FP32 uniform per element
-  (24 random bits; TE's hardware path uses 8, which is coarser but equally unbiased in the limit).
+* RNE: ties go to the even code (0, 1, 2, 4), i.e. half-to-even on the local grid step (0.5 below
+  2, 1 below 4, 2 up to 6) — this reproduces TE's decision table;
+* SR: round up with probability (|y| - lo) / (hi - lo), exact to 21 bits of the step (see
+  ``round_magnitude_``; TE's hardware path uses 8 random bits, equally unbiased but coarser).
 Sign of zero follows TE: an input that is exactly ±0 encodes as +0, a negative value that rounds
 to zero encodes as -0 (code 0x8).
+
+Speed: every function here is a handful of full-tensor passes with no ``torch.where`` (slow on
+CPU) and no Python loops; the tricks are exact and explained where they are used.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .rounding import uniform_like
+from .rounding import random_bits_like
 
 E2M1_MAX = 6.0
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 ROUNDING_MODES = ("rne", "sr")
+
+_EXPONENT_BITS = 0x7F800000  # FP32 exponent field
+_SR_DROPPED_BITS = (1 << 21) - 1  # see round_magnitude_: the bits below the E2M1 step
+# An E2M1 value r, scaled by 2^-6, is an exact float8_e4m3fn whose bits are the E2M1 code shifted
+# left by 2 (E4M3's smallest normal 2^-6 lines up with E2M1's smallest normal 1, and E2M1's
+# mantissa bit with E4M3's top mantissa bit; 0.5 lands on E4M3's subnormal 2^-7 = 0x04).
+_E4M3_FROM_E2M1 = 2.0**-6
 
 
 def check_rounding(rounding: str) -> None:
@@ -29,34 +39,67 @@ def check_rounding(rounding: str) -> None:
         raise ValueError(f"rounding={rounding!r} is not supported; allowed: {ROUNDING_MODES}")
 
 
+def round_magnitude_(a: torch.Tensor, rounding: str, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Round FP32 magnitudes ``a`` (>= 0 or NaN) onto {0, .5, 1, 1.5, 2, 3, 4, 6}, in place.
+
+    Values above 6 saturate to 6; NaN stays NaN. Returns ``a``.
+    """
+    check_rounding(rounding)
+    a.clamp_(max=E2M1_MAX)
+    # binade = max(2^floor(log2 a), 1), read off the exponent bits (masking the mantissa out of
+    # a's bits leaves exactly 2^floor(log2 a); 0 for a = 0; +Inf for NaN, which keeps NaN below).
+    # The E2M1 grid step in a's binade is binade / 2 (0.5 below 2, 1 in [2, 4), 2 in [4, 6]).
+    binade = (a.view(torch.int32) & _EXPONENT_BITS).view(torch.float32).clamp_(min=1.0)
+    if rounding == "rne":
+        # a + 2^22 * binade lies in [2^22 binade, 2^23 binade), where consecutive FP32 numbers are
+        # binade / 2 apart — exactly the E2M1 step. So the FP32 addition itself rounds a onto the
+        # grid, half-to-even on the step count (= ties to the even code); subtracting the offset
+        # back is exact. (alpha * binade is a power of two: exact whether or not it is fused.)
+        return a.add_(binade, alpha=2.0**22).sub_(binade, alpha=2.0**22)
+    # SR: z = a + 2 * binade lies in [2 binade, 4 binade), a binade of FP32 in which the E2M1 step
+    # is the weight of mantissa bit 21 (the first addition rounds a to 2^-21 of a step, RNE).
+    # Adding a uniform 21-bit integer to z's bits and clearing the low 21 bits carries into the
+    # kept bits with probability exactly (dropped bits) / 2^21 = (a - lo) / step: unbiased SR.
+    # A carry out of the mantissa moves z into the next binade, which is the next grid point.
+    a.add_(binade, alpha=2.0)
+    bits = a.view(torch.int32)
+    bits.add_(random_bits_like(a, generator).bitwise_and_(_SR_DROPPED_BITS))
+    bits.bitwise_and_(~_SR_DROPPED_BITS)
+    return a.sub_(binade, alpha=2.0)
+
+
+def round_signed_(y: torch.Tensor, rounding: str, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Round FP32 ``y`` onto the signed E2M1 grid; ``y`` is overwritten with the result.
+
+    A negative value that rounds to 0 gives -0.0 and an input ±0 gives +0.0 (the codes' sign
+    rule), so ``encode_values`` of the result gives TE's codes.
+    """
+    y.add_(0.0)  # IEEE: -0.0 + 0.0 = +0.0, so only strictly negative values keep their sign bit
+    magnitude = round_magnitude_(y.abs(), rounding, generator)
+    return torch.copysign(magnitude, y, out=y)
+
+
 def round_scaled(y: torch.Tensor, rounding: str, generator: torch.Generator | None = None):
-    """Round FP32 ``y`` onto the E2M1 grid.
+    """Round FP32 ``y`` onto the E2M1 grid (``y`` is not modified).
 
     Returns ``(negative, magnitude)``: a bool tensor (sign bit of the code) and the FP32
-    magnitude in {0, .., 6} (NaN where ``y`` is NaN). Both the packed path (codes) and the
-    fake-quant path (values) are built from these, so they agree bit for bit.
+    magnitude in {0, .., 6} (NaN where ``y`` is NaN).
     """
-    y = torch.clamp(y, -E2M1_MAX, E2M1_MAX)
-    negative = y < 0
-    a = y.abs()
-    # Grid spacing of E2M1 around a: 0.5 in [0, 2), 1 in [2, 4), 2 in [4, 6].
-    step = torch.where(a < 2.0, 0.5, torch.where(a < 4.0, 1.0, 2.0))
-    units = a / step  # exact: step is a power of two
-    if rounding == "rne":
-        units = torch.round(units)  # half-to-even on the local grid == TE's tie table
-    elif rounding == "sr":
-        low = torch.floor(units)
-        units = low + (uniform_like(a, generator) < (units - low)).to(torch.float32)
-    else:
-        check_rounding(rounding)
-    return negative, units * step
+    magnitude = round_magnitude_(y.to(torch.float32).abs(), rounding, generator)
+    return y < 0, magnitude
+
+
+def encode_values(values: torch.Tensor) -> torch.Tensor:
+    """4-bit codes (one per uint8) of FP32 E2M1 values (``round_signed_``'s output); NaN -> 0."""
+    # values * 2^-6 is exact and an exact float8_e4m3fn (see _E4M3_FROM_E2M1), so the cast does
+    # no rounding; its bits are sign << 7 | magnitude index << 2.
+    bits = values.mul(_E4M3_FROM_E2M1).nan_to_num_(0.0).to(torch.float8_e4m3fn).view(torch.uint8)
+    return (bits >> 2).bitwise_and_(0x7).bitwise_or_((bits >> 4).bitwise_and_(0x8))
 
 
 def magnitude_to_index(magnitude: torch.Tensor) -> torch.Tensor:
     """E2M1 magnitude {0, .5, 1, 1.5, 2, 3, 4, 6} -> index 0..7 (uint8). NaN -> 0."""
-    m = torch.nan_to_num(magnitude, nan=0.0)
-    index = torch.where(m < 2.0, m * 2.0, torch.where(m < 4.0, m + 2.0, m * 0.5 + 4.0))
-    return index.to(torch.uint8)
+    return encode_values(magnitude.to(torch.float32).abs())
 
 
 def encode(negative: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
@@ -78,5 +121,7 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
 
 def decode(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """4-bit codes -> E2M1 values (code 0x8 decodes to -0.0)."""
-    table = torch.tensor(E2M1_MAGNITUDES + tuple(-v for v in E2M1_MAGNITUDES), dtype=dtype, device=codes.device)
-    return table[codes.long()]
+    # Inverse of encode_values: rebuild the E4M3 bits (sign << 7 | index << 2), cast (exact),
+    # and undo the 2^-6.
+    bits = ((codes & 0x7) << 2).bitwise_or_((codes & 0x8) << 4)
+    return bits.view(torch.float8_e4m3fn).to(torch.float32).mul_(1.0 / _E4M3_FROM_E2M1).to(dtype)

@@ -89,23 +89,30 @@ def _quantize_core(x: torch.Tensor, rounding: str, scale_rule: str, generator):
         )
     e2m1.check_rounding(rounding)
     cols = x.shape[-1]
-    xb = x.reshape(-1, cols // BLOCK, BLOCK).to(torch.float32)
-    block_amax = xb.abs().amax(dim=-1)
+    xb = x.reshape(-1, cols // BLOCK, BLOCK)
+    # max|x| per block in x's dtype (exact), then FP32; a pairwise max tree over the 32 elements
+    # is faster on CPU than amax(dim=-1). NaN propagates through torch.maximum.
+    a = xb.abs()
+    for width in (16, 8, 4, 2, 1):
+        a = torch.maximum(a[..., :width], a[..., width : 2 * width])
+    block_amax = a.squeeze(-1).to(torch.float32)
     finite = torch.isfinite(block_amax)
     bits = (scale_exponent(torch.where(finite, block_amax, 0.0), scale_rule) + 127).to(torch.uint8)
     bits = torch.where(finite, bits, torch.full_like(bits, E8M0_NAN))
     scale = scale_from_e8m0(bits)
-    negative, magnitude = e2m1.round_scaled(xb * torch.reciprocal(scale).unsqueeze(-1), rounding, generator)
-    return negative, magnitude, bits, scale
+    # A fresh FP32 tensor (bf16/fp16 x promotes exactly; 1/2^e is exact), rounded in place.
+    y = xb * torch.reciprocal(scale).unsqueeze(-1)
+    values = e2m1.round_signed_(y, rounding, generator)
+    return values, bits, scale
 
 
 def quantize(
     x: torch.Tensor, rounding: str = "rne", scale_rule: str = "ceil", generator: torch.Generator | None = None
 ) -> MXFP4Tensor:
     """Quantize ``x`` (blocks of 32 along dim -1) to packed MXFP4."""
-    negative, magnitude, bits, _ = _quantize_core(x, rounding, scale_rule, generator)
+    values, bits, _ = _quantize_core(x, rounding, scale_rule, generator)
     lead = x.shape[:-1]
-    codes = e2m1.pack(e2m1.encode(negative, magnitude).flatten(-2))
+    codes = e2m1.pack(e2m1.encode_values(values).flatten(-2))
     return MXFP4Tensor(
         codes=codes.reshape(*lead, -1),
         scales=bits.view(torch.float8_e8m0fnu).reshape(*lead, -1),
@@ -123,7 +130,9 @@ def fake_quantize(
 ):
     """``(values, 1.0)``: dequantized MXFP4 values in ``out_dtype`` (default x.dtype), equal bit
     for bit to ``quantize(...).dequantize(out_dtype)``. Exact in bf16 (E2M1 x 2^e)."""
-    negative, magnitude, _, scale = _quantize_core(x, rounding, scale_rule, generator)
-    values = torch.where(negative, -magnitude, magnitude) * scale.unsqueeze(-1)
+    values, _, scale = _quantize_core(x, rounding, scale_rule, generator)
+    # e2m1 * 2^e is exact in FP32 and bf16: write the product straight into out_dtype.
+    out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+    torch.mul(values, scale.unsqueeze(-1), out=out.view(values.shape))
     ones = torch.ones((), dtype=torch.float32, device=x.device)
-    return values.reshape(x.shape).to(out_dtype or x.dtype), ones
+    return out, ones

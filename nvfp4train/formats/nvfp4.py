@@ -112,32 +112,46 @@ def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(amax), s_enc, torch.full_like(s_enc, float("nan")))
 
 
+def block_amax(x: torch.Tensor, tile, rows: int, cols: int) -> torch.Tensor:
+    """FP32 [rows, cols/16] max|x| of each scale block (a 16x16 tile's value repeated on its rows).
+
+    Taken in x's dtype: abs and max are exact in any float format, and the FP32 cast is exact.
+    NaN propagates (torch.amax and torch.maximum return NaN if any input is NaN).
+    """
+    nb = cols // BLOCK
+    a = x.reshape(rows, nb, BLOCK).abs()
+    if tile == (16, 16):
+        tile_amax = a.view(rows // 16, 16, nb, BLOCK).amax(dim=(1, 3))  # [rows/16, nb]
+        return tile_amax.to(torch.float32).repeat_interleave(16, dim=0)
+    # A pairwise max tree over the 16 elements is ~1.5x faster on CPU than amax(dim=-1), whose
+    # reduction over a short contiguous dim is not vectorized.
+    for width in (8, 4, 2, 1):
+        a = torch.maximum(a[..., :width], a[..., width : 2 * width])
+    return a.squeeze(-1).to(torch.float32)
+
+
 def _quantize_core(x: torch.Tensor, tile, rounding: str, generator):
-    """Shared by ``quantize`` and ``fake_quantize``: returns
-    (negative [rows, nb, 16], magnitude [rows, nb, 16], scales_e4m3 [rows, nb], amax, s_dec)."""
+    """Shared by ``quantize`` and ``fake_quantize``: returns (values [rows, nb, 16] FP32 signed
+    E2M1 values, scales_e4m3 [rows, nb], amax, s_dec)."""
     tile = tuple(tile)
     rows, cols = _check_input(x, tile)
     e2m1.check_rounding(rounding)
     nb = cols // BLOCK
-    xb = x.reshape(rows, nb, BLOCK).to(torch.float32)
-
-    if tile == (1, 16):
-        block_amax = xb.abs().amax(dim=-1)  # [rows, nb]
-    else:
-        tile_amax = xb.view(rows // 16, 16, nb, BLOCK).abs().amax(dim=(1, 3))  # [rows/16, nb]
-        block_amax = tile_amax.unsqueeze(1).expand(-1, 16, -1).reshape(rows, nb)
-    amax = block_amax.amax()  # == max|x|; NaN propagates
+    amax_b = block_amax(x, tile, rows, cols)  # [rows, nb]
+    amax = amax_b.amax()  # == max|x|; NaN propagates
 
     s_enc = global_encode_scale(amax)
     s_dec = torch.reciprocal(s_enc)
     # TE folds 1/6 into the global multiplier "to ensure exact match" with its kernel.
     multiplier = s_enc * torch.reciprocal(torch.tensor(e2m1.E2M1_MAX, device=x.device))
     # Saturate before the cast: PyTorch's float8 cast is not guaranteed to saturate.
-    scales = torch.clamp(block_amax * multiplier, max=E4M3_MAX).to(torch.float8_e4m3fn)
+    scales = torch.clamp(amax_b * multiplier, max=E4M3_MAX).to(torch.float8_e4m3fn)
     block_encode = torch.clamp(torch.reciprocal(scales.to(torch.float32) * s_dec), max=_FLT_MAX)
 
-    negative, magnitude = e2m1.round_scaled(xb * block_encode.unsqueeze(-1), rounding, generator)
-    return negative, magnitude, scales, amax, s_dec
+    # A fresh FP32 tensor (bf16/fp16 x promotes exactly), rounded in place.
+    y = x.reshape(rows, nb, BLOCK) * block_encode.unsqueeze(-1)
+    values = e2m1.round_signed_(y, rounding, generator)
+    return values, scales, amax, s_dec
 
 
 def quantize(
@@ -147,8 +161,8 @@ def quantize(
 
     rounding: "rne" (weights, activations) or "sr" (gradients; draws from ``generator``, a
     ``torch.Generator`` on x's device, or torch's default generator when None)."""
-    negative, magnitude, scales, amax, s_dec = _quantize_core(x, tile, rounding, generator)
-    codes = e2m1.encode(negative, magnitude).flatten(-2)
+    values, scales, amax, s_dec = _quantize_core(x, tile, rounding, generator)
+    codes = e2m1.encode_values(values).flatten(-2)
     lead = x.shape[:-1]
     return NVFP4Tensor(
         codes=e2m1.pack(codes).reshape(*lead, -1),
@@ -170,6 +184,9 @@ def fake_quantize(
     """``(values, global_decode_scale)`` with ``values = e2m1 * fp32(scale_b)`` in ``out_dtype``
     (default: x.dtype; exact in bf16/fp32), equal bit for bit to
     ``quantize(...).dequantize(out_dtype, apply_global_scale=False)``. No packing, no Python loops."""
-    negative, magnitude, scales, _, s_dec = _quantize_core(x, tile, rounding, generator)
-    values = torch.where(negative, -magnitude, magnitude) * scales.to(torch.float32).unsqueeze(-1)
-    return values.reshape(x.shape).to(out_dtype or x.dtype), s_dec
+    values, scales, _, s_dec = _quantize_core(x, tile, rounding, generator)
+    # e2m1 * scale_b is exact in FP32 and in bf16, so writing the product straight into an
+    # out_dtype tensor (one pass, no separate cast) gives the same bits as multiply-then-cast.
+    out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+    torch.mul(values, scales.to(torch.float32).unsqueeze(-1), out=out.view(values.shape))
+    return out, s_dec
