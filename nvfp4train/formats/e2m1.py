@@ -28,10 +28,11 @@ ROUNDING_MODES = ("rne", "sr")
 
 _EXPONENT_BITS = 0x7F800000  # FP32 exponent field
 _SR_DROPPED_BITS = (1 << 21) - 1  # see round_magnitude_: the bits below the E2M1 step
-# An E2M1 value r, scaled by 2^-6, is an exact float8_e4m3fn whose bits are the E2M1 code shifted
-# left by 2 (E4M3's smallest normal 2^-6 lines up with E2M1's smallest normal 1, and E2M1's
-# mantissa bit with E4M3's top mantissa bit; 0.5 lands on E4M3's subnormal 2^-7 = 0x04).
-_E4M3_FROM_E2M1 = 2.0**-6
+# An E2M1 value r, scaled by 2^-14, is an exact float16 whose bits are sign << 15 | index << 9:
+# FP16's smallest normal 2^-14 lines up with E2M1's smallest normal 1, E2M1's mantissa bit with
+# FP16's top mantissa bit, and 0.5 lands on FP16's subnormal 2^-15 (bits 0x0200, index 1).
+# FP32 <-> FP16 casts are exact for these values and vectorized on CPU (unlike float8 casts).
+FP16_FROM_E2M1 = 2.0**-14
 
 
 def check_rounding(rounding: str) -> None:
@@ -68,14 +69,21 @@ def round_magnitude_(a: torch.Tensor, rounding: str, generator: torch.Generator 
     return a.sub_(binade, alpha=2.0)
 
 
-def round_signed_(y: torch.Tensor, rounding: str, generator: torch.Generator | None = None) -> torch.Tensor:
+def round_signed_(
+    y: torch.Tensor,
+    rounding: str,
+    generator: torch.Generator | None = None,
+    scratch: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Round FP32 ``y`` onto the signed E2M1 grid; ``y`` is overwritten with the result.
 
     A negative value that rounds to 0 gives -0.0 and an input ±0 gives +0.0 (the codes' sign
-    rule), so ``encode_values`` of the result gives TE's codes.
+    rule), so ``encode_values`` of the result gives TE's codes. ``scratch``: an optional FP32
+    tensor of y's shape to hold the magnitudes (saves an allocation; its contents are lost).
     """
     y.add_(0.0)  # IEEE: -0.0 + 0.0 = +0.0, so only strictly negative values keep their sign bit
-    magnitude = round_magnitude_(y.abs(), rounding, generator)
+    magnitude = y.abs() if scratch is None else torch.abs(y, out=scratch)
+    round_magnitude_(magnitude, rounding, generator)
     return torch.copysign(magnitude, y, out=y)
 
 
@@ -91,10 +99,10 @@ def round_scaled(y: torch.Tensor, rounding: str, generator: torch.Generator | No
 
 def encode_values(values: torch.Tensor) -> torch.Tensor:
     """4-bit codes (one per uint8) of FP32 E2M1 values (``round_signed_``'s output); NaN -> 0."""
-    # values * 2^-6 is exact and an exact float8_e4m3fn (see _E4M3_FROM_E2M1), so the cast does
-    # no rounding; its bits are sign << 7 | magnitude index << 2.
-    bits = values.mul(_E4M3_FROM_E2M1).nan_to_num_(0.0).to(torch.float8_e4m3fn).view(torch.uint8)
-    return (bits >> 2).bitwise_and_(0x7).bitwise_or_((bits >> 4).bitwise_and_(0x8))
+    bits = values.mul(FP16_FROM_E2M1).nan_to_num_(0.0).to(torch.float16).view(torch.int16)
+    # bits = sign << 15 | index << 9 (see FP16_FROM_E2M1); >> is arithmetic, the masks drop the rest
+    codes = (bits >> 9).bitwise_and_(0x7).bitwise_or_((bits >> 12).bitwise_and_(0x8))
+    return codes.to(torch.uint8)
 
 
 def magnitude_to_index(magnitude: torch.Tensor) -> torch.Tensor:
@@ -119,9 +127,24 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((low, high), dim=-1).flatten(-2)
 
 
+def fp16_bits(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit codes -> int16 bits of the FP16 numbers e2m1 * 2^-14 (see FP16_FROM_E2M1)."""
+    c = codes.to(torch.int16)
+    return ((c & 0x7) << 9).bitwise_or_((c & 0x8) << 12)
+
+
+def decode_scaled(packed: torch.Tensor) -> torch.Tensor:
+    """[..., n/2] packed bytes -> FP16 [..., n] holding e2m1 * 2^-14 (exact; code 0x8 is -0.0).
+
+    Multiply by (scale * 2^14) in FP32 to get e2m1 * scale exactly (both factors are exact and
+    their product is the exact e2m1 * scale)."""
+    c = packed.to(torch.int16)
+    low = ((c & 0x07) << 9).bitwise_or_((c & 0x08) << 12)  # even element: bits 0-3
+    high = ((c & 0x70) << 5).bitwise_or_((c & 0x80) << 8)  # odd element: bits 4-7
+    return torch.stack((low, high), dim=-1).flatten(-2).view(torch.float16)
+
+
 def decode(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """4-bit codes -> E2M1 values (code 0x8 decodes to -0.0)."""
-    # Inverse of encode_values: rebuild the E4M3 bits (sign << 7 | index << 2), cast (exact),
-    # and undo the 2^-6.
-    bits = ((codes & 0x7) << 2).bitwise_or_((codes & 0x8) << 4)
-    return bits.view(torch.float8_e4m3fn).to(torch.float32).mul_(1.0 / _E4M3_FROM_E2M1).to(dtype)
+    values = fp16_bits(codes).view(torch.float16).to(torch.float32).mul_(1.0 / FP16_FROM_E2M1)
+    return values.to(dtype)

@@ -50,8 +50,9 @@ class MXFP4Tensor:
 
     def dequantize(self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True) -> torch.Tensor:
         """Decode to ``dtype`` (``apply_global_scale`` is accepted for symmetry; there is none)."""
-        values = e2m1.decode(self.unpacked_codes()).unflatten(-1, (-1, BLOCK))
-        values = values * scale_from_e8m0(self.scales).unsqueeze(-1)
+        # Undo decode_scaled's 2^-14 first (folding it into 2^e could overflow for e > 113).
+        values = e2m1.decode_scaled(self.codes).to(torch.float32).mul_(1.0 / e2m1.FP16_FROM_E2M1)
+        values = values.unflatten(-1, (-1, BLOCK)).mul_(scale_from_e8m0(self.scales).unsqueeze(-1))
         return values.flatten(-2).to(dtype)
 
 
@@ -89,20 +90,19 @@ def _quantize_core(x: torch.Tensor, rounding: str, scale_rule: str, generator):
         )
     e2m1.check_rounding(rounding)
     cols = x.shape[-1]
-    xb = x.reshape(-1, cols // BLOCK, BLOCK)
-    # max|x| per block in x's dtype (exact), then FP32; a pairwise max tree over the 32 elements
-    # is faster on CPU than amax(dim=-1). NaN propagates through torch.maximum.
-    a = xb.abs()
-    for width in (16, 8, 4, 2, 1):
-        a = torch.maximum(a[..., :width], a[..., width : 2 * width])
-    block_amax = a.squeeze(-1).to(torch.float32)
+    rows, nb = x.numel() // cols, cols // BLOCK
+    # Two FP32 scratch tensors: y (x, scaled and rounded in place) and |x| (then the magnitudes).
+    y = x.reshape(rows, cols).to(torch.float32, copy=True)  # exact for bf16/fp16
+    magnitude = y.abs()
+    # max_pool1d (kernel = stride = 32) is the blocks' max, faster on CPU than amax(dim=-1);
+    # NaN propagates.
+    block_amax = torch.nn.functional.max_pool1d(magnitude.view(rows, 1, cols), BLOCK, BLOCK).view(rows, nb)
     finite = torch.isfinite(block_amax)
     bits = (scale_exponent(torch.where(finite, block_amax, 0.0), scale_rule) + 127).to(torch.uint8)
     bits = torch.where(finite, bits, torch.full_like(bits, E8M0_NAN))
     scale = scale_from_e8m0(bits)
-    # A fresh FP32 tensor (bf16/fp16 x promotes exactly; 1/2^e is exact), rounded in place.
-    y = xb * torch.reciprocal(scale).unsqueeze(-1)
-    values = e2m1.round_signed_(y, rounding, generator)
+    y = y.view(rows, nb, BLOCK).mul_(torch.reciprocal(scale).unsqueeze(-1))  # 1/2^e: exact
+    values = e2m1.round_signed_(y, rounding, generator, scratch=magnitude.view(rows, nb, BLOCK))
     return values, bits, scale
 
 
@@ -131,8 +131,6 @@ def fake_quantize(
     """``(values, 1.0)``: dequantized MXFP4 values in ``out_dtype`` (default x.dtype), equal bit
     for bit to ``quantize(...).dequantize(out_dtype)``. Exact in bf16 (E2M1 x 2^e)."""
     values, _, scale = _quantize_core(x, rounding, scale_rule, generator)
-    # e2m1 * 2^e is exact in FP32 and bf16: write the product straight into out_dtype.
-    out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
-    torch.mul(values, scale.unsqueeze(-1), out=out.view(values.shape))
+    values.mul_(scale.unsqueeze(-1))  # e2m1 * 2^e: exact in FP32 and bf16
     ones = torch.ones((), dtype=torch.float32, device=x.device)
-    return out, ones
+    return values.view(x.shape).to(out_dtype or x.dtype), ones

@@ -68,10 +68,13 @@ class NVFP4Tensor:
     def dequantize(self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True) -> torch.Tensor:
         """Decode to ``dtype``. ``apply_global_scale=False`` returns ``e2m1 * fp32(scale_b)``
         only (exact in BF16; apply ``global_decode_scale`` after the matmul)."""
-        values = e2m1.decode(self.unpacked_codes()).unflatten(-1, (-1, BLOCK))
-        values = values * self.scales.to(torch.float32).unsqueeze(-1)
+        # (e2m1 * 2^-14) * (scale_b * 2^14): both factors exact, so the product is e2m1 * scale_b
+        # exactly, as decode(codes) * scale_b would give (see e2m1.decode_scaled).
+        scaled = e2m1.decode_scaled(self.codes).unflatten(-1, (-1, BLOCK))
+        scale = self.scales.to(torch.float32).mul_(1.0 / e2m1.FP16_FROM_E2M1).unsqueeze(-1)
+        values = scaled * scale  # FP32
         if apply_global_scale:
-            values = values * self.global_decode_scale
+            values.mul_(self.global_decode_scale)
         return values.flatten(-2).to(dtype)
 
 
@@ -112,22 +115,16 @@ def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(amax), s_enc, torch.full_like(s_enc, float("nan")))
 
 
-def block_amax(x: torch.Tensor, tile, rows: int, cols: int) -> torch.Tensor:
-    """FP32 [rows, cols/16] max|x| of each scale block (a 16x16 tile's value repeated on its rows).
-
-    Taken in x's dtype: abs and max are exact in any float format, and the FP32 cast is exact.
-    NaN propagates (torch.amax and torch.maximum return NaN if any input is NaN).
-    """
-    nb = cols // BLOCK
-    a = x.reshape(rows, nb, BLOCK).abs()
+def block_amax(a: torch.Tensor, tile, rows: int, cols: int) -> torch.Tensor:
+    """FP32 [rows, cols/16] max of ``a`` (= |x|, FP32) per scale block; a 16x16 tile's value is
+    repeated on its rows. NaN propagates (max_pool and amax return NaN if any input is NaN)."""
     if tile == (16, 16):
-        tile_amax = a.view(rows // 16, 16, nb, BLOCK).amax(dim=(1, 3))  # [rows/16, nb]
-        return tile_amax.to(torch.float32).repeat_interleave(16, dim=0)
-    # A pairwise max tree over the 16 elements is ~1.5x faster on CPU than amax(dim=-1), whose
-    # reduction over a short contiguous dim is not vectorized.
-    for width in (8, 4, 2, 1):
-        a = torch.maximum(a[..., :width], a[..., width : 2 * width])
-    return a.squeeze(-1).to(torch.float32)
+        # Reduce the 16 rows first (an outer dim: vectorized), then the 16 columns.
+        a = a.reshape(rows // 16, 16, cols).amax(dim=1)
+    # max_pool1d with kernel = stride = 16 is the blocks' max, ~2x faster on CPU than
+    # amax(dim=-1), whose reduction over a short contiguous dim is not vectorized.
+    amax_b = torch.nn.functional.max_pool1d(a.reshape(-1, 1, cols), BLOCK, BLOCK).view(-1, cols // BLOCK)
+    return amax_b.repeat_interleave(16, dim=0) if tile == (16, 16) else amax_b
 
 
 def _quantize_core(x: torch.Tensor, tile, rounding: str, generator):
@@ -137,7 +134,10 @@ def _quantize_core(x: torch.Tensor, tile, rounding: str, generator):
     rows, cols = _check_input(x, tile)
     e2m1.check_rounding(rounding)
     nb = cols // BLOCK
-    amax_b = block_amax(x, tile, rows, cols)  # [rows, nb]
+    # Two FP32 scratch tensors: y (x, scaled and rounded in place) and |x| (then the magnitudes).
+    y = x.reshape(rows, cols).to(torch.float32, copy=True)  # exact for bf16/fp16
+    magnitude = y.abs()
+    amax_b = block_amax(magnitude, tile, rows, cols)  # [rows, nb]
     amax = amax_b.amax()  # == max|x|; NaN propagates
 
     s_enc = global_encode_scale(amax)
@@ -148,9 +148,8 @@ def _quantize_core(x: torch.Tensor, tile, rounding: str, generator):
     scales = torch.clamp(amax_b * multiplier, max=E4M3_MAX).to(torch.float8_e4m3fn)
     block_encode = torch.clamp(torch.reciprocal(scales.to(torch.float32) * s_dec), max=_FLT_MAX)
 
-    # A fresh FP32 tensor (bf16/fp16 x promotes exactly), rounded in place.
-    y = x.reshape(rows, nb, BLOCK) * block_encode.unsqueeze(-1)
-    values = e2m1.round_signed_(y, rounding, generator)
+    y = y.view(rows, nb, BLOCK).mul_(block_encode.unsqueeze(-1))
+    values = e2m1.round_signed_(y, rounding, generator, scratch=magnitude.view(rows, nb, BLOCK))
     return values, scales, amax, s_dec
 
 
@@ -185,8 +184,5 @@ def fake_quantize(
     (default: x.dtype; exact in bf16/fp32), equal bit for bit to
     ``quantize(...).dequantize(out_dtype, apply_global_scale=False)``. No packing, no Python loops."""
     values, scales, _, s_dec = _quantize_core(x, tile, rounding, generator)
-    # e2m1 * scale_b is exact in FP32 and in bf16, so writing the product straight into an
-    # out_dtype tensor (one pass, no separate cast) gives the same bits as multiply-then-cast.
-    out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
-    torch.mul(values, scales.to(torch.float32).unsqueeze(-1), out=out.view(values.shape))
-    return out, s_dec
+    values.mul_(scales.to(torch.float32).unsqueeze(-1))  # e2m1 * scale_b: exact (FP32 and bf16)
+    return values.view(x.shape).to(out_dtype or x.dtype), s_dec
