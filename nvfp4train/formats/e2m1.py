@@ -40,10 +40,16 @@ def check_rounding(rounding: str) -> None:
         raise ValueError(f"rounding={rounding!r} is not supported; allowed: {ROUNDING_MODES}")
 
 
-def round_magnitude_(a: torch.Tensor, rounding: str, generator: torch.Generator | None = None) -> torch.Tensor:
+def round_magnitude_(
+    a: torch.Tensor,
+    rounding: str,
+    generator: torch.Generator | None = None,
+    random_bits: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Round FP32 magnitudes ``a`` (>= 0 or NaN) onto {0, .5, 1, 1.5, 2, 3, 4, 6}, in place.
 
-    Values above 6 saturate to 6; NaN stays NaN. Returns ``a``.
+    Values above 6 saturate to 6; NaN stays NaN. Returns ``a``. SR uses ``random_bits`` (int32,
+    a's shape, from ``rounding.random_bits_like``) if given, else draws them from ``generator``.
     """
     check_rounding(rounding)
     a.clamp_(max=E2M1_MAX)
@@ -64,7 +70,9 @@ def round_magnitude_(a: torch.Tensor, rounding: str, generator: torch.Generator 
     # A carry out of the mantissa moves z into the next binade, which is the next grid point.
     a.add_(binade, alpha=2.0)
     bits = a.view(torch.int32)
-    bits.add_(random_bits_like(a, generator).bitwise_and_(_SR_DROPPED_BITS))
+    if random_bits is None:
+        random_bits = random_bits_like(a, generator)
+    bits.add_(random_bits.view(a.shape) & _SR_DROPPED_BITS)
     bits.bitwise_and_(~_SR_DROPPED_BITS)
     return a.sub_(binade, alpha=2.0)
 
@@ -74,16 +82,18 @@ def round_signed_(
     rounding: str,
     generator: torch.Generator | None = None,
     scratch: torch.Tensor | None = None,
+    random_bits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Round FP32 ``y`` onto the signed E2M1 grid; ``y`` is overwritten with the result.
 
     A negative value that rounds to 0 gives -0.0 and an input ±0 gives +0.0 (the codes' sign
     rule), so ``encode_values`` of the result gives TE's codes. ``scratch``: an optional FP32
     tensor of y's shape to hold the magnitudes (saves an allocation; its contents are lost).
+    ``random_bits``: see ``round_magnitude_``.
     """
     y.add_(0.0)  # IEEE: -0.0 + 0.0 = +0.0, so only strictly negative values keep their sign bit
     magnitude = y.abs() if scratch is None else torch.abs(y, out=scratch)
-    round_magnitude_(magnitude, rounding, generator)
+    round_magnitude_(magnitude, rounding, generator, random_bits)
     return torch.copysign(magnitude, y, out=y)
 
 

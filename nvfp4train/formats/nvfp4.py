@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import e2m1
+from . import compiled, e2m1
+from .rounding import random_bits_like
 
 BLOCK = 16
 E4M3_MAX = 448.0
@@ -127,12 +128,16 @@ def block_amax(a: torch.Tensor, tile, rows: int, cols: int) -> torch.Tensor:
     return amax_b.repeat_interleave(16, dim=0) if tile == (16, 16) else amax_b
 
 
-def _quantize_core(x: torch.Tensor, tile, rounding: str, generator):
-    """Shared by ``quantize`` and ``fake_quantize``: returns (values [rows, nb, 16] FP32 signed
-    E2M1 values, scales_e4m3 [rows, nb], amax, s_dec)."""
-    tile = tuple(tile)
-    rows, cols = _check_input(x, tile)
-    e2m1.check_rounding(rounding)
+def _draw_random_bits(x: torch.Tensor, rounding: str, generator) -> torch.Tensor | None:
+    """SR's random bits, drawn eagerly (outside any compiled graph); None for RNE."""
+    return random_bits_like(x, generator) if rounding == "sr" else None
+
+
+def _quantize_core(x: torch.Tensor, tile, rounding: str, random_bits):
+    """Shared by ``quantize`` and ``fake_quantize`` (arguments already checked): returns
+    (values [rows, nb, 16] FP32 signed E2M1 values, scales_e4m3 [rows, nb], amax, s_dec)."""
+    cols = x.shape[-1]
+    rows = x.numel() // cols
     nb = cols // BLOCK
     # Two FP32 scratch tensors: y (x, scaled and rounded in place) and |x| (then the magnitudes).
     y = x.reshape(rows, cols).to(torch.float32, copy=True)  # exact for bf16/fp16
@@ -149,8 +154,24 @@ def _quantize_core(x: torch.Tensor, tile, rounding: str, generator):
     block_encode = torch.clamp(torch.reciprocal(scales.to(torch.float32) * s_dec), max=_FLT_MAX)
 
     y = y.view(rows, nb, BLOCK).mul_(block_encode.unsqueeze(-1))
-    values = e2m1.round_signed_(y, rounding, generator, scratch=magnitude.view(rows, nb, BLOCK))
+    scratch = magnitude.view(rows, nb, BLOCK)
+    values = e2m1.round_signed_(y, rounding, scratch=scratch, random_bits=random_bits)
     return values, scales, amax, s_dec
+
+
+def _quantize_impl(x: torch.Tensor, tile, rounding: str, random_bits):
+    """Packed codes [..., cols/2], scales [..., cols/16], amax, s_dec (compiled on CUDA)."""
+    values, scales, amax, s_dec = _quantize_core(x, tile, rounding, random_bits)
+    lead = x.shape[:-1]
+    codes = e2m1.pack(e2m1.encode_values(values).flatten(-2))
+    return codes.reshape(*lead, -1), scales.reshape(*lead, -1), amax, s_dec
+
+
+def _fake_quantize_impl(x: torch.Tensor, tile, rounding: str, random_bits, out_dtype: torch.dtype):
+    """(e2m1 * scale_b in out_dtype, s_dec) (compiled on CUDA)."""
+    values, scales, _, s_dec = _quantize_core(x, tile, rounding, random_bits)
+    values.mul_(scales.to(torch.float32).unsqueeze(-1))  # e2m1 * scale_b: exact (FP32 and bf16)
+    return values.view(x.shape).to(out_dtype), s_dec
 
 
 def quantize(
@@ -160,12 +181,14 @@ def quantize(
 
     rounding: "rne" (weights, activations) or "sr" (gradients; draws from ``generator``, a
     ``torch.Generator`` on x's device, or torch's default generator when None)."""
-    values, scales, amax, s_dec = _quantize_core(x, tile, rounding, generator)
-    codes = e2m1.encode_values(values).flatten(-2)
-    lead = x.shape[:-1]
+    tile = tuple(tile)
+    _check_input(x, tile)
+    e2m1.check_rounding(rounding)
+    random_bits = _draw_random_bits(x, rounding, generator)
+    codes, scales, amax, s_dec = compiled.run(_quantize_impl, x, tile, rounding, random_bits)
     return NVFP4Tensor(
-        codes=e2m1.pack(codes).reshape(*lead, -1),
-        scales=scales.reshape(*lead, -1),
+        codes=codes,
+        scales=scales,
         amax=amax,
         global_decode_scale=s_dec,
         shape=x.shape,
@@ -183,6 +206,8 @@ def fake_quantize(
     """``(values, global_decode_scale)`` with ``values = e2m1 * fp32(scale_b)`` in ``out_dtype``
     (default: x.dtype; exact in bf16/fp32), equal bit for bit to
     ``quantize(...).dequantize(out_dtype, apply_global_scale=False)``. No packing, no Python loops."""
-    values, scales, _, s_dec = _quantize_core(x, tile, rounding, generator)
-    values.mul_(scales.to(torch.float32).unsqueeze(-1))  # e2m1 * scale_b: exact (FP32 and bf16)
-    return values.view(x.shape).to(out_dtype or x.dtype), s_dec
+    tile = tuple(tile)
+    _check_input(x, tile)
+    e2m1.check_rounding(rounding)
+    random_bits = _draw_random_bits(x, rounding, generator)
+    return compiled.run(_fake_quantize_impl, x, tile, rounding, random_bits, out_dtype or x.dtype)
