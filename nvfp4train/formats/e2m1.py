@@ -8,7 +8,7 @@ Rounding works on already-scaled FP32 values ``y``:
 * RNE: ties go to the even code (0, 1, 2, 4), i.e. half-to-even on the local grid step (0.5 below
   2, 1 below 4, 2 up to 6) — this reproduces TE's decision table;
 * SR: round up with probability (|y| - lo) / (hi - lo), exact to 21 bits of the step (see
-  ``round_magnitude_``; TE's hardware path uses 8 random bits, equally unbiased but coarser).
+  ``round_signed_``; TE's hardware path uses 8 random bits, equally unbiased but coarser).
 Sign of zero follows TE: an input that is exactly ±0 encodes as +0, a negative value that rounds
 to zero encodes as -0 (code 0x8).
 
@@ -40,43 +40,6 @@ def check_rounding(rounding: str) -> None:
         raise ValueError(f"rounding={rounding!r} is not supported; allowed: {ROUNDING_MODES}")
 
 
-def round_magnitude_(
-    a: torch.Tensor,
-    rounding: str,
-    generator: torch.Generator | None = None,
-    random_bits: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Round FP32 magnitudes ``a`` (>= 0 or NaN) onto {0, .5, 1, 1.5, 2, 3, 4, 6}, in place.
-
-    Values above 6 saturate to 6; NaN stays NaN. Returns ``a``. SR uses ``random_bits`` (int32,
-    a's shape, from ``rounding.random_bits_like``) if given, else draws them from ``generator``.
-    """
-    check_rounding(rounding)
-    a.clamp_(max=E2M1_MAX)
-    # binade = max(2^floor(log2 a), 1), read off the exponent bits (masking the mantissa out of
-    # a's bits leaves exactly 2^floor(log2 a); 0 for a = 0; +Inf for NaN, which keeps NaN below).
-    # The E2M1 grid step in a's binade is binade / 2 (0.5 below 2, 1 in [2, 4), 2 in [4, 6]).
-    binade = (a.view(torch.int32) & _EXPONENT_BITS).view(torch.float32).clamp_(min=1.0)
-    if rounding == "rne":
-        # a + 2^22 * binade lies in [2^22 binade, 2^23 binade), where consecutive FP32 numbers are
-        # binade / 2 apart — exactly the E2M1 step. So the FP32 addition itself rounds a onto the
-        # grid, half-to-even on the step count (= ties to the even code); subtracting the offset
-        # back is exact. (alpha * binade is a power of two: exact whether or not it is fused.)
-        return a.add_(binade, alpha=2.0**22).sub_(binade, alpha=2.0**22)
-    # SR: z = a + 2 * binade lies in [2 binade, 4 binade), a binade of FP32 in which the E2M1 step
-    # is the weight of mantissa bit 21 (the first addition rounds a to 2^-21 of a step, RNE).
-    # Adding a uniform 21-bit integer to z's bits and clearing the low 21 bits carries into the
-    # kept bits with probability exactly (dropped bits) / 2^21 = (a - lo) / step: unbiased SR.
-    # A carry out of the mantissa moves z into the next binade, which is the next grid point.
-    a.add_(binade, alpha=2.0)
-    bits = a.view(torch.int32)
-    if random_bits is None:
-        random_bits = random_bits_like(a, generator)
-    bits.add_(random_bits.view(a.shape) & _SR_DROPPED_BITS)
-    bits.bitwise_and_(~_SR_DROPPED_BITS)
-    return a.sub_(binade, alpha=2.0)
-
-
 def round_signed_(
     y: torch.Tensor,
     rounding: str,
@@ -84,17 +47,57 @@ def round_signed_(
     scratch: torch.Tensor | None = None,
     random_bits: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Round FP32 ``y`` onto the signed E2M1 grid; ``y`` is overwritten with the result.
+    """Round FP32 ``y`` onto the signed E2M1 grid, in place; returns ``y``.
 
-    A negative value that rounds to 0 gives -0.0 and an input ±0 gives +0.0 (the codes' sign
-    rule), so ``encode_values`` of the result gives TE's codes. ``scratch``: an optional FP32
-    tensor of y's shape to hold the magnitudes (saves an allocation; its contents are lost).
-    ``random_bits``: see ``round_magnitude_``.
+    |y| > 6 saturates to ±6, NaN stays NaN. A negative value that rounds to 0 gives -0.0 and an
+    input ±0 gives +0.0 (the codes' sign rule), so ``encode_values`` of the result gives TE's
+    codes. ``scratch``: an optional FP32 tensor of y's shape to work in (saves an allocation; its
+    contents are lost). SR uses ``random_bits`` (int32, y's shape, from
+    ``rounding.random_bits_like``) if given, else draws them from ``generator``.
     """
+    check_rounding(rounding)
     y.add_(0.0)  # IEEE: -0.0 + 0.0 = +0.0, so only strictly negative values keep their sign bit
-    magnitude = y.abs() if scratch is None else torch.abs(y, out=scratch)
-    round_magnitude_(magnitude, rounding, generator, random_bits)
-    return torch.copysign(magnitude, y, out=y)
+    y.clamp_(-E2M1_MAX, E2M1_MAX)
+    # offset = ±max(2^floor(log2|y|), 1) with y's sign: the binade of |y| on the E2M1 grid, whose
+    # step is |offset| / 2 (0.5 below 2, 1 in [2, 4), 2 in [4, 6]). Masking sign and mantissa off
+    # y's bits leaves exactly 2^floor(log2|y|) (0 for |y| < 2^-126; +Inf for NaN, so NaN stays NaN).
+    offset = torch.empty_like(y) if scratch is None else scratch
+    torch.bitwise_and(y.view(torch.int32), _EXPONENT_BITS, out=offset.view(torch.int32))
+    offset.clamp_(min=1.0).copysign_(y)
+    # Every step below is mirror-symmetric in the sign (FP32 rounding is), so it works on |y|.
+    if rounding == "rne":
+        # |y| + 2^22 |offset| lies in [2^22, 2^23) * |offset|, where consecutive FP32 numbers are
+        # |offset| / 2 apart — exactly the E2M1 step. So the FP32 addition itself rounds y onto
+        # the grid, half-to-even on the step count (= ties to the even code); subtracting the
+        # offset back is exact. (2^22 * offset is a power of two: exact whether or not fused.)
+        y.add_(offset, alpha=2.0**22).sub_(offset, alpha=2.0**22)
+    else:
+        # SR: |z| = |y| + 2 |offset| lies in [2, 4) * |offset|, an FP32 binade in which the E2M1
+        # step is the weight of mantissa bit 21 (this addition rounds y to 2^-21 of a step, RNE).
+        # Adding a uniform 21-bit integer to z's bits (the magnitude part of sign-magnitude) and
+        # clearing the low 21 bits carries into the kept bits with probability exactly
+        # (dropped bits) / 2^21 = (|y| - lo) / step: unbiased SR. A carry out of the mantissa
+        # moves z into the next binade, which is the next grid point.
+        y.add_(offset, alpha=2.0)
+        if random_bits is None:
+            random_bits = random_bits_like(y, generator)
+        bits = y.view(torch.int32)
+        bits.add_(random_bits.view(y.shape) & _SR_DROPPED_BITS)
+        bits.bitwise_and_(~_SR_DROPPED_BITS)
+        y.sub_(offset, alpha=2.0)
+    # x - x is +0 in IEEE: give zeros that came from negative values their sign back.
+    return y.copysign_(offset)
+
+
+def round_magnitude_(
+    a: torch.Tensor,
+    rounding: str,
+    generator: torch.Generator | None = None,
+    random_bits: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Round FP32 magnitudes ``a`` (>= 0 or NaN) onto {0, .5, 1, 1.5, 2, 3, 4, 6}, in place;
+    returns ``a`` (see ``round_signed_``)."""
+    return round_signed_(a, rounding, generator, random_bits=random_bits)
 
 
 def round_scaled(y: torch.Tensor, rounding: str, generator: torch.Generator | None = None):

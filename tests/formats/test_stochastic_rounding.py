@@ -121,3 +121,12 @@ def test_sr_draws_one_random_word_per_element_from_the_generator():
     gen3 = sr_generator(9)
     nvfp4.quantize(x, generator=gen3)
     assert torch.equal(gen3.get_state(), sr_generator(9).get_state())
+
+
+def test_sr_is_mirror_symmetric_for_the_same_random_bits():
+    y = torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 3
+    bits = torch.randint(0, 2**21, y.shape, dtype=torch.int32, generator=torch.Generator().manual_seed(2))
+    pos = e2m1.round_signed_(y.clone(), "sr", random_bits=bits)
+    neg = e2m1.round_signed_(-y, "sr", random_bits=bits)
+    assert torch.equal(pos, -neg)
+    assert set(pos.abs().unique().tolist()) <= set(e2m1.E2M1_MAGNITUDES)
