@@ -8,7 +8,7 @@ Functions of tensors only (CPU or CUDA); nothing here imports the rest of nvfp4t
     y = hadamard.rht(x, d=16)
 """
 
-from . import e2m1, fp8, hadamard, mxfp4, nvfp4, rounding
+from . import compiled, e2m1, fp8, hadamard, mxfp4, nvfp4, rounding
 from .rounding import sr_generator
 
-__all__ = ["e2m1", "fp8", "hadamard", "mxfp4", "nvfp4", "rounding", "sr_generator"]
+__all__ = ["compiled", "e2m1", "fp8", "hadamard", "mxfp4", "nvfp4", "rounding", "sr_generator"]

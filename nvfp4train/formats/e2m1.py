@@ -5,23 +5,34 @@ Two codes per byte, element 2j in the low nibble and 2j+1 in the high nibble (TE
 
 Rounding works on already-scaled FP32 values ``y``:
 * they are first clamped to [-6, 6] ("satfinite"; NaN stays NaN: see nvfp4.py for NaN policy);
-* RNE: ties go to the even code (0, 1, 2, 4), which is exactly torch.round (half-to-even) applied
-  on the local grid step (0.5 below 2, 1 below 4, 2 up to 6) — this reproduces TE's decision table;
-* SR: round up with probability (|y| - lo) / (hi - lo), from one FP32 uniform per element
-  (24 random bits; TE's hardware path uses 8, which is coarser but equally unbiased in the limit).
+* RNE: ties go to the even code (0, 1, 2, 4), i.e. half-to-even on the local grid step (0.5 below
+  2, 1 below 4, 2 up to 6) — this reproduces TE's decision table;
+* SR: round up with probability (|y| - lo) / (hi - lo), exact to 21 bits of the step (see
+  ``round_signed_``; TE's hardware path uses 8 random bits, equally unbiased but coarser).
 Sign of zero follows TE: an input that is exactly ±0 encodes as +0, a negative value that rounds
 to zero encodes as -0 (code 0x8).
+
+Speed: every function here is a handful of full-tensor passes with no ``torch.where`` (slow on
+CPU) and no Python loops; the tricks are exact and explained where they are used.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .rounding import uniform_like
+from .rounding import random_bits_like
 
 E2M1_MAX = 6.0
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 ROUNDING_MODES = ("rne", "sr")
+
+_EXPONENT_BITS = 0x7F800000  # FP32 exponent field
+_SR_DROPPED_BITS = (1 << 21) - 1  # see round_magnitude_: the bits below the E2M1 step
+# An E2M1 value r, scaled by 2^-14, is an exact float16 whose bits are sign << 15 | index << 9:
+# FP16's smallest normal 2^-14 lines up with E2M1's smallest normal 1, E2M1's mantissa bit with
+# FP16's top mantissa bit, and 0.5 lands on FP16's subnormal 2^-15 (bits 0x0200, index 1).
+# FP32 <-> FP16 casts are exact for these values and vectorized on CPU (unlike float8 casts).
+FP16_FROM_E2M1 = 2.0**-14
 
 
 def check_rounding(rounding: str) -> None:
@@ -29,34 +40,87 @@ def check_rounding(rounding: str) -> None:
         raise ValueError(f"rounding={rounding!r} is not supported; allowed: {ROUNDING_MODES}")
 
 
+def round_signed_(
+    y: torch.Tensor,
+    rounding: str,
+    generator: torch.Generator | None = None,
+    scratch: torch.Tensor | None = None,
+    random_bits: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Round FP32 ``y`` onto the signed E2M1 grid, in place; returns ``y``.
+
+    |y| > 6 saturates to ±6, NaN stays NaN. A negative value that rounds to 0 gives -0.0 and an
+    input ±0 gives +0.0 (the codes' sign rule), so ``encode_values`` of the result gives TE's
+    codes. ``scratch``: an optional FP32 tensor of y's shape to work in (saves an allocation; its
+    contents are lost). SR uses ``random_bits`` (int32, y's shape, from
+    ``rounding.random_bits_like``) if given, else draws them from ``generator``.
+    """
+    check_rounding(rounding)
+    y.add_(0.0)  # IEEE: -0.0 + 0.0 = +0.0, so only strictly negative values keep their sign bit
+    y.clamp_(-E2M1_MAX, E2M1_MAX)
+    # offset = ±max(2^floor(log2|y|), 1) with y's sign: the binade of |y| on the E2M1 grid, whose
+    # step is |offset| / 2 (0.5 below 2, 1 in [2, 4), 2 in [4, 6]). Masking sign and mantissa off
+    # y's bits leaves exactly 2^floor(log2|y|) (0 for |y| < 2^-126; +Inf for NaN, so NaN stays NaN).
+    offset = torch.empty_like(y) if scratch is None else scratch
+    torch.bitwise_and(y.view(torch.int32), _EXPONENT_BITS, out=offset.view(torch.int32))
+    offset.clamp_(min=1.0).copysign_(y)
+    # Every step below is mirror-symmetric in the sign (FP32 rounding is), so it works on |y|.
+    if rounding == "rne":
+        # |y| + 2^22 |offset| lies in [2^22, 2^23) * |offset|, where consecutive FP32 numbers are
+        # |offset| / 2 apart — exactly the E2M1 step. So the FP32 addition itself rounds y onto
+        # the grid, half-to-even on the step count (= ties to the even code); subtracting the
+        # offset back is exact. (2^22 * offset is a power of two: exact whether or not fused.)
+        y.add_(offset, alpha=2.0**22).sub_(offset, alpha=2.0**22)
+    else:
+        # SR: |z| = |y| + 2 |offset| lies in [2, 4) * |offset|, an FP32 binade in which the E2M1
+        # step is the weight of mantissa bit 21 (this addition rounds y to 2^-21 of a step, RNE).
+        # Adding a uniform 21-bit integer to z's bits (the magnitude part of sign-magnitude) and
+        # clearing the low 21 bits carries into the kept bits with probability exactly
+        # (dropped bits) / 2^21 = (|y| - lo) / step: unbiased SR. A carry out of the mantissa
+        # moves z into the next binade, which is the next grid point.
+        y.add_(offset, alpha=2.0)
+        if random_bits is None:
+            random_bits = random_bits_like(y, generator)
+        bits = y.view(torch.int32)
+        bits.add_(random_bits.view(y.shape) & _SR_DROPPED_BITS)
+        bits.bitwise_and_(~_SR_DROPPED_BITS)
+        y.sub_(offset, alpha=2.0)
+    # x - x is +0 in IEEE: give zeros that came from negative values their sign back.
+    return y.copysign_(offset)
+
+
+def round_magnitude_(
+    a: torch.Tensor,
+    rounding: str,
+    generator: torch.Generator | None = None,
+    random_bits: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Round FP32 magnitudes ``a`` (>= 0 or NaN) onto {0, .5, 1, 1.5, 2, 3, 4, 6}, in place;
+    returns ``a`` (see ``round_signed_``)."""
+    return round_signed_(a, rounding, generator, random_bits=random_bits)
+
+
 def round_scaled(y: torch.Tensor, rounding: str, generator: torch.Generator | None = None):
-    """Round FP32 ``y`` onto the E2M1 grid.
+    """Round FP32 ``y`` onto the E2M1 grid (``y`` is not modified).
 
     Returns ``(negative, magnitude)``: a bool tensor (sign bit of the code) and the FP32
-    magnitude in {0, .., 6} (NaN where ``y`` is NaN). Both the packed path (codes) and the
-    fake-quant path (values) are built from these, so they agree bit for bit.
+    magnitude in {0, .., 6} (NaN where ``y`` is NaN).
     """
-    y = torch.clamp(y, -E2M1_MAX, E2M1_MAX)
-    negative = y < 0
-    a = y.abs()
-    # Grid spacing of E2M1 around a: 0.5 in [0, 2), 1 in [2, 4), 2 in [4, 6].
-    step = torch.where(a < 2.0, 0.5, torch.where(a < 4.0, 1.0, 2.0))
-    units = a / step  # exact: step is a power of two
-    if rounding == "rne":
-        units = torch.round(units)  # half-to-even on the local grid == TE's tie table
-    elif rounding == "sr":
-        low = torch.floor(units)
-        units = low + (uniform_like(a, generator) < (units - low)).to(torch.float32)
-    else:
-        check_rounding(rounding)
-    return negative, units * step
+    magnitude = round_magnitude_(y.to(torch.float32).abs(), rounding, generator)
+    return y < 0, magnitude
+
+
+def encode_values(values: torch.Tensor) -> torch.Tensor:
+    """4-bit codes (one per uint8) of FP32 E2M1 values (``round_signed_``'s output); NaN -> 0."""
+    bits = values.mul(FP16_FROM_E2M1).nan_to_num_(0.0).to(torch.float16).view(torch.int16)
+    # bits = sign << 15 | index << 9 (see FP16_FROM_E2M1); >> is arithmetic, the masks drop the rest
+    codes = (bits >> 9).bitwise_and_(0x7).bitwise_or_((bits >> 12).bitwise_and_(0x8))
+    return codes.to(torch.uint8)
 
 
 def magnitude_to_index(magnitude: torch.Tensor) -> torch.Tensor:
     """E2M1 magnitude {0, .5, 1, 1.5, 2, 3, 4, 6} -> index 0..7 (uint8). NaN -> 0."""
-    m = torch.nan_to_num(magnitude, nan=0.0)
-    index = torch.where(m < 2.0, m * 2.0, torch.where(m < 4.0, m + 2.0, m * 0.5 + 4.0))
-    return index.to(torch.uint8)
+    return encode_values(magnitude.to(torch.float32).abs())
 
 
 def encode(negative: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
@@ -76,7 +140,24 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((low, high), dim=-1).flatten(-2)
 
 
+def fp16_bits(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit codes -> int16 bits of the FP16 numbers e2m1 * 2^-14 (see FP16_FROM_E2M1)."""
+    c = codes.to(torch.int16)
+    return ((c & 0x7) << 9).bitwise_or_((c & 0x8) << 12)
+
+
+def decode_scaled(packed: torch.Tensor) -> torch.Tensor:
+    """[..., n/2] packed bytes -> FP16 [..., n] holding e2m1 * 2^-14 (exact; code 0x8 is -0.0).
+
+    Multiply by (scale * 2^14) in FP32 to get e2m1 * scale exactly (both factors are exact and
+    their product is the exact e2m1 * scale)."""
+    c = packed.to(torch.int16)
+    low = ((c & 0x07) << 9).bitwise_or_((c & 0x08) << 12)  # even element: bits 0-3
+    high = ((c & 0x70) << 5).bitwise_or_((c & 0x80) << 8)  # odd element: bits 4-7
+    return torch.stack((low, high), dim=-1).flatten(-2).view(torch.float16)
+
+
 def decode(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """4-bit codes -> E2M1 values (code 0x8 decodes to -0.0)."""
-    table = torch.tensor(E2M1_MAGNITUDES + tuple(-v for v in E2M1_MAGNITUDES), dtype=dtype, device=codes.device)
-    return table[codes.long()]
+    values = fp16_bits(codes).view(torch.float16).to(torch.float32).mul_(1.0 / FP16_FROM_E2M1)
+    return values.to(dtype)

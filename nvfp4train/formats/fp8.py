@@ -74,9 +74,10 @@ def quantize_tensorwise(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3f
     """``(data_fp8, decode_scale)``: per-tensor current scaling; decode_scale is FP32 0-d."""
     _check_input(x)
     _check_fp8_dtype(dtype)
-    xf = x.to(torch.float32)
+    xf = x.to(torch.float32, copy=True)  # scratch: scaled and clamped in place below
     encode = encode_scale_from_amax(xf.abs().amax(), dtype, pow2_scales)
-    return saturating_cast(xf * encode, dtype), torch.reciprocal(encode)
+    limit = fp8_max(dtype)
+    return xf.mul_(encode).clamp_(-limit, limit).to(dtype), torch.reciprocal(encode)
 
 
 def fake_quantize_tensorwise(
@@ -91,7 +92,7 @@ def fake_quantize_tensorwise(
 
 
 def _block_view(x: torch.Tensor, block) -> tuple[torch.Tensor, tuple[int, int]]:
-    """x as FP32 [rows/br, br, cols/bc, bc] plus the scale grid shape."""
+    """x as a fresh FP32 [rows/br, br, cols/bc, bc] (callers may modify it) plus the scale grid."""
     block = tuple(block)
     if block not in BLOCKS:
         raise ValueError(f"fp8: block={block!r} is not supported; allowed: {BLOCKS}")
@@ -104,7 +105,7 @@ def _block_view(x: torch.Tensor, block) -> tuple[torch.Tensor, tuple[int, int]]:
         raise ValueError(
             f"fp8: block {block} must divide (rows={rows}, cols={cols}) of shape {tuple(x.shape)} (no padding is done)"
         )
-    return x.reshape(rows // br, br, cols // bc, bc).to(torch.float32), (rows // br, cols // bc)
+    return x.reshape(rows // br, br, cols // bc, bc).to(torch.float32, copy=True), (rows // br, cols // bc)
 
 
 def quantize_blockwise(
@@ -115,8 +116,12 @@ def quantize_blockwise(
     _check_input(x)
     _check_fp8_dtype(dtype)
     xb, grid = _block_view(x, block)
-    encode = encode_scale_from_amax(xb.abs().amax(dim=(1, 3)), dtype, pow2_scales)  # [grid]
-    data = saturating_cast(xb * encode[:, None, :, None], dtype)
+    # amax over the block's rows first (an outer dim: vectorized), then its columns.
+    block_abs = xb.abs()
+    rows_max = block_abs.amax(dim=1) if xb.shape[1] > 1 else block_abs.squeeze(1)
+    encode = encode_scale_from_amax(rows_max.amax(dim=-1), dtype, pow2_scales)  # [grid]
+    limit = fp8_max(dtype)
+    data = xb.mul_(encode[:, None, :, None]).clamp_(-limit, limit).to(dtype)
     return data.reshape(x.shape), torch.reciprocal(encode)
 
 
@@ -125,8 +130,8 @@ def dequantize_blockwise(
 ) -> torch.Tensor:
     """Inverse of ``quantize_blockwise`` (FP32 math, then cast to ``dtype``)."""
     block = tuple(block)
-    values, _ = _block_view(data.to(torch.float32), block)
-    return (values * scales[:, None, :, None]).reshape(data.shape).to(dtype)
+    values, _ = _block_view(data, block)
+    return values.mul_(scales[:, None, :, None]).reshape(data.shape).to(dtype)
 
 
 def fake_quantize_blockwise(

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import e2m1
+from . import compiled, e2m1
+from .rounding import random_bits_like
 
 BLOCK = 32
 SCALE_RULES = ("ceil", "floor")
@@ -50,8 +51,9 @@ class MXFP4Tensor:
 
     def dequantize(self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True) -> torch.Tensor:
         """Decode to ``dtype`` (``apply_global_scale`` is accepted for symmetry; there is none)."""
-        values = e2m1.decode(self.unpacked_codes()).unflatten(-1, (-1, BLOCK))
-        values = values * scale_from_e8m0(self.scales).unsqueeze(-1)
+        # Undo decode_scaled's 2^-14 first (folding it into 2^e could overflow for e > 113).
+        values = e2m1.decode_scaled(self.codes).to(torch.float32).mul_(1.0 / e2m1.FP16_FROM_E2M1)
+        values = values.unflatten(-1, (-1, BLOCK)).mul_(scale_from_e8m0(self.scales).unsqueeze(-1))
         return values.flatten(-2).to(dtype)
 
 
@@ -78,7 +80,8 @@ def scale_exponent(block_amax: torch.Tensor, scale_rule: str) -> torch.Tensor:
     return e.to(torch.int32).clamp(-127, 127)
 
 
-def _quantize_core(x: torch.Tensor, rounding: str, scale_rule: str, generator):
+def _check_and_draw(x: torch.Tensor, rounding: str, scale_rule: str, generator):
+    """Check the arguments (eagerly, outside any compiled graph); SR's random bits or None."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"mxfp4: x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in INPUT_DTYPES:
@@ -88,27 +91,55 @@ def _quantize_core(x: torch.Tensor, rounding: str, scale_rule: str, generator):
             f"mxfp4: the last dim of shape {tuple(x.shape)} must be a non-zero multiple of {BLOCK} (no padding is done)"
         )
     e2m1.check_rounding(rounding)
+    if scale_rule not in SCALE_RULES:
+        raise ValueError(f"mxfp4: scale_rule={scale_rule!r} is not supported; allowed: {SCALE_RULES}")
+    return random_bits_like(x, generator) if rounding == "sr" else None
+
+
+def _quantize_core(x: torch.Tensor, rounding: str, scale_rule: str, random_bits):
+    """(values [rows, nb, 32] FP32 signed E2M1 values, scale bits uint8 [rows, nb], scale FP32)."""
     cols = x.shape[-1]
-    xb = x.reshape(-1, cols // BLOCK, BLOCK).to(torch.float32)
-    block_amax = xb.abs().amax(dim=-1)
+    rows, nb = x.numel() // cols, cols // BLOCK
+    # Two FP32 scratch tensors: y (x, scaled and rounded in place) and |x| (then the magnitudes).
+    y = x.reshape(rows, cols).to(torch.float32, copy=True)  # exact for bf16/fp16
+    magnitude = y.abs()
+    # max_pool1d (kernel = stride = 32) is the blocks' max, faster on CPU than amax(dim=-1);
+    # NaN propagates.
+    block_amax = torch.nn.functional.max_pool1d(magnitude.view(rows, 1, cols), BLOCK, BLOCK).view(rows, nb)
     finite = torch.isfinite(block_amax)
     bits = (scale_exponent(torch.where(finite, block_amax, 0.0), scale_rule) + 127).to(torch.uint8)
     bits = torch.where(finite, bits, torch.full_like(bits, E8M0_NAN))
     scale = scale_from_e8m0(bits)
-    negative, magnitude = e2m1.round_scaled(xb * torch.reciprocal(scale).unsqueeze(-1), rounding, generator)
-    return negative, magnitude, bits, scale
+    y = y.view(rows, nb, BLOCK).mul_(torch.reciprocal(scale).unsqueeze(-1))  # 1/2^e: exact
+    scratch = magnitude.view(rows, nb, BLOCK)
+    values = e2m1.round_signed_(y, rounding, scratch=scratch, random_bits=random_bits)
+    return values, bits, scale
+
+
+def _quantize_impl(x: torch.Tensor, rounding: str, scale_rule: str, random_bits):
+    """Packed codes [..., cols/2] and scale bits [..., cols/32] (compiled on CUDA)."""
+    values, bits, _ = _quantize_core(x, rounding, scale_rule, random_bits)
+    lead = x.shape[:-1]
+    codes = e2m1.pack(e2m1.encode_values(values).flatten(-2))
+    return codes.reshape(*lead, -1), bits.reshape(*lead, -1)
+
+
+def _fake_quantize_impl(x: torch.Tensor, rounding: str, scale_rule: str, random_bits, out_dtype: torch.dtype):
+    """e2m1 * 2^e in out_dtype (compiled on CUDA)."""
+    values, _, scale = _quantize_core(x, rounding, scale_rule, random_bits)
+    values.mul_(scale.unsqueeze(-1))  # e2m1 * 2^e: exact in FP32 and bf16
+    return values.view(x.shape).to(out_dtype)
 
 
 def quantize(
     x: torch.Tensor, rounding: str = "rne", scale_rule: str = "ceil", generator: torch.Generator | None = None
 ) -> MXFP4Tensor:
     """Quantize ``x`` (blocks of 32 along dim -1) to packed MXFP4."""
-    negative, magnitude, bits, _ = _quantize_core(x, rounding, scale_rule, generator)
-    lead = x.shape[:-1]
-    codes = e2m1.pack(e2m1.encode(negative, magnitude).flatten(-2))
+    random_bits = _check_and_draw(x, rounding, scale_rule, generator)
+    codes, bits = compiled.run(_quantize_impl, x, rounding, scale_rule, random_bits)
     return MXFP4Tensor(
-        codes=codes.reshape(*lead, -1),
-        scales=bits.view(torch.float8_e8m0fnu).reshape(*lead, -1),
+        codes=codes,
+        scales=bits.view(torch.float8_e8m0fnu),
         shape=x.shape,
         scale_rule=scale_rule,
     )
@@ -123,7 +154,6 @@ def fake_quantize(
 ):
     """``(values, 1.0)``: dequantized MXFP4 values in ``out_dtype`` (default x.dtype), equal bit
     for bit to ``quantize(...).dequantize(out_dtype)``. Exact in bf16 (E2M1 x 2^e)."""
-    negative, magnitude, _, scale = _quantize_core(x, rounding, scale_rule, generator)
-    values = torch.where(negative, -magnitude, magnitude) * scale.unsqueeze(-1)
-    ones = torch.ones((), dtype=torch.float32, device=x.device)
-    return values.reshape(x.shape).to(out_dtype or x.dtype), ones
+    random_bits = _check_and_draw(x, rounding, scale_rule, generator)
+    values = compiled.run(_fake_quantize_impl, x, rounding, scale_rule, random_bits, out_dtype or x.dtype)
+    return values, torch.ones((), dtype=torch.float32, device=x.device)

@@ -43,10 +43,27 @@ def sr_generator(seed: int, stream_id: int = 0, device: torch.device | str = "cp
 
 def uniform_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """FP32 uniforms in [0, 1), one per element of ``x``, drawn on ``x``'s device."""
+    _check_generator_device(x, generator)
+    return torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+
+
+def _check_generator_device(x: torch.Tensor, generator: torch.Generator | None) -> None:
     if generator is not None and generator.device.type != x.device.type:
         raise ValueError(
             f"generator is on device '{generator.device}' but the tensor is on '{x.device}': "
             "stochastic rounding draws on the tensor's device; pass a generator created there "
             "(e.g. sr_generator(seed, stream_id, device=x.device))"
         )
-    return torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+
+
+def random_bits_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Uniform random int32 words (all 32 bits random), one per element of ``x``, on x's device.
+
+    Drawn as full-range int64 words, two elements per draw: on CPU this is ~4x cheaper than
+    ``torch.rand`` (which spends one 32-bit Mersenne Twister draw per float and converts it).
+    """
+    _check_generator_device(x, generator)
+    n = x.numel()
+    words = torch.empty((n + 1) // 2, dtype=torch.int64, device=x.device)
+    words.random_(-(2**63), None, generator=generator)  # from int64 min, no upper bound: all 64 bits
+    return words.view(torch.int32)[:n].view(x.shape)

@@ -89,3 +89,44 @@ def test_sr_draws_are_independent_of_rne_draws_and_do_not_touch_scales(x):
     assert torch.equal(q_rne.scales.view(torch.uint8), q_sr.scales.view(torch.uint8))  # scales are always RNE
     assert torch.equal(q_rne.amax, q_sr.amax)
     assert not torch.equal(q_rne.codes, q_sr.codes)
+
+
+def test_sr_rounds_up_exactly_when_the_random_bits_carry():
+    """SR adds 21 random bits below the E2M1 step (after a + 2 * binade) and truncates: all-zero
+    bits always round down, all-one bits round up unless the value is on the grid, and a value
+    k/2^21 of a step above a grid point rounds up for exactly k of the 2^21 bit patterns."""
+    values = torch.tensor([0.3, 0.5, 1.2, 2.75, 3.0, 5.0, 5.99, 6.0, 0.0])
+    below = torch.tensor([0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 4.0, 6.0, 0.0])
+    above = torch.tensor([0.5, 0.5, 1.5, 3.0, 3.0, 6.0, 6.0, 6.0, 0.0])
+    zeros = torch.zeros(values.shape, dtype=torch.int32)
+    ones = torch.full(values.shape, (1 << 21) - 1, dtype=torch.int32)
+    assert torch.equal(e2m1.round_magnitude_(values.clone(), "sr", random_bits=zeros), below)
+    assert torch.equal(e2m1.round_magnitude_(values.clone(), "sr", random_bits=ones), above)
+    # 2 + 3 / 2^21 (step 1 in [2, 4)): rounds up iff random_bits >= 2^21 - 3, i.e. for 3 patterns.
+    y = torch.full((8,), 2.0 + 3 * 2.0**-21)
+    bits = torch.arange((1 << 21) - 5, (1 << 21) + 3, dtype=torch.int32)  # the last 3 wrap to 0, 1, 2
+    up = e2m1.round_magnitude_(y, "sr", random_bits=bits) == 3.0
+    assert up.tolist() == [False, False, True, True, True, False, False, False]
+
+
+def test_sr_draws_one_random_word_per_element_from_the_generator():
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(0))
+    gen = sr_generator(9)
+    nvfp4.quantize(x, rounding="sr", generator=gen)
+    after_one = gen.get_state()
+    gen2 = sr_generator(9)
+    torch.empty(x.numel() // 2, dtype=torch.int64).random_(-(2**63), None, generator=gen2)
+    assert torch.equal(after_one, gen2.get_state())
+    # RNE draws nothing.
+    gen3 = sr_generator(9)
+    nvfp4.quantize(x, generator=gen3)
+    assert torch.equal(gen3.get_state(), sr_generator(9).get_state())
+
+
+def test_sr_is_mirror_symmetric_for_the_same_random_bits():
+    y = torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 3
+    bits = torch.randint(0, 2**21, y.shape, dtype=torch.int32, generator=torch.Generator().manual_seed(2))
+    pos = e2m1.round_signed_(y.clone(), "sr", random_bits=bits)
+    neg = e2m1.round_signed_(-y, "sr", random_bits=bits)
+    assert torch.equal(pos, -neg)
+    assert set(pos.abs().unique().tolist()) <= set(e2m1.E2M1_MAGNITUDES)
