@@ -4,8 +4,8 @@
     python scripts/bench_quant.py --device cpu --shapes 4096x512 --dtype float32
     python scripts/bench_quant.py --device cuda --shapes 4096x4096 8192x8192
 
-"eager" runs the plain PyTorch ops (NVFP4TRAIN_COMPILE_QUANT=0). "compiled" is what the library
-does by default: on CUDA the torch.compile twins of quantize / fake_quantize (formats/compiled.py;
+"eager" runs the plain PyTorch ops (the default). "compiled" is the opt-in
+NVFP4TRAIN_COMPILE_QUANT=1 path: on CUDA the torch.compile twins of quantize / fake_quantize (formats/compiled.py;
 the first call, which compiles, is the warm-up and is not timed). On CPU there are no twins, so
 the column is empty unless --compile-cpu (compiles each case with torch.compile, slow to start).
 GB/s counts the bytes read (the input) plus the bytes written (packed codes and scales for

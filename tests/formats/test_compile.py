@@ -32,6 +32,8 @@ def test_dispatch_uses_eager_on_cpu_and_honours_the_env_switch(monkeypatch):
     cuda_like = torch.empty(0, device="meta")
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     monkeypatch.delenv(compiled.ENV_VAR, raising=False)
+    assert not compiled.enabled_for(cuda_like)  # opt-in
+    monkeypatch.setenv(compiled.ENV_VAR, "1")
     assert compiled.enabled_for(cuda_like)
     monkeypatch.setenv(compiled.ENV_VAR, "0")
     assert not compiled.enabled_for(cuda_like)
