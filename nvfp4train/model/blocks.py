@@ -9,7 +9,7 @@ and batched matmuls) stays in high precision here.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 import torch.nn as nn

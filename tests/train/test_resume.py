@@ -1,6 +1,7 @@
 """Exact resume: a run killed with SIGKILL after a checkpoint, then resumed, repeats the uninterrupted
 run's per-step losses bit for bit on CPU. SIGTERM (preemption) checkpoints and exits cleanly."""
-import os
+import json
+import shutil
 import signal
 import subprocess
 import time
@@ -74,10 +75,8 @@ def test_wandb_offline_run_continues_after_resume(tmp_path):
             "train.eval_sequences=2", "train.seq_len=64", "train.global_batch_size=4", "train.micro_batch_size=4",
             "train.wandb.enabled=true", "experiment=wb"]
     run_train(*args)
-    import json
     first_id = json.loads((out / "checkpoints" / "step_00000004" / "meta.json").read_text())["wandb_id"]
     assert first_id
-    import shutil
     shutil.rmtree(out / "checkpoints" / "step_00000004")
     run_train(*args)
     second_id = json.loads((out / "checkpoints" / "step_00000004" / "meta.json").read_text())["wandb_id"]
