@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -29,6 +30,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 PREFIX = "step_"
 META = "meta.json"
+# A single process (no process group) is a supported DCP mode; its warning about it is noise.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 class CheckpointError(RuntimeError):
