@@ -10,6 +10,15 @@ from nvfp4train.precision import PrecisionPolicy, QuantLinear, linear as linear_
 PRESETS = ("bf16", "fp8_blockwise", "fp8_tensorwise", "nvfp4", "nvfp4_no_sr", "nvfp4_no_rht", "nvfp4_no_2d",
            "nvfp4_all_layers", "nvfp4_sr_everywhere", "nvfp4_rht_everywhere", "mxfp4")
 
+# Each ablation preset against nvfp4: the GEMM operands (roles) it must change, and no others.
+ABLATION_CHANGES = [
+    ("nvfp4_no_sr", {"dgrad_dy", "wgrad_dy"}),
+    ("nvfp4_no_rht", {"wgrad_dy", "wgrad_x"}),
+    ("nvfp4_no_2d", {"fprop_w", "dgrad_w"}),
+    ("nvfp4_sr_everywhere", {"fprop_x", "fprop_w", "dgrad_w", "wgrad_x"}),
+    ("nvfp4_rht_everywhere", {"fprop_x", "fprop_w", "dgrad_dy", "dgrad_w"}),
+]
+
 
 def load_preset(name: str, **overrides) -> PrecisionPolicy:
     from pathlib import Path

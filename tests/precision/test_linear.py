@@ -7,7 +7,7 @@ from torch import nn
 from nvfp4train.formats import hadamard, nvfp4
 from nvfp4train.precision import PrecisionPolicy, ROLES, saved_activation_bytes, saved_bytes_report
 
-from .helpers import GemmSpy, inputs, load_preset, make_layer, rel_err, run
+from .helpers import ABLATION_CHANGES, GemmSpy, inputs, load_preset, make_layer, rel_err, run
 
 
 @pytest.mark.parametrize("autocast, x_dtype", [(True, torch.float32), (True, torch.bfloat16), (False, torch.float32)])
@@ -63,13 +63,7 @@ def _operands(monkeypatch, policy, seed=0):
     return spy.operands()
 
 
-@pytest.mark.parametrize("ablation, changed", [
-    ("nvfp4_no_sr", {"dgrad_dy", "wgrad_dy"}),
-    ("nvfp4_no_rht", {"wgrad_dy", "wgrad_x"}),
-    ("nvfp4_no_2d", {"fprop_w", "dgrad_w"}),
-    ("nvfp4_sr_everywhere", {"fprop_x", "fprop_w", "dgrad_w", "wgrad_x"}),
-    ("nvfp4_rht_everywhere", {"fprop_x", "fprop_w", "dgrad_dy", "dgrad_w"}),
-])
+@pytest.mark.parametrize("ablation, changed", ABLATION_CHANGES)
 def test_each_toggle_changes_exactly_the_operands_it_names(monkeypatch, ablation, changed):
     base = _operands(monkeypatch, load_preset("nvfp4_all_layers"))
     other = _operands(monkeypatch, load_preset(ablation, bf16_first_fraction=0.0, bf16_last_fraction=0.0))

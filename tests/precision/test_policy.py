@@ -4,7 +4,7 @@ import pytest
 from nvfp4train.precision import ROLES, PrecisionPolicy
 from nvfp4train.precision.policy import FORWARD_ROLES, BACKWARD_ROLES
 
-from .helpers import PRESETS, load_preset
+from .helpers import ABLATION_CHANGES, PRESETS, load_preset
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -74,13 +74,7 @@ def test_paper_recipe_per_operand():
     assert b.fprop_w.tile == (128, 128) and b.fprop_x.tile == (1, 128) and b.wgrad_dy.tile == (1, 128)
 
 
-@pytest.mark.parametrize("ablation, changed", [
-    ("nvfp4_no_sr", {"dgrad_dy", "wgrad_dy"}),
-    ("nvfp4_no_rht", {"wgrad_dy", "wgrad_x"}),
-    ("nvfp4_no_2d", {"fprop_w", "dgrad_w"}),
-    ("nvfp4_sr_everywhere", {"fprop_x", "fprop_w", "dgrad_w", "wgrad_x"}),
-    ("nvfp4_rht_everywhere", {"fprop_x", "fprop_w", "dgrad_dy", "dgrad_w"}),
-])
+@pytest.mark.parametrize("ablation, changed", ABLATION_CHANGES)
 def test_each_toggle_changes_exactly_the_operand_specs_it_names(ablation, changed):
     base, other = load_preset("nvfp4").quantized_recipe(), load_preset(ablation).quantized_recipe()
     assert {role for role in ROLES if getattr(base, role) != getattr(other, role)} == changed
