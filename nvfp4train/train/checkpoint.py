@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -25,7 +26,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
-from torch.distributed.checkpoint.metadata import StorageMeta
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 PREFIX = "step_"
@@ -39,34 +41,96 @@ class CheckpointError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------------------- reading
-class _MetadataUnpickler(pickle.Unpickler):
-    """Resolves only the classes DCP's `.metadata` file is made of."""
+# A checkpoint is data from disk, possibly from someone else: nothing in it may name code to run.
+# DCP's `.metadata` is a plain pickle, so it gets an unpickler that resolves an explicit list of
+# (module, name) pairs and nothing else. A dotted name is refused outright: pickle protocol 4+ walks
+# "a.b.c" as attributes, so an allowed module would otherwise lead to everything it imports (`os`).
+_DCP = "torch.distributed.checkpoint.metadata"
+METADATA_GLOBALS = frozenset({
+    (_DCP, "Metadata"), (_DCP, "StorageMeta"), (_DCP, "MetadataIndex"), (_DCP, "TensorStorageMetadata"),
+    (_DCP, "ChunkStorageMetadata"), (_DCP, "TensorProperties"), (_DCP, "_MEM_FORMAT_ENCODING"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"), ("torch.serialization", "_get_layout"),  # maps "torch.strided" to the layout object
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"),
+})
 
-    ALLOWED_MODULES = ("torch.distributed.checkpoint.",)
-    ALLOWED = {("torch", "Size"), ("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"),
-               ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"),
-               ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
-               ("pathlib", "PurePosixPath")}  # maps "torch.strided" to the layout object
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Resolves only the classes DCP's `.metadata` file is made of (METADATA_GLOBALS and torch dtypes)."""
 
     def find_class(self, module, name):
-        if module.startswith(self.ALLOWED_MODULES) or (module, name) in self.ALLOWED:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        if module == "torch" and name in ("contiguous_format", "channels_last", "preserve_format"):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not allowed")
+        if "." not in name:
+            if (module, name) in METADATA_GLOBALS:
+                return super().find_class(module, name)
+            if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+                return getattr(torch, name)
+        raise pickle.UnpicklingError(f"it refers to {module}.{name}, which is not allowed in a checkpoint")
 
 
 class SafeFileSystemReader(FileSystemReader):
+    """DCP's reader with the restricted unpickler, and tensor entries only.
+
+    DCP loads a `BytesStorageMetadata` entry with `torch.load(weights_only=False)`, whatever the
+    state dict asks for, so a metadata file that declared one would reach the full unpickler through
+    the data files. Our checkpoints hold tensors only; anything else is refused here.
+    """
+
     def read_metadata(self, *args, **kwargs):
-        rank = kwargs.get("rank")
-        with self.fs.create_stream(self._get_metadata_path(rank), "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
+        path = Path(self._get_metadata_path(kwargs.get("rank")))
+        try:
+            with self.fs.create_stream(path, "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+        except FileNotFoundError:
+            raise CheckpointError(f"{path} missing: the checkpoint is incomplete") from None
+        except Exception as e:  # any damage to the file: truncated, garbage, foreign objects
+            raise CheckpointError(f"{path}: refused ({e}); not loaded") from None
+        if not isinstance(metadata, Metadata):
+            raise CheckpointError(f"{path}: refused (holds a {type(metadata).__name__}, not DCP metadata); "
+                                  "not loaded")
+        for fqn, md in metadata.state_dict_metadata.items():
+            if not isinstance(md, TensorStorageMetadata):
+                raise CheckpointError(f"{path}: refused ({fqn} is stored as {type(md).__name__}; a checkpoint "
+                                      "holds tensors only); not loaded")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+
+class _TensorsOnlyLoadPlanner(DefaultLoadPlanner):
+    """Second line behind SafeFileSystemReader: never hand stored bytes to the full unpickler."""
+
+    def load_bytes(self, read_item, value):
+        raise CheckpointError(f"refused to unpickle the non-tensor entry {read_item.dest_index.fqn}")
+
+
+def _refused(path: Path, e: pickle.UnpicklingError) -> CheckpointError:
+    """One line for torch's weights-only refusal, without its advice to switch the check off."""
+    glob, op = re.search(r"GLOBAL ([\w.]+)", str(e)), re.search(r"Unsupported operand (\d+)", str(e))
+    what = (f"it refers to {glob.group(1)}, which is not allowed in a checkpoint" if glob else
+            f"it uses pickle opcode {int(op.group(1)):#x}, which a checkpoint never needs" if op else
+            "it holds objects other than tensors and plain data")
+    return CheckpointError(f"{path}: refused ({what}); not loaded")
+
+
+def load_weights_only(path: Path, map_location="cpu", safe_globals=()):
+    """`torch.load(weights_only=True)` with a refusal as one line naming the file.
+
+    PyTorch's own message for a refused global ends with the advice to load with weights_only=False;
+    that is exactly what must not be done with a file from an unknown source, so it is not repeated.
+    """
+    try:
+        with torch.serialization.safe_globals(list(safe_globals)), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the refusal below says it all
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} missing: the checkpoint is incomplete") from None
+    except pickle.UnpicklingError as e:
+        raise _refused(path, e) from None
+    except Exception as e:  # truncated or garbage bytes
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: unreadable ({first}); not loaded") from None
 
 
 def list_checkpoints(ckpt_root: Path) -> list[Path]:
@@ -107,7 +171,7 @@ def load(ckpt: Path, engine, rank: int, model_config: dict) -> tuple[dict, dict]
         raise CheckpointError(f"{rank_file} missing: the checkpoint was written by {meta.get('world_size')} "
                               f"ranks; exact resume needs the same world size")
     engine.load(ckpt, meta)
-    trainer_state = torch.load(rank_file, map_location="cpu", weights_only=True)
+    trainer_state = load_weights_only(rank_file)
     return meta, trainer_state
 
 
@@ -118,8 +182,16 @@ def load_model_optim(ckpt: Path, model, optimizer, meta: dict) -> None:
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd["state"]}
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(str(ckpt / "model_optim")))
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(ckpt / "model_optim")),
+                 planner=_TensorsOnlyLoadPlanner())
+    except CheckpointError:
+        raise
     except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures in a traceback text
+        for failure in getattr(e, "failures", {}).values():
+            if isinstance(failure[0], CheckpointError):  # ours, raised inside DCP: already one line
+                raise CheckpointError(str(failure[0])) from None
+            if isinstance(failure[0], pickle.UnpicklingError):  # a data file torch.load refused
+                raise _refused(ckpt / "model_optim", failure[0]) from None
         lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln] or [str(e)]
         raise CheckpointError(f"{ckpt / 'model_optim'}: cannot load ({lines[-1][:400]})") from None
     optim_sd = {"state": state["optim"], "param_groups": _groups_from_json(meta["param_groups"])}

@@ -162,14 +162,14 @@ class DeepSpeedEngine:
 
 
 def _weights_only_load(path: str, map_location=None):
-    """DeepSpeed's files hold tensors, numbers, strings and three small DeepSpeed records: nothing else
-    is unpickled (DeepSpeed's own loader uses weights_only=False)."""
+    """DeepSpeed's files hold tensors, numbers, strings and four small DeepSpeed records: nothing else
+    is unpickled (DeepSpeed's own loader uses weights_only=False); a refusal names the file."""
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    with torch.serialization.safe_globals([LossScaler, ZeroStageEnum, fragment_address, argparse.Namespace]):
-        return torch.load(path, map_location=map_location, weights_only=True)
+    return checkpoint.load_weights_only(Path(path), map_location,
+                                        safe_globals=[LossScaler, ZeroStageEnum, fragment_address, argparse.Namespace])
 
 
 def _ensure_rendezvous_env() -> None:
