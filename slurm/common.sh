@@ -21,6 +21,9 @@ fi
 # Run a command, or print it under DRY_RUN. Preemption: SLURM sends SIGUSR1 to this batch shell
 # (#SBATCH --signal=B:USR1@180); we pass SIGTERM to the training step, whose ranks save a
 # checkpoint and exit; then the job is requeued and resumes from it (train.resume=auto).
+# torchrun exits non-zero after a SIGTERM even when every rank saved and exited cleanly, so its
+# status must not reach `set -e` before the requeue: a USR1 always ends in `scontrol requeue` and
+# exit 0 (the requeued job is the continuation; SLURM marks a non-zero exit FAILED).
 launch() {
   if [[ -n ${DRY_RUN:-} ]]; then
     echo "# job ${SLURM_JOB_ID:-<id>} on ${SLURM_JOB_NODELIST:-<nodes>} (MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT)"
@@ -28,8 +31,21 @@ launch() {
     return 0
   fi
   "$@" &
-  local pid=$!
-  trap 'echo "preemption signal: checkpointing"; kill -TERM $pid; wait $pid; \
-        scontrol requeue "$SLURM_JOB_ID"; exit 0' USR1
-  wait $pid
+  TRAIN_PID=$!
+  trap requeue_after_checkpoint USR1
+  local status=0
+  wait "$TRAIN_PID" || status=$?
+  trap - USR1
+  return "$status"
+}
+
+requeue_after_checkpoint() {
+  trap '' USR1  # a second signal while the checkpoint is written changes nothing
+  echo "preemption signal: checkpointing (SIGTERM to pid $TRAIN_PID)"
+  kill -TERM "$TRAIN_PID" 2>/dev/null || true
+  local status=0
+  wait "$TRAIN_PID" || status=$?
+  echo "training step exited with status $status; requeueing job ${SLURM_JOB_ID:-?}"
+  scontrol requeue "${SLURM_JOB_ID:?SLURM_JOB_ID is not set: cannot requeue}"
+  exit 0
 }
