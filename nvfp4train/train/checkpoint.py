@@ -138,8 +138,26 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
     if not ckpt_root.is_dir():
         return []
     found = [p for p in ckpt_root.iterdir()
-             if p.is_dir() and p.name.startswith(PREFIX) and not p.name.endswith(".tmp") and (p / META).is_file()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+             if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit() and (p / META).is_file()]
+    return sorted(found, key=step_of)
+
+
+def step_of(ckpt: Path) -> int:
+    return int(ckpt.name[len(PREFIX):])
+
+
+def prune(ckpt_root: Path, keep_last: int, newest: int) -> None:
+    """Delete all but the `keep_last` newest checkpoints up to step `newest` (the one just written).
+
+    A checkpoint is renamed to `<name>.deleting` before it is removed, so a kill during the removal
+    never leaves a half-deleted directory that still looks complete; leftovers are removed here."""
+    for leftover in ckpt_root.glob(f"{PREFIX}*.deleting"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    timeline = [p for p in list_checkpoints(ckpt_root) if step_of(p) <= newest]
+    for old in timeline[:-keep_last]:
+        doomed = old.with_name(old.name + ".deleting")
+        old.rename(doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
 
 
 def read_meta(ckpt: Path) -> dict:
@@ -216,12 +234,22 @@ def save(ckpt_root: Path, step: int, engine, rank: int, world_size: int, meta: d
         meta = dict(meta, **engine_meta, step=step, world_size=world_size)
         (tmp / META).write_text(json.dumps(meta, indent=1))
         if final.exists():  # re-saving the same step (e.g. final save right after a periodic one)
-            shutil.rmtree(final)
-        tmp.rename(final)
-        for old in list_checkpoints(ckpt_root)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+            doomed = final.with_name(final.name + ".deleting")
+            final.rename(doomed)
+            tmp.rename(final)
+            shutil.rmtree(doomed, ignore_errors=True)
+        else:
+            tmp.rename(final)
+        prune(ckpt_root, keep_last, newest=step)
     barrier()
     return final
+
+
+def tensors_are_finite(tensors) -> torch.Tensor:
+    """One device-side bool for "every element of every tensor is finite" (no host sync here)."""
+    flags = [torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all() for t in tensors
+             if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return torch.stack(flags).all() if flags else torch.tensor(True)
 
 
 def save_model_optim(tmp: Path, model, optimizer) -> dict:

@@ -77,6 +77,11 @@ class TorchEngine:
             return self.wrapped.no_sync()
         return _fsdp_no_sync(self.wrapped)
 
+    def state_is_finite(self) -> torch.Tensor:
+        """This rank's weights and optimizer moments, all finite (a device bool)."""
+        moments = [v for st in self.optimizer.state.values() for v in st.values()]
+        return checkpoint.tensors_are_finite([*self.model.parameters(), *moments])
+
     def save(self, tmp_dir: Path) -> dict:
         return checkpoint.save_model_optim(tmp_dir, self.model, self.optimizer)
 
@@ -147,6 +152,14 @@ class DeepSpeedEngine:
         norm_value = float(norm) if norm is not None else math.nan
         applied = self.guard.check(step, loss_value, norm_value if math.isfinite(loss_value) else math.nan)
         return loss_value, norm_value, applied
+
+    def state_is_finite(self) -> torch.Tensor:
+        """This rank's BF16 weights, FP32 master partitions and Adam moments, all finite (a device bool)."""
+        zero = self.engine.optimizer
+        inner = getattr(zero, "optimizer", zero)
+        tensors = [*self.engine.module.parameters(), *getattr(zero, "single_partition_of_fp32_groups", []),
+                   *(v for st in inner.state.values() for v in st.values())]
+        return checkpoint.tensors_are_finite(tensors)
 
     def save(self, tmp_dir: Path) -> dict:
         self.engine.save_checkpoint(str(tmp_dir), tag="deepspeed", save_latest=False)
