@@ -227,12 +227,18 @@ def save(ckpt_root: Path, step: int, engine, rank: int, world_size: int, meta: d
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     barrier()
-    engine_meta = engine.save(tmp)
-    torch.save(trainer_state, tmp / f"rank_{rank:05d}.pt")
+    try:
+        engine_meta = engine.save(tmp)
+        torch.save(trainer_state, tmp / f"rank_{rank:05d}.pt")
+    except (OSError, CheckpointException) as e:
+        raise _write_failed(ckpt_root, tmp, e) from None
     barrier()
     if rank == 0:
         meta = dict(meta, **engine_meta, step=step, world_size=world_size)
-        (tmp / META).write_text(json.dumps(meta, indent=1))
+        try:
+            (tmp / META).write_text(json.dumps(meta, indent=1))
+        except OSError as e:
+            raise _write_failed(ckpt_root, tmp, e) from None
         if final.exists():  # re-saving the same step (e.g. final save right after a periodic one)
             doomed = final.with_name(final.name + ".deleting")
             final.rename(doomed)
@@ -243,6 +249,18 @@ def save(ckpt_root: Path, step: int, engine, rank: int, world_size: int, meta: d
         prune(ckpt_root, keep_last, newest=step)
     barrier()
     return final
+
+
+def _write_failed(ckpt_root: Path, tmp: Path, e: BaseException) -> CheckpointError:
+    """Remove the partial save; one line saying why and what is still there to resume from."""
+    causes = [f[0] for f in getattr(e, "failures", {}).values()] or [e]  # DCP wraps per-rank errors
+    why = next((c.strerror for c in causes if isinstance(c, OSError) and c.strerror), None) or str(causes[0])[:200]
+    if "inline_container" in why:  # torch.save's zip writer hides the OS error behind its own assertion
+        why = "a write stopped part-way: disk full, quota or file-size limit"
+    shutil.rmtree(tmp, ignore_errors=True)
+    done = list_checkpoints(ckpt_root)
+    kept = f"{done[-1]} is intact" if done else "no earlier checkpoint exists"
+    return CheckpointError(f"{tmp.with_suffix('')}: cannot write the checkpoint ({why}); {kept}")
 
 
 def tensors_are_finite(tensors) -> torch.Tensor:

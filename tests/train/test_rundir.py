@@ -99,3 +99,29 @@ def test_state_is_finite_sees_a_single_bad_weight_or_moment(tmp_path):
     train_steps(model, engine, 1)
     next(iter(engine.optimizer.state.values()))["exp_avg_sq"].view(-1)[3] = math.nan
     assert not bool(engine.state_is_finite())
+
+
+def test_disk_full_during_a_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path):
+    """A real write failure: the kernel's file-size limit (EFBIG) stops the save of step 4's weights;
+    step 2's checkpoint, written before the limit was lowered, stays the one to resume from."""
+    import resource
+    from tests.conftest import REPO, cli_env, train_cmd
+
+    out = tmp_path / "run"
+    args = [f"out_dir={out}", "train.save_every=2", "train.progress=false", "train.eval_sequences=2",
+            "train.seq_len=64", "train.global_batch_size=4", "train.micro_batch_size=4"]
+    subprocess.run(train_cmd(*args, "train.max_steps=4"), cwd=REPO, env=cli_env(), check=True,
+                   capture_output=True)
+    import shutil
+    shutil.rmtree(out / "checkpoints" / "step_00000004")     # as if killed after step 2's checkpoint
+    size = max(p.stat().st_size for p in out.rglob("*.distcp"))
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
+    proc = subprocess.run(train_cmd(*args, "train.max_steps=4"), cwd=REPO, env=cli_env(), capture_output=True,
+                          text=True, preexec_fn=small_files, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "step_00000004: cannot write the checkpoint (" in lines[0], lines[0][-400:]
+    assert "step_00000002 is intact" in lines[0]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000002"]
