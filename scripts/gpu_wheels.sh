@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build `.whl/`: the pure (or cp312 manylinux) wheels a bare GPU machine without network needs to run
+# nvfp4train, on a machine with PyPI access. The GPU image has Python 3.12, torch (CUDA), triton,
+# tokenizers, safetensors, numpy, tqdm, psutil, msgpack, py-cpuinfo, nvidia-ml-py, einops; it lacks
+# hydra-core, omegaconf, deepspeed and mamba-ssm, which come from here.
+#
+#   bash scripts/gpu_wheels.sh            # writes .whl/ (about 3 MB)
+#
+# On the GPU machine, from the repository root:
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+# mamba-ssm is built without its CUDA extension (Triton kernels only); nvfp4train imports its Triton
+# SSD without importing the package's __init__ (see nvfp4train/model/ssd.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=.whl
+mkdir -p "$out"
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || grep -qx '/.whl/' .gitignore || echo '/.whl/' >> .git/info/exclude
+
+binary() {  # wheels as published, for the GPU machine's Python
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$out" "$@"
+}
+binary hydra-core==1.3.2 omegaconf==2.3.0 hjson==3.1.0 \
+  pydantic==2.12.5 pydantic-core==2.41.5 annotated-types==0.7.0 typing-inspection==0.4.2
+# sdist-only packages, built here into pure wheels
+python3 -m pip wheel -q --no-deps -w "$out" antlr4-python3-runtime==4.9.3
+DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation -w "$out" deepspeed==0.19.8
+MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE python3 -m pip wheel -q --no-deps --no-build-isolation \
+  -w "$out" mamba-ssm==2.3.2.post1
+ls -la "$out"
+du -sh "$out"
