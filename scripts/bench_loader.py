@@ -1,4 +1,4 @@
-"""Loader throughput from one core over memory-mapped shards (issue 5: at least 1M tokens/s).
+"""Loader throughput from one core over memory-mapped shards (the target: at least 1M tokens/s).
 
     python scripts/bench_loader.py                       # the bundled corpus, seq_len 2048
     python scripts/bench_loader.py --config configs/data/corpora.yaml --seq-len 4096 --micro-batch 8

@@ -1,6 +1,7 @@
 """NVFP4: E2M1 elements, one E4M3 decode scale per 16 elements, one FP32 scale per tensor.
 
-Bit-exact with Transformer Engine's reference quantizer (see docs/nvfp4-recipe.md §1.4):
+Bit-exact with Transformer Engine's reference quantizer (arXiv 2509.25149 App. B; TE's
+`transformer_engine/pytorch/custom_recipes/reference_nvfp4.py`; tests/formats/golden/):
 
     amax     = max|x|                                       (FP32, whole tensor)
     s_enc    = 2688 / amax  (true FP32 division; min FLT_MAX; 1 if amax == 0)

@@ -7,7 +7,7 @@ A model is a string of block symbols (Megatron's `--hybrid-layer-pattern` langua
     -  MLP block          (pre-RMSNorm -> squared-ReLU MLP -> residual)
 
 A pure Transformer is the pattern "*-" repeated; the 12B Nemotron-H hybrid is
-"M-M-M-M*-..." (nvfp4-recipe.md §3.1). Field defaults describe `hybrid_tiny`, the CPU default,
+"M-M-M-M*-..." (`configs/model/nemotron_h_12b.yaml`). Field defaults describe `hybrid_tiny`, the CPU default,
 and match `configs/model/hybrid_tiny.yaml`.
 
 This module knows nothing about Hydra: `from_dict` takes any mapping of plain values.

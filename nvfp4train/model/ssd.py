@@ -148,7 +148,7 @@ def load_triton_ssd() -> Callable:
     `import mamba_ssm` runs its __init__, which needs the compiled `selective_scan_cuda`
     extension; the pure-Python wheel (MAMBA_SKIP_CUDA_BUILD) has only the Triton kernels.
     Registering a bare package object under the name `mamba_ssm` lets the Triton submodules
-    import (environment.md, "mamba-ssm" section). Raises ImportError when unavailable.
+    import (README.md, GPU install: mamba-ssm's Triton-only build). Raises ImportError when unavailable.
     """
     global _TRITON_SSD, _TRITON_SSD_ERROR
     if _TRITON_SSD is not None:

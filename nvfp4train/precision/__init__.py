@@ -1,4 +1,4 @@
-"""Precision policies and quantized linear layers (issue #6).
+"""Precision policies and quantized linear layers.
 
     from nvfp4train.precision import PrecisionPolicy, build_linear_factory, PrecisionController
     policy = PrecisionPolicy.from_dict(cfg.precision)         # validates

@@ -5,7 +5,7 @@
                                                      the very bits Fprop used, transposed)
               dW = Q(RHT(dYᵀ)) · Q(RHT(Xᵀ))ᵀ        (wgrad_dy, wgrad_x; along tokens)
 
-Emulated GEMM (recipe §6.4): the operands are dequantized to `code x block scale`, which is exact
+Emulated GEMM: the operands are dequantized to `code x block scale`, which is exact
 in BF16 (and in TF32); the product is accumulated in FP32; the two FP32 global decode scales are
 multiplied into the FP32 result afterwards, as the hardware epilogue does; the result is rounded
 once to the output dtype (BF16 under autocast). Weight gradients are returned in FP32.

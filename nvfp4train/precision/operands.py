@@ -3,7 +3,7 @@
 An operand is a 2-D tensor in its GEMM layout [rows, K]. Quantizing it gives
 `values` (the exact part: e2m1 x block scale for NVFP4, the FP8 data for per-tensor FP8, the
 dequantized numbers for MXFP4 / blockwise FP8) plus an FP32 `decode_scale` that the GEMM applies
-to its FP32 output afterwards, as the hardware epilogue does (recipe §1.4 step 6, §6.4).
+to its FP32 output afterwards, as the hardware epilogue does (arXiv 2509.25149, eq. 5).
 
 Shapes the format's tiles do not divide are zero-padded: K up to `k_pad` (chosen per GEMM so both
 operands agree; padded K contributes zero to the product, also after an RHT, which is orthogonal
@@ -146,7 +146,7 @@ def pack(x: torch.Tensor, spec: OperandSpec, k_pad: int, generator=None, rht_sig
 
 
 def operand_stats(x: torch.Tensor, spec: OperandSpec, packed: Packed, k_pad: int, rht_signs=None) -> dict[str, float]:
-    """Telemetry for one quantized operand (recipe telemetry, issue #6):
+    """Telemetry for one quantized operand:
     rel_err     ||x_hat - x|| / ||x|| (x after padding and RHT, i.e. what was quantized);
     flush_zero  fraction of non-zero inputs that quantized to zero;
     scale_sat   fraction of block scales at the scale format's max (NVFP4: E4M3 448);

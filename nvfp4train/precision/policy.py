@@ -1,6 +1,6 @@
 """Precision policies: which format each operand of each linear-layer GEMM uses.
 
-A linear layer Y = X Wᵀ runs three GEMMs, each with two operands (recipe §2.2):
+A linear layer Y = X Wᵀ runs three GEMMs, each with two operands (arXiv 2509.25149 §4, Fig. 5):
 
     Fprop  Y  = X  · Wᵀ     operands fprop_x  [tokens, in]   fprop_w  [out, in]     (K = in)
     Dgrad  dX = dY · W      operands dgrad_dy [tokens, out]  dgrad_w  [in, out]     (K = out)
@@ -11,7 +11,7 @@ consecutive elements along that GEMM's contraction dimension. A `PrecisionPolicy
 built from the Hydra `precision` group) resolves, for a block index and a schedule phase, to a
 `LayerRecipe`: one `OperandSpec` per operand role.
 
-Knobs are independent (issue #6): rht on wgrad|all|none, sr on grads|all|none, weight tile,
+Knobs are independent: rht on wgrad|all|none, sr on grads|all|none, weight tile,
 BF16 first/last blocks, and a mid-run switch to BF16 (full|forward_only|backward_only).
 """
 from __future__ import annotations
@@ -110,7 +110,7 @@ class LayerRecipe:
     def reuses_fprop_weight(self) -> bool:
         """Dgrad uses the Fprop weight quantization (transposed) when the two specs are the same
         square tile without RHT: a square tile's scale covers the same elements either way, so
-        the two quantizations are bit-identical transposes (recipe §1.5)."""
+        the two quantizations are bit-identical transposes (arXiv 2509.25149 §4.3)."""
         w, wt = self.fprop_w, self.dgrad_w
         return (not w.is_bf16 and w == wt and w.tile is not None and w.tile[0] == w.tile[1]
                 and w.rht_dim == 0)

@@ -1,7 +1,8 @@
 """Transformer Engine backend: the same policy as TE modules and recipes.
 
 Only imported lazily, and `transformer_engine` itself only when a TE layer is built: nothing else
-in the package depends on it. Mapping (recipe §5.1-5.2):
+in the package depends on it. Mapping onto TE's recipes
+(https://docs.nvidia.com/deeplearning/transformer-engine/user-guide/api/common.html):
 
     fp8_blockwise  -> Float8BlockScaling(fp8_format=E4M3)   (1x128 acts/grads, 128x128 weights)
     fp8_tensorwise -> Float8CurrentScaling(fp8_format=HYBRID) (E4M3 forward, E5M2 gradients)

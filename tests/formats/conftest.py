@@ -3,42 +3,25 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-GOLDEN_SUBDIR = Path("golden") / "te_nvfp4_reference"
+# Committed with the tests (provenance and licence in its README.md). A missing file is an error,
+# never a skip: the bit-exactness tests must run in every clone and in CI.
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden" / "te_nvfp4_reference"
 
 
-def shared_dir_candidates() -> list[Path]:
-    """Where ``shared/`` may live: $NVFP4TRAIN_SHARED, <repo>/../shared (CI), /work/shared."""
-    candidates = []
-    if os.environ.get("NVFP4TRAIN_SHARED"):
-        candidates.append(Path(os.environ["NVFP4TRAIN_SHARED"]))
-    candidates += [REPO.parent / "shared", Path("/work/shared")]
-    return candidates
-
-
-def golden_dir() -> Path | None:
-    for shared in shared_dir_candidates():
-        if (shared / GOLDEN_SUBDIR / "manifest.json").is_file():
-            return shared / GOLDEN_SUBDIR
-    return None
+def golden_manifest() -> dict:
+    return json.loads((GOLDEN_DIR / "manifest.json").read_text())
 
 
 def load_golden():
-    """(manifest dict, tensors dict) or pytest.skip naming the places searched."""
-    directory = golden_dir()
-    if directory is None:
-        searched = ", ".join(str(p / GOLDEN_SUBDIR) for p in shared_dir_candidates())
-        pytest.skip(f"TE golden vectors not found (searched: {searched}); set NVFP4TRAIN_SHARED")
+    """(manifest dict, tensors dict) of the TE golden vectors."""
     from safetensors.torch import load_file
 
-    manifest = json.loads((directory / "manifest.json").read_text())
-    return manifest, load_file(str(directory / "cases.safetensors"))
+    return golden_manifest(), load_file(str(GOLDEN_DIR / "cases.safetensors"))
 
 
 @pytest.fixture(scope="session")

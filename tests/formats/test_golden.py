@@ -1,4 +1,4 @@
-"""Bit-exactness against Transformer Engine's reference quantizer (shared/golden/te_nvfp4_reference).
+"""Bit-exactness against Transformer Engine's reference quantizer (golden/te_nvfp4_reference/).
 
 Every code byte, every scale byte and the amax must match: rowwise (x), columnwise (x.T) and
 columnwise after the 16-point RHT, for 1x16 and 16x16 tiles, fp32 and bf16 inputs; MXFP4 with the
@@ -7,22 +7,16 @@ paper's round-up scale rule.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from nvfp4train.formats import hadamard, mxfp4, nvfp4
 
-from .conftest import golden_dir
+from .conftest import golden_manifest
 
 
 def _case_names(fmt: str) -> list[str]:
-    directory = golden_dir()
-    if directory is None:
-        return ["<golden vectors not found>"]
-    cases = json.loads((directory / "manifest.json").read_text())["cases"]
-    return [c["name"] for c in cases if c["format"] == fmt]
+    return [c["name"] for c in golden_manifest()["cases"] if c["format"] == fmt]
 
 
 def _case(golden, name):

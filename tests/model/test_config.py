@@ -79,5 +79,5 @@ def test_derived_sizes_match_megatron_12b():
     d = yaml.safe_load((CONFIG_DIR / "nemotron_h_12b.yaml").read_text())
     cfg = ModelConfig.from_dict(d)
     assert cfg.mamba_d_inner == 10240 and cfg.mamba_heads == 128
-    assert cfg.mamba_in_proj_dim == 22656  # 2*10240 + 2*8*128 + 128 (nvfp4-recipe.md 3.1)
+    assert cfg.mamba_in_proj_dim == 22656  # z, x: 2*10240; B, C: 2*8*128; dt: 128 heads (Mamba2Mixer)
     assert (cfg.count("M"), cfg.count("*"), cfg.count("-")) == (28, 6, 28)

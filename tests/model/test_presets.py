@@ -33,8 +33,9 @@ def analytic_params(cfg: ModelConfig) -> int:
 @pytest.mark.parametrize(
     "name, total, non_embedding",
     [
-        # nvfp4-recipe.md: 12B "about 12.3B including untied embeddings"; 1.2B: "0.755B
-        # non-embedding plus 0.537B embeddings = 1.29B"; 8B: the paper's name.
+        # From the paper's architecture tables (arXiv 2509.25149 App. A.1-A.3) with vocab 131072:
+        # 12B about 12.3B including untied embeddings; 1.2B 0.755B non-embedding plus 0.537B
+        # embeddings = 1.29B; 8B: the paper's name.
         ("nemotron_h_12b", 12.31e9, None),
         ("nemotron_h_8b", 8.08e9, None),
         ("transformer_1p2b", 1.292e9, 0.755e9),
@@ -59,7 +60,7 @@ def test_12b_block_mix_and_linear_count():
     assert len(kinds) == 62 and kinds.count("M") == 28 and kinds.count("*") == 6 and kinds.count("-") == 28
     assert kinds[:2] == ["M", "-"] and "".join(kinds[-8:]) == "M-M-M-M-"  # the BF16 blocks of the recipe
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    assert len(linears) == 62 * 2 + 1  # two per block (nvfp4-recipe.md 2.4) + LM head
+    assert len(linears) == 62 * 2 + 1  # two per block (arXiv 2509.25149 App. A.1) + LM head
 
 
 @pytest.mark.parametrize("name", ["hybrid_50m", "hybrid_125m", "hybrid_350m", "hybrid_1b"])
