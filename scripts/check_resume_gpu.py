@@ -88,10 +88,13 @@ def main() -> None:
         run(command(nproc, cut, common, extra), log)
         a, b = losses(ref), losses(cut)
         resumed = [s for s in sorted(a) if s > args.kill_at]
+        before = [s for s in sorted(a) if s <= args.kill_at]  # both runs uninterrupted: run-to-run noise
         diffs = [abs(a[s] - b[s]) for s in resumed]
         row = {"arm": arm, "gpus": nproc, "steps": args.steps, "killed_after_step": killed_at,
                "resumed_from": args.kill_at, "resumed_steps": len(resumed),
                "bitwise_equal": sum(a[s] == b[s] for s in resumed), "max_abs_diff": max(diffs),
+               "before_kill_bitwise_equal": f"{sum(a[s] == b[s] for s in before)}/{len(before)}",
+               "before_kill_max_abs_diff": max(abs(a[s] - b[s]) for s in before),
                "max_rel_diff": max(d / abs(a[s]) for d, s in zip(diffs, resumed)), "ref_seconds": round(seconds, 1),
                "final_loss": a[max(a)]}
         results.append(row)
@@ -103,12 +106,13 @@ def main() -> None:
             r["vs_torch_engine_max_rel_diff"] = max(abs(a[s] - b[s]) / abs(a[s]) for s in a if s in b)
     (args.out / "resume_gpu.json").write_text(json.dumps(results, indent=1))
     print("\n| arm | GPUs | killed after | resumed from | resumed steps | bitwise equal | max abs diff | "
-          "max rel diff | vs torch engine | final loss |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "max rel diff | before the kill: equal, max abs diff | vs torch engine | final loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         vs = r.get("vs_torch_engine_max_rel_diff")
         print(f"| {r['arm']} | {r['gpus']} | {r['killed_after_step']} | {r['resumed_from']} | {r['resumed_steps']} | "
               f"{r['bitwise_equal']} | {r['max_abs_diff']:.3g} | {r['max_rel_diff']:.3g} | "
+              f"{r['before_kill_bitwise_equal']}, {r['before_kill_max_abs_diff']:.3g} | "
               f"{'' if vs is None else f'{vs:.3g}'} | {r['final_loss']:.4f} |")
 
 
