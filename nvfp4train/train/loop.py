@@ -16,7 +16,8 @@ The run is split as torchtitan's trainer is, so each part can change without rea
   trainer.train_step()   one optimizer step -> StepResult
   trainer.log(result)    progress line, metrics record and evaluation at their intervals
   trainer.save()         a checkpoint of everything needed to continue the same stream exactly
-`run(cfg)` puts them together with preemption and shutdown.
+`run(cfg)` puts them together with preemption. The process group outlives it (the runs of a Hydra
+sweep share it): train/__main__.py destroys it once, at the end.
 """
 from __future__ import annotations
 
@@ -316,6 +317,5 @@ def run(cfg: RunConfig) -> dict:
     finally:
         trainer.close()
     dist.barrier(info)
-    dist.shutdown()
     return {"step": trainer.step, "loss": loss, "checkpoint": str(last_ckpt) if last_ckpt else None,
             "out_dir": str(cfg.out_dir), "rank": info.rank}
