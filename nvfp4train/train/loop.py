@@ -134,6 +134,9 @@ class StepResult:
 
 
 class Trainer:
+    """Everything one run holds. Building it validates the whole config and writes nothing but an
+    empty out_dir; each method below is one part of the run, in the order run() calls them."""
+
     def __init__(self, cfg: RunConfig):
         t = cfg.train
         self.cfg = cfg

@@ -3,8 +3,8 @@
 metrics.jsonl gets one JSON object per logged step; on resume it is truncated to the steps before the
 checkpoint, so a resumed run's file reads like one uninterrupted run. It is strict JSON: a non-finite
 number (the loss of a step the guard skipped, flagged `step_skipped`) is written as null, since jq and
-JavaScript reject NaN. A resumed run continues the same
-W&B run (its id is stored in the checkpoint) in the same group.
+JavaScript reject NaN. A resumed run continues the same W&B run (its id is stored in the checkpoint)
+in the same group.
 """
 from __future__ import annotations
 
