@@ -22,7 +22,7 @@ def load(run_dir: Path) -> list[dict]:
 
 
 def summarize(records: list[dict], baseline: dict[int, float] | None, skip_first: int) -> dict:
-    losses = {r["step"]: r["loss"] for r in records if "loss" in r}
+    losses = {r["step"]: r["loss"] for r in records if r.get("loss") is not None}   # null: a skipped step
     speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r and r["step"] > skip_first]
     last = records[-1]
     row = {"steps": max(losses) if losses else 0, "final_loss": losses[max(losses)] if losses else math.nan,
@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--skip-first", type=int, default=3, help="steps left out of the throughput mean (warm-up)")
     args = ap.parse_args()
     base_dir = args.baseline or args.runs[0]
-    baseline = {r["step"]: r["loss"] for r in load(base_dir) if "loss" in r}
+    baseline = {r["step"]: r["loss"] for r in load(base_dir) if r.get("loss") is not None}
     rows = [(str(run), summarize(load(run), baseline, args.skip_first)) for run in args.runs]
     cols = ["steps", "final_loss", "val_mean", "rel_final_%", "rel_last10%_%", "max_abs_diff", "tokens_per_s",
             "skipped", "spikes"]

@@ -7,8 +7,8 @@
     val = build_val_data(data_cfg, seq_len=..., max_sequences_per_domain=...)
 """
 from .config import DataConfig, Phase, SourceConfig, parse_data_config
-from .loader import BlendedTrainLoader, build_train_loader, build_val_data, prepare_all
-from .prepare import prepare_split
+from .loader import BlendedTrainLoader, build_train_loader, build_val_data
+from .prepare import prepare_all, prepare_split
 from .shards import TokenShards
 from .tokenizer import load_tokenizer
 

@@ -23,42 +23,12 @@ import torch
 
 from .blend import BlendSchedule
 from .config import DataConfig, parse_data_config
-from .paths import resolve_path
-from .prepare import prepare_split
+from .prepare import prepare_all
 from .shards import TokenShards
 from .tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 STATE_VERSION = "nvfp4train.data.loader/1"
-
-
-# ----------------------------------------------------------------------------- sources on disk
-def _cache_split_dir(cfg: DataConfig, identity: str, source: str, split: str):
-    return resolve_path(cfg.cache_dir) / identity.replace(":", "-") / source / split
-
-
-def prepare_all(data_cfg, *, num_proc: int | None = None, progress: bool | None = None,
-                splits=("train", "val"), names=None) -> dict:
-    """Make sure every configured source split has token shards; return {"name/split": dir}.
-    Raw sources are tokenized into cache_dir/<tokenizer identity>/<source>/<split> (rebuilt when the
-    inputs change); `shards:` sources are used as given and only checked when opened."""
-    cfg = data_cfg if isinstance(data_cfg, DataConfig) else parse_data_config(data_cfg)
-    tok = load_tokenizer(cfg.tokenizer)
-    dirs = {}
-    for name, src in cfg.sources.items():
-        if names is not None and name not in names:
-            continue
-        for split in splits:
-            raw, prepared = (src.train, src.shards) if split == "train" else (src.val, src.val_shards)
-            if prepared is not None:
-                dirs[f"{name}/{split}"] = resolve_path(prepared)
-            elif raw is not None:
-                out = _cache_split_dir(cfg, tok.identity, name, split)
-                prepare_split(raw, out, tokenizer=cfg.tokenizer, text_field=src.text_field, fmt=src.format,
-                              num_proc=num_proc or cfg.num_proc, docs_per_shard=cfg.docs_per_shard,
-                              key=f"data.sources.{name}.{split}", progress=progress)
-                dirs[f"{name}/{split}"] = out
-    return dirs
 
 
 class SourceStream:
@@ -156,10 +126,6 @@ class BlendedTrainLoader:
                          name, begun_after - 1, self.step)
         self.step += 1
         self.microbatch = 0
-
-    def __iter__(self):
-        while True:
-            yield self.next_microbatch()
 
     # -- state -------------------------------------------------------------------------------
     def _fingerprint(self) -> dict:

@@ -4,9 +4,10 @@
     python scripts/prepare_data.py --config configs/data/bundled.yaml          # every source of a data config
 
 Inputs: local .jsonl/.jsonl.gz/.json (one JSON object per line, text in `text_field`), .txt/.txt.gz
-(one document per file), .parquet, a directory or glob of those, or a `datasets` hub dataset
-({hf: name, name: config, split: train}) where a hub is reachable. Several processes tokenize
-(ordered, so the result does not depend on num_proc).
+(one document per file), .parquet, a directory or glob of those, or a `datasets` dataset
+({hf: ..., name: config, split: train, data_files: ...}): a hub name where a hub is reachable, a
+directory written by `save_to_disk`, a directory of data files, or a builder (json, parquet) with
+data_files. Several processes tokenize (ordered, so the result does not depend on num_proc).
 
 Idempotent: a finished directory whose manifest matches the inputs (sizes + sha256) and the tokenizer
 is left alone. Resumable: every `docs_per_shard` input documents a shard is finished and recorded in
@@ -20,12 +21,16 @@ import fcntl
 import glob
 import gzip
 import json
+import multiprocessing as mp
 import os
 import sys
 from pathlib import Path
 
 import numpy as np
+import yaml
+from tqdm.auto import tqdm
 
+from .config import DataConfig, parse_data_config
 from .paths import resolve_path
 from .shards import FORMAT_VERSION, MANIFEST, read_manifest, sha256_file, token_dtype
 from .tokenizer import load_tokenizer
@@ -72,16 +77,59 @@ def expand_inputs(spec, key: str = "input") -> list[Path]:
     return files
 
 
+# ----------------------------------------------------------------------------- `datasets` inputs
+# {hf: ..., name: ..., split: ..., data_files: ...} goes through the `datasets` library:
+#   hf: a hub dataset name (where a hub is reachable), a directory written by `save_to_disk`, a local
+#       directory of data files, or a packaged builder (json, parquet, csv, text) with `data_files`.
+HF_KEYS = ("hf", "name", "split", "data_files")
+
+
+def _hf_local_inputs(spec: dict, key: str) -> tuple[Path | None, list[Path]]:
+    """The local directory `hf` names (None for a hub name or a builder) and the data_files, resolved."""
+    unknown = sorted(set(spec) - set(HF_KEYS))
+    if "hf" not in spec or unknown:
+        raise ValueError(f"{key}: a mapping input is a `datasets` dataset with keys {', '.join(HF_KEYS)} "
+                         f"(hf required){f'; unknown: {unknown}' if unknown else ''}")
+    if not isinstance(spec["hf"], str) or not spec["hf"]:
+        raise ValueError(f"{key}.hf: expected a dataset name or directory, got {spec['hf']!r}")
+    local = resolve_path(spec["hf"])
+    data_files = expand_inputs(spec["data_files"], f"{key}.data_files") if spec.get("data_files") else []
+    return (local if local.is_dir() else None), data_files
+
+
+def _iter_hf_documents(spec: dict, text_field: str, key: str):
+    import datasets  # slow to import, and only these inputs need it
+
+    local_dir, data_files = _hf_local_inputs(spec, key)
+    split = spec.get("split", "train")
+    if local_dir is not None and any((local_dir / f).is_file() for f in ("state.json", "dataset_dict.json")):
+        ds = datasets.load_from_disk(str(local_dir))     # written by Dataset(Dict).save_to_disk
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise ValueError(f"{key}.split={split!r}: {local_dir} has splits {', '.join(ds)}")
+            ds = ds[split]
+    else:
+        try:
+            ds = datasets.load_dataset(str(local_dir or spec["hf"]), spec.get("name"), split=split, streaming=True,
+                                       data_files={split: [str(p) for p in data_files]} if data_files else None)
+        except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetsError) as e:
+            raise ValueError(f"{key}.hf={spec['hf']!r}: not a local directory, and `datasets` cannot load it "
+                             f"({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})") from None
+    where = f"{key} ({local_dir or spec['hf']})"
+    if ds.column_names is not None and text_field not in ds.column_names:
+        raise ValueError(f"{where}: no {text_field!r} column (columns: {', '.join(ds.column_names)}); "
+                         "set text_field")
+    for i, row in enumerate(ds.select_columns([text_field])):
+        text = row[text_field]
+        if not isinstance(text, str):
+            raise ValueError(f"{where}: row {i}: field {text_field!r} is not a string")
+        yield text
+
+
 def iter_documents(spec, *, text_field: str = "text", fmt: str | None = None, key: str = "input"):
     """Yield document texts in a fixed order."""
     if isinstance(spec, dict):
-        if "hf" not in spec:
-            raise ValueError(f"{key}: a mapping input must be a hub dataset {{hf: name, name: ..., split: ...}}")
-        import datasets
-
-        ds = datasets.load_dataset(spec["hf"], spec.get("name"), split=spec.get("split", "train"), streaming=True)
-        for row in ds:
-            yield row[text_field]
+        yield from _iter_hf_documents(spec, text_field, key)
         return
     for path in expand_inputs(spec, key):
         kind = _format_of(path, fmt)
@@ -111,12 +159,21 @@ def iter_documents(spec, *, text_field: str = "text", fmt: str | None = None, ke
             yield from table.column(text_field).to_pylist()
 
 
+def _describe_files(files: list[Path], root: Path | None = None) -> list[dict]:
+    return [{"name": str(p.relative_to(root)) if root else p.name, "size": p.stat().st_size,
+             "sha256": sha256_file(p)} for p in files]
+
+
 def inputs_fingerprint(spec, text_field: str, fmt: str | None, key: str) -> dict:
     if isinstance(spec, dict):
-        return {"hub": spec, "text_field": text_field}
-    files = expand_inputs(spec, key)
-    return {"text_field": text_field, "format": fmt,
-            "files": [{"name": p.name, "size": p.stat().st_size, "sha256": sha256_file(p)} for p in files]}
+        local_dir, data_files = _hf_local_inputs(spec, key)
+        fingerprint = {"hub": spec, "text_field": text_field}
+        if local_dir is not None:   # local data: rebuild when its files change, as for files given directly
+            fingerprint["files"] = _describe_files(sorted(p for p in local_dir.rglob("*") if p.is_file()), local_dir)
+        if data_files:
+            fingerprint["data_files"] = _describe_files(data_files)
+        return fingerprint
+    return {"text_field": text_field, "format": fmt, "files": _describe_files(expand_inputs(spec, key))}
 
 
 # ----------------------------------------------------------------------------- tokenizing
@@ -183,8 +240,6 @@ def prepare_split(spec, out_dir, *, tokenizer: str, text_field: str = "text", fm
 
 
 def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num_proc, docs_per_shard, key, progress):
-    from tqdm.auto import tqdm
-
     dtype = token_dtype(tok.vocab_size)
     header = {"tokenizer": tok.identity, "inputs": fingerprint, "docs_per_shard": docs_per_shard, "dtype": dtype.str}
     done = []
@@ -209,8 +264,6 @@ def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num
 
     pool = None
     if num_proc > 1:
-        import multiprocessing as mp
-
         pool = mp.get_context("fork").Pool(num_proc, initializer=_init_worker, initargs=(tokenizer_name,))
         encoded_batches = pool.imap(_encode_batch, _batches(docs, min(BATCH_DOCS, docs_per_shard)))
     else:
@@ -267,11 +320,42 @@ def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num
     return manifest
 
 
+# ----------------------------------------------------------------------------- every source of a config
+def _cache_split_dir(cfg: DataConfig, identity: str, source: str, split: str):
+    return resolve_path(cfg.cache_dir) / identity.replace(":", "-") / source / split
+
+
+def prepare_all(data_cfg, *, num_proc: int | None = None, progress: bool | None = None,
+                splits=("train", "val"), names=None) -> dict:
+    """Make sure every configured source split has token shards; return {"name/split": dir}.
+    Raw sources are tokenized into cache_dir/<tokenizer identity>/<source>/<split> (rebuilt when the
+    inputs change); `shards:` sources are used as given and only checked when opened."""
+    cfg = data_cfg if isinstance(data_cfg, DataConfig) else parse_data_config(data_cfg)
+    tok = load_tokenizer(cfg.tokenizer)
+    dirs = {}
+    for name, src in cfg.sources.items():
+        if names is not None and name not in names:
+            continue
+        for split in splits:
+            raw, prepared = (src.train, src.shards) if split == "train" else (src.val, src.val_shards)
+            if prepared is not None:
+                dirs[f"{name}/{split}"] = resolve_path(prepared)
+            elif raw is not None:
+                out = _cache_split_dir(cfg, tok.identity, name, split)
+                prepare_split(raw, out, tokenizer=cfg.tokenizer, text_field=src.text_field, fmt=src.format,
+                              num_proc=num_proc or cfg.num_proc, docs_per_shard=cfg.docs_per_shard,
+                              key=f"data.sources.{name}.{split}", progress=progress)
+                dirs[f"{name}/{split}"] = out
+    return dirs
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", nargs="+", help="files, globs or directories of documents")
-    parser.add_argument("--hf", help="a `datasets` hub dataset name (needs a reachable hub)")
+    parser.add_argument("--hf", help="a `datasets` dataset: a hub name (needs a reachable hub), a directory written "
+                        "by save_to_disk or of data files, or a builder (json, parquet) with --data-files")
     parser.add_argument("--hf-config", default=None)
+    parser.add_argument("--data-files", nargs="+", help="with --hf json|parquet|csv|text: the files to load")
     parser.add_argument("--split", default="train")
     parser.add_argument("--out", help="output directory of the shards")
     parser.add_argument("--tokenizer", default="bpe8k")
@@ -282,16 +366,17 @@ def main(argv=None) -> None:
     parser.add_argument("--config", help="a data config yaml: prepare every source (train and val) it names")
     args = parser.parse_args(argv)
     if args.config:
-        import yaml
-
-        from .loader import prepare_all
         cfg = yaml.safe_load(resolve_path(args.config).read_text())
         for name, split_dir in prepare_all(cfg, num_proc=args.num_proc, progress=True).items():
             print(f"{name}: {split_dir}")
         return
     if not args.out or not (args.input or args.hf):
         parser.error("give --out and --input (or --hf), or --config")
-    spec = {"hf": args.hf, "name": args.hf_config, "split": args.split} if args.hf else args.input
+    spec = args.input
+    if args.hf:
+        spec = {"hf": args.hf, "name": args.hf_config, "split": args.split}
+        if args.data_files:
+            spec["data_files"] = args.data_files
     manifest = prepare_split(spec, args.out, tokenizer=args.tokenizer, text_field=args.text_field, fmt=args.format,
                              num_proc=args.num_proc, docs_per_shard=args.docs_per_shard, progress=True)
     print(f"{args.out}: {manifest['n_docs']} documents, {manifest['n_tokens']} tokens, "

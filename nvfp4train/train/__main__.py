@@ -76,6 +76,8 @@ def main() -> None:
             print(f"error: {problem}", file=sys.stderr)
             sys.exit(2)
     hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(_main)()
+    from nvfp4train import dist
+    dist.shutdown()  # once, after every run: the runs of a sweep share the process group
 
 
 if __name__ == "__main__":

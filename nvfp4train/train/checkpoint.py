@@ -15,6 +15,7 @@ travel in meta.json, so DCP never has to unpickle a Python object.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import re
@@ -32,12 +33,19 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 PREFIX = "step_"
 META = "meta.json"
-# A single process (no process group) is a supported DCP mode; its warning about it is noise.
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used for this run; the message names the file and the mismatch."""
+
+
+@contextlib.contextmanager
+def _single_process_quiet():
+    """A single process (no process group) is a supported DCP mode; DCP's warning about it is noise.
+    Silenced around our own DCP calls only, not for the whole program."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 # ----------------------------------------------------------------------------------------- reading
@@ -200,8 +208,9 @@ def load_model_optim(ckpt: Path, model, optimizer, meta: dict) -> None:
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd["state"]}
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(str(ckpt / "model_optim")),
-                 planner=_TensorsOnlyLoadPlanner())
+        with _single_process_quiet():
+            dcp.load(state, storage_reader=SafeFileSystemReader(str(ckpt / "model_optim")),
+                     planner=_TensorsOnlyLoadPlanner())
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures in a traceback text
@@ -277,7 +286,8 @@ def save_model_optim(tmp: Path, model, optimizer) -> dict:
         for k, v in st.items():
             if not isinstance(v, torch.Tensor):
                 raise TypeError(f"optimizer state {fqn}.{k} is not a tensor ({type(v).__name__})")
-    dcp.save({"model": model_sd, "optim": optim_sd["state"]}, checkpoint_id=str(tmp / "model_optim"))
+    with _single_process_quiet():
+        dcp.save({"model": model_sd, "optim": optim_sd["state"]}, checkpoint_id=str(tmp / "model_optim"))
     return {"engine": "torch", "param_groups": _groups_to_json(optim_sd["param_groups"])}
 
 

@@ -8,19 +8,36 @@ One optimizer step, as data flows:
   4. global-norm clipping; a non-finite loss or gradient skips the step;
   5. AdamW updates the FP32 master weights at this step's learning rate;
   6. metrics, evaluation and checkpoints at their intervals; SIGTERM/SIGUSR1 save and exit.
+
+The run is split as torchtitan's trainer is, so each part can change without reading the others:
+  Trainer(cfg)           build: process group, model, precision, data, engine (nothing written yet)
+  trainer.resume()       restore the latest (or the named) checkpoint, if any
+  trainer.open_outputs() config.yaml, metrics.jsonl, W&B, progress bar, the start-up banner
+  trainer.train_step()   one optimizer step -> StepResult
+  trainer.log(result)    progress line, metrics record and evaluation at their intervals
+  trainer.save()         a checkpoint of everything needed to continue the same stream exactly
+`run(cfg)` puts them together with preemption. The process group outlives it (the runs of a Hydra
+sweep share it): train/__main__.py destroys it once, at the end.
 """
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 from nvfp4train import dist
+from nvfp4train.data import build_train_loader, build_val_data
+from nvfp4train.model import HybridLM, ModelConfig, flops_per_token, param_groups
+from nvfp4train.model.mfu import peak_flops
 from nvfp4train.optim import lr_at
+from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
 from nvfp4train.train import checkpoint
 from nvfp4train.train.config import ConfigError, RunConfig
 from nvfp4train.train.engines import build_engine
@@ -28,18 +45,7 @@ from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector
 from nvfp4train.train.metrics import MetricsLogger, ProgressBar
 
 
-class _StopSignal:
-    """Remembers SIGTERM / SIGUSR1 (SLURM preemption) so the loop can checkpoint and leave cleanly."""
-
-    def __init__(self):
-        self.received: int | None = None
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        self.received = signum
-
-
+# ----------------------------------------------------------------------------------------- build
 def _check_out_dir(out_dir: Path) -> None:
     """Fail early if out_dir cannot be created or written, without creating anything yet."""
     existing = out_dir.absolute()
@@ -49,12 +55,8 @@ def _check_out_dir(out_dir: Path) -> None:
         raise ConfigError(f"out_dir={str(out_dir)!r}: not writable ({existing} is not a writable directory)")
 
 
-def _build(cfg: RunConfig, info: dist.DistInfo):
+def _build_model_and_data(cfg: RunConfig, info: dist.DistInfo):
     """Model (with the precision room's linears), precision controller and data, all validated."""
-    from nvfp4train.data import build_train_loader, build_val_data
-    from nvfp4train.model import HybridLM, ModelConfig
-    from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
-
     try:
         model_cfg = ModelConfig.from_dict(cfg.model)
     except (TypeError, ValueError) as e:
@@ -87,8 +89,17 @@ def _build(cfg: RunConfig, info: dist.DistInfo):
     return model_cfg, model, controller, loader, val_data
 
 
+def mfu_peak(cfg: RunConfig, controller: PrecisionController, info: dist.DistInfo) -> tuple[float, str] | None:
+    """The peak FLOP/s MFU is measured against (None off CUDA or on a GPU not in the table)."""
+    gemm_precision = "bf16"  # emulated formats run BF16 GEMMs: MFU against the BF16 peak
+    if controller.backend_name in ("scaled_mm", "te"):
+        gemm_precision = "fp8" if "fp8" in str(cfg.precision.get("format", "")) else "fp4"
+    peak = peak_flops(info.device, gemm_precision) if info.device.type == "cuda" else None
+    return peak
+
+
 @torch.no_grad()
-def evaluate(model, val_data: dict, micro_batch_size: int, device, autocast) -> dict[str, float]:
+def evaluate(model, val_data: dict, micro_batch_size: int, device: torch.device) -> dict[str, float]:
     """Mean next-token loss per held-out domain."""
     was_training = model.training
     model.eval()
@@ -97,7 +108,7 @@ def evaluate(model, val_data: dict, micro_batch_size: int, device, autocast) -> 
         total, count = 0.0, 0
         for i in range(0, len(seqs), micro_batch_size):
             chunk = seqs[i:i + micro_batch_size].to(device)
-            with autocast():
+            with torch.autocast(device.type, dtype=torch.bfloat16):
                 logits = model(chunk[:, :-1])
             total += F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item()
             count += chunk[:, 1:].numel()
@@ -108,130 +119,171 @@ def evaluate(model, val_data: dict, micro_batch_size: int, device, autocast) -> 
     return out
 
 
-def run(cfg: RunConfig) -> dict:
-    """Train as configured; return a summary (final step, loss, checkpoint path)."""
-    info = dist.init_distributed(cfg.train.device)
-    t = cfg.train
-    _check_out_dir(cfg.out_dir)
-    model_cfg, model, controller, loader, val_data = _build(cfg, info)
-    if info.is_main:
-        try:
-            cfg.out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"out_dir={str(cfg.out_dir)!r}: not writable ({e.strerror})") from None
-    dist.barrier(info)
+@dataclass
+class StepResult:
+    """What one optimizer step produced: read by log(), and by run() for the summary."""
+    step: int
+    lr: float
+    loss: float
+    grad_norm: float
+    applied: bool              # False: a non-finite loss or gradient skipped the update
+    spike: bool
+    seconds: float
+    tokens_per_s: float
+    precision_switch: str | None   # the controller's message when its schedule switched at this step
 
-    from nvfp4train.model import flops_per_token, param_groups
-    from nvfp4train.model.mfu import peak_flops
 
-    grad_accum = t.global_batch_size // (t.micro_batch_size * info.world_size)
-    tokens_per_step = t.global_batch_size * t.seq_len
-    ckpt_root = cfg.out_dir / "checkpoints"
-    guard, spikes = NonFiniteGuard(t.max_nonfinite_steps), SpikeDetector(t.spike_factor)
-    engine = build_engine(model, lambda m: param_groups(m, cfg.optim.weight_decay), cfg.optim, t, info, guard,
-                          grad_accum)
-    autocast = lambda: torch.autocast(info.device.type, dtype=torch.bfloat16)  # noqa: E731
+class Trainer:
+    """Everything one run holds. Building it validates the whole config and writes nothing but an
+    empty out_dir; each method below is one part of the run, in the order run() calls them."""
 
-    # ---- resume
-    start_step, wandb_id, resume_from = 0, None, None
-    if t.resume == "auto":
-        existing = checkpoint.list_checkpoints(ckpt_root)
-        resume_from = existing[-1] if existing else None
-    elif t.resume != "never":
-        resume_from = Path(t.resume)
-    if resume_from is not None:
-        meta, state = checkpoint.load(resume_from, engine, info.rank, cfg.model)
-        start_step, wandb_id = int(meta["step"]), meta.get("wandb_id")
-        loader.load_state_dict(state["loader"])
-        controller.load_state_dict(state["precision"])
-        guard.load_state_dict(state["guard"])
-        spikes.load_state_dict(state["spikes"])
+    def __init__(self, cfg: RunConfig):
+        t = cfg.train
+        self.cfg = cfg
+        self.info = info = dist.init_distributed(t.device)
+        _check_out_dir(cfg.out_dir)
+        self.model_cfg, self.model, self.controller, self.loader, self.val_data = _build_model_and_data(cfg, info)
+        if info.is_main:
+            try:
+                cfg.out_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(f"out_dir={str(cfg.out_dir)!r}: not writable ({e.strerror})") from None
+        dist.barrier(info)
+
+        self.grad_accum = t.global_batch_size // (t.micro_batch_size * info.world_size)
+        self.tokens_per_step = t.global_batch_size * t.seq_len
+        self.ckpt_root = cfg.out_dir / "checkpoints"
+        self.guard, self.spikes = NonFiniteGuard(t.max_nonfinite_steps), SpikeDetector(t.spike_factor)
+        self.engine = build_engine(self.model, lambda m: param_groups(m, cfg.optim.weight_decay), cfg.optim, t,
+                                   info, self.guard, self.grad_accum)
+        self.flops_per_token = flops_per_token(self.model_cfg, t.seq_len)["total"]
+        self.peak = mfu_peak(cfg, self.controller, info)
+        self.step = 0                   # optimizer steps done
+        self.start_step = 0             # where this process began (> 0 after a resume)
+        self.resumed_from: Path | None = None
+        self.wandb_id: str | None = None
+        self.logger = MetricsLogger(cfg.out_dir, enabled=info.is_main)
+        self.bar: ProgressBar | None = None
+
+    # ------------------------------------------------------------------------------------ resume
+    def resume(self) -> None:
+        """Restore the engine and every piece of trainer state from train.resume's checkpoint."""
+        t = self.cfg.train
+        if t.resume == "auto":
+            existing = checkpoint.list_checkpoints(self.ckpt_root)
+            self.resumed_from = existing[-1] if existing else None
+        elif t.resume != "never":
+            self.resumed_from = Path(t.resume)
+        if self.resumed_from is None:
+            return
+        meta, state = checkpoint.load(self.resumed_from, self.engine, self.info.rank, self.cfg.model)
+        self.step = self.start_step = int(meta["step"])
+        self.wandb_id = meta.get("wandb_id")
+        self.loader.load_state_dict(state["loader"])
+        self.controller.load_state_dict(state["precision"])
+        self.guard.load_state_dict(state["guard"])
+        self.spikes.load_state_dict(state["spikes"])
         torch.set_rng_state(state["rng_cpu"])
-        if info.device.type == "cuda" and "rng_cuda" in state:
+        if self.info.device.type == "cuda" and "rng_cuda" in state:
             torch.cuda.set_rng_state(state["rng_cuda"])
 
-    logger = MetricsLogger(cfg.out_dir, enabled=info.is_main)
-    if info.is_main:
-        from omegaconf import OmegaConf
-        (cfg.out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg.to_dict()))
-    logger.open(resume_step=start_step if resume_from is not None else None)
-    wandb_id = logger.start_wandb(t.wandb, cfg.to_dict(), cfg.experiment, cfg.out_dir, wandb_id)
-    bar = ProgressBar(t.progress, info.is_main, total=t.max_steps, initial=start_step, log_every=t.log_every)
-    if info.is_main:
-        n_params = sum(p.numel() for p in model.parameters())
-        where = f"resumed from {resume_from}" if resume_from else "from scratch"
-        bar.write(f"model {model_cfg.name}: {n_params / 1e6:.2f}M params | precision {cfg.precision.get('name', '?')} "
-                  f"({controller.backend_name}) | {t.parallel if info.world_size > 1 or t.parallel == 'deepspeed' else 'single'} "
-                  f"x{info.world_size} on {info.device.type} | {t.max_steps} steps x {tokens_per_step} tokens | {where}")
+    def open_outputs(self) -> None:
+        """config.yaml, metrics.jsonl (cut back to the resumed step), W&B, progress bar and banner."""
+        cfg, t, info = self.cfg, self.cfg.train, self.info
+        if info.is_main:
+            (cfg.out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg.to_dict()))
+        self.logger.open(resume_step=self.start_step if self.resumed_from is not None else None)
+        self.wandb_id = self.logger.start_wandb(t.wandb, cfg.to_dict(), cfg.experiment, cfg.out_dir, self.wandb_id)
+        self.bar = ProgressBar(t.progress, info.is_main, total=t.max_steps, initial=self.start_step,
+                               log_every=t.log_every)
+        if info.is_main:
+            n_params = sum(p.numel() for p in self.model.parameters())
+            where = f"resumed from {self.resumed_from}" if self.resumed_from else "from scratch"
+            parallel = t.parallel if info.world_size > 1 or t.parallel == "deepspeed" else "single"
+            self.bar.write(f"model {self.model_cfg.name}: {n_params / 1e6:.2f}M params | precision "
+                           f"{cfg.precision.get('name', '?')} ({self.controller.backend_name}) | {parallel} "
+                           f"x{info.world_size} on {info.device.type} | {t.max_steps} steps x "
+                           f"{self.tokens_per_step} tokens | {where}")
 
-    flops_tok = flops_per_token(model_cfg, t.seq_len)["total"]
-    gemm_precision = "bf16"  # emulated formats run BF16 GEMMs: MFU against the BF16 peak
-    if controller.backend_name in ("scaled_mm", "te"):
-        gemm_precision = "fp8" if "fp8" in str(cfg.precision.get("format", "")) else "fp4"
-    peak = peak_flops(info.device, gemm_precision) if info.device.type == "cuda" else None
+    # ------------------------------------------------------------------------------- one step
+    def train_step(self) -> StepResult:
+        """Optimizer step number self.step + 1: schedule, data, forward/backward, update."""
+        t, step = self.cfg.train, self.step + 1
+        t0 = time.perf_counter()
+        switch = self.controller.on_step((step - 1) / t.max_steps)
+        lr = lr_at(step - 1, t.max_steps, self.cfg.optim.lr, self.cfg.optim.min_lr, self.cfg.optim.schedule)
+        micro_batches = [self.loader.next_microbatch() for _ in range(self.grad_accum)]
+        loss, grad_norm, applied = self.engine.train_step(micro_batches, lr, step)
+        spike = self.spikes.update(loss)
+        if self.info.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        self.step = step
+        return StepResult(step=step, lr=lr, loss=loss, grad_norm=grad_norm, applied=applied, spike=spike,
+                          seconds=seconds, tokens_per_s=self.tokens_per_step / seconds, precision_switch=switch)
 
-    def save(step: int) -> Path:
-        state = {"loader": loader.state_dict(), "precision": controller.state_dict(),
-                 "guard": guard.state_dict(), "spikes": spikes.state_dict(), "rng_cpu": torch.get_rng_state()}
-        if info.device.type == "cuda":
+    # ----------------------------------------------------------------------------------- log
+    def log(self, r: StepResult) -> None:
+        """Progress line every step; a metrics record on log steps, the first, skipped and spiking
+        steps; held-out losses on evaluation steps and the last."""
+        t, is_main = self.cfg.train, self.info.is_main
+        if r.precision_switch and is_main:
+            self.bar.write(f"step {r.step}: {r.precision_switch}")
+        self.bar.update(r.step, r.loss, r.tokens_per_s)
+        if r.spike and is_main:
+            self.bar.write(f"step {r.step}: loss spike {r.loss:.4f} (running mean {self.spikes.ema:.4f})")
+
+        is_last = r.step == t.max_steps
+        record = None
+        if r.step % t.log_every == 0 or is_last or r.step == self.start_step + 1 or not r.applied or r.spike:
+            record = {"step": r.step, "tokens": r.step * self.tokens_per_step, "loss": r.loss, "lr": r.lr,
+                      "grad_norm": r.grad_norm, "tokens_per_s": r.tokens_per_s, "step_time_s": r.seconds,
+                      "skipped_steps": self.guard.total_skipped, "loss_spikes": self.spikes.spikes,
+                      "step_skipped": not r.applied, "loss_spike": r.spike}
+            if self.peak is not None:
+                record["mfu"] = self.flops_per_token * r.tokens_per_s / self.info.world_size / self.peak[0]
+            record.update(self.loader.stats())  # keys already start with "data/"
+            record.update(self.controller.quant_stats())
+        if (t.eval_every and r.step % t.eval_every == 0) or is_last:
+            record = record or {"step": r.step, "tokens": r.step * self.tokens_per_step}
+            record.update(evaluate(self.engine.module, self.val_data, t.micro_batch_size, self.info.device))
+        if record is not None:
+            self.logger.log(record)
+
+    # ------------------------------------------------------------------------------ checkpoint
+    def save_due(self) -> bool:
+        t = self.cfg.train
+        return bool(t.save_every and self.step % t.save_every == 0) or self.step == t.max_steps
+
+    def save(self) -> Path:
+        """Checkpoint the current step (all ranks call this); return its directory."""
+        state = {"loader": self.loader.state_dict(), "precision": self.controller.state_dict(),
+                 "guard": self.guard.state_dict(), "spikes": self.spikes.state_dict(),
+                 "rng_cpu": torch.get_rng_state()}
+        if self.info.device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state()
-        meta = {"model_config": cfg.model, "tokens": step * tokens_per_step, "wandb_id": wandb_id,
-                "experiment": cfg.experiment}
-        return checkpoint.save(ckpt_root, step, engine, info.rank, info.world_size, meta, state, t.keep_last,
-                               barrier=lambda: dist.barrier(info))
+        meta = {"model_config": self.cfg.model, "tokens": self.step * self.tokens_per_step,
+                "wandb_id": self.wandb_id, "experiment": self.cfg.experiment}
+        return checkpoint.save(self.ckpt_root, self.step, self.engine, self.info.rank, self.info.world_size, meta,
+                               state, self.cfg.train.keep_last, barrier=lambda: dist.barrier(self.info))
 
-    stop = _StopSignal()
-    last_ckpt, loss_value, step = None, float("nan"), start_step
-    model.train()
-    try:
-        for step in range(start_step + 1, t.max_steps + 1):
-            t0 = time.perf_counter()
-            switch_msg = controller.on_step((step - 1) / t.max_steps)
-            if switch_msg and info.is_main:
-                bar.write(f"step {step}: {switch_msg}")
-            lr = lr_at(step - 1, t.max_steps, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.schedule)
-            micro_batches = [loader.next_microbatch() for _ in range(grad_accum)]
-            loss_value, norm_value, applied = engine.train_step(micro_batches, lr, step)
-            spike = spikes.update(loss_value)
-            if info.device.type == "cuda":
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            tokens_per_s = tokens_per_step / dt
-            bar.update(step, loss_value, tokens_per_s)
-            if spike and info.is_main:
-                bar.write(f"step {step}: loss spike {loss_value:.4f} (running mean {spikes.ema:.4f})")
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.logger.close()
 
-            is_last = step == t.max_steps
-            record = None
-            if step % t.log_every == 0 or is_last or step == start_step + 1 or not applied or spike:
-                record = {"step": step, "tokens": step * tokens_per_step, "loss": loss_value, "lr": lr,
-                          "grad_norm": norm_value, "tokens_per_s": tokens_per_s, "step_time_s": dt,
-                          "skipped_steps": guard.total_skipped, "loss_spikes": spikes.spikes,
-                          "step_skipped": not applied, "loss_spike": spike}
-                if peak is not None:
-                    record["mfu"] = flops_tok * tokens_per_s / info.world_size / peak[0]
-                record.update(loader.stats())  # keys already start with "data/"
-                record.update(controller.quant_stats())
-            if (t.eval_every and step % t.eval_every == 0) or is_last:
-                record = record or {"step": step, "tokens": step * tokens_per_step}
-                record.update(evaluate(engine.module, val_data, t.micro_batch_size, info.device, autocast))
-            if record is not None:
-                logger.log(record)
 
-            preempted = _agree(stop.received is not None, info)
-            if (t.save_every and step % t.save_every == 0) or is_last or preempted:
-                last_ckpt = save(step)
-            if preempted:
-                if info.is_main:
-                    bar.write(f"received signal {stop.received}: checkpoint {last_ckpt} saved at step {step}; "
-                              "exiting so the job can be requeued")
-                break
-    finally:
-        bar.close()
-        logger.close()
-    dist.barrier(info)
-    return {"step": step, "loss": loss_value, "checkpoint": str(last_ckpt) if last_ckpt else None,
-            "out_dir": str(cfg.out_dir), "rank": info.rank}
+# ------------------------------------------------------------------------------------------- run
+class _StopSignal:
+    """Remembers SIGTERM / SIGUSR1 (SLURM preemption) so the loop can checkpoint and leave cleanly."""
+
+    def __init__(self):
+        self.received: int | None = None
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.received = signum
 
 
 def _agree(flag: bool, info: dist.DistInfo) -> bool:
@@ -241,3 +293,32 @@ def _agree(flag: bool, info: dist.DistInfo) -> bool:
     t = torch.tensor([1.0 if flag else 0.0], device=info.device)
     torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
     return bool(t.item())
+
+
+def run(cfg: RunConfig) -> dict:
+    """Train as configured; return a summary (final step, loss, checkpoint path)."""
+    trainer = Trainer(cfg)
+    trainer.resume()
+    trainer.open_outputs()
+    info = trainer.info
+    stop = _StopSignal()
+    last_ckpt, loss = None, math.nan
+    trainer.model.train()
+    try:
+        while trainer.step < cfg.train.max_steps:
+            result = trainer.train_step()
+            loss = result.loss
+            trainer.log(result)
+            preempted = _agree(stop.received is not None, info)
+            if trainer.save_due() or preempted:
+                last_ckpt = trainer.save()
+            if preempted:
+                if info.is_main:
+                    trainer.bar.write(f"received signal {stop.received}: checkpoint {last_ckpt} saved at step "
+                                      f"{trainer.step}; exiting so the job can be requeued")
+                break
+    finally:
+        trainer.close()
+    dist.barrier(info)
+    return {"step": trainer.step, "loss": loss, "checkpoint": str(last_ckpt) if last_ckpt else None,
+            "out_dir": str(cfg.out_dir), "rank": info.rank}

@@ -1,8 +1,10 @@
 """Where numbers go: metrics.jsonl (always), W&B (when enabled), and a progress bar.
 
 metrics.jsonl gets one JSON object per logged step; on resume it is truncated to the steps before the
-checkpoint, so a resumed run's file reads like one uninterrupted run. A resumed run continues the same
-W&B run (its id is stored in the checkpoint) in the same group.
+checkpoint, so a resumed run's file reads like one uninterrupted run. It is strict JSON: a non-finite
+number (the loss of a step the guard skipped, flagged `step_skipped`) is written as null, since jq and
+JavaScript reject NaN. A resumed run continues the same W&B run (its id is stored in the checkpoint)
+in the same group.
 """
 from __future__ import annotations
 
@@ -59,7 +61,8 @@ class MetricsLogger:
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
-        self._file.write(json.dumps(record) + "\n")
+        finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+        self._file.write(json.dumps(finite, allow_nan=False) + "\n")
         self._file.flush()
         if self._wandb_run is not None:
             self._wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])

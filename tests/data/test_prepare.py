@@ -1,9 +1,10 @@
 import json
+import shutil
 
 import numpy as np
 import pytest
 
-from nvfp4train.data import TokenShards, prepare_split
+from nvfp4train.data import TokenShards, build_train_loader, prepare_all, prepare_split
 from nvfp4train.data import prepare as prepare_mod
 
 
@@ -107,3 +108,66 @@ def test_command_line(corpus, tmp_path):
     run = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "prepare_data.py"), "--input",
                           str(tmp_path / "nope.jsonl"), "--out", str(out)], capture_output=True, text=True)
     assert run.returncode != 0 and "nope.jsonl" in run.stderr
+
+
+# `datasets` inputs ({hf: ...}): the same loading code as for a hub dataset, on data `datasets` wrote or
+# reads locally, so it runs offline (HF_DATASETS_OFFLINE=1).
+def test_datasets_inputs_saved_locally_give_the_same_shards_as_the_files(corpus, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    src = corpus["sources"]["digits"]["train"]
+    rows = [json.loads(line) for line in open(src)]
+    texts = [r["text"] for r in rows]
+    table = datasets.Dataset.from_dict({"id": list(range(len(texts))), "text": texts})
+    table.save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"train": table.select(range(10)), "validation": table}).save_to_disk(str(tmp_path / "dict"))
+    (tmp_path / "pq").mkdir()
+    table.to_parquet(str(tmp_path / "pq" / "train-00000-of-00001.parquet"))
+
+    prepare_split(src, tmp_path / "ref", tokenizer="bpe8k", docs_per_shard=64, progress=False)
+    specs = {
+        "save_to_disk": {"hf": str(tmp_path / "saved")},
+        "save_to_disk_dict": {"hf": str(tmp_path / "dict"), "split": "validation"},
+        "parquet_dir": {"hf": str(tmp_path / "pq")},
+        "json_builder": {"hf": "json", "data_files": [src]},
+    }
+    for name, spec in specs.items():
+        manifest = prepare_split(spec, tmp_path / name, tokenizer="bpe8k", docs_per_shard=64, progress=False)
+        assert manifest["n_docs"] == len(texts), name
+        assert shard_bytes(tmp_path / name) == shard_bytes(tmp_path / "ref"), name
+
+    # Local data is fingerprinted by content: saving the dataset again with a row more rebuilds.
+    datasets.Dataset.from_dict({"id": list(range(len(texts) + 1)), "text": texts + ["123 456"]}).save_to_disk(
+        str(tmp_path / "saved2"))
+    shutil.rmtree(tmp_path / "saved")
+    shutil.move(tmp_path / "saved2", tmp_path / "saved")
+    manifest = prepare_split(specs["save_to_disk"], tmp_path / "save_to_disk", tokenizer="bpe8k", progress=False)
+    assert manifest["n_docs"] == len(texts) + 1
+
+
+def test_datasets_input_through_a_data_config_and_its_errors(tmp_path, tokenizer):
+    datasets = pytest.importorskip("datasets")
+    saved = str(tmp_path / "saved")
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": ["alpha beta gamma " * 40] * 30})}
+                         ).save_to_disk(saved)
+
+    def data_config(spec, text_field="body"):
+        return {"tokenizer": "bpe8k", "cache_dir": str(tmp_path / "cache"),
+                "sources": {"local": {"train": spec, "text_field": text_field}}}
+
+    loader = build_train_loader(data_config({"hf": saved}), seq_len=32, global_batch_size=2, micro_batch_size=2,
+                                rank=0, world_size=1, seed=0, total_samples=10)
+    x, _ = loader.next_microbatch()
+    text = tokenizer.decode(x.flatten().tolist()).replace("<|endoftext|>", "")
+    assert "beta gamma alpha" in text and set(text) <= set("alpha beta gamma")
+
+    def error(spec, text_field="body"):
+        """The one-line error prepare_all gives for this source."""
+        with pytest.raises(ValueError) as e:
+            prepare_all(data_config(spec, text_field), splits=("train",))
+        assert "\n" not in str(e.value) and str(e.value).startswith("data.sources.local.train")
+        return str(e.value)
+
+    assert "no 'text' column (columns: body)" in error({"hf": saved}, text_field="text")
+    assert "unknown: ['revision']" in error({"hf": saved, "revision": "main"})
+    assert f"split='test': {saved} has splits train" in error({"hf": saved, "split": "test"})
+    assert "cannot load it" in error({"hf": "no-such-org/no-such-dataset"})

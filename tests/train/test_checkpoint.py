@@ -1,5 +1,8 @@
 import os
 import pickle
+import subprocess
+import sys
+import warnings
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ from nvfp4train.train import checkpoint
 from nvfp4train.train.checkpoint import CheckpointError
 from nvfp4train.train.engines import TorchEngine
 from nvfp4train.train.guards import NonFiniteGuard
+from tests.conftest import cli_env
 
 MODEL_CFG = {"name": "toy", "d_model": 8}
 
@@ -118,3 +122,19 @@ def test_metadata_with_foreign_objects_is_not_unpickled(tmp_path):
     with pytest.raises(CheckpointError, match="not allowed"):
         load(path, make()[1])
     assert not (tmp_path / "pwned").exists()
+
+
+def test_single_process_warning_is_silenced_only_inside_checkpointing(tmp_path):
+    """DCP warns that no process group exists on every single-process save/load; checkpoint.py hides
+    that warning around its own DCP calls and leaves the program's warning filters as they were."""
+    message = "torch.distributed is disabled, unavailable or uninitialized"
+    probe = ("import warnings, nvfp4train.train.checkpoint; "
+             f"assert not (m := [f for f in warnings.filters if f[1] and f[1].match({message!r})]), m")
+    proc = subprocess.run([sys.executable, "-c", probe], env=cli_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]          # importing installs no global filter
+    model, opt = make()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load(save(tmp_path, 1, model, opt), make()[1])
+        warnings.warn(message + " (from elsewhere)")
+    assert [str(w.message) for w in caught if message in str(w.message)] == [message + " (from elsewhere)"]
