@@ -5,6 +5,7 @@
     check_fresh_start(out_dir, overwrite)
                                    `train.resume=never` on a directory that already holds a run refuses,
                                    unless asked to overwrite, which moves the old run aside whole
+                                   (into the sibling `<out_dir>.replaced-<time>/`)
     abandon_later(ckpt_root, step) resuming from an older checkpoint starts a new timeline: the later
                                    checkpoints move to `checkpoints/abandoned/` (kept, never resumed
                                    from or pruned by accident), so "latest" always means this timeline's
@@ -87,13 +88,14 @@ def check_fresh_start(out_dir: Path, overwrite: bool) -> Path | None:
         raise RunDirError(f"out_dir={str(out_dir)!r} already holds a run ({held}); train.resume=never would "
                           "overwrite it: resume it (train.resume=auto), choose another out_dir, or pass "
                           "train.overwrite=true to move the old run aside")
-    aside = out_dir.with_name(f"{out_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-    n = 1
+    stamp = time.strftime('%Y%m%d-%H%M%S')
+    aside, n = out_dir.with_name(f"{out_dir.name}.replaced-{stamp}"), 1
     while aside.exists():
-        aside = aside.with_name(f"{aside.name.split('~')[0]}~{n}")
-        n += 1
-    out_dir.rename(aside)
-    out_dir.mkdir()
+        aside, n = out_dir.with_name(f"{out_dir.name}.replaced-{stamp}~{n}"), n + 1
+    aside.mkdir()
+    for entry in out_dir.iterdir():
+        if entry.name != LOCK:  # the lock stays: this run holds it
+            entry.rename(aside / entry.name)
     return aside
 
 

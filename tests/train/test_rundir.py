@@ -45,7 +45,7 @@ def test_fresh_start_refuses_an_existing_run_unless_overwrite_moves_it_aside(tmp
     assert (out / "metrics.jsonl").read_text() == '{"step": 1}\n'            # untouched
     aside = rundir.check_fresh_start(out, overwrite=True)
     assert (aside / "metrics.jsonl").read_text() == '{"step": 1}\n' and (aside / "config.yaml").is_file()
-    assert out.is_dir() and not any(out.iterdir())
+    assert out.is_dir() and not any(out.iterdir()) and aside.parent == out.parent
 
 
 def test_resume_from_an_older_checkpoint_abandons_the_later_ones_and_pruning_keeps_the_new(tmp_path):
