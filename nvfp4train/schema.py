@@ -45,7 +45,7 @@ def parse(cls: type[T], raw: Any, prefix: str, **fixed) -> T:
     """Build dataclass `cls` from a mapping; `fixed` are constructor arguments that are not config keys."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{prefix}: must be a mapping of keys to values, got {raw!r} ({type(raw).__name__})")
-    allowed = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in fixed]
+    allowed = [name for name in fields_of(cls) if name not in fixed]
     for key in raw:
         if key not in allowed:
             raise unknown_key(prefix, key, allowed)
@@ -77,8 +77,13 @@ def fields_of(tp) -> list[str] | None:
     """The keys a config node of type `tp` takes (None: any key, e.g. a dict of named sources)."""
     tp = _strip_optional(tp)
     if dataclasses.is_dataclass(tp):
-        return [f.name for f in dataclasses.fields(tp) if f.init]
+        return [f.name for f in dataclasses.fields(tp) if f.init and f.metadata.get("config_key", True)]
     return None
+
+
+def not_a_key():
+    """A field the code that builds the dataclass fills in (e.g. a source's name), not a config key."""
+    return dataclasses.field(metadata={"config_key": False})
 
 
 def child_type(tp, key: str):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace as dataclass_replace
 from enum import StrEnum
 from fractions import Fraction
 
-from nvfp4train.schema import ConfigError, bounded, check, parse
+from nvfp4train.schema import ConfigError, bounded, check, not_a_key, parse
 
 
 class SourceFormat(StrEnum):
@@ -37,7 +37,7 @@ class SourceFormat(StrEnum):
 
 @dataclass(frozen=True)
 class SourceConfig:
-    name: str
+    name: str = not_a_key()
     """The source's key under `sources` (not a config key)."""
     train: object = None
     """Raw training documents: a file, a glob, a directory, a list of them, or {hf: dataset, name, split}."""
@@ -70,7 +70,7 @@ class Phase:
 @dataclass(frozen=True)
 class PhaseSpec:
     """One entry of `phases` as written (Phase is its exact, normalized form)."""
-    index: int
+    index: int = not_a_key()
     """The phase's position in `phases` (not a config key)."""
     weights: dict[str, float]
     """Source name -> weight; weights are token fractions of the phase, normalized to sum to 1."""

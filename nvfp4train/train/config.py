@@ -17,7 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from nvfp4train.data.config import DataConfig, parse_data_config
+from nvfp4train.data.config import DataConfig, SourceConfig, parse_data_config
 from nvfp4train.model.config import ModelConfig
 from nvfp4train.optim import OptimConfig
 from nvfp4train.precision.policy import PrecisionPolicy
@@ -198,6 +198,8 @@ def _check_key(key: str) -> None:
     for part in key.split("."):
         if node is RunConfig:  # at the root the sections are checked against their own dataclasses
             allowed, inner = list(fields_of(RunConfig)), SECTIONS.get(part) or child_type(RunConfig, part)
+        elif node is DataConfig and part == "sources":  # stored loosely: parse_data_config names each source
+            allowed, inner = fields_of(node), dict[str, SourceConfig]
         else:
             allowed, inner = fields_of(node), child_type(node, part)
         if allowed is not None and part not in allowed:
