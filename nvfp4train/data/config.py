@@ -28,11 +28,7 @@ from fractions import Fraction
 from nvfp4train.schema import ConfigError, bounded, check, not_a_key, parse
 
 
-class SourceFormat(StrEnum):
-    jsonl = "jsonl"
-    json = "json"
-    txt = "txt"
-    parquet = "parquet"
+SourceFormat = StrEnum("SourceFormat", "jsonl json txt parquet")
 
 
 @dataclass(frozen=True)

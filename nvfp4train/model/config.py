@@ -24,10 +24,7 @@ from nvfp4train.schema import ConfigError, bounded, check, parse, to_plain
 BLOCK_KINDS = {"M": "mamba", "*": "attention", "-": "mlp"}
 
 
-class SsdBackend(StrEnum):
-    auto = "auto"
-    torch = "torch"
-    triton = "triton"
+SsdBackend = StrEnum("SsdBackend", "auto torch triton")
 
 
 @dataclass

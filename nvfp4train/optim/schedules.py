@@ -14,17 +14,8 @@ from enum import StrEnum
 from nvfp4train.schema import bounded, check
 
 
-class Schedule(StrEnum):
-    wsd = "wsd"
-    cosine = "cosine"
-    constant = "constant"
-
-
-class DecayStyle(StrEnum):
-    linear = "linear"
-    cosine = "cosine"
-    exponential = "exponential"
-    minus_sqrt = "minus_sqrt"
+Schedule = StrEnum("Schedule", "wsd cosine constant")
+DecayStyle = StrEnum("DecayStyle", "linear cosine exponential minus_sqrt")
 
 
 SCHEDULES = tuple(Schedule)

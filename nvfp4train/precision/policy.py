@@ -29,46 +29,13 @@ FORWARD_ROLES = ("fprop_x", "fprop_w")
 BACKWARD_ROLES = ("dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
 GRADIENT_ROLES = ("dgrad_dy", "wgrad_dy")
 
-
-
-class Format(StrEnum):
-    bf16 = "bf16"
-    fp8_blockwise = "fp8_blockwise"
-    fp8_tensorwise = "fp8_tensorwise"
-    nvfp4 = "nvfp4"
-    mxfp4 = "mxfp4"
-
-
-class Backend(StrEnum):
-    auto = "auto"
-    emulated = "emulated"
-    scaled_mm = "scaled_mm"
-    te = "te"
-
-
-class Rht(StrEnum):
-    wgrad = "wgrad"
-    all = "all"
-    none = "none"
-
-
-class Sr(StrEnum):
-    grads = "grads"
-    all = "all"
-    none = "none"
-
-
-class SwitchMode(StrEnum):
-    full = "full"
-    forward_only = "forward_only"
-    backward_only = "backward_only"
-
-
-class Mxfp4ScaleRule(StrEnum):
-    ceil = "ceil"
-    floor = "floor"
-
-
+# The values each PrecisionPolicy key with a fixed set of choices takes.
+Format = StrEnum("Format", "bf16 fp8_blockwise fp8_tensorwise nvfp4 mxfp4")
+Backend = StrEnum("Backend", "auto emulated scaled_mm te")
+Rht = StrEnum("Rht", "wgrad all none")
+Sr = StrEnum("Sr", "grads all none")
+SwitchMode = StrEnum("SwitchMode", "full forward_only backward_only")
+Mxfp4ScaleRule = StrEnum("Mxfp4ScaleRule", "ceil floor")
 FORMATS, BACKENDS, RHT_CHOICES, SR_CHOICES = tuple(Format), tuple(Backend), tuple(Rht), tuple(Sr)
 SWITCH_MODES, MXFP4_SCALE_RULES = tuple(SwitchMode), tuple(Mxfp4ScaleRule)
 

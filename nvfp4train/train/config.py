@@ -37,28 +37,10 @@ def _config_dir() -> Path:
 CONFIG_DIR = _config_dir()
 
 
-class Device(StrEnum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-class Parallel(StrEnum):
-    ddp = "ddp"
-    fsdp2 = "fsdp2"
-    deepspeed = "deepspeed"
-
-
-class Progress(StrEnum):
-    auto = "auto"
-    true = "true"
-    false = "false"
-
-
-class WandbMode(StrEnum):
-    auto = "auto"
-    online = "online"
-    offline = "offline"
+Device = StrEnum("Device", "auto cpu cuda")
+Parallel = StrEnum("Parallel", "ddp fsdp2 deepspeed")
+Progress = StrEnum("Progress", "auto true false")
+WandbMode = StrEnum("WandbMode", "auto online offline")
 
 
 @dataclass(frozen=True)
