@@ -1,9 +1,6 @@
 """The data config (plain dict from configs/data/<name>.yaml), validated once into dataclasses.
 
     tokenizer: data/tokenizer/bpe8k.json
-    cache_dir: data/cache              # token shards built from raw sources land here (gitignored)
-    num_proc: 1                        # tokenizer processes when building shards
-    verify_checksums: false            # sha256 every shard at start-up (sizes are always checked)
     sources:
       literature:
         train: data/bundled/literature.train.jsonl.gz     # file, glob, dir, or list of them
@@ -17,6 +14,8 @@
     phases:                            # start = fraction of all training tokens; weights = token fractions
       - {start: 0.0, weights: {literature: 0.5, web: 0.5}}
       - {start: 0.7, weights: {literature: 0.3, web: 0.7}}
+
+Every key, its default and its meaning: the dataclasses below (DataConfig, SourceConfig, PhaseSpec).
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from nvfp4train.train.config import CONFIG_DIR, ConfigError, RunConfig, check_overrides, compose
+from nvfp4train.train.config import CONFIG_DIR, ConfigError, RunConfig, check_overrides, compose, register_defaults
 
 
 def _main(cfg: DictConfig) -> None:
@@ -53,6 +53,7 @@ def main() -> None:
     except (HydraException, OmegaConfBaseException) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)
+    register_defaults()
     hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(_main)()
 
 

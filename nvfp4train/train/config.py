@@ -25,7 +25,7 @@ from nvfp4train.schema import (ConfigError, bounded, check, child_type, defaults
                                unknown_key)
 
 __all__ = ["CONFIG_DIR", "ConfigError", "RunConfig", "TrainConfig", "WandbConfig", "check_overrides",
-           "compose", "load_preset"]
+           "compose", "load_preset", "register_defaults"]
 
 
 def _config_dir() -> Path:
@@ -160,7 +160,7 @@ class RunConfig:
 
 # ---------------------------------------------------------------------------------------------- composition
 
-def _register_defaults() -> None:
+def register_defaults() -> None:
     """The `nvfp4train_defaults` node that configs/train.yaml starts from: every dataclass default."""
     from hydra.core.config_store import ConfigStore
 
@@ -220,7 +220,7 @@ def compose(overrides: list[str] = ()):
     from hydra import compose as hydra_compose, initialize_config_dir
 
     check_overrides(overrides)
-    _register_defaults()
+    register_defaults()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return hydra_compose("train", overrides=list(overrides))
 

@@ -139,3 +139,11 @@ def test_non_editable_install_finds_its_configs(tmp_path):
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert job.returncode == 0, job.stderr
     assert yaml.safe_load(job.stdout)["precision"]["rht"] == "none"
+
+
+def test_multirun_registers_the_defaults_too(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "nvfp4train.train", "-m", "train.max_steps=1", f"out_dir={tmp_path}",
+                           "train.progress=false", "train.eval_sequences=2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "done: step 1" in proc.stdout
