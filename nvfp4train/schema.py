@@ -172,7 +172,7 @@ def _coerce(path: str, value, tp):
             raise ConfigError(f"{path}={list(value)!r}: expected a list of {len(args)} values")
         return tuple(_coerce(f"{path}[{i}]", v, t) for i, (v, t) in enumerate(zip(value, args)))
     if origin is dict:
-        key_type, value_type = typing.get_args(tp)
+        value_type = typing.get_args(tp)[1]
         if not isinstance(value, Mapping):
             raise _expected(path, value, "a mapping")
         return {str(k): _coerce(f"{path}.{k}", v, value_type) for k, v in value.items()}
@@ -204,7 +204,8 @@ def _coerce(path: str, value, tp):
     raise TypeError(f"{path}: schema type {tp} is not supported")
 
 
-def _check_bounds(path: str, value, bounds: Mapping) -> None:
+def _check_bounds(path: str, value, metadata: Mapping) -> None:
+    bounds = {k: v for k, v in metadata.items() if k in ("ge", "gt", "le", "lt")}
     if value is None or not bounds:
         return
     ge, gt, le, lt = (bounds.get(k) for k in ("ge", "gt", "le", "lt"))

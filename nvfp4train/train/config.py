@@ -205,7 +205,7 @@ def check_overrides(overrides: list[str]) -> None:
         key = o.key_or_group
         if o.is_delete() or key.split(".")[0] == "hydra":
             continue
-        if key in ("model", "precision", "data"):
+        if (CONFIG_DIR / key).is_dir():  # a config group: model, precision, data
             options = group_options(key)
             values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
             for value in values:
