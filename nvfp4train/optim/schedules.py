@@ -13,11 +13,8 @@ from enum import StrEnum
 
 from nvfp4train.schema import bounded, check
 
-
 Schedule = StrEnum("Schedule", "wsd cosine constant")
 DecayStyle = StrEnum("DecayStyle", "linear cosine exponential minus_sqrt")
-
-
 SCHEDULES = tuple(Schedule)
 DECAY_STYLES = tuple(DecayStyle)
 
