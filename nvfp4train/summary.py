@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import torch
 
 from nvfp4train.model import HybridLM, ModelConfig, flops_per_token
+from nvfp4train.train.config import CONFIG_DIR as TRAIN_CONFIG_DIR
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "model"
+CONFIG_DIR = TRAIN_CONFIG_DIR / "model"
 KIND_NAMES = {"M": "mamba", "*": "attention", "-": "mlp"}
 
 

@@ -23,13 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nvfp4train.precision import PrecisionPolicy, build_linear_factory, saved_activation_bytes  # noqa: E402
 
 PRESETS = ("bf16", "fp8_tensorwise", "fp8_blockwise", "nvfp4", "nvfp4_no_rht", "nvfp4_no_2d", "mxfp4")
-PRESET_DIR = Path(__file__).resolve().parents[1] / "configs" / "precision"
 
 
 def load(name: str, backend: str | None) -> PrecisionPolicy:
-    from omegaconf import OmegaConf
+    from nvfp4train.train.config import load_preset
 
-    cfg = OmegaConf.to_container(OmegaConf.load(PRESET_DIR / f"{name}.yaml"))
+    cfg = load_preset("precision", name)
     # One block, fully quantized: zero the BF16 block counts.
     for key in ("bf16_first_blocks", "bf16_last_blocks", "bf16_first_fraction", "bf16_last_fraction"):
         if key in cfg:

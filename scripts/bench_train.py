@@ -20,13 +20,14 @@ from nvfp4train.model import HybridLM, ModelConfig, flops_per_token, param_group
 from nvfp4train.model.mfu import peak_flops
 from nvfp4train.optim import OptimConfig, build_optimizer
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
+from nvfp4train.train.config import load_preset
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def bench_one(model_cfg: ModelConfig, precision: str, batch: int, seq: int, steps: int, warmup: int,
               device: torch.device) -> dict:
-    policy = PrecisionPolicy.from_dict(OmegaConf.to_container(OmegaConf.load(CONFIGS / "precision" / f"{precision}.yaml")))
+    policy = PrecisionPolicy.from_dict(load_preset("precision", precision))
     torch.manual_seed(0)
     model = HybridLM(model_cfg, linear_factory=build_linear_factory(policy, n_blocks=len(model_cfg.pattern), seed=0))
     model = model.to(device)

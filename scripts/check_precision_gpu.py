@@ -23,15 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nvfp4train.precision import ROLES, PrecisionPolicy, QuantLinear, linear as linear_mod  # noqa: E402
 from nvfp4train.precision.backends import scaled_mm_unsupported, te_unsupported  # noqa: E402
 
-PRESET_DIR = Path(__file__).resolve().parents[1] / "configs" / "precision"
 
 
 def preset(name: str, **overrides) -> PrecisionPolicy:
-    from omegaconf import OmegaConf
+    from nvfp4train.train.config import load_preset
 
-    cfg = OmegaConf.to_container(OmegaConf.load(PRESET_DIR / f"{name}.yaml"))
-    cfg.update(overrides)
-    return PrecisionPolicy.from_dict(cfg)
+    return PrecisionPolicy.from_dict({**load_preset("precision", name), **overrides})
 
 
 DEVICE = "cuda"  # the device compared against the CPU (a CPU smoke run of this script sets "cpu")

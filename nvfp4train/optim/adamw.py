@@ -6,45 +6,41 @@ weights while gradients, their accumulation over micro-batches and both Adam mom
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 
 from nvfp4train.optim.schedules import ScheduleConfig
+from nvfp4train.schema import ConfigError, bounded, check, parse
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 3e-3
-    min_lr: float = 3e-5
+    lr: float = bounded(3e-3, gt=0.0)
+    """Peak learning rate."""
+    min_lr: float = bounded(3e-5, ge=0.0)
+    """The schedule decays to this (the paper: 1% of the peak)."""
     betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
+    """AdamW's beta1, beta2, each in [0, 1)."""
+    eps: float = bounded(1e-8, gt=0.0)
+    """AdamW's epsilon."""
+    weight_decay: float = bounded(0.1, ge=0.0)
+    """On matrices only; norms, biases, embeddings' 1-D params and SSM scalars get none."""
+    grad_clip: float = bounded(1.0, ge=0.0)
+    """Global-norm clipping; 0 disables it."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """Learning-rate schedule."""
+
+    def __post_init__(self):
+        check(self, "optim")
+        if self.min_lr > self.lr:
+            raise ConfigError(f"optim.min_lr={self.min_lr}: must be <= optim.lr={self.lr}")
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"optim.betas={list(self.betas)}: must be two values in [0, 1)")
 
     @classmethod
     def from_dict(cls, d: dict) -> "OptimConfig":
-        allowed = {f.name for f in fields(cls)}
-        for key in d:
-            if key not in allowed:
-                raise ValueError(f"optim.{key}: unknown key; allowed: {', '.join(sorted(allowed))}")
-        d = dict(d)
-        sched = d.pop("schedule", {}) or {}
-        sched_allowed = {f.name for f in fields(ScheduleConfig)}
-        for key in sched:
-            if key not in sched_allowed:
-                raise ValueError(f"optim.schedule.{key}: unknown key; allowed: {', '.join(sorted(sched_allowed))}")
-        if "betas" in d:
-            d["betas"] = tuple(float(b) for b in d["betas"])
-        cfg = cls(**d, schedule=ScheduleConfig(**sched))
-        if cfg.lr <= 0 or cfg.min_lr < 0 or cfg.min_lr > cfg.lr:
-            raise ValueError(f"optim.lr={cfg.lr}, optim.min_lr={cfg.min_lr}: need lr > 0 and 0 <= min_lr <= lr")
-        if len(cfg.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.betas):
-            raise ValueError(f"optim.betas={list(cfg.betas)}: need two values in [0, 1)")
-        if cfg.weight_decay < 0 or cfg.grad_clip < 0 or cfg.eps <= 0:
-            raise ValueError("optim.weight_decay and optim.grad_clip must be >= 0 and optim.eps > 0")
-        return cfg
+        return parse(cls, d, "optim")
 
 
 def build_optimizer(param_groups: list[dict], cfg: OptimConfig) -> torch.optim.AdamW:

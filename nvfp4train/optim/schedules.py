@@ -9,27 +9,29 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 
-SCHEDULES = ("wsd", "cosine", "constant")
-DECAY_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
+from nvfp4train.schema import bounded, check
+
+Schedule = StrEnum("Schedule", "wsd cosine constant")
+DecayStyle = StrEnum("DecayStyle", "linear cosine exponential minus_sqrt")
+SCHEDULES = tuple(Schedule)
+DECAY_STYLES = tuple(DecayStyle)
 
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    name: str = "wsd"
-    warmup_steps: int = 0
-    decay_fraction: float = 0.2
-    decay_style: str = "linear"
+    name: Schedule = Schedule.wsd
+    """wsd (warmup, constant, decay) | cosine (warmup, cosine to min_lr) | constant (warmup, then the peak)."""
+    warmup_steps: int = bounded(20, ge=0)
+    """Linear warmup from 0 to the peak over this many steps."""
+    decay_fraction: float = bounded(0.2, ge=0.0, le=1.0)
+    """WSD: decay over the last fraction of the steps (the paper: 15-20%)."""
+    decay_style: DecayStyle = DecayStyle.linear
+    """WSD decay shape, as Megatron-LM's --lr-wsd-decay-style."""
 
     def __post_init__(self):
-        if self.name not in SCHEDULES:
-            raise ValueError(f"optim.schedule.name={self.name!r}: allowed {', '.join(SCHEDULES)}")
-        if self.decay_style not in DECAY_STYLES:
-            raise ValueError(f"optim.schedule.decay_style={self.decay_style!r}: allowed {', '.join(DECAY_STYLES)}")
-        if not 0.0 <= self.decay_fraction <= 1.0:
-            raise ValueError(f"optim.schedule.decay_fraction={self.decay_fraction}: must be in [0, 1]")
-        if self.warmup_steps < 0:
-            raise ValueError(f"optim.schedule.warmup_steps={self.warmup_steps}: must be >= 0")
+        check(self, "optim.schedule")
 
 
 def decay_coefficient(style: str, ratio: float) -> float:

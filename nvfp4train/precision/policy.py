@@ -19,19 +19,25 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Mapping
+
+from nvfp4train.schema import ConfigError, bounded, check, parse, to_plain
 
 ROLES = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
 FORWARD_ROLES = ("fprop_x", "fprop_w")
 BACKWARD_ROLES = ("dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
 GRADIENT_ROLES = ("dgrad_dy", "wgrad_dy")
 
-FORMATS = ("bf16", "fp8_blockwise", "fp8_tensorwise", "nvfp4", "mxfp4")
-BACKENDS = ("auto", "emulated", "scaled_mm", "te")
-RHT_CHOICES = ("wgrad", "all", "none")
-SR_CHOICES = ("grads", "all", "none")
-SWITCH_MODES = ("full", "forward_only", "backward_only")
-MXFP4_SCALE_RULES = ("ceil", "floor")
+# The values each PrecisionPolicy key with a fixed set of choices takes.
+Format = StrEnum("Format", "bf16 fp8_blockwise fp8_tensorwise nvfp4 mxfp4")
+Backend = StrEnum("Backend", "auto emulated scaled_mm te")
+Rht = StrEnum("Rht", "wgrad all none")
+Sr = StrEnum("Sr", "grads all none")
+SwitchMode = StrEnum("SwitchMode", "full forward_only backward_only")
+Mxfp4ScaleRule = StrEnum("Mxfp4ScaleRule", "ceil floor")
+FORMATS, BACKENDS, RHT_CHOICES, SR_CHOICES = tuple(Format), tuple(Backend), tuple(Rht), tuple(Sr)
+SWITCH_MODES, MXFP4_SCALE_RULES = tuple(SwitchMode), tuple(Mxfp4ScaleRule)
 
 # Weight tiles each format accepts (rows x K of the Fprop weight operand) and its default.
 WEIGHT_TILES = {
@@ -124,9 +130,14 @@ class LayerRecipe:
 
 @dataclass(frozen=True)
 class SwitchConfig:
-    """Switch to BF16 once `tokens_fraction >= at_fraction` (paper App. D). None: never."""
-    at_fraction: float | None = None
-    mode: str = "full"
+    """Switch to BF16 once `tokens_fraction >= at_fraction` (paper App. D)."""
+    at_fraction: float | None = bounded(None, ge=0, le=1)
+    """Fraction of the training tokens at which to switch; null: never (e.g. 0.82 with forward_only)."""
+    mode: SwitchMode = SwitchMode.full
+    """Which GEMMs switch to BF16: all (full), Fprop only (forward_only) or Dgrad and Wgrad (backward_only)."""
+
+    def __post_init__(self):
+        check(self, "precision.switch")
 
 
 def _tile(text: str) -> tuple[int, int] | None:
@@ -139,87 +150,68 @@ def _tile(text: str) -> tuple[int, int] | None:
 @dataclass(frozen=True)
 class PrecisionPolicy:
     """Plain-data precision policy. Build with `PrecisionPolicy.from_dict(cfg)` (validates)."""
-    format: str = "bf16"
-    backend: str = "auto"
-    weight_tile: str | None = None  # None: the format's default (DEFAULT_WEIGHT_TILE)
-    rht: str = "none"
-    rht_dim: int | None = None  # None: 16 for nvfp4, 32 for mxfp4
-    sr: str = "none"
-    mxfp4_scale_rule: str = "ceil"
+    format: Format = Format.bf16
+    """Number format of the quantized linears' GEMM operands."""
+    backend: Backend = Backend.auto
+    """auto (te where installed and supported, else scaled_mm for FP8 on sm_89+, else emulated) |
+    emulated (any device) | scaled_mm (FP8 tensor cores) | te (Transformer Engine)."""
+    weight_tile: str | None = None
+    """Scale tile of the weights, rows x K: 16x16 (2D: Fprop and Dgrad see the same bits) or 1x16 for nvfp4,
+    128x128 or 1x128 for fp8_blockwise; null: the format's default (DEFAULT_WEIGHT_TILE)."""
+    rht: Rht = Rht.none
+    """Random Hadamard transform on the Wgrad operands (wgrad), on every operand (all), or none."""
+    rht_dim: int | None = None
+    """Size of the Hadamard transform, a power of two in [2, 256]; null: 16 for nvfp4, 32 for mxfp4."""
+    sr: Sr = Sr.none
+    """Stochastic rounding on the gradients (grads), on every operand (all), or none (round to nearest even)."""
+    mxfp4_scale_rule: Mxfp4ScaleRule = Mxfp4ScaleRule.ceil
+    """MXFP4 E8M0 scale rounding: ceil (the paper's App. B.4) or floor (OCP)."""
     fp8_pow2_scales: bool = True
-    # BF16 blocks: counts, or fractions of the block count (rounded half up: 0.03 / 0.13 of the
-    # 12B's 62 blocks give its first 2 / last 8). Set a count or a fraction per side, not both.
-    bf16_first_blocks: int = 0
-    bf16_last_blocks: int = 0
-    bf16_first_fraction: float = 0.0
-    bf16_last_fraction: float = 0.0
+    """fp8_blockwise: power-of-two FP32 scales (DeepSeek-V3, TE Float8BlockScaling)."""
+    bf16_first_blocks: int = bounded(0, ge=0)
+    """Keep this many first blocks in BF16 (set a count or a fraction per side, not both)."""
+    bf16_last_blocks: int = bounded(0, ge=0)
+    """Keep this many last blocks in BF16."""
+    bf16_first_fraction: float = bounded(0.0, ge=0, lt=1)
+    """Keep this fraction of the blocks, from the first, in BF16, rounded half up: 0.03 / 0.13 of the 12B's
+    62 blocks give its first 2 / last 8."""
+    bf16_last_fraction: float = bounded(0.0, ge=0, lt=1)
+    """Keep this fraction of the blocks, from the last, in BF16."""
     switch: SwitchConfig = field(default_factory=SwitchConfig)
-    stats_every: int = 0  # collect quantization telemetry every N steps; 0 = never
+    """A mid-run switch to BF16."""
+    stats_every: int = bounded(0, ge=0)
+    """Collect quantization telemetry every N steps; 0: never."""
     name: str = ""
+    """The preset's name, for logs."""
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any] | None) -> "PrecisionPolicy":
-        """Build and validate. Raises ValueError naming the key and the allowed values."""
-        cfg = dict(cfg or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(f"precision: unknown key(s) {unknown}; allowed keys: {sorted(known)}")
-        switch = cfg.pop("switch", None)
-        if switch is None:
-            switch_cfg = SwitchConfig()
-        elif isinstance(switch, Mapping):
-            bad = sorted(set(switch) - {"at_fraction", "mode"})
-            if bad:
-                raise ValueError(f"precision.switch: unknown key(s) {bad}; allowed: ['at_fraction', 'mode']")
-            switch_cfg = SwitchConfig(at_fraction=switch.get("at_fraction"), mode=switch.get("mode", "full"))
-        else:
-            raise ValueError(f"precision.switch must be a mapping {{at_fraction, mode}}, got {switch!r}")
-        policy = cls(switch=switch_cfg, **cfg)
-        policy.validate()
-        return policy
+        """Build and validate. Raises ConfigError naming the key and the allowed values."""
+        return parse(cls, cfg or {}, "precision")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return to_plain(self)
 
-    def validate(self) -> None:
-        def choice(key, value, allowed):
-            if value not in allowed:
-                raise ValueError(f"precision.{key}={value!r} is not allowed; choose one of {list(allowed)}")
-
-        choice("format", self.format, FORMATS)
-        choice("backend", self.backend, BACKENDS)
-        choice("rht", self.rht, RHT_CHOICES)
-        choice("sr", self.sr, SR_CHOICES)
-        choice("mxfp4_scale_rule", self.mxfp4_scale_rule, MXFP4_SCALE_RULES)
-        choice("switch.mode", self.switch.mode, SWITCH_MODES)
-        choice(f"weight_tile (format {self.format})", self.resolved_weight_tile, WEIGHT_TILES[self.format])
+    def __post_init__(self):
+        check(self, "precision")
+        tile = self.resolved_weight_tile
+        if tile not in WEIGHT_TILES[self.format]:
+            raise ConfigError(f"precision.weight_tile={tile!r} is not allowed with format {self.format}; "
+                              f"choose one of {list(WEIGHT_TILES[self.format])}")
         if self.format.startswith("fp8"):
             # The FP8 baselines are RNE without RHT (TE Float8BlockScaling / Float8CurrentScaling).
             if self.sr != "none":
-                raise ValueError(f"precision.sr={self.sr!r} is not allowed with format {self.format}; choose 'none'")
+                raise ConfigError(f"precision.sr={self.sr.value!r} is not allowed with format {self.format}; choose 'none'")
             if self.rht != "none":
-                raise ValueError(f"precision.rht={self.rht!r} is not allowed with format {self.format}; choose 'none'")
+                raise ConfigError(f"precision.rht={self.rht.value!r} is not allowed with format {self.format}; choose 'none'")
         if self.rht != "none":
             d = self.resolved_rht_dim
-            if not (isinstance(d, int) and d >= 2 and d & (d - 1) == 0 and d <= 256):
-                raise ValueError(f"precision.rht_dim={d!r} is not allowed; choose a power of two in [2, 256]")
-        for key in ("bf16_first_blocks", "bf16_last_blocks", "stats_every"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"precision.{key}={value!r} is not allowed; choose an integer >= 0")
+            if not (d >= 2 and d & (d - 1) == 0 and d <= 256):
+                raise ConfigError(f"precision.rht_dim={d!r} is not allowed; choose a power of two in [2, 256]")
         for side in ("first", "last"):
-            frac = getattr(self, f"bf16_{side}_fraction")
-            if not isinstance(frac, (int, float)) or not 0.0 <= frac < 1.0:
-                raise ValueError(f"precision.bf16_{side}_fraction={frac!r} is not allowed; choose a number in [0, 1)")
-            if frac and getattr(self, f"bf16_{side}_blocks"):
-                raise ValueError(f"precision: set bf16_{side}_blocks or bf16_{side}_fraction, not both")
-        at = self.switch.at_fraction
-        if at is not None and (not isinstance(at, (int, float)) or not 0.0 <= at <= 1.0):
-            raise ValueError(f"precision.switch.at_fraction={at!r} is not allowed; choose null or a number in [0, 1]")
-        if not isinstance(self.fp8_pow2_scales, bool):
-            raise ValueError(f"precision.fp8_pow2_scales={self.fp8_pow2_scales!r} is not allowed; choose true or false")
+            if getattr(self, f"bf16_{side}_fraction") and getattr(self, f"bf16_{side}_blocks"):
+                raise ConfigError(f"precision: set bf16_{side}_blocks or bf16_{side}_fraction, not both")
 
     # ------------------------------------------------------------------ derived values
     @property

@@ -1,73 +1,112 @@
-"""The run's configuration as plain data, validated once at start-up.
+"""The run's configuration: Hydra composes it, our dataclasses check it.
 
-Hydra composes `configs/train.yaml` with its groups; `RunConfig.from_omegaconf` turns the result into
-typed dataclasses and raises `ConfigError` with a one-line message naming the key and what is allowed.
-The model, precision and data sections are validated by their own rooms' `from_dict`.
+`configs/train.yaml` lists what a run is made of: the defaults of every section (the dataclasses below and
+in the rooms, registered with Hydra's ConfigStore as `nvfp4train_defaults`), then one option of each
+config group (`configs/model/`, `configs/precision/`, `configs/data/`), then the command-line overrides.
+`check_overrides` checks the overrides' keys and group options against the same dataclasses before Hydra
+sees them, and `RunConfig.from_omegaconf` checks the values; either raises `ConfigError` with one line
+that names the key and what is allowed.
+
+`configs/` sits at the repository root; a wheel ships a copy inside the package (`setup.py`).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+import functools
+from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
+from nvfp4train.data.config import DataConfig, SourceConfig, parse_data_config
+from nvfp4train.model.config import ModelConfig
 from nvfp4train.optim import OptimConfig
+from nvfp4train.precision.policy import PrecisionPolicy
+from nvfp4train.schema import (ConfigError, bounded, check, child_type, defaults, fields_of, parse, to_plain,
+                               unknown_key)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO_ROOT / "configs"
-TOP_LEVEL_KEYS = ("model", "precision", "data", "optim", "train", "out_dir", "seed", "experiment")
+__all__ = ["CONFIG_DIR", "ConfigError", "RunConfig", "TrainConfig", "WandbConfig", "check_overrides",
+           "compose", "load_preset", "register_defaults"]
 
 
-class ConfigError(ValueError):
-    """A bad config key or value; the message names the key and what is allowed."""
+def _config_dir() -> Path:
+    package = Path(__file__).resolve().parents[1]
+    shipped = package / "configs"  # a wheel's copy (setup.py); a source checkout has none
+    return shipped if shipped.is_dir() else package.parent / "configs"
+
+
+CONFIG_DIR = _config_dir()
+
+
+Device = StrEnum("Device", "auto cpu cuda")
+Parallel = StrEnum("Parallel", "ddp fsdp2 deepspeed")
+Progress = StrEnum("Progress", "auto true false")
+WandbMode = StrEnum("WandbMode", "auto online offline")
 
 
 @dataclass(frozen=True)
 class WandbConfig:
     enabled: bool = False
-    mode: str = "auto"            # auto | online | offline
+    """Log to Weights & Biases too (metrics.jsonl is always written)."""
+    mode: WandbMode = WandbMode.auto
+    """auto: online with WANDB_API_KEY, else offline."""
     project: str = "nvfp4train"
+    """W&B project."""
     entity: str | None = None
+    """W&B entity (team or user); null: the API key's default."""
     group: str | None = None
+    """Runs of one group are compared together; null: the `experiment` key."""
     name: str | None = None
+    """The run's name; null: W&B picks one."""
+
+    def __post_init__(self):
+        check(self, "train.wandb")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    max_steps: int = 300
-    seq_len: int = 128
-    global_batch_size: int = 16
-    micro_batch_size: int = 16
-    log_every: int = 10
-    eval_every: int = 0
-    eval_sequences: int = 16
-    save_every: int = 0
-    keep_last: int = 3
+    """The CPU default: a few minutes on 2 cores."""
+    max_steps: int = bounded(300, ge=1)
+    """Optimizer steps to train for."""
+    seq_len: int = bounded(128, ge=1)
+    """Tokens per training sequence."""
+    global_batch_size: int = bounded(16, ge=1)
+    """Sequences per optimizer step, over all ranks."""
+    micro_batch_size: int = bounded(16, ge=1)
+    """Sequences per forward/backward on one rank (gradient accumulation fills the rest)."""
+    log_every: int = bounded(10, ge=1)
+    """Write a metrics line every N steps."""
+    eval_every: int = bounded(0, ge=0)
+    """Held-out validation loss every N steps (0: only at the end)."""
+    eval_sequences: int = bounded(16, ge=0)
+    """Validation sequences per domain."""
+    save_every: int = bounded(0, ge=0)
+    """Checkpoint every N steps (0: only the final one)."""
+    keep_last: int = bounded(3, ge=1)
+    """Keep this many checkpoints."""
     resume: str = "auto"
-    device: str = "auto"
-    parallel: str = "ddp"
-    zero_stage: int = 1
+    """auto (the latest checkpoint in out_dir, if any) | never | the path of a checkpoint directory."""
+    device: Device = Device.auto
+    """auto: cuda when available, else cpu."""
+    parallel: Parallel = Parallel.ddp
+    """Used when WORLD_SIZE > 1 (deepspeed also at 1)."""
+    zero_stage: int = bounded(1, ge=1, le=2)
+    """DeepSpeed ZeRO stage (1 or 2)."""
     compile: bool = False
-    max_nonfinite_steps: int = 5
-    spike_factor: float = 3.0
-    progress: str = "auto"
+    """torch.compile the model."""
+    max_nonfinite_steps: int = bounded(5, ge=1)
+    """Halt after this many non-finite steps in a row (each one is skipped)."""
+    spike_factor: float = bounded(3.0, gt=1.0)
+    """A loss above spike_factor x its running mean (after warmup) is logged as a spike."""
+    progress: Progress = Progress.auto
+    """A progress bar: auto (when interactive) | true | false."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Weights & Biases logging."""
 
-    def validate(self) -> None:
-        for key in ("max_steps", "seq_len", "global_batch_size", "micro_batch_size", "log_every",
-                    "keep_last", "max_nonfinite_steps"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"train.{key}={value!r}: must be a positive integer")
-        for key in ("eval_every", "save_every", "eval_sequences"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or value < 0:
-                raise ConfigError(f"train.{key}={value!r}: must be an integer >= 0")
-        _one_of("train.device", self.device, ("auto", "cpu", "cuda"))
-        _one_of("train.parallel", self.parallel, ("ddp", "fsdp2", "deepspeed"))
-        _one_of("train.progress", str(self.progress).lower(), ("auto", "true", "false"))
-        _one_of("train.wandb.mode", self.wandb.mode, ("auto", "online", "offline"))
-        if self.zero_stage not in (1, 2):
-            raise ConfigError(f"train.zero_stage={self.zero_stage!r}: allowed 1, 2")
-        if not isinstance(self.resume, str) or not self.resume:
+    def __post_init__(self):
+        if isinstance(self.progress, bool):  # YAML and Hydra read true/false as booleans
+            object.__setattr__(self, "progress", str(self.progress).lower())
+        check(self, "train")
+        if not self.resume:
             raise ConfigError(f"train.resume={self.resume!r}: allowed auto, never, or a checkpoint directory")
         if self.resume not in ("auto", "never") and not Path(self.resume).is_dir():
             raise ConfigError(f"train.resume={self.resume!r}: not a checkpoint directory "
@@ -75,20 +114,37 @@ class TrainConfig:
         if self.global_batch_size % self.micro_batch_size:
             raise ConfigError(f"train.global_batch_size={self.global_batch_size} must be a multiple of "
                               f"train.micro_batch_size={self.micro_batch_size}")
-        if self.spike_factor <= 1.0:
-            raise ConfigError(f"train.spike_factor={self.spike_factor}: must be > 1")
+
+
+# The sections a run is made of and the dataclass each one is checked against.
+SECTIONS = {"model": ModelConfig, "precision": PrecisionPolicy, "data": DataConfig, "optim": OptimConfig,
+            "train": TrainConfig}
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    model: dict
-    precision: dict
-    data: dict
-    optim: OptimConfig
-    train: TrainConfig
-    out_dir: Path
-    seed: int
-    experiment: str
+    model: dict[str, Any]
+    """The model section as plain data (checked by ModelConfig)."""
+    precision: dict[str, Any]
+    """The precision section as plain data (checked by PrecisionPolicy)."""
+    data: dict[str, Any]
+    """The data section as plain data (checked by nvfp4train.data.parse_data_config)."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and learning-rate schedule."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Steps, batch, checkpoints, parallelism, logging."""
+    out_dir: Path = Path("runs/default")
+    """Where metrics.jsonl, config.yaml and checkpoints/ go."""
+    seed: int = bounded(1234, ge=0)
+    """Seeds the initial weights, the data order and stochastic rounding."""
+    experiment: str = "default"
+    """Runs of one experiment share a W&B group."""
+
+    def __post_init__(self):
+        check(self, "")
+        ModelConfig.from_dict(self.model)
+        PrecisionPolicy.from_dict(self.precision)
+        parse_data_config(self.data)
 
     @classmethod
     def from_omegaconf(cls, cfg) -> "RunConfig":
@@ -96,46 +152,89 @@ class RunConfig:
 
         raw = OmegaConf.to_container(cfg, resolve=True)
         raw.pop("hydra", None)
-        for key in raw:
-            if key not in TOP_LEVEL_KEYS:
-                raise ConfigError(f"{key}: unknown top-level key; allowed: {', '.join(TOP_LEVEL_KEYS)}")
-        for key in TOP_LEVEL_KEYS:
-            if key not in raw:
-                raise ConfigError(f"{key}: missing from the config")
-        try:
-            optim = OptimConfig.from_dict(raw["optim"])
-        except (TypeError, ValueError) as e:
-            raise ConfigError(str(e)) from None
-        train = _dataclass_from_dict(TrainConfig, raw["train"], "train")
-        train.validate()
-        seed = raw["seed"]
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise ConfigError(f"seed={seed!r}: must be an integer >= 0")
-        if not raw["out_dir"]:
-            raise ConfigError("out_dir: must be a directory path")
-        return cls(model=raw["model"], precision=raw["precision"], data=raw["data"], optim=optim,
-                   train=train, out_dir=Path(raw["out_dir"]), seed=seed, experiment=str(raw["experiment"]))
+        return parse(cls, raw, "")
 
     def to_dict(self) -> dict:
-        d = {"model": self.model, "precision": self.precision, "data": self.data,
-             "optim": asdict(self.optim), "train": asdict(self.train), "out_dir": str(self.out_dir),
-             "seed": self.seed, "experiment": self.experiment}
-        d["optim"]["betas"] = list(self.optim.betas)
-        return d
+        return {**to_plain(self), "out_dir": str(self.out_dir)}
 
 
-def _one_of(key: str, value, allowed: tuple) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r}: allowed {', '.join(map(str, allowed))}")
+# ---------------------------------------------------------------------------------------------- composition
+
+def register_defaults() -> None:
+    """The `nvfp4train_defaults` node that configs/train.yaml starts from: every dataclass default."""
+    from hydra.core.config_store import ConfigStore
+
+    node = {name: defaults(schema) for name, schema in SECTIONS.items()}
+    node.update({k: v for k, v in defaults(RunConfig).items() if k not in SECTIONS})
+    node["out_dir"] = str(node["out_dir"])
+    ConfigStore.instance().store(name="nvfp4train_defaults", node=node)
 
 
-def _dataclass_from_dict(cls, d: dict, prefix: str):
-    allowed = {f.name: f for f in fields(cls)}
-    kwargs = {}
-    for key, value in d.items():
-        if key not in allowed:
-            raise ConfigError(f"{prefix}.{key}: unknown key; allowed: {', '.join(sorted(allowed))}")
-        if key == "wandb":
-            value = _dataclass_from_dict(WandbConfig, value or {}, f"{prefix}.wandb")
-        kwargs[key] = value
-    return cls(**kwargs)
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+def _check_key(key: str) -> None:
+    """`key` (dotted) must name a field of the run's schema: the same message as for a key in a file."""
+    node, path = RunConfig, ""
+    for part in key.split("."):
+        if node is RunConfig:  # at the root the sections are checked against their own dataclasses
+            allowed, inner = list(fields_of(RunConfig)), SECTIONS.get(part) or child_type(RunConfig, part)
+        elif node is DataConfig and part == "sources":  # stored loosely: parse_data_config names each source
+            allowed, inner = fields_of(node), dict[str, SourceConfig]
+        else:
+            allowed, inner = fields_of(node), child_type(node, part)
+        if allowed is not None and part not in allowed:
+            raise unknown_key(path, part, allowed)
+        path = f"{path}.{part}" if path else part
+        if inner is Any:
+            return  # a free-form value (a list, a source spec): RunConfig checks it
+        node = inner
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Check command-line overrides (`group=option`, `a.b=value`, sweeps `a=1,2`) against the schema."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except OverrideParseException as e:
+        raise ConfigError(" ".join(str(e).split())) from None
+    for o in parsed:
+        key = o.key_or_group
+        if o.is_delete() or key.split(".")[0] == "hydra":
+            continue
+        if (CONFIG_DIR / key).is_dir():  # a config group: model, precision, data
+            options = group_options(key)
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+            for value in values:
+                if value not in options:
+                    raise ConfigError(f"{key}={value}: no such {key} config; allowed: {', '.join(options)}")
+        else:
+            _check_key(key)
+
+
+def compose(overrides: list[str] = ()):
+    """The config (an OmegaConf node) that `python -m nvfp4train.train OVERRIDES` runs with."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    check_overrides(overrides)
+    register_defaults()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return hydra_compose("train", overrides=list(overrides))
+
+
+@functools.cache
+def _preset(group: str, name: str) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(compose([f"{group}={name}"])[group], resolve=True)
+
+
+def load_preset(group: str, name: str) -> dict:
+    """Option `name` of config group `group` as a run gets it: the section's defaults, then the YAML file
+    (and the presets its `defaults:` list names), as plain data."""
+    import copy
+
+    return copy.deepcopy(_preset(group, name))

@@ -21,14 +21,9 @@ ABLATION_CHANGES = [
 
 
 def load_preset(name: str, **overrides) -> PrecisionPolicy:
-    from pathlib import Path
+    from nvfp4train.train.config import load_preset as load_config_preset
 
-    from omegaconf import OmegaConf
-
-    path = Path(__file__).resolve().parents[2] / "configs" / "precision" / f"{name}.yaml"
-    cfg = OmegaConf.to_container(OmegaConf.load(path))
-    cfg.update(overrides)
-    return PrecisionPolicy.from_dict(cfg)
+    return PrecisionPolicy.from_dict({**load_config_preset("precision", name), **overrides})
 
 
 def make_layer(policy: PrecisionPolicy, in_f=64, out_f=48, seed=0, weight_seed=0, block_index=0, n_blocks=1, backend="emulated"):
