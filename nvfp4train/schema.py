@@ -15,11 +15,12 @@ of one line that names the key and what is allowed:
     train.max_steps=-3: must be a positive integer
 
 Types are strict: a bool field takes true/false only, an int field integers only (not true/false). A float
-field also takes a numeric string, because PyYAML reads `1e-5` (no dot) as a string.
+field also takes a numeric string, because PyYAML reads `1e-5` (no dot) as a string, and must be finite.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import functools
 import types
 import typing
@@ -185,14 +186,19 @@ def _coerce(path: str, value, tp):
             return value
         raise _expected(path, value, "int")
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # PyYAML reads "1e-5" (no dot) as a string
+            number = float(value)
+        elif isinstance(value, str):  # PyYAML reads "1e-5" (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise _expected(path, value, "float")
+        if number is None:
+            raise _expected(path, value, "float")
+        if not math.isfinite(number):  # no config value means inf or nan (optim.lr=inf trains to NaN)
+            raise ConfigError(f"{path}={value}: must be a finite number")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value

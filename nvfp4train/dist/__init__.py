@@ -95,6 +95,15 @@ def all_reduce_mean(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return value
 
 
+def broadcast_from_main(obj, info: DistInfo):
+    """The main rank's `obj` on every rank (a small picklable value)."""
+    if info.world_size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier(info: DistInfo) -> None:
     if info.world_size > 1:
         dist.barrier()

@@ -85,6 +85,9 @@ class TrainConfig:
     """Keep this many checkpoints."""
     resume: str = "auto"
     """auto (the latest checkpoint in out_dir, if any) | never | the path of a checkpoint directory."""
+    overwrite: bool = False
+    """With resume=never on an out_dir that holds a run: move that run aside to `<out_dir>.replaced-<time>/`
+    and start afresh (without it the run refuses)."""
     device: Device = Device.auto
     """auto: cuda when available, else cpu."""
     parallel: Parallel = Parallel.ddp

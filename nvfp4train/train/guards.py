@@ -15,8 +15,12 @@ class NonFiniteGuard:
     in_row: int = 0
     total_skipped: int = 0
 
+    last_loss: float = math.nan
+    last_grad_norm: float = math.nan
+
     def check(self, step: int, loss: float, grad_norm: float) -> bool:
         """True if the step may be applied; False if it must be skipped. Raises after max_in_row skips."""
+        self.last_loss, self.last_grad_norm = loss, grad_norm
         if math.isfinite(loss) and math.isfinite(grad_norm):
             self.in_row = 0
             return True
@@ -25,8 +29,8 @@ class NonFiniteGuard:
         if self.in_row >= self.max_in_row:
             raise TrainingHalted(
                 f"step {step}: {self.in_row} steps in a row had a non-finite loss or gradient "
-                f"(loss={loss}, grad_norm={grad_norm}); halting. Lower optim.lr, keep more blocks in BF16 "
-                f"(precision config), or resume from an earlier checkpoint.")
+                f"(loss={loss}, grad_norm={grad_norm}); halting. Lower optim.lr or keep more blocks in BF16 "
+                f"(precision config)")
         return False
 
     def state_dict(self) -> dict:

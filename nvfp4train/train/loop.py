@@ -38,10 +38,10 @@ from nvfp4train.model import HybridLM, ModelConfig, flops_per_token, param_group
 from nvfp4train.model.mfu import peak_flops
 from nvfp4train.optim import lr_at
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
-from nvfp4train.train import checkpoint
+from nvfp4train.train import checkpoint, rundir
 from nvfp4train.train.config import ConfigError, RunConfig
 from nvfp4train.train.engines import build_engine
-from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector
+from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
 from nvfp4train.train.metrics import MetricsLogger, ProgressBar
 
 
@@ -143,12 +143,19 @@ class Trainer:
         self.info = info = dist.init_distributed(t.device)
         _check_out_dir(cfg.out_dir)
         self.model_cfg, self.model, self.controller, self.loader, self.val_data = _build_model_and_data(cfg, info)
+        self.lock = rundir.RunDirLock(cfg.out_dir)
+        problem = None
         if info.is_main:
             try:
                 cfg.out_dir.mkdir(parents=True, exist_ok=True)
+                self.lock.acquire()   # held until the process ends: one run per out_dir
             except OSError as e:
-                raise ConfigError(f"out_dir={str(cfg.out_dir)!r}: not writable ({e.strerror})") from None
-        dist.barrier(info)
+                problem = f"out_dir={str(cfg.out_dir)!r}: not writable ({e.strerror})"
+            except rundir.RunDirError as e:
+                problem = str(e)
+        problem = dist.broadcast_from_main(problem, info)
+        if problem:
+            raise rundir.RunDirError(problem)
 
         self.grad_accum = t.global_batch_size // (t.micro_batch_size * info.world_size)
         self.tokens_per_step = t.global_batch_size * t.seq_len
@@ -161,6 +168,7 @@ class Trainer:
         self.step = 0                   # optimizer steps done
         self.start_step = 0             # where this process began (> 0 after a resume)
         self.resumed_from: Path | None = None
+        self.abandoned: Path | None = None  # later checkpoints set aside by a resume from an older one
         self.wandb_id: str | None = None
         self.logger = MetricsLogger(cfg.out_dir, enabled=info.is_main)
         self.bar: ProgressBar | None = None
@@ -172,12 +180,16 @@ class Trainer:
         if t.resume == "auto":
             existing = checkpoint.list_checkpoints(self.ckpt_root)
             self.resumed_from = existing[-1] if existing else None
-        elif t.resume != "never":
+        elif t.resume == "never":
+            self._on_main(lambda: rundir.check_fresh_start(self.cfg.out_dir, t.overwrite))
+        else:
             self.resumed_from = Path(t.resume)
         if self.resumed_from is None:
             return
         meta, state = checkpoint.load(self.resumed_from, self.engine, self.info.rank, self.cfg.model)
         self.step = self.start_step = int(meta["step"])
+        if t.resume != "auto":  # an older checkpoint starts a new timeline from its step
+            self.abandoned = self._on_main(lambda: rundir.abandon_later(self.ckpt_root, self.start_step))
         self.wandb_id = meta.get("wandb_id")
         self.loader.load_state_dict(state["loader"])
         self.controller.load_state_dict(state["precision"])
@@ -192,7 +204,8 @@ class Trainer:
         cfg, t, info = self.cfg, self.cfg.train, self.info
         if info.is_main:
             (cfg.out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg.to_dict()))
-        self.logger.open(resume_step=self.start_step if self.resumed_from is not None else None)
+        self.logger.open(resume_step=self.start_step if self.resumed_from is not None else None,
+                         dropped_to=self.abandoned / "metrics.jsonl" if self.abandoned else None)
         self.wandb_id = self.logger.start_wandb(t.wandb, cfg.to_dict(), cfg.experiment, cfg.out_dir, self.wandb_id)
         self.bar = ProgressBar(t.progress, info.is_main, total=t.max_steps, initial=self.start_step,
                                log_every=t.log_every)
@@ -204,6 +217,9 @@ class Trainer:
                            f"{cfg.precision.get('name', '?')} ({self.controller.backend_name}) | {parallel} "
                            f"x{info.world_size} on {info.device.type} | {t.max_steps} steps x "
                            f"{self.tokens_per_step} tokens | {where}")
+            if self.abandoned:
+                self.bar.write(f"checkpoints after step {self.start_step} and their metrics moved to "
+                               f"{self.abandoned} (a new timeline starts at step {self.start_step})")
 
     # ------------------------------------------------------------------------------- one step
     def train_step(self) -> StepResult:
@@ -213,7 +229,14 @@ class Trainer:
         switch = self.controller.on_step((step - 1) / t.max_steps)
         lr = lr_at(step - 1, t.max_steps, self.cfg.optim.lr, self.cfg.optim.min_lr, self.cfg.optim.schedule)
         micro_batches = [self.loader.next_microbatch() for _ in range(self.grad_accum)]
-        loss, grad_norm, applied = self.engine.train_step(micro_batches, lr, step)
+        try:
+            loss, grad_norm, applied = self.engine.train_step(micro_batches, lr, step)
+        except TrainingHalted as halt:  # record the step that tripped the guard, then stop
+            self.step, seconds = step, time.perf_counter() - t0
+            self.log(StepResult(step=step, lr=lr, loss=self.guard.last_loss, grad_norm=self.guard.last_grad_norm,
+                                applied=False, spike=False, seconds=seconds,
+                                tokens_per_s=self.tokens_per_step / seconds, precision_switch=switch))
+            raise TrainingHalted(f"{halt}; {self._latest_checkpoint_note()}") from None
         spike = self.spikes.update(loss)
         if self.info.device.type == "cuda":
             torch.cuda.synchronize()
@@ -255,8 +278,27 @@ class Trainer:
         t = self.cfg.train
         return bool(t.save_every and self.step % t.save_every == 0) or self.step == t.max_steps
 
-    def save(self) -> Path:
-        """Checkpoint the current step (all ranks call this); return its directory."""
+    def save(self, final: bool = False) -> Path | None:
+        """Checkpoint the current step (all ranks call this); return its directory.
+
+        A checkpoint must be worth resuming, and pruning must never trade a good one for it: weights or
+        optimizer state that are not finite are never written (the run halts), nor is a step whose loss
+        was not finite (a periodic save waits for the next one, returning None; a final one halts)."""
+        finite = self.engine.state_is_finite().to(torch.int32)
+        if self.info.world_size > 1:  # every rank's shard must be finite
+            torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
+        advice = "Lower optim.lr or keep more blocks in BF16 (precision config)"
+        if not bool(finite):
+            raise TrainingHalted(f"step {self.step}: the weights or optimizer state are not finite, so no checkpoint "
+                                 f"was written; {self._latest_checkpoint_note()}. {advice}")
+        if self.guard.in_row:  # the same on every rank: the loss is all-reduced before the guard sees it
+            if final:
+                raise TrainingHalted(f"step {self.step}: the run ends on a step with a non-finite loss, so no "
+                                     f"checkpoint was written; {self._latest_checkpoint_note()}. {advice}")
+            if self.info.is_main:
+                self.bar.write(f"step {self.step}: non-finite loss, checkpoint skipped (the next one is due "
+                               f"in {self.cfg.train.save_every} steps)")
+            return None
         state = {"loader": self.loader.state_dict(), "precision": self.controller.state_dict(),
                  "guard": self.guard.state_dict(), "spikes": self.spikes.state_dict(),
                  "rng_cpu": torch.get_rng_state()}
@@ -271,6 +313,24 @@ class Trainer:
         if self.bar is not None:
             self.bar.close()
         self.logger.close()
+
+    def _on_main(self, fn):
+        """Run fn on the main rank only; a RunDirError it raises stops every rank with its message."""
+        result, problem = None, None
+        if self.info.is_main:
+            try:
+                result = fn()
+            except rundir.RunDirError as e:
+                problem = str(e)
+        problem = dist.broadcast_from_main(problem, self.info)
+        if problem:
+            raise rundir.RunDirError(problem)
+        return result
+
+    def _latest_checkpoint_note(self) -> str:
+        done = checkpoint.list_checkpoints(self.ckpt_root)
+        return (f"the latest checkpoint ({done[-1]}) is kept: resume from it with train.resume={done[-1]}"
+                if done else "no checkpoint was written")
 
 
 # ------------------------------------------------------------------------------------------- run
@@ -311,7 +371,7 @@ def run(cfg: RunConfig) -> dict:
             trainer.log(result)
             preempted = _agree(stop.received is not None, info)
             if trainer.save_due() or preempted:
-                last_ckpt = trainer.save()
+                last_ckpt = trainer.save(final=preempted or trainer.step == cfg.train.max_steps) or last_ckpt
             if preempted:
                 if info.is_main:
                     trainer.bar.write(f"received signal {stop.received}: checkpoint {last_ckpt} saved at step "

@@ -24,19 +24,21 @@ class MetricsLogger:
         self._file = None
         self._wandb_run = None
 
-    def open(self, resume_step: int | None) -> None:
-        """Start the file; on resume keep only records of steps <= resume_step."""
+    def open(self, resume_step: int | None, dropped_to: Path | None = None) -> None:
+        """Start the file; on resume keep only records of steps <= resume_step. The later records go to
+        `dropped_to` when given (a resume from an older checkpoint abandons a timeline, not its history)."""
         if not self.enabled:
             return
-        kept = []
+        kept, dropped = [], []
         if resume_step is not None and self.path.exists():
             for line in self.path.read_text().splitlines():
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError:
                     break  # a torn last line from a killed run
-                if record.get("step", math.inf) <= resume_step:
-                    kept.append(line)
+                (kept if record.get("step", math.inf) <= resume_step else dropped).append(line)
+        if dropped and dropped_to is not None:
+            dropped_to.write_text("".join(line + "\n" for line in dropped))
         self._file = open(self.path, "w")
         for line in kept:
             self._file.write(line + "\n")

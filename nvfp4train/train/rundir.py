@@ -20,13 +20,14 @@ import time
 from pathlib import Path
 
 from nvfp4train.train import checkpoint
+from nvfp4train.train.config import ConfigError
 
 LOCK = ".lock"
 ABANDONED = "abandoned"
 
 
-class RunDirError(RuntimeError):
-    """The run directory cannot be used as asked; the message names it and what to do."""
+class RunDirError(ConfigError):
+    """The run directory cannot be used as asked; the message names it and what to do (exit 2)."""
 
 
 class RunDirLock:

@@ -125,3 +125,130 @@ def test_disk_full_during_a_save_is_one_line_and_keeps_the_previous_checkpoint(t
     assert len(lines) == 1 and "step_00000004: cannot write the checkpoint (" in lines[0], lines[0][-400:]
     assert "step_00000002 is intact" in lines[0]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000002"]
+
+
+# ------------------------------------------------------------------------------- through the CLI
+import json  # noqa: E402
+import signal  # noqa: E402
+import shutil  # noqa: E402
+import time  # noqa: E402
+
+from tests.conftest import REPO, cli_env, read_metrics, run_train, train_cmd  # noqa: E402
+
+SMALL = ["train.progress=false", "train.eval_sequences=2", "train.seq_len=64", "train.global_batch_size=4",
+         "train.micro_batch_size=4", "train.log_every=1"]
+
+
+def _one_error_line(proc, code):
+    assert proc.returncode == code, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    return lines[0]
+
+
+def test_non_finite_learning_rate_is_refused_before_anything_is_written(tmp_path):
+    for lr in ("inf", "nan"):
+        line = _one_error_line(run_train(f"out_dir={tmp_path / 'r'}", *SMALL, f"optim.lr={lr}", check=False), 2)
+        assert f"optim.lr={lr}: must be a finite number" in line
+    assert not (tmp_path / "r").exists()
+
+
+def _poison_embedding_row(ckpt):
+    """Set one embedding row of a checkpoint to NaN, as a bad update would: a token the data never holds
+    (a padded vocabulary row), so the loss stays finite while the weights do not."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+
+    dcp_dir, plain = ckpt / "model_optim", ckpt.parent / "plain.pt"
+    dcp_to_torch_save(dcp_dir, plain)
+    state = torch.load(plain, weights_only=True)
+    state["model"]["embedding.weight"][-1] = math.nan
+    torch.save(state, plain)
+    shutil.rmtree(dcp_dir)
+    torch_save_to_dcp(plain, dcp_dir)
+    plain.unlink()
+
+
+def test_non_finite_weights_are_never_checkpointed_and_nothing_is_pruned_for_them(tmp_path):
+    out = tmp_path / "run"
+    common = [f"out_dir={out}", *SMALL, "train.max_steps=6", "train.save_every=2"]
+    run_train(*common)
+    shutil.rmtree(out / "checkpoints" / "step_00000006")            # as if killed after step 4's checkpoint
+    _poison_embedding_row(out / "checkpoints" / "step_00000004")
+    proc = run_train(*common, "train.keep_last=1", check=False)
+    line = _one_error_line(proc, 3)
+    assert "step 6: the weights or optimizer state are not finite, so no checkpoint was written" in line
+    assert "step_00000004) is kept" in line
+    assert read_metrics(out)[-1]["step"] == 6 and math.isfinite(read_metrics(out)[-1]["loss"])
+    assert [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")] == ["step_00000002", "step_00000004"]
+
+
+def test_a_run_ending_on_a_non_finite_loss_exits_non_zero_and_keeps_the_good_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    run_train(f"out_dir={out}", *SMALL, "train.max_steps=6", "train.save_every=2", "train.keep_last=2")
+    shutil.rmtree(out / "checkpoints" / "step_00000006")            # as if killed after step 4's checkpoint
+    # step 5 applies an update with a huge learning rate: step 6's loss overflows
+    proc = run_train(f"out_dir={out}", *SMALL, "train.max_steps=6", "train.save_every=2", "train.keep_last=1",
+                     "optim.lr=1e30", "optim.min_lr=0", check=False)
+    line = _one_error_line(proc, 3)
+    assert "step 6: the run ends on a step with a non-finite loss, so no checkpoint was written" in line
+    assert [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")] == ["step_00000004"]
+
+
+def test_the_step_that_trips_the_halt_is_logged(tmp_path):
+    out = tmp_path / "run"
+    proc = run_train(f"out_dir={out}", *SMALL, "train.max_steps=10", "train.max_nonfinite_steps=2",
+                     "optim.lr=1e30", "optim.min_lr=0", "optim.schedule.warmup_steps=0", check=False)
+    line = _one_error_line(proc, 3)
+    assert "2 steps in a row had a non-finite loss" in line and "no checkpoint was written" in line
+    records = read_metrics(out)
+    assert records[-1]["step"] == 3 and records[-1]["step_skipped"] and records[-1]["loss"] is None
+    assert not (out / "checkpoints").exists() or not checkpoint.list_checkpoints(out / "checkpoints")
+
+
+def test_resume_never_on_an_existing_run_refuses_unless_overwrite(tmp_path):
+    out = tmp_path / "run"
+    run_train(f"out_dir={out}", *SMALL, "train.max_steps=2")
+    before = {p.name: p.read_bytes() for p in (out / "metrics.jsonl", out / "config.yaml")}
+    line = _one_error_line(run_train(f"out_dir={out}", *SMALL, "train.max_steps=2", "train.resume=never",
+                                     "seed=7", check=False), 2)
+    assert "already holds a run" in line and "train.overwrite=true" in line
+    assert {p.name: p.read_bytes() for p in (out / "metrics.jsonl", out / "config.yaml")} == before
+    run_train(f"out_dir={out}", *SMALL, "train.max_steps=2", "train.resume=never", "seed=7", "train.overwrite=true")
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert len(aside) == 1 and (aside[0] / "metrics.jsonl").read_bytes() == before["metrics.jsonl"]
+    assert (aside[0] / "checkpoints" / "step_00000002" / "meta.json").is_file()
+    assert "seed: 7" in (out / "config.yaml").read_text() and len(read_metrics(out)) == 2
+
+
+def test_resume_from_an_older_checkpoint_starts_a_new_timeline(tmp_path):
+    out = tmp_path / "run"
+    common = [f"out_dir={out}", *SMALL, "train.max_steps=6", "train.save_every=2", "train.keep_last=2"]
+    run_train(*common)
+    resumed = run_train(*common, f"train.resume={out / 'checkpoints' / 'step_00000004'}")
+    assert "a new timeline starts at step 4" in resumed.stdout
+    abandoned = list((out / "checkpoints" / "abandoned").iterdir())
+    assert len(abandoned) == 1 and (abandoned[0] / "step_00000006" / "meta.json").is_file()
+    assert [json.loads(x)["step"] for x in (abandoned[0] / "metrics.jsonl").read_text().splitlines()] == [5, 6]
+    # the checkpoint just written survived pruning, and "latest" is on the new timeline
+    assert [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")] == ["step_00000004", "step_00000006"]
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_second_run_on_the_same_out_dir_is_refused_and_a_killed_run_leaves_no_lock(tmp_path):
+    out = tmp_path / "run"
+    args = [f"out_dir={out}", *SMALL, "train.max_steps=100000"]
+    first = subprocess.Popen(train_cmd(*args), cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.time()
+        while not (out / "metrics.jsonl").exists() or not read_metrics(out):
+            assert first.poll() is None and time.time() - t0 < 300
+            time.sleep(0.1)
+        line = _one_error_line(run_train(*args, check=False), 2)
+        assert "is in use by another run (pid" in line
+        assert first.poll() is None                                 # the first run goes on
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    line = _one_error_line(run_train(*args[:-1], "train.max_steps=2", "train.resume=never", check=False), 2)
+    assert "already holds a run" in line                            # refused for its history, not a stale lock
