@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from nvfp4train.formats import mxfp4
+
 ROLES = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
 FORWARD_ROLES = ("fprop_x", "fprop_w")
 BACKWARD_ROLES = ("dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
@@ -31,7 +33,9 @@ BACKENDS = ("auto", "emulated", "scaled_mm", "te")
 RHT_CHOICES = ("wgrad", "all", "none")
 SR_CHOICES = ("grads", "all", "none")
 SWITCH_MODES = ("full", "forward_only", "backward_only")
-MXFP4_SCALE_RULES = ("ceil", "floor")
+# MXFP4 block-scale rules, named as torchao names them (formats/mxfp4.py): "rceil" rounds the scale
+# up (the paper's rule), "floor" is OCP MX. "ceil" is the former name of "rceil" and means it.
+MXFP4_SCALE_RULES = mxfp4.SCALE_RULES + tuple(mxfp4.SCALE_RULE_ALIASES)
 
 # Weight tiles each format accepts (rows x K of the Fprop weight operand) and its default.
 WEIGHT_TILES = {
@@ -57,7 +61,7 @@ class OperandSpec:
     tile: tuple[int, int] | None = None
     rounding: str = "rne"  # "rne" | "sr"
     rht_dim: int = 0
-    scale_mode: str = ""  # mxfp4: "ceil" | "floor"; fp8 blockwise: "pow2" | "fp32"; else ""
+    scale_mode: str = ""  # mxfp4: "rceil" | "floor"; fp8 blockwise: "pow2" | "fp32"; else ""
 
     @property
     def is_bf16(self) -> bool:
@@ -263,7 +267,7 @@ class PrecisionPolicy:
         sr_grads = "sr" if self.sr in ("grads", "all") else "rne"
         sr_other = "sr" if self.sr == "all" else "rne"
         act = (1, block)
-        mode = {"mxfp4": self.mxfp4_scale_rule,
+        mode = {"mxfp4": mxfp4.canonical_scale_rule(self.mxfp4_scale_rule),
                 "fp8_blockwise": "pow2" if self.fp8_pow2_scales else "fp32"}.get(fmt, "")
 
         def spec(tile, rounding, rht):

@@ -165,9 +165,8 @@ def run(cfg: RunConfig) -> dict:
                   f"x{info.world_size} on {info.device.type} | {t.max_steps} steps x {tokens_per_step} tokens | {where}")
 
     flops_tok = flops_per_token(model_cfg, t.seq_len)["total"]
-    gemm_precision = "bf16"  # emulated formats run BF16 GEMMs: MFU against the BF16 peak
-    if controller.backend_name in ("scaled_mm", "te"):
-        gemm_precision = "fp8" if "fp8" in str(cfg.precision.get("format", "")) else "fp4"
+    from nvfp4train.precision import gemm_peak_kind
+    gemm_precision = gemm_peak_kind(controller.policy, controller.backend_name)  # emulated: the BF16 peak
     peak = peak_flops(info.device, gemm_precision) if info.device.type == "cuda" else None
 
     def save(step: int) -> Path:

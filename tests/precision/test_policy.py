@@ -67,7 +67,7 @@ def test_paper_recipe_per_operand():
     assert (r.wgrad_dy.tile, r.wgrad_dy.rounding, r.wgrad_dy.rht_dim) == ((1, 16), "sr", 16)
     assert (r.wgrad_x.tile, r.wgrad_x.rounding, r.wgrad_x.rht_dim) == ((1, 16), "rne", 16)
     m = load_preset("mxfp4").quantized_recipe()
-    assert m.wgrad_x.tile == (1, 32) and m.wgrad_x.rht_dim == 32 and m.fprop_x.scale_mode == "ceil"
+    assert m.wgrad_x.tile == (1, 32) and m.wgrad_x.rht_dim == 32 and m.fprop_x.scale_mode == "rceil"
     t = load_preset("fp8_tensorwise").quantized_recipe()
     assert [getattr(t, role).format for role in ROLES] == ["fp8_e4m3", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3"]
     b = load_preset("fp8_blockwise").quantized_recipe()
