@@ -247,6 +247,14 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recipe.all_bf16:
             return F.linear(x, self.weight)
+        return self._quantized_forward(x)
+
+    # Under torch.compile (train.compile) the quantized GEMMs run eagerly, so a compiled model
+    # keeps eager's bits: inductor's fused FP32 divisions are not bit-exact with TE on CUDA (see
+    # formats/compiled.py, the opt-in fast path), and the Function's Python state (SR generators,
+    # telemetry) would only graph-break and recompile per input dtype.
+    @torch.compiler.disable
+    def _quantized_forward(self, x: torch.Tensor) -> torch.Tensor:
         need_backward = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
         quantizer = OperandQuantizer(self.sr, self.rht_signs, self._stats if self.stats_enabled else None)
         return _QuantLinearFunction.apply(x, self.weight, self.recipe, self.backend, quantizer, need_backward)
