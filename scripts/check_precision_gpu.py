@@ -20,8 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nvfp4train.precision import ROLES, PrecisionPolicy, QuantLinear, linear as linear_mod  # noqa: E402
-from nvfp4train.precision.backends import scaled_mm_unsupported, te_unsupported  # noqa: E402
+from nvfp4train.precision import ROLES, PrecisionPolicy, QuantLinear  # noqa: E402
+from nvfp4train.precision.backends import SCALED_MM, TE, EmulatedBackend  # noqa: E402
 
 
 
@@ -68,17 +68,17 @@ def run(layer, x, grad):
 
 def captured_operands(layer, x, grad):
     calls = []
-    real = linear_mod.scaled_gemm
+    real = EmulatedBackend.gemm
 
-    def spy(a, b, backend):
+    def spy(backend, a, b):
         calls.append((a, b))
-        return real(a, b, backend)
+        return real(backend, a, b)
 
-    linear_mod.scaled_gemm = spy
+    EmulatedBackend.gemm = spy
     try:
         outputs = run(layer, x, grad)
     finally:
-        linear_mod.scaled_gemm = real
+        EmulatedBackend.gemm = real
     (fx, fw), (ddy, dw), (wdy, wx) = calls
     ops = dict(zip(ROLES, (fx, fw, ddy, dw, wdy, wx)))
     return ops, outputs
@@ -114,7 +114,7 @@ def check_emulated_gemm_exact(rows):
 
 def check_scaled_mm(rows):
     policy = all_quantized("fp8_tensorwise")
-    why = scaled_mm_unsupported(policy)
+    why = SCALED_MM.unsupported(policy)
     if why:
         rows.append(("scaled_mm fp8_tensorwise", f"skipped: {why}", float("nan"), 0.0, True))
         return
@@ -129,7 +129,7 @@ def check_scaled_mm(rows):
 def check_te(rows):
     for name in ("fp8_blockwise", "fp8_tensorwise", "nvfp4"):
         policy = all_quantized(name)
-        why = te_unsupported(policy)
+        why = TE.unsupported(policy)
         if why:
             rows.append((f"te vs emulated {name}", f"skipped: {why}", float("nan"), 0.0, True))
             continue

@@ -118,16 +118,6 @@ def encode_values(values: torch.Tensor) -> torch.Tensor:
     return codes.to(torch.uint8)
 
 
-def magnitude_to_index(magnitude: torch.Tensor) -> torch.Tensor:
-    """E2M1 magnitude {0, .5, 1, 1.5, 2, 3, 4, 6} -> index 0..7 (uint8). NaN -> 0."""
-    return encode_values(magnitude.to(torch.float32).abs())
-
-
-def encode(negative: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
-    """4-bit codes (one per uint8) from ``round_scaled``'s output."""
-    return magnitude_to_index(magnitude) | (negative.to(torch.uint8) << 3)
-
-
 def pack(codes: torch.Tensor) -> torch.Tensor:
     """[..., n] 4-bit codes -> [..., n/2] bytes, even element in the low nibble."""
     return codes[..., 0::2] | (codes[..., 1::2] << 4)

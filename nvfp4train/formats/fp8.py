@@ -8,7 +8,9 @@ of (1, 128) (activations, gradients; one scale per row-chunk) or (128, 128) (wei
 scales are FP32, shaped ``[rows, cols/128]`` for (1, 128) and ``[rows/128, cols/128]`` for
 (128, 128) (one per tile, not repeated — the layout ``torch._scaled_mm`` takes for blockwise
 scaling on Hopper). ``pow2_scales=True`` rounds the encode scale down to a power of two (TE's
-default for this recipe), which makes dequantized values exact in BF16.
+default for this recipe), which makes dequantized values exact in BF16. One difference from per
+tensor, as in TE: where fp8_max / amax overflows FP32 (a block amax below ~1.3e-36), the encode
+scale is the *input* dtype's max (bf16: 3.39e38, fp16: 65504), not FLT_MAX.
 
 ``sat_cast`` clamps to ±fp8_max before the cast: PyTorch's float8 casts are not specified to
 saturate (older versions turn large E4M3 inputs into NaN; E5M2 overflows to Inf).
@@ -57,12 +59,15 @@ def saturating_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.clamp(x, -limit, limit).to(dtype)
 
 
-def encode_scale_from_amax(amax: torch.Tensor, dtype: torch.dtype, pow2_scales: bool = False) -> torch.Tensor:
-    """FP32 encode scale fp8_max / amax: 1 where amax is 0, capped at FLT_MAX, NaN where amax is
-    not finite; with ``pow2_scales`` rounded down to a power of two (so decoding never clips)."""
+def encode_scale_from_amax(
+    amax: torch.Tensor, dtype: torch.dtype, pow2_scales: bool = False, scale_for_inf: float = _FLT_MAX
+) -> torch.Tensor:
+    """FP32 encode scale fp8_max / amax: 1 where amax is 0, NaN where amax is not finite, and
+    ``scale_for_inf`` where the division overflows (amax < fp8_max / FLT_MAX, about 1.3e-36 for
+    E4M3); with ``pow2_scales`` rounded down to a power of two (so decoding never clips)."""
     amax = amax.to(torch.float32)
     scale = torch.div(torch.full_like(amax, fp8_max(dtype)), amax)
-    scale = torch.clamp(scale, max=_FLT_MAX)
+    scale = torch.where(scale == float("inf"), torch.full_like(scale, scale_for_inf), scale)
     scale = torch.where(amax == 0, torch.ones_like(scale), scale)
     if pow2_scales:
         mantissa, exponent = torch.frexp(scale)  # scale = m * 2^e, m in [0.5, 1)
@@ -119,7 +124,10 @@ def quantize_blockwise(
     # amax over the block's rows first (an outer dim: vectorized), then its columns.
     block_abs = xb.abs()
     rows_max = block_abs.amax(dim=1) if xb.shape[1] > 1 else block_abs.squeeze(1)
-    encode = encode_scale_from_amax(rows_max.amax(dim=-1), dtype, pow2_scales)  # [grid]
+    # TE's blockwise kernels replace an overflowing scale by the input dtype's max (TE
+    # compute_scale_from_types: value_for_inf = max of the input type), not FLT_MAX as per tensor.
+    scale_for_inf = float(torch.finfo(x.dtype).max)
+    encode = encode_scale_from_amax(rows_max.amax(dim=-1), dtype, pow2_scales, scale_for_inf)  # [grid]
     limit = fp8_max(dtype)
     data = xb.mul_(encode[:, None, :, None]).clamp_(-limit, limit).to(dtype)
     return data.reshape(x.shape), torch.reciprocal(encode)

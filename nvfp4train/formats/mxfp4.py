@@ -1,12 +1,16 @@
 """MXFP4: E2M1 elements, one power-of-two (E8M0) decode scale per 32 elements, no tensor scale.
 
-Scale rules (``scale_rule``):
-* "ceil" (default, the paper's App. B.4 and TE's reference): X = 2^ceil(log2(amax_b / 6)), the
-  smallest power of two with 6 * X >= amax_b, so the block amax never saturates.
-* "floor" (OCP MX v1.0): X = 2^(floor(log2(amax_b)) - 2); the block amax lands in [4, 8) and
-  values above 6 clip to 6.
+Scale rules (``scale_rule``), named as torchao's ``ScaleCalculationMode`` names them:
+* "rceil" (default; the paper's App. B.4, TE's reference, and the hardware's
+  round-up conversion to E8M0):
+  X = 2^ceil(log2(amax_b / 6)), the smallest power of two with 6 * X >= amax_b, so the block amax
+  never saturates. torchao calls this RCEIL; its ``CEIL`` is a different rule
+  (2^(ceil(log2 amax_b) - 2)) that gives another scale for about 4 blocks in 10.
+* "floor" (OCP MX v1.0, torchao FLOOR): X = 2^(floor(log2(amax_b)) - 2); the block amax lands in
+  [4, 8) and values above 6 clip to 6.
+"ceil" is this project's former name for "rceil" and still means it (``canonical_scale_rule``).
 Exponents are clamped to E8M0's [-127, 127]; an all-zero block gets 2^-127 (as TE's reference).
-The ceil exponent is computed exactly from the FP32 bits of amax_b / 6 (TE's reference uses
+The rceil exponent is computed exactly from the FP32 bits of amax_b / 6 (TE's reference uses
 ``ceil(torch.log2(.))``, which can round an amax just above 6 * 2^k down to k and clip; the
 golden vectors do not hit that edge and agree).
 
@@ -24,7 +28,9 @@ from . import compiled, e2m1
 from .rounding import random_bits_like
 
 BLOCK = 32
-SCALE_RULES = ("ceil", "floor")
+SCALE_RULES = ("rceil", "floor")
+# Former spellings, still accepted: "ceil" was this project's name for RCEIL (not torchao's CEIL).
+SCALE_RULE_ALIASES = {"ceil": "rceil"}
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 E8M0_NAN = 255
 
@@ -65,23 +71,34 @@ def scale_from_e8m0(scales: torch.Tensor) -> torch.Tensor:
     return torch.where(bits == E8M0_NAN, torch.full_like(value, float("nan")), value)
 
 
+def canonical_scale_rule(scale_rule: str) -> str:
+    """``scale_rule`` by its current name ("ceil" -> "rceil"); ValueError naming the allowed rules."""
+    rule = SCALE_RULE_ALIASES.get(scale_rule, scale_rule)
+    if rule not in SCALE_RULES:
+        raise ValueError(
+            f"mxfp4: scale_rule={scale_rule!r} is not supported; allowed: {SCALE_RULES} "
+            f"(also the former names {SCALE_RULE_ALIASES})"
+        )
+    return rule
+
+
 def scale_exponent(block_amax: torch.Tensor, scale_rule: str) -> torch.Tensor:
     """Unbiased E8M0 exponent (int32, in [-127, 127]) of each block's decode scale."""
-    if scale_rule == "ceil":
+    scale_rule = canonical_scale_rule(scale_rule)
+    if scale_rule == "rceil":
         v = block_amax / e2m1.E2M1_MAX
         mantissa, exponent = torch.frexp(v)  # v = mantissa * 2^exponent, mantissa in [0.5, 1)
         e = exponent - (mantissa == 0.5).to(exponent.dtype)  # exact ceil(log2 v)
-    elif scale_rule == "floor":
+    else:  # floor
         _, exponent = torch.frexp(block_amax)
         e = exponent - 1 - 2  # floor(log2 amax) - emax(E2M1)
-    else:
-        raise ValueError(f"mxfp4: scale_rule={scale_rule!r} is not supported; allowed: {SCALE_RULES}")
     e = torch.where(block_amax == 0, torch.full_like(e, -127), e)
     return e.to(torch.int32).clamp(-127, 127)
 
 
 def _check_and_draw(x: torch.Tensor, rounding: str, scale_rule: str, generator):
-    """Check the arguments (eagerly, outside any compiled graph); SR's random bits or None."""
+    """Check the arguments (eagerly, outside any compiled graph); (canonical scale rule, SR's
+    random bits or None)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"mxfp4: x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in INPUT_DTYPES:
@@ -91,9 +108,8 @@ def _check_and_draw(x: torch.Tensor, rounding: str, scale_rule: str, generator):
             f"mxfp4: the last dim of shape {tuple(x.shape)} must be a non-zero multiple of {BLOCK} (no padding is done)"
         )
     e2m1.check_rounding(rounding)
-    if scale_rule not in SCALE_RULES:
-        raise ValueError(f"mxfp4: scale_rule={scale_rule!r} is not supported; allowed: {SCALE_RULES}")
-    return random_bits_like(x, generator) if rounding == "sr" else None
+    scale_rule = canonical_scale_rule(scale_rule)
+    return scale_rule, (random_bits_like(x, generator) if rounding == "sr" else None)
 
 
 def _quantize_core(x: torch.Tensor, rounding: str, scale_rule: str, random_bits):
@@ -132,10 +148,10 @@ def _fake_quantize_impl(x: torch.Tensor, rounding: str, scale_rule: str, random_
 
 
 def quantize(
-    x: torch.Tensor, rounding: str = "rne", scale_rule: str = "ceil", generator: torch.Generator | None = None
+    x: torch.Tensor, rounding: str = "rne", scale_rule: str = "rceil", generator: torch.Generator | None = None
 ) -> MXFP4Tensor:
     """Quantize ``x`` (blocks of 32 along dim -1) to packed MXFP4."""
-    random_bits = _check_and_draw(x, rounding, scale_rule, generator)
+    scale_rule, random_bits = _check_and_draw(x, rounding, scale_rule, generator)
     codes, bits = compiled.run(_quantize_impl, x, rounding, scale_rule, random_bits)
     return MXFP4Tensor(
         codes=codes,
@@ -148,12 +164,12 @@ def quantize(
 def fake_quantize(
     x: torch.Tensor,
     rounding: str = "rne",
-    scale_rule: str = "ceil",
+    scale_rule: str = "rceil",
     generator: torch.Generator | None = None,
     out_dtype: torch.dtype | None = None,
 ):
     """``(values, 1.0)``: dequantized MXFP4 values in ``out_dtype`` (default x.dtype), equal bit
     for bit to ``quantize(...).dequantize(out_dtype)``. Exact in bf16 (E2M1 x 2^e)."""
-    random_bits = _check_and_draw(x, rounding, scale_rule, generator)
+    scale_rule, random_bits = _check_and_draw(x, rounding, scale_rule, generator)
     values = compiled.run(_fake_quantize_impl, x, rounding, scale_rule, random_bits, out_dtype or x.dtype)
     return values, torch.ones((), dtype=torch.float32, device=x.device)

@@ -41,12 +41,6 @@ def sr_generator(seed: int, stream_id: int = 0, device: torch.device | str = "cp
     return gen
 
 
-def uniform_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """FP32 uniforms in [0, 1), one per element of ``x``, drawn on ``x``'s device."""
-    _check_generator_device(x, generator)
-    return torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
-
-
 def _check_generator_device(x: torch.Tensor, generator: torch.Generator | None) -> None:
     if generator is not None and generator.device.type != x.device.type:
         raise ValueError(

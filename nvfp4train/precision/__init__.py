@@ -4,9 +4,11 @@
     policy = PrecisionPolicy.from_dict(cfg.precision)         # validates
     factory = build_linear_factory(policy, n_blocks, seed)    # the model's linear_factory
     ctl = PrecisionController(policy, model)                  # schedule, telemetry, checkpoint state
+    peak = gemm_peak_kind(policy, ctl.backend_name)           # "bf16" | "fp8" | "fp4": MFU's peak
 
 Imports `nvfp4train.formats` only; Transformer Engine is imported lazily by the `te` backend.
 """
+from .backends import gemm_peak_kind
 from .controller import PrecisionController, build_linear_factory
 from .linear import QuantLinear
 from .memory import saved_activation_bytes, saved_bytes_report
@@ -14,5 +16,5 @@ from .policy import ROLES, LayerRecipe, OperandSpec, PrecisionPolicy, SwitchConf
 
 __all__ = [
     "PrecisionPolicy", "build_linear_factory", "PrecisionController", "QuantLinear", "LayerRecipe",
-    "OperandSpec", "SwitchConfig", "ROLES", "saved_activation_bytes", "saved_bytes_report",
+    "OperandSpec", "SwitchConfig", "ROLES", "saved_activation_bytes", "saved_bytes_report", "gemm_peak_kind",
 ]

@@ -14,9 +14,10 @@ from typing import Any, Callable
 
 from torch import nn
 
-from .backends import resolve_backend
+from .backends import TE, resolve_backend
 from .linear import QuantLinear
 from .policy import PrecisionPolicy
+from .te_backend import TELinear
 
 log = logging.getLogger(__name__)
 
@@ -32,28 +33,27 @@ def build_linear_factory(policy: PrecisionPolicy, n_blocks: int, seed: int) -> C
     if n_blocks < 1:
         raise ValueError(f"build_linear_factory: n_blocks must be >= 1, got {n_blocks}")
     backend, reason = resolve_backend(policy)
-    log.info("precision %s: backend %s (%s)", policy.name or policy.format, backend, reason)
+    log.info("precision %s: backend %s (%s)", policy.name or policy.format, backend.name, reason)
     log.info("precision %s", policy.summary(n_blocks))
 
     def linear_factory(in_features: int, out_features: int, *, block_index: int, name: str) -> nn.Module:
         if name not in LINEAR_NAMES:
             raise ValueError(f"linear_factory: name={name!r} is not one of {list(LINEAR_NAMES)}")
         kwargs = dict(policy=policy, block_index=block_index, n_blocks=n_blocks, name=name, seed=seed)
-        if backend == "te":
-            from .te_backend import TELinear
+        if backend is TE:
             layer = TELinear(in_features, out_features, **kwargs)
         else:
             layer = QuantLinear(in_features, out_features, backend=backend, **kwargs)
         layer.backend_reason = reason
         return layer
 
-    linear_factory.backend_name = backend
+    linear_factory.backend_name = backend.name
     linear_factory.backend_reason = reason
     return linear_factory
 
 
 def _is_precision_linear(module: nn.Module) -> bool:
-    return isinstance(module, QuantLinear) or type(module).__name__ == "TELinear"
+    return isinstance(module, (QuantLinear, TELinear))
 
 
 class PrecisionController:
@@ -62,14 +62,15 @@ class PrecisionController:
     def __init__(self, policy: PrecisionPolicy, model: nn.Module):
         self.policy = policy
         self.layers = [m for _, m in model.named_modules() if _is_precision_linear(m)]
-        backends = sorted({m.backend for m in self.layers})
+        backends = sorted({m.backend_name for m in self.layers})
         if len(backends) > 1:
             raise ValueError(f"PrecisionController: the model mixes backends {backends}")
         if backends:
             self.backend_name = backends[0]
             self.backend_reason = getattr(self.layers[0], "backend_reason", "")
         else:
-            self.backend_name, self.backend_reason = resolve_backend(policy)
+            backend, self.backend_reason = resolve_backend(policy)
+            self.backend_name = backend.name
         labels = [m.label for m in self.layers]
         if len(set(labels)) != len(labels):
             raise ValueError("PrecisionController: two linears share a (block_index, name) label")

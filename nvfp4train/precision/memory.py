@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .linear import QuantLinear
+
 
 def saved_activation_bytes(module: nn.Module, x: torch.Tensor, autocast_dtype: torch.dtype | None = torch.bfloat16) -> int:
     """Bytes of the non-parameter tensors autograd saves for backward in `module(x)`."""
@@ -36,8 +38,6 @@ def saved_activation_bytes(module: nn.Module, x: torch.Tensor, autocast_dtype: t
 
 def saved_bytes_report(policy, in_features: int, out_features: int, tokens: int, device="cpu") -> dict[str, float]:
     """Saved-activation bytes of one quantized linear of `policy` vs nn.Linear in BF16 autocast."""
-    from .linear import QuantLinear
-
     n_blocks = 1
     layer = QuantLinear(in_features, out_features, policy=policy, block_index=0, n_blocks=n_blocks,
                         name="fc1", seed=0, device=device)

@@ -9,11 +9,16 @@ Shapes the format's tiles do not divide are zero-padded: K up to `k_pad` (chosen
 operands agree; padded K contributes zero to the product, also after an RHT, which is orthogonal
 and applied to both operands alike), rows up to the tile's row count (cropped again on use).
 
+Each operand format is one `OperandFormat` object in `OPERAND_FORMATS`, looked up by
+`OperandSpec.format`: it quantizes, packs, dequantizes, reports its scale statistics and names the
+tensor-core rate a native GEMM on it runs at. Adding a format is adding one class here.
+
 Two forms:
 * `fake_quantize` -> `Quantized` with dense `values` (fast; for operands used at once);
 * `pack` -> `Packed` holding the packed tensors only (4-bit codes + scales for NVFP4/MXFP4, FP8
   data + scales for FP8), for operands saved between forward and backward. `Packed.tensors`
-  and `Packed.rebuild` let autograd's `save_for_backward` see (and count) exactly those tensors.
+  go through autograd's `save_for_backward`; `Packed.layout` is the tensor-free rest, and
+  `layout.rebuild(tensors)` puts the two together again.
 """
 from __future__ import annotations
 
@@ -24,8 +29,6 @@ import torch
 from nvfp4train.formats import fp8, hadamard, mxfp4, nvfp4
 
 from .policy import OperandSpec
-
-FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -38,17 +41,6 @@ def pad2d(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     if pr == 0 and pc == 0:
         return x
     return torch.nn.functional.pad(x, (0, pc, 0, pr))
-
-
-def _prepare(x: torch.Tensor, spec: OperandSpec, k_pad: int, rht_signs) -> torch.Tensor:
-    """Pad to the tile grid (rows) and k_pad (K), then apply the RHT along K if asked."""
-    rows = round_up(x.shape[0], spec.row_block)
-    x = pad2d(x, rows, k_pad)
-    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        x = x.float()
-    if spec.rht_dim:
-        x = hadamard.rht(x, d=spec.rht_dim, signs=rht_signs)
-    return x.contiguous()
 
 
 @dataclass
@@ -65,38 +57,191 @@ class Quantized:
         return Quantized(self.values[:n], self.decode_scale, data)
 
 
+# ---------------------------------------------------------------------------------- formats
+class OperandFormat:
+    """How operands of one format are quantized. `gemm_peak` is the tensor-core rate ("bf16" |
+    "fp8" | "fp4") a GEMM that consumes this format natively runs at; the emulated backend runs
+    every format as BF16 GEMMs (see `backends.gemm_peak_kind`)."""
+    name: str
+    gemm_peak: str
+
+    def prepare(self, x: torch.Tensor, spec: OperandSpec, k_pad: int, rht_signs) -> torch.Tensor:
+        """Pad to the tile grid (rows) and k_pad (K), then apply the RHT along K if asked."""
+        x = pad2d(x, round_up(x.shape[0], spec.row_block), k_pad)
+        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            x = x.float()
+        if spec.rht_dim:
+            x = hadamard.rht(x, d=spec.rht_dim, signs=rht_signs)
+        return x.contiguous()
+
+    def fake_quantize(self, x: torch.Tensor, spec: OperandSpec, generator) -> Quantized:
+        """Dense values of the prepared operand `x`."""
+        raise NotImplementedError
+
+    def pack(self, x: torch.Tensor, spec: OperandSpec, generator) -> tuple[torch.Tensor, ...]:
+        """The storage tensors of the prepared operand `x`."""
+        raise NotImplementedError
+
+    def dequantize(self, tensors, spec: OperandSpec, shape: tuple[int, int]) -> Quantized:
+        """`pack`'s tensors back to dense values: the same numbers as `fake_quantize`."""
+        raise NotImplementedError
+
+    def scale_stats(self, tensors, spec: OperandSpec, nonzero: torch.Tensor) -> dict[str, float]:
+        """Saturation / underflow fractions of `pack`'s tensors (`nonzero`: the inputs that were)."""
+        return {}
+
+
+class BF16Format(OperandFormat):
+    """Not quantized: the operand in BF16, K zero-padded (no tile, no RHT)."""
+    name, gemm_peak = "bf16", "bf16"
+
+    def prepare(self, x, spec, k_pad, rht_signs):
+        return pad2d(x.to(torch.bfloat16), x.shape[0], k_pad)
+
+    def fake_quantize(self, x, spec, generator):
+        return Quantized(x, None)
+
+    def pack(self, x, spec, generator):
+        return (x,)
+
+    def dequantize(self, tensors, spec, shape):
+        return Quantized(tensors[0], None)
+
+
+class _E2M1BlockFormat(OperandFormat):
+    """NVFP4 / MXFP4: E2M1 codes with one scale per `block` elements along K."""
+    gemm_peak = "fp4"
+    block: int
+
+    def scale_flags(self, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(saturated, underflowed) per block scale."""
+        raise NotImplementedError
+
+    def scale_stats(self, tensors, spec, nonzero):
+        block_nonzero = nonzero.reshape(nonzero.shape[0], -1, self.block).any(-1).reshape(-1)
+        sat, uflow = self.scale_flags(tensors[1].reshape(-1))
+        n_blocks = max(int(block_nonzero.sum()), 1)
+        return {"scale_sat": float((sat & block_nonzero).sum()) / n_blocks,
+                "scale_uflow": float((uflow & block_nonzero).sum()) / n_blocks}
+
+
+class NVFP4Format(_E2M1BlockFormat):
+    name, block = "nvfp4", nvfp4.BLOCK
+
+    def fake_quantize(self, x, spec, generator):
+        values, scale = nvfp4.fake_quantize(x, spec.tile, spec.rounding, generator, out_dtype=torch.bfloat16)
+        return Quantized(values, scale)
+
+    def pack(self, x, spec, generator):
+        q = nvfp4.quantize(x, spec.tile, spec.rounding, generator)
+        return q.codes, q.scales, q.amax, q.global_decode_scale
+
+    def dequantize(self, tensors, spec, shape):
+        codes, scales, amax, s_dec = tensors
+        q = nvfp4.NVFP4Tensor(codes, scales, amax, s_dec, torch.Size(shape), spec.tile)
+        return Quantized(q.dequantize(torch.bfloat16, apply_global_scale=False), s_dec)
+
+    def scale_flags(self, scales):
+        # Underflow: below the E4M3 normal range 2^-6 (subnormal or zero).
+        s = scales.to(torch.float32)
+        return s == nvfp4.E4M3_MAX, s < 2.0**-6
+
+
+class MXFP4Format(_E2M1BlockFormat):
+    name, block = "mxfp4", mxfp4.BLOCK
+
+    def fake_quantize(self, x, spec, generator):
+        values, _ = mxfp4.fake_quantize(x, spec.rounding, spec.scale_mode, generator, out_dtype=torch.bfloat16)
+        return Quantized(values, None)
+
+    def pack(self, x, spec, generator):
+        q = mxfp4.quantize(x, spec.rounding, spec.scale_mode, generator)
+        return q.codes, q.scales
+
+    def dequantize(self, tensors, spec, shape):
+        codes, scales = tensors
+        q = mxfp4.MXFP4Tensor(codes, scales, torch.Size(shape), spec.scale_mode)
+        return Quantized(q.dequantize(torch.bfloat16), None)
+
+    def scale_flags(self, scales):
+        # E8M0 bits: 254 is the largest finite scale 2^127, 0 the smallest 2^-127.
+        bits = scales.view(torch.uint8)
+        return bits == 254, bits == 0
+
+
+class FP8Format(OperandFormat):
+    """FP8 with current scaling: per tensor when the spec has no tile, else blockwise with FP32
+    scales (power-of-two when `scale_mode` is "pow2")."""
+    gemm_peak = "fp8"
+
+    def __init__(self, name: str, dtype: torch.dtype):
+        self.name, self.dtype = name, dtype
+
+    @staticmethod
+    def _blockwise_dtype(spec) -> torch.dtype:
+        # Power-of-two scales keep the dequantized values exact in BF16; FP32 scales do not.
+        return torch.bfloat16 if spec.scale_mode == "pow2" else torch.float32
+
+    def fake_quantize(self, x, spec, generator):
+        if spec.tile is None:
+            data, scale = fp8.quantize_tensorwise(x, self.dtype)
+            return Quantized(data.to(torch.bfloat16), scale, fp8_data=data)
+        values, _ = fp8.fake_quantize_blockwise(x, spec.tile, self.dtype, pow2_scales=spec.scale_mode == "pow2",
+                                                out_dtype=self._blockwise_dtype(spec))
+        return Quantized(values, None)
+
+    def pack(self, x, spec, generator):
+        if spec.tile is None:
+            return fp8.quantize_tensorwise(x, self.dtype)
+        return fp8.quantize_blockwise(x, spec.tile, self.dtype, spec.scale_mode == "pow2")
+
+    def dequantize(self, tensors, spec, shape):
+        data, scales = tensors
+        if spec.tile is None:
+            return Quantized(data.to(torch.bfloat16), scales, fp8_data=data)
+        return Quantized(fp8.dequantize_blockwise(data, scales, spec.tile, self._blockwise_dtype(spec)), None)
+
+    def scale_stats(self, tensors, spec, nonzero):
+        # Saturation = elements clipped at the FP8 max (current scaling maps amax to max).
+        at_max = tensors[0].float().abs() == fp8.fp8_max(self.dtype)
+        return {"scale_sat": float(at_max.sum()) / max(int(nonzero.sum()), 1)}
+
+
+OPERAND_FORMATS: dict[str, OperandFormat] = {f.name: f for f in (
+    BF16Format(), NVFP4Format(), MXFP4Format(),
+    FP8Format("fp8_e4m3", torch.float8_e4m3fn), FP8Format("fp8_e5m2", torch.float8_e5m2),
+)}
+
+
+def operand_format(spec: OperandSpec) -> OperandFormat:
+    try:
+        return OPERAND_FORMATS[spec.format]
+    except KeyError:
+        raise ValueError(f"unknown operand format {spec.format!r}; known: {sorted(OPERAND_FORMATS)}") from None
+
+
+# ---------------------------------------------------------------------------------- operands
 def fake_quantize(x: torch.Tensor, spec: OperandSpec, k_pad: int, generator=None, rht_signs=None) -> Quantized:
     """Quantize `x` [rows, K] to dense values, K zero-padded to `k_pad`."""
-    if spec.is_bf16:
-        return Quantized(pad2d(x.to(torch.bfloat16), x.shape[0], k_pad), None)
-    xp = _prepare(x, spec, k_pad, rht_signs)
-    fmt = spec.format
-    if fmt == "nvfp4":
-        values, scale = nvfp4.fake_quantize(xp, spec.tile, spec.rounding, generator, out_dtype=torch.bfloat16)
-        return Quantized(values, scale)
-    if fmt == "mxfp4":
-        values, scale = mxfp4.fake_quantize(xp, spec.rounding, spec.scale_mode, generator, out_dtype=torch.bfloat16)
-        return Quantized(values, None)
-    if fmt in FP8_DTYPES:
-        if spec.tile is None:
-            data, scale = fp8.quantize_tensorwise(xp, FP8_DTYPES[fmt])
-            return Quantized(data.to(torch.bfloat16), scale, fp8_data=data)
-        pow2 = spec.scale_mode == "pow2"
-        values, _ = fp8.fake_quantize_blockwise(xp, spec.tile, FP8_DTYPES[fmt], pow2_scales=pow2,
-                                                out_dtype=torch.bfloat16 if pow2 else torch.float32)
-        return Quantized(values, None)
-    raise ValueError(f"unknown operand format {fmt!r}")
+    fmt = operand_format(spec)
+    return fmt.fake_quantize(fmt.prepare(x, spec, k_pad, rht_signs), spec, generator)
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Everything about a packed operand but its tensors (safe to keep on an autograd ctx)."""
+    spec: OperandSpec
+    shape: tuple[int, int]  # padded logical shape [rows_padded, k_pad]
+
+    def rebuild(self, tensors) -> "Packed":
+        return Packed(self, tuple(tensors))
 
 
 @dataclass
 class Packed:
     """A quantized operand in its storage form (what is saved for backward)."""
-    spec: OperandSpec
+    layout: PackedLayout
     tensors: tuple[torch.Tensor, ...]
-    shape: tuple[int, int]  # padded logical shape [rows_padded, k_pad]
-
-    def rebuild(self, tensors) -> "Packed":
-        return Packed(self.spec, tuple(tensors), self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -104,55 +249,27 @@ class Packed:
 
     def dequantize(self) -> Quantized:
         """Dense values (without the global scale) + decode scale; same numbers as fake_quantize."""
-        spec, t = self.spec, self.tensors
-        fmt = spec.format
-        if spec.is_bf16:
-            return Quantized(t[0], None)
-        if fmt == "nvfp4":
-            codes, scales, amax, s_dec = t
-            q = nvfp4.NVFP4Tensor(codes, scales, amax, s_dec, torch.Size(self.shape), spec.tile)
-            return Quantized(q.dequantize(torch.bfloat16, apply_global_scale=False), s_dec)
-        if fmt == "mxfp4":
-            codes, scales = t
-            q = mxfp4.MXFP4Tensor(codes, scales, torch.Size(self.shape), spec.scale_mode)
-            return Quantized(q.dequantize(torch.bfloat16), None)
-        if spec.tile is None:
-            data, scale = t
-            return Quantized(data.to(torch.bfloat16), scale, fp8_data=data)
-        data, scales = t
-        out = torch.bfloat16 if spec.scale_mode == "pow2" else torch.float32
-        return Quantized(fp8.dequantize_blockwise(data, scales, spec.tile, out), None)
+        spec = self.layout.spec
+        return operand_format(spec).dequantize(self.tensors, spec, self.layout.shape)
 
 
 def pack(x: torch.Tensor, spec: OperandSpec, k_pad: int, generator=None, rht_signs=None) -> Packed:
     """Quantize `x` [rows, K] to its packed storage form, K zero-padded to `k_pad`."""
-    if spec.is_bf16:
-        values = pad2d(x.to(torch.bfloat16), x.shape[0], k_pad)
-        return Packed(spec, (values,), tuple(values.shape))
-    xp = _prepare(x, spec, k_pad, rht_signs)
-    shape = tuple(xp.shape)
-    fmt = spec.format
-    if fmt == "nvfp4":
-        q = nvfp4.quantize(xp, spec.tile, spec.rounding, generator)
-        return Packed(spec, (q.codes, q.scales, q.amax, q.global_decode_scale), shape)
-    if fmt == "mxfp4":
-        q = mxfp4.quantize(xp, spec.rounding, spec.scale_mode, generator)
-        return Packed(spec, (q.codes, q.scales), shape)
-    if fmt in FP8_DTYPES:
-        if spec.tile is None:
-            return Packed(spec, fp8.quantize_tensorwise(xp, FP8_DTYPES[fmt]), shape)
-        return Packed(spec, fp8.quantize_blockwise(xp, spec.tile, FP8_DTYPES[fmt], spec.scale_mode == "pow2"), shape)
-    raise ValueError(f"unknown operand format {fmt!r}")
+    fmt = operand_format(spec)
+    xp = fmt.prepare(x, spec, k_pad, rht_signs)
+    return Packed(PackedLayout(spec, tuple(xp.shape)), tuple(fmt.pack(xp, spec, generator)))
 
 
 def operand_stats(x: torch.Tensor, spec: OperandSpec, packed: Packed, k_pad: int, rht_signs=None) -> dict[str, float]:
     """Telemetry for one quantized operand:
     rel_err     ||x_hat - x|| / ||x|| (x after padding and RHT, i.e. what was quantized);
     flush_zero  fraction of non-zero inputs that quantized to zero;
-    scale_sat   fraction of block scales at the scale format's max (NVFP4: E4M3 448);
+    scale_sat   fraction of block scales at the scale format's max (NVFP4: E4M3 448; FP8: of
+                elements at the FP8 max);
     scale_uflow fraction of non-zero blocks whose scale underflowed (NVFP4: below the E4M3 normal
                 range 2^-6, i.e. subnormal or zero; MXFP4: at E8M0's minimum 2^-127)."""
-    ref = _prepare(x, spec, k_pad, rht_signs).float()
+    fmt = operand_format(spec)
+    ref = fmt.prepare(x, spec, k_pad, rht_signs).float()
     q = packed.dequantize()
     xhat = q.values[: ref.shape[0]].float()
     if q.decode_scale is not None:
@@ -163,22 +280,5 @@ def operand_stats(x: torch.Tensor, spec: OperandSpec, packed: Packed, k_pad: int
         "rel_err": float((xhat - ref).norm() / ref.norm().clamp_min(1e-30)),
         "flush_zero": float((nonzero & (xhat == 0)).sum()) / n_nonzero,
     }
-    fmt = spec.format
-    if fmt in ("nvfp4", "mxfp4"):
-        block = nvfp4.BLOCK if fmt == "nvfp4" else mxfp4.BLOCK
-        block_nonzero = nonzero.reshape(ref.shape[0], -1, block).any(-1).reshape(-1)
-        scales = packed.tensors[1].reshape(-1)
-        if fmt == "nvfp4":
-            s = scales.to(torch.float32)
-            sat, uflow = s == nvfp4.E4M3_MAX, s < 2.0**-6
-        else:
-            bits = scales.view(torch.uint8)
-            sat, uflow = bits == 254, bits == 0
-        n_blocks = max(int(block_nonzero.sum()), 1)
-        stats["scale_sat"] = float((sat & block_nonzero).sum()) / n_blocks
-        stats["scale_uflow"] = float((uflow & block_nonzero).sum()) / n_blocks
-    elif fmt in FP8_DTYPES:
-        # FP8: saturation = elements clipped at the FP8 max (current scaling maps amax to max).
-        data = packed.tensors[0].float()
-        stats["scale_sat"] = float((data.abs() == fp8.fp8_max(FP8_DTYPES[fmt])).sum()) / n_nonzero
+    stats.update(fmt.scale_stats(packed.tensors, spec, nonzero))
     return stats

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Mapping
 
+from nvfp4train.formats import mxfp4
 from nvfp4train.schema import ConfigError, bounded, check, parse, to_plain
 
 ROLES = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
@@ -35,7 +36,9 @@ Backend = StrEnum("Backend", "auto emulated scaled_mm te")
 Rht = StrEnum("Rht", "wgrad all none")
 Sr = StrEnum("Sr", "grads all none")
 SwitchMode = StrEnum("SwitchMode", "full forward_only backward_only")
-Mxfp4ScaleRule = StrEnum("Mxfp4ScaleRule", "ceil floor")
+# MXFP4 block-scale rules, named as torchao names them (formats/mxfp4.py): "rceil" rounds the scale
+# up (the paper's rule), "floor" is OCP MX. "ceil" is the former name of "rceil" and means it.
+Mxfp4ScaleRule = StrEnum("Mxfp4ScaleRule", " ".join(mxfp4.SCALE_RULES + tuple(mxfp4.SCALE_RULE_ALIASES)))
 FORMATS, BACKENDS, RHT_CHOICES, SR_CHOICES = tuple(Format), tuple(Backend), tuple(Rht), tuple(Sr)
 SWITCH_MODES, MXFP4_SCALE_RULES = tuple(SwitchMode), tuple(Mxfp4ScaleRule)
 
@@ -63,7 +66,7 @@ class OperandSpec:
     tile: tuple[int, int] | None = None
     rounding: str = "rne"  # "rne" | "sr"
     rht_dim: int = 0
-    scale_mode: str = ""  # mxfp4: "ceil" | "floor"; fp8 blockwise: "pow2" | "fp32"; else ""
+    scale_mode: str = ""  # mxfp4: "rceil" | "floor"; fp8 blockwise: "pow2" | "fp32"; else ""
 
     @property
     def is_bf16(self) -> bool:
@@ -164,8 +167,8 @@ class PrecisionPolicy:
     """Size of the Hadamard transform, a power of two in [2, 256]; null: 16 for nvfp4, 32 for mxfp4."""
     sr: Sr = Sr.none
     """Stochastic rounding on the gradients (grads), on every operand (all), or none (round to nearest even)."""
-    mxfp4_scale_rule: Mxfp4ScaleRule = Mxfp4ScaleRule.ceil
-    """MXFP4 E8M0 scale rounding: ceil (the paper's App. B.4) or floor (OCP)."""
+    mxfp4_scale_rule: Mxfp4ScaleRule = Mxfp4ScaleRule.rceil
+    """MXFP4 E8M0 scale rounding: rceil (round up, the paper's App. B.4; torchao RCEIL; "ceil" is its former name) or floor (OCP)."""
     fp8_pow2_scales: bool = True
     """fp8_blockwise: power-of-two FP32 scales (DeepSeek-V3, TE Float8BlockScaling)."""
     bf16_first_blocks: int = bounded(0, ge=0)
@@ -255,7 +258,7 @@ class PrecisionPolicy:
         sr_grads = "sr" if self.sr in ("grads", "all") else "rne"
         sr_other = "sr" if self.sr == "all" else "rne"
         act = (1, block)
-        mode = {"mxfp4": self.mxfp4_scale_rule,
+        mode = {"mxfp4": mxfp4.canonical_scale_rule(self.mxfp4_scale_rule),
                 "fp8_blockwise": "pow2" if self.fp8_pow2_scales else "fp32"}.get(fmt, "")
 
         def spec(tile, rounding, rht):

@@ -1,7 +1,7 @@
 """Transformer Engine backend: the same policy as TE modules and recipes.
 
-Only imported lazily, and `transformer_engine` itself only when a TE layer is built: nothing else
-in the package depends on it. Mapping onto TE's recipes
+`transformer_engine` itself is imported only when a TE layer is built: nothing else in the
+package depends on it (`backends.TE` is this module's backend object). Mapping onto TE's recipes
 (https://docs.nvidia.com/deeplearning/transformer-engine/user-guide/api/common.html):
 
     fp8_blockwise  -> Float8BlockScaling(fp8_format=E4M3)   (1x128 acts/grads, 128x128 weights)
@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from .backends import cuda_capability, te_installed
+from .hardware import cuda_capability, te_installed
 from .policy import PrecisionPolicy
 
 
@@ -84,9 +84,9 @@ class TELinear(nn.Module):
         import transformer_engine.pytorch as te
 
         self.in_features, self.out_features = in_features, out_features
-        self.policy, self.block_index, self.n_blocks, self.name = policy, block_index, n_blocks, name
+        self.block_index, self.n_blocks, self.name = block_index, n_blocks, name
         self.label = f"block{block_index}.{name}"
-        self.backend = "te"
+        self.backend_name = "te"
         self.linear = te.Linear(in_features, out_features, bias=False, params_dtype=torch.float32,
                                 device=device if device is not None else "cuda")
         self.te_recipe = make_recipe(policy)

@@ -37,7 +37,7 @@ from nvfp4train.data import build_train_loader, build_val_data
 from nvfp4train.model import HybridLM, ModelConfig, flops_per_token, param_groups
 from nvfp4train.model.mfu import peak_flops
 from nvfp4train.optim import lr_at
-from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
+from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory, gemm_peak_kind
 from nvfp4train.train import checkpoint, rundir
 from nvfp4train.train.config import ConfigError, RunConfig
 from nvfp4train.train.engines import build_engine
@@ -91,11 +91,8 @@ def _build_model_and_data(cfg: RunConfig, info: dist.DistInfo):
 
 def mfu_peak(cfg: RunConfig, controller: PrecisionController, info: dist.DistInfo) -> tuple[float, str] | None:
     """The peak FLOP/s MFU is measured against (None off CUDA or on a GPU not in the table)."""
-    gemm_precision = "bf16"  # emulated formats run BF16 GEMMs: MFU against the BF16 peak
-    if controller.backend_name in ("scaled_mm", "te"):
-        gemm_precision = "fp8" if "fp8" in str(cfg.precision.get("format", "")) else "fp4"
-    peak = peak_flops(info.device, gemm_precision) if info.device.type == "cuda" else None
-    return peak
+    gemm_precision = gemm_peak_kind(controller.policy, controller.backend_name)  # emulated: the BF16 peak
+    return peak_flops(info.device, gemm_precision) if info.device.type == "cuda" else None
 
 
 @torch.no_grad()

@@ -118,3 +118,26 @@ def test_zeros_quantize_to_zero_with_unit_scale():
 def test_bad_input_raises_one_clear_error(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_blockwise_scale_of_a_tiny_block_is_the_input_dtypes_max_as_te():
+    """A block amax below fp8_max / FLT_MAX (~1.3e-36) overflows fp8_max / amax in FP32. TE's
+    blockwise kernels then use the input dtype's max as the encode scale (bf16: 3.39e38), not
+    FLT_MAX; per tensor (Float8CurrentScaling) it stays FLT_MAX. Power-of-two scales agree (2^127)."""
+    x = torch.randn(2, 256, generator=torch.Generator().manual_seed(0))
+    x[0, :128] *= 1e-37  # block (0, 0): amax ~3e-37
+    x = x.to(torch.bfloat16)
+    bf16_max, flt_max = torch.finfo(torch.bfloat16).max, torch.finfo(torch.float32).max
+    data, scales = fp8.quantize_blockwise(x, (1, 128))
+    tiny = x[0, :128].float()
+    assert scales[0, 0] == torch.reciprocal(torch.tensor(bf16_max))
+    assert torch.equal(data[0, :128].view(torch.uint8), fp8.saturating_cast(tiny * bf16_max, torch.float8_e4m3fn).view(torch.uint8))
+    # The decode scale (what dequantizes the block) is not 1/FLT_MAX; the other blocks are as before.
+    assert scales[0, 0] != torch.reciprocal(torch.tensor(flt_max))
+    ref_data, ref_scales = fp8.quantize_blockwise(x[:, 128:], (1, 128))
+    assert torch.equal(scales[:, 1:], ref_scales) and torch.equal(data[:, 128:].view(torch.uint8), ref_data.view(torch.uint8))
+    # FP32 input: its own max is FLT_MAX. Power-of-two scales: 2^127 either way.
+    assert fp8.quantize_blockwise(x.float(), (1, 128))[1][0, 0] == torch.reciprocal(torch.tensor(flt_max))
+    assert fp8.quantize_blockwise(x, (1, 128), pow2_scales=True)[1][0, 0] == 2.0**-127
+    # Per tensor: FLT_MAX for a bf16 tensor too.
+    assert fp8.quantize_tensorwise(x[:1, :128])[1] == torch.reciprocal(torch.tensor(flt_max))

@@ -18,7 +18,7 @@ def exponents(q: mxfp4.MXFP4Tensor) -> torch.Tensor:
 
 
 @settings(max_examples=50, deadline=None)
-@given(x=tensors(), scale_rule=st.sampled_from(["ceil", "floor"]))
+@given(x=tensors(), scale_rule=st.sampled_from(["rceil", "floor"]))
 def test_scales_follow_the_rule_and_elements_are_nearest(x, scale_rule):
     q = mxfp4.quantize(x, scale_rule=scale_rule)
     rows, cols = x.shape
@@ -29,7 +29,7 @@ def test_scales_follow_the_rule_and_elements_are_nearest(x, scale_rule):
     scale = torch.pow(2.0, e.double())
     assert torch.equal(q.scales.to(torch.float64), scale)
     live = (amax_b > 0) & (e > -127) & (e < 127)  # away from the E8M0 clamps
-    if scale_rule == "ceil":  # the smallest power of two with 6 * X >= amax_b: no saturation
+    if scale_rule == "rceil":  # the smallest power of two with 6 * X >= amax_b: no saturation
         assert bool((6 * scale >= amax_b).all())
         assert bool((6 * scale[live] / 2 < amax_b[live]).all())
     else:  # OCP: amax_b / X in [4, 8)
@@ -43,7 +43,7 @@ def test_scales_follow_the_rule_and_elements_are_nearest(x, scale_rule):
 
 
 @settings(max_examples=30, deadline=None)
-@given(x=tensors(), rounding=st.sampled_from(["rne", "sr"]), scale_rule=st.sampled_from(["ceil", "floor"]))
+@given(x=tensors(), rounding=st.sampled_from(["rne", "sr"]), scale_rule=st.sampled_from(["rceil", "floor"]))
 def test_fake_quantize_equals_packed_path_bit_for_bit(x, rounding, scale_rule):
     q = mxfp4.quantize(x, rounding=rounding, scale_rule=scale_rule, generator=sr_generator(7))
     values, g = mxfp4.fake_quantize(
@@ -57,11 +57,23 @@ def test_fake_quantize_equals_packed_path_bit_for_bit(x, rounding, scale_rule):
     assert torch.equal(values_bf16.to(torch.float32).view(torch.int32), values.view(torch.int32))
 
 
-def test_ceil_rule_avoids_the_saturation_the_floor_rule_has():
+def test_rceil_rule_avoids_the_saturation_the_floor_rule_has():
     x = torch.zeros(1, 32)
-    x[0, 0] = 7.0  # ceil: X = 2 (amax -> 3.5 -> 4 by RNE); floor: X = 1 (7 clips to 6)
-    assert mxfp4.quantize(x, scale_rule="ceil").dequantize()[0, 0] == 8.0
+    x[0, 0] = 7.0  # rceil: X = 2 (amax -> 3.5 -> 4 by RNE); floor: X = 1 (7 clips to 6)
+    assert mxfp4.quantize(x, scale_rule="rceil").dequantize()[0, 0] == 8.0
     assert mxfp4.quantize(x, scale_rule="floor").dequantize()[0, 0] == 6.0
+
+
+def test_rceil_is_the_round_up_rule_and_ceil_its_former_name():
+    """rceil = 2^ceil(log2(amax_b / 6)) (torchao RCEIL), not torchao's CEIL 2^(ceil(log2 amax_b) - 2):
+    amax 5 gives X = 1 (5 fits under 6), where CEIL would give X = 2. "ceil" still means rceil."""
+    x = torch.zeros(2, 32)
+    x[0, 0], x[1, 0] = 5.0, 7.0
+    q = mxfp4.quantize(x, scale_rule="rceil")
+    assert exponents(q)[:, 0].tolist() == [0, 1] and q.scale_rule == "rceil"
+    old = mxfp4.quantize(x, scale_rule="ceil")
+    assert torch.equal(old.codes, q.codes) and torch.equal(exponents(old), exponents(q))
+    assert old.scale_rule == "rceil"
 
 
 def test_non_finite_block_becomes_nan_and_other_blocks_are_untouched():

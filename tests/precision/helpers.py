@@ -5,7 +5,8 @@ import contextlib
 
 import torch
 
-from nvfp4train.precision import PrecisionPolicy, QuantLinear, linear as linear_mod
+from nvfp4train.precision import PrecisionPolicy, QuantLinear
+from nvfp4train.precision.backends import EmulatedBackend
 
 PRESETS = ("bf16", "fp8_blockwise", "fp8_tensorwise", "nvfp4", "nvfp4_no_sr", "nvfp4_no_rht", "nvfp4_no_2d",
            "nvfp4_all_layers", "nvfp4_sr_everywhere", "nvfp4_rht_everywhere", "mxfp4")
@@ -62,15 +63,15 @@ class GemmSpy:
 
     @contextlib.contextmanager
     def patch(self, monkeypatch):
-        real = linear_mod.scaled_gemm
+        real = EmulatedBackend.gemm
 
-        def spy(a, b, backend):
+        def spy(backend, a, b):
             self.calls.append((self._dense(a), self._dense(b)))
-            return real(a, b, backend)
+            return real(backend, a, b)
 
-        monkeypatch.setattr(linear_mod, "scaled_gemm", spy)
+        monkeypatch.setattr(EmulatedBackend, "gemm", spy)
         yield self
-        monkeypatch.setattr(linear_mod, "scaled_gemm", real)
+        monkeypatch.setattr(EmulatedBackend, "gemm", real)
 
     @staticmethod
     def _dense(q):

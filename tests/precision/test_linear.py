@@ -259,3 +259,41 @@ def test_saved_bytes_report_against_nn_linear():
     # X packed (0.5625 B) + packed W vs X in BF16 (2 B) + the BF16 cast of W.
     expect = (2048 * 64 * 9 / 16 + 64 * 64 * 9 / 16 + 16) / (2048 * 64 * 2 + 64 * 64 * 2)
     assert report["ratio"] == pytest.approx(expect)
+
+
+def test_backward_state_goes_through_save_for_backward_only():
+    """Saved-tensor hooks (activation offloading) see every tensor backward uses: the autograd
+    node keeps no tensor (nor packed operand, nor the layer) beside them, and hooks that hand
+    back copies give the same gradients."""
+    x, grad = inputs()
+    reference = run(make_layer(load_preset("nvfp4_all_layers")), x, grad)
+    layer = make_layer(load_preset("nvfp4_all_layers"))  # the same SR streams from the start
+    packed = []
+
+    def offload(t):
+        packed.append(t)
+        return t.clone()
+
+    xx = x.clone().requires_grad_(True)
+    with torch.autograd.graph.saved_tensors_hooks(offload, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(xx)
+    leftovers = {k: type(v).__name__ for k, v in vars(y.grad_fn).items()
+                 if isinstance(v, (torch.Tensor, nn.Module)) or hasattr(v, "tensors")}
+    assert not leftovers
+    assert len(packed) == 1 + 4 + 4  # W, the packed Wgrad X (codes, scales, amax, s_dec), the packed 2-D W
+    y.backward(grad.to(y.dtype))
+    assert torch.equal(y.detach(), reference[0]) and torch.equal(xx.grad, reference[1])
+    assert torch.equal(layer.weight.grad, reference[2])
+
+
+@pytest.mark.parametrize("preset, backend, peak", [
+    ("nvfp4", "emulated", "bf16"), ("fp8_tensorwise", "emulated", "bf16"), ("bf16", "emulated", "bf16"),
+    ("fp8_tensorwise", "scaled_mm", "fp8"), ("fp8_blockwise", "te", "fp8"), ("nvfp4", "te", "fp4"),
+    ("mxfp4", "te", "fp4"), ("bf16", "te", "bf16"),
+])
+def test_gemm_peak_kind_names_the_peak_the_backend_runs_at(preset, backend, peak):
+    from nvfp4train.precision import gemm_peak_kind
+
+    policy = load_preset(preset)
+    assert gemm_peak_kind(policy, backend) == peak
+    assert gemm_peak_kind(policy.to_dict(), backend) == peak  # a config mapping works too

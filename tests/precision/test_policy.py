@@ -67,7 +67,7 @@ def test_paper_recipe_per_operand():
     assert (r.wgrad_dy.tile, r.wgrad_dy.rounding, r.wgrad_dy.rht_dim) == ((1, 16), "sr", 16)
     assert (r.wgrad_x.tile, r.wgrad_x.rounding, r.wgrad_x.rht_dim) == ((1, 16), "rne", 16)
     m = load_preset("mxfp4").quantized_recipe()
-    assert m.wgrad_x.tile == (1, 32) and m.wgrad_x.rht_dim == 32 and m.fprop_x.scale_mode == "ceil"
+    assert m.wgrad_x.tile == (1, 32) and m.wgrad_x.rht_dim == 32 and m.fprop_x.scale_mode == "rceil"
     t = load_preset("fp8_tensorwise").quantized_recipe()
     assert [getattr(t, role).format for role in ROLES] == ["fp8_e4m3", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3"]
     b = load_preset("fp8_blockwise").quantized_recipe()
@@ -107,3 +107,10 @@ def test_summary_names_blocks_operands_and_switch():
     text = load_preset("nvfp4", switch={"at_fraction": 0.82, "mode": "forward_only"}).summary(62)
     assert "first 2 + last 8 of 62" in text and "wgrad_dy=nvfp4 1x16 sr rht16" in text
     assert "switch forward_only to BF16 at 0.82" in text
+
+
+def test_mxfp4_scale_rule_rceil_and_its_former_name_ceil_give_one_recipe():
+    rceil = PrecisionPolicy.from_dict({"format": "mxfp4", "mxfp4_scale_rule": "rceil"}).quantized_recipe()
+    ceil = PrecisionPolicy.from_dict({"format": "mxfp4", "mxfp4_scale_rule": "ceil"}).quantized_recipe()
+    assert rceil == ceil and rceil.fprop_x.scale_mode == "rceil"
+    assert PrecisionPolicy.from_dict({"format": "mxfp4", "mxfp4_scale_rule": "floor"}).quantized_recipe().fprop_x.scale_mode == "floor"
