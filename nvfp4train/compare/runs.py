@@ -189,5 +189,6 @@ def markers(config: dict) -> list[dict]:
     switch = (config.get("precision", {}).get("switch") or {}).get("at_fraction")
     if switch is not None:
         out.append({"kind": "switch", "label": "switch to BF16", "tokens": float(switch) * total})
+    out = [m for m in out if 0 < m["tokens"] < total]  # e.g. a decay that would start after the last step
     out.append({"kind": "end", "label": "end of run", "tokens": total})
     return sorted(out, key=lambda m: m["tokens"])
