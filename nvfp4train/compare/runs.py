@@ -42,7 +42,7 @@ def flatten(tree: dict, prefix: str = "") -> dict:
         if isinstance(value, dict):
             out.update(flatten(value, name + "."))
         else:
-            out[name] = json.dumps(value) if isinstance(value, list) else value
+            out[name] = json.dumps(value, sort_keys=True) if isinstance(value, list) else value
     return out
 
 
@@ -100,6 +100,11 @@ def budget(run: Run) -> int | None:
         return None
 
 
+def _short(value, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 def check_comparable(runs: list[Run]) -> None:
     """Refuse runs trained on other data, another model or another token budget than the first."""
     ref = runs[0]
@@ -108,9 +113,9 @@ def check_comparable(runs: list[Run]) -> None:
             keys = sorted(k for k in set(ref.flat) | set(run.flat) if k.startswith(room + ".") and k not in ignored)
             for key in keys:
                 if ref.flat.get(key) != run.flat.get(key):
-                    raise RunError(f"{run.source} and {ref.source} differ in {key} ({run.flat.get(key)!r} vs "
-                                   f"{ref.flat.get(key)!r}): not the same {room}; pass --allow-mismatch to "
-                                   "compare anyway")
+                    raise RunError(f"{run.source} and {ref.source} differ in {key} ({_short(run.flat.get(key))} "
+                                   f"vs {_short(ref.flat.get(key))}): not the same {room}; pass --allow-mismatch "
+                                   "to compare anyway")
         if budget(run) != budget(ref):
             raise RunError(f"{run.source} and {ref.source} differ in token budget (train.max_steps x "
                            f"global_batch_size x seq_len: {budget(run)} vs {budget(ref)}); pass --allow-mismatch "
