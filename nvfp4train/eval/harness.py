@@ -5,7 +5,7 @@ Scoring follows lm-evaluation-harness (`loglikelihood` requests):
     the sum of their log-probabilities is its log-likelihood, and it is "greedy" when every one of
     its tokens is the argmax of the model's prediction (what greedy decoding would produce);
   - multiple_choice: `acc` picks the choice with the highest log-likelihood, `acc_norm` divides each
-    by the choice's length in bytes first (lm-eval's acc_norm);
+    by the choice's length in characters first (lm-eval's acc_norm);
   - cloze: `acc` is the fraction of items whose target is the greedy continuation (LAMBADA's metric),
     `ppl` the per-item perplexity exp(-mean log-likelihood);
   - exact_match: the same greedy criterion, reported as `exact_match` (an answer generated greedily
@@ -131,7 +131,7 @@ def score_task(model, tokenizer, spec: dict, items: list[dict], max_len: int, ba
         for item in items:
             n = len(item["choices"])
             lls = [s for s, _ in scores[at:at + n]]
-            norm = [ll / max(len(c.encode("utf-8")), 1) for ll, c in zip(lls, item["choices"])]
+            norm = [ll / max(len(c), 1) for ll, c in zip(lls, item["choices"])]  # characters, as lm-eval
             acc += int(max(range(n), key=lls.__getitem__) == item["gold"])
             acc_norm += int(max(range(n), key=norm.__getitem__) == item["gold"])
             at += n
