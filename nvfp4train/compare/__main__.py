@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from nvfp4train.compare import analysis, report
-from nvfp4train.compare.runs import check_comparable, group_runs, load_run, markers
+from nvfp4train.compare.runs import WANDB_PREFIX, check_comparable, group_runs, load_run, markers
 from nvfp4train.eval.weights import RunError
 
 
@@ -44,16 +44,22 @@ def parse_args(argv):
 def run(args) -> dict:
     if not 0 <= args.smooth < 1:
         raise RunError(f"--smooth {args.smooth}: expected a fraction of the token budget in [0, 1)")
-    sources = list(dict.fromkeys(args.runs))
-    if args.baseline and args.baseline not in sources:
+    def identity(source: str) -> str:  # runs/a and runs/a/ name the same run
+        return source if source.startswith(WANDB_PREFIX) else str(Path(source).resolve())
+
+    sources = []
+    for source in args.runs:
+        if identity(source) not in map(identity, sources):
+            sources.append(source)
+    if args.baseline and identity(args.baseline) not in map(identity, sources):
         sources.insert(0, args.baseline)
     runs = [load_run(s) for s in sources]
     if not args.allow_mismatch:
         check_comparable(runs)
     group_by = [k.strip() for k in args.group_by.split(",") if k.strip()] if args.group_by else None
     arms = group_runs(runs, group_by)
-    base_source = args.baseline or sources[0]
-    baseline = next(a for a in arms if any(r.source == base_source for r in a.runs))
+    base_source = identity(args.baseline or sources[0])
+    baseline = next(a for a in arms if any(identity(r.source) == base_source for r in a.runs))
     arms = [baseline] + [a for a in arms if a is not baseline]
     result = analysis.compare(arms, baseline, markers(baseline.runs[0].config), args.smooth)
     written = report.write(result, args.out, figures=not args.no_plots)

@@ -127,7 +127,7 @@ def check_comparable(runs: list[Run]) -> None:
 class Arm:
     label: str
     runs: list[Run]
-    key: dict                     # the grouping key's values
+    key: dict                     # the values of the config keys that tell this arm from the others
 
 
 def group_runs(runs: list[Run], group_by: list[str] | None) -> list[Arm]:
@@ -166,7 +166,7 @@ def group_runs(runs: list[Run], group_by: list[str] | None) -> list[Arm]:
     for i, label in enumerate(labels):  # two arms must never share a legend entry
         if labels.count(label) > 1:
             labels[i] = f"{label} [{groups[i][1][0].name}]"
-    return [Arm(label, members, key) for label, (key, members) in zip(labels, groups)]
+    return [Arm(label, members, {k: key.get(k) for k in differing}) for label, (key, members) in zip(labels, groups)]
 
 
 # ------------------------------------------------------------------------------ schedule markers

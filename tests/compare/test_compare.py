@@ -84,7 +84,7 @@ def one_line_error(capsys, *args):
     return lines[0]
 
 
-def test_mismatched_and_bad_runs_are_refused_with_nothing_written(runs, tmp_path, capsys):
+def test_mismatched_and_bad_runs_are_refused_with_nothing_written(runs, tmp_path, capsys, monkeypatch):
     other = tmp_path / "other_data"
     shutil.copytree(runs["arm"], other, ignore=shutil.ignore_patterns("checkpoints"))
     config = yaml.safe_load((other / "config.yaml").read_text())
@@ -103,6 +103,9 @@ def test_mismatched_and_bad_runs_are_refused_with_nothing_written(runs, tmp_path
     assert "metrics.jsonl not found" in one_line_error(capsys, str(runs["base_s1"]), str(empty), "--out", str(out))
     assert "not the out_dir of a training run" in one_line_error(capsys, str(tmp_path), "--out", str(out))
     assert "wandb:ENTITY/PROJECT/RUN_ID" in one_line_error(capsys, "wandb:just-a-name", "--out", str(out))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc either
+    assert "needs an API key" in one_line_error(capsys, str(runs["base_s1"]), "wandb:me/proj/abc123", "--out", str(out))
     assert "--group-by colour" in one_line_error(capsys, str(runs["base_s1"]), "--group-by", "colour", "--out", str(out))
     assert not out.exists()
     assert main([str(runs["base_s1"]), str(other), "--out", str(out), "--allow-mismatch", "--no-plots"]) == 0
