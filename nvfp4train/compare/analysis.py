@@ -106,14 +106,16 @@ def heldout(arm: Arm) -> dict:
 def stability(run: Run) -> dict:
     """What an adopter checks per run; keys the run did not record are None."""
     recs = [r for r in run.records if "loss" in r]
-    last = run.records[-1]
     speeds = [float(r["tokens_per_s"]) for r in recs[1:] if "tokens_per_s" in r]  # the first step compiles/warms up
     norms = [float(r["grad_norm"]) for r in recs if r.get("grad_norm") is not None]
     finite_norms = [n for n in norms if math.isfinite(n)]
     mems = [float(r[PEAK_MEMORY_KEY]) for r in run.records if r.get(PEAK_MEMORY_KEY) is not None]
     ckpt = [float(r[CHECKPOINT_TIME_KEY]) for r in run.records if r.get(CHECKPOINT_TIME_KEY) is not None]
-    skipped = last.get("skipped_steps", sum(bool(r.get("step_skipped")) for r in run.records))
-    spikes = last.get("loss_spikes", sum(bool(r.get("loss_spike")) for r in run.records))
+    # The loop's running counters, or the flagged records where a history has no counters.
+    skipped = max([int(r.get("skipped_steps", 0)) for r in run.records] + [sum(bool(r.get("step_skipped"))
+                                                                               for r in run.records)])
+    spikes = max([int(r.get("loss_spikes", 0)) for r in run.records] + [sum(bool(r.get("loss_spike"))
+                                                                             for r in run.records)])
     return {
         "run": run.name, "source": run.source,
         "last_step": int(max(r.get("step", 0) for r in run.records)),
@@ -170,6 +172,9 @@ def compare(arms: list[Arm], baseline: Arm, milestones: list[dict], window_fract
                                      if r.get("grad_norm") is not None and "tokens" in r] for run in arm.runs},
             "tokens_per_s": {run.name: [[r["tokens"], r["tokens_per_s"]] for r in run.records
                                         if r.get("tokens_per_s") is not None and "tokens" in r][1:] for run in arm.runs},
+            "events": {run.name: [[r["tokens"], r.get("loss"), "skipped" if r.get("step_skipped") else "spike"]
+                                  for r in run.records if (r.get("step_skipped") or r.get("loss_spike")) and "tokens" in r]
+                       for run in arm.runs},
             "heldout_points": {run.name: [[r["tokens"], r["val/mean"]] for r in run.records
                                           if "val/mean" in r and "tokens" in r] for run in arm.runs},
         }

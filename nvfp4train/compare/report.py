@@ -56,8 +56,12 @@ def write_figures(result: dict, out: Path) -> list[str]:
             if points:
                 ax.scatter(*zip(*points), color=colors[label], marker="o", edgecolor="black", zorder=3,
                            label=f"{label} (held-out)" if i == 0 else None)
+        for events in c["events"].values():  # loss spikes and skipped (non-finite) steps
+            finite = [(t, loss) for t, loss, _ in events if loss is not None and math.isfinite(loss)]
+            if finite:
+                ax.scatter(*zip(*finite), color=colors[label], marker="x", s=40, zorder=4)
     _mark(ax, result["markers"], with_labels=True)
-    ax.set(xlabel="tokens", ylabel="loss", title="Loss against tokens")
+    ax.set(xlabel="tokens", ylabel="loss", title="Loss against tokens (x: loss spike or skipped step)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "loss.png", dpi=120)

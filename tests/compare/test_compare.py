@@ -60,6 +60,8 @@ def test_short_runs_missing_steps_recorded_extras_and_eval_table(runs, tmp_path)
     records = read_metrics(short)
     kept = [r for r in records if r["step"] <= 5 and r["step"] != 3]          # stopped at 5, step 3 lost
     kept[-1].update(peak_mem_gib=1.5, checkpoint_time_s=0.25)
+    kept[1].update(loss=float("nan"), step_skipped=True, skipped_steps=1)     # a skipped non-finite step
+    kept[2].update(loss_spike=True, loss_spikes=1)
     (short / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
     arm = tmp_path / "arm"
     shutil.copytree(runs["arm"], arm, ignore=shutil.ignore_patterns("checkpoints"))
@@ -72,6 +74,9 @@ def test_short_runs_missing_steps_recorded_extras_and_eval_table(runs, tmp_path)
     assert curve["train_tokens"][-1] == 1024      # the longer seed carries the curve to the end
     s2 = next(s for s in result["stability"]["optim.lr=0.003"] if s["source"] == str(short))
     assert s2["last_step"] == 5 and s2["peak_mem_gib"] == 1.5 and s2["checkpoint_time_s"] == 0.25
+    assert s2["skipped_steps"] == 1 and s2["loss_spikes"] == 1
+    assert [e[2] for e in curve["events"]["short"]] == ["skipped", "spike"]
+    assert all(v is not None for v in curve["train_loss_mean"])  # the NaN of the skipped step stays out
     assert result["eval"] == {"t (acc)": {"optim.lr=0.001": {"mean": 0.75, "seeds": 1}},
                               "held-out code (loss)": {"optim.lr=0.001": {"mean": 5.0, "seeds": 1}}}
     assert "| t (acc) | — | 0.7500 |" in (out / "compare.md").read_text()
