@@ -1,0 +1,92 @@
+"""`python -m nvfp4train.eval run_dir=RUN [step=N] [tasks=...]`: evaluate a checkpoint in BF16.
+
+Loads the checkpoint (any engine or sharding) into the run's model built with plain linears, as the
+paper evaluates in BF16, then measures
+  - held-out loss and perplexity on the validation split of every data source of the run's config;
+  - the offline zero-shot tasks of evals/tasks.yaml (scoring: nvfp4train/eval/harness.py).
+Writes `<run_dir>/eval.json` and prints its summary as JSON on the last line. Bad input (no
+checkpoint, a checkpoint of another model, an unknown task or key) ends with one line and exit code 2,
+before anything is written. Options: configs/eval.yaml.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from nvfp4train.eval import harness
+from nvfp4train.eval.cli import compose, optional_int, pick_device
+from nvfp4train.eval.weights import RunError, load_run_model
+
+
+def evaluate(cfg: dict) -> tuple[dict, Path]:
+    """Run the evaluation described by an eval config; return (eval.json contents, its path)."""
+    run_dir = Path(cfg["run_dir"])
+    step = optional_int("step", cfg["step"])
+    max_items = optional_int("max_items", cfg["max_items"]) or None
+    for key in ("heldout_sequences", "batch_size"):
+        if optional_int(key, cfg[key]) in (None, 0):
+            raise RunError(f"{key}={cfg[key]!r}: expected a positive integer")
+    definitions = harness.load_task_definitions()
+    names = harness.select_tasks(cfg["tasks"], definitions)
+    task_items = {name: harness.read_items(definitions[name])[:max_items] for name in names}
+    device = pick_device(cfg["device"])
+
+    t0 = time.perf_counter()
+    model, run_config, ckpt = load_run_model(run_dir, step, device)
+    from nvfp4train.data import build_val_data, load_tokenizer
+
+    seq_len = int(run_config["train"]["seq_len"])
+    try:
+        val_data = build_val_data(run_config["data"], seq_len=seq_len,
+                                  max_sequences_per_domain=cfg["heldout_sequences"])
+        tokenizer = load_tokenizer(run_config["data"]["tokenizer"])
+    except (ValueError, FileNotFoundError) as e:
+        raise RunError(f"{run_dir / 'config.yaml'}: data: {e}") from None
+
+    heldout = harness.heldout_losses(model, val_data, cfg["batch_size"], device)
+    tasks = {}
+    for name in names:
+        spec = definitions[name]
+        scores = harness.score_task(model, tokenizer, spec, task_items[name], seq_len, cfg["batch_size"], device)
+        tasks[name] = {"kind": spec["kind"], "primary": harness.PRIMARY_METRIC[spec["kind"]], **scores}
+    meta = json.loads((ckpt / "meta.json").read_text())
+    result = {
+        "run_dir": str(run_dir), "checkpoint": str(ckpt), "step": int(meta["step"]), "tokens": meta.get("tokens"),
+        "precision": run_config.get("precision", {}).get("name"), "eval_precision": "bf16",
+        "max_len": seq_len, "heldout": heldout,
+        "heldout_mean_loss": sum(v["loss"] for v in heldout.values()) / len(heldout),
+        "tasks": tasks, "seconds": round(time.perf_counter() - t0, 2),
+    }
+    path = run_dir / "eval.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return result, path
+
+
+def summary(result: dict, path: Path) -> dict:
+    out = {"eval_json": str(path), "step": result["step"]}
+    out.update({f"heldout/{k}": round(v["loss"], 4) for k, v in result["heldout"].items()})
+    out.update({f"{k}/{v['primary']}": round(v[v["primary"]], 4) for k, v in result["tasks"].items()})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = compose("eval", list(sys.argv[1:] if argv is None else argv))
+        result, path = evaluate(cfg)
+    except RunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for source, v in result["heldout"].items():
+        print(f"held-out {source:<14} loss {v['loss']:.4f}  ppl {v['ppl']:.1f}")
+    for name, v in result["tasks"].items():
+        metrics = "  ".join(f"{k} {v[k]:.4f}" for k in ("acc", "acc_norm", "exact_match", "ppl", "loss",
+                                                           "bits_per_byte", "chance") if k in v)
+        print(f"task {name:<22} {metrics}  (n={v['n']})")
+    print(json.dumps(summary(result, path)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""A run directory's checkpoint -> a plain model with its trained weights, for evaluation and export.
+
+Whatever wrote the checkpoint (one process, DDP, FSDP2 with one DCP shard per rank, DeepSpeed ZeRO-1/2),
+the result is the same: the model of the run's `config.yaml` built with ordinary `nn.Linear` layers (the
+paper evaluates in BF16, so the training-time quantized linears are not needed) and the FP32 weights.
+Only model tensors are read: the optimizer moments and per-rank trainer state stay on disk.
+
+Every refusal is a `RunError` with one line naming the file and what is wrong.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import yaml
+
+from nvfp4train.model import HybridLM, build_model
+from nvfp4train.train import checkpoint
+
+
+class RunError(ValueError):
+    """A run directory, checkpoint or option that cannot be used; the message is one line."""
+
+
+def read_run_config(run_dir: Path) -> dict:
+    """The resolved config a run wrote (`config.yaml`)."""
+    path = Path(run_dir) / "config.yaml"
+    if not Path(run_dir).is_dir():
+        raise RunError(f"run_dir={str(run_dir)!r}: no such directory")
+    if not path.is_file():
+        raise RunError(f"{path} not found: {run_dir} is not the out_dir of a training run")
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise RunError(f"{path}: unreadable YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        raise RunError(f"{path}: has no `model` mapping; not a training run's config")
+    return config
+
+
+def find_checkpoint(run_dir: Path, step: int | None = None) -> Path:
+    """The checkpoint of `step` (default: the latest complete one) under `<run_dir>/checkpoints/`."""
+    root = Path(run_dir) / "checkpoints"
+    found = checkpoint.list_checkpoints(root)
+    if not found:
+        raise RunError(f"{root}: no complete checkpoint (train with train.save_every or to the end of the run)")
+    if step is None:
+        return found[-1]
+    for ckpt in found:
+        if int(ckpt.name[len(checkpoint.PREFIX):]) == step:
+            return ckpt
+    steps = ", ".join(str(int(p.name[len(checkpoint.PREFIX):])) for p in found)
+    raise RunError(f"step={step}: no checkpoint of that step in {root}; available steps: {steps}")
+
+
+def model_config_for(run_config: dict) -> dict:
+    """The model config to build: the run's, with the SSD backend left to the machine that evaluates."""
+    return {k: v for k, v in run_config["model"].items() if k != "ssd_backend"}
+
+
+def load_state_dict(ckpt: Path, model: HybridLM) -> dict[str, torch.Tensor]:
+    """The model tensors of `ckpt` as a plain {name: tensor} dict shaped like `model.state_dict()`."""
+    meta = checkpoint.read_meta(ckpt)
+    engine = meta.get("engine", "torch")
+    if engine == "deepspeed":
+        return _deepspeed_state_dict(ckpt, model)
+    if engine != "torch":
+        raise RunError(f"{ckpt / checkpoint.META}: unknown engine {engine!r}; known: torch, deepspeed")
+    import torch.distributed.checkpoint as dcp
+
+    # DCP reshards on load: the shards of any number of FSDP2 ranks fill these full-size tensors.
+    state = {"model": {k: torch.empty_like(v) for k, v in model.state_dict().items()}}
+    try:
+        dcp.load(state, storage_reader=checkpoint.SafeFileSystemReader(str(ckpt / "model_optim")),
+                 planner=checkpoint._TensorsOnlyLoadPlanner())
+    except checkpoint.CheckpointError as e:
+        raise RunError(str(e)) from None
+    except BaseException as e:  # DCP raises CheckpointException (a BaseException) with a traceback text
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln] or [str(e).strip()]
+        raise RunError(f"{ckpt / 'model_optim'}: cannot load the model weights ({lines[-1][:300]})") from None
+    return state["model"]
+
+
+def _deepspeed_state_dict(ckpt: Path, model: HybridLM) -> dict[str, torch.Tensor]:
+    """ZeRO-1/2 keep the whole (BF16) module in `mp_rank_00_model_states.pt`; read it weights-only."""
+    path = ckpt / "deepspeed" / "mp_rank_00_model_states.pt"
+    try:
+        from nvfp4train.train.engines import _weights_only_load
+        saved = _weights_only_load(str(path))
+    except ImportError:  # DeepSpeed not installed: its records cannot be named, plain tensors still load
+        saved = checkpoint.load_weights_only(path)
+    except checkpoint.CheckpointError as e:
+        raise RunError(str(e)) from None
+    module = saved.get("module") if isinstance(saved, dict) else None
+    if not isinstance(module, dict):
+        raise RunError(f"{path}: has no `module` state dict; not a DeepSpeed model checkpoint")
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(module))
+    if missing:
+        raise RunError(f"{path}: tensors missing for this model: {', '.join(missing[:5])}")
+    return {k: module[k].float() for k in expected}
+
+
+def load_run_model(run_dir: Path, step: int | None = None, device: str | torch.device = "cpu"):
+    """(model in eval mode with the checkpoint's weights, run config, checkpoint path)."""
+    run_config = read_run_config(run_dir)
+    ckpt = find_checkpoint(run_dir, step)
+    model_config = model_config_for(run_config)
+    try:
+        checkpoint.check_compatible(ckpt, checkpoint.read_meta(ckpt), run_config["model"])
+    except checkpoint.CheckpointError as e:
+        raise RunError(f"{e} (config.yaml of {run_dir} describes another model than its checkpoint)") from None
+    try:
+        model = build_model(model_config)
+    except (TypeError, ValueError) as e:
+        raise RunError(f"{Path(run_dir) / 'config.yaml'}: model: {e}") from None
+    model.load_state_dict(load_state_dict(ckpt, model))
+    return model.to(device).eval(), run_config, ckpt
