@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 import signal
 import time
 from dataclasses import dataclass
@@ -262,6 +263,7 @@ class Trainer:
                       "step_skipped": not r.applied, "loss_spike": r.spike}
             if self.peak is not None:
                 record["mfu"] = self.flops_per_token * r.tokens_per_s / self.info.world_size / self.peak[0]
+            record["peak_mem_gib"] = _peak_memory_gib(self.info.device)
             record.update(self.loader.stats())  # keys already start with "data/"
             record.update(self.controller.quant_stats())
         if (t.eval_every and r.step % t.eval_every == 0) or is_last:
@@ -303,8 +305,12 @@ class Trainer:
             state["rng_cuda"] = torch.cuda.get_rng_state()
         meta = {"model_config": self.cfg.model, "tokens": self.step * self.tokens_per_step,
                 "wandb_id": self.wandb_id, "experiment": self.cfg.experiment}
-        return checkpoint.save(self.ckpt_root, self.step, self.engine, self.info.rank, self.info.world_size, meta,
+        t0 = time.perf_counter()
+        path = checkpoint.save(self.ckpt_root, self.step, self.engine, self.info.rank, self.info.world_size, meta,
                                state, self.cfg.train.keep_last, barrier=lambda: dist.barrier(self.info))
+        self.logger.log({"step": self.step, "tokens": self.step * self.tokens_per_step,
+                         "checkpoint_time_s": time.perf_counter() - t0, "checkpoint": path.name})
+        return path
 
     def close(self) -> None:
         if self.bar is not None:
@@ -328,6 +334,13 @@ class Trainer:
         done = checkpoint.list_checkpoints(self.ckpt_root)
         return (f"the latest checkpoint ({done[-1]}) is kept: resume from it with train.resume={done[-1]}"
                 if done else "no checkpoint was written")
+
+
+def _peak_memory_gib(device: torch.device) -> float:
+    """Peak memory so far: the CUDA caching allocator's high-water mark, or the process's peak RSS on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 # ------------------------------------------------------------------------------------------- run
