@@ -22,7 +22,7 @@ def _main(cfg: DictConfig) -> None:
         logging.getLogger().setLevel(logging.WARNING)  # one copy of the start-up log lines, from rank 0
     from nvfp4train.train.checkpoint import CheckpointError
     from nvfp4train.train.guards import TrainingHalted
-    from nvfp4train.train.loop import run
+    from nvfp4train.train.loop import StoppedBeforeFirstStep, run
 
     try:
         run_cfg = RunConfig.from_omegaconf(cfg)
@@ -33,11 +33,25 @@ def _main(cfg: DictConfig) -> None:
     except TrainingHalted as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(3)
-    if summary["checkpoint"] and summary["rank"] == 0:
+    except StoppedBeforeFirstStep as e:  # SIGTERM / SIGUSR1 / Ctrl-C while starting: a clean stop
+        print(str(e), file=sys.stderr)
+        sys.exit(0)
+    if summary.get("note"):
+        if summary["rank"] == 0:
+            print(summary["note"])
+    elif summary["checkpoint"] and summary["rank"] == 0:
         print(f"done: step {summary['step']}, loss {summary['loss']:.4f}, checkpoint {summary['checkpoint']}")
 
 
 def main() -> None:
+    try:
+        _cli()
+    except KeyboardInterrupt:  # Ctrl-C before the run installed its handler (imports, composition)
+        print("interrupted before the run started", file=sys.stderr)
+        sys.exit(130)
+
+
+def _cli() -> None:
     from hydra._internal.utils import get_args_parser  # Hydra's own command line (its flags and overrides)
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException

@@ -11,6 +11,7 @@ that names the key and what is allowed.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -71,8 +72,9 @@ class TrainConfig:
     """Tokens per training sequence."""
     global_batch_size: int = bounded(16, ge=1)
     """Sequences per optimizer step, over all ranks."""
-    micro_batch_size: int = bounded(16, ge=1)
-    """Sequences per forward/backward on one rank (gradient accumulation fills the rest)."""
+    micro_batch_size: int | None = bounded(None, ge=1)
+    """Sequences per forward/backward on one rank (gradient accumulation fills the rest); null: the
+    global batch divided by the world size (no accumulation), so the defaults run at any world size."""
     log_every: int = bounded(10, ge=1)
     """Write a metrics line every N steps."""
     eval_every: int = bounded(0, ge=0)
@@ -114,9 +116,25 @@ class TrainConfig:
         if self.resume not in ("auto", "never") and not Path(self.resume).is_dir():
             raise ConfigError(f"train.resume={self.resume!r}: not a checkpoint directory "
                               "(allowed: auto, never, or the path of a checkpoint directory)")
-        if self.global_batch_size % self.micro_batch_size:
+        if self.micro_batch_size is not None and self.global_batch_size % self.micro_batch_size:
             raise ConfigError(f"train.global_batch_size={self.global_batch_size} must be a multiple of "
                               f"train.micro_batch_size={self.micro_batch_size}")
+
+
+def resolve_micro_batch(train: TrainConfig, world_size: int) -> TrainConfig:
+    """`train` with micro_batch_size set: as given, or the global batch split over the ranks (as torchtitan's
+    local batch and Megatron's default are), checked against the world size."""
+    micro = train.micro_batch_size
+    if micro is None:
+        if train.global_batch_size % world_size:
+            raise ConfigError(f"train.global_batch_size={train.global_batch_size} must be a multiple of the world "
+                              f"size {world_size} (or set train.micro_batch_size with gradient accumulation)")
+        micro = train.global_batch_size // world_size
+    if train.global_batch_size % (micro * world_size):
+        raise ConfigError(f"train.global_batch_size={train.global_batch_size} must be a multiple of "
+                          f"train.micro_batch_size x world size = {micro} x {world_size} = {micro * world_size} "
+                          f"(leave train.micro_batch_size unset to derive it)")
+    return dataclasses.replace(train, micro_batch_size=micro)
 
 
 # The sections a run is made of and the dataclass each one is checked against.

@@ -21,6 +21,7 @@ sweep share it): train/__main__.py destroys it once, at the end.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import resource
@@ -40,7 +41,7 @@ from nvfp4train.model.mfu import peak_flops
 from nvfp4train.optim import lr_at
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory, gemm_peak_kind
 from nvfp4train.train import checkpoint, rundir
-from nvfp4train.train.config import ConfigError, RunConfig
+from nvfp4train.train.config import ConfigError, RunConfig, resolve_micro_batch
 from nvfp4train.train.engines import build_engine
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
 from nvfp4train.train.metrics import MetricsLogger, ProgressBar
@@ -67,10 +68,6 @@ def _build_model_and_data(cfg: RunConfig, info: dist.DistInfo):
     except (TypeError, ValueError) as e:
         raise ConfigError(f"precision: {e}") from None
     t = cfg.train
-    accum_unit = t.micro_batch_size * info.world_size
-    if t.global_batch_size % accum_unit:
-        raise ConfigError(f"train.global_batch_size={t.global_batch_size} must be a multiple of "
-                          f"train.micro_batch_size x world size = {accum_unit}")
     try:
         loader = build_train_loader(cfg.data, seq_len=t.seq_len, global_batch_size=t.global_batch_size,
                                     micro_batch_size=t.micro_batch_size, rank=info.rank,
@@ -136,9 +133,10 @@ class Trainer:
     empty out_dir; each method below is one part of the run, in the order run() calls them."""
 
     def __init__(self, cfg: RunConfig):
-        t = cfg.train
-        self.cfg = cfg
-        self.info = info = dist.init_distributed(t.device)
+        self.info = info = dist.init_distributed(cfg.train.device)
+        # the micro-batch depends on the world size, known only now; config.yaml records the value used
+        cfg = dataclasses.replace(cfg, train=resolve_micro_batch(cfg.train, info.world_size))
+        self.cfg, t = cfg, cfg.train
         _check_out_dir(cfg.out_dir)
         self.model_cfg, self.model, self.controller, self.loader, self.val_data = _build_model_and_data(cfg, info)
         self.lock = rundir.RunDirLock(cfg.out_dir)
@@ -256,7 +254,8 @@ class Trainer:
 
         is_last = r.step == t.max_steps
         record = None
-        if r.step % t.log_every == 0 or is_last or r.step == self.start_step + 1 or not r.applied or r.spike:
+        if (r.step % t.log_every == 0 or is_last or r.step == self.start_step + 1 or not r.applied or r.spike
+                or r.precision_switch):
             record = {"step": r.step, "tokens": r.step * self.tokens_per_step, "loss": r.loss, "lr": r.lr,
                       "grad_norm": r.grad_norm, "tokens_per_s": r.tokens_per_s, "step_time_s": r.seconds,
                       "skipped_steps": self.guard.total_skipped, "loss_spikes": self.spikes.spikes,
@@ -266,6 +265,8 @@ class Trainer:
             record["peak_mem_gib"] = _peak_memory_gib(self.info.device)
             record.update(self.loader.stats())  # keys already start with "data/"
             record.update(self.controller.quant_stats())
+            if r.precision_switch:  # so that comparisons can mark where the precision changed
+                record["precision_switch"] = r.precision_switch
         if (t.eval_every and r.step % t.eval_every == 0) or is_last:
             record = record or {"step": r.step, "tokens": r.step * self.tokens_per_step}
             record.update(evaluate(self.engine.module, self.val_data, t.micro_batch_size, self.info.device))
@@ -344,16 +345,43 @@ def _peak_memory_gib(device: torch.device) -> float:
 
 
 # ------------------------------------------------------------------------------------------- run
+class StoppedBeforeFirstStep(Exception):
+    """A stop signal arrived while the run was starting: there is nothing new to save."""
+
+
 class _StopSignal:
-    """Remembers SIGTERM / SIGUSR1 (SLURM preemption) so the loop can checkpoint and leave cleanly."""
+    """SIGTERM / SIGUSR1 (SLURM preemption) and SIGINT (Ctrl-C): the loop checkpoints and leaves cleanly.
+
+    Installed first thing, so a signal during start-up (data preparation, model build, resume) also ends
+    the run with one line instead of killing it: until the first step the handler raises
+    StoppedBeforeFirstStep. A second Ctrl-C exits at once, without waiting for the checkpoint."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self):
         self.received: int | None = None
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        self.starting = True
+        for sig in self.SIGNALS:
             signal.signal(sig, self._handle)
 
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received else "none"
+
     def _handle(self, signum, frame):
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            os.write(2, b"interrupted again: exiting now, without a checkpoint\n")
+            os._exit(130)
         self.received = signum
+        if self.starting:
+            self.starting = False  # raise once; cleanup code that runs next must not be interrupted again
+            raise StoppedBeforeFirstStep(f"received {self.name} before the first step: stopped, nothing to save")
+        if signum == signal.SIGINT:
+            os.write(2, b"\ninterrupted: saving a checkpoint after this step (Ctrl-C again to exit at once)\n")
+
+    def restore(self) -> None:
+        for sig in self.SIGNALS:
+            signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
 
 
 def _agree(flag: bool, info: dist.DistInfo) -> bool:
@@ -366,15 +394,34 @@ def _agree(flag: bool, info: dist.DistInfo) -> bool:
 
 
 def run(cfg: RunConfig) -> dict:
-    """Train as configured; return a summary (final step, loss, checkpoint path)."""
+    """Train as configured; return a summary (final step, loss, checkpoint path, and a note when there was
+    nothing to do)."""
+    stop = _StopSignal()
+    try:
+        return _run(cfg, stop)
+    finally:
+        stop.restore()
+
+
+def _run(cfg: RunConfig, stop: _StopSignal) -> dict:
     trainer = Trainer(cfg)
     trainer.resume()
-    trainer.open_outputs()
     info = trainer.info
-    stop = _StopSignal()
+    if trainer.step >= cfg.train.max_steps:  # a finished run, run again
+        stop.starting = False
+        trainer.close()
+        note = (f"nothing to do: {trainer.resumed_from} is at step {trainer.step} and train.max_steps="
+                f"{cfg.train.max_steps} (raise train.max_steps to train further, or train.resume=never "
+                f"train.overwrite=true to start again)")
+        return {"step": trainer.step, "loss": math.nan, "checkpoint": str(trainer.resumed_from),
+                "out_dir": str(cfg.out_dir), "rank": info.rank, "note": note}
+    trainer.open_outputs()
     last_ckpt, loss = None, math.nan
     trainer.model.train()
     try:
+        stop.starting = False  # from here a signal is answered with a checkpoint after the current step
+        if stop.received is not None:  # arrived between the handler's last check and now
+            raise StoppedBeforeFirstStep(f"received {stop.name} before the first step: stopped, nothing to save")
         while trainer.step < cfg.train.max_steps:
             result = trainer.train_step()
             loss = result.loss
@@ -384,8 +431,8 @@ def run(cfg: RunConfig) -> dict:
                 last_ckpt = trainer.save(final=preempted or trainer.step == cfg.train.max_steps) or last_ckpt
             if preempted:
                 if info.is_main:
-                    trainer.bar.write(f"received signal {stop.received}: checkpoint {last_ckpt} saved at step "
-                                      f"{trainer.step}; exiting so the job can be requeued")
+                    trainer.bar.write(f"received {stop.name}: checkpoint {last_ckpt} saved at step "
+                                      f"{trainer.step}; exiting so the job can be requeued (the same command resumes)")
                 break
     finally:
         trainer.close()
