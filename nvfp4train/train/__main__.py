@@ -11,18 +11,20 @@ import logging
 import os
 import sys
 
-import hydra
-from omegaconf import DictConfig
+from nvfp4train.train.stop import StopSignal, StoppedBeforeFirstStep
 
-from nvfp4train.train.config import CONFIG_DIR, ConfigError, RunConfig, check_overrides, compose, register_defaults
+if __name__ == "__main__":
+    StopSignal.install()  # first, before the imports below take their seconds: see train/stop.py
 
 
-def _main(cfg: DictConfig) -> None:
+# The imports below (torch, Hydra) take seconds, so they happen inside main(), after the stop handler.
+def _main(cfg) -> None:
     if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) != 0:
         logging.getLogger().setLevel(logging.WARNING)  # one copy of the start-up log lines, from rank 0
     from nvfp4train.train.checkpoint import CheckpointError
+    from nvfp4train.train.config import ConfigError, RunConfig
     from nvfp4train.train.guards import TrainingHalted
-    from nvfp4train.train.loop import StoppedBeforeFirstStep, run
+    from nvfp4train.train.loop import run
 
     try:
         run_cfg = RunConfig.from_omegaconf(cfg)
@@ -33,9 +35,6 @@ def _main(cfg: DictConfig) -> None:
     except TrainingHalted as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(3)
-    except StoppedBeforeFirstStep as e:  # SIGTERM / SIGUSR1 / Ctrl-C while starting: a clean stop
-        print(str(e), file=sys.stderr)
-        sys.exit(0)
     if summary.get("note"):
         if summary["rank"] == 0:
             print(summary["note"])
@@ -46,15 +45,18 @@ def _main(cfg: DictConfig) -> None:
 def main() -> None:
     try:
         _cli()
-    except KeyboardInterrupt:  # Ctrl-C before the run installed its handler (imports, composition)
-        print("interrupted before the run started", file=sys.stderr)
-        sys.exit(130)
+    except StoppedBeforeFirstStep as e:  # SIGTERM / SIGUSR1 / Ctrl-C while starting: a clean stop
+        print(str(e), file=sys.stderr)
+        sys.exit(0)
 
 
 def _cli() -> None:
+    import hydra
     from hydra._internal.utils import get_args_parser  # Hydra's own command line (its flags and overrides)
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
+
+    from nvfp4train.train.config import CONFIG_DIR, ConfigError, check_overrides, compose, register_defaults
 
     args = get_args_parser().parse_args()
     try:

@@ -45,6 +45,7 @@ from nvfp4train.train.config import ConfigError, RunConfig, resolve_micro_batch
 from nvfp4train.train.engines import build_engine
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
 from nvfp4train.train.metrics import MetricsLogger, ProgressBar
+from nvfp4train.train.stop import StopSignal, StoppedBeforeFirstStep
 
 
 # ----------------------------------------------------------------------------------------- build
@@ -345,45 +346,6 @@ def _peak_memory_gib(device: torch.device) -> float:
 
 
 # ------------------------------------------------------------------------------------------- run
-class StoppedBeforeFirstStep(Exception):
-    """A stop signal arrived while the run was starting: there is nothing new to save."""
-
-
-class _StopSignal:
-    """SIGTERM / SIGUSR1 (SLURM preemption) and SIGINT (Ctrl-C): the loop checkpoints and leaves cleanly.
-
-    Installed first thing, so a signal during start-up (data preparation, model build, resume) also ends
-    the run with one line instead of killing it: until the first step the handler raises
-    StoppedBeforeFirstStep. A second Ctrl-C exits at once, without waiting for the checkpoint."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-
-    def __init__(self):
-        self.received: int | None = None
-        self.starting = True
-        for sig in self.SIGNALS:
-            signal.signal(sig, self._handle)
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.received).name if self.received else "none"
-
-    def _handle(self, signum, frame):
-        if signum == signal.SIGINT and self.received == signal.SIGINT:
-            os.write(2, b"interrupted again: exiting now, without a checkpoint\n")
-            os._exit(130)
-        self.received = signum
-        if self.starting:
-            self.starting = False  # raise once; cleanup code that runs next must not be interrupted again
-            raise StoppedBeforeFirstStep(f"received {self.name} before the first step: stopped, nothing to save")
-        if signum == signal.SIGINT:
-            os.write(2, b"\ninterrupted: saving a checkpoint after this step (Ctrl-C again to exit at once)\n")
-
-    def restore(self) -> None:
-        for sig in self.SIGNALS:
-            signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
-
-
 def _agree(flag: bool, info: dist.DistInfo) -> bool:
     """True on every rank if it is true on any (a signal may reach one rank first)."""
     if info.world_size == 1:
@@ -396,14 +358,14 @@ def _agree(flag: bool, info: dist.DistInfo) -> bool:
 def run(cfg: RunConfig) -> dict:
     """Train as configured; return a summary (final step, loss, checkpoint path, and a note when there was
     nothing to do)."""
-    stop = _StopSignal()
+    stop = StopSignal.install()  # train/__main__.py installs it before its imports; a caller of run() here
     try:
         return _run(cfg, stop)
     finally:
         stop.restore()
 
 
-def _run(cfg: RunConfig, stop: _StopSignal) -> dict:
+def _run(cfg: RunConfig, stop: StopSignal) -> dict:
     trainer = Trainer(cfg)
     trainer.resume()
     info = trainer.info
@@ -421,7 +383,7 @@ def _run(cfg: RunConfig, stop: _StopSignal) -> dict:
     try:
         stop.starting = False  # from here a signal is answered with a checkpoint after the current step
         if stop.received is not None:  # arrived between the handler's last check and now
-            raise StoppedBeforeFirstStep(f"received {stop.name} before the first step: stopped, nothing to save")
+            raise stop.stopped()
         while trainer.step < cfg.train.max_steps:
             result = trainer.train_step()
             loss = result.loss

@@ -1,0 +1,58 @@
+"""Stop signals: SIGTERM / SIGUSR1 (SLURM preemption) and SIGINT (Ctrl-C) end a run with a checkpoint.
+
+Imports nothing heavy, so `python -m nvfp4train.train` installs the handlers before it imports torch: a
+signal during start-up (imports, data preparation, model build, resume) ends the process with one line
+instead of a traceback or a silent kill. Until the first step the handler raises StoppedBeforeFirstStep
+(a BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it); from then on
+it only sets `received`, and the loop checkpoints after the current step and leaves. A second Ctrl-C
+exits at once.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+
+class StoppedBeforeFirstStep(BaseException):
+    """A stop signal arrived while the run was starting: there is nothing new to save."""
+
+
+class StopSignal:
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+    _active: "StopSignal | None" = None
+
+    def __init__(self):
+        self.received: int | None = None
+        self.starting = True
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._handle)
+
+    @classmethod
+    def install(cls) -> "StopSignal":
+        """The installed handler (one per run: restore() uninstalls it), or a new one."""
+        if cls._active is None:
+            cls._active = cls()
+        return cls._active
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received else "none"
+
+    def stopped(self) -> StoppedBeforeFirstStep:
+        return StoppedBeforeFirstStep(f"received {self.name} before the first step: stopped, nothing to save")
+
+    def _handle(self, signum, frame):
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            os.write(2, b"interrupted again: exiting now, without a checkpoint\n")
+            os._exit(130)
+        self.received = signum
+        if self.starting:
+            self.starting = False  # raise once: the cleanup that runs next must not be interrupted again
+            raise self.stopped()
+        if signum == signal.SIGINT:
+            os.write(2, b"\ninterrupted: saving a checkpoint after this step (Ctrl-C again to exit at once)\n")
+
+    def restore(self) -> None:
+        for sig in self.SIGNALS:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        StopSignal._active = None

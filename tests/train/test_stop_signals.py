@@ -1,0 +1,85 @@
+"""Ctrl-C and signals during start-up: a run never ends in a traceback or loses its steps.
+
+SIGINT checkpoints like SIGTERM (one line, exit 0); a second Ctrl-C exits at once (130); a signal that
+arrives while the run is starting ends it with one line; a finished run run again says there was nothing
+to do; the default micro-batch follows the world size."""
+import signal
+import subprocess
+import time
+
+import pytest
+
+from nvfp4train.train.config import ConfigError, TrainConfig, resolve_micro_batch
+from tests.conftest import REPO, cli_env, read_metrics, run_train, train_cmd
+
+TINY = ["train.log_every=1", "train.progress=false", "train.eval_sequences=2", "train.seq_len=32",
+        "train.global_batch_size=4"]
+
+
+def _start(out, *extra):
+    return subprocess.Popen(train_cmd(f"out_dir={out}", *TINY, *extra), cwd=REPO, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_steps(out, proc, n=2, timeout=300):
+    t0 = time.time()
+    while not ((out / "metrics.jsonl").exists() and len((out / "metrics.jsonl").read_text().splitlines()) >= n):
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() - t0 < timeout, "no steps logged"
+        time.sleep(0.05)
+
+
+def test_ctrl_c_checkpoints_and_exits_with_one_line(tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out, "train.max_steps=5000")
+    _wait_for_steps(out, proc)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    assert "received SIGINT: checkpoint" in stdout
+    (ckpt,) = sorted((out / "checkpoints").glob("step_*"))
+    assert read_metrics(out)[-1]["checkpoint"] == ckpt.name
+
+
+def test_second_ctrl_c_exits_at_once(tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out, "train.max_steps=5000", "train.seq_len=512", "train.global_batch_size=16")  # slow steps
+    _wait_for_steps(out, proc, n=1)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr
+    assert "exiting now" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_during_start_up_stops_with_one_line(tmp_path, sig):
+    out = tmp_path / "run"
+    proc = _start(out, "train.max_steps=5")
+    time.sleep(1.0)  # the handler is installed before torch is imported, and the first step is seconds away
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, (stdout, stderr)
+    assert stderr.strip() == f"received {sig.name} before the first step: stopped, nothing to save"
+    assert not (out / "checkpoints").exists()
+
+
+def test_finished_run_run_again_says_nothing_to_do(tmp_path):
+    out = tmp_path / "run"
+    run_train(f"out_dir={out}", *TINY, "train.max_steps=2")
+    again = run_train(f"out_dir={out}", *TINY, "train.max_steps=2")
+    assert "nothing to do" in again.stdout and "step_00000002 is at step 2" in again.stdout
+    assert len(read_metrics(out)) >= 2  # the finished run's metrics stay
+
+
+def test_micro_batch_follows_the_world_size():
+    default = TrainConfig()
+    assert default.micro_batch_size is None
+    assert [resolve_micro_batch(default, w).micro_batch_size for w in (1, 2, 4, 8, 16)] == [16, 8, 4, 2, 1]
+    with pytest.raises(ConfigError, match="multiple of the world size 3"):
+        resolve_micro_batch(default, 3)
+    with pytest.raises(ConfigError, match=r"train.micro_batch_size x world size = 16 x 2 = 32"):
+        resolve_micro_batch(TrainConfig(micro_batch_size=16), 2)
+    assert resolve_micro_batch(TrainConfig(micro_batch_size=4), 2).micro_batch_size == 4  # accumulation 2
