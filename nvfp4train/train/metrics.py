@@ -78,13 +78,25 @@ class MetricsLogger:
             self._wandb_run = None
 
 
+def _terminal_columns() -> int:
+    """Width of the terminal stderr writes to; 0 when it has none (a pipe, or a pty that reports 0x0)."""
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
 class ProgressBar:
-    """A tqdm bar showing step, loss and tokens/s; silent when not interactive (unless forced)."""
+    """A tqdm bar showing step, loss and tokens/s; plain lines every log_every steps instead when the bar
+    cannot draw (not a terminal, or a terminal without a size: tqdm would draw nothing at all there)."""
+
+    MIN_COLUMNS = 40
 
     def __init__(self, setting: str, enabled: bool, total: int, initial: int, log_every: int = 10):
         setting = str(setting).lower()
         self.enabled, self.log_every = enabled, log_every
-        show = enabled and (setting == "true" or (setting == "auto" and sys.stderr.isatty()))
+        show = (enabled and (setting == "true" or (setting == "auto" and sys.stderr.isatty()))
+                and _terminal_columns() >= self.MIN_COLUMNS)
         self._bar = None
         if show:
             from tqdm import tqdm
