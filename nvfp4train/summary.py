@@ -1,11 +1,12 @@
 """Print a model preset's parameter count and training FLOPs per token, without allocating weights.
 
     python -m nvfp4train.summary model=nemotron_h_12b
-    python -m nvfp4train.summary model=hybrid_tiny model.d_model=192 seq_len=256
+    python -m nvfp4train.summary model=hybrid_tiny model.d_model=192 train.seq_len=256
 
 Arguments are Hydra-style overrides: `model=NAME` picks `configs/model/NAME.yaml`,
-`model.KEY=VALUE` overrides one field, `seq_len=N` sets the sequence length the FLOPs are
-computed for (default 8192, the paper's). The model is built on the meta device. The last
+`model.KEY=VALUE` overrides one field, `train.seq_len=N` (or `seq_len=N`) sets the sequence length
+the FLOPs are computed for (default: train.seq_len's default, what `python -m nvfp4train.train` trains
+at; the paper's is 8192). The model is built on the meta device. The last
 line of output is JSON: {"params": ..., "flops_per_token": ...} (training FLOPs, fwd + bwd).
 """
 
@@ -27,19 +28,21 @@ def load_model_config(overrides: list[str]) -> tuple[ModelConfig, int]:
     """Compose a ModelConfig from `model=NAME`, `model.KEY=VALUE` and `seq_len=N` overrides."""
     from omegaconf import OmegaConf  # config composition lives here, not in nvfp4train.model
 
-    name, seq_len, field_overrides = "hybrid_tiny", 8192, []
+    from nvfp4train.train.config import TrainConfig
+
+    name, seq_len, field_overrides = "hybrid_tiny", TrainConfig().seq_len, []
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
-            raise ValueError(f"argument {item!r}: expected KEY=VALUE (model=NAME, model.KEY=VALUE, seq_len=N)")
+            raise ValueError(f"argument {item!r}: expected KEY=VALUE (model=NAME, model.KEY=VALUE, train.seq_len=N)")
         if key == "model":
             name = value
-        elif key == "seq_len":
+        elif key in ("seq_len", "train.seq_len"):
             seq_len = int(value)
         elif key.startswith("model."):
             field_overrides.append(item[len("model."):])
         else:
-            raise ValueError(f"argument {item!r}: unknown key {key!r}; allowed: model, model.<field>, seq_len")
+            raise ValueError(f"argument {item!r}: unknown key {key!r}; allowed: model, model.<field>, train.seq_len")
     path = CONFIG_DIR / f"{name}.yaml"
     if not path.is_file():
         presets = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -64,6 +67,9 @@ def summarize(cfg: ModelConfig, seq_len: int) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
     try:
         cfg, seq_len = load_model_config(argv)
     except ValueError as e:

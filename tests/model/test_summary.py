@@ -14,7 +14,7 @@ def run_summary(*args):
 
 
 def test_summary_12b_last_line_is_json():
-    result = run_summary("model=nemotron_h_12b")
+    result = run_summary("model=nemotron_h_12b", "train.seq_len=8192")
     assert result.returncode == 0, result.stderr
     last = json.loads(result.stdout.strip().splitlines()[-1])
     assert last["params"] == pytest.approx(12.31e9, rel=0.01)
@@ -35,3 +35,16 @@ def test_summary_overrides_and_errors():
             load_model_config(bad)
     result = run_summary("model.n_kv_heads=3")
     assert result.returncode == 2 and "n_kv_heads" in result.stderr
+
+
+def test_summary_defaults_to_the_training_seq_len_and_has_help():
+    from nvfp4train.summary import load_model_config
+    from nvfp4train.train.config import TrainConfig
+
+    assert load_model_config(["model=hybrid_tiny"])[1] == TrainConfig().seq_len == 128
+    assert load_model_config(["train.seq_len=8192"])[1] == 8192
+    result = run_summary("model=hybrid_tiny")
+    assert "at seq_len 128" in result.stdout
+    for flag in ("--help", "-h"):
+        result = run_summary(flag)
+        assert result.returncode == 0 and "train.seq_len=N" in result.stdout, result.stderr
