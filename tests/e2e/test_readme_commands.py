@@ -1,0 +1,111 @@
+"""Every command line in README.md's fenced bash blocks runs as written (with few steps).
+
+Each line (and each part of an `a && b` chain) is classified: installs and the test suite itself are
+skipped with the reason; `python -m nvfp4train.*` and `torchrun` (2 CPU ranks) run in a scratch directory
+with `train.max_steps=2`; `sbatch` lines run as `DRY_RUN=1 bash slurm/...` on an 8-GPU node of the
+requested node count, and the rendered job's config must validate at that world size. The runs that the
+compare / eval / export examples read (runs/exp/*) are trained first, tiny, in the same scratch directory.
+"""
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, cli_env
+
+STEPS = "train.max_steps=2"
+GPUS_PER_NODE = 8  # what the sbatch scripts ask for (#SBATCH --gpus-per-node=8)
+
+
+def readme_commands() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.splitlines():
+            line = line.split("  #")[0].strip()
+            if line and not line.startswith("#"):
+                lines.extend(part.strip() for part in line.split("&&"))
+    return lines
+
+
+def classify(cmd: str) -> tuple[str, str]:
+    words = shlex.split(cmd)
+    env = [w for w in words if re.fullmatch(r"[A-Z_]+=\S*", w)]
+    prog = words[len(env):]
+    if prog[:2] == ["python3", "-m"] and prog[2] == "venv" or prog[0] in (".", "source", "pip") \
+            or "pip" in prog[:1] or "install" in prog[:2]:
+        return "skip", "installs packages"
+    if prog[:3] == ["python", "-m", "pytest"]:
+        return "skip", "the whole test suite (CI runs it)"
+    if prog[0] == "sbatch":
+        return "sbatch", ""
+    if prog[0] == "torchrun" or prog[:2] == ["python", "-m"] and prog[2].startswith("nvfp4train"):
+        return "run", ""
+    if prog[0] == "bash" and prog[1].startswith("slurm/"):
+        return "run", ""
+    raise AssertionError(f"README command not classified (add it to this test): {cmd}")
+
+
+COMMANDS = readme_commands()
+
+
+def test_readme_starts_with_install_and_the_test_suite():
+    text = (REPO / "README.md").read_text()
+    first = re.search(r"```bash\n(.*?)```", text, flags=re.S).group(1).splitlines()
+    assert first[0].endswith("&& python -m nvfp4train.train") and "python -m pytest" in first[1]
+    assert any(classify(c)[0] != "skip" for c in COMMANDS)
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    """A working directory like a fresh clone's: slurm/ reachable, the compare/eval example runs trained."""
+    root = tmp_path_factory.mktemp("readme")
+    (root / "slurm").symlink_to(REPO / "slurm")
+    for arm in ("bf16", "nvfp4"):
+        _run([sys.executable, "-m", "nvfp4train.train", f"precision={arm}", f"out_dir=runs/exp/{arm}", "train.max_steps=4",
+              "train.log_every=1", "train.eval_sequences=2"], root)
+    return root
+
+
+def _run(argv, cwd, env=None):
+    proc = subprocess.run(argv, cwd=cwd, env=cli_env(**(env or {})), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{shlex.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    return proc
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_readme_command_runs(cmd, scratch):
+    kind, reason = classify(cmd)
+    if kind == "skip":
+        pytest.skip(reason)
+    words = shlex.split(cmd)
+    env = dict(w.split("=", 1) for w in words if re.fullmatch(r"[A-Z_]+=\S*", w))
+    prog = words[len(env):]
+    if kind == "sbatch":  # the job script as sbatch would start it on GPU nodes, rendered only
+        nodes = next((int(w.split("=")[1]) for w in prog if w.startswith("--nodes=")), 1)
+        script = next(w for w in prog if w.startswith("slurm/"))
+        overrides = prog[prog.index(script) + 1:]
+        env.update(DRY_RUN="1", SLURM_NNODES=str(nodes), SLURM_GPUS_ON_NODE=str(GPUS_PER_NODE))
+        _check_rendered_job(_run(["bash", script, *overrides], scratch, env).stdout)
+        return
+    if "nvfp4train.train" in prog:  # train: few steps, and no second value for the same key
+        prog = [w for w in prog if not w.startswith("train.max_steps=")] + [STEPS, "train.eval_sequences=2"]
+    if prog[0] == "python":
+        prog[0] = sys.executable
+    _run(prog, scratch, env)
+
+
+def _check_rendered_job(rendered: str) -> None:
+    """The rendered torchrun line's config composes and fits its world size (micro-batch, global batch)."""
+    from nvfp4train.train.config import RunConfig, compose, resolve_micro_batch
+
+    line = next(l for l in rendered.splitlines() if "-m nvfp4train.train" in l)
+    words = shlex.split(line)
+    nnodes = next((int(w.split("=")[1]) for w in words if w.startswith("--nnodes=")), 1)
+    nproc = next(int(w.split("=")[1]) for w in words if w.startswith("--nproc_per_node="))
+    overrides = words[words.index("nvfp4train.train") + 1:]
+    cfg = RunConfig.from_omegaconf(compose(overrides))
+    resolve_micro_batch(cfg.train, nnodes * nproc)
