@@ -225,11 +225,12 @@ def _is_current(out_dir: Path, identity: str, fingerprint: dict) -> bool:
 
 def prepare_split(spec, out_dir, *, tokenizer: str, text_field: str = "text", fmt: str | None = None,
                   num_proc: int = 1, docs_per_shard: int = 100_000, key: str = "input",
-                  progress: bool | None = None) -> dict:
-    """Tokenize the documents of `spec` into shards under `out_dir`; return the manifest."""
+                  progress: bool | None = None, fingerprint: dict | None = None) -> dict:
+    """Tokenize the documents of `spec` into shards under `out_dir`; return the manifest. `fingerprint`:
+    inputs_fingerprint(spec, ...) when the caller has it already (it reads every input file)."""
     out_dir = resolve_path(out_dir)
     tok = load_tokenizer(tokenizer)
-    fingerprint = inputs_fingerprint(spec, text_field, fmt, key)
+    fingerprint = fingerprint or inputs_fingerprint(spec, text_field, fmt, key)
     if _is_current(out_dir, tok.identity, fingerprint):
         return read_manifest(out_dir)
     with _locked(out_dir):
@@ -321,15 +322,22 @@ def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num
 
 
 # ----------------------------------------------------------------------------- every source of a config
-def _cache_split_dir(cfg: DataConfig, identity: str, source: str, split: str):
-    return resolve_path(cfg.cache_dir) / identity.replace(":", "-") / source / split
+def _cache_split_dir(cfg: DataConfig, identity: str, source: str, split: str, fingerprint: dict) -> Path:
+    """cache_dir/<tokenizer identity>/<source>-<hash of the inputs>/<split>: keyed by what the shards are made
+    from (files and their sha256, text field, format, shard size), not by the source's name alone, so two
+    data configs with a source of the same name (bundled and corpora both have `literature`) keep both."""
+    import hashlib
+
+    made_from = json.dumps({"inputs": fingerprint, "docs_per_shard": cfg.docs_per_shard}, sort_keys=True)
+    digest = hashlib.sha256(made_from.encode()).hexdigest()[:12]
+    return resolve_path(cfg.cache_dir) / identity.replace(":", "-") / f"{source}-{digest}" / split
 
 
 def prepare_all(data_cfg, *, num_proc: int | None = None, progress: bool | None = None,
                 splits=("train", "val"), names=None) -> dict:
     """Make sure every configured source split has token shards; return {"name/split": dir}.
-    Raw sources are tokenized into cache_dir/<tokenizer identity>/<source>/<split> (rebuilt when the
-    inputs change); `shards:` sources are used as given and only checked when opened."""
+    Raw sources are tokenized into cache_dir/<tokenizer identity>/<source>-<inputs hash>/<split> (other
+    inputs get another directory); `shards:` sources are used as given and only checked when opened."""
     cfg = data_cfg if isinstance(data_cfg, DataConfig) else parse_data_config(data_cfg)
     tok = load_tokenizer(cfg.tokenizer)
     dirs = {}
@@ -341,10 +349,12 @@ def prepare_all(data_cfg, *, num_proc: int | None = None, progress: bool | None 
             if prepared is not None:
                 dirs[f"{name}/{split}"] = resolve_path(prepared)
             elif raw is not None:
-                out = _cache_split_dir(cfg, tok.identity, name, split)
+                key = f"data.sources.{name}.{split}"
+                fingerprint = inputs_fingerprint(raw, src.text_field, src.format, key)
+                out = _cache_split_dir(cfg, tok.identity, name, split, fingerprint)
                 prepare_split(raw, out, tokenizer=cfg.tokenizer, text_field=src.text_field, fmt=src.format,
                               num_proc=num_proc or cfg.num_proc, docs_per_shard=cfg.docs_per_shard,
-                              key=f"data.sources.{name}.{split}", progress=progress)
+                              key=key, progress=progress, fingerprint=fingerprint)
                 dirs[f"{name}/{split}"] = out
     return dirs
 
