@@ -246,5 +246,5 @@ def build_val_data(data_cfg: dict, *, seq_len: int, max_sequences_per_domain: in
         need = n * seq_len + 1
         tokens = np.concatenate([np.asarray(a[:need]) for a in shards.arrays])[:need].astype(np.int64)
         rows = np.lib.stride_tricks.sliding_window_view(tokens, seq_len + 1)[::seq_len][:n]
-        out[name] = torch.from_numpy(np.ascontiguousarray(rows))
+        out[name] = torch.from_numpy(np.array(rows))  # a copy: a sliding-window view is read-only
     return out

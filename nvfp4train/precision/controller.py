@@ -77,7 +77,7 @@ class PrecisionController:
         self.switched = False
         self.switched_at: float | None = None
         self.steps = 0  # on_step calls so far
-        log.info("precision controller: %d linears, backend %s (%s)", len(self.layers), self.backend_name, self.backend_reason)
+        log.info("precision controller: %d linears, backend %s", len(self.layers), self.backend_name)  # reason: above
 
     # ------------------------------------------------------------------ per step
     def on_step(self, tokens_fraction: float) -> str | None:

@@ -22,6 +22,8 @@ sweep share it): train/__main__.py destroys it once, at the end.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import logging.handlers
 import math
 import os
 import resource
@@ -169,6 +171,9 @@ class Trainer:
         self.wandb_id: str | None = None
         self.logger = MetricsLogger(cfg.out_dir, enabled=info.is_main)
         self.bar: ProgressBar | None = None
+        self.log_file = _LogFile.active or _LogFile()
+        if not info.is_main:  # one train.log, from rank 0
+            self.log_file.close()
 
     # ------------------------------------------------------------------------------------ resume
     def resume(self) -> None:
@@ -201,6 +206,7 @@ class Trainer:
         cfg, t, info = self.cfg, self.cfg.train, self.info
         if info.is_main:
             (cfg.out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg.to_dict()))
+            self.log_file.open(cfg.out_dir / "train.log")
         self.logger.open(resume_step=self.start_step if self.resumed_from is not None else None,
                          dropped_to=self.abandoned / "metrics.jsonl" if self.abandoned else None)
         self.wandb_id = self.logger.start_wandb(t.wandb, cfg.to_dict(), cfg.experiment, cfg.out_dir, self.wandb_id)
@@ -318,6 +324,7 @@ class Trainer:
         if self.bar is not None:
             self.bar.close()
         self.logger.close()
+        self.log_file.close()
 
     def _on_main(self, fn):
         """Run fn on the main rank only; a RunDirError it raises stops every rank with its message."""
@@ -346,6 +353,43 @@ def _peak_memory_gib(device: torch.device) -> float:
 
 
 # ------------------------------------------------------------------------------------------- run
+class _LogFile:
+    """The run's full log in out_dir/train.log: every log record from the start of the run (backend choice,
+    data epochs, library messages) and the lines the terminal shows; the terminal gets only the banner,
+    progress and warnings (configs/train.yaml sets the console handler to WARNING). Records before out_dir
+    exists wait in memory."""
+
+    active: "_LogFile | None" = None
+
+    def __init__(self):
+        self.buffer = logging.handlers.MemoryHandler(capacity=1 << 20, flushLevel=logging.CRITICAL + 1)
+        self.file: logging.Handler | None = None
+        root = logging.getLogger()
+        root.addHandler(self.buffer)
+        self.root_level = root.level
+        root.setLevel(min(root.level or logging.INFO, logging.INFO))
+        _LogFile.active = self
+
+    def open(self, path: Path) -> None:
+        self.file = logging.FileHandler(path, mode="a")
+        self.file.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+        self.buffer.setTarget(self.file)
+        self.buffer.flush()
+        logging.getLogger().removeHandler(self.buffer)
+        logging.getLogger().addHandler(self.file)
+
+    def close(self) -> None:
+        root = logging.getLogger()
+        for handler in (self.buffer, self.file):
+            if handler is not None:
+                root.removeHandler(handler)
+                handler.close()
+        self.file = None
+        root.setLevel(self.root_level)
+        if _LogFile.active is self:
+            _LogFile.active = None
+
+
 def _agree(flag: bool, info: dist.DistInfo) -> bool:
     """True on every rank if it is true on any (a signal may reach one rank first)."""
     if info.world_size == 1:
@@ -359,9 +403,11 @@ def run(cfg: RunConfig) -> dict:
     """Train as configured; return a summary (final step, loss, checkpoint path, and a note when there was
     nothing to do)."""
     stop = StopSignal.install()  # train/__main__.py installs it before its imports; a caller of run() here
+    log_file = _LogFile()
     try:
         return _run(cfg, stop)
     finally:
+        log_file.close()
         stop.restore()
 
 

@@ -9,6 +9,7 @@ in the same group.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -110,6 +111,7 @@ class ProgressBar:
             print(f"step {step} loss {loss:.4f} {tokens_per_s:,.0f} tok/s", flush=True)
 
     def write(self, message: str) -> None:
+        logging.getLogger("nvfp4train.train").info(message)  # train.log gets the terminal's lines too
         if self._bar is not None:
             self._bar.write(message)
         else:
