@@ -97,8 +97,18 @@ def _hf_local_inputs(spec: dict, key: str) -> tuple[Path | None, list[Path]]:
     return (local if local.is_dir() else None), data_files
 
 
+def _needs(module: str, key: str, what: str):
+    """Import an optional dependency (the `hf` extra), or one line saying how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ValueError(f"{key}: {what} needs the `datasets` package: pip install 'nvfp4train[hf]'") from None
+
+
 def _iter_hf_documents(spec: dict, text_field: str, key: str):
-    import datasets  # slow to import, and only these inputs need it
+    datasets = _needs("datasets", key, "a {hf: ...} input")  # slow to import, and only these inputs need it
 
     local_dir, data_files = _hf_local_inputs(spec, key)
     split = spec.get("split", "train")
@@ -153,7 +163,7 @@ def iter_documents(spec, *, text_field: str = "text", fmt: str | None = None, ke
                         raise ValueError(f"{path}:{line_no}: field {text_field!r} is not a string")
                     yield text
         elif kind == "parquet":
-            import pyarrow.parquet as pq
+            pq = _needs("pyarrow.parquet", key, f"parquet input {path}")
 
             table = pq.read_table(path, columns=[text_field])
             yield from table.column(text_field).to_pylist()

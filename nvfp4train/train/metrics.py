@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from nvfp4train.train.config import WandbConfig
+from nvfp4train.train.config import ConfigError, WandbConfig
 
 
 class MetricsLogger:
@@ -50,7 +50,10 @@ class MetricsLogger:
         """Start (or continue) the W&B run; return its id for the checkpoint."""
         if not (self.enabled and cfg.enabled):
             return run_id
-        import wandb
+        try:
+            import wandb
+        except ImportError:
+            raise ConfigError("train.wandb.enabled=true needs the wandb package: pip install 'nvfp4train[wandb]'") from None
 
         mode = cfg.mode
         if mode == "auto":  # wandb.init fails at once without a key in online mode: go offline instead
