@@ -61,7 +61,12 @@ class MetricsLogger:
             mode = "online" if has_key else "offline"
         self._wandb_run = wandb.init(project=cfg.project, entity=cfg.entity, group=cfg.group or experiment,
                                      name=cfg.name, config=run_config, dir=str(out_dir), mode=mode,
-                                     id=run_id, resume="allow" if run_id else None)
+                                     id=run_id, resume="allow" if run_id else None,
+                                     settings=wandb.Settings(silent=True))  # its banner goes to its own log
+        # the run's summary shows the loss, held-out losses and throughput, not dozens of data/ and quant/
+        # counters (they stay in the charts)
+        for prefix in ("data/*", "quant/*"):
+            self._wandb_run.define_metric(prefix, summary="none")
         return self._wandb_run.id
 
     def log(self, record: dict) -> None:

@@ -1,5 +1,7 @@
 """What a run shows: a short banner on the terminal, the full log in out_dir/train.log (the backend choice
 once), and the mid-run precision switch recorded in metrics.jsonl so comparisons can mark it."""
+import pytest
+
 from tests.conftest import read_metrics, run_train
 
 
@@ -16,3 +18,17 @@ def test_short_banner_full_log_and_switch_in_metrics(tmp_path):
     assert log.count("backend emulated (") == 1 and "model hybrid_tiny:" in log
     switched = [r for r in read_metrics(out) if "precision_switch" in r]
     assert [r["step"] for r in switched] == [3] and "loss" in switched[0]
+
+
+def test_wandb_summary_leads_with_the_loss(tmp_path):
+    """The data/ and quant/ counters stay out of the W&B summary (they hid the loss), and W&B is silent."""
+    pytest.importorskip("wandb")
+    from tests.compare.test_compare import read_wandb_file
+
+    out = tmp_path / "run"
+    proc = run_train(f"out_dir={out}", "train.wandb.enabled=true", "train.wandb.mode=offline", "train.max_steps=2",
+                     "train.progress=false", "train.seq_len=32", "train.global_batch_size=2", "train.eval_sequences=1")
+    assert "wandb:" not in proc.stdout + proc.stderr
+    (log,) = out.glob("wandb/offline-run-*/run-*.wandb")
+    metrics = [r.metric for r in read_wandb_file(log) if r.WhichOneof("record_type") == "metric"]
+    assert {m.glob_name for m in metrics if m.summary.none} == {"data/*", "quant/*"}
