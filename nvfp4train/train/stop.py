@@ -24,8 +24,7 @@ class StopSignal:
     def __init__(self):
         self.received: int | None = None
         self.starting = True
-        for sig in self.SIGNALS:
-            signal.signal(sig, self._handle)
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
 
     @classmethod
     def install(cls) -> "StopSignal":
@@ -53,6 +52,6 @@ class StopSignal:
             os.write(2, b"\ninterrupted: saving a checkpoint after this step (Ctrl-C again to exit at once)\n")
 
     def restore(self) -> None:
-        for sig in self.SIGNALS:
-            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        for sig, handler in self.previous.items():  # the caller's handlers (pytest's, a sweep's next run)
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         StopSignal._active = None
