@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import math
 import os
 import socket
@@ -99,6 +100,27 @@ def _fsdp_no_sync(model):
         model.set_requires_gradient_sync(True)
 
 
+class _LogLines:
+    """A stream whose lines become INFO records of the `deepspeed` logger (so: train.log, not the terminal)."""
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            if line.strip():
+                logging.getLogger("deepspeed").info(line.rstrip())
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _deepspeed_output_to_log():
+    """DeepSpeed prints its op builds and start-up notes (and its logger, created on import, binds stdout):
+    they go to the run's log file, the terminal keeps the short banner."""
+    with contextlib.redirect_stdout(_LogLines()):
+        yield
+
+
 class DeepSpeedEngine:
     """DeepSpeed ZeRO-1/2 with BF16 weights and DeepSpeed's FP32 master copies and Adam moments.
 
@@ -109,7 +131,8 @@ class DeepSpeedEngine:
 
     def __init__(self, model: nn.Module, groups, optim_cfg: OptimConfig, zero_stage: int, grad_accum: int,
                  micro_batch_size: int, info: dist.DistInfo, guard: NonFiniteGuard):
-        import deepspeed
+        with _deepspeed_output_to_log():
+            import deepspeed
 
         _ensure_rendezvous_env()
         self.info, self.guard = info, guard
@@ -127,9 +150,10 @@ class DeepSpeedEngine:
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, model_parameters=groups(model), config=config,
-            dist_init_required=not torch.distributed.is_initialized())
+        with _deepspeed_output_to_log():
+            self.engine, self.optimizer, _, _ = deepspeed.initialize(
+                model=model, model_parameters=groups(model), config=config,
+                dist_init_required=not torch.distributed.is_initialized())
         self.engine.checkpoint_engine.load = _weights_only_load
         self.module = self.engine
 

@@ -32,3 +32,12 @@ def test_wandb_summary_leads_with_the_loss(tmp_path):
     (log,) = out.glob("wandb/offline-run-*/run-*.wandb")
     metrics = [r.metric for r in read_wandb_file(log) if r.WhichOneof("record_type") == "metric"]
     assert {m.glob_name for m in metrics if m.summary.none} == {"data/*", "quant/*"}
+
+
+def test_deepspeed_start_up_lines_go_to_the_log_file(tmp_path):
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "run"
+    proc = run_train(f"out_dir={out}", "train.parallel=deepspeed", "train.max_steps=1", "train.progress=false",
+                     "train.seq_len=32", "train.global_batch_size=2", "train.eval_sequences=1")
+    assert [line.split(":")[0] for line in proc.stdout.splitlines()] == ["model hybrid_tiny", "done"], proc.stdout
+    assert "DeepSpeed" not in proc.stderr and "deepspeed INFO" in (out / "train.log").read_text()
