@@ -95,7 +95,8 @@ def test_readme_command_runs(cmd, scratch):
         prog = [w for w in prog if not w.startswith("train.max_steps=")] + [STEPS, "train.eval_sequences=2"]
     if prog[0] == "python":
         prog[0] = sys.executable
-    _run(prog, scratch, env)
+    proc = _run(prog, scratch, env)
+    assert "Traceback" not in proc.stderr and "Setting OMP_NUM_THREADS" not in proc.stderr, proc.stderr[-2000:]
 
 
 def _check_rendered_job(rendered: str) -> None:
