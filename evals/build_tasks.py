@@ -25,6 +25,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the package, from a plain checkout
+from nvfp4train.data import mathgen  # noqa: E402
+
 EVALS = Path(__file__).resolve().parent
 REPO = EVALS.parent
 SEED = 1234
@@ -108,21 +111,10 @@ def code_next_line(rng: random.Random) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------- PyPI sources
-MATH_PACKAGES = ["mathematics-dataset==1.0.1", "absl-py==2.5.1", "six==1.17.0"]
 MATH_MODULES = ["arithmetic/add_or_sub", "arithmetic/add_sub_multiple", "arithmetic/mul", "arithmetic/div"]
 MATH_PER_MODULE = 50
+# Run after mathgen.PRELUDE (the generator's shims; `generate` and `modules` in scope).
 MATH_GENERATOR = r"""
-import importlib, json, random, sys
-import numpy as np
-np.object = object
-importlib.import_module("sympy.solvers.diophantine")
-sys.modules["sympy.solvers.diophantine"].base_solution_linear = importlib.import_module(
-    "sympy.solvers.diophantine.diophantine").base_solution_linear
-from absl import flags
-flags.FLAGS(["generate"])
-from mathematics_dataset import generate
-from mathematics_dataset.modules import modules
-
 # The easiest third of the training regime's difficulty range: small models can get some of these right.
 tree = modules.train(lambda r: (r[0], r[0] + (r[1] - r[0]) / 3))
 per_module = int(sys.argv[1])
@@ -138,14 +130,7 @@ for index, name in enumerate(sys.argv[2:]):
 
 def arithmetic(rng: random.Random, workdir: Path) -> list[dict]:
     """Question/answer pairs in the format of the math training corpus; exact match of the answer."""
-    deps = workdir / "math_deps"
-    if not (deps / "mathematics_dataset").is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(deps),
-                        *MATH_PACKAGES], check=True)
-    env = {**os.environ, "PYTHONPATH": str(deps), "PYTHONHASHSEED": "0"}
-    out = subprocess.run([sys.executable, "-c", MATH_GENERATOR, str(MATH_PER_MODULE), *MATH_MODULES], env=env,
-                         check=True, capture_output=True, text=True)
-    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    rows = mathgen.run(workdir, MATH_GENERATOR, str(MATH_PER_MODULE), *MATH_MODULES)
     return [{"id": r["id"], "context": f"Question: {r['question']}\nAnswer:", "target": " " + r["answer"]}
             for r in rows]
 

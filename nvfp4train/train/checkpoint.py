@@ -276,7 +276,11 @@ def tensors_are_finite(tensors) -> torch.Tensor:
     """One device-side bool for "every element of every tensor is finite" (no host sync here)."""
     flags = [torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all() for t in tensors
              if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    return torch.stack(flags).all() if flags else torch.tensor(True)
+    if not flags:
+        return torch.tensor(True)
+    device = next((f.device for f in flags if f.device.type != "cpu"), flags[0].device)
+    # AdamW keeps its `step` counters on the CPU next to CUDA moments: gather the flags on one device
+    return torch.stack([f.to(device, non_blocking=True) for f in flags]).all()
 
 
 def save_model_optim(tmp: Path, model, optimizer) -> dict:

@@ -168,6 +168,7 @@ class Trainer:
         self.start_step = 0             # where this process began (> 0 after a resume)
         self.resumed_from: Path | None = None
         self.abandoned: Path | None = None  # later checkpoints set aside by a resume from an older one
+        self.checkpoint_seconds: float | None = None  # how long the latest save took, until it is logged
         self.wandb_id: str | None = None
         self.logger = MetricsLogger(cfg.out_dir, enabled=info.is_main)
         self.bar: ProgressBar | None = None
@@ -270,6 +271,8 @@ class Trainer:
             if self.peak is not None:
                 record["mfu"] = self.flops_per_token * r.tokens_per_s / self.info.world_size / self.peak[0]
             record["peak_mem_gib"] = _peak_memory_gib(self.info.device)
+            if self.checkpoint_seconds is not None:  # the latest checkpoint's save time, reported once
+                record["checkpoint_time_s"], self.checkpoint_seconds = self.checkpoint_seconds, None
             record.update(self.loader.stats())  # keys already start with "data/"
             record.update(self.controller.quant_stats())
             if r.precision_switch:  # so that comparisons can mark where the precision changed
@@ -316,8 +319,7 @@ class Trainer:
         t0 = time.perf_counter()
         path = checkpoint.save(self.ckpt_root, self.step, self.engine, self.info.rank, self.info.world_size, meta,
                                state, self.cfg.train.keep_last, barrier=lambda: dist.barrier(self.info))
-        self.logger.log({"step": self.step, "tokens": self.step * self.tokens_per_step,
-                         "checkpoint_time_s": time.perf_counter() - t0, "checkpoint": path.name})
+        self.checkpoint_seconds = time.perf_counter() - t0  # reported with the next metrics record
         return path
 
     def close(self) -> None:

@@ -252,3 +252,15 @@ def test_a_second_run_on_the_same_out_dir_is_refused_and_a_killed_run_leaves_no_
         first.wait()
     line = _one_error_line(run_train(*args[:-1], "train.max_steps=2", "train.resume=never", check=False), 2)
     assert "already holds a run" in line                            # refused for its history, not a stale lock
+
+
+@pytest.mark.gpu
+def test_state_is_finite_with_cuda_weights_and_cpu_step_counters():
+    """Measured on 2x H200: AdamW's CPU `step` tensors next to CUDA moments broke the check (torch.cat
+    across devices) at the first save of every GPU run."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    tensors = [torch.ones(3, device="cuda"), torch.tensor(1.0)]
+    assert bool(checkpoint.tensors_are_finite(tensors))
+    tensors[0][1] = math.inf
+    assert not bool(checkpoint.tensors_are_finite(tensors))

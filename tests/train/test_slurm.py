@@ -41,13 +41,20 @@ exec "$@"
         f.chmod(0o755)
 
 
-@pytest.mark.parametrize("script", ["single_node.sbatch", "multi_node.sbatch", "ab_array.sbatch"])
-def test_usr1_checkpoints_requeues_once_and_exits_zero(tmp_path, script):
+@pytest.fixture
+def stand_ins(tmp_path):
+    """(file recording scontrol's calls, PATH with the stand-ins and this Python's torchrun first)."""
     calls = tmp_path / "scontrol_calls"
     _stand_ins(tmp_path / "bin", calls)
     path = os.pathsep.join([str(tmp_path / "bin"), os.path.dirname(sys.executable), os.environ["PATH"]])
     if shutil.which("torchrun", path=path) is None:
         pytest.skip("torchrun is not on PATH next to this Python")
+    return calls, path
+
+
+@pytest.mark.parametrize("script", ["single_node.sbatch", "multi_node.sbatch", "ab_array.sbatch"])
+def test_usr1_checkpoints_requeues_once_and_exits_zero(tmp_path, stand_ins, script):
+    calls, path = stand_ins
     env = cli_env(SLURM_JOB_ID=777, SLURM_JOB_NODELIST="localhost", SLURM_NNODES=1, SLURM_ARRAY_TASK_ID=0,
                   NPROC_PER_NODE=1, OMP_NUM_THREADS=1, PATH=path, EXPERIMENT="slurmtest")
     out = tmp_path / "run"
@@ -68,13 +75,9 @@ def test_usr1_checkpoints_requeues_once_and_exits_zero(tmp_path, script):
     assert read_metrics(out)[-1]["step"] == int(ckpts[0].name[len("step_"):])
 
 
-def test_training_failure_is_the_job_status_and_never_requeues(tmp_path):
+def test_training_failure_is_the_job_status_and_never_requeues(tmp_path, stand_ins):
     """Without a preemption signal the step's own exit status is the job's, and nothing is requeued."""
-    calls = tmp_path / "scontrol_calls"
-    _stand_ins(tmp_path / "bin", calls)
-    path = os.pathsep.join([str(tmp_path / "bin"), os.path.dirname(sys.executable), os.environ["PATH"]])
-    if shutil.which("torchrun", path=path) is None:
-        pytest.skip("torchrun is not on PATH next to this Python")
+    calls, path = stand_ins
     env = cli_env(SLURM_JOB_ID=778, SLURM_JOB_NODELIST="localhost", NPROC_PER_NODE=1, OMP_NUM_THREADS=1,
                   PATH=path)
     proc = subprocess.run(["bash", "slurm/single_node.sbatch", "train.max_steps=-1", f"out_dir={tmp_path / 'r'}"],
