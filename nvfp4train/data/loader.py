@@ -130,7 +130,8 @@ class BlendedTrainLoader:
     # -- state -------------------------------------------------------------------------------
     def _fingerprint(self) -> dict:
         return {
-            "seed": self.seed, "seq_len": self.seq_len, "total_samples": self.total_samples,
+            # total_samples is not here: a run may be extended (see load_state_dict)
+            "seed": self.seed, "seq_len": self.seq_len,
             "phases": [{"start": str(p.start), "weights": {s: str(w) for s, w in p.weights.items()}}
                        for p in self.cfg.phases],
             "sources": {name: st.shards.fingerprint() for name, st in self.streams.items()},
@@ -165,8 +166,11 @@ class BlendedTrainLoader:
         counts = self.schedule.counts_before(consumed)
         recomputed = {name: int(n) for name, n in zip(self.source_names, counts.sum(axis=0))}
         if recomputed != state["source_samples"]:
+            # a longer or shorter run recomputes the blend phases; it continues exactly only if the samples
+            # already consumed are the same ones (always true for a blend of one phase)
             raise ValueError(f"data loader state's per-source sample counts {state['source_samples']} do not match "
-                             f"this blend's {recomputed}")
+                             f"this blend's {recomputed} at {consumed} samples (train.max_steps moves the blend "
+                             "phases; this blend cannot be extended exactly)")
         self.counts = counts
         self.step = consumed // self.global_batch_size
         self.microbatch = int(state["microbatch"])

@@ -42,7 +42,7 @@ from nvfp4train.model import HybridLM, ModelConfig, flops_per_token, param_group
 from nvfp4train.model.mfu import peak_flops
 from nvfp4train.optim import lr_at
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory, gemm_peak_kind
-from nvfp4train.train import checkpoint, rundir
+from nvfp4train.train import checkpoint, resume_policy, rundir
 from nvfp4train.train.config import ConfigError, RunConfig, resolve_micro_batch
 from nvfp4train.train.engines import build_engine
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
@@ -170,6 +170,7 @@ class Trainer:
         self.abandoned: Path | None = None  # later checkpoints set aside by a resume from an older one
         self.checkpoint_seconds: float | None = None  # how long the latest save took, until it is logged
         self.wandb_id: str | None = None
+        self.resume_notes: list[str] = []   # the changes this resume makes to the run (resume_policy)
         self.logger = MetricsLogger(cfg.out_dir, enabled=info.is_main)
         self.bar: ProgressBar | None = None
         self.log_file = _LogFile.active or _LogFile()
@@ -189,12 +190,16 @@ class Trainer:
             self.resumed_from = Path(t.resume)
         if self.resumed_from is None:
             return
+        self.resume_notes = resume_policy.check(self._resumed_run_config(), self.cfg.to_dict(), self.resumed_from)
         meta, state = checkpoint.load(self.resumed_from, self.engine, self.info.rank, self.cfg.model)
         self.step = self.start_step = int(meta["step"])
         if t.resume != "auto":  # an older checkpoint starts a new timeline from its step
             self.abandoned = self._on_main(lambda: rundir.abandon_later(self.ckpt_root, self.start_step))
         self.wandb_id = meta.get("wandb_id")
-        self.loader.load_state_dict(state["loader"])
+        try:
+            self.loader.load_state_dict(state["loader"])
+        except ValueError as e:
+            raise checkpoint.CheckpointError(f"{self.resumed_from}: {e}") from None
         self.controller.load_state_dict(state["precision"])
         self.guard.load_state_dict(state["guard"])
         self.spikes.load_state_dict(state["spikes"])
@@ -202,11 +207,24 @@ class Trainer:
         if self.info.device.type == "cuda" and "rng_cuda" in state:
             torch.cuda.set_rng_state(state["rng_cuda"])
 
+    def _resumed_run_config(self) -> dict:
+        """The config of the run being resumed: from the checkpoint's meta.json, or (checkpoints written
+        before it was stored there) the config.yaml of the out_dir the checkpoint lives in."""
+        meta = checkpoint.read_meta(self.resumed_from)
+        if isinstance(meta.get("run_config"), dict):
+            return meta["run_config"]
+        saved = self.resumed_from.parent.parent / "config.yaml"
+        return OmegaConf.to_container(OmegaConf.load(saved)) if saved.is_file() else self.cfg.to_dict()
+
     def open_outputs(self) -> None:
-        """config.yaml, metrics.jsonl (cut back to the resumed step), W&B, progress bar and banner."""
+        """config.yaml (the previous one kept as config.step_<N>.yaml when a resume changes it),
+        metrics.jsonl (cut back to the resumed step), W&B, progress bar and banner."""
         cfg, t, info = self.cfg, self.cfg.train, self.info
         if info.is_main:
-            (cfg.out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg.to_dict()))
+            path, text = cfg.out_dir / "config.yaml", OmegaConf.to_yaml(cfg.to_dict())
+            if self.resumed_from is not None and path.is_file() and path.read_text() != text:
+                path.rename(cfg.out_dir / f"config.step_{self.start_step:08d}.yaml")
+            path.write_text(text)
             self.log_file.open(cfg.out_dir / "train.log")
         self.logger.open(resume_step=self.start_step if self.resumed_from is not None else None,
                          dropped_to=self.abandoned / "metrics.jsonl" if self.abandoned else None)
@@ -221,6 +239,8 @@ class Trainer:
                            f"{cfg.precision.get('name', '?')} ({self.controller.backend_name}) | {parallel} "
                            f"x{info.world_size} on {info.device.type} | {t.max_steps} steps x "
                            f"{self.tokens_per_step} tokens | {where}")
+            for note in self.resume_notes:
+                self.bar.write(note)
             if self.abandoned:
                 self.bar.write(f"checkpoints after step {self.start_step} and their metrics moved to "
                                f"{self.abandoned} (a new timeline starts at step {self.start_step})")
@@ -315,7 +335,7 @@ class Trainer:
         if self.info.device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state()
         meta = {"model_config": self.cfg.model, "tokens": self.step * self.tokens_per_step,
-                "wandb_id": self.wandb_id, "experiment": self.cfg.experiment}
+                "wandb_id": self.wandb_id, "experiment": self.cfg.experiment, "run_config": self.cfg.to_dict()}
         t0 = time.perf_counter()
         path = checkpoint.save(self.ckpt_root, self.step, self.engine, self.info.rank, self.info.world_size, meta,
                                state, self.cfg.train.keep_last, barrier=lambda: dist.barrier(self.info))
