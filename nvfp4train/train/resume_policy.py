@@ -16,8 +16,8 @@ NOTE, QUIET, REFUSE = "note", "quiet", "refuse"
 
 POLICY: dict[str, tuple[str, str]] = {
     # legitimate experiments: allowed, and each change gets a line in the log
-    "train.max_steps": (NOTE, "the LR schedule, precision schedule and data blend phases are recomputed for "
-                              "the new length; samples already consumed are not drawn again"),
+    "train.max_steps": (NOTE, "the LR and precision schedules are recomputed for the new length; the data "
+                              "loader refuses in one line when its blend cannot continue exactly"),
     "precision": (NOTE, "a precision switch on resume; the weights and optimizer state carry over"),
     "optim": (NOTE, "the optimizer carries its AdamW moments over; the new values apply from this step"),
     "train.micro_batch_size": (NOTE, "gradient accumulation changes; the global batch stays"),
@@ -36,7 +36,7 @@ POLICY: dict[str, tuple[str, str]] = {
     "train.seq_len": (REFUSE, "the data stream is cut into samples of seq_len tokens"),
     "train.global_batch_size": (REFUSE, "the data stream is dealt out in global batches"),
     "data": (REFUSE, "the checkpoint's data position belongs to this data config"),
-    "model": (REFUSE, "the weights belong to this model"),
+    "model": (QUIET, ""),  # refused by checkpoint.check_compatible, which names every differing key
 }
 ALLOWED = ("train.max_steps, precision, optim, train.micro_batch_size (same global batch), parallelism, "
            "logging/eval/save intervals, keep_last, device, compile, progress, wandb, out_dir")
