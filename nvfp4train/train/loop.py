@@ -27,7 +27,6 @@ import logging.handlers
 import math
 import os
 import resource
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +46,7 @@ from nvfp4train.train.config import ConfigError, RunConfig, resolve_micro_batch
 from nvfp4train.train.engines import build_engine
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
 from nvfp4train.train.metrics import MetricsLogger, ProgressBar
-from nvfp4train.train.stop import StopSignal, StoppedBeforeFirstStep
+from nvfp4train.train.stop import StopSignal
 
 
 # ----------------------------------------------------------------------------------------- build
@@ -143,18 +142,14 @@ class Trainer:
         _check_out_dir(cfg.out_dir)
         self.model_cfg, self.model, self.controller, self.loader, self.val_data = _build_model_and_data(cfg, info)
         self.lock = rundir.RunDirLock(cfg.out_dir)
-        problem = None
-        if info.is_main:
+
+        def claim_out_dir():
             try:
                 cfg.out_dir.mkdir(parents=True, exist_ok=True)
-                self.lock.acquire()   # held until the process ends: one run per out_dir
             except OSError as e:
-                problem = f"out_dir={str(cfg.out_dir)!r}: not writable ({e.strerror})"
-            except rundir.RunDirError as e:
-                problem = str(e)
-        problem = dist.broadcast_from_main(problem, info)
-        if problem:
-            raise rundir.RunDirError(problem)
+                raise rundir.RunDirError(f"out_dir={str(cfg.out_dir)!r}: not writable ({e.strerror})") from None
+            self.lock.acquire()   # held until the process ends: one run per out_dir
+        self._on_main(claim_out_dir)
 
         self.grad_accum = t.global_batch_size // (t.micro_batch_size * info.world_size)
         self.tokens_per_step = t.global_batch_size * t.seq_len

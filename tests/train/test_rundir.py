@@ -2,16 +2,21 @@
 from an older checkpoint, non-finite weights."""
 from __future__ import annotations
 
+import json
 import math
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
 
 from nvfp4train.train import checkpoint, rundir
 from nvfp4train.train.rundir import RunDirError
+from tests.conftest import REPO, cli_env, read_metrics, run_train, train_cmd
 from tests.train.test_checkpoint import make, save, train_steps
 
 
@@ -105,14 +110,12 @@ def test_disk_full_during_a_save_is_one_line_and_keeps_the_previous_checkpoint(t
     """A real write failure: the kernel's file-size limit (EFBIG) stops the save of step 4's weights;
     step 2's checkpoint, written before the limit was lowered, stays the one to resume from."""
     import resource
-    from tests.conftest import REPO, cli_env, train_cmd
 
     out = tmp_path / "run"
     args = [f"out_dir={out}", "train.save_every=2", "train.progress=false", "train.eval_sequences=2",
             "train.seq_len=64", "train.global_batch_size=4", "train.micro_batch_size=4"]
     subprocess.run(train_cmd(*args, "train.max_steps=4"), cwd=REPO, env=cli_env(), check=True,
                    capture_output=True)
-    import shutil
     shutil.rmtree(out / "checkpoints" / "step_00000004")     # as if killed after step 2's checkpoint
     size = max(p.stat().st_size for p in out.rglob("*.distcp"))
 
@@ -128,12 +131,6 @@ def test_disk_full_during_a_save_is_one_line_and_keeps_the_previous_checkpoint(t
 
 
 # ------------------------------------------------------------------------------- through the CLI
-import json  # noqa: E402
-import signal  # noqa: E402
-import shutil  # noqa: E402
-import time  # noqa: E402
-
-from tests.conftest import REPO, cli_env, read_metrics, run_train, train_cmd  # noqa: E402
 
 SMALL = ["train.progress=false", "train.eval_sequences=2", "train.seq_len=64", "train.global_batch_size=4",
          "train.micro_batch_size=4", "train.log_every=1"]
