@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import random
 import re
 import subprocess
