@@ -114,6 +114,17 @@ class _LogLines:
 
 
 @contextlib.contextmanager
+def _pin_cuda_arch_list(device: torch.device) -> None:
+    """Name this GPU's arch for DeepSpeed's JIT build of FusedAdam when the user has not.
+
+    Without TORCH_CUDA_ARCH_LIST, DeepSpeed's op builder reads torch's own arch list, which for
+    torch 2.11+cu130 holds entries like "9.0a" that it cannot parse (ValueError: invalid literal for
+    int() with base 10: '0a'); measured on 2x H200, ZeRO-1/2 trains with the variable set to "9.0"."""
+    if "TORCH_CUDA_ARCH_LIST" not in os.environ:
+        major, minor = torch.cuda.get_device_capability(device)
+        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
+
+
 def _deepspeed_output_to_log():
     """DeepSpeed prints its op builds and start-up notes (and its logger, created on import, binds stdout):
     they go to the run's log file, the terminal keeps the short banner."""
@@ -137,6 +148,8 @@ class DeepSpeedEngine:
         _ensure_rendezvous_env()
         self.info, self.guard = info, guard
         on_cpu = info.device.type == "cpu"
+        if not on_cpu:
+            _pin_cuda_arch_list(info.device)
         config = {
             "train_micro_batch_size_per_gpu": micro_batch_size,
             "gradient_accumulation_steps": grad_accum,
