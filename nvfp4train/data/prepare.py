@@ -147,8 +147,8 @@ def iter_documents(spec, *, text_field: str = "text", fmt: str | None = None, ke
             yield from _iter_file(path, _format_of(path, fmt), text_field, key)
         except (OSError, EOFError, UnicodeDecodeError, zlib.error) as err:  # garbage, truncated, not UTF-8
             why = " ".join(str(err).split()) or type(err).__name__
-            raise ValueError(f"{path}: unreadable ({why}); {key} must name readable "
-                             f"{'gzip-compressed ' if path.name.endswith('.gz') else ''}text files") from None
+            raise ValueError(f"{path}: unreadable ({why}); {key} must name readable UTF-8 "
+                             f"{'files compressed with gzip' if path.name.endswith('.gz') else 'files'}") from None
 
 
 def _iter_file(path: Path, kind: str, text_field: str, key: str):
