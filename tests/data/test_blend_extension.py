@@ -74,3 +74,19 @@ def test_a_state_without_phase_starts_is_extended_only_where_history_is_unchange
     make(corpus, 160).load_state_dict(early)
     with pytest.raises(ValueError, match="resume with the original max_steps"):
         make(corpus, 160).load_state_dict(late)
+
+
+def test_cli_extends_a_finished_run_past_its_phase_boundaries(tmp_path):
+    """Through the trainer: the checkpoint carries the phase starts, a longer max_steps continues."""
+    from tests.conftest import read_metrics, run_train
+
+    out = tmp_path / "run"
+    args = [f"out_dir={out}", "train.progress=false", "train.eval_sequences=2", "train.seq_len=32",
+            "train.global_batch_size=4", "train.log_every=1"]
+    run_train(*args, "train.max_steps=5")          # phases start at samples 14 and 18: in steps 4 and 5
+    first = read_metrics(out)
+    proc = run_train(*args, "train.max_steps=7")
+    assert "resume changes train.max_steps: 5 -> 7" in proc.stdout
+    records = read_metrics(out)
+    assert records[:len(first)] == first and [r["step"] for r in records[len(first):]] == [6, 7]
+    assert {r["data/phase"] for r in records[len(first):]} == {2}   # the last phase runs on
