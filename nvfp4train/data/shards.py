@@ -59,9 +59,9 @@ def _check_fields(path: Path, where: str, node, fields: dict) -> None:
     if not isinstance(node, dict):
         raise ValueError(f"{path}: {where.rstrip('.')} is not a JSON object; prepare the shards again")
     for name, kind in fields.items():
-        value = node.get(name)
         if name not in node:
             raise ValueError(f"{path}: field {where}{name} missing; prepare the shards again")
+        value = node[name]
         if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
             expected = {str: "a string", int: "an integer >= 0", list: "a list"}[kind]
             raise ValueError(f"{path}: field {where}{name} is {value!r}, expected {expected}; prepare the shards again")

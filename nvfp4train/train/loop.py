@@ -106,8 +106,8 @@ def _build_model(model_cfg: ModelConfig, build, device: torch.device):
         raise ConfigError(f"{need}; this machine has {host / 1e9:,.1f} GB of memory: choose a smaller model")
     try:
         return build().to(device)
-    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as e:
-        if not isinstance(e, (torch.OutOfMemoryError, MemoryError)) and "can't allocate memory" not in str(e):
+    except (MemoryError, RuntimeError) as e:  # CUDA's OutOfMemoryError and the CPU allocator's are RuntimeErrors
+        if not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and "can't allocate memory" not in str(e):
             raise
         raise ConfigError(f"{need}; they could not be allocated on {device.type}: choose a smaller model") from None
 
