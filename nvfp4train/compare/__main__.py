@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from nvfp4train.compare import analysis, report
-from nvfp4train.compare.runs import WANDB_PREFIX, check_comparable, group_runs, load_run, markers
+from nvfp4train.compare.runs import WANDB_PREFIX, check_comparable, group_runs, import_wandb, load_run, markers
 from nvfp4train.eval.weights import RunError
 
 
@@ -44,6 +44,8 @@ def parse_args(argv):
 def run(args) -> dict:
     if not 0 <= args.smooth < 1:
         raise RunError(f"--smooth {args.smooth}: expected a fraction of the token budget in [0, 1)")
+    if args.wandb:
+        import_wandb("--wandb")  # before anything is read or written
     def identity(source: str) -> str:  # runs/a and runs/a/ name the same run
         return source if source.startswith(WANDB_PREFIX) else str(Path(source).resolve())
 

@@ -65,14 +65,23 @@ def load_local(path: Path) -> Run:
     return Run(name=path.resolve().name, source=str(path), config=config, records=records, eval=evaluation)
 
 
+def import_wandb(what: str):
+    """The wandb module, or one line naming the extra that brings it."""
+    try:
+        import wandb
+    except ImportError:
+        raise RunError(f"{what} needs the wandb package: pip install 'nvfp4train[wandb]'") from None
+    return wandb
+
+
 def load_wandb(spec: str) -> Run:
     """`wandb:ENTITY/PROJECT/RUN_ID` through the W&B public API (needs an API key and the network)."""
     run_path = spec[len(WANDB_PREFIX):]
     if run_path.count("/") != 2 or not all(run_path.split("/")):
         raise RunError(f"{spec}: expected wandb:ENTITY/PROJECT/RUN_ID")
+    wandb = import_wandb(f"{spec}: reading a W&B run")
     if not (os.environ.get("WANDB_API_KEY") or (Path.home() / ".netrc").is_file()):
         raise RunError(f"{spec}: reading W&B runs needs an API key (set WANDB_API_KEY or run `wandb login`)")
-    import wandb
 
     try:
         remote = wandb.Api().run(run_path)

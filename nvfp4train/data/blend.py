@@ -10,6 +10,13 @@ x_j = frac(u_p + j / golden_ratio), computed exactly in 64-bit integer arithmeti
 has low discrepancy: after n samples every source's count is within a few samples of weight * n (far
 tighter than independent random draws, whose error grows like sqrt(n)), while consecutive samples
 still alternate between sources irregularly. No state is needed to know the source of sample i.
+
+A run extended on resume (a larger train.max_steps, so a larger total_samples) must not change the
+source of any sample already drawn, so `replan_starts` decides where the phases start from then on:
+a phase the run has already reached keeps the start it had (its samples are history); a phase still
+ahead starts at its fraction of the new total, but not before the resumed position. Extending a run
+inside phase 0 therefore stretches the whole plan; extending a finished run continues in its last phase.
+The phase starts travel in the loader's state, so every later resume applies the same rule.
 """
 from __future__ import annotations
 
@@ -23,12 +30,15 @@ _CHUNK = 1 << 20
 
 
 class BlendSchedule:
-    def __init__(self, phases, source_names: list[str], total_samples: int, seed: int):
+    def __init__(self, phases, source_names: list[str], total_samples: int, seed: int, phase_starts=None):
+        """phase_starts: the first global sample of each phase (default: each phase's start fraction of
+        total_samples; a resumed run passes `replan_starts`'s)."""
         self.source_names = list(source_names)
         self.total_samples = int(total_samples)
         col = {name: i for i, name in enumerate(self.source_names)}
-        # Fraction arithmetic keeps the boundaries exact (0.7 * 1000 samples is sample 700, not 699).
-        self.phase_starts = np.array([math.ceil(p.start * self.total_samples) for p in phases], dtype=np.int64)
+        if phase_starts is None:
+            phase_starts = planned_starts(phases, self.total_samples)
+        self.phase_starts = np.array(phase_starts, dtype=np.int64)
         rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xB1E4D]))
         self.offsets = [np.uint64(rng.integers(0, _TWO64, dtype=np.uint64)) for _ in phases]
         self.thresholds, self.columns = [], []
@@ -68,3 +78,17 @@ class BlendSchedule:
             flat = self.phase_of(index) * counts.shape[1] + self.sources_of(index)
             counts += np.bincount(flat, minlength=counts.size).reshape(counts.shape)
         return counts
+
+
+def planned_starts(phases, total_samples: int) -> list[int]:
+    """Each phase's first global sample: its start fraction of the run's samples."""
+    # Fraction arithmetic keeps the boundaries exact (0.7 * 1000 samples is sample 700, not 699).
+    return [math.ceil(p.start * int(total_samples)) for p in phases]
+
+
+def replan_starts(saved_starts: list[int], phases, total_samples: int, consumed: int) -> list[int]:
+    """The phase starts of a run resumed after `consumed` samples with a new `total_samples`: a phase
+    already reached (saved start <= consumed) keeps its start, a later one moves to its fraction of the
+    new total, not before `consumed`. The sources of samples [0, consumed) do not change."""
+    return [saved if saved <= consumed else max(int(consumed), new)
+            for saved, new in zip(saved_starts, planned_starts(phases, total_samples))]

@@ -21,7 +21,7 @@ import zlib
 import numpy as np
 import torch
 
-from .blend import BlendSchedule
+from .blend import BlendSchedule, replan_starts
 from .config import DataConfig, parse_data_config
 from .prepare import prepare_all
 from .shards import TokenShards
@@ -144,6 +144,7 @@ class BlendedTrainLoader:
             "global_batch_size": self.global_batch_size, "micro_batch_size": self.micro_batch_size,
             "world_size": self.world_size,
             "source_samples": {name: int(n) for name, n in zip(self.source_names, self.counts.sum(axis=0))},
+            "phase_starts": [int(s) for s in self.schedule.phase_starts],
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -163,14 +164,26 @@ class BlendedTrainLoader:
         if consumed % self.global_batch_size:
             raise ValueError(f"data loader state has consumed {consumed} samples, not a multiple of "
                              f"global_batch_size={self.global_batch_size}: cannot continue at a step boundary")
+        saved_starts = state.get("phase_starts")  # absent in states written before runs could be extended
+        if saved_starts is not None:
+            if (not isinstance(saved_starts, list) or len(saved_starts) != self.schedule.num_phases
+                    or not all(isinstance(s, int) for s in saved_starts)):
+                raise ValueError(f"data loader state's phase_starts {saved_starts!r} are not {self.schedule.num_phases} "
+                                 "sample indices")
+            starts = replan_starts(saved_starts, self.cfg.phases, self.total_samples, consumed)
+            if starts != [int(s) for s in self.schedule.phase_starts]:  # the run was extended or shortened
+                log.info("data blend phases start at global samples %s (phases already reached keep their start)",
+                         starts)
+                self.schedule = BlendSchedule(self.cfg.phases, self.source_names, self.total_samples, self.seed,
+                                              phase_starts=starts)
         counts = self.schedule.counts_before(consumed)
         recomputed = {name: int(n) for name, n in zip(self.source_names, counts.sum(axis=0))}
         if recomputed != state["source_samples"]:
-            # a longer or shorter run recomputes the blend phases; it continues exactly only if the samples
-            # already consumed are the same ones (always true for a blend of one phase)
+            # a state without phase_starts, from a run of another length: it continues exactly only if the
+            # samples already consumed are the same ones (always true for a blend of one phase)
             raise ValueError(f"data loader state's per-source sample counts {state['source_samples']} do not match "
-                             f"this blend's {recomputed} at {consumed} samples (train.max_steps moves the blend "
-                             "phases; this blend cannot be extended exactly)")
+                             f"this blend's {recomputed} at {consumed} samples (the state predates extensible "
+                             "runs and train.max_steps moves its blend phases: resume with the original max_steps)")
         self.counts = counts
         self.step = consumed // self.global_batch_size
         self.microbatch = int(state["microbatch"])

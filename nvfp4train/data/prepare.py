@@ -24,6 +24,7 @@ import json
 import multiprocessing as mp
 import os
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -142,31 +143,40 @@ def iter_documents(spec, *, text_field: str = "text", fmt: str | None = None, ke
         yield from _iter_hf_documents(spec, text_field, key)
         return
     for path in expand_inputs(spec, key):
-        kind = _format_of(path, fmt)
-        opener = gzip.open if path.name.endswith(".gz") else open
-        if kind == "txt":
-            with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-                yield f.read()
-        elif kind in ("jsonl", "json"):
-            with opener(path, "rt", encoding="utf-8") as f:
-                for line_no, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                        text = row[text_field]
-                    except json.JSONDecodeError as err:
-                        raise ValueError(f"{path}:{line_no}: not a JSON line ({err})") from None
-                    except (KeyError, TypeError):
-                        raise ValueError(f"{path}:{line_no}: no {text_field!r} field (set text_field)") from None
-                    if not isinstance(text, str):
-                        raise ValueError(f"{path}:{line_no}: field {text_field!r} is not a string")
-                    yield text
-        elif kind == "parquet":
-            pq = _needs("pyarrow.parquet", key, f"parquet input {path}")
+        try:
+            yield from _iter_file(path, _format_of(path, fmt), text_field, key)
+        except (OSError, EOFError, UnicodeDecodeError, zlib.error) as err:  # garbage, truncated, not UTF-8
+            why = " ".join(str(err).split()) or type(err).__name__
+            raise ValueError(f"{path}: unreadable ({why}); {key} must name readable UTF-8 "
+                             f"{'files compressed with gzip' if path.name.endswith('.gz') else 'files'}") from None
 
-            table = pq.read_table(path, columns=[text_field])
-            yield from table.column(text_field).to_pylist()
+
+def _iter_file(path: Path, kind: str, text_field: str, key: str):
+    """The documents of one input file, in file order."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    if kind == "txt":
+        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+            yield f.read()
+    elif kind in ("jsonl", "json"):
+        with opener(path, "rt", encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    text = row[text_field]
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{line_no}: not a JSON line ({err})") from None
+                except (KeyError, TypeError):
+                    raise ValueError(f"{path}:{line_no}: no {text_field!r} field (set text_field)") from None
+                if not isinstance(text, str):
+                    raise ValueError(f"{path}:{line_no}: field {text_field!r} is not a string")
+                yield text
+    elif kind == "parquet":
+        pq = _needs("pyarrow.parquet", key, f"parquet input {path}")
+
+        table = pq.read_table(path, columns=[text_field])
+        yield from table.column(text_field).to_pylist()
 
 
 def _describe_files(files: list[Path], root: Path | None = None) -> list[dict]:
@@ -362,9 +372,13 @@ def prepare_all(data_cfg, *, num_proc: int | None = None, progress: bool | None 
                 key = f"data.sources.{name}.{split}"
                 fingerprint = inputs_fingerprint(raw, src.text_field, src.format, key)
                 out = _cache_split_dir(cfg, tok.identity, name, split, fingerprint)
-                prepare_split(raw, out, tokenizer=cfg.tokenizer, text_field=src.text_field, fmt=src.format,
-                              num_proc=num_proc or cfg.num_proc, docs_per_shard=cfg.docs_per_shard,
-                              key=key, progress=progress, fingerprint=fingerprint)
+                try:
+                    prepare_split(raw, out, tokenizer=cfg.tokenizer, text_field=src.text_field, fmt=src.format,
+                                  num_proc=num_proc or cfg.num_proc, docs_per_shard=cfg.docs_per_shard,
+                                  key=key, progress=progress, fingerprint=fingerprint)
+                except OSError as e:  # the inputs were read above (fingerprint): this is the cache's side
+                    raise ValueError(f"data.cache_dir={str(cfg.cache_dir)!r}: cannot write the token shards of {key} "
+                                     f"there ({e.strerror or e}: {e.filename}); choose a writable directory") from None
                 dirs[f"{name}/{split}"] = out
     return dirs
 

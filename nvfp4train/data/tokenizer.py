@@ -28,7 +28,11 @@ class HFTokenizer:
         from tokenizers import Tokenizer
 
         self.path = path
-        self._tok = Tokenizer.from_file(str(path))
+        try:
+            self._tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # the Rust library raises a bare Exception for garbage or truncated JSON
+            raise ValueError(f"tokenizer file {path} is unreadable ({' '.join(str(e).split())[:200]}); "
+                             "data.tokenizer must name a `tokenizers` JSON file") from None
         eos = self._tok.token_to_id(EOS_TOKEN)
         if eos is None:
             raise ValueError(f"tokenizer {path} has no {EOS_TOKEN!r} token; the data pipeline needs it as EOS")
@@ -54,7 +58,11 @@ class TiktokenGPT2:
         import tiktoken
         from tiktoken.load import load_tiktoken_bpe
 
-        ranks = load_tiktoken_bpe(str(path))
+        try:
+            ranks = load_tiktoken_bpe(str(path))
+        except Exception as e:  # garbage or truncated: base64 or int parsing fails somewhere in the file
+            raise ValueError(f"tokenizer file {path} is unreadable ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:200]}); it must be a .tiktoken ranks file") from None
         self._enc = tiktoken.Encoding(name="gpt2_local", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
                                       special_tokens={EOS_TOKEN: len(ranks)})
         self.path = path

@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from nvfp4train.schema import ConfigError
+
 PARALLEL_MODES = ("ddp", "fsdp2", "deepspeed")
 
 
@@ -56,13 +58,14 @@ def init_distributed(device: str = "auto") -> DistInfo:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError("train.device=cuda but no CUDA GPU is visible; use train.device=cpu or auto")
+            raise ConfigError("train.device=cuda: no CUDA GPU is visible (torch.cuda.is_available() is False); "
+                              "use train.device=cpu or auto")
         torch.cuda.set_device(local_rank)
         dev = torch.device("cuda", local_rank)
     elif device == "cpu":
         dev = torch.device("cpu")
     else:
-        raise ValueError(f"train.device={device!r}: allowed auto, cpu, cuda")
+        raise ConfigError(f"train.device={device!r}: allowed auto, cpu, cuda")
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo",
                                 rank=rank, world_size=world_size, device_id=dev if dev.type == "cuda" else None)
@@ -72,7 +75,7 @@ def init_distributed(device: str = "auto") -> DistInfo:
 def wrap_model(model: nn.Module, mode: str, info: DistInfo) -> nn.Module:
     """Wrap for data parallelism. World size 1 runs the bare model (DeepSpeed wraps in its own engine)."""
     if mode not in PARALLEL_MODES:
-        raise ValueError(f"train.parallel={mode!r}: allowed {', '.join(PARALLEL_MODES)}")
+        raise ConfigError(f"train.parallel={mode!r}: allowed {', '.join(PARALLEL_MODES)}")
     if info.world_size == 1 or mode == "deepspeed":
         return model
     if mode == "ddp":

@@ -20,6 +20,8 @@ from typing import Any, Mapping
 
 import torch
 
+from nvfp4train.schema import ConfigError
+
 from . import te_backend
 from .hardware import cuda_capability
 from .operands import Quantized, operand_format, pad2d, round_up
@@ -72,7 +74,7 @@ class ScaledMMBackend(EmulatedBackend):
 
     def unsupported(self, policy):
         if policy.format != "fp8_tensorwise":
-            return (f"scaled_mm runs the fp8_tensorwise policy only (format={policy.format!r}: blockwise FP8 "
+            return (f"scaled_mm runs the fp8_tensorwise policy only (format={str(policy.format)!r}: blockwise FP8 "
                     "scale layouts of torch._scaled_mm are not wired up; NVFP4/MXFP4 GEMMs need sm_100)")
         cap = cuda_capability()
         if cap is None:
@@ -117,7 +119,7 @@ def get_backend(backend: Backend | str) -> Backend:
 
 
 def resolve_backend(policy: PrecisionPolicy) -> tuple[Backend, str]:
-    """(backend, reason). Raises ValueError when an explicitly requested backend cannot run."""
+    """(backend, reason). Raises ConfigError (a ValueError) when an explicitly requested backend cannot run."""
     requested = policy.backend
     if policy.format == "bf16":
         # Every linear is plain F.linear: nothing to choose.
@@ -126,7 +128,7 @@ def resolve_backend(policy: PrecisionPolicy) -> tuple[Backend, str]:
         backend = BACKENDS[requested]
         why = backend.unsupported(policy)
         if why:
-            raise ValueError(f"precision.backend={str(requested)!r} cannot run here: {why}. Use backend: emulated or auto")
+            raise ConfigError(f"precision.backend={str(requested)!r} cannot run here: {why}. Use backend: emulated or auto")
         return backend, "requested"
     reasons = []
     for backend in (TE, SCALED_MM):

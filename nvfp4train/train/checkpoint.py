@@ -168,14 +168,37 @@ def prune(ckpt_root: Path, keep_last: int, newest: int) -> None:
         shutil.rmtree(doomed, ignore_errors=True)
 
 
+# What every meta.json holds (save() writes more: the run's config, the W&B id, the optimizer's groups).
+META_FIELDS = {"step": int, "world_size": int, "model_config": dict}
+# What every rank file holds (the trainer's save() writes it): the state each part restores from.
+RANK_FIELDS = {"loader": dict, "precision": dict, "guard": dict, "spikes": dict, "rng_cpu": torch.Tensor}
+
+
 def read_meta(ckpt: Path) -> dict:
     path = ckpt / META
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{ckpt}: not a checkpoint ({META} missing)") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: unreadable ({e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: unreadable ({e}); not loaded") from None
+    _check_fields(path, meta, META_FIELDS)
+    if meta["step"] < 0 or meta["world_size"] < 1:
+        raise CheckpointError(f"{path}: step={meta['step']}, world_size={meta['world_size']} are not a checkpoint's; "
+                              "not loaded")
+    return meta
+
+
+def _check_fields(path: Path, node, fields: dict) -> None:
+    """One line for a file that parsed but is not what save() writes (hand-edited, foreign, damaged)."""
+    if not isinstance(node, dict):
+        raise CheckpointError(f"{path}: holds a {type(node).__name__}, not a mapping; not loaded")
+    for name, kind in fields.items():
+        if name not in node:
+            raise CheckpointError(f"{path}: field {name!r} missing; not loaded")
+        if not isinstance(node[name], kind) or isinstance(node[name], bool):
+            raise CheckpointError(f"{path}: field {name!r} is a {type(node[name]).__name__}, expected "
+                                  f"{kind.__name__}; not loaded")
 
 
 def check_compatible(ckpt: Path, meta: dict, model_config: dict) -> None:
@@ -192,12 +215,19 @@ def load(ckpt: Path, engine, rank: int, model_config: dict) -> tuple[dict, dict]
     """Restore the engine's model and optimizer in place; return (meta, this rank's trainer state)."""
     meta = read_meta(ckpt)
     check_compatible(ckpt, meta, model_config)
+    world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    if meta["world_size"] != world_size:  # decided from meta.json alike on every rank, before any collective
+        raise CheckpointError(f"{ckpt} was written by {meta['world_size']} rank(s), this run has {world_size}: "
+                              "exact resume (per-rank RNG and data position) needs the same world size")
     rank_file = ckpt / f"rank_{rank:05d}.pt"
     if not rank_file.is_file():
-        raise CheckpointError(f"{rank_file} missing: the checkpoint was written by {meta.get('world_size')} "
-                              f"ranks; exact resume needs the same world size")
+        raise CheckpointError(f"{rank_file} missing: the checkpoint is incomplete")
+    trainer_state = load_weights_only(rank_file)  # checked before the weights are read
+    _check_fields(rank_file, trainer_state, RANK_FIELDS)
+    rng = trainer_state["rng_cpu"]
+    if rng.dtype != torch.uint8 or rng.shape != torch.get_rng_state().shape:
+        raise CheckpointError(f"{rank_file}: rng_cpu is not a CPU generator state; not loaded")
     engine.load(ckpt, meta)
-    trainer_state = load_weights_only(rank_file)
     return meta, trainer_state
 
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from nvfp4train import dist
 from nvfp4train.optim import OptimConfig, build_optimizer
+from nvfp4train.schema import ConfigError
 from nvfp4train.train import checkpoint
 from nvfp4train.train.guards import NonFiniteGuard
 
@@ -132,6 +133,18 @@ def _deepspeed_output_to_log():
         yield
 
 
+def import_deepspeed():
+    """The deepspeed module, or one line saying how to get it (its import fails on a broken install too)."""
+    try:
+        with _deepspeed_output_to_log():
+            import deepspeed
+    except Exception as e:
+        why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        raise ConfigError(f"train.parallel=deepspeed: deepspeed cannot be imported ({why}); "
+                          "pip install 'nvfp4train[deepspeed]'") from None
+    return deepspeed
+
+
 class DeepSpeedEngine:
     """DeepSpeed ZeRO-1/2 with BF16 weights and DeepSpeed's FP32 master copies and Adam moments.
 
@@ -142,9 +155,7 @@ class DeepSpeedEngine:
 
     def __init__(self, model: nn.Module, groups, optim_cfg: OptimConfig, zero_stage: int, grad_accum: int,
                  micro_batch_size: int, info: dist.DistInfo, guard: NonFiniteGuard):
-        with _deepspeed_output_to_log():
-            import deepspeed
-
+        deepspeed = import_deepspeed()
         _ensure_rendezvous_env()
         self.info, self.guard = info, guard
         on_cpu = info.device.type == "cpu"
@@ -239,4 +250,4 @@ def build_engine(model, groups, optim_cfg, train_cfg, info, guard, grad_accum):
     return TorchEngine(model, groups, optim_cfg, train_cfg.parallel, info, guard, compile=train_cfg.compile)
 
 
-__all__ = ["TorchEngine", "DeepSpeedEngine", "build_engine"]
+__all__ = ["TorchEngine", "DeepSpeedEngine", "build_engine", "import_deepspeed"]

@@ -39,11 +39,12 @@ from nvfp4train import dist
 from nvfp4train.data import build_train_loader, build_val_data
 from nvfp4train.model import HybridLM, ModelConfig, flops_per_token, param_groups
 from nvfp4train.model.mfu import peak_flops
+from nvfp4train.model.ssd import triton_ssd_available
 from nvfp4train.optim import lr_at
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory, gemm_peak_kind
 from nvfp4train.train import checkpoint, resume_policy, rundir
 from nvfp4train.train.config import ConfigError, RunConfig, resolve_micro_batch
-from nvfp4train.train.engines import build_engine
+from nvfp4train.train.engines import build_engine, import_deepspeed
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
 from nvfp4train.train.metrics import MetricsLogger, ProgressBar
 from nvfp4train.train.stop import StopSignal
@@ -84,9 +85,31 @@ def _build_model_and_data(cfg: RunConfig, info: dist.DistInfo):
 
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     factory = build_linear_factory(policy, n_blocks=len(model_cfg.pattern), seed=cfg.seed)
-    model = HybridLM(model_cfg, linear_factory=factory).to(info.device)
+    model = _build_model(model_cfg, lambda: HybridLM(model_cfg, linear_factory=factory), info.device)
     controller = PrecisionController(policy, model)
     return model_cfg, model, controller, loader, val_data
+
+
+def _build_model(model_cfg: ModelConfig, build, device: torch.device):
+    """build() on `device`, refusing in one line what cannot run there: the Triton SSD off CUDA, and a
+    model whose FP32 weights (built in host memory first) do not fit: counted on the meta device, and
+    an allocation that fails anyway is caught."""
+    if model_cfg.ssd_backend == "triton" and (device.type != "cuda" or not triton_ssd_available()):
+        raise ConfigError(f"model.ssd_backend=triton needs a CUDA GPU and mamba-ssm's Triton kernels (device "
+                          f"{device.type}); use model.ssd_backend=auto or torch")
+    with torch.device("meta"):
+        n_params = sum(p.numel() for p in build().parameters())
+    need = (f"model {model_cfg.name}: {n_params:,} parameters need {4 * n_params / 1e9:,.1f} GB for the "
+            "FP32 weights alone (about 4x that to train: gradients and AdamW moments)")
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if 4 * n_params > host:
+        raise ConfigError(f"{need}; this machine has {host / 1e9:,.1f} GB of memory: choose a smaller model")
+    try:
+        return build().to(device)
+    except (MemoryError, RuntimeError) as e:  # CUDA's OutOfMemoryError and the CPU allocator's are RuntimeErrors
+        if not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and "can't allocate memory" not in str(e):
+            raise
+        raise ConfigError(f"{need}; they could not be allocated on {device.type}: choose a smaller model") from None
 
 
 def mfu_peak(cfg: RunConfig, controller: PrecisionController, info: dist.DistInfo) -> tuple[float, str] | None:
@@ -140,6 +163,8 @@ class Trainer:
         cfg = dataclasses.replace(cfg, train=resolve_micro_batch(cfg.train, info.world_size))
         self.cfg, t = cfg, cfg.train
         _check_out_dir(cfg.out_dir)
+        if t.parallel == "deepspeed":
+            import_deepspeed()  # before out_dir exists: a missing DeepSpeed is a refusal, not a half-made run
         self.model_cfg, self.model, self.controller, self.loader, self.val_data = _build_model_and_data(cfg, info)
         self.lock = rundir.RunDirLock(cfg.out_dir)
 

@@ -16,8 +16,8 @@ NOTE, QUIET, REFUSE = "note", "quiet", "refuse"
 
 POLICY: dict[str, tuple[str, str]] = {
     # legitimate experiments: allowed, and each change gets a line in the log
-    "train.max_steps": (NOTE, "the LR and precision schedules are recomputed for the new length; the data "
-                              "loader refuses in one line when its blend cannot continue exactly"),
+    "train.max_steps": (NOTE, "the LR and precision schedules are recomputed for the new length; blend phases "
+                              "already reached keep their start, later ones move to their fraction of it"),
     "precision": (NOTE, "a precision switch on resume; the weights and optimizer state carry over"),
     "optim": (NOTE, "the optimizer carries its AdamW moments over; the new values apply from this step"),
     "train.micro_batch_size": (NOTE, "gradient accumulation changes; the global batch stays"),

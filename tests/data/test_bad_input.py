@@ -1,6 +1,7 @@
 """Every bad input gets one clear error naming the key or file, before any training step."""
 import copy
 import json
+import os
 
 import numpy as np
 import pytest
@@ -129,3 +130,88 @@ def test_corrupt_shard_is_caught_by_checksums(prepared):
 def test_missing_manifest_names_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="manifest.json"):
         TokenShards(tmp_path)
+
+
+# ------------------------------------------------------------------- damaged files, unusable cache_dir
+def _gz(path, text: str) -> bytes:
+    import gzip
+
+    data = gzip.compress(text.encode())
+    path.write_bytes(data)
+    return data
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "not_utf8"])
+def test_damaged_gz_input_names_the_file(corpus, tmp_path, damage):
+    good = "".join(json.dumps({"text": f"doc {i} " * 20}) + "\n" for i in range(200))
+    bad = tmp_path / "lower.train.jsonl.gz"
+    data = _gz(bad, good)
+    if damage == "garbage":                        # a download that saved an error page under the name
+        bad.write_bytes(b"<html>502 Bad Gateway</html>" * 10)
+    elif damage == "truncated":                    # a copy killed part-way
+        bad.write_bytes(data[: len(data) // 2])
+    else:
+        import gzip
+        bad.write_bytes(gzip.compress(b'{"text": "\xff\xfe latin-1 bytes"}\n'))
+    corpus["sources"]["lower"]["train"] = str(bad)
+    with pytest.raises(ValueError, match=r"lower.train.jsonl.gz: unreadable \(.*\); data.sources.lower.train must"):
+        build(corpus)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_damaged_tokenizer_file_names_the_file(corpus, tmp_path, damage):
+    from nvfp4train.data.paths import resolve_path
+
+    text = resolve_path("data/tokenizer/bpe8k.json").read_bytes()
+    bad = tmp_path / "tok.json"
+    bad.write_bytes(text[: len(text) // 3] if damage == "truncated" else b"\x00\x9f garbage")
+    corpus["tokenizer"] = str(bad)
+    with pytest.raises(ValueError, match=r"tokenizer file .*tok.json is unreadable"):
+        build(corpus)
+
+
+def test_cache_dir_that_is_a_file_is_named(corpus, tmp_path):
+    (tmp_path / "cache").write_text("not a directory")
+    with pytest.raises(ValueError, match=r"data.cache_dir=.*cache': cannot write the token shards of "
+                                         r"data.sources.lower.train there"):
+        build(corpus)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
+def test_read_only_cache_dir_is_named(corpus, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(0o555)
+    try:
+        with pytest.raises(ValueError, match=r"data.cache_dir=.*cannot write the token shards.*Permission denied"):
+            build(corpus)
+    finally:
+        cache.chmod(0o755)
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda m: m.pop("dtype"), "field dtype missing"),
+    (lambda m: m.pop("vocab_size"), "field vocab_size missing"),
+    (lambda m: m["shards"][0].pop("n_tokens"), r"field shards\[0\].n_tokens missing"),
+    (lambda m: m["shards"][0].update(n_docs="many"), r"field shards\[0\].n_docs is 'many', expected an integer"),
+    (lambda m: m.update(shards={}), "field shards is {}, expected a list"),
+])
+def test_manifest_missing_fields_names_the_field(prepared, edit, field):
+    corpus, out = prepared
+    manifest = json.loads((out / "manifest.json").read_text())
+    edit(manifest)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=rf"manifest.json: {field}"):
+        build(corpus)
+
+
+def test_shard_corrupted_at_the_same_size_is_caught_by_the_vocab_check(prepared):
+    """A flipped high bit leaves the size intact; the id past the vocab would index past the embedding."""
+    corpus, out = prepared
+    shard = out / "shard_00000.bin"
+    tokens = np.fromfile(shard, dtype="<u2")
+    tokens[10] |= 0x8000                            # 8192-token vocab: any id >= 32768 is out of range
+    tokens.tofile(shard)
+    with pytest.raises(ValueError, match=r"corrupt shard .*shard_00000.bin: token id \d+ >= the tokenizer's "
+                                         r"vocab size 8192"):
+        build(corpus)

@@ -48,10 +48,14 @@ def train_steps(model, engine, n, seed=1):
         engine.optimizer.zero_grad()
 
 
+def rank_state(step):
+    """A rank file's trainer state as the trainer writes it (checkpoint.RANK_FIELDS)."""
+    return {"loader": {"consumed": step}, "precision": {}, "guard": {}, "spikes": {}, "rng_cpu": torch.get_rng_state()}
+
+
 def save(root, step, model, engine, keep_last=3, state=None):
     return checkpoint.save(root, step, engine, rank=0, world_size=1, meta={"model_config": MODEL_CFG},
-                           trainer_state=state or {"loader": {"consumed": step}}, keep_last=keep_last,
-                           barrier=lambda: None)
+                           trainer_state=state or rank_state(step), keep_last=keep_last, barrier=lambda: None)
 
 
 def load(path, engine, model_config=MODEL_CFG):
@@ -61,7 +65,7 @@ def load(path, engine, model_config=MODEL_CFG):
 def test_roundtrip_restores_weights_and_optimizer_exactly(tmp_path):
     model, opt = make()
     train_steps(model, opt, 3)
-    path = save(tmp_path, 3, model, opt, state={"loader": {"consumed": 3}, "rng": torch.get_rng_state()})
+    path = save(tmp_path, 3, model, opt)
     model2, opt2 = make(seed=5)
     meta, state = load(path, opt2)
     assert meta["step"] == 3 and state["loader"] == {"consumed": 3}

@@ -54,7 +54,7 @@ def test_second_ctrl_c_exits_at_once(tmp_path):
     assert "exiting now" in stderr and "Traceback" not in stderr
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
 def test_signal_during_start_up_stops_with_one_line(tmp_path, sig):
     out = tmp_path / "run"
     proc = _start(out, "train.max_steps=5")
