@@ -38,7 +38,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS_DIR = REPO / "configs" / "reproduce"
-RESULTS_DIR = REPO / "docs" / "results"
+RESULTS_DIR = Path("docs/results")         # relative to the working directory, as runs/ is
 DEFAULT_RUNS_DIR = Path("runs/repro")
 DATA_ARCHIVE = Path(".carry/shards.tar.xz")
 SHARDS_DIR = Path("data/corpora/shards")
@@ -237,7 +237,8 @@ def data_epochs(cfg: dict, tokens: int) -> dict[str, float]:
         dirs = prepare_all(cfg["data"], splits=("train",), progress=False)
         available = {name.split("/")[0]: read_manifest(d)["n_tokens"] for name, d in dirs.items()}
     except (FileNotFoundError, ValueError) as e:
-        raise UsageError(f"data: {e}") from None
+        raise UsageError(f"data: {e}; carry {DATA_ARCHIVE} (made by `python -m nvfp4train.reproduce pack-data`) "
+                         "or pass --data ARCHIVE") from None
     drawn = {name: 0.0 for name in data.sources}
     starts = [float(p.start) for p in data.phases] + [1.0]
     for i, phase in enumerate(data.phases):
