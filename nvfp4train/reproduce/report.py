@@ -168,13 +168,12 @@ def setup_lines(summaries: list[dict]) -> list[str]:
         f"{params / 1e6:.1f}M parameters, {non_embedding / 1e6:.1f}M without the embedding and LM head.",
         f"- {tokens:,} training tokens per run ({t['max_steps']} steps × {t['global_batch_size']} × {t['seq_len']}): "
         f"{tokens / non_embedding:.1f} tokens per non-embedding parameter ({tokens / params:.1f} counting "
-        "embeddings); the paper trains at ~800 (12B, 10T tokens). Each run passes over the 13.8M training tokens "
-        "about 4 times (2.8 to 9 times per source, by the phase weights).",
+        "embeddings); the paper trains at ~800 (12B, 10T tokens). " + passes,
         f"- WSD schedule: peak LR {o['lr']}, {o['schedule']['warmup_steps']} warmup steps, decay over the last "
         f"{o['schedule']['decay_fraction']:.0%} to {o['min_lr']}; data phases at "
         + " / ".join(f"{p['start']:.0%}" for p in cfg["data"]["phases"]) + " of the tokens; "
         f"AdamW betas {o['betas']}, weight decay {o['weight_decay']}, gradient clip {o['grad_clip']}.",
-        f"- Hardware: {', '.join(gpus)}; torch {', '.join(torches)}; {', '.join(map(str, sharing))} run(s) per GPU; "
+        f"- Hardware: {', '.join(gpus)}; torch {', '.join(torches)}; {', '.join(map(str, sharing))} run(s) per device at a time; "
         f"commit(s) {', '.join(commits)}. NVFP4 and MXFP4 are emulated (Hopper has no FP4 tensor cores), "
         "bit-exact with Transformer Engine's reference quantizer.",
     ]

@@ -53,6 +53,7 @@ COLLECTED = ("metrics.jsonl", "config.yaml", "eval.json", "run.json")
 ASSUMED_SPEED = {"bf16": 300_000, "fp8_blockwise": 150_000, "fp8_tensorwise": 190_000, "nvfp4": 75_000,
                  "mxfp4": 80_000}
 CPU_SPEED = 3_000                          # tokens/s of a tiny CPU run, for the plan's estimate only
+CPU_STARTUP_S = 15
 STARTUP_S = 150                            # per run: imports, Triton autotuning of the SSD scan, final eval
 
 
@@ -189,6 +190,7 @@ class Job:
     precision: str
     speed: float                   # assumed tokens/s of this run (alone on its GPU)
     tokens_factor: float = 1.0
+    startup_s: float = STARTUP_S
     slot: int = 0
     device: str = "cuda"           # cuda:<index> or cpu
     per_device: int = 1
@@ -198,7 +200,7 @@ class Job:
         return f"{self.experiment}/{self.arm}/seed{self.seed}"
 
     def estimate_s(self) -> float:
-        return self.tokens / (self.speed / self.per_device) + STARTUP_S
+        return self.tokens / (self.speed / self.per_device) + self.startup_s
 
 
 def compose_arm(overrides: list[str]) -> dict:
@@ -305,14 +307,15 @@ def plan(args) -> tuple[list[Job], list[str], dict]:
                 speed = CPU_SPEED if args.device == "cpu" else speeds.get(fmt, speeds["bf16"])
                 eval_args = None if exp.eval is None else list(exp.eval) + (["device=cpu"] if args.device == "cpu" else [])
                 jobs.append(Job(exp.name, arm_name, seed, overrides, eval_args, str(out_dir), steps, steps * per_step,
-                                fmt, speed, arm.tokens_factor))
+                                fmt, speed, arm.tokens_factor,
+                                CPU_STARTUP_S if args.device == "cpu" else STARTUP_S))
     keep = []
     for job in jobs:
         state = job_state(Path(job.out_dir))
         if existing_run(args.skip_existing, job) and not args.force:
             notes.append(f"skip {job.key}: already in {args.skip_existing} (--force runs it again)")
-        elif state == "running":
-            notes.append(f"skip {job.key}: running now in {job.out_dir}")
+        elif state in ("running", "queued"):
+            notes.append(f"skip {job.key}: {state} in {job.out_dir}")
         elif state == "done" and not args.force:
             notes.append(f"skip {job.key}: finished in {job.out_dir} (collect it; --force runs it again)")
         else:
@@ -337,7 +340,7 @@ def fit_tokens(jobs: list[Job], minutes: float, per_step_of: dict[str, int]) -> 
     by_slot: dict[int, list[Job]] = {}
     for job in jobs:
         by_slot.setdefault(job.slot, []).append(job)
-    scale = min((minutes * 60 - STARTUP_S * len(js)) / sum(j.tokens / (j.speed / j.per_device) for j in js)
+    scale = min((minutes * 60 - sum(j.startup_s for j in js)) / sum(j.tokens / (j.speed / j.per_device) for j in js)
                 for js in by_slot.values())
     if scale <= 0:
         raise UsageError(f"--budget-minutes {minutes}: less than the start-up time of the runs queued on one slot")
@@ -358,12 +361,15 @@ def print_plan(jobs: list[Job], notes: list[str], info: dict, n_slots: int, n_gp
         runs = [j for j in jobs if j.experiment == name]
         if not runs:
             continue
-        tokens = min(j.tokens for j in runs)
-        epochs = data_epochs(i["cfg"], tokens)
+        tokens = base_steps(runs[0].max_steps, runs[0].tokens_factor) * i["per_step"]   # the 1x budget
+        try:
+            epochs = data_epochs(i["cfg"], tokens)
+            passes = f"passes over the data per source {min(epochs.values()):.1f}-{max(epochs.values()):.1f}"
+        except UsageError as e:
+            passes = f"passes over the data unknown ({e})"
         print(f"  {name}: model {i['model']} {i['params'] / 1e6:.2f}M params ({i['non_embedding'] / 1e6:.2f}M without "
               f"embedding and LM head); {tokens:,} tokens per run = {tokens / i['non_embedding']:.1f} tokens/param "
-              f"({tokens / i['params']:.1f} counting embeddings); passes over the data per source "
-              f"{min(epochs.values()):.1f}-{max(epochs.values()):.1f}")
+              f"({tokens / i['params']:.1f} counting embeddings); {passes}")
     print(f"{'run':<44} {'device':<7} {'slot':>4} {'precision':<14} {'steps':>6} {'tokens':>12} {'est. min':>8}")
     slot_end: dict[int, float] = {}
     for job in sorted(jobs, key=lambda j: (j.slot, j.key)):
@@ -456,6 +462,8 @@ def launch(args) -> int:
     if args.dry_run or not jobs:
         print("dry run: nothing started" if args.dry_run else "nothing to start")
         return 0
+    for i in info.values():  # the data must be here before anything starts
+        data_epochs(i["cfg"], 1)
     runs_dir = Path(args.runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
     commit = args.commit or git_commit()
@@ -570,7 +578,7 @@ def poll(args) -> int:
         remaining = (job["max_steps"] - step) * job["tokens"] / job["max_steps"]
         eta = remaining / speed if speed and state in ("running", "queued", "lost") else None
         if state == "queued":
-            eta = job["tokens"] / (job["speed"] / job["per_device"]) + STARTUP_S
+            eta = job["tokens"] / (job["speed"] / job["per_device"]) + job.get("startup_s", STARTUP_S)
         rows.append((job, run_dir, state, records, step, speed, eta))
     for job, run_dir, state, records, step, speed, eta in sorted(rows, key=lambda r: (r[0]["slot"], r[1])):
         if state in ("running", "queued") and eta is not None:

@@ -101,3 +101,21 @@ def test_bad_input_is_one_line(tmp_path):
         proc = reproduce(*args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, proc.stderr
+
+
+def test_plan_of_the_paper_experiments_fits_the_budget():
+    """Every arm of configs/reproduce composes; --budget-minutes scales the shared token budget so the
+    busiest GPU ends in time, keeping the 1.36x arm at 1.36x (a dry run: nothing starts, no data needed)."""
+    proc = reproduce("launch", "all", "--gpus", "8", "--budget-minutes", "20", "--dry-run", "--data", "",
+                     "--runs-dir", "/nonexistent/runs")
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if "/seed" in line.split()[0]}
+    assert len(rows) == 3 * 3 + 5 + 2 + 2
+    steps = {key: int(row[4]) for key, row in rows.items()}
+    assert len({v for k, v in steps.items() if "1.36x" not in k}) == 1
+    base = steps["fp8_vs_nvfp4/nvfp4/seed1"]
+    assert steps["mxfp4/mxfp4_1.36x/seed1"] == round(base * 1.36)
+    wall = float(proc.stdout.split("estimated wall time: ")[1].split()[0])
+    assert 15 < wall <= 20.0
+    assert "hybrid_repro 30.89M params (22.50M without embedding" in proc.stdout
+    assert "dry run: nothing started" in proc.stdout
