@@ -249,14 +249,17 @@ def data_epochs(cfg: dict, tokens: int) -> dict[str, float]:
     return {name: drawn[name] / available[name] for name in drawn if available.get(name)}
 
 
-def visible_gpus(args) -> int:
+def visible_gpus(args) -> list[int]:
+    """The GPU indices to plan onto: --gpu-ids, else the first --gpus, else every visible one."""
     if args.device == "cpu":
-        return 0
+        return []
+    if args.gpu_ids is not None:
+        return args.gpu_ids
     if args.gpus is not None:
-        return args.gpus
+        return list(range(args.gpus))
     import torch
 
-    return torch.cuda.device_count()
+    return list(range(torch.cuda.device_count()))
 
 
 def existing_run(results: Path | None, job: Job) -> bool:
@@ -323,14 +326,14 @@ def plan(args) -> tuple[list[Job], list[str], dict]:
     return keep, notes, info
 
 
-def assign_slots(jobs: list[Job], n_gpus: int, per_gpu: int, device: str) -> int:
+def assign_slots(jobs: list[Job], gpus: list[int], per_gpu: int, device: str) -> int:
     """Longest runs first, each onto the slot that frees up first. Returns the number of slots."""
-    n_slots = max(n_gpus, 1) * per_gpu
+    n_slots = max(len(gpus), 1) * per_gpu
     ends = [0.0] * n_slots
     for job in sorted(jobs, key=lambda j: -j.tokens / j.speed):
         slot = min(range(n_slots), key=lambda s: ends[s])
         job.slot, job.per_device = slot, per_gpu
-        job.device = "cpu" if device == "cpu" else f"cuda:{slot % max(n_gpus, 1)}"
+        job.device = "cpu" if device == "cpu" else f"cuda:{gpus[slot % len(gpus)]}"
         ends[slot] += job.estimate_s()
     return n_slots
 
@@ -352,10 +355,10 @@ def fit_tokens(jobs: list[Job], minutes: float, per_step_of: dict[str, int]) -> 
                          for o in job.overrides]
 
 
-def print_plan(jobs: list[Job], notes: list[str], info: dict, n_slots: int, n_gpus: int, args) -> None:
+def print_plan(jobs: list[Job], notes: list[str], info: dict, n_slots: int, gpus: list[int], args) -> None:
     for note in notes:
         print(note)
-    where = "cpu" if args.device == "cpu" else f"{n_gpus} GPU(s)"
+    where = "cpu" if args.device == "cpu" else f"{len(gpus)} GPU(s) ({','.join(map(str, gpus))})"
     print(f"plan: {len(jobs)} run(s) on {where}, {n_slots} slot(s) ({args.per_gpu} per device), runs dir {args.runs_dir}")
     for name, i in info.items():
         runs = [j for j in jobs if j.experiment == name]
@@ -449,16 +452,16 @@ def launch(args) -> int:
         raise UsageError(f"--per-gpu {args.per_gpu}: must be >= 1")
     for exp in resolve_experiments(args.experiments, args.experiments_dir):  # bad names first, before any work
         selected_arms(exp, args.arms)
-    n_gpus = visible_gpus(args)
-    if args.device != "cpu" and n_gpus == 0:
+    gpus = visible_gpus(args)
+    if args.device != "cpu" and not gpus:
         raise UsageError("no CUDA GPU visible (use --device cpu to run on the CPU)")
     jobs, notes, info = plan(args)
-    n_slots = assign_slots(jobs, n_gpus, args.per_gpu, args.device)
+    n_slots = assign_slots(jobs, gpus, args.per_gpu, args.device)
     if args.budget_minutes:
         fit_tokens(jobs, args.budget_minutes, {k: v["per_step"] for k, v in info.items()})
     if not args.force:
         check_budget(jobs, args.skip_existing, args.experiments_dir)
-    print_plan(jobs, notes, info, n_slots, n_gpus, args)
+    print_plan(jobs, notes, info, n_slots, gpus, args)
     if args.dry_run or not jobs:
         print("dry run: nothing started" if args.dry_run else "nothing to start")
         return 0
@@ -595,6 +598,12 @@ def poll(args) -> int:
                 if (run_dir / "console.log").is_file() else []
             print(f"    {tail[-1][:160] if tail else 'no output'}")
     print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    together: dict[str, list[float]] = {}
+    for job, _, state, _, _, speed, _ in rows:
+        if state == "running" and speed:
+            together.setdefault(job["device"], []).append(speed)
+    for device, speeds in sorted(together.items()):  # what --per-gpu is measured by
+        print(f"{device}: {len(speeds)} running, {sum(speeds):,.0f} tokens/s together")
     return 0
 
 
@@ -700,7 +709,8 @@ def parse_args(argv):
     p.add_argument("--arms", type=lambda s: s.split(","), help="comma-separated arms (default: all)")
     p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], help="comma-separated seeds")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--gpus", type=int, help="GPUs to use (default: all visible)")
+    p.add_argument("--gpus", type=int, help="use the first N GPUs (default: all visible)")
+    p.add_argument("--gpu-ids", type=lambda s: [int(x) for x in s.split(",")], help="use these GPUs, e.g. 4,5,6,7")
     p.add_argument("--per-gpu", type=int, default=1, help="runs sharing one GPU at a time (default 1)")
     p.add_argument("--tokens", type=int, help="training tokens per run (default: the experiment's)")
     p.add_argument("--budget-minutes", type=float, help="scale the tokens so that every run ends within this")
