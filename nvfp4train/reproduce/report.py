@@ -49,6 +49,9 @@ CLAIMS = {
         ("nvfp4", "end", None, "≈ 1.5% (12B, no switch)"),
         ("switch_forward", "end", None, "≈ 0.5% (12B, forward-only switch at 8.2T of 10T)"),
         ("switch_full", "end", None, "≈ 0% (12B, full switch at 8.2T)"),
+        ("nvfp4", "heldout", None, "≈ 1.5% (12B, validation loss, no switch)"),
+        ("switch_forward", "heldout", None, "≈ 0.5% (12B, validation loss)"),
+        ("switch_full", "heldout", None, "≈ 0% (12B, validation loss)"),
     ],
 }
 MEASURE_TEXT = {"stable": "training loss, end of the stable phase", "end": "training loss, end of run",
@@ -173,7 +176,8 @@ def setup_lines(summaries: list[dict]) -> list[str]:
         f"{o['schedule']['decay_fraction']:.0%} to {o['min_lr']}; data phases at "
         + " / ".join(f"{p['start']:.0%}" for p in cfg["data"]["phases"]) + " of the tokens; "
         f"AdamW betas {o['betas']}, weight decay {o['weight_decay']}, gradient clip {o['grad_clip']}.",
-        f"- Hardware: {', '.join(gpus)}; torch {', '.join(torches)}; {', '.join(map(str, sharing))} run(s) per device at a time; "
+        f"- Hardware: {', '.join(gpus)}; torch {', '.join(torches)}; "
+        f"{', '.join(map(str, sharing))} run(s) per device at a time; "
         f"commit(s) {', '.join(commits)}. NVFP4 and MXFP4 are emulated (Hopper has no FP4 tensor cores), "
         "bit-exact with Transformer Engine's reference quantizer.",
     ]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import math
 import os
 import re
 import shutil
@@ -308,7 +307,8 @@ def plan(args) -> tuple[list[Job], list[str], dict]:
                     f"train.max_steps={steps}", f"seed={seed}", f"experiment={exp.name}", f"out_dir={out_dir}",
                     "train.progress=false"]
                 speed = CPU_SPEED if args.device == "cpu" else speeds.get(fmt, speeds["bf16"])
-                eval_args = None if exp.eval is None else list(exp.eval) + (["device=cpu"] if args.device == "cpu" else [])
+                eval_device = ["device=cpu"] if args.device == "cpu" else []
+                eval_args = None if exp.eval is None else list(exp.eval) + eval_device
                 jobs.append(Job(exp.name, arm_name, seed, overrides, eval_args, str(out_dir), steps, steps * per_step,
                                 fmt, speed, arm.tokens_factor,
                                 CPU_STARTUP_S if args.device == "cpu" else STARTUP_S))
@@ -359,7 +359,8 @@ def print_plan(jobs: list[Job], notes: list[str], info: dict, n_slots: int, gpus
     for note in notes:
         print(note)
     where = "cpu" if args.device == "cpu" else f"{len(gpus)} GPU(s) ({','.join(map(str, gpus))})"
-    print(f"plan: {len(jobs)} run(s) on {where}, {n_slots} slot(s) ({args.per_gpu} per device), runs dir {args.runs_dir}")
+    print(f"plan: {len(jobs)} run(s) on {where}, {n_slots} slot(s) ({args.per_gpu} per device), "
+          f"runs dir {args.runs_dir}")
     for name, i in info.items():
         runs = [j for j in jobs if j.experiment == name]
         if not runs:
@@ -485,7 +486,8 @@ def launch(args) -> int:
         if queue[0].device.startswith("cuda:"):
             env["CUDA_VISIBLE_DEVICES"] = queue[0].device.split(":")[1]
         log = open(runs_dir / f"worker-slot{slot}.log", "a")
-        worker = subprocess.Popen([sys.executable, "-m", "nvfp4train.reproduce", "_worker"] + [j.out_dir for j in queue],
+        command = [sys.executable, "-m", "nvfp4train.reproduce", "_worker"] + [j.out_dir for j in queue]
+        worker = subprocess.Popen(command,
                                   cwd=os.getcwd(), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                   start_new_session=True)  # setsid: survives the command that launched it
         for job in queue:
@@ -630,7 +632,8 @@ def collect(args) -> int:
                     tar.add(run_dir / name, arcname=f"{key}/{name}")
             packed.append(key)
     if not packed:
-        print(f"nothing finished to collect under {args.runs_dir}" + (f"; not finished: {', '.join(skipped)}" if skipped else ""))
+        print(f"nothing finished to collect under {args.runs_dir}"
+              + (f"; not finished: {', '.join(skipped)}" if skipped else ""))
         return 0
     if buffer.tell() > ARCHIVE_LIMIT:
         raise UsageError(f"collect: the archive would be {buffer.tell() / 2**20:.1f} MiB, over 16 MiB; collect fewer "
@@ -646,7 +649,8 @@ def collect(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- ingest
-MEMBER = re.compile(r"^(?P<run>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/seed\d+)/(?P<file>" + "|".join(map(re.escape, COLLECTED)) + ")$")
+MEMBER = re.compile(r"^(?P<run>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/seed\d+)/(?P<file>"
+                    + "|".join(map(re.escape, COLLECTED)) + ")$")
 
 
 def ingest(args) -> int:
