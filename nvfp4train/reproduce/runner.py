@@ -16,7 +16,9 @@ every experiment trains the same model on the same data order with the same sche
 differ. `launch` plans experiment x arm x seed onto the GPUs present (several runs per GPU with
 --per-gpu), starts one detached worker per slot (each runs its queue of runs one after the other,
 training then evaluating) and returns at once. Runs live in --runs-dir (runs/repro/<experiment>/<arm>/
-seed<k>/, the trainer's out_dir), with the runner's own job.json and, when a run ended, run.json.
+seed<k>/, the trainer's out_dir) beside the runner's own files: job.json (the plan's entry), worker.pid,
+started, console.log (the trainer's and evaluator's terminal output) and, once the run ended, run.json
+(commit, GPU, torch version, wall time, exit codes).
 """
 from __future__ import annotations
 
@@ -388,16 +390,15 @@ def print_plan(jobs: list[Job], notes: list[str], info: dict, n_slots: int, gpus
 # ---------------------------------------------------------------------------------------------- launch
 def job_state(run_dir: Path) -> str | None:
     """None (never launched) | queued | running | done | failed | lost (its worker died mid-run)."""
-    job_path, result_path = run_dir / "job.json", run_dir / "run.json"
+    result_path, pid_path = run_dir / "run.json", run_dir / "worker.pid"
     if result_path.is_file():
         result = json.loads(result_path.read_text())
         return "done" if result.get("train_rc") == 0 else "failed"
-    if not job_path.is_file():
+    if not (run_dir / "job.json").is_file():
         return None
-    job = json.loads(job_path.read_text())
-    if not pid_alive(job.get("worker_pid")):
+    if not (pid_path.is_file() and pid_alive(pid_path.read_text().strip())):
         return "lost"
-    return "running" if job.get("started") else "queued"
+    return "running" if (run_dir / "started").is_file() else "queued"
 
 
 def pid_alive(pid) -> bool:
@@ -479,7 +480,8 @@ def launch(args) -> int:
             if args.force and run_dir.exists():
                 shutil.rmtree(run_dir)   # a fresh run (job_state refused running ones in plan)
             run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "run.json").unlink(missing_ok=True)
+            for stale in ("run.json", "started", "worker.pid"):
+                (run_dir / stale).unlink(missing_ok=True)
             (run_dir / "job.json").write_text(json.dumps({**job.__dict__, "commit": commit, "queued": time.time()},
                                                          indent=1) + "\n")
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
@@ -490,9 +492,8 @@ def launch(args) -> int:
         worker = subprocess.Popen(command,
                                   cwd=os.getcwd(), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                   start_new_session=True)  # setsid: survives the command that launched it
-        for job in queue:
-            path = Path(job.out_dir) / "job.json"
-            path.write_text(json.dumps({**json.loads(path.read_text()), "worker_pid": worker.pid}, indent=1) + "\n")
+        for job in queue:  # the worker writes the same file when it starts (whichever comes first)
+            (Path(job.out_dir) / "worker.pid").write_text(str(worker.pid))
     print(f"started {len(jobs)} run(s) in {len({j.slot for j in jobs})} worker(s); "
           f"`python -m nvfp4train.reproduce poll --runs-dir {args.runs_dir}` shows progress")
     return 0
@@ -522,10 +523,11 @@ def worker(run_dirs: list[str]) -> int:
     """One slot's queue: train each run (resuming what a killed worker left), evaluate it, write run.json."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     for run_dir in map(Path, run_dirs):
-        job_path = run_dir / "job.json"
-        job = json.loads(job_path.read_text())
+        (run_dir / "worker.pid").write_text(str(os.getpid()))
+    for run_dir in map(Path, run_dirs):
+        job = json.loads((run_dir / "job.json").read_text())
         started = time.time()
-        job_path.write_text(json.dumps({**job, "started": started}, indent=1) + "\n")
+        (run_dir / "started").write_text(str(started))
         with open(run_dir / "console.log", "a") as console:
             train_rc = subprocess.call([sys.executable, "-m", "nvfp4train.train"] + job["overrides"],
                                        stdout=console, stderr=console, stdin=subprocess.DEVNULL)
