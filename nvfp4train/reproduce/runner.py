@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-EXPERIMENTS_DIR = REPO / "configs" / "reproduce"
+# configs/ of a source checkout, or the copy a wheel carries inside the package (as train/config.py finds it)
+CONFIGS = REPO / "nvfp4train" / "configs" if (REPO / "nvfp4train" / "configs").is_dir() else REPO / "configs"
+EXPERIMENTS_DIR = CONFIGS / "reproduce"
 RESULTS_DIR = Path("docs/results")         # relative to the working directory, as runs/ is
 DEFAULT_RUNS_DIR = Path("runs/repro")
 DATA_ARCHIVE = Path(".carry/shards.tar.xz")
