@@ -270,12 +270,17 @@ def existing_run(results: Path | None, job: Job) -> bool:
 
 
 def selected_arms(exp: Experiment, wanted: list[str] | None) -> list[str]:
-    if not wanted:
-        return list(exp.arms)
-    unknown = [a for a in wanted if a not in exp.arms and a not in exp.borrow]
-    if unknown:
-        raise UsageError(f"arm {unknown[0]!r}: not an arm of experiment {exp.name}; allowed: {', '.join(exp.arms)}")
-    return [a for a in wanted if a in exp.arms]
+    """The arms of `exp` to run: all, or those of --arms that it has."""
+    return [a for a in (wanted or exp.arms) if a in exp.arms]
+
+
+def check_arms(experiments: list[Experiment], wanted: list[str] | None) -> None:
+    """Every arm named with --arms must belong to one of the experiments named."""
+    for arm in wanted or []:
+        if not any(arm in exp.arms for exp in experiments):
+            allowed = sorted({a for exp in experiments for a in exp.arms})
+            raise UsageError(f"arm {arm!r}: not an arm of {', '.join(e.name for e in experiments)}; "
+                             f"allowed: {', '.join(allowed)}")
 
 
 def plan(args) -> tuple[list[Job], list[str], dict]:
@@ -454,8 +459,7 @@ def check_budget(jobs: list[Job], results: Path | None, experiments_dir: Path) -
 def launch(args) -> int:
     if args.per_gpu < 1:
         raise UsageError(f"--per-gpu {args.per_gpu}: must be >= 1")
-    for exp in resolve_experiments(args.experiments, args.experiments_dir):  # bad names first, before any work
-        selected_arms(exp, args.arms)
+    check_arms(resolve_experiments(args.experiments, args.experiments_dir), args.arms)  # bad names before any work
     gpus = visible_gpus(args)
     if args.device != "cpu" and not gpus:
         raise UsageError("no CUDA GPU visible (use --device cpu to run on the CPU)")
