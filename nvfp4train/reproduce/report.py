@@ -27,6 +27,7 @@ SMOOTH = 0.05   # the comparison's default window: 5% of the token budget
 # arm's own final training loss (arms of different token budgets).
 CLAIMS = {
     "fp8_vs_nvfp4": [
+        ("nvfp4", "stable_max", None, "< 1% (12B, validation loss, whole stable phase)"),
         ("nvfp4", "stable", None, "< 1% (12B, validation loss, whole stable phase)"),
         ("nvfp4", "end", None, "≈ 1.5% (12B, end of the decay)"),
         ("nvfp4", "heldout", None, "≈ 1.5% (12B, validation loss)"),
@@ -54,7 +55,8 @@ CLAIMS = {
         ("switch_full", "heldout", None, "≈ 0% (12B, validation loss)"),
     ],
 }
-MEASURE_TEXT = {"stable": "training loss, end of the stable phase", "end": "training loss, end of run",
+MEASURE_TEXT = {"stable_max": "training loss, largest gap in the stable phase (after its first 10% of tokens)",
+                "stable": "training loss, end of the stable phase", "end": "training loss, end of run",
                 "heldout": "held-out loss, end of run", "final": "final training loss, each at its own end"}
 # The paper's Table 2 (12B, 10T tokens; evaluated in BF16): category means, FP8 / NVFP4.
 PAPER_TABLE2 = [("General", 68.99, 69.82), ("Math", 86.20, 86.88), ("Multilingual", 77.93, 80.24),
@@ -123,6 +125,22 @@ def gap_cell(summary: dict, arm: str, measure: str, baseline: str | None) -> str
     if result is None or arm not in summary["arms"] or baseline not in summary["arms"]:
         return NOT_RUN
     n_arm, n_base = len(summary["arms"][arm].runs), len(summary["arms"][baseline].runs)
+    if measure == "stable_max":  # the largest gap of the mean curves between 10% of the tokens and the decay
+        decay = next((m["tokens"] for m in result["markers"] if m["kind"] == "decay"), None)
+        curve = result["curves"][arm]
+        total = next(m["tokens"] for m in result["markers"] if m["kind"] == "end")
+        gaps = [(g, t) for t, g in zip(curve["relative_tokens"], curve["relative_pct_mean"])
+                if g is not None and 0.1 * total <= t <= (decay or total)]
+        if not gaps:
+            return NOT_RUN
+        worst, at = max(gaps, key=lambda gt: abs(gt[0]))
+
+        def spread_at(label):  # (max - min) / mean of an arm's smoothed seeds where the worst gap is
+            c = result["curves"][label]
+            i = min(range(len(c["train_tokens"])), key=lambda k: abs(c["train_tokens"][k] - at))
+            lo, hi, mean = c["train_loss_min"][i], c["train_loss_max"][i], c["train_loss_mean"][i]
+            return (hi - lo) / mean * 100 if len(summary["arms"][label].runs) > 1 and mean else None
+        return _gap_text(worst, spread_at(baseline), spread_at(arm), n_arm, n_base) + f" at {at:,.0f} tokens"
     if measure in ("stable", "end") and baseline == exp.baseline:
         label = "LR decay" if measure == "stable" else "end of run"
         gap = next((g for g in result["gaps"] if g["arm"] == arm and g["milestone"] == label), None)
