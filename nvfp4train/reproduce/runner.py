@@ -710,7 +710,7 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(prog="python -m nvfp4train.reproduce", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--experiments-dir", type=Path, default=EXPERIMENTS_DIR, help="where the experiment files are")
-    verbs = ap.add_subparsers(dest="verb", required=True)
+    verbs = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     p = verbs.add_parser("pack-data", help="token shards of the corpora -> one archive to carry")
     p.add_argument("--config", default="configs/data/corpora.yaml")
