@@ -1,0 +1,5 @@
+import sys
+
+from nvfp4train.reproduce.runner import main
+
+sys.exit(main())
