@@ -4,11 +4,11 @@
 # Here (a machine with PyPI access), from the repository root:
 #   bash scripts/te_on_gpu.sh prepare          # .te/base (sdist + meta wheel, 1.7 MB) and
 #                                              # .te/sm90/core_sm90.tar.xz (26 MB): route 2, the default
-#   bash scripts/te_on_gpu.sh prepare --parts  # also .te/parts/part1..5 (the untouched 276 MB core wheel
-#                                              # in 5 pieces of <= 53 MiB): route 1, the fallback
+#   bash scripts/te_on_gpu.sh prepare --parts  # also .te/parts/part1..6 (the untouched 276 MB core wheel
+#                                              # in 6 pieces of 44 MiB): route 1, the fallback
 # On the GPU machine (H100/H200, sm_90), from the repository root (docs/results/te.md: the exact calls):
 #   bash scripts/te_on_gpu.sh part K           # route 1: keep part K under /tmp/te_parts; once all
-#                                              # 5 are there, join them and check the wheel's sha256
+#                                              # 6 are there, join them and check the wheel's sha256
 #   bash scripts/te_on_gpu.sh build            # core into /tmp/te_site (route 2 if .te/sm90 came along,
 #                                              # else the joined wheel), then build transformer_engine_torch
 #   bash scripts/te_on_gpu.sh check            # import TE, one te.Linear FP8 step per recipe, GPU tests
@@ -21,7 +21,7 @@
 # given back 30 s after a call ends. The core wheel is 276 MB, almost all of it CUDA code for 8 GPU
 # architectures; scripts/te_prune_fatbin.py keeps only the sm_90 code (18 of 263 MB) in
 # libtransformer_engine.so, so the whole installed core fits one call (route 2). Route 1 carries the
-# wheel as published, in 5 consecutive calls. transformer_engine_torch has no wheel on PyPI: its sdist
+# wheel as published, in 6 consecutive calls. transformer_engine_torch has no wheel on PyPI: its sdist
 # (a C++ torch extension, no CUDA code, linked at import against the core library) is built there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +38,7 @@ SDIST_SHA=4c40ced8a6261649e689076f198d4feaf02277b1ba18931a66eccdaceb33c43e
 SDIST_URL=https://files.pythonhosted.org/packages/3d/fb/c9ce298a38c22ed1059923a01cac7e1f4e4f7281d39a8679c8118febe079/$SDIST
 # libtransformer_engine.so after `te_prune_fatbin.py --keep-arch 90` (deterministic: same input, same bytes)
 PRUNED_SO_SHA=be969bfde2ec1220fe7be54c26ff8e7e9e7c7362614b18189bfaffa27366234d
-NPARTS=5
+NPARTS=6
 
 SITE=/tmp/te_site            # where TE lives on the GPU machine
 PARTS_DIR=/tmp/te_parts      # route 1's pieces, joined there
@@ -173,19 +173,26 @@ build() {
   # NVTE_CUDA_ARCHS=90 only keeps build_tools' NCCL-EP switch on (it wants an arch >= 90), as the
   # published core was built with it. It needs cudnn.h (csrc/common.h) and nccl.h (ep.cpp), which
   # torch's pip wheels hold outside the CUDA toolkit's include dir.
-  local cudnn_inc nccl_inc
-  cudnn_inc=$(include_dir_of cudnn.h); nccl_inc=$(include_dir_of nccl.h)
-  [ -n "$cudnn_inc" ] || die "cudnn.h not found under site-packages/nvidia (torch's nvidia-cudnn wheel)"
-  [ -n "$nccl_inc" ] || die "nccl.h not found under site-packages/nvidia (torch's nvidia-nccl wheel)"
-  export CPLUS_INCLUDE_PATH=$cudnn_inc:$nccl_inc${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}
+  local header dir
+  for header in cudnn.h nccl.h; do
+    dir=$(include_dir_of $header)
+    if [ -n "$dir" ]; then
+      export CPLUS_INCLUDE_PATH=$dir${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}
+    else
+      say "warning: $header is not under site-packages/nvidia; the build finds it on the system or fails"
+    fi
+  done
   export NVTE_PYTORCH_FORCE_BUILD=TRUE   # skip setup.py's download of a prebuilt wheel (no network)
   export NVTE_NO_LOCAL_VERSION=1         # version 2.20.2, not 2.20.2+<git commit of a surrounding repo>
   export NVTE_CUDA_ARCHS=90 NVTE_FRAMEWORK=pytorch MAX_JOBS=${MAX_JOBS:-16}
   rm -rf "$BUILD_DIR" && mkdir -p "$BUILD_DIR"
   tar -C "$BUILD_DIR" -xzf ".te/base/$SDIST"
-  say "building transformer_engine_torch (MAX_JOBS=$MAX_JOBS, cudnn.h from $cudnn_inc)"
+  say "building transformer_engine_torch (MAX_JOBS=$MAX_JOBS, CPLUS_INCLUDE_PATH=$CPLUS_INCLUDE_PATH)"
+  local log=${OUT:-$BUILD_DIR}/te_build.log  # the device tool brings $OUT back: the whole log on a failure
   (cd "$BUILD_DIR/transformer_engine_torch-$TE_VERSION" &&
-   python3 -m pip wheel --no-deps --no-build-isolation --no-index -w "$BUILD_DIR/dist" . 2>&1 | tail -40)
+   python3 -m pip wheel -v --no-deps --no-build-isolation --no-index -w "$BUILD_DIR/dist" . > "$log" 2>&1) \
+    || { tail -60 "$log"; die "the build of transformer_engine_torch failed (log: $log)"; }
+  grep -E "^\[[0-9]+/[0-9]+\]|error|warning: " "$log" | tail -5 || true
   local wheel; wheel=$(ls "$BUILD_DIR"/dist/transformer_engine_torch-*.whl)
   # Unzipped, not pip-installed: pip --target would replace the transformer_engine/ folder the core
   # is in (the extension's wheel puts its .so into transformer_engine/wheel_lib/ too).
@@ -212,7 +219,8 @@ print(f"import {time.time() - t:.1f}s; torch {torch.__version__}, "
 print("fp8:", te.is_fp8_available(), "| fp8 block scaling:", te.is_fp8_block_scaling_available())
 layer = te.Linear(256, 256, bias=False, params_dtype=torch.float32, device="cuda")
 x = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-ref = x.float() @ layer.weight.float().t()
+with torch.no_grad():
+    ref = x.float() @ layer.weight.float().t()
 for r in (recipe.Float8CurrentScaling(fp8_format=recipe.Format.HYBRID), recipe.Float8BlockScaling(fp8_format=recipe.Format.E4M3)):
     with torch.autocast("cuda", dtype=torch.bfloat16), te.autocast(enabled=True, recipe=r):
         y = layer(x)
@@ -226,8 +234,11 @@ for r in (recipe.Float8CurrentScaling(fp8_format=recipe.Format.HYBRID), recipe.F
 print("TE OK")
 EOF
   say "TE smoke test: $(( $(date +%s) - t0 ))s; now the GPU tests"
-  python3 -m pytest -q -p no:cacheprovider tests/precision/test_te.py tests/precision/test_gpu.py -k "te or TE" 2>&1 | tail -40
-  say "check: $(( $(date +%s) - t0 ))s"
+  local rc=0
+  python3 -m pytest -q -p no:cacheprovider -rs tests/precision/test_te.py \
+    "tests/precision/test_gpu.py::test_gpu_check[check_te]" 2>&1 | tail -40 || rc=$?
+  say "check: $(( $(date +%s) - t0 ))s, pytest exit $rc"
+  return $rc
 }
 
 train() {  # N [DIR]: hybrid_125m fp8_blockwise on te and on emulated, then the comparison
@@ -244,9 +255,14 @@ train() {  # N [DIR]: hybrid_125m fp8_blockwise on te and on emulated, then the 
     tail -2 "$out/$backend.log"
     say "$backend: $(( $(date +%s) - t0 ))s"
   done
-  python3 -m nvfp4train.compare "$out/emulated" "$out/te" --baseline "$out/emulated" --out "$out/compare" \
-    --group-by precision.backend
+  python3 -m nvfp4train.compare "$out/emulated" "$out/te" --baseline "$out/emulated" --out "$out/compare"
   cat "$out/compare/compare.md"
+  if [ -n "${OUT:-}" ]; then  # what the device tool brings back (8 files at most): enough to re-plot here
+    for backend in te emulated; do
+      mkdir -p "$OUT/$backend" && cp "$out/$backend/config.yaml" "$out/$backend/metrics.jsonl" "$OUT/$backend/"
+    done
+    cp "$out"/compare/{compare.md,compare.json,loss.png,relative_loss.png} "$OUT/"
+  fi
 }
 
 cmd=${1:-}; shift || true

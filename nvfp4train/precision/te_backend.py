@@ -14,11 +14,12 @@ than 16, MXFP4 training, blockwise FP8 with non-power-of-two scales, or a forwar
 backward-only mid-run switch; those policies are refused here (auto falls back to emulated).
 BF16 blocks, and every block after a full switch, run outside `te.autocast`.
 
-TE's FP8 GEMMs need both weight dims to be multiples of 16 (`assert_dim_for_fp8_exec`); a Mamba
-in_proj (e.g. 3604 outputs in hybrid_125m) is not. TELinear therefore owns the FP32 weight in its
-logical shape, as QuantLinear does, and hands TE a zero-padded copy when a dim needs it: zero rows
-and columns change no block's amax, so the quantized operands of the real rows are what they
-would be unpadded (the emulated path pads the same way), and the padded outputs are cropped.
+TE's FP8 GEMMs need both weight dims to be multiples of 16 and the token count a multiple of 8
+(`assert_dim_for_fp8_exec`); a Mamba in_proj (3604 outputs in hybrid_125m) is not. TELinear
+therefore owns the FP32 weight in its logical shape, as QuantLinear does, and hands TE zero-padded
+copies of the weight and input where a dim needs it: zero rows and columns change no block's amax,
+so the quantized values of the real entries are what they would be unpadded (the emulated path
+pads the same way), and the padded outputs are cropped.
 
 Tested on a GPU by tests/precision/test_te.py; scripts/te_on_gpu.sh brings TE 2.20 to a GPU machine
 without network and builds it there (docs/results/te.md).
@@ -33,7 +34,7 @@ from torch import nn
 from . import hardware
 from .policy import PrecisionPolicy
 
-TE_DIM_MULTIPLE = 16  # TE's FP8 GEMMs: weight dims (and the input's last dim) multiples of 16
+TE_DIM_MULTIPLE = 16  # TE's FP8 GEMMs: K and N multiples of 16, tokens of 8 (16 here: one rule)
 
 
 def unsupported(policy: PrecisionPolicy) -> str | None:
@@ -139,12 +140,17 @@ class TELinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         import transformer_engine.pytorch as te
 
-        pad_out, pad_in = self.padded_out - self.out_features, self.padded_in - self.in_features
+        # TE's FP8 GEMMs want the token count a multiple of 8 and K, N multiples of 16: zero-pad what
+        # is not (zeros change no amax), crop the output.
+        leading, tokens = x.shape[:-1], x.numel() // self.in_features
+        x = x.reshape(tokens, self.in_features)
+        pad_tokens, pad_in = -tokens % TE_DIM_MULTIPLE, self.padded_in - self.in_features
+        pad_out = self.padded_out - self.out_features
+        if pad_tokens or pad_in:
+            x = nn.functional.pad(x, (0, pad_in, 0, pad_tokens))
         weight = self.weight.view_as(self.weight)  # a plain tensor: a Parameter would be registered in te_linear
         if pad_out or pad_in:
             weight = nn.functional.pad(weight, (0, pad_in, 0, pad_out))
-        if pad_in:
-            x = nn.functional.pad(x, (0, pad_in))
         self.te_linear.weight = weight
         self.te_linear.train(self.training)
         if hasattr(te, "autocast"):  # TE >= 2.9
@@ -156,7 +162,9 @@ class TELinear(nn.Module):
                 y = self.te_linear(x)
         finally:
             self.te_linear.weight = None  # hold no reference to this step's (padded) weight
-        return y[..., :self.out_features] if pad_out else y
+        if pad_tokens or pad_out:
+            y = y[:tokens, :self.out_features]
+        return y.reshape(*leading, self.out_features)
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, {self.label}, te {type(self.te_recipe).__name__}"
