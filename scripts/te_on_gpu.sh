@@ -9,8 +9,9 @@
 # On the GPU machine (H100/H200, sm_90), from the repository root (docs/results/te.md: the exact calls):
 #   bash scripts/te_on_gpu.sh part K           # route 1: keep part K under /tmp/te_parts; once all
 #                                              # 6 are there, join them and check the wheel's sha256
-#   bash scripts/te_on_gpu.sh build            # core into /tmp/te_site (route 2 if .te/sm90 came along,
-#                                              # else the joined wheel), then build transformer_engine_torch
+#   bash scripts/te_on_gpu.sh build [sm90|wheel]  # core into /tmp/te_site (sm90: route 2, the default when
+#                                              # .te/sm90 came along; wheel: route 1's joined wheel), then
+#                                              # build transformer_engine_torch; a no-op once done
 #   bash scripts/te_on_gpu.sh check            # import TE, one te.Linear FP8 step per recipe, GPU tests
 #   bash scripts/te_on_gpu.sh train N [DIR]    # hybrid_125m fp8_blockwise, te vs emulated, N steps each,
 #                                              # then python -m nvfp4train.compare over both runs
@@ -117,7 +118,8 @@ use_site() {  # PYTHONPATH for TE and, when .whl/ came along, the project's whee
   export PYTHONPATH=$SITE:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 }
 
-install_core() {
+install_core() {  # [sm90|wheel]: the route (default: sm90 when .te/sm90 came along, else the joined wheel)
+  local route=${1:-auto}
   if [ -f "$SITE/transformer_engine/wheel_lib/libtransformer_engine.so" ]; then
     say "core already in $SITE"
     return
@@ -125,13 +127,17 @@ install_core() {
   [ -f .te/base/$SDIST ] || die ".te/base is not here: carry [\".te/base\", ...] (bash scripts/te_on_gpu.sh prepare makes it)"
   (cd .te && sha256sum --quiet -c base/SHA256SUMS --ignore-missing) || die ".te/ does not match .te/base/SHA256SUMS"
   mkdir -p "$SITE"
-  if [ -f .te/sm90/core_sm90.tar.xz ]; then
+  if [ "$route" = auto ]; then
+    route=wheel; [ -f .te/sm90/core_sm90.tar.xz ] && route=sm90
+  fi
+  if [ "$route" = sm90 ]; then
+    [ -f .te/sm90/core_sm90.tar.xz ] || die ".te/sm90 is not here: carry [\".te/base\", \".te/sm90\", ...]"
     say "route 2: unpacking the sm_90 core into $SITE"
     python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" \
       .te/sm90/core_sm90.tar.xz "$SITE"
     check_sha "$SITE/transformer_engine/wheel_lib/libtransformer_engine.so" "$PRUNED_SO_SHA"
   elif [ -f "$PARTS_DIR/$CORE_WHEEL" ]; then
-    say "route 1: installing the joined core wheel into $SITE"
+    say "route 1: installing the joined core wheel (all architectures) into $SITE"
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
       "$PARTS_DIR/$CORE_WHEEL" ".te/base/$META_WHEEL"
   else
@@ -159,10 +165,10 @@ for root in sorted(roots):
 EOF
 }
 
-build() {
+build() {  # [sm90|wheel]
   local t0 t1 t2
   t0=$(date +%s)
-  install_core
+  install_core "${1:-auto}"
   t1=$(date +%s)
   if ls "$SITE"/transformer_engine/wheel_lib/transformer_engine_torch*.so >/dev/null 2>&1; then
     say "transformer_engine_torch already built"
@@ -187,7 +193,7 @@ build() {
   export NVTE_CUDA_ARCHS=90 NVTE_FRAMEWORK=pytorch MAX_JOBS=${MAX_JOBS:-16}
   rm -rf "$BUILD_DIR" && mkdir -p "$BUILD_DIR"
   tar -C "$BUILD_DIR" -xzf ".te/base/$SDIST"
-  say "building transformer_engine_torch (MAX_JOBS=$MAX_JOBS, CPLUS_INCLUDE_PATH=$CPLUS_INCLUDE_PATH)"
+  say "building transformer_engine_torch (MAX_JOBS=$MAX_JOBS, CPLUS_INCLUDE_PATH=${CPLUS_INCLUDE_PATH:-})"
   local log=${OUT:-$BUILD_DIR}/te_build.log  # the device tool brings $OUT back: the whole log on a failure
   (cd "$BUILD_DIR/transformer_engine_torch-$TE_VERSION" &&
    python3 -m pip wheel -v --no-deps --no-build-isolation --no-index -w "$BUILD_DIR/dist" . > "$log" 2>&1) \
@@ -261,7 +267,7 @@ train() {  # N [DIR]: hybrid_125m fp8_blockwise on te and on emulated, then the 
     for backend in te emulated; do
       mkdir -p "$OUT/$backend" && cp "$out/$backend/config.yaml" "$out/$backend/metrics.jsonl" "$OUT/$backend/"
     done
-    cp "$out"/compare/{compare.md,compare.json,loss.png,relative_loss.png} "$OUT/"
+    cp "$out"/compare/{compare.md,compare.json,loss.png} "$OUT/"  # the rest: re-plot from the runs
   fi
 }
 
@@ -269,8 +275,8 @@ cmd=${1:-}; shift || true
 case "$cmd" in
   prepare) prepare "$@" ;;
   part) part "$@" ;;
-  build) build ;;
+  build) build "$@" ;;
   check) check ;;
   train) train "$@" ;;
-  *) die "usage: bash scripts/te_on_gpu.sh prepare [--parts] | part K | build | check | train N [DIR]" ;;
+  *) die "usage: bash scripts/te_on_gpu.sh prepare [--parts] | part K | build [sm90|wheel] | check | train N [DIR]" ;;
 esac
