@@ -160,7 +160,7 @@ except ImportError:
     pass
 for root in sorted(roots):
     for hit in sorted(glob.glob(os.path.join(root, "nvidia", "**", "include", sys.argv[1]), recursive=True)):
-        print(os.path.dirname(hit))
+        print(hit[: -len(sys.argv[1]) - 1])  # the include dir (header may be nvtx3/nvToolsExt.h)
         sys.exit(0)
 EOF
 }
@@ -174,18 +174,22 @@ build() {  # [sm90|wheel]
     say "transformer_engine_torch already built"
     return
   fi
-  command -v nvcc >/dev/null || die "nvcc is not on PATH (TE's build reads the CUDA version and headers from it)"
+  command -v nvcc >/dev/null || export PATH=${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
+  command -v nvcc >/dev/null || die "no nvcc on PATH or in \$CUDA_HOME/bin (TE's build reads the CUDA version and headers from it)"
   # The torch extension is C++ only (CppExtension: no nvcc pass, so no GPU architectures to restrict);
   # NVTE_CUDA_ARCHS=90 only keeps build_tools' NCCL-EP switch on (it wants an arch >= 90), as the
-  # published core was built with it. It needs cudnn.h (csrc/common.h) and nccl.h (ep.cpp), which
-  # torch's pip wheels hold outside the CUDA toolkit's include dir.
-  local header dir
-  for header in cudnn.h nccl.h; do
+  # published core was built with it. build_tools puts only the toolkit's include dir (next to nvcc)
+  # on the compiler's path; the headers below that it lacks (cudnn.h and nccl.h at least: torch's pip
+  # wheels hold them) are taken from site-packages/nvidia/*/include, after the toolkit's.
+  local toolkit_inc header dir
+  toolkit_inc=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")/include
+  for header in cudnn.h nccl.h cublas_v2.h cublasLt.h nvrtc.h cuda_runtime_api.h nvtx3/nvToolsExt.h; do
+    [ -f "$toolkit_inc/$header" ] && continue
     dir=$(include_dir_of $header)
     if [ -n "$dir" ]; then
-      export CPLUS_INCLUDE_PATH=$dir${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}
+      case ":${CPLUS_INCLUDE_PATH:-}:" in *":$dir:"*) ;; *) export CPLUS_INCLUDE_PATH=${CPLUS_INCLUDE_PATH:+$CPLUS_INCLUDE_PATH:}$dir ;; esac
     else
-      say "warning: $header is not under site-packages/nvidia; the build finds it on the system or fails"
+      say "warning: $header is in neither $toolkit_inc nor site-packages/nvidia; the build may fail"
     fi
   done
   export NVTE_PYTORCH_FORCE_BUILD=TRUE   # skip setup.py's download of a prebuilt wheel (no network)
