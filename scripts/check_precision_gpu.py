@@ -137,7 +137,7 @@ def check_te(rows):
 
         x, grad = data(DEVICE)
         emulated_layer = layer_on(policy, DEVICE)
-        te_layer = TELinear(256, 192, policy=policy, block_index=0, n_blocks=1, name="fc1")
+        te_layer = TELinear(256, 192, policy=policy, block_index=0, n_blocks=1, name="fc1").to(DEVICE)
         with torch.no_grad():
             te_layer.weight.copy_(emulated_layer.weight)
         ref = run(emulated_layer, x, grad)

@@ -13,6 +13,16 @@ TE cannot express: RHT or SR outside its fixed placement (rht: all, sr: all), an
 than 16, MXFP4 training, blockwise FP8 with non-power-of-two scales, or a forward-only /
 backward-only mid-run switch; those policies are refused here (auto falls back to emulated).
 BF16 blocks, and every block after a full switch, run outside `te.autocast`.
+
+TE's FP8 GEMMs need both weight dims to be multiples of 16 and the token count a multiple of 8
+(`assert_dim_for_fp8_exec`); a Mamba in_proj (3604 outputs in hybrid_125m) is not. TELinear
+therefore owns the FP32 weight in its logical shape, as QuantLinear does, and hands TE zero-padded
+copies of the weight and input where a dim needs it: zero rows and columns change no block's amax,
+so the quantized values of the real entries are what they would be unpadded (the emulated path
+pads the same way), and the padded outputs are cropped.
+
+Tested on a GPU by tests/precision/test_te.py; scripts/te_on_gpu.sh brings TE 2.20 to a GPU machine
+without network and builds it there (docs/results/te.md).
 """
 from __future__ import annotations
 
@@ -21,14 +31,18 @@ import math
 import torch
 from torch import nn
 
-from .hardware import cuda_capability, te_installed
+from . import hardware
 from .policy import PrecisionPolicy
+
+TE_DIM_MULTIPLE = 16  # TE's FP8 GEMMs: K and N multiples of 16, tokens of 8 (16 here: one rule)
 
 
 def unsupported(policy: PrecisionPolicy) -> str | None:
-    if not te_installed():
+    """Why TE cannot run `policy` on this machine (None: it can). The machine is read through
+    `hardware` at call time, so a test can fake a GPU by patching `hardware`'s two queries."""
+    if not hardware.te_installed():
         return "transformer_engine is not installed"
-    cap = cuda_capability()
+    cap = hardware.cuda_capability()
     if cap is None:
         return "TE needs a CUDA GPU"
     fmt = policy.format
@@ -49,7 +63,8 @@ def unsupported(policy: PrecisionPolicy) -> str | None:
         return None
     if fmt == "nvfp4":
         if cap < (10, 0):
-            return f"TE NVFP4BlockScaling needs sm_100+; this GPU is sm_{cap[0]}{cap[1]}"
+            return (f"TE's NVFP4 recipe (NVFP4BlockScaling) needs a Blackwell GPU (sm_100+); "
+                    f"this GPU is sm_{cap[0]}{cap[1]}")
         if policy.rht == "all" or policy.sr == "all":
             return "TE applies RHT to Wgrad inputs only and SR to gradients only (rht/sr: all is emulated only)"
         if policy.rht != "none" and policy.resolved_rht_dim != 16:
@@ -75,8 +90,14 @@ def make_recipe(policy: PrecisionPolicy):
 
 
 class TELinear(nn.Module):
-    """A te.Linear (no bias, FP32 params) run under `te.autocast(recipe)` unless it is a BF16 block
-    or the schedule has switched. `.weight` is the TE module's parameter."""
+    """y = x @ weight.T through a te.Linear (no bias), under `te.autocast(recipe)` unless it is a
+    BF16 block or the schedule has switched.
+
+    `.weight` is this module's FP32 [out, in] parameter, created like QuantLinear's (on the CPU
+    unless `device` says otherwise, nn.Linear's init), so a model's parameters, their init and its
+    state dict are the same on every backend. The te.Linear is kept out of the module tree (no
+    state-dict entry: the recipes used here are stateless, TE's `_extra_state` is empty for them);
+    it lives on the GPU and gets the weight, zero-padded to multiples of 16 where needed, at each call."""
 
     def __init__(self, in_features: int, out_features: int, *, policy: PrecisionPolicy, block_index: int,
                  n_blocks: int, name: str, seed: int = 0, device=None):
@@ -87,20 +108,25 @@ class TELinear(nn.Module):
         self.block_index, self.n_blocks, self.name = block_index, n_blocks, name
         self.label = f"block{block_index}.{name}"
         self.backend_name = "te"
-        self.linear = te.Linear(in_features, out_features, bias=False, params_dtype=torch.float32,
-                                device=device if device is not None else "cuda")
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=torch.float32))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's default; models re-init
+        self.padded_in = -(-in_features // TE_DIM_MULTIPLE) * TE_DIM_MULTIPLE
+        self.padded_out = -(-out_features // TE_DIM_MULTIPLE) * TE_DIM_MULTIPLE
+        te_linear = te.Linear(self.padded_in, self.padded_out, bias=False, params_dtype=torch.float32,
+                              device="cuda" if device is None or torch.device(device).type != "cuda" else device)
+        del te_linear.weight  # TE reads `weight` by attribute at each call: forward() sets it
+        object.__setattr__(self, "te_linear", te_linear)  # not a submodule: see the class docstring
         self.te_recipe = make_recipe(policy)
         self.bf16_block = policy.is_bf16_block(block_index, n_blocks)
         self.switched = False
         self.stats_enabled = False
-        nn.init.kaiming_uniform_(self.linear.weight, a=math.sqrt(5))
-
-    @property
-    def weight(self) -> nn.Parameter:
-        return self.linear.weight
 
     def set_switched(self, switched: bool) -> None:
         self.switched = bool(switched)
+
+    @property
+    def quantized(self) -> bool:
+        return not (self.bf16_block or self.switched)
 
     def generator_state(self) -> dict:
         return {}  # TE draws SR bits from torch's default CUDA generator
@@ -114,10 +140,32 @@ class TELinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         import transformer_engine.pytorch as te
 
-        quantized = not (self.bf16_block or self.switched)
+        # TE's FP8 GEMMs want the token count a multiple of 8 and K, N multiples of 16: zero-pad what
+        # is not (zeros change no amax), crop the output.
+        leading, tokens = x.shape[:-1], x.numel() // self.in_features
+        x = x.reshape(tokens, self.in_features)
+        pad_tokens, pad_in = -tokens % TE_DIM_MULTIPLE, self.padded_in - self.in_features
+        pad_out = self.padded_out - self.out_features
+        if pad_tokens or pad_in:
+            x = nn.functional.pad(x, (0, pad_in, 0, pad_tokens))
+        weight = self.weight.view_as(self.weight)  # a plain tensor: a Parameter would be registered in te_linear
+        if pad_out or pad_in:
+            weight = nn.functional.pad(weight, (0, pad_in, 0, pad_out))
+        self.te_linear.weight = weight
+        self.te_linear.train(self.training)
         if hasattr(te, "autocast"):  # TE >= 2.9
-            context = te.autocast(enabled=quantized, recipe=self.te_recipe)
+            context = te.autocast(enabled=self.quantized, recipe=self.te_recipe)
         else:
-            context = te.fp8_autocast(enabled=quantized, fp8_recipe=self.te_recipe)
-        with context:
-            return self.linear(x)
+            context = te.fp8_autocast(enabled=self.quantized, fp8_recipe=self.te_recipe)
+        try:
+            with context:
+                y = self.te_linear(x)
+        finally:
+            self.te_linear.weight = None  # hold no reference to this step's (padded) weight
+        if pad_tokens or pad_out:
+            y = y[:tokens, :self.out_features]
+        return y.reshape(*leading, self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_features}, {self.out_features}, {self.label}, te {type(self.te_recipe).__name__}"
+                f"{' (bf16 block)' if self.bf16_block else ''}")

@@ -84,7 +84,10 @@ def _build_model_and_data(cfg: RunConfig, info: dist.DistInfo):
                           f"{loader.tokenizer.vocab_size} tokens (data.tokenizer)")
 
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    factory = build_linear_factory(policy, n_blocks=len(model_cfg.pattern), seed=cfg.seed)
+    try:  # a backend that cannot run here (e.g. backend=te, nvfp4 on Hopper) is one line, exit 2
+        factory = build_linear_factory(policy, n_blocks=len(model_cfg.pattern), seed=cfg.seed)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     model = _build_model(model_cfg, lambda: HybridLM(model_cfg, linear_factory=factory), info.device)
     controller = PrecisionController(policy, model)
     return model_cfg, model, controller, loader, val_data
