@@ -1,0 +1,377 @@
+"""Fused Triton quantizers: the same bits as the PyTorch reference functions, one read of the input.
+
+Each kernel mirrors its reference (``nvfp4._quantize_core``, ``e2m1.round_signed_``) step by step;
+the comments name the reference line a step mirrors. Rules that keep the bits identical on a GPU:
+
+* every division is ``tl.div_rn`` (Triton lowers ``/`` on FP32 to an approximate division);
+* kernels are launched with ``enable_fp_fusion=False``, so no multiply and add fuse into an FMA
+  (the reference rounds each product);
+* the casts to E4M3 and E2M1 are integer bit arithmetic (round to nearest even, NaN -> 0x7F), not
+  Triton's float8 conversion, whose saturation and NaN rules differ across backends;
+* maxima are taken over the integer bits of |x|: for non-negative floats integer order is float
+  order, and a NaN's bits exceed +Inf's, so a NaN anywhere gives a NaN amax, as ``torch.amax``.
+
+The global amax is a first pass (``abs_max``: per-program partial maxima, then ``torch.amax`` of
+those); it stays a device tensor the quantizing kernel loads (no host sync).
+
+CPU tensors run in Triton's interpreter, which needs ``TRITON_INTERPRET=1`` in the environment
+before ``triton`` is first imported (``@triton.jit`` decides at import time, also for
+``triton.language``'s own functions). Callers pick this module through ``impl`` (see ``impl.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton import knobs
+
+# Whether this module's kernels were decorated for the interpreter (CPU tensors) or for the GPU.
+INTERPRETED = bool(knobs.runtime.interpret)
+
+_FLT_MAX = 3.4028234663852886e38
+_ONE_SIXTH_BITS = 0x3E2AAAAB  # fp32(1/6) = torch.reciprocal(torch.tensor(6.0)), as the reference computes it
+_SR_DROPPED_BITS = (1 << 21) - 1  # e2m1._SR_DROPPED_BITS
+
+# Rounding modes as the kernels' constexpr.
+RNE, SR_BITS, SR_PHILOX = 0, 1, 2
+
+# Tile of one program: 16 rows (a 16x16 tile's height) x 256 columns (16 scale blocks).
+BLOCK_ROWS, BLOCK_COLS = 16, 256
+AMAX_BLOCK = 8192
+
+
+def _launch_options(x: torch.Tensor) -> dict:
+    # The interpreter takes no compile options.
+    return {} if not x.is_cuda else {"enable_fp_fusion": False, "num_warps": 4}
+
+
+# ------------------------------------------------------------------------------ global amax
+@triton.jit
+def _abs_max_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    magnitude_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    tl.store(partial_ptr + tl.program_id(0), tl.max(magnitude_bits, axis=0))
+
+
+def abs_max(x: torch.Tensor) -> torch.Tensor:
+    """0-d FP32 max|x| on x's device (NaN if any element is NaN), without a host sync."""
+    n = x.numel()
+    programs = triton.cdiv(n, AMAX_BLOCK)
+    partial = torch.empty(programs, dtype=torch.int32, device=x.device)
+    _abs_max_kernel[(programs,)](x, partial, n, BLOCK=AMAX_BLOCK, **_launch_options(x))
+    return partial.amax().view(torch.float32)
+
+
+# ------------------------------------------------------------------------------ shared steps
+@triton.jit
+def _global_scales(amax):
+    """(s_enc, s_dec, s_enc * fp32(1/6)) from the FP32 amax: nvfp4.global_encode_scale and the
+    two lines after it in nvfp4._quantize_core."""
+    s_enc = tl.div_rn(tl.full(amax.shape, 2688.0, tl.float32), amax)  # 6 * 448 / amax, one rounding
+    s_enc = tl.where(s_enc > _FLT_MAX, _FLT_MAX, s_enc)  # clamp(max=FLT_MAX); NaN stays NaN
+    s_enc = tl.where((amax == 0) | (s_enc == 0), 1.0, s_enc)
+    s_enc = tl.where(amax <= _FLT_MAX, s_enc, float("nan"))  # amax Inf or NaN -> NaN
+    s_dec = tl.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
+    one_sixth = tl.full(amax.shape, _ONE_SIXTH_BITS, tl.int32).to(tl.float32, bitcast=True)
+    return s_enc, s_dec, s_enc * one_sixth
+
+
+@triton.jit
+def _e4m3_rne(s):
+    """FP32 s in [0, 448] or NaN -> (E4M3 bits int32, fp32 value of those bits): torch's
+    ``.to(torch.float8_e4m3fn)`` (RNE) then ``.to(torch.float32)``."""
+    bits = s.to(tl.int32, bitcast=True)
+    # Normal (s >= 2^-6): round FP32's 23-bit mantissa to 3 bits, half to even, then rebias the
+    # exponent from 127 to 7 (120 << 3 in the shifted word). A carry into the exponent is right.
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) >> 20) - (120 << 3)
+    # Subnormal (s < 2^-6): the code is s / 2^-9 rounded half to even (code 8 is 2^-6, the smallest
+    # normal, so a round-up lands on it). s * 512 < 8 is exact; adding 2^23 rounds it to an integer
+    # (FP32 spacing 1 there) and the integer sits in the low mantissa bits.
+    subnormal = ((s * 512.0) + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
+    code = tl.where(s < 0.015625, subnormal, normal)
+    code = tl.where(s != s, 0x7F, code)
+    value = tl.where(code >= 8, ((code + (120 << 3)) << 20).to(tl.float32, bitcast=True), code.to(tl.float32) * 0.001953125)
+    value = tl.where(s != s, s, value)
+    return code, value
+
+
+@triton.jit
+def _e2m1_index(a):
+    """Index 0..7 on {0, .5, 1, 1.5, 2, 3, 4, 6} of |y| already on the grid or to round half to
+    even: the midpoints 0.25, 0.75, .. 5 go to the even index (e2m1.round_signed_'s RNE; TE's
+    decision table). NaN gives 0 (e2m1.encode_values maps NaN to code 0)."""
+    return ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+            + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
+            + (a > 5.0).to(tl.int32))
+
+
+@triton.jit
+def _e2m1_magnitude(index):
+    """Index 0..7 -> E2M1 magnitude (FP32)."""
+    low = index.to(tl.float32) * 0.5  # 0, .5, 1, 1.5, 2 for index 0..4
+    high = tl.where(index == 7, 6.0, (index - 2).to(tl.float32))  # 3, 4 for 5, 6
+    return tl.where(index <= 4, low, high)
+
+
+@triton.jit
+def _round_e2m1(y, random_bits, ROUNDING: tl.constexpr):
+    """e2m1.round_signed_ on FP32 y: (index 0..7 of the rounded magnitude, negative). ``negative``
+    is y < 0 (the reference's ``y + 0.0`` makes -0 positive), so a negative value that rounds to
+    0 keeps its sign bit (code 0x8), as in TE."""
+    negative = y < 0
+    a = tl.abs(y)
+    a = tl.where(a > 6.0, 6.0, a)  # clamp_(-6, 6); NaN stays NaN
+    if ROUNDING != 0:
+        # round_signed_'s SR branch on |y|: offset = max(2^floor(log2|y|), 1); z = |y| + 2 offset
+        # (one FP32 rounding); add 21 random bits to z's bits and clear them; subtract 2 offset.
+        offset = (a.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+        offset = tl.where(offset < 1.0, 1.0, offset)
+        z = a + offset * 2.0
+        z_bits = (z.to(tl.int32, bitcast=True) + (random_bits & _SR_DROPPED_BITS)) & ~_SR_DROPPED_BITS
+        a = z_bits.to(tl.float32, bitcast=True) - offset * 2.0
+    return _e2m1_index(a), negative
+
+
+@triton.jit
+def _with_sign(magnitude, negative):
+    """-magnitude where negative, by the sign bit: Triton's unary minus is 0 - x, which would turn
+    the reference's -0.0 (a negative value rounded to zero) into +0.0."""
+    bits = magnitude.to(tl.int32, bitcast=True) | (negative.to(tl.int32) << 31)
+    return bits.to(tl.float32, bitcast=True)
+
+
+# ------------------------------------------------------------------------------ NVFP4
+@triton.jit
+def _nvfp4_kernel(
+    x_ptr, amax_ptr, bits_ptr, seed_ptr,  # inputs: x [rows, cols], 0-d amax, SR bits or seed
+    codes_ptr, scales_ptr, values_ptr, s_dec_ptr,  # outputs (codes + scales, or values)
+    rows, cols,
+    TILE_ROWS: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    NB: tl.constexpr = BLOCK_C // 16
+    pid_r, pid_c = tl.program_id(0), tl.program_id(1)
+    r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    offs = r[:, None].to(tl.int64) * cols + c[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # y = x.to(float32): exact
+
+    # block_amax: max over 16 columns, and for a 16x16 tile over its 16 rows, repeated on them.
+    magnitude_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    block_bits = tl.max(tl.reshape(magnitude_bits, (BLOCK_R, NB, 16)), axis=2)
+    if TILE_ROWS == 16:
+        tile_bits = tl.max(tl.reshape(block_bits, (BLOCK_R // 16, 16, NB)), axis=1)
+        block_bits = tl.reshape(tl.broadcast_to(tile_bits[:, None, :], (BLOCK_R // 16, 16, NB)), (BLOCK_R, NB))
+    amax_b = block_bits.to(tl.float32, bitcast=True)
+
+    s_enc, s_dec, multiplier = _global_scales(tl.load(amax_ptr))
+    # scales = clamp(amax_b * multiplier, max=448).to(e4m3)
+    scaled = amax_b * multiplier
+    scale_bits, scale = _e4m3_rne(tl.where(scaled > 448.0, 448.0, scaled))
+    # block_encode = clamp(reciprocal(fp32(scale) * s_dec), max=FLT_MAX)
+    encode = tl.div_rn(tl.full((BLOCK_R, NB), 1.0, tl.float32), scale * s_dec)
+    encode = tl.where(encode > _FLT_MAX, _FLT_MAX, encode)
+    # y.view(rows, nb, 16).mul_(block_encode)
+    y = tl.reshape(tl.reshape(x, (BLOCK_R, NB, 16)) * encode[:, :, None], (BLOCK_R, BLOCK_C))
+
+    if ROUNDING == 1:
+        random_bits = tl.load(bits_ptr + offs, mask=mask, other=0)
+    elif ROUNDING == 2:
+        random_bits = tl.randint(tl.load(seed_ptr), offs.to(tl.int32)).to(tl.int32, bitcast=True)
+    else:
+        random_bits = 0
+    index, negative = _round_e2m1(y, random_bits, ROUNDING)
+
+    if DENSE:
+        # _fake_quantize_impl: values * fp32(scale_b), exact; NaN scales give NaN.
+        magnitude = tl.reshape(tl.reshape(_e2m1_magnitude(index), (BLOCK_R, NB, 16)) * scale[:, :, None],
+                               (BLOCK_R, BLOCK_C))
+        values = _with_sign(magnitude, negative)
+        tl.store(values_ptr + offs, values.to(values_ptr.dtype.element_ty), mask=mask)
+    else:
+        # e2m1.encode_values + pack: sign in bit 3, element 2j in the low nibble.
+        code = index | (negative.to(tl.int32) << 3)
+        low, high = tl.split(tl.reshape(code, (BLOCK_R, BLOCK_C // 2, 2)))
+        c2 = pid_c * (BLOCK_C // 2) + tl.arange(0, BLOCK_C // 2)
+        mask2 = (r[:, None] < rows) & (c2[None, :] < cols // 2)
+        tl.store(codes_ptr + r[:, None].to(tl.int64) * (cols // 2) + c2[None, :],
+                 (low | (high << 4)).to(tl.uint8), mask=mask2)
+        cb = pid_c * NB + tl.arange(0, NB)
+        maskb = (r[:, None] < rows) & (cb[None, :] < cols // 16)
+        tl.store(scales_ptr + r[:, None].to(tl.int64) * (cols // 16) + cb[None, :], scale_bits.to(tl.uint8),
+                 mask=maskb)
+    if (pid_r == 0) & (pid_c == 0):
+        tl.store(s_dec_ptr, s_dec)
+
+
+def philox_seed(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """A 1-element int64 seed for the kernels' Philox stream, drawn on x's device from
+    ``generator`` (torch's default for that device when None): no host sync, and the generator
+    advances, so successive calls draw different bits."""
+    from .rounding import _check_generator_device
+
+    _check_generator_device(x, generator)
+    return torch.randint(0, 2**62, (1,), generator=generator, device=x.device, dtype=torch.int64)
+
+
+def _rounding_args(x, rounding: str, random_bits, generator):
+    """(ROUNDING constexpr, random-bits tensor, seed tensor); unused ones are x (never read)."""
+    if rounding == "rne":
+        return RNE, x, x
+    if random_bits is not None:
+        if random_bits.numel() != x.numel():
+            raise ValueError(f"random_bits has {random_bits.numel()} elements, x has {x.numel()}")
+        return SR_BITS, random_bits.contiguous().view(torch.int32), x
+    if x.numel() >= 2**31:
+        raise ValueError(f"triton SR: Philox offsets are 32-bit; x has {x.numel()} >= 2^31 elements")
+    return SR_PHILOX, x, philox_seed(x, generator)
+
+
+def nvfp4(
+    x: torch.Tensor,
+    tile_rows: int,
+    rounding: str,
+    *,
+    dense: bool,
+    random_bits: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    out_dtype: torch.dtype | None = None,
+):
+    """NVFP4 of ``x`` viewed as [rows, cols] (arguments checked by the caller).
+
+    dense=False: (codes uint8 [..., cols/2], scales uint8 E4M3 bits [..., cols/16], amax, s_dec).
+    dense=True: (values e2m1 * scale_b in out_dtype, x's shape; amax; s_dec).
+    SR uses ``random_bits`` (int32, one per element, as ``rounding.random_bits_like``: the same
+    bits as the reference) when given, else Philox seeded from ``generator``."""
+    x = x.contiguous()
+    cols = x.shape[-1]
+    rows = x.numel() // cols
+    device = x.device
+    amax = abs_max(x)
+    s_dec = torch.empty((), dtype=torch.float32, device=device)
+    mode, bits, seed = _rounding_args(x, rounding, random_bits, generator)
+    dummy = amax  # stands for the output pointers the constexpr branches do not touch
+    if dense:
+        values = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=device)
+        codes = scales = dummy
+    else:
+        codes = torch.empty((*x.shape[:-1], cols // 2), dtype=torch.uint8, device=device)
+        scales = torch.empty((*x.shape[:-1], cols // 16), dtype=torch.uint8, device=device)
+        values = dummy
+    grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(cols, BLOCK_COLS))
+    _nvfp4_kernel[grid](
+        x, amax, bits, seed, codes, scales, values, s_dec, rows, cols,
+        TILE_ROWS=tile_rows, ROUNDING=mode, DENSE=dense, BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS,
+        **_launch_options(x),
+    )
+    if dense:
+        return values, amax, s_dec
+    return codes, scales, amax, s_dec
+
+
+# ------------------------------------------------------------------------------ MXFP4
+@triton.jit
+def _e8m0_exponent_bits(amax_b, SCALE_RULE: tl.constexpr):
+    """mxfp4.scale_exponent + 127, from the FP32 bits (E8M0 bits 0..254; 255 for a non-finite
+    block). SCALE_RULE 0: rceil, 2^ceil(log2(amax_b / 6)); 1: floor, 2^(floor(log2 amax_b) - 2)."""
+    if SCALE_RULE == 0:
+        v = tl.div_rn(amax_b, tl.full(amax_b.shape, 6.0, tl.float32))  # block_amax / E2M1_MAX
+        bits = v.to(tl.int32, bitcast=True)
+        biased, mantissa = (bits >> 23) & 0xFF, bits & 0x7FFFFF
+        # frexp's exact ceil(log2 v): the exponent, plus one unless v is a power of two. A
+        # subnormal v lies in (2^-149, 2^-126): ceil(log2 v) is -126 above 2^-127, else <= -127.
+        e = tl.where(biased > 0, biased - 127 + (mantissa != 0).to(tl.int32),
+                     tl.where(mantissa > 0x400000, -126, -127))
+    else:
+        bits = amax_b.to(tl.int32, bitcast=True)
+        biased = (bits >> 23) & 0xFF
+        e = tl.where(biased > 0, biased - 127 - 2, -127)  # a subnormal amax_b gives <= -128: clamped
+    e = tl.where(amax_b == 0, -127, e)
+    e = tl.minimum(tl.maximum(e, -127), 127)
+    return tl.where(amax_b <= _FLT_MAX, e + 127, 255)  # E8M0_NAN for Inf / NaN
+
+
+@triton.jit
+def _mxfp4_kernel(
+    x_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, rows, cols,
+    SCALE_RULE: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """mxfp4._quantize_core + _quantize_impl / _fake_quantize_impl for a BLOCK_R x BLOCK_C tile."""
+    NB: tl.constexpr = BLOCK_C // 32
+    pid_r, pid_c = tl.program_id(0), tl.program_id(1)
+    r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    offs = r[:, None].to(tl.int64) * cols + c[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
+    magnitude_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    amax_b = tl.max(tl.reshape(magnitude_bits, (BLOCK_R, NB, 32)), axis=2).to(tl.float32, bitcast=True)
+    scale_bits = _e8m0_exponent_bits(amax_b, SCALE_RULE)
+    # scale_from_e8m0: 2^(bits - 127); bits 0 is 2^-127 (an FP32 subnormal), 255 NaN.
+    scale = tl.where(scale_bits == 0, (1 << 22), scale_bits << 23).to(tl.float32, bitcast=True)
+    scale = tl.where(scale_bits == 255, float("nan"), scale)
+    inverse = tl.div_rn(tl.full((BLOCK_R, NB), 1.0, tl.float32), scale)  # reciprocal(scale): exact
+    y = tl.reshape(tl.reshape(x, (BLOCK_R, NB, 32)) * inverse[:, :, None], (BLOCK_R, BLOCK_C))
+
+    if ROUNDING == 1:
+        random_bits = tl.load(bits_ptr + offs, mask=mask, other=0)
+    elif ROUNDING == 2:
+        random_bits = tl.randint(tl.load(seed_ptr), offs.to(tl.int32)).to(tl.int32, bitcast=True)
+    else:
+        random_bits = 0
+    index, negative = _round_e2m1(y, random_bits, ROUNDING)
+
+    if DENSE:
+        magnitude = tl.reshape(tl.reshape(_e2m1_magnitude(index), (BLOCK_R, NB, 32)) * scale[:, :, None],
+                               (BLOCK_R, BLOCK_C))
+        values = _with_sign(magnitude, negative)
+        tl.store(values_ptr + offs, values.to(values_ptr.dtype.element_ty), mask=mask)
+    else:
+        code = index | (negative.to(tl.int32) << 3)
+        low, high = tl.split(tl.reshape(code, (BLOCK_R, BLOCK_C // 2, 2)))
+        c2 = pid_c * (BLOCK_C // 2) + tl.arange(0, BLOCK_C // 2)
+        mask2 = (r[:, None] < rows) & (c2[None, :] < cols // 2)
+        tl.store(codes_ptr + r[:, None].to(tl.int64) * (cols // 2) + c2[None, :],
+                 (low | (high << 4)).to(tl.uint8), mask=mask2)
+        cb = pid_c * NB + tl.arange(0, NB)
+        maskb = (r[:, None] < rows) & (cb[None, :] < cols // 32)
+        tl.store(scales_ptr + r[:, None].to(tl.int64) * (cols // 32) + cb[None, :], scale_bits.to(tl.uint8),
+                 mask=maskb)
+
+
+def mxfp4(
+    x: torch.Tensor,
+    scale_rule: str,
+    rounding: str,
+    *,
+    dense: bool,
+    random_bits: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    out_dtype: torch.dtype | None = None,
+):
+    """MXFP4 of ``x`` viewed as [rows, cols] (arguments checked by the caller; ``scale_rule``
+    canonical). dense=False: (codes uint8 [..., cols/2], E8M0 scale bits uint8 [..., cols/32]);
+    dense=True: values e2m1 * 2^e in out_dtype, x's shape. SR bits as in ``nvfp4``."""
+    x = x.contiguous()
+    cols = x.shape[-1]
+    rows = x.numel() // cols
+    mode, bits, seed = _rounding_args(x, rounding, random_bits, generator)
+    if dense:
+        values = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+        codes = scales = values
+    else:
+        codes = torch.empty((*x.shape[:-1], cols // 2), dtype=torch.uint8, device=x.device)
+        scales = torch.empty((*x.shape[:-1], cols // 32), dtype=torch.uint8, device=x.device)
+        values = codes
+    grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(cols, BLOCK_COLS))
+    _mxfp4_kernel[grid](
+        x, bits, seed, codes, scales, values, rows, cols,
+        SCALE_RULE={"rceil": 0, "floor": 1}[scale_rule], ROUNDING=mode, DENSE=dense,
+        BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS, **_launch_options(x),
+    )
+    return values if dense else (codes, scales)

@@ -1,0 +1,287 @@
+"""The Triton quantizers (formats/triton_kernels.py) give the PyTorch reference's bits.
+
+Two ways this module runs:
+* on a GPU: ``pytest -m gpu tests/formats/test_triton.py`` runs every check on CUDA tensors;
+* on CPU: ``test_kernels_in_the_triton_interpreter`` re-runs this file in a subprocess with
+  ``TRITON_INTERPRET=1``. Triton reads that variable when a function is decorated with
+  ``@triton.jit`` (at import, also for triton.language's own functions), so it must be set before
+  triton is imported; a subprocess keeps it away from every other test (an interpreted kernel
+  would also replace torch.compile's GPU kernels). The interpreter is slow: shapes are tiny and a
+  subset of the golden cases runs there (all of them on the GPU).
+The reference always runs on CPU (its bits are the same on every device).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nvfp4train.formats import hadamard, mxfp4, nvfp4, sr_generator
+from nvfp4train.formats.rounding import random_bits_like
+
+from .conftest import golden_manifest, load_golden
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = torch.device("cpu" if INTERPRETING else "cuda")
+
+
+def kernel_test(fn):
+    """A check of the kernels: runs in the interpreter subprocess, or on a GPU (marked gpu)."""
+    if INTERPRETING:
+        return fn
+    marks = (pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))
+    return functools.reduce(lambda f, mark: mark(f), marks, fn)
+
+
+@pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
+def test_kernels_in_the_triton_interpreter():
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-W", "ignore:divide by zero:RuntimeWarning", str(Path(__file__).relative_to(root))],
+        cwd=root, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    summary = run.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"\d+ passed, 1 skipped in .*", summary), run.stdout[-2000:]  # the skip: this test
+
+
+def test_triton_on_cpu_needs_the_interpreter_or_says_so():
+    x = torch.zeros(16, 32)
+    with pytest.raises(ValueError, match="impl="):
+        nvfp4.quantize(x, impl="cuda")
+    if INTERPRETING:
+        return
+    pytest.importorskip("triton")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        nvfp4.quantize(x, impl="triton")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        mxfp4.fake_quantize(x, impl="triton")
+
+
+# ------------------------------------------------------------------------------ inputs
+def edge_inputs() -> list[torch.Tensor]:
+    """FP32 [32, 128] tensors covering the edges: outliers, a row whose scales go E4M3-subnormal,
+    zero blocks, signed zeros, negatives that round to -0, grid midpoints (RNE ties), amax at a
+    power of two, block maxima spread over 2^-40..2^8 (every E4M3 scale code)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 128, generator=gen)
+    x[::7, ::13] *= 300
+    x[5] *= 1e-6  # 1x16 scales near 2^-9 (E4M3 subnormal) under this tensor's global scale
+    x[9, :16] = 0.0
+    x[10, :16] = -0.0
+    x[11, 1] = -1e-30
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 2)
+    x[12, :16] = ties  # block amax 6: y = x exactly when the global amax is 2688 / 448 * 6
+    x[13, :16] = -ties
+    spread = x.clone()
+    spread *= torch.exp2(torch.randint(-40, 8, (32, 8, 1), generator=gen).float()).expand(32, 8, 16).reshape(32, 128)
+    pow2 = torch.randn(32, 128, generator=gen)
+    pow2[0, 0] = 64.0  # amax a power of two
+    grid = x.clamp(-6, 6)
+    grid[0, 0] = 6.0  # global amax 6: s_enc = 448, and blocks with amax 6 are quantized unscaled
+    return [x, spread, pow2, grid]
+
+
+def reference_nvfp4(x, tile, rounding="rne", generator=None):
+    q = nvfp4.quantize(x.cpu(), tile, rounding, generator, impl="reference")
+    return q.codes, q.scales.view(torch.uint8), q.amax, q.global_decode_scale
+
+
+def assert_same(got, want, what):
+    got = got.cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, want.dtype, got.shape, want.shape)
+    if got.is_floating_point():
+        assert torch.equal(got.isnan(), want.isnan()), what
+        got, want = got.nan_to_num(0.0), want.nan_to_num(0.0)
+        bits = {4: torch.int32, 2: torch.int16}[got.element_size()]
+        got, want = got.view(bits), want.view(bits)
+    diff = int((got != want).sum())
+    assert diff == 0, f"{what}: {diff} of {got.numel()} differ"
+
+
+# ------------------------------------------------------------------------------ NVFP4
+@kernel_test
+@pytest.mark.parametrize("tile", [(1, 16), (16, 16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_nvfp4_rne_same_bits_as_the_reference(tile, dtype):
+    for i, x in enumerate(edge_inputs()):
+        x = x.to(dtype)
+        want = reference_nvfp4(x, tile)
+        q = nvfp4.quantize(x.to(DEVICE), tile, impl="triton")
+        for name, got, ref in zip(("codes", "scales", "amax", "s_dec"),
+                                  (q.codes, q.scales.view(torch.uint8), q.amax, q.global_decode_scale), want):
+            assert_same(got, ref, f"input {i} {name}")
+        for out_dtype in (torch.bfloat16, torch.float32):
+            values, s_dec = nvfp4.fake_quantize(x.to(DEVICE), tile, out_dtype=out_dtype, impl="triton")
+            ref_values, _ = nvfp4.fake_quantize(x, tile, out_dtype=out_dtype, impl="reference")
+            assert_same(values, ref_values, f"input {i} values {out_dtype}")
+            assert_same(s_dec, want[3], f"input {i} s_dec")
+
+
+@kernel_test
+@pytest.mark.parametrize("tile", [(1, 16), (16, 16)])
+def test_nvfp4_sr_with_the_same_random_bits_same_bits(tile):
+    from nvfp4train.formats import triton_kernels
+
+    x = edge_inputs()[0].to(torch.bfloat16)
+    bits = random_bits_like(x, sr_generator(7))
+    want = reference_nvfp4(x, tile, "sr", sr_generator(7))
+    got = triton_kernels.nvfp4(x.to(DEVICE), tile[0], "sr", dense=False, random_bits=bits.to(DEVICE))
+    for name, g, w in zip(("codes", "scales", "amax", "s_dec"), got, want):
+        assert_same(g, w, name)
+    values, _, _ = triton_kernels.nvfp4(x.to(DEVICE), tile[0], "sr", dense=True, random_bits=bits.to(DEVICE),
+                                        out_dtype=torch.float32)
+    ref, _ = nvfp4.fake_quantize(x, tile, "sr", sr_generator(7), out_dtype=torch.float32, impl="reference")
+    assert_same(values, ref, "values")
+
+
+@kernel_test
+def test_nvfp4_non_finite_and_zero_inputs_follow_the_reference_policy():
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        x = torch.randn(16, 64)
+        x[3, 7] = bad
+        q = nvfp4.quantize(x.to(DEVICE), (1, 16), impl="triton")
+        assert (q.scales.view(torch.uint8).cpu() == 0x7F).all() and q.global_decode_scale.isnan()
+        assert_same(q.codes, reference_nvfp4(x, (1, 16))[0], f"codes with {bad}")
+        values, s_dec = nvfp4.fake_quantize(x.to(DEVICE), (16, 16), impl="triton")
+        assert values.isnan().all() and s_dec.isnan()
+    zeros = torch.zeros(16, 32)
+    q = nvfp4.quantize(zeros.to(DEVICE), impl="triton")
+    assert not q.codes.cpu().any() and not q.scales.view(torch.uint8).cpu().any()
+    assert float(q.amax) == 0.0 and float(q.global_decode_scale) == 1.0
+
+
+@kernel_test
+def test_nvfp4_hypothesis_inputs_same_bits():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from .strategies import tensors
+
+    @settings(max_examples=6 if INTERPRETING else 60, deadline=None, derandomize=True)
+    @given(tensors(), st.sampled_from([(1, 16), (16, 16)]))
+    def check(x, tile):
+        q = nvfp4.quantize(x.to(DEVICE), tile, impl="triton")
+        want = reference_nvfp4(x, tile)
+        for name, got, ref in zip(("codes", "scales", "amax", "s_dec"),
+                                  (q.codes, q.scales.view(torch.uint8), q.amax, q.global_decode_scale), want):
+            assert_same(got, ref, name)
+
+    check()
+
+
+def golden_subset(fmt: str) -> list[str]:
+    names = [c["name"] for c in golden_manifest()["cases"] if c["format"] == fmt]
+    return names[::12] if INTERPRETING else names
+
+
+@kernel_test
+def test_nvfp4_golden_vectors():
+    manifest, tensors = load_golden()
+    for name in golden_subset("nvfp4"):
+        meta = next(c for c in manifest["cases"] if c["name"] == name)
+        x, tile = tensors[f"{name}/x"], tuple(meta["tile"])
+        columnwise = hadamard.rht(x.t(), d=16) if meta["rht_on_columnwise"] else x.t()
+        for which, xx in (("rowwise", x), ("columnwise", columnwise)):
+            q = nvfp4.quantize(xx.to(DEVICE), tile, impl="triton")
+            assert_same(q.codes, tensors[f"{name}/{which}_codes"], f"{name} {which} codes")
+            assert_same(q.scales.view(torch.uint8), tensors[f"{name}/{which}_scales_e4m3"], f"{name} {which} scales")
+            assert_same(q.amax.reshape(1), tensors[f"{name}/amax_{which}"], f"{name} {which} amax")
+
+
+# ------------------------------------------------------------------------------ Philox SR
+@kernel_test
+def test_philox_sr_is_reproducible_per_seed_and_advances_the_generator():
+    x = edge_inputs()[0].to(DEVICE)
+
+    def codes(generator):
+        return nvfp4.quantize(x, (1, 16), "sr", generator, impl="triton").codes.cpu()
+
+    assert torch.equal(codes(sr_generator(1, 0, DEVICE)), codes(sr_generator(1, 0, DEVICE)))
+    assert not torch.equal(codes(sr_generator(1, 0, DEVICE)), codes(sr_generator(2, 0, DEVICE)))
+    gen = sr_generator(1, 0, DEVICE)
+    assert not torch.equal(codes(gen), codes(gen))
+    # quantize and fake_quantize draw the same way: the same generator state, the same numbers.
+    q = nvfp4.quantize(x, (16, 16), "sr", sr_generator(3, 0, DEVICE), impl="triton")
+    values, _ = nvfp4.fake_quantize(x, (16, 16), "sr", sr_generator(3, 0, DEVICE), out_dtype=torch.float32,
+                                    impl="triton")
+    assert_same(values, q.dequantize(apply_global_scale=False).cpu(), "fake vs quantize")
+
+
+@kernel_test
+def test_philox_sr_rounds_up_with_probability_equal_to_the_distance():
+    """Blocks [6, v, v, ...] with a global amax of 6 quantize v unscaled (s_enc = 448, scale 448,
+    encode 1), so P(v rounds up) must be (v - lo) / (hi - lo)."""
+    n_blocks = 256
+    for v, lo, hi in [(0.3, 0.0, 0.5), (2.75, 2.0, 3.0), (-5.0, -4.0, -6.0)]:
+        x = torch.full((n_blocks, 16), v)
+        x[:, 0] = 6.0
+        values, s_dec = nvfp4.fake_quantize(x.to(DEVICE), rounding="sr", generator=sr_generator(5, 0, DEVICE),
+                                            out_dtype=torch.float32, impl="triton")
+        assert torch.equal(s_dec.cpu(), torch.tensor(1 / 448))
+        drawn = (values.cpu() / 448)[:, 1:]  # values = e2m1 * scale 448
+        assert set(drawn.unique().tolist()) <= {lo, hi}, (v, drawn.unique())
+        p_up, n = (v - lo) / (hi - lo), drawn.numel()
+        frac = float((drawn == hi).double().mean())
+        assert abs(frac - p_up) < 5 * (p_up * (1 - p_up) / n) ** 0.5, (v, frac, p_up)
+
+
+@kernel_test
+def test_philox_sr_is_unbiased():
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    q = nvfp4.quantize(x, impl="triton")
+    unit = q.scales.to(torch.float32).repeat_interleave(16, -1)
+    expectation = ((x * torch.reciprocal(unit * q.global_decode_scale)).clamp(-6, 6) * unit).double()
+    gen = sr_generator(3, 0, DEVICE)
+    draws = torch.stack([nvfp4.fake_quantize(x, rounding="sr", generator=gen, out_dtype=torch.float32,
+                                             impl="triton")[0] for _ in range(36)]).double()
+    err = (draws.mean(0) - expectation).pow(2).mean().sqrt()
+    one = (draws[0] - expectation).pow(2).mean().sqrt()
+    assert err < one / 4.5  # 1/sqrt(36) = 1/6 of one draw's error, with slack
+    assert abs(float((draws.mean(0) - expectation).mean())) < 5 * float(err) / x.numel() ** 0.5
+
+
+# ------------------------------------------------------------------------------ MXFP4
+@kernel_test
+@pytest.mark.parametrize("scale_rule", ["rceil", "floor"])
+@pytest.mark.parametrize("rounding", ["rne", "sr"])
+def test_mxfp4_same_bits_as_the_reference(scale_rule, rounding):
+    from nvfp4train.formats import triton_kernels
+
+    inputs = edge_inputs()
+    nonfinite = inputs[0].clone()
+    nonfinite[2, 40], nonfinite[3, 0] = float("nan"), float("inf")  # one block each goes NaN
+    tiny = inputs[0] * 2.0**-130  # E8M0 minimum and FP32 subnormals
+    for i, x in enumerate(inputs + [nonfinite, tiny, inputs[1].bfloat16()]):
+        bits = random_bits_like(x, sr_generator(i)) if rounding == "sr" else None
+        ref = mxfp4.quantize(x, rounding, scale_rule, sr_generator(i), impl="reference")
+        codes, scales = triton_kernels.mxfp4(x.to(DEVICE), scale_rule, rounding, dense=False,
+                                             random_bits=None if bits is None else bits.to(DEVICE))
+        assert_same(codes, ref.codes, f"input {i} codes")
+        assert_same(scales, ref.scales.view(torch.uint8), f"input {i} scales")
+        values = triton_kernels.mxfp4(x.to(DEVICE), scale_rule, rounding, dense=True, out_dtype=torch.float32,
+                                      random_bits=None if bits is None else bits.to(DEVICE))
+        ref_values, _ = mxfp4.fake_quantize(x, rounding, scale_rule, sr_generator(i), out_dtype=torch.float32,
+                                            impl="reference")
+        assert_same(values, ref_values, f"input {i} values")
+    if rounding == "rne":  # the public entry points route to the same kernel
+        q = mxfp4.quantize(inputs[0].to(DEVICE), scale_rule=scale_rule, impl="triton")
+        assert_same(q.codes, mxfp4.quantize(inputs[0], scale_rule=scale_rule, impl="reference").codes, "public")
+
+
+@kernel_test
+def test_mxfp4_golden_vectors():
+    manifest, tensors = load_golden()
+    for name in golden_subset("mxfp4"):
+        q = mxfp4.quantize(tensors[f"{name}/x"].to(DEVICE), scale_rule="rceil", impl="triton")
+        assert_same(q.codes, tensors[f"{name}/rowwise_codes"], f"{name} codes")
+        assert_same(q.scales.to(torch.float32), tensors[f"{name}/rowwise_scales_fp32"], f"{name} scales")
