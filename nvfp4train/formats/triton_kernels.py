@@ -29,9 +29,10 @@ from triton import knobs
 # Whether this module's kernels were decorated for the interpreter (CPU tensors) or for the GPU.
 INTERPRETED = bool(knobs.runtime.interpret)
 
-_FLT_MAX = 3.4028234663852886e38
-_ONE_SIXTH_BITS = 0x3E2AAAAB  # fp32(1/6) = torch.reciprocal(torch.tensor(6.0)), as the reference computes it
-_SR_DROPPED_BITS = (1 << 21) - 1  # e2m1._SR_DROPPED_BITS
+# Globals a kernel reads must be tl.constexpr (Triton refuses other globals when compiling).
+_FLT_MAX = tl.constexpr(3.4028234663852886e38)
+_ONE_SIXTH_BITS = tl.constexpr(0x3E2AAAAB)  # fp32(1/6) = torch.reciprocal(torch.tensor(6.0)), as the reference
+_SR_DROPPED_BITS = tl.constexpr((1 << 21) - 1)  # e2m1._SR_DROPPED_BITS
 
 # Rounding modes as the kernels' constexpr.
 RNE, SR_BITS, SR_PHILOX = 0, 1, 2
