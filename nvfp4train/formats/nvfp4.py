@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import e2m1
+from . import e2m1, hadamard
 from .impl import use_triton
 from .rounding import random_bits_like
 
@@ -240,3 +240,61 @@ def fake_quantize(
         return values, s_dec
     random_bits = _draw_random_bits(x, rounding, generator)
     return _fake_quantize_impl(x, tile, rounding, random_bits, out_dtype or x.dtype)
+
+
+# ------------------------------------------------------------------------------ Wgrad operand
+def _check_rht_input(x: torch.Tensor, who: str) -> None:
+    if not isinstance(x, torch.Tensor) or x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{who}: x must be a torch.Tensor of {INPUT_DTYPES}, got {getattr(x, 'dtype', type(x))}")
+    if x.ndim != 2 or x.shape[0] % BLOCK != 0 or x.numel() == 0:
+        raise ValueError(f"{who}: x must be 2-D [tokens, features] with tokens a multiple of {BLOCK}, "
+                         f"got shape {tuple(x.shape)}")
+
+
+def rht_quantize_t(
+    x: torch.Tensor,
+    rounding: str = "rne",
+    generator: torch.Generator | None = None,
+    signs=None,
+    *,
+    impl: str = "auto",
+) -> NVFP4Tensor:
+    """The Wgrad operand of ``x`` [tokens, features]: NVFP4 (1x16) of ``hadamard.rht(x.T, 16,
+    signs)``, shape [features, tokens], its global scale from the transformed tensor's amax.
+
+    Same bits as ``quantize(hadamard.rht(x.t(), 16, signs), (1, 16), rounding, generator)``
+    (which is what impl="reference" runs); the Triton kernel reads x row-major and never
+    materializes the transpose or the transform. SR bits follow the [features, tokens] layout."""
+    _check_rht_input(x, "nvfp4.rht_quantize_t")
+    e2m1.check_rounding(rounding)
+    signs = hadamard.resolve_signs(BLOCK, signs)
+    if not use_triton(x, impl, "nvfp4.rht_quantize_t"):
+        return quantize(hadamard.rht(x.t(), BLOCK, signs), (1, BLOCK), rounding, generator, impl="reference")
+    from . import triton_kernels
+
+    codes, scales, amax, s_dec = triton_kernels.rht_nvfp4_t(x, signs, rounding, dense=False, generator=generator)
+    return NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), amax, s_dec, torch.Size(x.shape[::-1]), (1, BLOCK))
+
+
+def rht_fake_quantize_t(
+    x: torch.Tensor,
+    rounding: str = "rne",
+    generator: torch.Generator | None = None,
+    signs=None,
+    out_dtype: torch.dtype | None = None,
+    *,
+    impl: str = "auto",
+):
+    """``(values [features, tokens], global_decode_scale)``: ``fake_quantize`` of
+    ``hadamard.rht(x.T, 16, signs)`` (see ``rht_quantize_t``)."""
+    _check_rht_input(x, "nvfp4.rht_fake_quantize_t")
+    e2m1.check_rounding(rounding)
+    signs = hadamard.resolve_signs(BLOCK, signs)
+    if not use_triton(x, impl, "nvfp4.rht_fake_quantize_t"):
+        return fake_quantize(hadamard.rht(x.t(), BLOCK, signs), (1, BLOCK), rounding, generator, out_dtype,
+                             impl="reference")
+    from . import triton_kernels
+
+    values, _, s_dec = triton_kernels.rht_nvfp4_t(x, signs, rounding, dense=True, generator=generator,
+                                                  out_dtype=out_dtype or x.dtype)
+    return values, s_dec

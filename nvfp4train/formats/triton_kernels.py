@@ -136,6 +136,20 @@ def _round_e2m1(y, random_bits, ROUNDING: tl.constexpr):
 
 
 @triton.jit
+def _round_to(v, DTYPE: tl.constexpr):
+    """FP32 v rounded to DTYPE, to nearest even as torch's ``.to(dtype)``. bf16 by bit arithmetic:
+    Triton's interpreter truncates FP32 -> bf16 (its "rtne" mode does not carry either), the GPU
+    rounds; this gives both the same bits (NaN stays NaN, overflow rounds to Inf)."""
+    if DTYPE == tl.bfloat16:
+        bits = v.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # -65536 = 0xFFFF0000
+        rounded = tl.where(v != v, v, bits.to(tl.float32, bitcast=True))  # a NaN's payload could carry out
+        return rounded.to(tl.bfloat16)  # exact now: truncation is harmless
+    else:
+        return v.to(DTYPE)
+
+
+@triton.jit
 def _with_sign(magnitude, negative):
     """-magnitude where negative, by the sign bit: Triton's unary minus is 0 - x, which would turn
     the reference's -0.0 (a negative value rounded to zero) into +0.0."""
@@ -376,3 +390,147 @@ def mxfp4(
         BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS, **_launch_options(x),
     )
     return values if dense else (codes, scales)
+
+
+# ------------------------------------------------------------------------------ Wgrad: RHT + transpose + NVFP4
+# The Wgrad operand of x [tokens, features] is NVFP4 1x16 of hadamard.rht(x.T, 16): blocks of 16
+# consecutive tokens, transformed and quantized together. A program reads GROUPS x 16 tokens x
+# BLOCK_F features of x (row-major, coalesced), transforms each 16-token group in registers and
+# writes the transposed result. Two passes, as for nvfp4: the amax of the transformed tensor
+# (TE's post-RHT amax), then the quantization; neither materializes the transform.
+RHT_GROUPS, RHT_BLOCK_F = 4, 64
+
+
+@triton.jit
+def _rht16(x_ptr, t0, f, mask_f, n_features, SIGN_MASK: tl.constexpr, GROUPS: tl.constexpr,
+           BLOCK_F: tl.constexpr):
+    """hadamard.rht along tokens for tokens t0 .. t0 + 16 GROUPS and features f: FP32 [GROUPS, 16,
+    BLOCK_F], element (g, j, f) = sum_i x[t0 + 16 g + i, f] * m[i, j], summed in index order i
+    (hadamard.rht's loop), then rounded to x's dtype and back. m[i, j] = s_i (-1)^popcount(i & j) / 4
+    with s_i = -1 where bit i of SIGN_MASK is set."""
+    g = tl.arange(0, GROUPS)
+    j = tl.arange(0, 16)
+    rows = (t0 + g * 16).to(tl.int64)
+    for i in tl.static_range(16):
+        xi = tl.load(x_ptr + (rows[:, None] + i) * n_features + f[None, :], mask=mask_f[None, :], other=0.0)
+        parity = ((i & j) ^ ((i & j) >> 1) ^ ((i & j) >> 2) ^ ((i & j) >> 3)) & 1
+        quarter_i = 0.25 - 0.5 * ((SIGN_MASK >> i) & 1)  # s_i / 4, a compile-time constant
+        m_i = tl.where(parity == 1, -quarter_i, quarter_i)  # row i of rht_matrix(16)
+        product = xi.to(tl.float32)[:, None, :] * m_i[None, :, None]
+        if i == 0:
+            acc = product
+        else:
+            acc = acc + product
+    return _round_to(acc, x_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _rht_abs_max_kernel(x_ptr, partial_ptr, n_features, SIGN_MASK: tl.constexpr, GROUPS: tl.constexpr,
+                        BLOCK_F: tl.constexpr):
+    pid_t, pid_f = tl.program_id(0), tl.program_id(1)
+    f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
+    mask_f = f < n_features
+    y = _rht16(x_ptr, pid_t * GROUPS * 16, f, mask_f, n_features, SIGN_MASK, GROUPS, BLOCK_F)
+    bits = tl.max(tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1)
+    tl.store(partial_ptr + pid_t * tl.num_programs(1) + pid_f, tl.max(bits, axis=0))
+
+
+@triton.jit
+def _rht_nvfp4_kernel(
+    x_ptr, amax_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, s_dec_ptr,
+    n_tokens, n_features,
+    SIGN_MASK: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
+    GROUPS: tl.constexpr, BLOCK_F: tl.constexpr,
+):
+    """_nvfp4_kernel's steps (1x16 tile) on the transformed tile, written transposed: output row
+    f, columns t0 + 16 g + j."""
+    pid_t, pid_f = tl.program_id(0), tl.program_id(1)
+    t0 = pid_t * GROUPS * 16
+    f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
+    mask_f = f < n_features
+    y = _rht16(x_ptr, t0, f, mask_f, n_features, SIGN_MASK, GROUPS, BLOCK_F)  # [GROUPS, 16, BLOCK_F]
+
+    amax_b = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1).to(tl.float32, bitcast=True)
+    s_enc, s_dec, multiplier = _global_scales(tl.load(amax_ptr))
+    scaled = amax_b * multiplier
+    scale_bits, scale = _e4m3_rne(tl.where(scaled > 448.0, 448.0, scaled))  # [GROUPS, BLOCK_F]
+    encode = tl.div_rn(tl.full((GROUPS, BLOCK_F), 1.0, tl.float32), scale * s_dec)
+    encode = tl.where(encode > _FLT_MAX, _FLT_MAX, encode)
+    y = y * encode[:, None, :]
+
+    g = tl.arange(0, GROUPS)
+    j = tl.arange(0, 16)
+    # Element (f, t) of the [features, tokens] output, t = t0 + 16 g + j.
+    out_offs = f[None, None, :].to(tl.int64) * n_tokens + (t0 + g * 16)[:, None, None] + j[None, :, None]
+    mask = mask_f[None, None, :] & (j[None, :, None] < 16)
+    if ROUNDING == 1:
+        random_bits = tl.load(bits_ptr + out_offs, mask=mask, other=0)
+    elif ROUNDING == 2:
+        random_bits = tl.randint(tl.load(seed_ptr), out_offs.to(tl.int32)).to(tl.int32, bitcast=True)
+    else:
+        random_bits = 0
+    index, negative = _round_e2m1(y, random_bits, ROUNDING)
+
+    if DENSE:
+        values = _with_sign(_e2m1_magnitude(index) * scale[:, None, :], negative)
+        tl.store(values_ptr + out_offs, values.to(values_ptr.dtype.element_ty), mask=mask)
+    else:
+        code = index | (negative.to(tl.int32) << 3)
+        # Pairs (j = 2k, 2k + 1) -> one byte, the even element in the low nibble.
+        nibble_weight = (1 + 15 * tl.arange(0, 2))[None, None, :, None]
+        packed = tl.sum(tl.reshape(code, (GROUPS, 8, 2, BLOCK_F)) * nibble_weight, axis=2)  # [GROUPS, 8, BLOCK_F]
+        k = tl.arange(0, 8)
+        byte_offs = f[None, None, :].to(tl.int64) * (n_tokens // 2) + (t0 // 2 + g * 8)[:, None, None] + k[None, :, None]
+        tl.store(codes_ptr + byte_offs, packed.to(tl.uint8), mask=mask_f[None, None, :] & (k[None, :, None] < 8))
+        scale_offs = f[None, :].to(tl.int64) * (n_tokens // 16) + (t0 // 16 + g)[:, None]
+        tl.store(scales_ptr + scale_offs, scale_bits.to(tl.uint8), mask=mask_f[None, :])
+    if (pid_t == 0) & (pid_f == 0):
+        tl.store(s_dec_ptr, s_dec)
+
+
+def sign_mask(signs: torch.Tensor) -> int:
+    """The 16 ±1 signs (hadamard.resolve_signs) as a bit mask: bit i set where sign i is -1 (a
+    compile-time constant of the kernels: no sign tensor to copy to the device)."""
+    return sum(1 << i for i, s in enumerate(signs.tolist()) if s < 0)
+
+
+def rht_nvfp4_t(
+    x: torch.Tensor,
+    signs: torch.Tensor,
+    rounding: str,
+    *,
+    dense: bool,
+    random_bits: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    out_dtype: torch.dtype | None = None,
+):
+    """NVFP4 1x16 of hadamard.rht(x.T, 16, signs) for x [tokens, features] (tokens % 16 == 0,
+    checked by the caller). Outputs as ``nvfp4`` for the [features, tokens] result; SR bits are
+    indexed in that layout (``random_bits`` [features, tokens])."""
+    x = x.contiguous()
+    n_tokens, n_features = x.shape
+    mask = sign_mask(signs)
+    grid = (triton.cdiv(n_tokens, RHT_GROUPS * 16), triton.cdiv(n_features, RHT_BLOCK_F))
+    # Tokens not a multiple of 16 * GROUPS would need token masks: use a smaller group count.
+    groups = RHT_GROUPS if n_tokens % (RHT_GROUPS * 16) == 0 else 1
+    grid = (n_tokens // (groups * 16), grid[1])
+    partial = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=x.device)
+    _rht_abs_max_kernel[grid](x, partial, n_features, SIGN_MASK=mask, GROUPS=groups, BLOCK_F=RHT_BLOCK_F,
+                              **_launch_options(x))
+    amax = partial.amax().view(torch.float32)
+    mode, bits, seed = _rounding_args(x, rounding, random_bits, generator)
+    s_dec = torch.empty((), dtype=torch.float32, device=x.device)
+    if dense:
+        values = torch.empty((n_features, n_tokens), dtype=out_dtype or x.dtype, device=x.device)
+        codes = scales = values
+    else:
+        codes = torch.empty((n_features, n_tokens // 2), dtype=torch.uint8, device=x.device)
+        scales = torch.empty((n_features, n_tokens // 16), dtype=torch.uint8, device=x.device)
+        values = codes
+    _rht_nvfp4_kernel[grid](
+        x, amax, bits, seed, codes, scales, values, s_dec, n_tokens, n_features,
+        SIGN_MASK=mask, ROUNDING=mode, DENSE=dense, GROUPS=groups, BLOCK_F=RHT_BLOCK_F, **_launch_options(x),
+    )
+    if dense:
+        return values, amax, s_dec
+    return codes, scales, amax, s_dec
