@@ -62,7 +62,7 @@ def cases(device: torch.device):
         ("nvfp4.rht_quantize_t 1x16 sr", lambda x, i: nvfp4.rht_quantize_t(x, "sr", gen(), impl=i)),
         ("mxfp4.quantize rne", lambda x, i: mxfp4.quantize(x, "rne", impl=i)),
         ("mxfp4.fake_quantize rne", lambda x, i: mxfp4.fake_quantize(x, "rne", out_dtype=bf16, impl=i)[0]),
-        ("mxfp4.fake_quantize sr", lambda x, i: mxfp4.fake_quantize(x, "sr", gen(), out_dtype=bf16, impl=i)[0]),
+        ("mxfp4.fake_quantize sr", lambda x, i: mxfp4.fake_quantize(x, "sr", generator=gen(), out_dtype=bf16, impl=i)[0]),
         ("fp8.quantize_blockwise 1x128", lambda x, i: fp8.quantize_blockwise(x, (1, 128), impl=i)),
         ("fp8.quantize_blockwise 128x128", lambda x, i: fp8.quantize_blockwise(x, (128, 128), impl=i)),
         ("fp8.fake_quantize_blockwise 1x128 pow2",
@@ -89,6 +89,10 @@ def time_ms(fn, repeats: int, device: torch.device) -> float:
         fn()
         samples.append((time.perf_counter() - start) * 1e3)
     return statistics.median(samples)
+
+
+def sig4(value: float) -> float:
+    return float(f"{value:.4g}")
 
 
 def commit() -> str:
@@ -119,11 +123,10 @@ def bench(device: torch.device, shapes, impls, repeats: int) -> list[dict]:
                 out = fn(x, impl)
                 ms = time_ms(lambda: fn(x, impl), repeats, device)
                 gbps = (nbytes(x) + nbytes(out)) / (ms * 1e6)
-                row = {"quantizer": name, "shape": shape, "impl": impl, "ms": round(ms, 4), "gbps": round(gbps, 2),
-                       "copy_gbps": round(copy_gbps, 2), "frac_of_copy": round(gbps / copy_gbps, 3), "gpu": gpu,
-                       "commit": rev}
+                row = {"quantizer": name, "shape": shape, "impl": impl, "ms": sig4(ms), "gbps": sig4(gbps),
+                       "copy_gbps": sig4(copy_gbps), "frac_of_copy": sig4(gbps / copy_gbps), "gpu": gpu, "commit": rev}
                 rows.append(row)
-                print(f"{name:40s} {shape:>11s} {impl:>9s} {ms:9.3f} {gbps:8.1f} {copy_gbps:10.1f} "
+                print(f"{name:40s} {shape:>11s} {impl:>9s} {ms:9.3f} {gbps:8.2f} {copy_gbps:10.2f} "
                       f"{gbps / copy_gbps:8.1%}", flush=True)
         del x, dst
     return rows

@@ -51,7 +51,7 @@ def _launch_options(x: torch.Tensor) -> dict:
 @triton.jit
 def _abs_max_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    x = _to_fp32(tl.load(x_ptr + offs, mask=offs < n, other=0.0))
     magnitude_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     tl.store(partial_ptr + tl.program_id(0), tl.max(magnitude_bits, axis=0))
 
@@ -135,18 +135,45 @@ def _round_e2m1(y, random_bits, ROUNDING: tl.constexpr):
     return _e2m1_index(a), negative
 
 
+# bf16 <-> FP32 by bit arithmetic: Triton's interpreter converts bf16 with its own float code,
+# which truncates FP32 -> bf16 (its "rtne" mode does not carry either) and mangles subnormals both
+# ways; the GPU converts correctly. The bit forms below give both the same bits.
+@triton.jit
+def _to_fp32(x):
+    """A loaded tensor (bf16, fp16 or fp32) widened to FP32 exactly."""
+    if x.dtype == tl.bfloat16:
+        return ((x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def _bf16_rne_bits(v):
+    """FP32 v rounded to bf16 to nearest even (NaN stays NaN, overflow gives Inf), as the FP32 word
+    with its low 16 bits clear."""
+    bits = v.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # -65536 = 0xFFFF0000
+    nan_bits = v.to(tl.int32, bitcast=True) | 0x400000  # a NaN's payload could carry out: keep it, quiet
+    return tl.where(v != v, nan_bits & -65536, bits)
+
+
 @triton.jit
 def _round_to(v, DTYPE: tl.constexpr):
-    """FP32 v rounded to DTYPE, to nearest even as torch's ``.to(dtype)``. bf16 by bit arithmetic:
-    Triton's interpreter truncates FP32 -> bf16 (its "rtne" mode does not carry either), the GPU
-    rounds; this gives both the same bits (NaN stays NaN, overflow rounds to Inf)."""
+    """FP32 v rounded to DTYPE and widened back to FP32 (torch's ``.to(dtype).float()``)."""
     if DTYPE == tl.bfloat16:
-        bits = v.to(tl.int32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # -65536 = 0xFFFF0000
-        rounded = tl.where(v != v, v, bits.to(tl.float32, bitcast=True))  # a NaN's payload could carry out
-        return rounded.to(tl.bfloat16)  # exact now: truncation is harmless
+        return _bf16_rne_bits(v).to(tl.float32, bitcast=True)
     else:
-        return v.to(DTYPE)
+        return v.to(DTYPE).to(tl.float32)
+
+
+@triton.jit
+def _store_as(ptr, offs, v, mask):
+    """Store FP32 v into ``ptr``'s dtype, rounding to nearest even as torch's ``.to(dtype)``."""
+    if ptr.dtype.element_ty == tl.bfloat16:
+        bits = (_bf16_rne_bits(v) >> 16).to(tl.int16)
+        tl.store(ptr.to(tl.pointer_type(tl.int16)) + offs, bits, mask=mask)
+    else:
+        tl.store(ptr + offs, v.to(ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -172,7 +199,7 @@ def _nvfp4_kernel(
     c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (r[:, None] < rows) & (c[None, :] < cols)
     offs = r[:, None].to(tl.int64) * cols + c[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # y = x.to(float32): exact
+    x = _to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))  # y = x.to(float32): exact
 
     # block_amax: max over 16 columns, and for a 16x16 tile over its 16 rows, repeated on them.
     magnitude_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
@@ -205,7 +232,7 @@ def _nvfp4_kernel(
         magnitude = tl.reshape(tl.reshape(_e2m1_magnitude(index), (BLOCK_R, NB, 16)) * scale[:, :, None],
                                (BLOCK_R, BLOCK_C))
         values = _with_sign(magnitude, negative)
-        tl.store(values_ptr + offs, values.to(values_ptr.dtype.element_ty), mask=mask)
+        _store_as(values_ptr, offs, values, mask)
     else:
         # e2m1.encode_values + pack: sign in bit 3, element 2j in the low nibble.
         code = index | (negative.to(tl.int32) << 3)
@@ -322,7 +349,7 @@ def _mxfp4_kernel(
     c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (r[:, None] < rows) & (c[None, :] < cols)
     offs = r[:, None].to(tl.int64) * cols + c[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x = _to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))
 
     magnitude_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     amax_b = tl.max(tl.reshape(magnitude_bits, (BLOCK_R, NB, 32)), axis=2).to(tl.float32, bitcast=True)
@@ -345,7 +372,7 @@ def _mxfp4_kernel(
         magnitude = tl.reshape(tl.reshape(_e2m1_magnitude(index), (BLOCK_R, NB, 32)) * scale[:, :, None],
                                (BLOCK_R, BLOCK_C))
         values = _with_sign(magnitude, negative)
-        tl.store(values_ptr + offs, values.to(values_ptr.dtype.element_ty), mask=mask)
+        _store_as(values_ptr, offs, values, mask)
     else:
         code = index | (negative.to(tl.int32) << 3)
         low, high = tl.split(tl.reshape(code, (BLOCK_R, BLOCK_C // 2, 2)))
@@ -416,12 +443,12 @@ def _rht16(x_ptr, t0, f, mask_f, n_features, SIGN_MASK: tl.constexpr, GROUPS: tl
         parity = ((i & j) ^ ((i & j) >> 1) ^ ((i & j) >> 2) ^ ((i & j) >> 3)) & 1
         quarter_i = 0.25 - 0.5 * ((SIGN_MASK >> i) & 1)  # s_i / 4, a compile-time constant
         m_i = tl.where(parity == 1, -quarter_i, quarter_i)  # row i of rht_matrix(16)
-        product = xi.to(tl.float32)[:, None, :] * m_i[None, :, None]
+        product = _to_fp32(xi)[:, None, :] * m_i[None, :, None]
         if i == 0:
             acc = product
         else:
             acc = acc + product
-    return _round_to(acc, x_ptr.dtype.element_ty).to(tl.float32)
+    return _round_to(acc, x_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -473,7 +500,7 @@ def _rht_nvfp4_kernel(
 
     if DENSE:
         values = _with_sign(_e2m1_magnitude(index) * scale[:, None, :], negative)
-        tl.store(values_ptr + out_offs, values.to(values_ptr.dtype.element_ty), mask=mask)
+        _store_as(values_ptr, out_offs, values, mask)
     else:
         code = index | (negative.to(tl.int32) << 3)
         # Pairs (j = 2k, 2k + 1) -> one byte, the even element in the low nibble.
@@ -534,3 +561,107 @@ def rht_nvfp4_t(
     if dense:
         return values, amax, s_dec
     return codes, scales, amax, s_dec
+
+
+# ------------------------------------------------------------------------------ FP8 blockwise
+@triton.jit
+def _fp8_rne(v, MANT: tl.constexpr, BIAS: tl.constexpr):
+    """FP32 v with |v| <= the format's max (or NaN) -> FP8 bits (int32 0..255), as torch's
+    ``.to(float8_e4m3fn / float8_e5m2)``: RNE, subnormals, sign kept (-0.0 -> 0x80), NaN -> 0x7F."""
+    bits = v.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    a = tl.abs(v)
+    a_bits = a.to(tl.int32, bitcast=True)
+    SHIFT: tl.constexpr = 23 - MANT
+    normal = ((a_bits + ((1 << (SHIFT - 1)) - 1) + ((a_bits >> SHIFT) & 1)) >> SHIFT) - ((127 - BIAS) << MANT)
+    # Below the smallest normal 2^(1 - BIAS): a / 2^(1 - BIAS - MANT) rounded to an integer (see _e4m3_rne).
+    subnormal = ((a * (2.0 ** (BIAS - 1 + MANT))) + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
+    code = tl.where(a < 2.0 ** (1 - BIAS), subnormal, normal)
+    return tl.where(v != v, 0x7F, code | sign)
+
+
+@triton.jit
+def _fp8_value(code, MANT: tl.constexpr, BIAS: tl.constexpr):
+    """FP8 bits (int32) -> FP32 value (``.to(torch.float32)``); 0x7F / 0xFF -> NaN."""
+    magnitude = code & 0x7F
+    exponent = magnitude >> MANT
+    fraction = magnitude & ((1 << MANT) - 1)
+    normal = (((exponent + (127 - BIAS)) << 23) | (fraction << (23 - MANT))).to(tl.float32, bitcast=True)
+    subnormal = fraction.to(tl.float32) * (2.0 ** (1 - BIAS - MANT))
+    value = tl.where(exponent == 0, subnormal, normal)
+    value = tl.where(magnitude == 0x7F, float("nan"), value)
+    return _with_sign(value, (code & 0x80) != 0)
+
+
+@triton.jit
+def _fp8_blockwise_kernel(
+    x_ptr, data_ptr, scales_ptr, values_ptr, rows, cols, scale_for_inf,
+    TILE_R: tl.constexpr, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
+    POW2: tl.constexpr, DENSE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """fp8.quantize_blockwise (and fake_quantize_blockwise when DENSE) on a BLOCK_R x BLOCK_C tile
+    of TILE_R x 128 blocks."""
+    NR: tl.constexpr = BLOCK_R // TILE_R
+    NC: tl.constexpr = BLOCK_C // 128
+    pid_r, pid_c = tl.program_id(0), tl.program_id(1)
+    r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    offs = r[:, None].to(tl.int64) * cols + c[None, :]
+    x = _to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))
+
+    x4 = tl.reshape(x, (NR, TILE_R, NC, 128))
+    magnitude_bits = x4.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    amax = tl.max(tl.max(magnitude_bits, axis=3), axis=1).to(tl.float32, bitcast=True)  # [NR, NC]
+    # encode_scale_from_amax
+    encode = tl.div_rn(tl.full((NR, NC), FP8_MAX, tl.float32), amax)
+    encode = tl.where(encode == float("inf"), scale_for_inf, encode)
+    encode = tl.where(amax == 0, 1.0, encode)
+    if POW2:
+        encode = (encode.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)  # always normal
+    encode = tl.where(amax <= _FLT_MAX, encode, float("nan"))
+    decode = tl.div_rn(tl.full((NR, NC), 1.0, tl.float32), encode)
+
+    scaled = x4 * encode[:, None, :, None]
+    scaled = tl.where(scaled > FP8_MAX, FP8_MAX, tl.where(scaled < -FP8_MAX, -FP8_MAX, scaled))
+    code = _fp8_rne(scaled, MANT, BIAS)
+    if DENSE:
+        values = tl.reshape(_fp8_value(code, MANT, BIAS) * decode[:, None, :, None], (BLOCK_R, BLOCK_C))
+        _store_as(values_ptr, offs, values, mask)
+    else:
+        tl.store(data_ptr + offs, tl.reshape(code, (BLOCK_R, BLOCK_C)).to(tl.uint8), mask=mask)
+        sr = pid_r * NR + tl.arange(0, NR)
+        sc = pid_c * NC + tl.arange(0, NC)
+        smask = (sr[:, None] < rows // TILE_R) & (sc[None, :] < cols // 128)
+        tl.store(scales_ptr + sr[:, None].to(tl.int64) * (cols // 128) + sc[None, :], decode, mask=smask)
+
+
+def fp8_blockwise(
+    x: torch.Tensor, block, dtype: torch.dtype, pow2_scales: bool, *, dense: bool, out_dtype=torch.float32
+):
+    """fp8.quantize_blockwise of x viewed as [rows, cols] (arguments checked by the caller):
+    (data uint8 bits of ``dtype``, x's shape; decode scales FP32), or with dense=True the
+    dequantized values in out_dtype."""
+    x = x.contiguous()
+    cols = x.shape[-1]
+    rows = x.numel() // cols
+    tile_r = block[0]
+    block_r, block_c = (128, 128) if tile_r == 128 else (8, 256)
+    mant, bias = (3, 7) if dtype == torch.float8_e4m3fn else (2, 15)
+    if dense:
+        values = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        data = scales = values
+    else:
+        data = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+        scales = torch.empty((rows // tile_r, cols // 128), dtype=torch.float32, device=x.device)
+        values = data
+    options = _launch_options(x)
+    if x.is_cuda and tile_r == 128:
+        options["num_warps"] = 8
+    grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
+    _fp8_blockwise_kernel[grid](
+        x, data, scales, values, rows, cols, float(torch.finfo(x.dtype).max),
+        TILE_R=tile_r, FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales, DENSE=dense,
+        BLOCK_R=block_r, BLOCK_C=block_c, **options,
+    )
+    return values if dense else (data, scales)

@@ -194,13 +194,13 @@ class FP8Format(OperandFormat):
             data, scale = fp8.quantize_tensorwise(x, self.dtype)
             return Quantized(data.to(torch.bfloat16), scale, fp8_data=data)
         values, _ = fp8.fake_quantize_blockwise(x, spec.tile, self.dtype, pow2_scales=spec.scale_mode == "pow2",
-                                                out_dtype=self._blockwise_dtype(spec))
+                                                out_dtype=self._blockwise_dtype(spec), impl=QUANT_IMPL)
         return Quantized(values, None)
 
     def pack(self, x, spec, generator):
         if spec.tile is None:
             return fp8.quantize_tensorwise(x, self.dtype)
-        return fp8.quantize_blockwise(x, spec.tile, self.dtype, spec.scale_mode == "pow2")
+        return fp8.quantize_blockwise(x, spec.tile, self.dtype, spec.scale_mode == "pow2", impl=QUANT_IMPL)
 
     def dequantize(self, tensors, spec, shape):
         data, scales = tensors

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4train.formats import hadamard, mxfp4, nvfp4, sr_generator
+from nvfp4train.formats import fp8, hadamard, mxfp4, nvfp4, sr_generator
 from nvfp4train.formats.rounding import random_bits_like
 
 from .conftest import golden_manifest, load_golden
@@ -288,6 +288,31 @@ def test_mxfp4_golden_vectors():
         assert_same(q.scales.to(torch.float32), tensors[f"{name}/rowwise_scales_fp32"], f"{name} scales")
 
 
+
+# ------------------------------------------------------------------------------ FP8 blockwise
+@kernel_test
+@pytest.mark.parametrize("block", [(1, 128), (128, 128)])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_blockwise_same_bits_as_the_reference(block, dtype):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(128, 256, generator=gen)
+    x[::7, ::13] *= 300
+    x[5] *= 1e-30  # tiny blocks: the encode scale overflows to the input dtype's max
+    x[9, :128] = 0.0
+    x[10, :5] = -0.0
+    x[60:64] *= 1e-40  # FP32 (and bf16) subnormal inputs
+    x[100, 3], x[101, 200] = float("nan"), float("inf")
+    for xx, pow2, out_dtype in ((x, False, torch.bfloat16), (x, True, torch.float32),
+                                (x.bfloat16(), False, torch.bfloat16), (x.half(), True, torch.float32)):
+        what = f"{xx.dtype} pow2={pow2}"
+        data, scales = fp8.quantize_blockwise(xx.to(DEVICE), block, dtype, pow2, impl="triton")
+        want_data, want_scales = fp8.quantize_blockwise(xx, block, dtype, pow2, impl="reference")
+        assert_same(data.view(torch.uint8), want_data.view(torch.uint8), f"{what} data")
+        assert_same(scales, want_scales, f"{what} scales")
+        values, _ = fp8.fake_quantize_blockwise(xx.to(DEVICE), block, dtype, pow2, out_dtype, impl="triton")
+        want, _ = fp8.fake_quantize_blockwise(xx, block, dtype, pow2, out_dtype, impl="reference")
+        assert_same(values, want, f"{what} values {out_dtype}")
+
 # ------------------------------------------------------------------------------ Wgrad: RHT + transpose
 @kernel_test
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -361,6 +386,14 @@ def test_kernels_compile_for_sm90_without_approximate_division():
          {"SCALE_RULE": 0, "ROUNDING": tk.SR_PHILOX, "DENSE": True, **blocks}),
         (tk._mxfp4_kernel, {**common, "rows": "i32", "cols": "i32"},
          {"SCALE_RULE": 1, "ROUNDING": tk.RNE, "DENSE": False, **blocks}),
+        (tk._fp8_blockwise_kernel, {"x_ptr": "*bf16", "data_ptr": "*u8", "scales_ptr": "*fp32", "values_ptr": "*u8",
+                                    "rows": "i32", "cols": "i32", "scale_for_inf": "fp32"},
+         {"TILE_R": 128, "FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "DENSE": False, "BLOCK_R": 128,
+          "BLOCK_C": 128}),
+        (tk._fp8_blockwise_kernel, {"x_ptr": "*fp32", "data_ptr": "*bf16", "scales_ptr": "*bf16",
+                                    "values_ptr": "*bf16", "rows": "i32", "cols": "i32", "scale_for_inf": "fp32"},
+         {"TILE_R": 1, "FP8_MAX": 57344.0, "MANT": 2, "BIAS": 15, "POW2": False, "DENSE": True, "BLOCK_R": 8,
+          "BLOCK_C": 256}),
         (tk._rht_abs_max_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32", "n_features": "i32"}, rht_blocks),
         (tk._rht_nvfp4_kernel, rht_args, {"ROUNDING": tk.RNE, "DENSE": False, **rht_blocks}),
         (tk._rht_nvfp4_kernel, rht_args, {"ROUNDING": tk.SR_PHILOX, "DENSE": True, **rht_blocks}),
