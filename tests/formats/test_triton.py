@@ -234,6 +234,12 @@ def test_philox_sr_rounds_up_with_probability_equal_to_the_distance():
         p_up, n = (v - lo) / (hi - lo), drawn.numel()
         frac = float((drawn == hi).double().mean())
         assert abs(frac - p_up) < 5 * (p_up * (1 - p_up) / n) ** 0.5, (v, frac, p_up)
+        # One Philox call serves 4 elements with 4 different words: their decisions are independent
+        # (all 4 alike with probability p^4 + (1-p)^4 <= 0.5 here, 1 if they shared a word).
+        up = (values.cpu() / 448)[:, 4:] == hi  # elements 4..15 of each block: 3 whole groups of 4
+        groups = up.reshape(-1, 4)
+        alike = groups.all(-1) | (~groups).all(-1)
+        assert float(alike.double().mean()) < p_up**4 + (1 - p_up) ** 4 + 0.1, v
 
 
 @kernel_test
