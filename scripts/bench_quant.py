@@ -62,7 +62,8 @@ def cases(device: torch.device):
         ("nvfp4.rht_quantize_t 1x16 sr", lambda x, i: nvfp4.rht_quantize_t(x, "sr", gen(), impl=i)),
         ("mxfp4.quantize rne", lambda x, i: mxfp4.quantize(x, "rne", impl=i)),
         ("mxfp4.fake_quantize rne", lambda x, i: mxfp4.fake_quantize(x, "rne", out_dtype=bf16, impl=i)[0]),
-        ("mxfp4.fake_quantize sr", lambda x, i: mxfp4.fake_quantize(x, "sr", generator=gen(), out_dtype=bf16, impl=i)[0]),
+        ("mxfp4.fake_quantize sr",
+         lambda x, i: mxfp4.fake_quantize(x, "sr", generator=gen(), out_dtype=bf16, impl=i)[0]),
         ("fp8.quantize_blockwise 1x128", lambda x, i: fp8.quantize_blockwise(x, (1, 128), impl=i)),
         ("fp8.quantize_blockwise 128x128", lambda x, i: fp8.quantize_blockwise(x, (128, 128), impl=i)),
         ("fp8.fake_quantize_blockwise 1x128 pow2",
@@ -128,7 +129,6 @@ def bench(device: torch.device, shapes, impls, repeats: int) -> list[dict]:
                 rows.append(row)
                 print(f"{name:40s} {shape:>11s} {impl:>9s} {ms:9.3f} {gbps:8.2f} {copy_gbps:10.2f} "
                       f"{gbps / copy_gbps:8.1%}", flush=True)
-        del x, dst
     return rows
 
 
@@ -159,7 +159,8 @@ def main(argv=None) -> None:
                         help="ROWSxCOLS, multiples of 128 (default: 8192x8192 16384x4096 on CUDA, 128x256 on CPU)")
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per case (default 20 CUDA, 3 CPU)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON to merge rows into (default {DEFAULT_OUT})")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"JSON to merge rows into (default {DEFAULT_OUT.relative_to(ROOT)})")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

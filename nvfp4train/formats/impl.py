@@ -6,7 +6,7 @@
   seed taken from ``generator``, so its bits differ from the reference's for a given generator,
   with the same distribution). CUDA tensors, or CPU tensors in Triton's interpreter
   (``TRITON_INTERPRET=1`` set before triton is imported).
-* "auto": "triton" for CUDA tensors when triton imports, "reference" otherwise, and also while
+* "auto": "triton" for CUDA tensors when triton is installed, "reference" otherwise, and also while
   torch.compile traces (dynamo traces the reference's tensor ops; the kernels' wrappers are not
   written for tracing).
 """
@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 
 import torch
@@ -23,11 +24,8 @@ IMPLS = ("auto", "reference", "triton")
 
 @functools.cache
 def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether the triton package is installed (not imported here: it is imported on first use)."""
+    return importlib.util.find_spec("triton") is not None
 
 
 def use_triton(x: torch.Tensor, impl: str, who: str) -> bool:
@@ -47,6 +45,7 @@ def use_triton(x: torch.Tensor, impl: str, who: str) -> bool:
         if not triton_kernels.INTERPRETED:
             raise ValueError(
                 f"{who}: impl='triton' on a {x.device.type} tensor runs in Triton's interpreter, which needs "
-                f"TRITON_INTERPRET=1 in the environment before triton is imported (now {os.environ.get('TRITON_INTERPRET')!r})"
+                "TRITON_INTERPRET=1 in the environment before triton is imported "
+                f"(now {os.environ.get('TRITON_INTERPRET')!r}); use impl='reference' or a CUDA tensor"
             )
     return True

@@ -93,7 +93,8 @@ def _e4m3_rne(s):
     subnormal = ((s * 512.0) + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
     code = tl.where(s < 0.015625, subnormal, normal)
     code = tl.where(s != s, 0x7F, code)
-    value = tl.where(code >= 8, ((code + (120 << 3)) << 20).to(tl.float32, bitcast=True), code.to(tl.float32) * 0.001953125)
+    normal_value = ((code + (120 << 3)) << 20).to(tl.float32, bitcast=True)
+    value = tl.where(code >= 8, normal_value, code.to(tl.float32) * 0.001953125)  # subnormal: code * 2^-9
     value = tl.where(s != s, s, value)
     return code, value
 
@@ -523,7 +524,8 @@ def _rht_nvfp4_kernel(
         nibble_weight = (1 + 15 * tl.arange(0, 2))[None, None, :, None]
         packed = tl.sum(tl.reshape(code, (GROUPS, 8, 2, BLOCK_F)) * nibble_weight, axis=2)  # [GROUPS, 8, BLOCK_F]
         k = tl.arange(0, 8)
-        byte_offs = f[None, None, :].to(tl.int64) * (n_tokens // 2) + (t0 // 2 + g * 8)[:, None, None] + k[None, :, None]
+        byte_offs = (f[None, None, :].to(tl.int64) * (n_tokens // 2) + (t0 // 2 + g * 8)[:, None, None]
+                     + k[None, :, None])
         tl.store(codes_ptr + byte_offs, packed.to(tl.uint8), mask=mask_f[None, None, :] & (k[None, :, None] < 8))
         scale_offs = f[None, :].to(tl.int64) * (n_tokens // 16) + (t0 // 16 + g)[:, None]
         tl.store(scales_ptr + scale_offs, scale_bits.to(tl.uint8), mask=mask_f[None, :])

@@ -46,7 +46,8 @@ def test_kernels_in_the_triton_interpreter():
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="1")
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning", str(Path(__file__).relative_to(root))],
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning",
+         str(Path(__file__).relative_to(root))],
         cwd=root, env=env, capture_output=True, text=True, timeout=900,
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
@@ -411,3 +412,46 @@ def test_kernels_compile_for_sm90_without_approximate_division():
                                   target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False})
         ptx = compiled.asm["ptx"]
         assert "div.full" not in ptx and "div.approx" not in ptx and "fma.rn.f32" not in ptx, (kernel, constexprs)
+
+
+# ------------------------------------------------------------------------------ operands' routing
+def wgrad_route_cases():
+    from nvfp4train.precision.policy import OperandSpec
+
+    x2d = torch.randn(64, 48, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)  # [tokens, in]
+    return x2d, [OperandSpec("nvfp4", (1, 16), rounding, rht_dim=16) for rounding in ("rne", "sr")]
+
+
+def check_wgrad_route(x2d, spec, device):
+    """operands.pack / fake_quantize of the layer's x2d.t() (fused entry) against the generic path
+    (a contiguous copy, which prepare pads, transforms and quantizes): the same numbers."""
+    from nvfp4train.precision import operands
+
+    xt = x2d.to(device).t()
+    assert operands._fused_wgrad_rht(xt, spec, 64) and not operands._fused_wgrad_rht(xt.contiguous(), spec, 64)
+    fused = operands.pack(xt, spec, 64, sr_generator(1, 0, device))
+    generic = operands.pack(xt.contiguous(), spec, 64, sr_generator(1, 0, device))
+    assert fused.layout == generic.layout
+    # SR included: both routes draw the same way (the Triton kernels' Philox word depends on the
+    # element's output index only, so the RHT kernel and the plain one agree).
+    for a, b in zip(fused.tensors, generic.tensors):
+        as_bytes = lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t  # noqa: E731
+        assert_same(as_bytes(a), as_bytes(b).cpu(), spec)
+    dense = operands.fake_quantize(xt, spec, 64, sr_generator(1, 0, device))
+    assert_same(dense.values, fused.dequantize().values.cpu(), spec)
+
+
+def test_operands_route_the_wgrad_operand_through_the_fused_entry():
+    x2d, specs = wgrad_route_cases()
+    for spec in specs:  # CPU, impl="auto": the reference behind both routes
+        check_wgrad_route(x2d, spec, torch.device("cpu"))
+
+
+@kernel_test
+def test_operands_wgrad_route_runs_the_kernel(monkeypatch):
+    from nvfp4train.precision import operands
+
+    monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
+    x2d, specs = wgrad_route_cases()
+    for spec in specs:
+        check_wgrad_route(x2d, spec, DEVICE)
