@@ -40,7 +40,7 @@ IMPLS = ("reference", "triton")
 def nbytes(t) -> int:
     if isinstance(t, torch.Tensor):
         return t.numel() * t.element_size()
-    if isinstance(t, (tuple, list)):
+    if isinstance(t, (tuple, list)):  # the outputs; a 0-d global scale counts 4 bytes
         return sum(nbytes(u) for u in t)
     if isinstance(t, (nvfp4.NVFP4Tensor, mxfp4.MXFP4Tensor)):
         return nbytes(t.codes) + nbytes(t.scales)
@@ -60,6 +60,8 @@ def cases(device: torch.device):
         ("nvfp4.fake_quantize 16x16 rne", lambda x, i: nvfp4.fake_quantize(x, (16, 16), out_dtype=bf16, impl=i)),
         ("nvfp4.rht_quantize_t 1x16 rne", lambda x, i: nvfp4.rht_quantize_t(x, "rne", impl=i)),
         ("nvfp4.rht_quantize_t 1x16 sr", lambda x, i: nvfp4.rht_quantize_t(x, "sr", gen(), impl=i)),
+        ("nvfp4.quantize_rowwise_and_rht_t rne",
+         lambda x, i: nvfp4.quantize_rowwise_and_rht_t(x, "rne", rowwise_dense=True, out_dtype=bf16, impl=i)),
         ("mxfp4.quantize rne", lambda x, i: mxfp4.quantize(x, "rne", impl=i)),
         ("mxfp4.fake_quantize rne", lambda x, i: mxfp4.fake_quantize(x, "rne", out_dtype=bf16, impl=i)[0]),
         ("mxfp4.fake_quantize sr",
@@ -112,7 +114,7 @@ def bench(device: torch.device, shapes, impls, repeats: int) -> list[dict]:
     rev = commit()
     rows = []
     print(f"# {gpu}, torch {torch.__version__}, bf16 input, median of {repeats}")
-    print(f"{'quantizer':40s} {'shape':>11s} {'impl':>9s} {'ms':>9s} {'GB/s':>8s} {'copy GB/s':>10s} {'of copy':>8s}")
+    print(f"{'quantizer':42s} {'shape':>11s} {'impl':>9s} {'ms':>9s} {'GB/s':>8s} {'copy GB/s':>10s} {'of copy':>8s}")
     for n_rows, n_cols in shapes:
         x = torch.randn(n_rows, n_cols, device=device, dtype=torch.bfloat16)
         dst = torch.empty_like(x)
@@ -127,7 +129,7 @@ def bench(device: torch.device, shapes, impls, repeats: int) -> list[dict]:
                 row = {"quantizer": name, "shape": shape, "impl": impl, "ms": sig4(ms), "gbps": sig4(gbps),
                        "copy_gbps": sig4(copy_gbps), "frac_of_copy": sig4(gbps / copy_gbps), "gpu": gpu, "commit": rev}
                 rows.append(row)
-                print(f"{name:40s} {shape:>11s} {impl:>9s} {ms:9.3f} {gbps:8.2f} {copy_gbps:10.2f} "
+                print(f"{name:42s} {shape:>11s} {impl:>9s} {ms:9.3f} {gbps:8.2f} {copy_gbps:10.2f} "
                       f"{gbps / copy_gbps:8.1%}", flush=True)
     return rows
 

@@ -298,3 +298,53 @@ def rht_fake_quantize_t(
     values, _, s_dec = triton_kernels.rht_nvfp4_t(x, signs, rounding, dense=True, generator=generator,
                                                   out_dtype=out_dtype or x.dtype)
     return values, s_dec
+
+
+def quantize_rowwise_and_rht_t(
+    x: torch.Tensor,
+    rounding: str = "rne",
+    generator: torch.Generator | None = None,
+    signs=None,
+    *,
+    rowwise_dense: bool = False,
+    columnwise_dense: bool = False,
+    out_dtype: torch.dtype | None = None,
+    impl: str = "auto",
+):
+    """Both NVFP4 copies the recipe takes of an activation or gradient x [tokens, features], from
+    one read of x on CUDA: ``(rowwise, columnwise)`` with
+
+    * rowwise = ``quantize(x, (1, 16), rounding)`` (Fprop / Dgrad operand), or with
+      ``rowwise_dense`` the ``fake_quantize`` pair ``(values, global_decode_scale)``;
+    * columnwise = ``rht_quantize_t(x, rounding, signs=signs)`` (Wgrad operand), or with
+      ``columnwise_dense`` the ``rht_fake_quantize_t`` pair.
+
+    Each copy has its own global scale, as if quantized separately (RNE: the same bits as the two
+    separate calls). SR: the reference path draws the rowwise bits first, then the columnwise ones;
+    the Triton path draws one Philox seed for each from ``generator``."""
+    _check_rht_input(x, "nvfp4.quantize_rowwise_and_rht_t")
+    e2m1.check_rounding(rounding)
+    signs = hadamard.resolve_signs(BLOCK, signs)
+    out_dtype = out_dtype or x.dtype
+    if not use_triton(x, impl, "nvfp4.quantize_rowwise_and_rht_t"):
+        if rowwise_dense:
+            rowwise = fake_quantize(x, (1, BLOCK), rounding, generator, out_dtype, impl="reference")
+        else:
+            rowwise = quantize(x, (1, BLOCK), rounding, generator, impl="reference")
+        if columnwise_dense:
+            return rowwise, rht_fake_quantize_t(x, rounding, generator, signs, out_dtype, impl="reference")
+        return rowwise, rht_quantize_t(x, rounding, generator, signs, impl="reference")
+    from . import triton_kernels
+
+    row, col = triton_kernels.rht_nvfp4_t(x, signs, rounding, dense=columnwise_dense, generator=generator,
+                                          out_dtype=out_dtype, rowwise=True, rowwise_dense=rowwise_dense)
+    if rowwise_dense:
+        rowwise = (row[0], row[2])
+    else:
+        codes, scales, amax, s_dec = row
+        rowwise = NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), amax, s_dec, x.shape, (1, BLOCK))
+    if columnwise_dense:
+        return rowwise, (col[0], col[2])
+    codes, scales, amax, s_dec = col
+    return rowwise, NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), amax, s_dec, torch.Size(x.shape[::-1]),
+                                (1, BLOCK))

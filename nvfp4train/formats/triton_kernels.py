@@ -207,10 +207,24 @@ def _nvfp4_kernel(
     TILE_ROWS: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    NB: tl.constexpr = BLOCK_C // 16
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
-    r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    s_dec = _nvfp4_tile(x_ptr, amax_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr,
+                        pid_r * BLOCK_R, pid_c * BLOCK_C, rows, cols, TILE_ROWS, ROUNDING, DENSE, BLOCK_R, BLOCK_C)
+    if (pid_r == 0) & (pid_c == 0):
+        tl.store(s_dec_ptr, s_dec)
+
+
+@triton.jit
+def _nvfp4_tile(
+    x_ptr, amax_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, r0, c0, rows, cols,
+    TILE_ROWS: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """nvfp4._quantize_core and _quantize_impl / _fake_quantize_impl for rows r0 .. r0 + BLOCK_R,
+    columns c0 .. c0 + BLOCK_C of x [rows, cols]; returns s_dec."""
+    NB: tl.constexpr = BLOCK_C // 16
+    r = r0 + tl.arange(0, BLOCK_R)
+    c = c0 + tl.arange(0, BLOCK_C)
     mask = (r[:, None] < rows) & (c[None, :] < cols)
     offs = r[:, None].to(tl.int64) * cols + c[None, :]
     x = _to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))  # y = x.to(float32): exact
@@ -236,7 +250,7 @@ def _nvfp4_kernel(
     if ROUNDING == 1:
         random_bits = tl.load(bits_ptr + offs, mask=mask, other=0)
     elif ROUNDING == 2:
-        random_bits = _philox_rows(seed_ptr, r.to(tl.int64) * cols + pid_c * BLOCK_C, BLOCK_R, BLOCK_C)
+        random_bits = _philox_rows(seed_ptr, r.to(tl.int64) * cols + c0, BLOCK_R, BLOCK_C)
     else:
         random_bits = 0
     index, negative = _round_e2m1(y, random_bits, ROUNDING)
@@ -251,16 +265,15 @@ def _nvfp4_kernel(
         # e2m1.encode_values + pack: sign in bit 3, element 2j in the low nibble.
         code = index | (negative.to(tl.int32) << 3)
         low, high = tl.split(tl.reshape(code, (BLOCK_R, BLOCK_C // 2, 2)))
-        c2 = pid_c * (BLOCK_C // 2) + tl.arange(0, BLOCK_C // 2)
+        c2 = c0 // 2 + tl.arange(0, BLOCK_C // 2)
         mask2 = (r[:, None] < rows) & (c2[None, :] < cols // 2)
         tl.store(codes_ptr + r[:, None].to(tl.int64) * (cols // 2) + c2[None, :],
                  (low | (high << 4)).to(tl.uint8), mask=mask2)
-        cb = pid_c * NB + tl.arange(0, NB)
+        cb = c0 // 16 + tl.arange(0, NB)
         maskb = (r[:, None] < rows) & (cb[None, :] < cols // 16)
         tl.store(scales_ptr + r[:, None].to(tl.int64) * (cols // 16) + cb[None, :], scale_bits.to(tl.uint8),
                  mask=maskb)
-    if (pid_r == 0) & (pid_c == 0):
-        tl.store(s_dec_ptr, s_dec)
+    return s_dec
 
 
 def philox_seed(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -273,10 +286,12 @@ def philox_seed(x: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
     return torch.randint(0, 2**62, (1,), generator=generator, device=x.device, dtype=torch.int64)
 
 
-def _rounding_args(x, rounding: str, random_bits, generator):
+def _rounding_args(x, rounding: str, random_bits, generator, seed=None):
     """(ROUNDING constexpr, random-bits tensor, seed tensor); unused ones are x (never read)."""
     if rounding == "rne":
         return RNE, x, x
+    if seed is not None:
+        return SR_PHILOX, x, seed
     if random_bits is not None:
         if random_bits.numel() != x.numel():
             raise ValueError(f"random_bits has {random_bits.numel()} elements, x has {x.numel()}")
@@ -295,20 +310,22 @@ def nvfp4(
     random_bits: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     out_dtype: torch.dtype | None = None,
+    seed: torch.Tensor | None = None,
 ):
     """NVFP4 of ``x`` viewed as [rows, cols] (arguments checked by the caller).
 
     dense=False: (codes uint8 [..., cols/2], scales uint8 E4M3 bits [..., cols/16], amax, s_dec).
     dense=True: (values e2m1 * scale_b in out_dtype, x's shape; amax; s_dec).
     SR uses ``random_bits`` (int32, one per element, as ``rounding.random_bits_like``: the same
-    bits as the reference) when given, else Philox seeded from ``generator``."""
+    bits as the reference) when given, else Philox seeded from ``seed`` (int64 [1]) or from a seed
+    drawn from ``generator``."""
     x = x.contiguous()
     cols = x.shape[-1]
     rows = x.numel() // cols
     device = x.device
     amax = abs_max(x)
     s_dec = torch.empty((), dtype=torch.float32, device=device)
-    mode, bits, seed = _rounding_args(x, rounding, random_bits, generator)
+    mode, bits, seed = _rounding_args(x, rounding, random_bits, generator, seed)
     dummy = amax  # stands for the output pointers the constexpr branches do not touch
     if dense:
         values = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=device)
@@ -466,27 +483,42 @@ def _rht16(x_ptr, t0, f, mask_f, n_features, SIGN_MASK: tl.constexpr, GROUPS: tl
 
 
 @triton.jit
-def _rht_abs_max_kernel(x_ptr, partial_ptr, n_features, SIGN_MASK: tl.constexpr, GROUPS: tl.constexpr,
-                        BLOCK_F: tl.constexpr):
+def _rht_abs_max_kernel(x_ptr, partial_ptr, row_partial_ptr, n_features, SIGN_MASK: tl.constexpr,
+                        ROWWISE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Partial maxima of |rht(x.T)| and, with ROWWISE, of |x| (the same tile, read once)."""
     pid_t, pid_f = tl.program_id(0), tl.program_id(1)
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
     y = _rht16(x_ptr, pid_t * GROUPS * 16, f, mask_f, n_features, SIGN_MASK, GROUPS, BLOCK_F)
     bits = tl.max(tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1)
     tl.store(partial_ptr + pid_t * tl.num_programs(1) + pid_f, tl.max(bits, axis=0))
+    if ROWWISE:  # the tile _rht16 just loaded: from the cache, not memory
+        t = pid_t * GROUPS * 16 + tl.arange(0, GROUPS * 16)
+        x = _to_fp32(tl.load(x_ptr + t[:, None].to(tl.int64) * n_features + f[None, :], mask=mask_f[None, :],
+                             other=0.0))
+        row_bits = tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)
+        tl.store(row_partial_ptr + pid_t * tl.num_programs(1) + pid_f, row_bits)
 
 
 @triton.jit
 def _rht_nvfp4_kernel(
     x_ptr, amax_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, s_dec_ptr,
+    row_amax_ptr, row_seed_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr, row_s_dec_ptr,
     n_tokens, n_features,
     SIGN_MASK: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
-    GROUPS: tl.constexpr, BLOCK_F: tl.constexpr,
+    ROWWISE: tl.constexpr, ROW_DENSE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr,
 ):
     """_nvfp4_kernel's steps (1x16 tile) on the transformed tile, written transposed: output row
-    f, columns t0 + 16 g + j."""
+    f, columns t0 + 16 g + j. With ROWWISE, also NVFP4 1x16 of x itself (rows t, blocks along
+    features) from the same tile (RNE or Philox SR from its own seed)."""
     pid_t, pid_f = tl.program_id(0), tl.program_id(1)
     t0 = pid_t * GROUPS * 16
+    if ROWWISE:
+        row_s_dec = _nvfp4_tile(x_ptr, row_amax_ptr, row_seed_ptr, row_seed_ptr, row_codes_ptr, row_scales_ptr,
+                                row_values_ptr, t0, pid_f * BLOCK_F, n_tokens, n_features, 1, ROUNDING, ROW_DENSE,
+                                GROUPS * 16, BLOCK_F)
+        if (pid_t == 0) & (pid_f == 0):
+            tl.store(row_s_dec_ptr, row_s_dec)
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
     y = _rht16(x_ptr, t0, f, mask_f, n_features, SIGN_MASK, GROUPS, BLOCK_F)  # [GROUPS, 16, BLOCK_F]
@@ -548,37 +580,61 @@ def rht_nvfp4_t(
     random_bits: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     out_dtype: torch.dtype | None = None,
+    rowwise: bool = False,
+    rowwise_dense: bool = False,
+    seeds: torch.Tensor | None = None,
 ):
     """NVFP4 1x16 of hadamard.rht(x.T, 16, signs) for x [tokens, features] (tokens % 16 == 0,
     checked by the caller). Outputs as ``nvfp4`` for the [features, tokens] result; SR bits are
-    indexed in that layout (``random_bits`` [features, tokens])."""
+    indexed in that layout (``random_bits`` [features, tokens]).
+
+    rowwise=True also quantizes x itself (NVFP4 1x16 along features, as ``nvfp4(x, 1, ...)``) from
+    the same reads and returns ``(rowwise outputs, columnwise outputs)``; SR then draws Philox bits
+    only, from two seeds (``seeds``: int64 [2], columnwise and rowwise; default drawn from
+    ``generator``)."""
     x = x.contiguous()
     n_tokens, n_features = x.shape
     mask = sign_mask(signs)
-    grid = (triton.cdiv(n_tokens, RHT_GROUPS * 16), triton.cdiv(n_features, RHT_BLOCK_F))
     # Tokens not a multiple of 16 * GROUPS would need token masks: use a smaller group count.
     groups = RHT_GROUPS if n_tokens % (RHT_GROUPS * 16) == 0 else 1
-    grid = (n_tokens // (groups * 16), grid[1])
-    partial = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=x.device)
-    _rht_abs_max_kernel[grid](x, partial, n_features, SIGN_MASK=mask, GROUPS=groups, BLOCK_F=RHT_BLOCK_F,
-                              **_launch_options(x))
-    amax = partial.amax().view(torch.float32)
-    mode, bits, seed = _rounding_args(x, rounding, random_bits, generator)
-    s_dec = torch.empty((), dtype=torch.float32, device=x.device)
-    if dense:
-        values = torch.empty((n_features, n_tokens), dtype=out_dtype or x.dtype, device=x.device)
-        codes = scales = values
+    grid = (n_tokens // (groups * 16), triton.cdiv(n_features, RHT_BLOCK_F))
+    partial = torch.empty((2 if rowwise else 1, grid[0] * grid[1]), dtype=torch.int32, device=x.device)
+    _rht_abs_max_kernel[grid](x, partial[0], partial[-1], n_features, SIGN_MASK=mask, ROWWISE=rowwise, GROUPS=groups,
+                              BLOCK_F=RHT_BLOCK_F, **_launch_options(x))
+    amaxes = partial.amax(dim=1).view(torch.float32)
+    amax, row_amax = amaxes[0], amaxes[-1]
+    if rowwise and rounding == "sr":
+        if random_bits is not None:
+            raise ValueError("rht_nvfp4_t: rowwise=True draws Philox bits; random_bits is not supported with it")
+        if seeds is None:
+            seeds = torch.cat([philox_seed(x, generator), philox_seed(x, generator)])
+        mode, bits, seed, row_seed = SR_PHILOX, x, seeds[0:1], seeds[1:2]
+    elif seeds is not None and rounding == "sr":
+        mode, bits, seed, row_seed = SR_PHILOX, x, seeds[0:1], x
     else:
-        codes = torch.empty((n_features, n_tokens // 2), dtype=torch.uint8, device=x.device)
-        scales = torch.empty((n_features, n_tokens // 16), dtype=torch.uint8, device=x.device)
-        values = codes
+        (mode, bits, seed), row_seed = _rounding_args(x, rounding, random_bits, generator), x
+    outputs = []
+    for is_dense, (rows, cols) in ((dense, (n_features, n_tokens)), (rowwise_dense, (n_tokens, n_features))):
+        s_dec = torch.empty((), dtype=torch.float32, device=x.device)
+        if is_dense:
+            values = torch.empty((rows, cols), dtype=out_dtype or x.dtype, device=x.device)
+            outputs.append((values, values, values, s_dec))
+        else:
+            codes = torch.empty((rows, cols // 2), dtype=torch.uint8, device=x.device)
+            scales = torch.empty((rows, cols // 16), dtype=torch.uint8, device=x.device)
+            outputs.append((codes, scales, codes, s_dec))
+    (codes, scales, values, s_dec), (row_codes, row_scales, row_values, row_s_dec) = outputs
     _rht_nvfp4_kernel[grid](
-        x, amax, bits, seed, codes, scales, values, s_dec, n_tokens, n_features,
-        SIGN_MASK=mask, ROUNDING=mode, DENSE=dense, GROUPS=groups, BLOCK_F=RHT_BLOCK_F, **_launch_options(x),
+        x, amax, bits, seed, codes, scales, values, s_dec,
+        row_amax, row_seed, row_codes, row_scales, row_values, row_s_dec, n_tokens, n_features,
+        SIGN_MASK=mask, ROUNDING=mode, DENSE=dense, ROWWISE=rowwise, ROW_DENSE=rowwise_dense, GROUPS=groups,
+        BLOCK_F=RHT_BLOCK_F, **_launch_options(x),
     )
-    if dense:
-        return values, amax, s_dec
-    return codes, scales, amax, s_dec
+    columnwise = (values, amax, s_dec) if dense else (codes, scales, amax, s_dec)
+    if not rowwise:
+        return columnwise
+    row = (row_values, row_amax, row_s_dec) if rowwise_dense else (row_codes, row_scales, row_amax, row_s_dec)
+    return row, columnwise
 
 
 # ------------------------------------------------------------------------------ FP8 blockwise

@@ -380,7 +380,9 @@ def test_kernels_compile_for_sm90_without_approximate_division():
     common = {"x_ptr": "*bf16", "bits_ptr": "*i32", "seed_ptr": "*i64", "codes_ptr": "*u8", "scales_ptr": "*u8",
               "values_ptr": "*bf16"}
     nvfp4_args = {**common, "amax_ptr": "*fp32", "s_dec_ptr": "*fp32", "rows": "i32", "cols": "i32"}
-    rht_args = {**common, "amax_ptr": "*fp32", "s_dec_ptr": "*fp32", "n_tokens": "i32", "n_features": "i32"}
+    rht_args = {**common, "amax_ptr": "*fp32", "s_dec_ptr": "*fp32", "n_tokens": "i32", "n_features": "i32",
+                "row_amax_ptr": "*fp32", "row_seed_ptr": "*i64", "row_codes_ptr": "*u8", "row_scales_ptr": "*u8",
+                "row_values_ptr": "*bf16", "row_s_dec_ptr": "*fp32"}
     blocks = {"BLOCK_R": tk.BLOCK_ROWS, "BLOCK_C": tk.BLOCK_COLS}
     rht_blocks = {"SIGN_MASK": 0xB7E8, "GROUPS": tk.RHT_GROUPS, "BLOCK_F": tk.RHT_BLOCK_F}
     # Each code path once (compiling takes ~1-2 s a variant).
@@ -401,9 +403,12 @@ def test_kernels_compile_for_sm90_without_approximate_division():
                                     "values_ptr": "*bf16", "rows": "i32", "cols": "i32", "scale_for_inf": "fp32"},
          {"TILE_R": 1, "FP8_MAX": 57344.0, "MANT": 2, "BIAS": 15, "POW2": False, "DENSE": True, "BLOCK_R": 8,
           "BLOCK_C": 256}),
-        (tk._rht_abs_max_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32", "n_features": "i32"}, rht_blocks),
-        (tk._rht_nvfp4_kernel, rht_args, {"ROUNDING": tk.RNE, "DENSE": False, **rht_blocks}),
-        (tk._rht_nvfp4_kernel, rht_args, {"ROUNDING": tk.SR_PHILOX, "DENSE": True, **rht_blocks}),
+        (tk._rht_abs_max_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i32",
+                                  "n_features": "i32"}, {"ROWWISE": True, **rht_blocks}),
+        (tk._rht_nvfp4_kernel, rht_args,
+         {"ROUNDING": tk.RNE, "DENSE": False, "ROWWISE": False, "ROW_DENSE": False, **rht_blocks}),
+        (tk._rht_nvfp4_kernel, rht_args,
+         {"ROUNDING": tk.SR_PHILOX, "DENSE": True, "ROWWISE": True, "ROW_DENSE": False, **rht_blocks}),
     ]
     for kernel, signature, constexprs in variants:
         signature = {**{k: "constexpr" for k in constexprs}, **signature}
@@ -455,3 +460,36 @@ def test_operands_wgrad_route_runs_the_kernel(monkeypatch):
     x2d, specs = wgrad_route_cases()
     for spec in specs:
         check_wgrad_route(x2d, spec, DEVICE)
+
+
+@kernel_test
+@pytest.mark.parametrize("rowwise_dense, columnwise_dense", [(False, False), (True, False), (True, True)])
+def test_rowwise_and_rht_t_from_one_read_equal_the_separate_quantizers(rowwise_dense, columnwise_dense):
+    from nvfp4train.formats import triton_kernels
+
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(64, 80, generator=gen)
+    x[::5, ::7] *= 100
+    x = x.to(torch.bfloat16)
+    kw = dict(rowwise_dense=rowwise_dense, columnwise_dense=columnwise_dense, out_dtype=torch.float32)
+    row, col = nvfp4.quantize_rowwise_and_rht_t(x.to(DEVICE), impl="triton", **kw)
+    ref_row, ref_col = nvfp4.quantize_rowwise_and_rht_t(x, impl="reference", **kw)
+
+    def parts(q):
+        if isinstance(q, tuple):
+            return list(q)
+        return [q.codes, q.scales.view(torch.uint8), q.amax, q.global_decode_scale]
+
+    for name, got, want in (("rowwise", row, ref_row), ("columnwise", col, ref_col)):
+        for i, (a, b) in enumerate(zip(parts(got), parts(want))):
+            assert_same(a, b, f"{name} part {i}")
+    # SR: each copy draws from its own Philox seed, the bits the separate kernels draw from it.
+    seeds = torch.tensor([11, 12], device=DEVICE)
+    (row_values, _, _), (col_codes, _, _, _) = triton_kernels.rht_nvfp4_t(
+        x.to(DEVICE), hadamard.resolve_signs(16), "sr", dense=False, rowwise=True, rowwise_dense=True,
+        out_dtype=torch.float32, seeds=seeds)
+    alone_row, _, _ = triton_kernels.nvfp4(x.to(DEVICE), 1, "sr", dense=True, seed=seeds[1:], out_dtype=torch.float32)
+    alone_col = triton_kernels.rht_nvfp4_t(x.to(DEVICE), hadamard.resolve_signs(16), "sr", dense=False,
+                                           seeds=seeds[:1])
+    assert_same(row_values, alone_row.cpu(), "sr rowwise")
+    assert_same(col_codes, alone_col[0].cpu(), "sr columnwise")
