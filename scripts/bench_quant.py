@@ -1,144 +1,180 @@
-"""Time the nvfp4train.formats quantizers and print a table (ms, GB/s), eager vs compiled.
+"""Bandwidth of the nvfp4train.formats quantizers, reference vs Triton, beside a device copy.
 
-    python scripts/bench_quant.py                                  # CPU, and CUDA if present
-    python scripts/bench_quant.py --device cpu --shapes 4096x512 --dtype float32
-    python scripts/bench_quant.py --device cuda --shapes 4096x4096 8192x8192
+    python scripts/bench_quant.py                              # CUDA: 8192x8192 and 16384x4096 bf16
+    python scripts/bench_quant.py --device cpu --shapes 64x256 --repeats 2 --out /tmp/quant.json
 
-"eager" runs the plain PyTorch ops (the default). "compiled" is the opt-in
-NVFP4TRAIN_COMPILE_QUANT=1 path: on CUDA the torch.compile twins of quantize / fake_quantize (formats/compiled.py;
-the first call, which compiles, is the warm-up and is not timed). On CPU there are no twins, so
-the column is empty unless --compile-cpu (compiles each case with torch.compile, slow to start).
-GB/s counts the bytes read (the input) plus the bytes written (packed codes and scales for
-``quantize``, the dense output for ``fake_quantize``), divided by the median time.
+GB/s counts the bytes a quantizer must move: its input read once plus its outputs written (packed
+codes + scales for ``quantize``, the dense values for ``fake_quantize``). The copy column is
+``dst.copy_(src)`` of the same input in the same run (2 x its bytes), so ``frac_of_copy`` says how
+close a quantizer comes to the memory bound. (The NVFP4 kernels read the input twice, once for the
+global amax, which the count leaves out: their ceiling is below 1.)
+
+Rows are printed as a table and merged into ``--out`` (default docs/results/bench/quant.json), one
+row per quantizer x shape x impl: {quantizer, shape, impl, ms, gbps, copy_gbps, frac_of_copy, gpu,
+commit}; a re-run replaces its rows. On CPU, "triton" runs in Triton's interpreter
+(TRITON_INTERPRET=1 is set before triton is imported): a correctness smoke run, not a speed figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from nvfp4train.formats import compiled, fp8, hadamard, mxfp4, nvfp4, sr_generator  # noqa: E402
+from nvfp4train.formats import fp8, mxfp4, nvfp4, sr_generator  # noqa: E402
 
-# Cases whose public function dispatches to a compiled twin on CUDA.
-TWINNED = ("nvfp4.quantize", "nvfp4.fake_quantize", "mxfp4.quantize", "mxfp4.fake_quantize")
+DEFAULT_OUT = ROOT / "docs" / "results" / "bench" / "quant.json"
+IMPLS = ("reference", "triton")
 
 
 def nbytes(t) -> int:
     if isinstance(t, torch.Tensor):
         return t.numel() * t.element_size()
-    if isinstance(t, (tuple, list)):
+    if isinstance(t, (tuple, list)):  # the outputs; a 0-d global scale counts 4 bytes
         return sum(nbytes(u) for u in t)
-    if hasattr(t, "nbytes"):
-        return t.nbytes
+    if isinstance(t, (nvfp4.NVFP4Tensor, mxfp4.MXFP4Tensor)):
+        return nbytes(t.codes) + nbytes(t.scales)
     raise TypeError(type(t))
 
 
-def cases(device):
+def cases(device: torch.device):
+    """(name, fn(x, impl)) for every quantizer with a Triton kernel."""
     gen = lambda: sr_generator(0, 0, device)  # noqa: E731
     bf16 = torch.bfloat16
     return [
-        ("nvfp4.quantize 1x16 rne", lambda x: nvfp4.quantize(x, (1, 16), "rne")),
-        ("nvfp4.quantize 1x16 sr", lambda x: nvfp4.quantize(x, (1, 16), "sr", gen())),
-        ("nvfp4.quantize 16x16 rne", lambda x: nvfp4.quantize(x, (16, 16), "rne")),
-        ("nvfp4.fake_quantize 1x16 rne", lambda x: nvfp4.fake_quantize(x, (1, 16), "rne", out_dtype=bf16)),
-        ("nvfp4.fake_quantize 1x16 sr", lambda x: nvfp4.fake_quantize(x, (1, 16), "sr", gen(), out_dtype=bf16)),
-        ("nvfp4.fake_quantize 16x16 rne", lambda x: nvfp4.fake_quantize(x, (16, 16), "rne", out_dtype=bf16)),
-        ("nvfp4.fake_quantize 16x16 sr", lambda x: nvfp4.fake_quantize(x, (16, 16), "sr", gen(), out_dtype=bf16)),
-        ("NVFP4Tensor.dequantize bf16", None),  # built per input below (needs a quantized tensor)
-        ("hadamard.rht d=16", lambda x: hadamard.rht(x, 16)),
-        ("mxfp4.quantize rne", lambda x: mxfp4.quantize(x, "rne")),
-        ("mxfp4.quantize sr", lambda x: mxfp4.quantize(x, "sr", generator=gen())),
-        ("mxfp4.fake_quantize rne", lambda x: mxfp4.fake_quantize(x, "rne", out_dtype=bf16)),
-        ("mxfp4.fake_quantize sr", lambda x: mxfp4.fake_quantize(x, "sr", generator=gen(), out_dtype=bf16)),
-        ("fp8.quantize_tensorwise e4m3", lambda x: fp8.quantize_tensorwise(x, torch.float8_e4m3fn)),
-        ("fp8.quantize_blockwise 1x128 e4m3", lambda x: fp8.quantize_blockwise(x, (1, 128))),
-        ("fp8.quantize_blockwise 128x128 e4m3", lambda x: fp8.quantize_blockwise(x, (128, 128))),
-        ("fp8.fake_quantize_blockwise 1x128", lambda x: fp8.fake_quantize_blockwise(x, (1, 128), out_dtype=x.dtype)),
+        ("nvfp4.quantize 1x16 rne", lambda x, i: nvfp4.quantize(x, (1, 16), "rne", impl=i)),
+        ("nvfp4.quantize 1x16 sr", lambda x, i: nvfp4.quantize(x, (1, 16), "sr", gen(), impl=i)),
+        ("nvfp4.quantize 16x16 rne", lambda x, i: nvfp4.quantize(x, (16, 16), "rne", impl=i)),
+        ("nvfp4.fake_quantize 1x16 rne", lambda x, i: nvfp4.fake_quantize(x, (1, 16), "rne", out_dtype=bf16, impl=i)),
+        ("nvfp4.fake_quantize 1x16 sr", lambda x, i: nvfp4.fake_quantize(x, (1, 16), "sr", gen(), bf16, impl=i)),
+        ("nvfp4.fake_quantize 16x16 rne", lambda x, i: nvfp4.fake_quantize(x, (16, 16), out_dtype=bf16, impl=i)),
+        ("nvfp4.rht_quantize_t 1x16 rne", lambda x, i: nvfp4.rht_quantize_t(x, "rne", impl=i)),
+        ("nvfp4.rht_quantize_t 1x16 sr", lambda x, i: nvfp4.rht_quantize_t(x, "sr", gen(), impl=i)),
+        ("nvfp4.quantize_rowwise_and_rht_t rne",
+         lambda x, i: nvfp4.quantize_rowwise_and_rht_t(x, "rne", rowwise_dense=True, out_dtype=bf16, impl=i)),
+        ("mxfp4.quantize rne", lambda x, i: mxfp4.quantize(x, "rne", impl=i)),
+        ("mxfp4.fake_quantize rne", lambda x, i: mxfp4.fake_quantize(x, "rne", out_dtype=bf16, impl=i)[0]),
+        ("mxfp4.fake_quantize sr",
+         lambda x, i: mxfp4.fake_quantize(x, "sr", generator=gen(), out_dtype=bf16, impl=i)[0]),
+        ("fp8.quantize_blockwise 1x128", lambda x, i: fp8.quantize_blockwise(x, (1, 128), impl=i)),
+        ("fp8.quantize_blockwise 128x128", lambda x, i: fp8.quantize_blockwise(x, (128, 128), impl=i)),
+        ("fp8.fake_quantize_blockwise 1x128 pow2",
+         lambda x, i: fp8.fake_quantize_blockwise(x, (1, 128), pow2_scales=True, out_dtype=bf16, impl=i)[0]),
     ]
 
 
-def time_ms(fn, x, repeats: int) -> tuple[float, object]:
-    out = fn(x)  # warm-up (compiles where it applies) and the output whose size we count
-    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+def time_ms(fn, repeats: int, device: torch.device) -> float:
+    fn()  # warm-up: compiles the kernel
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        samples = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        return statistics.median(samples)
     samples = []
     for _ in range(repeats):
-        sync()
         start = time.perf_counter()
-        fn(x)
-        sync()
+        fn()
         samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples), out
+    return statistics.median(samples)
 
 
-def set_compiled(on: bool) -> None:
-    os.environ[compiled.ENV_VAR] = "1" if on else "0"
+def sig4(value: float) -> float:
+    return float(f"{value:.4g}")
 
 
-def bench_device(device: torch.device, shapes, dtype, repeats: int, compile_cpu: bool) -> None:
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-        name = f"CPU ({torch.get_num_threads()} threads, load average {load:.2f})"
-    print(f"\n# {name}, torch {torch.__version__}, input {dtype}, median of {repeats}")
-    print(f"{'case':38s} {'shape':>11s} {'eager ms':>9s} {'GB/s':>7s} {'compiled ms':>12s} {'GB/s':>7s} {'speedup':>8s}")
-    for rows, cols in shapes:
-        x = torch.randn(rows, cols, device=device, dtype=dtype)
-        q = nvfp4.quantize(x)
-        for label, fn in cases(device):
-            if fn is None:
-                fn = lambda _x, q=q: q.dequantize(torch.bfloat16, apply_global_scale=False)  # noqa: E731
-            set_compiled(False)
-            eager_ms, out = time_ms(fn, x, repeats)
-            fast_ms = None
-            if label.startswith(TWINNED) and device.type == "cuda":
-                set_compiled(True)
-                fast_ms, _ = time_ms(fn, x, repeats)
-            elif compile_cpu and device.type == "cpu" and not label.startswith("NVFP4Tensor"):
-                compiled_fn = torch.compile(fn, dynamic=False)
-                fast_ms, _ = time_ms(compiled_fn, x, repeats)
-            gb = nbytes(x) + nbytes(out)
-            row = f"{label:38s} {f'{rows}x{cols}':>11s} {eager_ms:9.2f} {gb / (eager_ms * 1e6):7.2f}"
-            if fast_ms is not None:
-                row += f" {fast_ms:12.2f} {gb / (fast_ms * 1e6):7.2f} {eager_ms / fast_ms:7.2f}x"
-            else:
-                row += f" {'-':>12s} {'-':>7s} {'-':>8s}"
-            print(row, flush=True)
-        del x, q
-    os.environ.pop(compiled.ENV_VAR, None)
+def commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
+def bench(device: torch.device, shapes, impls, repeats: int) -> list[dict]:
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    rev = commit()
+    rows = []
+    print(f"# {gpu}, torch {torch.__version__}, bf16 input, median of {repeats}")
+    print(f"{'quantizer':42s} {'shape':>11s} {'impl':>9s} {'ms':>9s} {'GB/s':>8s} {'copy GB/s':>10s} {'of copy':>8s}")
+    for n_rows, n_cols in shapes:
+        x = torch.randn(n_rows, n_cols, device=device, dtype=torch.bfloat16)
+        dst = torch.empty_like(x)
+        copy_ms = time_ms(lambda: dst.copy_(x), repeats, device)
+        copy_gbps = 2 * nbytes(x) / (copy_ms * 1e6)
+        shape = f"{n_rows}x{n_cols}"
+        for name, fn in cases(device):
+            for impl in impls:
+                out = fn(x, impl)
+                ms = time_ms(lambda: fn(x, impl), repeats, device)
+                gbps = (nbytes(x) + nbytes(out)) / (ms * 1e6)
+                row = {"quantizer": name, "shape": shape, "impl": impl, "ms": sig4(ms), "gbps": sig4(gbps),
+                       "copy_gbps": sig4(copy_gbps), "frac_of_copy": sig4(gbps / copy_gbps), "gpu": gpu, "commit": rev}
+                rows.append(row)
+                print(f"{name:42s} {shape:>11s} {impl:>9s} {ms:9.3f} {gbps:8.2f} {copy_gbps:10.2f} "
+                      f"{gbps / copy_gbps:8.1%}", flush=True)
+    return rows
+
+
+def merge(path: Path, rows: list[dict]) -> None:
+    """Replace the rows with the same (quantizer, shape, impl), keep the others."""
+    old = json.loads(path.read_text()) if path.exists() else []
+    key = lambda r: (r["quantizer"], r["shape"], r["impl"])  # noqa: E731
+    new_keys = {key(r) for r in rows}
+    merged = [r for r in old if key(r) not in new_keys] + rows
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(sorted(merged, key=key), indent=1) + "\n")
 
 
 def parse_shape(text: str) -> tuple[int, int]:
     try:
-        rows, cols = (int(v) for v in text.lower().split("x"))
+        n_rows, n_cols = (int(v) for v in text.lower().split("x"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--shapes: {text!r} is not ROWSxCOLS (e.g. 4096x512)") from None
-    return rows, cols
+        raise argparse.ArgumentTypeError(f"--shapes: {text!r} is not ROWSxCOLS (e.g. 8192x8192)") from None
+    if n_rows % 128 or n_cols % 128:
+        raise argparse.ArgumentTypeError(f"--shapes: {text!r}: both sizes must be multiples of 128 (FP8 128x128 tiles)")
+    return n_rows, n_cols
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", nargs="+", help="devices (default: cpu, and cuda if present)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--shapes", type=parse_shape, nargs="+",
-                        help="ROWSxCOLS (default: 4096x512 and 4096x4096 on CPU; 4096x4096 and 8192x8192 on CUDA)")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per case (default 7 CPU, 20 CUDA)")
-    parser.add_argument("--compile-cpu", action="store_true", help="also time torch.compile of each case on CPU")
-    args = parser.parse_args()
-
-    devices = args.device or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
-    for device in map(torch.device, devices):
-        cuda = device.type == "cuda"
-        shapes = args.shapes or ([(4096, 4096), (8192, 8192)] if cuda else [(4096, 512), (4096, 4096)])
-        bench_device(device, shapes, getattr(torch, args.dtype), args.repeats or (20 if cuda else 7), args.compile_cpu)
+                        help="ROWSxCOLS, multiples of 128 (default: 8192x8192 16384x4096 on CUDA, 128x256 on CPU)")
+    parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per case (default 20 CUDA, 3 CPU)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"JSON to merge rows into (default {DEFAULT_OUT.relative_to(ROOT)})")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA GPU here (use --device cpu)")
+    if device.type == "cpu" and "triton" in args.impls:
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            parser.error("--device cpu with --impls triton: triton was imported before TRITON_INTERPRET=1 could be set")
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton's first import (the formats import it lazily)
+    shapes = args.shapes or ([(8192, 8192), (16384, 4096)] if device.type == "cuda" else [(128, 256)])
+    rows = bench(device, shapes, args.impls, args.repeats or (20 if device.type == "cuda" else 3))
+    merge(args.out, rows)
+    print(f"merged {len(rows)} rows into {args.out}")
 
 
 if __name__ == "__main__":

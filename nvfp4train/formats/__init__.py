@@ -6,9 +6,12 @@ Functions of tensors only (CPU or CUDA); nothing here imports the rest of nvfp4t
     q = nvfp4.quantize(x, tile=(1, 16), rounding="rne")      # packed, bit-exact with TE
     v, s_dec = nvfp4.fake_quantize(x, tile=(16, 16))           # dense e2m1*scale_b, + global scale
     y = hadamard.rht(x, d=16)
+
+The quantizers take ``impl="auto" | "reference" | "triton"`` (impl.py): fused Triton kernels
+(triton_kernels.py, imported only when used) on CUDA, the PyTorch reference elsewhere.
 """
 
-from . import compiled, e2m1, fp8, hadamard, mxfp4, nvfp4, rounding
+from . import e2m1, fp8, hadamard, impl, mxfp4, nvfp4, rounding
 from .rounding import sr_generator
 
-__all__ = ["compiled", "e2m1", "fp8", "hadamard", "mxfp4", "nvfp4", "rounding", "sr_generator"]
+__all__ = ["e2m1", "fp8", "hadamard", "impl", "mxfp4", "nvfp4", "rounding", "sr_generator"]

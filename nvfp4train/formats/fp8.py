@@ -22,11 +22,16 @@ is NaN, so everything it scales dequantizes to NaN (never silently clipped to fp
 values themselves (exact in BF16) and the tensor's decode scale, to be applied after the matmul;
 blockwise, the dequantized values (``out_dtype``, default float32; exact in bf16 only with
 ``pow2_scales``) and 1.0.
+
+Blockwise functions take ``impl="auto" | "reference" | "triton"`` (impl.py): one fused Triton
+kernel on CUDA (same bits), the PyTorch code here elsewhere.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .impl import use_triton
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 BLOCKS = ((1, 128), (128, 128))
@@ -96,8 +101,7 @@ def fake_quantize_tensorwise(
     return data.to(out_dtype or x.dtype), decode
 
 
-def _block_view(x: torch.Tensor, block) -> tuple[torch.Tensor, tuple[int, int]]:
-    """x as a fresh FP32 [rows/br, br, cols/bc, bc] (callers may modify it) plus the scale grid."""
+def _check_block(x: torch.Tensor, block) -> None:
     block = tuple(block)
     if block not in BLOCKS:
         raise ValueError(f"fp8: block={block!r} is not supported; allowed: {BLOCKS}")
@@ -110,16 +114,35 @@ def _block_view(x: torch.Tensor, block) -> tuple[torch.Tensor, tuple[int, int]]:
         raise ValueError(
             f"fp8: block {block} must divide (rows={rows}, cols={cols}) of shape {tuple(x.shape)} (no padding is done)"
         )
+
+
+def _block_view(x: torch.Tensor, block) -> tuple[torch.Tensor, tuple[int, int]]:
+    """x as a fresh FP32 [rows/br, br, cols/bc, bc] (callers may modify it) plus the scale grid."""
+    _check_block(x, block)
+    cols = x.shape[-1]
+    rows = x.numel() // cols
+    br, bc = tuple(block)
     return x.reshape(rows // br, br, cols // bc, bc).to(torch.float32, copy=True), (rows // br, cols // bc)
 
 
 def quantize_blockwise(
-    x: torch.Tensor, block=(1, 128), dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False
+    x: torch.Tensor,
+    block=(1, 128),
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    pow2_scales: bool = False,
+    *,
+    impl: str = "auto",
 ):
     """``(data_fp8 [x.shape], decode_scales FP32)``; scales are [rows, cols/128] for (1, 128) and
     [rows/128, cols/128] for (128, 128) (leading dims of x flattened into rows)."""
     _check_input(x)
     _check_fp8_dtype(dtype)
+    _check_block(x, block)
+    if use_triton(x, impl, "fp8.quantize_blockwise"):
+        from . import triton_kernels
+
+        data, scales = triton_kernels.fp8_blockwise(x, tuple(block), dtype, pow2_scales, dense=False)
+        return data.view(dtype), scales
     xb, grid = _block_view(x, block)
     # amax over the block's rows first (an outer dim: vectorized), then its columns.
     block_abs = xb.abs()
@@ -148,8 +171,17 @@ def fake_quantize_blockwise(
     dtype: torch.dtype = torch.float8_e4m3fn,
     pow2_scales: bool = False,
     out_dtype: torch.dtype = torch.float32,
+    *,
+    impl: str = "auto",
 ):
     """``(dequantized values in out_dtype, 1.0)``; equal to dequantize_blockwise(quantize_blockwise(.))."""
-    data, scales = quantize_blockwise(x, block, dtype, pow2_scales)
     ones = torch.ones((), dtype=torch.float32, device=x.device)
+    if use_triton(x, impl, "fp8.fake_quantize_blockwise"):
+        _check_input(x)
+        _check_fp8_dtype(dtype)
+        _check_block(x, block)
+        from . import triton_kernels
+
+        return triton_kernels.fp8_blockwise(x, tuple(block), dtype, pow2_scales, dense=True, out_dtype=out_dtype), ones
+    data, scales = quantize_blockwise(x, block, dtype, pow2_scales, impl="reference")
     return dequantize_blockwise(data, scales, block, out_dtype), ones

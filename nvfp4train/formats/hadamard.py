@@ -13,13 +13,22 @@ Signs:
 * an int: ``random_signs(d, seed)``;
 * a tensor of ±1 of length d.
 
-Precision: the output is rounded to x's dtype, as TE's reference does (it multiplies in the input
-dtype), so for bf16 inputs the quantizer sees bf16 values.
-* bf16 / fp16 inputs are transformed in float64, where the 16-term sums are exact, then rounded
-  once: the correctly rounded transform, the same bits on every device (and TE's bits).
-* fp32 inputs are transformed with an fp32 matmul, as TE's reference does; that matches the
-  reference's bits on CPU, but the last bit depends on the backend's summation order (CPU vs
-  CUDA may differ by 1 ulp). The recipe applies the RHT to bf16 tensors.
+Arithmetic (one definition for every device and for the Triton kernel in triton_kernels.py):
+
+    y_j = round_to_x.dtype( (..((x_0 m_0j + x_1 m_1j) + x_2 m_2j) + ..) + x_{d-1} m_{d-1,j} )
+
+with m = ``rht_matrix(d, signs)`` in FP32, each product rounded to FP32 and the d products
+summed in FP32 in index order, then rounded once more to x's dtype (TE's reference also returns
+x's dtype, so for bf16 inputs the quantizer sees bf16 values). For d = 16 and bf16/fp16/fp32
+inputs the products are exact (x * ±1/4), so only the additions round: FP32 accumulation, as TE's
+hardware path accumulates its BF16 x BF16 MMA in FP32. (The tensor core's internal summation order
+is not specified, so TE's kernel can still differ in the last bit where a 16-block spans more than
+2^24 in magnitude.) float64 inputs are summed the same way in float64.
+
+Until 2026-11 bf16/fp16 inputs were transformed exactly in float64 and rounded once; that differs
+from this rule only where a block's FP32 partial sums round and the bf16 rounding then falls the
+other way (34 of 983,040 elements of a 3840x256 bf16 tensor of randn * 2^U(-20, 20); none of the
+golden vectors, tests/formats/test_golden.py, which pass under both rules).
 """
 
 from __future__ import annotations
@@ -73,13 +82,19 @@ def rht_matrix(d: int = 16, signs=None, dtype: torch.dtype = torch.float32, devi
 
 
 def rht(x: torch.Tensor, d: int = 16, signs=None) -> torch.Tensor:
-    """Transform ``x`` along its last dim in blocks of d; same shape and dtype as x."""
+    """Transform ``x`` along its last dim in blocks of d; same shape and dtype as x (the sum
+    order and roundings are in the module docstring)."""
     _check_d(d)
     if not x.is_floating_point():
         raise TypeError(f"hadamard.rht: x must be a floating tensor, got {x.dtype}")
     if x.ndim == 0 or x.shape[-1] % d != 0:
         raise ValueError(f"hadamard.rht: the last dim of shape {tuple(x.shape)} must be a multiple of d={d}")
-    compute_dtype = torch.float64 if x.element_size() <= 2 else x.dtype
+    compute_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     matrix = rht_matrix(d, signs, dtype=compute_dtype, device=x.device)
-    y = x.reshape(-1, d).to(compute_dtype) @ matrix
+    blocks = x.reshape(-1, d).to(compute_dtype)
+    # Row i of the matrix scaled by element i of each block, accumulated in index order: separate
+    # multiply and add (no FMA; for d = 16 the products are exact, so an FMA would agree anyway).
+    y = blocks[:, :1] * matrix[0]
+    for i in range(1, d):
+        y = y + blocks[:, i : i + 1] * matrix[i]
     return y.to(x.dtype).reshape(x.shape)

@@ -16,6 +16,9 @@ golden vectors do not hit that edge and agree).
 
 Elements: ``e2m1(clamp(x / X, -6, 6))`` with RNE or SR. Non-finite: a block holding NaN/±Inf gets
 the E8M0 NaN scale (0xFF) and dequantizes to NaN; other blocks are unaffected (no global scale).
+
+``impl``: "reference" (the PyTorch code here), "triton" (triton_kernels.py, the same bits; SR from
+Philox) or "auto" (Triton for CUDA tensors); see impl.py.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import compiled, e2m1
+from . import e2m1
+from .impl import use_triton
 from .rounding import random_bits_like
 
 BLOCK = 32
@@ -89,6 +93,9 @@ def scale_exponent(block_amax: torch.Tensor, scale_rule: str) -> torch.Tensor:
         v = block_amax / e2m1.E2M1_MAX
         mantissa, exponent = torch.frexp(v)  # v = mantissa * 2^exponent, mantissa in [0.5, 1)
         e = exponent - (mantissa == 0.5).to(exponent.dtype)  # exact ceil(log2 v)
+        # An amax_b below 6 * 2^-150 gives v = 0, whose frexp exponent 0 would mean scale 1:
+        # ceil(log2 0) = -inf, clamped to -127 (TE's reference: ceil(log2(.)) then clamp).
+        e = torch.where(v == 0, torch.full_like(e, -127), e)
     else:  # floor
         _, exponent = torch.frexp(block_amax)
         e = exponent - 1 - 2  # floor(log2 amax) - emax(E2M1)
@@ -96,9 +103,8 @@ def scale_exponent(block_amax: torch.Tensor, scale_rule: str) -> torch.Tensor:
     return e.to(torch.int32).clamp(-127, 127)
 
 
-def _check_and_draw(x: torch.Tensor, rounding: str, scale_rule: str, generator):
-    """Check the arguments (eagerly, outside any compiled graph); (canonical scale rule, SR's
-    random bits or None)."""
+def _check(x: torch.Tensor, rounding: str, scale_rule: str) -> str:
+    """Check the arguments; the canonical scale rule."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"mxfp4: x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in INPUT_DTYPES:
@@ -108,8 +114,11 @@ def _check_and_draw(x: torch.Tensor, rounding: str, scale_rule: str, generator):
             f"mxfp4: the last dim of shape {tuple(x.shape)} must be a non-zero multiple of {BLOCK} (no padding is done)"
         )
     e2m1.check_rounding(rounding)
-    scale_rule = canonical_scale_rule(scale_rule)
-    return scale_rule, (random_bits_like(x, generator) if rounding == "sr" else None)
+    return canonical_scale_rule(scale_rule)
+
+
+def _draw_random_bits(x: torch.Tensor, rounding: str, generator):
+    return random_bits_like(x, generator) if rounding == "sr" else None
 
 
 def _quantize_core(x: torch.Tensor, rounding: str, scale_rule: str, random_bits):
@@ -133,7 +142,7 @@ def _quantize_core(x: torch.Tensor, rounding: str, scale_rule: str, random_bits)
 
 
 def _quantize_impl(x: torch.Tensor, rounding: str, scale_rule: str, random_bits):
-    """Packed codes [..., cols/2] and scale bits [..., cols/32] (compiled on CUDA)."""
+    """Packed codes [..., cols/2] and scale bits [..., cols/32]."""
     values, bits, _ = _quantize_core(x, rounding, scale_rule, random_bits)
     lead = x.shape[:-1]
     codes = e2m1.pack(e2m1.encode_values(values).flatten(-2))
@@ -141,18 +150,28 @@ def _quantize_impl(x: torch.Tensor, rounding: str, scale_rule: str, random_bits)
 
 
 def _fake_quantize_impl(x: torch.Tensor, rounding: str, scale_rule: str, random_bits, out_dtype: torch.dtype):
-    """e2m1 * 2^e in out_dtype (compiled on CUDA)."""
+    """e2m1 * 2^e in out_dtype."""
     values, _, scale = _quantize_core(x, rounding, scale_rule, random_bits)
     values.mul_(scale.unsqueeze(-1))  # e2m1 * 2^e: exact in FP32 and bf16
     return values.view(x.shape).to(out_dtype)
 
 
 def quantize(
-    x: torch.Tensor, rounding: str = "rne", scale_rule: str = "rceil", generator: torch.Generator | None = None
+    x: torch.Tensor,
+    rounding: str = "rne",
+    scale_rule: str = "rceil",
+    generator: torch.Generator | None = None,
+    *,
+    impl: str = "auto",
 ) -> MXFP4Tensor:
     """Quantize ``x`` (blocks of 32 along dim -1) to packed MXFP4."""
-    scale_rule, random_bits = _check_and_draw(x, rounding, scale_rule, generator)
-    codes, bits = compiled.run(_quantize_impl, x, rounding, scale_rule, random_bits)
+    scale_rule = _check(x, rounding, scale_rule)
+    if use_triton(x, impl, "mxfp4.quantize"):
+        from . import triton_kernels
+
+        codes, bits = triton_kernels.mxfp4(x, scale_rule, rounding, dense=False, generator=generator)
+    else:
+        codes, bits = _quantize_impl(x, rounding, scale_rule, _draw_random_bits(x, rounding, generator))
     return MXFP4Tensor(
         codes=codes,
         scales=bits.view(torch.float8_e8m0fnu),
@@ -167,9 +186,19 @@ def fake_quantize(
     scale_rule: str = "rceil",
     generator: torch.Generator | None = None,
     out_dtype: torch.dtype | None = None,
+    *,
+    impl: str = "auto",
 ):
     """``(values, 1.0)``: dequantized MXFP4 values in ``out_dtype`` (default x.dtype), equal bit
     for bit to ``quantize(...).dequantize(out_dtype)``. Exact in bf16 (E2M1 x 2^e)."""
-    scale_rule, random_bits = _check_and_draw(x, rounding, scale_rule, generator)
-    values = compiled.run(_fake_quantize_impl, x, rounding, scale_rule, random_bits, out_dtype or x.dtype)
+    scale_rule = _check(x, rounding, scale_rule)
+    if use_triton(x, impl, "mxfp4.fake_quantize"):
+        from . import triton_kernels
+
+        values = triton_kernels.mxfp4(
+            x, scale_rule, rounding, dense=True, generator=generator, out_dtype=out_dtype or x.dtype
+        )
+    else:
+        random_bits = _draw_random_bits(x, rounding, generator)
+        values = _fake_quantize_impl(x, rounding, scale_rule, random_bits, out_dtype or x.dtype)
     return values, torch.ones((), dtype=torch.float32, device=x.device)

@@ -22,6 +22,10 @@ element of ``x`` is NaN or ±Inf, ``amax`` records it (NaN or Inf), the global s
 every block scale is E4M3 NaN (0x7F), so the whole tensor dequantizes to NaN and a trainer's
 non-finite guard fires instead of training on silently clipped numbers.
 
+Implementations (``impl``, see impl.py): "reference" is the PyTorch code below; "triton" the
+fused kernel in triton_kernels.py (same bits; one read of x after the amax pass); "auto" (the
+default) picks Triton for CUDA tensors.
+
 Two ways in:
 * ``quantize`` packs codes (uint8, two per byte) and scales (float8_e4m3fn): storage / exactness.
 * ``fake_quantize`` returns ``e2m1 * fp32(scale_b)`` as a dense tensor plus ``s_dec`` — the same
@@ -37,7 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import compiled, e2m1
+from . import e2m1, hadamard
+from .impl import use_triton
 from .rounding import random_bits_like
 
 BLOCK = 16
@@ -130,7 +135,7 @@ def block_amax(a: torch.Tensor, tile, rows: int, cols: int) -> torch.Tensor:
 
 
 def _draw_random_bits(x: torch.Tensor, rounding: str, generator) -> torch.Tensor | None:
-    """SR's random bits, drawn eagerly (outside any compiled graph); None for RNE."""
+    """SR's random bits for the reference path; None for RNE."""
     return random_bits_like(x, generator) if rounding == "sr" else None
 
 
@@ -149,7 +154,8 @@ def _quantize_core(x: torch.Tensor, tile, rounding: str, random_bits):
     s_enc = global_encode_scale(amax)
     s_dec = torch.reciprocal(s_enc)
     # TE folds 1/6 into the global multiplier "to ensure exact match" with its kernel.
-    multiplier = s_enc * torch.reciprocal(torch.tensor(e2m1.E2M1_MAX, device=x.device))
+    # (full_like, not torch.tensor: no host-to-device copy per call.)
+    multiplier = s_enc * torch.reciprocal(torch.full_like(s_enc, e2m1.E2M1_MAX))
     # Saturate before the cast: PyTorch's float8 cast is not guaranteed to saturate.
     scales = torch.clamp(amax_b * multiplier, max=E4M3_MAX).to(torch.float8_e4m3fn)
     block_encode = torch.clamp(torch.reciprocal(scales.to(torch.float32) * s_dec), max=_FLT_MAX)
@@ -161,7 +167,7 @@ def _quantize_core(x: torch.Tensor, tile, rounding: str, random_bits):
 
 
 def _quantize_impl(x: torch.Tensor, tile, rounding: str, random_bits):
-    """Packed codes [..., cols/2], scales [..., cols/16], amax, s_dec (compiled on CUDA)."""
+    """Packed codes [..., cols/2], scales [..., cols/16], amax, s_dec."""
     values, scales, amax, s_dec = _quantize_core(x, tile, rounding, random_bits)
     lead = x.shape[:-1]
     codes = e2m1.pack(e2m1.encode_values(values).flatten(-2))
@@ -169,24 +175,36 @@ def _quantize_impl(x: torch.Tensor, tile, rounding: str, random_bits):
 
 
 def _fake_quantize_impl(x: torch.Tensor, tile, rounding: str, random_bits, out_dtype: torch.dtype):
-    """(e2m1 * scale_b in out_dtype, s_dec) (compiled on CUDA)."""
+    """(e2m1 * scale_b in out_dtype, s_dec)."""
     values, scales, _, s_dec = _quantize_core(x, tile, rounding, random_bits)
     values.mul_(scales.to(torch.float32).unsqueeze(-1))  # e2m1 * scale_b: exact (FP32 and bf16)
     return values.view(x.shape).to(out_dtype), s_dec
 
 
 def quantize(
-    x: torch.Tensor, tile=(1, 16), rounding: str = "rne", generator: torch.Generator | None = None
+    x: torch.Tensor,
+    tile=(1, 16),
+    rounding: str = "rne",
+    generator: torch.Generator | None = None,
+    *,
+    impl: str = "auto",
 ) -> NVFP4Tensor:
     """Quantize ``x`` (float32/bfloat16/float16, blocks along dim -1) to packed NVFP4.
 
     rounding: "rne" (weights, activations) or "sr" (gradients; draws from ``generator``, a
-    ``torch.Generator`` on x's device, or torch's default generator when None)."""
+    ``torch.Generator`` on x's device, or torch's default generator when None).
+    impl: "auto" | "reference" | "triton" (see the module docstring)."""
     tile = tuple(tile)
     _check_input(x, tile)
     e2m1.check_rounding(rounding)
-    random_bits = _draw_random_bits(x, rounding, generator)
-    codes, scales, amax, s_dec = compiled.run(_quantize_impl, x, tile, rounding, random_bits)
+    if use_triton(x, impl, "nvfp4.quantize"):
+        from . import triton_kernels
+
+        codes, scales, amax, s_dec = triton_kernels.nvfp4(x, tile[0], rounding, dense=False, generator=generator)
+        scales = scales.view(torch.float8_e4m3fn)
+    else:
+        random_bits = _draw_random_bits(x, rounding, generator)
+        codes, scales, amax, s_dec = _quantize_impl(x, tile, rounding, random_bits)
     return NVFP4Tensor(
         codes=codes,
         scales=scales,
@@ -203,12 +221,130 @@ def fake_quantize(
     rounding: str = "rne",
     generator: torch.Generator | None = None,
     out_dtype: torch.dtype | None = None,
+    *,
+    impl: str = "auto",
 ):
     """``(values, global_decode_scale)`` with ``values = e2m1 * fp32(scale_b)`` in ``out_dtype``
     (default: x.dtype; exact in bf16/fp32), equal bit for bit to
-    ``quantize(...).dequantize(out_dtype, apply_global_scale=False)``. No packing, no Python loops."""
+    ``quantize(...).dequantize(out_dtype, apply_global_scale=False)`` (the same ``impl`` and
+    generator state). No packing, no Python loops."""
     tile = tuple(tile)
     _check_input(x, tile)
     e2m1.check_rounding(rounding)
+    if use_triton(x, impl, "nvfp4.fake_quantize"):
+        from . import triton_kernels
+
+        values, _, s_dec = triton_kernels.nvfp4(
+            x, tile[0], rounding, dense=True, generator=generator, out_dtype=out_dtype or x.dtype
+        )
+        return values, s_dec
     random_bits = _draw_random_bits(x, rounding, generator)
-    return compiled.run(_fake_quantize_impl, x, tile, rounding, random_bits, out_dtype or x.dtype)
+    return _fake_quantize_impl(x, tile, rounding, random_bits, out_dtype or x.dtype)
+
+
+# ------------------------------------------------------------------------------ Wgrad operand
+def _check_rht_input(x: torch.Tensor, who: str) -> None:
+    if not isinstance(x, torch.Tensor) or x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{who}: x must be a torch.Tensor of {INPUT_DTYPES}, got {getattr(x, 'dtype', type(x))}")
+    if x.ndim != 2 or x.shape[0] % BLOCK != 0 or x.numel() == 0:
+        raise ValueError(f"{who}: x must be 2-D [tokens, features] with tokens a multiple of {BLOCK}, "
+                         f"got shape {tuple(x.shape)}")
+
+
+def rht_quantize_t(
+    x: torch.Tensor,
+    rounding: str = "rne",
+    generator: torch.Generator | None = None,
+    signs=None,
+    *,
+    impl: str = "auto",
+) -> NVFP4Tensor:
+    """The Wgrad operand of ``x`` [tokens, features]: NVFP4 (1x16) of ``hadamard.rht(x.T, 16,
+    signs)``, shape [features, tokens], its global scale from the transformed tensor's amax.
+
+    Same bits as ``quantize(hadamard.rht(x.t(), 16, signs), (1, 16), rounding, generator)``
+    (which is what impl="reference" runs); the Triton kernel reads x row-major and never
+    materializes the transpose or the transform. SR bits follow the [features, tokens] layout."""
+    _check_rht_input(x, "nvfp4.rht_quantize_t")
+    e2m1.check_rounding(rounding)
+    signs = hadamard.resolve_signs(BLOCK, signs)
+    if not use_triton(x, impl, "nvfp4.rht_quantize_t"):
+        return quantize(hadamard.rht(x.t(), BLOCK, signs), (1, BLOCK), rounding, generator, impl="reference")
+    from . import triton_kernels
+
+    codes, scales, amax, s_dec = triton_kernels.rht_nvfp4_t(x, signs, rounding, dense=False, generator=generator)
+    return NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), amax, s_dec, torch.Size(x.shape[::-1]), (1, BLOCK))
+
+
+def rht_fake_quantize_t(
+    x: torch.Tensor,
+    rounding: str = "rne",
+    generator: torch.Generator | None = None,
+    signs=None,
+    out_dtype: torch.dtype | None = None,
+    *,
+    impl: str = "auto",
+):
+    """``(values [features, tokens], global_decode_scale)``: ``fake_quantize`` of
+    ``hadamard.rht(x.T, 16, signs)`` (see ``rht_quantize_t``)."""
+    _check_rht_input(x, "nvfp4.rht_fake_quantize_t")
+    e2m1.check_rounding(rounding)
+    signs = hadamard.resolve_signs(BLOCK, signs)
+    if not use_triton(x, impl, "nvfp4.rht_fake_quantize_t"):
+        return fake_quantize(hadamard.rht(x.t(), BLOCK, signs), (1, BLOCK), rounding, generator, out_dtype,
+                             impl="reference")
+    from . import triton_kernels
+
+    values, _, s_dec = triton_kernels.rht_nvfp4_t(x, signs, rounding, dense=True, generator=generator,
+                                                  out_dtype=out_dtype or x.dtype)
+    return values, s_dec
+
+
+def quantize_rowwise_and_rht_t(
+    x: torch.Tensor,
+    rounding: str = "rne",
+    generator: torch.Generator | None = None,
+    signs=None,
+    *,
+    rowwise_dense: bool = False,
+    columnwise_dense: bool = False,
+    out_dtype: torch.dtype | None = None,
+    impl: str = "auto",
+):
+    """Both NVFP4 copies the recipe takes of an activation or gradient x [tokens, features], from
+    one read of x on CUDA: ``(rowwise, columnwise)`` with
+
+    * rowwise = ``quantize(x, (1, 16), rounding)`` (Fprop / Dgrad operand), or with
+      ``rowwise_dense`` the ``fake_quantize`` pair ``(values, global_decode_scale)``;
+    * columnwise = ``rht_quantize_t(x, rounding, signs=signs)`` (Wgrad operand), or with
+      ``columnwise_dense`` the ``rht_fake_quantize_t`` pair.
+
+    Each copy has its own global scale, as if quantized separately (RNE: the same bits as the two
+    separate calls). SR: the reference path draws the rowwise bits first, then the columnwise ones;
+    the Triton path draws one Philox seed for each from ``generator``."""
+    _check_rht_input(x, "nvfp4.quantize_rowwise_and_rht_t")
+    e2m1.check_rounding(rounding)
+    signs = hadamard.resolve_signs(BLOCK, signs)
+    out_dtype = out_dtype or x.dtype
+    if not use_triton(x, impl, "nvfp4.quantize_rowwise_and_rht_t"):
+        if rowwise_dense:
+            rowwise = fake_quantize(x, (1, BLOCK), rounding, generator, out_dtype, impl="reference")
+        else:
+            rowwise = quantize(x, (1, BLOCK), rounding, generator, impl="reference")
+        if columnwise_dense:
+            return rowwise, rht_fake_quantize_t(x, rounding, generator, signs, out_dtype, impl="reference")
+        return rowwise, rht_quantize_t(x, rounding, generator, signs, impl="reference")
+    from . import triton_kernels
+
+    row, col = triton_kernels.rht_nvfp4_t(x, signs, rounding, dense=columnwise_dense, generator=generator,
+                                          out_dtype=out_dtype, rowwise=True, rowwise_dense=rowwise_dense)
+    if rowwise_dense:
+        rowwise = (row[0], row[2])
+    else:
+        codes, scales, amax, s_dec = row
+        rowwise = NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), amax, s_dec, x.shape, (1, BLOCK))
+    if columnwise_dense:
+        return rowwise, (col[0], col[2])
+    codes, scales, amax, s_dec = col
+    return rowwise, NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), amax, s_dec, torch.Size(x.shape[::-1]),
+                                (1, BLOCK))

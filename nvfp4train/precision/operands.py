@@ -31,6 +31,11 @@ from nvfp4train.formats import fp8, hadamard, mxfp4, nvfp4
 from .policy import OperandSpec
 
 
+# Which implementation of nvfp4train.formats quantizes operands: "auto" runs the fused Triton
+# kernels on CUDA tensors and the PyTorch reference elsewhere (same bits; formats/impl.py).
+QUANT_IMPL = "auto"
+
+
 def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
@@ -129,11 +134,12 @@ class NVFP4Format(_E2M1BlockFormat):
     name, block = "nvfp4", nvfp4.BLOCK
 
     def fake_quantize(self, x, spec, generator):
-        values, scale = nvfp4.fake_quantize(x, spec.tile, spec.rounding, generator, out_dtype=torch.bfloat16)
+        values, scale = nvfp4.fake_quantize(x, spec.tile, spec.rounding, generator, out_dtype=torch.bfloat16,
+                                           impl=QUANT_IMPL)
         return Quantized(values, scale)
 
     def pack(self, x, spec, generator):
-        q = nvfp4.quantize(x, spec.tile, spec.rounding, generator)
+        q = nvfp4.quantize(x, spec.tile, spec.rounding, generator, impl=QUANT_IMPL)
         return q.codes, q.scales, q.amax, q.global_decode_scale
 
     def dequantize(self, tensors, spec, shape):
@@ -151,11 +157,12 @@ class MXFP4Format(_E2M1BlockFormat):
     name, block = "mxfp4", mxfp4.BLOCK
 
     def fake_quantize(self, x, spec, generator):
-        values, _ = mxfp4.fake_quantize(x, spec.rounding, spec.scale_mode, generator, out_dtype=torch.bfloat16)
+        values, _ = mxfp4.fake_quantize(x, spec.rounding, spec.scale_mode, generator, out_dtype=torch.bfloat16,
+                                        impl=QUANT_IMPL)
         return Quantized(values, None)
 
     def pack(self, x, spec, generator):
-        q = mxfp4.quantize(x, spec.rounding, spec.scale_mode, generator)
+        q = mxfp4.quantize(x, spec.rounding, spec.scale_mode, generator, impl=QUANT_IMPL)
         return q.codes, q.scales
 
     def dequantize(self, tensors, spec, shape):
@@ -187,13 +194,13 @@ class FP8Format(OperandFormat):
             data, scale = fp8.quantize_tensorwise(x, self.dtype)
             return Quantized(data.to(torch.bfloat16), scale, fp8_data=data)
         values, _ = fp8.fake_quantize_blockwise(x, spec.tile, self.dtype, pow2_scales=spec.scale_mode == "pow2",
-                                                out_dtype=self._blockwise_dtype(spec))
+                                                out_dtype=self._blockwise_dtype(spec), impl=QUANT_IMPL)
         return Quantized(values, None)
 
     def pack(self, x, spec, generator):
         if spec.tile is None:
             return fp8.quantize_tensorwise(x, self.dtype)
-        return fp8.quantize_blockwise(x, spec.tile, self.dtype, spec.scale_mode == "pow2")
+        return fp8.quantize_blockwise(x, spec.tile, self.dtype, spec.scale_mode == "pow2", impl=QUANT_IMPL)
 
     def dequantize(self, tensors, spec, shape):
         data, scales = tensors
@@ -221,8 +228,23 @@ def operand_format(spec: OperandSpec) -> OperandFormat:
 
 
 # ---------------------------------------------------------------------------------- operands
+def _fused_wgrad_rht(x: torch.Tensor, spec: OperandSpec, k_pad: int) -> bool:
+    """Whether `x` is a Wgrad operand with a fused RHT + transpose + quantize entry
+    (nvfp4.rht_quantize_t): NVFP4 1x16 with the 16-point RHT along K, `x` [rows, K] the transpose
+    of a contiguous [K, rows] tensor (the layer passes x2d.t()), and nothing to pad. Same bits as
+    prepare + quantize; on CUDA one kernel reads x row-major instead of materializing x.T and its
+    transform."""
+    return (spec.format == "nvfp4" and spec.rht_dim == 16 and tuple(spec.tile) == (1, 16)
+            and x.ndim == 2 and x.shape[1] == k_pad and k_pad % 16 == 0 and x.t().is_contiguous()
+            and x.dtype in nvfp4.INPUT_DTYPES)
+
+
 def fake_quantize(x: torch.Tensor, spec: OperandSpec, k_pad: int, generator=None, rht_signs=None) -> Quantized:
     """Quantize `x` [rows, K] to dense values, K zero-padded to `k_pad`."""
+    if _fused_wgrad_rht(x, spec, k_pad):
+        values, scale = nvfp4.rht_fake_quantize_t(x.t(), spec.rounding, generator, rht_signs, torch.bfloat16,
+                                                  impl=QUANT_IMPL)
+        return Quantized(values, scale)
     fmt = operand_format(spec)
     return fmt.fake_quantize(fmt.prepare(x, spec, k_pad, rht_signs), spec, generator)
 
@@ -255,6 +277,9 @@ class Packed:
 
 def pack(x: torch.Tensor, spec: OperandSpec, k_pad: int, generator=None, rht_signs=None) -> Packed:
     """Quantize `x` [rows, K] to its packed storage form, K zero-padded to `k_pad`."""
+    if _fused_wgrad_rht(x, spec, k_pad):
+        q = nvfp4.rht_quantize_t(x.t(), spec.rounding, generator, rht_signs, impl=QUANT_IMPL)
+        return Packed(PackedLayout(spec, tuple(q.shape)), (q.codes, q.scales, q.amax, q.global_decode_scale))
     fmt = operand_format(spec)
     xp = fmt.prepare(x, spec, k_pad, rht_signs)
     return Packed(PackedLayout(spec, tuple(xp.shape)), tuple(fmt.pack(xp, spec, generator)))

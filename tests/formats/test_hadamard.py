@@ -3,6 +3,7 @@ seeds and errors."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -45,12 +46,28 @@ def test_spreads_a_single_outlier_over_its_block():
     assert not y[0, 16:].any() and not y[1].any()
 
 
-def test_bf16_output_is_the_fp32_transform_rounded_once():
-    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+def test_output_is_the_fp32_sum_in_index_order_rounded_to_the_input_dtype():
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     y = hadamard.rht(x, d=16)
     assert y.dtype == torch.bfloat16 and y.shape == x.shape
-    exact = hadamard.rht(x.to(torch.float64), d=16)  # bf16 inputs: exact in float64
-    assert torch.equal(y, exact.to(torch.bfloat16))
+    m = hadamard.rht_matrix(16).numpy()
+    blocks = x.float().reshape(-1, 16).numpy()
+    for b, block in enumerate(blocks):  # an independent scalar loop in numpy float32
+        for j in range(16):
+            acc = np.float32(block[0]) * m[0, j]
+            for i in range(1, 16):
+                acc = np.float32(acc + np.float32(block[i]) * m[i, j])
+            assert torch.tensor(float(acc)).to(torch.bfloat16) == y.reshape(-1, 16)[b, j]
+
+
+def test_fp32_accumulation_differs_from_the_exact_sum_where_it_rounds():
+    """(2^26 + 2^18 + 1) / 4 = 2^24 + 2^16 + 1/4: FP32 drops the 1/4 (spacing 2 there), leaving the
+    bf16 midpoint 2^24 + 2^16, which rounds to even (2^24); the exact sum rounds up to 2^24 + 2^17."""
+    x = torch.zeros(1, 16, dtype=torch.bfloat16)
+    x[0, :3] = torch.tensor([2.0**26, 2.0**18, 1.0])
+    assert hadamard.rht(x)[0, 0] == 2.0**24
+    exact = x.double() @ hadamard.rht_matrix(16, dtype=torch.float64)
+    assert exact[0, 0] == 2.0**24 + 2.0**16 + 0.25  # above the midpoint: correctly rounded, 2^24 + 2^17
 
 
 def test_signs_from_seed_and_explicit_vector():

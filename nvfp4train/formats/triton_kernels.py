@@ -1,0 +1,741 @@
+"""Fused Triton quantizers: the same bits as the PyTorch reference functions, one read of the input.
+
+Each kernel mirrors its reference (``nvfp4._quantize_core``, ``e2m1.round_signed_``) step by step;
+the comments name the reference line a step mirrors. Rules that keep the bits identical on a GPU:
+
+* every division is ``tl.div_rn`` (Triton lowers ``/`` on FP32 to an approximate division);
+* kernels are launched with ``enable_fp_fusion=False``, so no multiply and add fuse into an FMA
+  (the reference rounds each product);
+* the casts to E4M3 and E2M1 are integer bit arithmetic (round to nearest even, NaN -> 0x7F), not
+  Triton's float8 conversion, whose saturation and NaN rules differ across backends;
+* maxima are taken over the integer bits of |x|: for non-negative floats integer order is float
+  order, and a NaN's bits exceed +Inf's, so a NaN anywhere gives a NaN amax, as ``torch.amax``.
+
+The global amax is a first pass (``abs_max``: per-program partial maxima, then ``torch.amax`` of
+those); it stays a device tensor the quantizing kernel loads (no host sync).
+
+CPU tensors run in Triton's interpreter, which needs ``TRITON_INTERPRET=1`` in the environment
+before ``triton`` is first imported (``@triton.jit`` decides at import time, also for
+``triton.language``'s own functions). Callers pick this module through ``impl`` (see ``impl.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton import knobs
+
+# Whether this module's kernels were decorated for the interpreter (CPU tensors) or for the GPU.
+INTERPRETED = bool(knobs.runtime.interpret)
+
+# Globals a kernel reads must be tl.constexpr (Triton refuses other globals when compiling).
+_FLT_MAX = tl.constexpr(3.4028234663852886e38)
+_ONE_SIXTH_BITS = tl.constexpr(0x3E2AAAAB)  # fp32(1/6) = torch.reciprocal(torch.tensor(6.0)), as the reference
+_SR_DROPPED_BITS = tl.constexpr((1 << 21) - 1)  # e2m1._SR_DROPPED_BITS
+
+# Rounding modes as the kernels' constexpr.
+RNE, SR_BITS, SR_PHILOX = 0, 1, 2
+
+# Tile of one program: 16 rows (a 16x16 tile's height) x 256 columns (16 scale blocks).
+BLOCK_ROWS, BLOCK_COLS = 16, 256
+AMAX_BLOCK = 8192
+
+
+def _launch_options(x: torch.Tensor) -> dict:
+    # The interpreter takes no compile options.
+    return {} if not x.is_cuda else {"enable_fp_fusion": False, "num_warps": 4}
+
+
+# ------------------------------------------------------------------------------ global amax
+@triton.jit
+def _abs_max_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = _to_fp32(tl.load(x_ptr + offs, mask=offs < n, other=0.0))
+    magnitude_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    tl.store(partial_ptr + tl.program_id(0), tl.max(magnitude_bits, axis=0))
+
+
+def abs_max(x: torch.Tensor) -> torch.Tensor:
+    """0-d FP32 max|x| on x's device (NaN if any element is NaN), without a host sync."""
+    n = x.numel()
+    programs = triton.cdiv(n, AMAX_BLOCK)
+    partial = torch.empty(programs, dtype=torch.int32, device=x.device)
+    _abs_max_kernel[(programs,)](x, partial, n, BLOCK=AMAX_BLOCK, **_launch_options(x))
+    return partial.amax().view(torch.float32)
+
+
+# ------------------------------------------------------------------------------ shared steps
+@triton.jit
+def _global_scales(amax):
+    """(s_enc, s_dec, s_enc * fp32(1/6)) from the FP32 amax: nvfp4.global_encode_scale and the
+    two lines after it in nvfp4._quantize_core."""
+    s_enc = tl.div_rn(tl.full(amax.shape, 2688.0, tl.float32), amax)  # 6 * 448 / amax, one rounding
+    s_enc = tl.where(s_enc > _FLT_MAX, _FLT_MAX, s_enc)  # clamp(max=FLT_MAX); NaN stays NaN
+    s_enc = tl.where((amax == 0) | (s_enc == 0), 1.0, s_enc)
+    s_enc = tl.where(amax <= _FLT_MAX, s_enc, float("nan"))  # amax Inf or NaN -> NaN
+    s_dec = tl.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
+    one_sixth = tl.full(amax.shape, _ONE_SIXTH_BITS, tl.int32).to(tl.float32, bitcast=True)
+    return s_enc, s_dec, s_enc * one_sixth
+
+
+@triton.jit
+def _e4m3_rne(s):
+    """FP32 s in [0, 448] or NaN -> (E4M3 bits int32, fp32 value of those bits): torch's
+    ``.to(torch.float8_e4m3fn)`` (RNE) then ``.to(torch.float32)``."""
+    bits = s.to(tl.int32, bitcast=True)
+    # Normal (s >= 2^-6): round FP32's 23-bit mantissa to 3 bits, half to even, then rebias the
+    # exponent from 127 to 7 (120 << 3 in the shifted word). A carry into the exponent is right.
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) >> 20) - (120 << 3)
+    # Subnormal (s < 2^-6): the code is s / 2^-9 rounded half to even (code 8 is 2^-6, the smallest
+    # normal, so a round-up lands on it). s * 512 < 8 is exact; adding 2^23 rounds it to an integer
+    # (FP32 spacing 1 there) and the integer sits in the low mantissa bits.
+    subnormal = ((s * 512.0) + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
+    code = tl.where(s < 0.015625, subnormal, normal)
+    code = tl.where(s != s, 0x7F, code)
+    normal_value = ((code + (120 << 3)) << 20).to(tl.float32, bitcast=True)
+    value = tl.where(code >= 8, normal_value, code.to(tl.float32) * 0.001953125)  # subnormal: code * 2^-9
+    value = tl.where(s != s, s, value)
+    return code, value
+
+
+@triton.jit
+def _e2m1_index(a):
+    """Index 0..7 on {0, .5, 1, 1.5, 2, 3, 4, 6} of |y| already on the grid or to round half to
+    even: the midpoints 0.25, 0.75, .. 5 go to the even index (e2m1.round_signed_'s RNE; TE's
+    decision table). NaN gives 0 (e2m1.encode_values maps NaN to code 0)."""
+    return ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+            + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
+            + (a > 5.0).to(tl.int32))
+
+
+@triton.jit
+def _e2m1_magnitude(index):
+    """Index 0..7 -> E2M1 magnitude (FP32)."""
+    low = index.to(tl.float32) * 0.5  # 0, .5, 1, 1.5, 2 for index 0..4
+    high = tl.where(index == 7, 6.0, (index - 2).to(tl.float32))  # 3, 4 for 5, 6
+    return tl.where(index <= 4, low, high)
+
+
+@triton.jit
+def _round_e2m1(y, random_bits, ROUNDING: tl.constexpr):
+    """e2m1.round_signed_ on FP32 y: (index 0..7 of the rounded magnitude, negative). ``negative``
+    is y < 0 (the reference's ``y + 0.0`` makes -0 positive), so a negative value that rounds to
+    0 keeps its sign bit (code 0x8), as in TE."""
+    negative = y < 0
+    a = tl.abs(y)
+    a = tl.where(a > 6.0, 6.0, a)  # clamp_(-6, 6); NaN stays NaN
+    if ROUNDING != 0:
+        # round_signed_'s SR branch on |y|: offset = max(2^floor(log2|y|), 1); z = |y| + 2 offset
+        # (one FP32 rounding); add 21 random bits to z's bits and clear them; subtract 2 offset.
+        offset = (a.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+        offset = tl.where(offset < 1.0, 1.0, offset)
+        z = a + offset * 2.0
+        z_bits = (z.to(tl.int32, bitcast=True) + (random_bits & _SR_DROPPED_BITS)) & ~_SR_DROPPED_BITS
+        a = z_bits.to(tl.float32, bitcast=True) - offset * 2.0
+    return _e2m1_index(a), negative
+
+
+# bf16 <-> FP32 by bit arithmetic: Triton's interpreter converts bf16 with its own float code,
+# which truncates FP32 -> bf16 (its "rtne" mode does not carry either) and mangles subnormals both
+# ways; the GPU converts correctly. The bit forms below give both the same bits.
+@triton.jit
+def _to_fp32(x):
+    """A loaded tensor (bf16, fp16 or fp32) widened to FP32 exactly."""
+    if x.dtype == tl.bfloat16:
+        return ((x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def _bf16_rne_bits(v):
+    """FP32 v rounded to bf16 to nearest even (NaN stays NaN, overflow gives Inf), as the FP32 word
+    with its low 16 bits clear."""
+    bits = v.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # -65536 = 0xFFFF0000
+    nan_bits = v.to(tl.int32, bitcast=True) | 0x400000  # a NaN's payload could carry out: keep it, quiet
+    return tl.where(v != v, nan_bits & -65536, bits)
+
+
+@triton.jit
+def _round_to(v, DTYPE: tl.constexpr):
+    """FP32 v rounded to DTYPE and widened back to FP32 (torch's ``.to(dtype).float()``)."""
+    if DTYPE == tl.bfloat16:
+        return _bf16_rne_bits(v).to(tl.float32, bitcast=True)
+    else:
+        return v.to(DTYPE).to(tl.float32)
+
+
+@triton.jit
+def _store_as(ptr, offs, v, mask):
+    """Store FP32 v into ``ptr``'s dtype, rounding to nearest even as torch's ``.to(dtype)``."""
+    if ptr.dtype.element_ty == tl.bfloat16:
+        bits = (_bf16_rne_bits(v) >> 16).to(tl.int16)
+        tl.store(ptr.to(tl.pointer_type(tl.int16)) + offs, bits, mask=mask)
+    else:
+        tl.store(ptr + offs, v.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _with_sign(magnitude, negative):
+    """-magnitude where negative, by the sign bit: Triton's unary minus is 0 - x, which would turn
+    the reference's -0.0 (a negative value rounded to zero) into +0.0."""
+    bits = magnitude.to(tl.int32, bitcast=True) | (negative.to(tl.int32) << 31)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _philox_rows(seed_ptr, first, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Random int32 words for a [BLOCK_R, BLOCK_C] tile whose element (i, k) has the flat output
+    index first[i] + k (first: [BLOCK_R] int64, a multiple of 4). One Philox call per 4 elements
+    (randint4x: a quarter of the work of randint per element); the word of element index n is
+    word n % 4 of counter n // 4, so it depends on the index only, not on the tiling."""
+    counter = (first[:, None] // 4 + tl.arange(0, BLOCK_C // 4)[None, :]).to(tl.int32)
+    r0, r1, r2, r3 = tl.randint4x(tl.load(seed_ptr), counter)
+    # join(join(r0, r2), join(r1, r3))[.., k, i, a] = r_{2i + a}[.., k]: element 4k + 2i + a.
+    words = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (BLOCK_R, BLOCK_C))
+    return words.to(tl.int32, bitcast=True)
+
+
+# ------------------------------------------------------------------------------ NVFP4
+@triton.jit
+def _nvfp4_kernel(
+    x_ptr, amax_ptr, bits_ptr, seed_ptr,  # inputs: x [rows, cols], 0-d amax, SR bits or seed
+    codes_ptr, scales_ptr, values_ptr, s_dec_ptr,  # outputs (codes + scales, or values)
+    rows, cols,
+    TILE_ROWS: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    pid_r, pid_c = tl.program_id(0), tl.program_id(1)
+    s_dec = _nvfp4_tile(x_ptr, amax_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr,
+                        pid_r * BLOCK_R, pid_c * BLOCK_C, rows, cols, TILE_ROWS, ROUNDING, DENSE, BLOCK_R, BLOCK_C)
+    if (pid_r == 0) & (pid_c == 0):
+        tl.store(s_dec_ptr, s_dec)
+
+
+@triton.jit
+def _nvfp4_tile(
+    x_ptr, amax_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, r0, c0, rows, cols,
+    TILE_ROWS: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """nvfp4._quantize_core and _quantize_impl / _fake_quantize_impl for rows r0 .. r0 + BLOCK_R,
+    columns c0 .. c0 + BLOCK_C of x [rows, cols]; returns s_dec."""
+    NB: tl.constexpr = BLOCK_C // 16
+    r = r0 + tl.arange(0, BLOCK_R)
+    c = c0 + tl.arange(0, BLOCK_C)
+    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    offs = r[:, None].to(tl.int64) * cols + c[None, :]
+    x = _to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))  # y = x.to(float32): exact
+
+    # block_amax: max over 16 columns, and for a 16x16 tile over its 16 rows, repeated on them.
+    magnitude_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    block_bits = tl.max(tl.reshape(magnitude_bits, (BLOCK_R, NB, 16)), axis=2)
+    if TILE_ROWS == 16:
+        tile_bits = tl.max(tl.reshape(block_bits, (BLOCK_R // 16, 16, NB)), axis=1)
+        block_bits = tl.reshape(tl.broadcast_to(tile_bits[:, None, :], (BLOCK_R // 16, 16, NB)), (BLOCK_R, NB))
+    amax_b = block_bits.to(tl.float32, bitcast=True)
+
+    s_enc, s_dec, multiplier = _global_scales(tl.load(amax_ptr))
+    # scales = clamp(amax_b * multiplier, max=448).to(e4m3)
+    scaled = amax_b * multiplier
+    scale_bits, scale = _e4m3_rne(tl.where(scaled > 448.0, 448.0, scaled))
+    # block_encode = clamp(reciprocal(fp32(scale) * s_dec), max=FLT_MAX)
+    encode = tl.div_rn(tl.full((BLOCK_R, NB), 1.0, tl.float32), scale * s_dec)
+    encode = tl.where(encode > _FLT_MAX, _FLT_MAX, encode)
+    # y.view(rows, nb, 16).mul_(block_encode)
+    y = tl.reshape(tl.reshape(x, (BLOCK_R, NB, 16)) * encode[:, :, None], (BLOCK_R, BLOCK_C))
+
+    if ROUNDING == 1:
+        random_bits = tl.load(bits_ptr + offs, mask=mask, other=0)
+    elif ROUNDING == 2:
+        random_bits = _philox_rows(seed_ptr, r.to(tl.int64) * cols + c0, BLOCK_R, BLOCK_C)
+    else:
+        random_bits = 0
+    index, negative = _round_e2m1(y, random_bits, ROUNDING)
+
+    if DENSE:
+        # _fake_quantize_impl: values * fp32(scale_b), exact; NaN scales give NaN.
+        magnitude = tl.reshape(tl.reshape(_e2m1_magnitude(index), (BLOCK_R, NB, 16)) * scale[:, :, None],
+                               (BLOCK_R, BLOCK_C))
+        values = _with_sign(magnitude, negative)
+        _store_as(values_ptr, offs, values, mask)
+    else:
+        # e2m1.encode_values + pack: sign in bit 3, element 2j in the low nibble.
+        code = index | (negative.to(tl.int32) << 3)
+        low, high = tl.split(tl.reshape(code, (BLOCK_R, BLOCK_C // 2, 2)))
+        c2 = c0 // 2 + tl.arange(0, BLOCK_C // 2)
+        mask2 = (r[:, None] < rows) & (c2[None, :] < cols // 2)
+        tl.store(codes_ptr + r[:, None].to(tl.int64) * (cols // 2) + c2[None, :],
+                 (low | (high << 4)).to(tl.uint8), mask=mask2)
+        cb = c0 // 16 + tl.arange(0, NB)
+        maskb = (r[:, None] < rows) & (cb[None, :] < cols // 16)
+        tl.store(scales_ptr + r[:, None].to(tl.int64) * (cols // 16) + cb[None, :], scale_bits.to(tl.uint8),
+                 mask=maskb)
+    return s_dec
+
+
+def philox_seed(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """A 1-element int64 seed for the kernels' Philox stream, drawn on x's device from
+    ``generator`` (torch's default for that device when None): no host sync, and the generator
+    advances, so successive calls draw different bits."""
+    from .rounding import _check_generator_device
+
+    _check_generator_device(x, generator)
+    return torch.randint(0, 2**62, (1,), generator=generator, device=x.device, dtype=torch.int64)
+
+
+def _rounding_args(x, rounding: str, random_bits, generator, seed=None):
+    """(ROUNDING constexpr, random-bits tensor, seed tensor); unused ones are x (never read)."""
+    if rounding == "rne":
+        return RNE, x, x
+    if seed is not None:
+        return SR_PHILOX, x, seed
+    if random_bits is not None:
+        if random_bits.numel() != x.numel():
+            raise ValueError(f"random_bits has {random_bits.numel()} elements, x has {x.numel()}")
+        return SR_BITS, random_bits.contiguous().view(torch.int32), x
+    if x.numel() >= 2**31:
+        raise ValueError(f"triton SR: Philox offsets are 32-bit; x has {x.numel()} >= 2^31 elements")
+    return SR_PHILOX, x, philox_seed(x, generator)
+
+
+def nvfp4(
+    x: torch.Tensor,
+    tile_rows: int,
+    rounding: str,
+    *,
+    dense: bool,
+    random_bits: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    out_dtype: torch.dtype | None = None,
+    seed: torch.Tensor | None = None,
+):
+    """NVFP4 of ``x`` viewed as [rows, cols] (arguments checked by the caller).
+
+    dense=False: (codes uint8 [..., cols/2], scales uint8 E4M3 bits [..., cols/16], amax, s_dec).
+    dense=True: (values e2m1 * scale_b in out_dtype, x's shape; amax; s_dec).
+    SR uses ``random_bits`` (int32, one per element, as ``rounding.random_bits_like``: the same
+    bits as the reference) when given, else Philox seeded from ``seed`` (int64 [1]) or from a seed
+    drawn from ``generator``."""
+    x = x.contiguous()
+    cols = x.shape[-1]
+    rows = x.numel() // cols
+    device = x.device
+    amax = abs_max(x)
+    s_dec = torch.empty((), dtype=torch.float32, device=device)
+    mode, bits, seed = _rounding_args(x, rounding, random_bits, generator, seed)
+    dummy = amax  # stands for the output pointers the constexpr branches do not touch
+    if dense:
+        values = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=device)
+        codes = scales = dummy
+    else:
+        codes = torch.empty((*x.shape[:-1], cols // 2), dtype=torch.uint8, device=device)
+        scales = torch.empty((*x.shape[:-1], cols // 16), dtype=torch.uint8, device=device)
+        values = dummy
+    grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(cols, BLOCK_COLS))
+    _nvfp4_kernel[grid](
+        x, amax, bits, seed, codes, scales, values, s_dec, rows, cols,
+        TILE_ROWS=tile_rows, ROUNDING=mode, DENSE=dense, BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS,
+        **_launch_options(x),
+    )
+    if dense:
+        return values, amax, s_dec
+    return codes, scales, amax, s_dec
+
+
+# ------------------------------------------------------------------------------ MXFP4
+@triton.jit
+def _e8m0_exponent_bits(amax_b, SCALE_RULE: tl.constexpr):
+    """mxfp4.scale_exponent + 127, from the FP32 bits (E8M0 bits 0..254; 255 for a non-finite
+    block). SCALE_RULE 0: rceil, 2^ceil(log2(amax_b / 6)); 1: floor, 2^(floor(log2 amax_b) - 2)."""
+    if SCALE_RULE == 0:
+        v = tl.div_rn(amax_b, tl.full(amax_b.shape, 6.0, tl.float32))  # block_amax / E2M1_MAX
+        bits = v.to(tl.int32, bitcast=True)
+        biased, mantissa = (bits >> 23) & 0xFF, bits & 0x7FFFFF
+        # frexp's exact ceil(log2 v): the exponent, plus one unless v is a power of two. A
+        # subnormal v lies in (2^-149, 2^-126): ceil(log2 v) is -126 above 2^-127, else <= -127.
+        e = tl.where(biased > 0, biased - 127 + (mantissa != 0).to(tl.int32),
+                     tl.where(mantissa > 0x400000, -126, -127))
+    else:
+        bits = amax_b.to(tl.int32, bitcast=True)
+        biased = (bits >> 23) & 0xFF
+        e = tl.where(biased > 0, biased - 127 - 2, -127)  # a subnormal amax_b gives <= -128: clamped
+    e = tl.where(amax_b == 0, -127, e)
+    e = tl.minimum(tl.maximum(e, -127), 127)
+    return tl.where(amax_b <= _FLT_MAX, e + 127, 255)  # E8M0_NAN for Inf / NaN
+
+
+@triton.jit
+def _mxfp4_kernel(
+    x_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, rows, cols,
+    SCALE_RULE: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """mxfp4._quantize_core + _quantize_impl / _fake_quantize_impl for a BLOCK_R x BLOCK_C tile."""
+    NB: tl.constexpr = BLOCK_C // 32
+    pid_r, pid_c = tl.program_id(0), tl.program_id(1)
+    r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    offs = r[:, None].to(tl.int64) * cols + c[None, :]
+    x = _to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))
+
+    magnitude_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    amax_b = tl.max(tl.reshape(magnitude_bits, (BLOCK_R, NB, 32)), axis=2).to(tl.float32, bitcast=True)
+    scale_bits = _e8m0_exponent_bits(amax_b, SCALE_RULE)
+    # scale_from_e8m0: 2^(bits - 127); bits 0 is 2^-127 (an FP32 subnormal), 255 NaN.
+    scale = tl.where(scale_bits == 0, (1 << 22), scale_bits << 23).to(tl.float32, bitcast=True)
+    scale = tl.where(scale_bits == 255, float("nan"), scale)
+    inverse = tl.div_rn(tl.full((BLOCK_R, NB), 1.0, tl.float32), scale)  # reciprocal(scale): exact
+    y = tl.reshape(tl.reshape(x, (BLOCK_R, NB, 32)) * inverse[:, :, None], (BLOCK_R, BLOCK_C))
+
+    if ROUNDING == 1:
+        random_bits = tl.load(bits_ptr + offs, mask=mask, other=0)
+    elif ROUNDING == 2:
+        random_bits = _philox_rows(seed_ptr, r.to(tl.int64) * cols + pid_c * BLOCK_C, BLOCK_R, BLOCK_C)
+    else:
+        random_bits = 0
+    index, negative = _round_e2m1(y, random_bits, ROUNDING)
+
+    if DENSE:
+        magnitude = tl.reshape(tl.reshape(_e2m1_magnitude(index), (BLOCK_R, NB, 32)) * scale[:, :, None],
+                               (BLOCK_R, BLOCK_C))
+        values = _with_sign(magnitude, negative)
+        _store_as(values_ptr, offs, values, mask)
+    else:
+        code = index | (negative.to(tl.int32) << 3)
+        low, high = tl.split(tl.reshape(code, (BLOCK_R, BLOCK_C // 2, 2)))
+        c2 = pid_c * (BLOCK_C // 2) + tl.arange(0, BLOCK_C // 2)
+        mask2 = (r[:, None] < rows) & (c2[None, :] < cols // 2)
+        tl.store(codes_ptr + r[:, None].to(tl.int64) * (cols // 2) + c2[None, :],
+                 (low | (high << 4)).to(tl.uint8), mask=mask2)
+        cb = pid_c * NB + tl.arange(0, NB)
+        maskb = (r[:, None] < rows) & (cb[None, :] < cols // 32)
+        tl.store(scales_ptr + r[:, None].to(tl.int64) * (cols // 32) + cb[None, :], scale_bits.to(tl.uint8),
+                 mask=maskb)
+
+
+def mxfp4(
+    x: torch.Tensor,
+    scale_rule: str,
+    rounding: str,
+    *,
+    dense: bool,
+    random_bits: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    out_dtype: torch.dtype | None = None,
+):
+    """MXFP4 of ``x`` viewed as [rows, cols] (arguments checked by the caller; ``scale_rule``
+    canonical). dense=False: (codes uint8 [..., cols/2], E8M0 scale bits uint8 [..., cols/32]);
+    dense=True: values e2m1 * 2^e in out_dtype, x's shape. SR bits as in ``nvfp4``."""
+    x = x.contiguous()
+    cols = x.shape[-1]
+    rows = x.numel() // cols
+    mode, bits, seed = _rounding_args(x, rounding, random_bits, generator)
+    if dense:
+        values = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+        codes = scales = values
+    else:
+        codes = torch.empty((*x.shape[:-1], cols // 2), dtype=torch.uint8, device=x.device)
+        scales = torch.empty((*x.shape[:-1], cols // 32), dtype=torch.uint8, device=x.device)
+        values = codes
+    grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(cols, BLOCK_COLS))
+    _mxfp4_kernel[grid](
+        x, bits, seed, codes, scales, values, rows, cols,
+        SCALE_RULE={"rceil": 0, "floor": 1}[scale_rule], ROUNDING=mode, DENSE=dense,
+        BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS, **_launch_options(x),
+    )
+    return values if dense else (codes, scales)
+
+
+# ------------------------------------------------------------------------------ Wgrad: RHT + transpose + NVFP4
+# The Wgrad operand of x [tokens, features] is NVFP4 1x16 of hadamard.rht(x.T, 16): blocks of 16
+# consecutive tokens, transformed and quantized together. A program reads GROUPS x 16 tokens x
+# BLOCK_F features of x (row-major, coalesced), transforms each 16-token group in registers and
+# writes the transposed result. Two passes, as for nvfp4: the amax of the transformed tensor
+# (TE's post-RHT amax), then the quantization; neither materializes the transform.
+RHT_GROUPS, RHT_BLOCK_F = 4, 64
+
+
+@triton.jit
+def _rht16(x_ptr, t0, f, mask_f, n_features, SIGN_MASK: tl.constexpr, GROUPS: tl.constexpr,
+           BLOCK_F: tl.constexpr):
+    """hadamard.rht along tokens for tokens t0 .. t0 + 16 GROUPS and features f: FP32 [GROUPS, 16,
+    BLOCK_F], element (g, j, f) = sum_i x[t0 + 16 g + i, f] * m[i, j], summed in index order i
+    (hadamard.rht's loop), then rounded to x's dtype and back. m[i, j] = s_i (-1)^popcount(i & j) / 4
+    with s_i = -1 where bit i of SIGN_MASK is set."""
+    g = tl.arange(0, GROUPS)
+    j = tl.arange(0, 16)
+    rows = (t0 + g * 16).to(tl.int64)
+    for i in tl.static_range(16):
+        xi = tl.load(x_ptr + (rows[:, None] + i) * n_features + f[None, :], mask=mask_f[None, :], other=0.0)
+        parity = ((i & j) ^ ((i & j) >> 1) ^ ((i & j) >> 2) ^ ((i & j) >> 3)) & 1
+        quarter_i = 0.25 - 0.5 * ((SIGN_MASK >> i) & 1)  # s_i / 4, a compile-time constant
+        m_i = tl.where(parity == 1, -quarter_i, quarter_i)  # row i of rht_matrix(16)
+        product = _to_fp32(xi)[:, None, :] * m_i[None, :, None]
+        if i == 0:
+            acc = product
+        else:
+            acc = acc + product
+    return _round_to(acc, x_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _rht_abs_max_kernel(x_ptr, partial_ptr, row_partial_ptr, n_features, SIGN_MASK: tl.constexpr,
+                        ROWWISE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Partial maxima of |rht(x.T)| and, with ROWWISE, of |x| (the same tile, read once)."""
+    pid_t, pid_f = tl.program_id(0), tl.program_id(1)
+    f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
+    mask_f = f < n_features
+    y = _rht16(x_ptr, pid_t * GROUPS * 16, f, mask_f, n_features, SIGN_MASK, GROUPS, BLOCK_F)
+    bits = tl.max(tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1)
+    tl.store(partial_ptr + pid_t * tl.num_programs(1) + pid_f, tl.max(bits, axis=0))
+    if ROWWISE:  # the tile _rht16 just loaded: from the cache, not memory
+        t = pid_t * GROUPS * 16 + tl.arange(0, GROUPS * 16)
+        x = _to_fp32(tl.load(x_ptr + t[:, None].to(tl.int64) * n_features + f[None, :], mask=mask_f[None, :],
+                             other=0.0))
+        row_bits = tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)
+        tl.store(row_partial_ptr + pid_t * tl.num_programs(1) + pid_f, row_bits)
+
+
+@triton.jit
+def _rht_nvfp4_kernel(
+    x_ptr, amax_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, s_dec_ptr,
+    row_amax_ptr, row_seed_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr, row_s_dec_ptr,
+    n_tokens, n_features,
+    SIGN_MASK: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
+    ROWWISE: tl.constexpr, ROW_DENSE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr,
+):
+    """_nvfp4_kernel's steps (1x16 tile) on the transformed tile, written transposed: output row
+    f, columns t0 + 16 g + j. With ROWWISE, also NVFP4 1x16 of x itself (rows t, blocks along
+    features) from the same tile (RNE or Philox SR from its own seed)."""
+    pid_t, pid_f = tl.program_id(0), tl.program_id(1)
+    t0 = pid_t * GROUPS * 16
+    if ROWWISE:
+        row_s_dec = _nvfp4_tile(x_ptr, row_amax_ptr, row_seed_ptr, row_seed_ptr, row_codes_ptr, row_scales_ptr,
+                                row_values_ptr, t0, pid_f * BLOCK_F, n_tokens, n_features, 1, ROUNDING, ROW_DENSE,
+                                GROUPS * 16, BLOCK_F)
+        if (pid_t == 0) & (pid_f == 0):
+            tl.store(row_s_dec_ptr, row_s_dec)
+    f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
+    mask_f = f < n_features
+    y = _rht16(x_ptr, t0, f, mask_f, n_features, SIGN_MASK, GROUPS, BLOCK_F)  # [GROUPS, 16, BLOCK_F]
+
+    amax_b = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1).to(tl.float32, bitcast=True)
+    s_enc, s_dec, multiplier = _global_scales(tl.load(amax_ptr))
+    scaled = amax_b * multiplier
+    scale_bits, scale = _e4m3_rne(tl.where(scaled > 448.0, 448.0, scaled))  # [GROUPS, BLOCK_F]
+    encode = tl.div_rn(tl.full((GROUPS, BLOCK_F), 1.0, tl.float32), scale * s_dec)
+    encode = tl.where(encode > _FLT_MAX, _FLT_MAX, encode)
+    y = y * encode[:, None, :]
+
+    g = tl.arange(0, GROUPS)
+    j = tl.arange(0, 16)
+    # Element (f, t) of the [features, tokens] output, t = t0 + 16 g + j.
+    out_offs = f[None, None, :].to(tl.int64) * n_tokens + (t0 + g * 16)[:, None, None] + j[None, :, None]
+    mask = mask_f[None, None, :] & (j[None, :, None] < 16)
+    if ROUNDING == 1:
+        random_bits = tl.load(bits_ptr + out_offs, mask=mask, other=0)
+    elif ROUNDING == 2:
+        # Output row f, tokens t0 .. t0 + 16 GROUPS: contiguous in the output, so one row of the
+        # [BLOCK_F, 16 GROUPS] tile per feature, permuted to the [GROUPS, 16, BLOCK_F] layout.
+        words = _philox_rows(seed_ptr, f.to(tl.int64) * n_tokens + t0, BLOCK_F, GROUPS * 16)
+        random_bits = tl.permute(tl.reshape(words, (BLOCK_F, GROUPS, 16)), (1, 2, 0))
+    else:
+        random_bits = 0
+    index, negative = _round_e2m1(y, random_bits, ROUNDING)
+
+    if DENSE:
+        values = _with_sign(_e2m1_magnitude(index) * scale[:, None, :], negative)
+        _store_as(values_ptr, out_offs, values, mask)
+    else:
+        code = index | (negative.to(tl.int32) << 3)
+        # Pairs (j = 2k, 2k + 1) -> one byte, the even element in the low nibble.
+        nibble_weight = (1 + 15 * tl.arange(0, 2))[None, None, :, None]
+        packed = tl.sum(tl.reshape(code, (GROUPS, 8, 2, BLOCK_F)) * nibble_weight, axis=2)  # [GROUPS, 8, BLOCK_F]
+        k = tl.arange(0, 8)
+        byte_offs = (f[None, None, :].to(tl.int64) * (n_tokens // 2) + (t0 // 2 + g * 8)[:, None, None]
+                     + k[None, :, None])
+        tl.store(codes_ptr + byte_offs, packed.to(tl.uint8), mask=mask_f[None, None, :] & (k[None, :, None] < 8))
+        scale_offs = f[None, :].to(tl.int64) * (n_tokens // 16) + (t0 // 16 + g)[:, None]
+        tl.store(scales_ptr + scale_offs, scale_bits.to(tl.uint8), mask=mask_f[None, :])
+    if (pid_t == 0) & (pid_f == 0):
+        tl.store(s_dec_ptr, s_dec)
+
+
+def sign_mask(signs: torch.Tensor) -> int:
+    """The 16 ±1 signs (hadamard.resolve_signs) as a bit mask: bit i set where sign i is -1 (a
+    compile-time constant of the kernels: no sign tensor to copy to the device)."""
+    return sum(1 << i for i, s in enumerate(signs.tolist()) if s < 0)
+
+
+def rht_nvfp4_t(
+    x: torch.Tensor,
+    signs: torch.Tensor,
+    rounding: str,
+    *,
+    dense: bool,
+    random_bits: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    out_dtype: torch.dtype | None = None,
+    rowwise: bool = False,
+    rowwise_dense: bool = False,
+    seeds: torch.Tensor | None = None,
+):
+    """NVFP4 1x16 of hadamard.rht(x.T, 16, signs) for x [tokens, features] (tokens % 16 == 0,
+    checked by the caller). Outputs as ``nvfp4`` for the [features, tokens] result; SR bits are
+    indexed in that layout (``random_bits`` [features, tokens]).
+
+    rowwise=True also quantizes x itself (NVFP4 1x16 along features, as ``nvfp4(x, 1, ...)``) from
+    the same reads and returns ``(rowwise outputs, columnwise outputs)``; SR then draws Philox bits
+    only, from two seeds (``seeds``: int64 [2], columnwise and rowwise; default drawn from
+    ``generator``)."""
+    x = x.contiguous()
+    n_tokens, n_features = x.shape
+    mask = sign_mask(signs)
+    # Tokens not a multiple of 16 * GROUPS would need token masks: use a smaller group count.
+    groups = RHT_GROUPS if n_tokens % (RHT_GROUPS * 16) == 0 else 1
+    grid = (n_tokens // (groups * 16), triton.cdiv(n_features, RHT_BLOCK_F))
+    partial = torch.empty((2 if rowwise else 1, grid[0] * grid[1]), dtype=torch.int32, device=x.device)
+    _rht_abs_max_kernel[grid](x, partial[0], partial[-1], n_features, SIGN_MASK=mask, ROWWISE=rowwise, GROUPS=groups,
+                              BLOCK_F=RHT_BLOCK_F, **_launch_options(x))
+    amaxes = partial.amax(dim=1).view(torch.float32)
+    amax, row_amax = amaxes[0], amaxes[-1]
+    if rowwise and rounding == "sr":
+        if random_bits is not None:
+            raise ValueError("rht_nvfp4_t: rowwise=True draws Philox bits; random_bits is not supported with it")
+        if seeds is None:
+            seeds = torch.cat([philox_seed(x, generator), philox_seed(x, generator)])
+        mode, bits, seed, row_seed = SR_PHILOX, x, seeds[0:1], seeds[1:2]
+    elif seeds is not None and rounding == "sr":
+        mode, bits, seed, row_seed = SR_PHILOX, x, seeds[0:1], x
+    else:
+        (mode, bits, seed), row_seed = _rounding_args(x, rounding, random_bits, generator), x
+    outputs = []
+    for is_dense, (rows, cols) in ((dense, (n_features, n_tokens)), (rowwise_dense, (n_tokens, n_features))):
+        s_dec = torch.empty((), dtype=torch.float32, device=x.device)
+        if is_dense:
+            values = torch.empty((rows, cols), dtype=out_dtype or x.dtype, device=x.device)
+            outputs.append((values, values, values, s_dec))
+        else:
+            codes = torch.empty((rows, cols // 2), dtype=torch.uint8, device=x.device)
+            scales = torch.empty((rows, cols // 16), dtype=torch.uint8, device=x.device)
+            outputs.append((codes, scales, codes, s_dec))
+    (codes, scales, values, s_dec), (row_codes, row_scales, row_values, row_s_dec) = outputs
+    _rht_nvfp4_kernel[grid](
+        x, amax, bits, seed, codes, scales, values, s_dec,
+        row_amax, row_seed, row_codes, row_scales, row_values, row_s_dec, n_tokens, n_features,
+        SIGN_MASK=mask, ROUNDING=mode, DENSE=dense, ROWWISE=rowwise, ROW_DENSE=rowwise_dense, GROUPS=groups,
+        BLOCK_F=RHT_BLOCK_F, **_launch_options(x),
+    )
+    columnwise = (values, amax, s_dec) if dense else (codes, scales, amax, s_dec)
+    if not rowwise:
+        return columnwise
+    row = (row_values, row_amax, row_s_dec) if rowwise_dense else (row_codes, row_scales, row_amax, row_s_dec)
+    return row, columnwise
+
+
+# ------------------------------------------------------------------------------ FP8 blockwise
+@triton.jit
+def _fp8_rne(v, MANT: tl.constexpr, BIAS: tl.constexpr):
+    """FP32 v with |v| <= the format's max (or NaN) -> FP8 bits (int32 0..255), as torch's
+    ``.to(float8_e4m3fn / float8_e5m2)``: RNE, subnormals, sign kept (-0.0 -> 0x80), NaN -> 0x7F."""
+    bits = v.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    a = tl.abs(v)
+    a_bits = a.to(tl.int32, bitcast=True)
+    SHIFT: tl.constexpr = 23 - MANT
+    normal = ((a_bits + ((1 << (SHIFT - 1)) - 1) + ((a_bits >> SHIFT) & 1)) >> SHIFT) - ((127 - BIAS) << MANT)
+    # Below the smallest normal 2^(1 - BIAS): a / 2^(1 - BIAS - MANT) rounded to an integer (see _e4m3_rne).
+    subnormal = ((a * (2.0 ** (BIAS - 1 + MANT))) + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
+    code = tl.where(a < 2.0 ** (1 - BIAS), subnormal, normal)
+    return tl.where(v != v, 0x7F, code | sign)
+
+
+@triton.jit
+def _fp8_value(code, MANT: tl.constexpr, BIAS: tl.constexpr):
+    """FP8 bits (int32) -> FP32 value (``.to(torch.float32)``); 0x7F / 0xFF -> NaN."""
+    magnitude = code & 0x7F
+    exponent = magnitude >> MANT
+    fraction = magnitude & ((1 << MANT) - 1)
+    normal = (((exponent + (127 - BIAS)) << 23) | (fraction << (23 - MANT))).to(tl.float32, bitcast=True)
+    subnormal = fraction.to(tl.float32) * (2.0 ** (1 - BIAS - MANT))
+    value = tl.where(exponent == 0, subnormal, normal)
+    value = tl.where(magnitude == 0x7F, float("nan"), value)
+    return _with_sign(value, (code & 0x80) != 0)
+
+
+@triton.jit
+def _fp8_blockwise_kernel(
+    x_ptr, data_ptr, scales_ptr, values_ptr, rows, cols, scale_for_inf,
+    TILE_R: tl.constexpr, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
+    POW2: tl.constexpr, DENSE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """fp8.quantize_blockwise (and fake_quantize_blockwise when DENSE) on a BLOCK_R x BLOCK_C tile
+    of TILE_R x 128 blocks."""
+    NR: tl.constexpr = BLOCK_R // TILE_R
+    NC: tl.constexpr = BLOCK_C // 128
+    pid_r, pid_c = tl.program_id(0), tl.program_id(1)
+    r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    offs = r[:, None].to(tl.int64) * cols + c[None, :]
+    x = _to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))
+
+    x4 = tl.reshape(x, (NR, TILE_R, NC, 128))
+    magnitude_bits = x4.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    amax = tl.max(tl.max(magnitude_bits, axis=3), axis=1).to(tl.float32, bitcast=True)  # [NR, NC]
+    # encode_scale_from_amax
+    encode = tl.div_rn(tl.full((NR, NC), FP8_MAX, tl.float32), amax)
+    encode = tl.where(encode == float("inf"), scale_for_inf, encode)
+    encode = tl.where(amax == 0, 1.0, encode)
+    if POW2:
+        encode = (encode.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)  # always normal
+    encode = tl.where(amax <= _FLT_MAX, encode, float("nan"))
+    decode = tl.div_rn(tl.full((NR, NC), 1.0, tl.float32), encode)
+
+    scaled = x4 * encode[:, None, :, None]
+    scaled = tl.where(scaled > FP8_MAX, FP8_MAX, tl.where(scaled < -FP8_MAX, -FP8_MAX, scaled))
+    code = _fp8_rne(scaled, MANT, BIAS)
+    if DENSE:
+        values = tl.reshape(_fp8_value(code, MANT, BIAS) * decode[:, None, :, None], (BLOCK_R, BLOCK_C))
+        _store_as(values_ptr, offs, values, mask)
+    else:
+        tl.store(data_ptr + offs, tl.reshape(code, (BLOCK_R, BLOCK_C)).to(tl.uint8), mask=mask)
+        sr = pid_r * NR + tl.arange(0, NR)
+        sc = pid_c * NC + tl.arange(0, NC)
+        smask = (sr[:, None] < rows // TILE_R) & (sc[None, :] < cols // 128)
+        tl.store(scales_ptr + sr[:, None].to(tl.int64) * (cols // 128) + sc[None, :], decode, mask=smask)
+
+
+def fp8_blockwise(
+    x: torch.Tensor, block, dtype: torch.dtype, pow2_scales: bool, *, dense: bool, out_dtype=torch.float32
+):
+    """fp8.quantize_blockwise of x viewed as [rows, cols] (arguments checked by the caller):
+    (data uint8 bits of ``dtype``, x's shape; decode scales FP32), or with dense=True the
+    dequantized values in out_dtype."""
+    x = x.contiguous()
+    cols = x.shape[-1]
+    rows = x.numel() // cols
+    tile_r = block[0]
+    block_r, block_c = (128, 128) if tile_r == 128 else (8, 256)
+    mant, bias = (3, 7) if dtype == torch.float8_e4m3fn else (2, 15)
+    if dense:
+        values = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        data = scales = values
+    else:
+        data = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+        scales = torch.empty((rows // tile_r, cols // 128), dtype=torch.float32, device=x.device)
+        values = data
+    options = _launch_options(x)
+    if x.is_cuda and tile_r == 128:
+        options["num_warps"] = 8
+    grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
+    _fp8_blockwise_kernel[grid](
+        x, data, scales, values, rows, cols, float(torch.finfo(x.dtype).max),
+        TILE_R=tile_r, FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales, DENSE=dense,
+        BLOCK_R=block_r, BLOCK_C=block_c, **options,
+    )
+    return values if dense else (data, scales)

@@ -1,0 +1,495 @@
+"""The Triton quantizers (formats/triton_kernels.py) give the PyTorch reference's bits.
+
+Two ways this module runs:
+* on a GPU: ``pytest -m gpu tests/formats/test_triton.py`` runs every check on CUDA tensors;
+* on CPU: ``test_kernels_in_the_triton_interpreter`` re-runs this file in a subprocess with
+  ``TRITON_INTERPRET=1``. Triton reads that variable when a function is decorated with
+  ``@triton.jit`` (at import, also for triton.language's own functions), so it must be set before
+  triton is imported; a subprocess keeps it away from every other test (an interpreted kernel
+  would also replace torch.compile's GPU kernels). The interpreter is slow: shapes are tiny and a
+  subset of the golden cases runs there (all of them on the GPU).
+The reference always runs on CPU (its bits are the same on every device).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nvfp4train.formats import fp8, hadamard, mxfp4, nvfp4, sr_generator
+from nvfp4train.formats.rounding import random_bits_like
+
+from .conftest import golden_manifest, load_golden
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = torch.device("cpu" if INTERPRETING else "cuda")
+
+
+def kernel_test(fn):
+    """A check of the kernels: runs in the interpreter subprocess, or on a GPU (marked gpu)."""
+    if INTERPRETING:
+        return fn
+    marks = (pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))
+    return functools.reduce(lambda f, mark: mark(f), marks, fn)
+
+
+@pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
+def test_kernels_in_the_triton_interpreter():
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning",
+         str(Path(__file__).relative_to(root))],
+        cwd=root, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    # Skipped there by design: this test and the GPU compile check.
+    summary = run.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"\d+ passed, 2 skipped in .*", summary), run.stdout[-2000:]
+
+
+def test_triton_on_cpu_needs_the_interpreter_or_says_so():
+    x = torch.zeros(16, 32)
+    with pytest.raises(ValueError, match="impl="):
+        nvfp4.quantize(x, impl="cuda")
+    if INTERPRETING:
+        return
+    pytest.importorskip("triton")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        nvfp4.quantize(x, impl="triton")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        mxfp4.fake_quantize(x, impl="triton")
+
+
+# ------------------------------------------------------------------------------ inputs
+def edge_inputs() -> list[torch.Tensor]:
+    """FP32 [32, 128] tensors covering the edges: outliers, a row whose scales go E4M3-subnormal,
+    zero blocks, signed zeros, negatives that round to -0, grid midpoints (RNE ties), amax at a
+    power of two, block maxima spread over 2^-40..2^8 (every E4M3 scale code)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 128, generator=gen)
+    x[::7, ::13] *= 300
+    x[5] *= 1e-6  # 1x16 scales near 2^-9 (E4M3 subnormal) under this tensor's global scale
+    x[9, :16] = 0.0
+    x[10, :16] = -0.0
+    x[11, 1] = -1e-30
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 2)
+    x[12, :16] = ties  # block amax 6: y = x exactly when the global amax is 2688 / 448 * 6
+    x[13, :16] = -ties
+    spread = x.clone()
+    spread *= torch.exp2(torch.randint(-40, 8, (32, 8, 1), generator=gen).float()).expand(32, 8, 16).reshape(32, 128)
+    pow2 = torch.randn(32, 128, generator=gen)
+    pow2[0, 0] = 64.0  # amax a power of two
+    grid = x.clamp(-6, 6)
+    grid[0, 0] = 6.0  # global amax 6: s_enc = 448, and blocks with amax 6 are quantized unscaled
+    return [x, spread, pow2, grid]
+
+
+def reference_nvfp4(x, tile, rounding="rne", generator=None):
+    q = nvfp4.quantize(x.cpu(), tile, rounding, generator, impl="reference")
+    return q.codes, q.scales.view(torch.uint8), q.amax, q.global_decode_scale
+
+
+def assert_same(got, want, what):
+    got = got.cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, want.dtype, got.shape, want.shape)
+    if got.is_floating_point():
+        assert torch.equal(got.isnan(), want.isnan()), what
+        got, want = got.nan_to_num(0.0), want.nan_to_num(0.0)
+        bits = {4: torch.int32, 2: torch.int16}[got.element_size()]
+        got, want = got.view(bits), want.view(bits)
+    diff = int((got != want).sum())
+    assert diff == 0, f"{what}: {diff} of {got.numel()} differ"
+
+
+# ------------------------------------------------------------------------------ NVFP4
+@kernel_test
+@pytest.mark.parametrize("tile", [(1, 16), (16, 16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_nvfp4_rne_same_bits_as_the_reference(tile, dtype):
+    for i, x in enumerate(edge_inputs()):
+        x = x.to(dtype)
+        want = reference_nvfp4(x, tile)
+        q = nvfp4.quantize(x.to(DEVICE), tile, impl="triton")
+        for name, got, ref in zip(("codes", "scales", "amax", "s_dec"),
+                                  (q.codes, q.scales.view(torch.uint8), q.amax, q.global_decode_scale), want):
+            assert_same(got, ref, f"input {i} {name}")
+        for out_dtype in (torch.bfloat16, torch.float32):
+            values, s_dec = nvfp4.fake_quantize(x.to(DEVICE), tile, out_dtype=out_dtype, impl="triton")
+            ref_values, _ = nvfp4.fake_quantize(x, tile, out_dtype=out_dtype, impl="reference")
+            assert_same(values, ref_values, f"input {i} values {out_dtype}")
+            assert_same(s_dec, want[3], f"input {i} s_dec")
+
+
+@kernel_test
+@pytest.mark.parametrize("tile", [(1, 16), (16, 16)])
+def test_nvfp4_sr_with_the_same_random_bits_same_bits(tile):
+    from nvfp4train.formats import triton_kernels
+
+    x = edge_inputs()[0].to(torch.bfloat16)
+    bits = random_bits_like(x, sr_generator(7))
+    want = reference_nvfp4(x, tile, "sr", sr_generator(7))
+    got = triton_kernels.nvfp4(x.to(DEVICE), tile[0], "sr", dense=False, random_bits=bits.to(DEVICE))
+    for name, g, w in zip(("codes", "scales", "amax", "s_dec"), got, want):
+        assert_same(g, w, name)
+    values, _, _ = triton_kernels.nvfp4(x.to(DEVICE), tile[0], "sr", dense=True, random_bits=bits.to(DEVICE),
+                                        out_dtype=torch.float32)
+    ref, _ = nvfp4.fake_quantize(x, tile, "sr", sr_generator(7), out_dtype=torch.float32, impl="reference")
+    assert_same(values, ref, "values")
+
+
+@kernel_test
+def test_nvfp4_non_finite_and_zero_inputs_follow_the_reference_policy():
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        x = torch.randn(16, 64)
+        x[3, 7] = bad
+        q = nvfp4.quantize(x.to(DEVICE), (1, 16), impl="triton")
+        assert (q.scales.view(torch.uint8).cpu() == 0x7F).all() and q.global_decode_scale.isnan()
+        assert_same(q.codes, reference_nvfp4(x, (1, 16))[0], f"codes with {bad}")
+        values, s_dec = nvfp4.fake_quantize(x.to(DEVICE), (16, 16), impl="triton")
+        assert values.isnan().all() and s_dec.isnan()
+    zeros = torch.zeros(16, 32)
+    q = nvfp4.quantize(zeros.to(DEVICE), impl="triton")
+    assert not q.codes.cpu().any() and not q.scales.view(torch.uint8).cpu().any()
+    assert float(q.amax) == 0.0 and float(q.global_decode_scale) == 1.0
+
+
+@kernel_test
+def test_nvfp4_hypothesis_inputs_same_bits():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from .strategies import tensors
+
+    @settings(max_examples=6 if INTERPRETING else 60, deadline=None, derandomize=True)
+    @given(tensors(), st.sampled_from([(1, 16), (16, 16)]))
+    def check(x, tile):
+        q = nvfp4.quantize(x.to(DEVICE), tile, impl="triton")
+        want = reference_nvfp4(x, tile)
+        for name, got, ref in zip(("codes", "scales", "amax", "s_dec"),
+                                  (q.codes, q.scales.view(torch.uint8), q.amax, q.global_decode_scale), want):
+            assert_same(got, ref, name)
+
+    check()
+
+
+def golden_subset(fmt: str) -> list[str]:
+    names = [c["name"] for c in golden_manifest()["cases"] if c["format"] == fmt]
+    return names[::12] if INTERPRETING else names
+
+
+@kernel_test
+def test_nvfp4_golden_vectors():
+    manifest, tensors = load_golden()
+    for name in golden_subset("nvfp4"):
+        meta = next(c for c in manifest["cases"] if c["name"] == name)
+        x, tile = tensors[f"{name}/x"], tuple(meta["tile"])
+        columnwise = hadamard.rht(x.t(), d=16) if meta["rht_on_columnwise"] else x.t()
+        for which, xx in (("rowwise", x), ("columnwise", columnwise)):
+            q = nvfp4.quantize(xx.to(DEVICE), tile, impl="triton")
+            assert_same(q.codes, tensors[f"{name}/{which}_codes"], f"{name} {which} codes")
+            assert_same(q.scales.view(torch.uint8), tensors[f"{name}/{which}_scales_e4m3"], f"{name} {which} scales")
+            assert_same(q.amax.reshape(1), tensors[f"{name}/amax_{which}"], f"{name} {which} amax")
+
+
+# ------------------------------------------------------------------------------ Philox SR
+@kernel_test
+def test_philox_sr_is_reproducible_per_seed_and_advances_the_generator():
+    x = edge_inputs()[0].to(DEVICE)
+
+    def codes(generator):
+        return nvfp4.quantize(x, (1, 16), "sr", generator, impl="triton").codes.cpu()
+
+    assert torch.equal(codes(sr_generator(1, 0, DEVICE)), codes(sr_generator(1, 0, DEVICE)))
+    assert not torch.equal(codes(sr_generator(1, 0, DEVICE)), codes(sr_generator(2, 0, DEVICE)))
+    gen = sr_generator(1, 0, DEVICE)
+    assert not torch.equal(codes(gen), codes(gen))
+    # quantize and fake_quantize draw the same way: the same generator state, the same numbers.
+    q = nvfp4.quantize(x, (16, 16), "sr", sr_generator(3, 0, DEVICE), impl="triton")
+    values, _ = nvfp4.fake_quantize(x, (16, 16), "sr", sr_generator(3, 0, DEVICE), out_dtype=torch.float32,
+                                    impl="triton")
+    assert_same(values, q.dequantize(apply_global_scale=False).cpu(), "fake vs quantize")
+
+
+@kernel_test
+def test_philox_sr_rounds_up_with_probability_equal_to_the_distance():
+    """Blocks [6, v, v, ...] with a global amax of 6 quantize v unscaled (s_enc = 448, scale 448,
+    encode 1), so P(v rounds up) must be (v - lo) / (hi - lo)."""
+    n_blocks = 256
+    for v, lo, hi in [(0.3, 0.0, 0.5), (2.75, 2.0, 3.0), (-5.0, -4.0, -6.0)]:
+        x = torch.full((n_blocks, 16), v)
+        x[:, 0] = 6.0
+        values, s_dec = nvfp4.fake_quantize(x.to(DEVICE), rounding="sr", generator=sr_generator(5, 0, DEVICE),
+                                            out_dtype=torch.float32, impl="triton")
+        assert torch.equal(s_dec.cpu(), torch.tensor(1 / 448))
+        drawn = (values.cpu() / 448)[:, 1:]  # values = e2m1 * scale 448
+        assert set(drawn.unique().tolist()) <= {lo, hi}, (v, drawn.unique())
+        p_up, n = (v - lo) / (hi - lo), drawn.numel()
+        frac = float((drawn == hi).double().mean())
+        assert abs(frac - p_up) < 5 * (p_up * (1 - p_up) / n) ** 0.5, (v, frac, p_up)
+        # One Philox call serves 4 elements with 4 different words: their decisions are independent
+        # (all 4 alike with probability p^4 + (1-p)^4 <= 0.5 here, 1 if they shared a word).
+        up = (values.cpu() / 448)[:, 4:] == hi  # elements 4..15 of each block: 3 whole groups of 4
+        groups = up.reshape(-1, 4)
+        alike = groups.all(-1) | (~groups).all(-1)
+        assert float(alike.double().mean()) < p_up**4 + (1 - p_up) ** 4 + 0.1, v
+
+
+@kernel_test
+def test_philox_sr_is_unbiased():
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    q = nvfp4.quantize(x, impl="triton")
+    unit = q.scales.to(torch.float32).repeat_interleave(16, -1)
+    expectation = ((x * torch.reciprocal(unit * q.global_decode_scale)).clamp(-6, 6) * unit).double()
+    gen = sr_generator(3, 0, DEVICE)
+    draws = torch.stack([nvfp4.fake_quantize(x, rounding="sr", generator=gen, out_dtype=torch.float32,
+                                             impl="triton")[0] for _ in range(36)]).double()
+    err = (draws.mean(0) - expectation).pow(2).mean().sqrt()
+    one = (draws[0] - expectation).pow(2).mean().sqrt()
+    assert err < one / 4.5  # 1/sqrt(36) = 1/6 of one draw's error, with slack
+    assert abs(float((draws.mean(0) - expectation).mean())) < 5 * float(err) / x.numel() ** 0.5
+
+
+# ------------------------------------------------------------------------------ MXFP4
+@kernel_test
+@pytest.mark.parametrize("scale_rule", ["rceil", "floor"])
+@pytest.mark.parametrize("rounding", ["rne", "sr"])
+def test_mxfp4_same_bits_as_the_reference(scale_rule, rounding):
+    from nvfp4train.formats import triton_kernels
+
+    inputs = edge_inputs()
+    nonfinite = inputs[0].clone()
+    nonfinite[2, 40], nonfinite[3, 0] = float("nan"), float("inf")  # one block each goes NaN
+    tiny = inputs[0] * 2.0**-130  # E8M0 minimum and FP32 subnormals
+    for i, x in enumerate(inputs + [nonfinite, tiny, inputs[1].bfloat16()]):
+        bits = random_bits_like(x, sr_generator(i)) if rounding == "sr" else None
+        ref = mxfp4.quantize(x, rounding, scale_rule, sr_generator(i), impl="reference")
+        codes, scales = triton_kernels.mxfp4(x.to(DEVICE), scale_rule, rounding, dense=False,
+                                             random_bits=None if bits is None else bits.to(DEVICE))
+        assert_same(codes, ref.codes, f"input {i} codes")
+        assert_same(scales, ref.scales.view(torch.uint8), f"input {i} scales")
+        values = triton_kernels.mxfp4(x.to(DEVICE), scale_rule, rounding, dense=True, out_dtype=torch.float32,
+                                      random_bits=None if bits is None else bits.to(DEVICE))
+        ref_values, _ = mxfp4.fake_quantize(x, rounding, scale_rule, sr_generator(i), out_dtype=torch.float32,
+                                            impl="reference")
+        assert_same(values, ref_values, f"input {i} values")
+    if rounding == "rne":  # the public entry points route to the same kernel
+        q = mxfp4.quantize(inputs[0].to(DEVICE), scale_rule=scale_rule, impl="triton")
+        assert_same(q.codes, mxfp4.quantize(inputs[0], scale_rule=scale_rule, impl="reference").codes, "public")
+
+
+@kernel_test
+def test_mxfp4_golden_vectors():
+    manifest, tensors = load_golden()
+    for name in golden_subset("mxfp4"):
+        q = mxfp4.quantize(tensors[f"{name}/x"].to(DEVICE), scale_rule="rceil", impl="triton")
+        assert_same(q.codes, tensors[f"{name}/rowwise_codes"], f"{name} codes")
+        assert_same(q.scales.to(torch.float32), tensors[f"{name}/rowwise_scales_fp32"], f"{name} scales")
+
+
+
+# ------------------------------------------------------------------------------ FP8 blockwise
+@kernel_test
+@pytest.mark.parametrize("block", [(1, 128), (128, 128)])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_blockwise_same_bits_as_the_reference(block, dtype):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(128, 256, generator=gen)
+    x[::7, ::13] *= 300
+    x[5] *= 1e-30  # tiny blocks: the encode scale overflows to the input dtype's max
+    x[9, :128] = 0.0
+    x[10, :5] = -0.0
+    x[60:64] *= 1e-40  # FP32 (and bf16) subnormal inputs
+    x[100, 3], x[101, 200] = float("nan"), float("inf")
+    for xx, pow2, out_dtype in ((x, False, torch.bfloat16), (x, True, torch.float32),
+                                (x.bfloat16(), False, torch.bfloat16), (x.half(), True, torch.float32)):
+        what = f"{xx.dtype} pow2={pow2}"
+        data, scales = fp8.quantize_blockwise(xx.to(DEVICE), block, dtype, pow2, impl="triton")
+        want_data, want_scales = fp8.quantize_blockwise(xx, block, dtype, pow2, impl="reference")
+        assert_same(data.view(torch.uint8), want_data.view(torch.uint8), f"{what} data")
+        assert_same(scales, want_scales, f"{what} scales")
+        values, _ = fp8.fake_quantize_blockwise(xx.to(DEVICE), block, dtype, pow2, out_dtype, impl="triton")
+        want, _ = fp8.fake_quantize_blockwise(xx, block, dtype, pow2, out_dtype, impl="reference")
+        assert_same(values, want, f"{what} values {out_dtype}")
+
+# ------------------------------------------------------------------------------ Wgrad: RHT + transpose
+@kernel_test
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rht_quantize_t_same_bits_as_rht_then_quantize(dtype):
+    from nvfp4train.formats import triton_kernels
+
+    gen = torch.Generator().manual_seed(1)
+    for n_tokens, n_features in ((64, 48), (32, 80)):  # 4 groups of 16 tokens per program, and the 1-group fallback
+        x = torch.randn(n_tokens, n_features, generator=gen)
+        x[::7, ::5] *= 300
+        x[3] *= 2.0**-12
+        x[16:32, 7] = 0.0  # a zero block of the output
+        # Magnitudes spread over 2^-20..2^20: the FP32 sums round (hadamard.rht's definition).
+        x[:, 40:] *= torch.exp2(torch.randint(-20, 20, (n_tokens, n_features - 40), generator=gen).float())
+        x = x.to(dtype)
+        q = nvfp4.rht_quantize_t(x.to(DEVICE), impl="triton")
+        want = nvfp4.quantize(hadamard.rht(x.t(), 16), (1, 16), impl="reference")
+        assert q.shape == want.shape == (n_features, n_tokens)
+        for name in ("codes", "scales", "amax", "global_decode_scale"):
+            got, ref = getattr(q, name), getattr(want, name)
+            if name == "scales":
+                got, ref = got.view(torch.uint8), ref.view(torch.uint8)
+            assert_same(got, ref, f"{tuple(x.shape)} {name}")
+        values, s_dec = nvfp4.rht_fake_quantize_t(x.to(DEVICE), out_dtype=torch.float32, impl="triton")
+        assert_same(values, want.dequantize(apply_global_scale=False), f"{tuple(x.shape)} values")
+        # SR with the reference's bits (drawn in the [features, tokens] layout), and other signs.
+        signs = hadamard.random_signs(16, 5)
+        bits = random_bits_like(torch.empty(n_features, n_tokens), sr_generator(2))
+        got = triton_kernels.rht_nvfp4_t(x.to(DEVICE), signs, "sr", dense=False, random_bits=bits.to(DEVICE))
+        want = nvfp4.rht_quantize_t(x, "sr", sr_generator(2), signs, impl="reference")
+        assert_same(got[0], want.codes, "sr codes")
+        assert_same(got[1], want.scales.view(torch.uint8), "sr scales")
+
+
+@kernel_test
+def test_rht_quantize_t_philox_sr_matches_its_dense_twin_and_non_finite_policy():
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    q = nvfp4.rht_quantize_t(x, "sr", sr_generator(8, 0, DEVICE), impl="triton")
+    values, _ = nvfp4.rht_fake_quantize_t(x, "sr", sr_generator(8, 0, DEVICE), out_dtype=torch.float32, impl="triton")
+    assert_same(values, q.dequantize(apply_global_scale=False).cpu(), "fake vs quantize")
+    x[5, 3] = float("nan")
+    q = nvfp4.rht_quantize_t(x, impl="triton")
+    assert (q.scales.view(torch.uint8).cpu() == 0x7F).all() and q.global_decode_scale.isnan()
+
+
+@pytest.mark.slow  # ~25 s with an empty Triton cache
+@pytest.mark.skipif(INTERPRETING, reason="compiles for the GPU")
+def test_kernels_compile_for_sm90_without_approximate_division():
+    """Every kernel variant compiles for an H100 (sm_90; no GPU needed) and its PTX divides only
+    with div.rn (no div.full / div.approx, which would change the scales) and has no fused
+    multiply-add. Catches GPU-only front-end errors in CI without a GPU."""
+    pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile as triton_compile
+
+    from nvfp4train.formats import triton_kernels as tk
+
+    common = {"x_ptr": "*bf16", "bits_ptr": "*i32", "seed_ptr": "*i64", "codes_ptr": "*u8", "scales_ptr": "*u8",
+              "values_ptr": "*bf16"}
+    nvfp4_args = {**common, "amax_ptr": "*fp32", "s_dec_ptr": "*fp32", "rows": "i32", "cols": "i32"}
+    rht_args = {**common, "amax_ptr": "*fp32", "s_dec_ptr": "*fp32", "n_tokens": "i32", "n_features": "i32",
+                "row_amax_ptr": "*fp32", "row_seed_ptr": "*i64", "row_codes_ptr": "*u8", "row_scales_ptr": "*u8",
+                "row_values_ptr": "*bf16", "row_s_dec_ptr": "*fp32"}
+    blocks = {"BLOCK_R": tk.BLOCK_ROWS, "BLOCK_C": tk.BLOCK_COLS}
+    rht_blocks = {"SIGN_MASK": 0xB7E8, "GROUPS": tk.RHT_GROUPS, "BLOCK_F": tk.RHT_BLOCK_F}
+    # Each code path once (compiling takes ~1-2 s a variant).
+    variants = [
+        (tk._abs_max_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32", "n": "i32"}, {"BLOCK": tk.AMAX_BLOCK}),
+        (tk._nvfp4_kernel, nvfp4_args, {"TILE_ROWS": 16, "ROUNDING": tk.RNE, "DENSE": False, **blocks}),
+        (tk._nvfp4_kernel, nvfp4_args, {"TILE_ROWS": 1, "ROUNDING": tk.SR_BITS, "DENSE": True, **blocks}),
+        (tk._nvfp4_kernel, nvfp4_args, {"TILE_ROWS": 1, "ROUNDING": tk.SR_PHILOX, "DENSE": False, **blocks}),
+        (tk._mxfp4_kernel, {**common, "rows": "i32", "cols": "i32"},
+         {"SCALE_RULE": 0, "ROUNDING": tk.SR_PHILOX, "DENSE": True, **blocks}),
+        (tk._mxfp4_kernel, {**common, "rows": "i32", "cols": "i32"},
+         {"SCALE_RULE": 1, "ROUNDING": tk.RNE, "DENSE": False, **blocks}),
+        (tk._fp8_blockwise_kernel, {"x_ptr": "*bf16", "data_ptr": "*u8", "scales_ptr": "*fp32", "values_ptr": "*u8",
+                                    "rows": "i32", "cols": "i32", "scale_for_inf": "fp32"},
+         {"TILE_R": 128, "FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "DENSE": False, "BLOCK_R": 128,
+          "BLOCK_C": 128}),
+        (tk._fp8_blockwise_kernel, {"x_ptr": "*fp32", "data_ptr": "*bf16", "scales_ptr": "*bf16",
+                                    "values_ptr": "*bf16", "rows": "i32", "cols": "i32", "scale_for_inf": "fp32"},
+         {"TILE_R": 1, "FP8_MAX": 57344.0, "MANT": 2, "BIAS": 15, "POW2": False, "DENSE": True, "BLOCK_R": 8,
+          "BLOCK_C": 256}),
+        (tk._rht_abs_max_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i32",
+                                  "n_features": "i32"}, {"ROWWISE": True, **rht_blocks}),
+        (tk._rht_nvfp4_kernel, rht_args,
+         {"ROUNDING": tk.RNE, "DENSE": False, "ROWWISE": False, "ROW_DENSE": False, **rht_blocks}),
+        (tk._rht_nvfp4_kernel, rht_args,
+         {"ROUNDING": tk.SR_PHILOX, "DENSE": True, "ROWWISE": True, "ROW_DENSE": False, **rht_blocks}),
+    ]
+    for kernel, signature, constexprs in variants:
+        signature = {**{k: "constexpr" for k in constexprs}, **signature}
+        signature = {name: signature[name] for name in kernel.arg_names}
+        compiled = triton_compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False})
+        ptx = compiled.asm["ptx"]
+        assert "div.full" not in ptx and "div.approx" not in ptx and "fma.rn.f32" not in ptx, (kernel, constexprs)
+
+
+# ------------------------------------------------------------------------------ operands' routing
+def wgrad_route_cases():
+    from nvfp4train.precision.policy import OperandSpec
+
+    x2d = torch.randn(64, 48, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)  # [tokens, in]
+    return x2d, [OperandSpec("nvfp4", (1, 16), rounding, rht_dim=16) for rounding in ("rne", "sr")]
+
+
+def check_wgrad_route(x2d, spec, device):
+    """operands.pack / fake_quantize of the layer's x2d.t() (fused entry) against the generic path
+    (a contiguous copy, which prepare pads, transforms and quantizes): the same numbers."""
+    from nvfp4train.precision import operands
+
+    xt = x2d.to(device).t()
+    assert operands._fused_wgrad_rht(xt, spec, 64) and not operands._fused_wgrad_rht(xt.contiguous(), spec, 64)
+    fused = operands.pack(xt, spec, 64, sr_generator(1, 0, device))
+    generic = operands.pack(xt.contiguous(), spec, 64, sr_generator(1, 0, device))
+    assert fused.layout == generic.layout
+    # SR included: both routes draw the same way (the Triton kernels' Philox word depends on the
+    # element's output index only, so the RHT kernel and the plain one agree).
+    for a, b in zip(fused.tensors, generic.tensors):
+        as_bytes = lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t  # noqa: E731
+        assert_same(as_bytes(a), as_bytes(b).cpu(), spec)
+    dense = operands.fake_quantize(xt, spec, 64, sr_generator(1, 0, device))
+    assert_same(dense.values, fused.dequantize().values.cpu(), spec)
+
+
+def test_operands_route_the_wgrad_operand_through_the_fused_entry():
+    x2d, specs = wgrad_route_cases()
+    for spec in specs:  # CPU, impl="auto": the reference behind both routes
+        check_wgrad_route(x2d, spec, torch.device("cpu"))
+
+
+@kernel_test
+def test_operands_wgrad_route_runs_the_kernel(monkeypatch):
+    from nvfp4train.precision import operands
+
+    monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
+    x2d, specs = wgrad_route_cases()
+    for spec in specs:
+        check_wgrad_route(x2d, spec, DEVICE)
+
+
+@kernel_test
+@pytest.mark.parametrize("rowwise_dense, columnwise_dense", [(False, False), (True, False), (True, True)])
+def test_rowwise_and_rht_t_from_one_read_equal_the_separate_quantizers(rowwise_dense, columnwise_dense):
+    from nvfp4train.formats import triton_kernels
+
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(64, 80, generator=gen)
+    x[::5, ::7] *= 100
+    x = x.to(torch.bfloat16)
+    kw = dict(rowwise_dense=rowwise_dense, columnwise_dense=columnwise_dense, out_dtype=torch.float32)
+    row, col = nvfp4.quantize_rowwise_and_rht_t(x.to(DEVICE), impl="triton", **kw)
+    ref_row, ref_col = nvfp4.quantize_rowwise_and_rht_t(x, impl="reference", **kw)
+
+    def parts(q):
+        if isinstance(q, tuple):
+            return list(q)
+        return [q.codes, q.scales.view(torch.uint8), q.amax, q.global_decode_scale]
+
+    for name, got, want in (("rowwise", row, ref_row), ("columnwise", col, ref_col)):
+        for i, (a, b) in enumerate(zip(parts(got), parts(want))):
+            assert_same(a, b, f"{name} part {i}")
+    # SR: each copy draws from its own Philox seed, the bits the separate kernels draw from it.
+    seeds = torch.tensor([11, 12], device=DEVICE)
+    (row_values, _, _), (col_codes, _, _, _) = triton_kernels.rht_nvfp4_t(
+        x.to(DEVICE), hadamard.resolve_signs(16), "sr", dense=False, rowwise=True, rowwise_dense=True,
+        out_dtype=torch.float32, seeds=seeds)
+    alone_row, _, _ = triton_kernels.nvfp4(x.to(DEVICE), 1, "sr", dense=True, seed=seeds[1:], out_dtype=torch.float32)
+    alone_col = triton_kernels.rht_nvfp4_t(x.to(DEVICE), hadamard.resolve_signs(16), "sr", dense=False,
+                                           seeds=seeds[:1])
+    assert_same(row_values, alone_row.cpu(), "sr rowwise")
+    assert_same(col_codes, alone_col[0].cpu(), "sr columnwise")
