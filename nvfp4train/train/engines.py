@@ -114,7 +114,6 @@ class _LogLines:
         pass
 
 
-@contextlib.contextmanager
 def _pin_cuda_arch_list(device: torch.device) -> None:
     """Name this GPU's arch for DeepSpeed's JIT build of FusedAdam when the user has not.
 
@@ -126,6 +125,7 @@ def _pin_cuda_arch_list(device: torch.device) -> None:
         os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
 
 
+@contextlib.contextmanager
 def _deepspeed_output_to_log():
     """DeepSpeed prints its op builds and start-up notes (and its logger, created on import, binds stdout):
     they go to the run's log file, the terminal keeps the short banner."""
