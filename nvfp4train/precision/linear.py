@@ -98,9 +98,12 @@ class WeightCache:
     def _stamp_of(weight: torch.Tensor) -> tuple:
         return (weight._version, weight.data_ptr(), tuple(weight.shape), weight.dtype, weight.device)
 
-    def get(self, key: tuple, weight: torch.Tensor, build):
-        """`build()`, or its result from an earlier call with the same `key` and weight."""
-        if not (self.enabled and torch.is_grad_enabled()):  # eval forwards quantize afresh
+    def get(self, key: tuple, weight: torch.Tensor, build, training: bool = True):
+        """`build()`, or its result from an earlier call with the same `key` and weight. Only
+        training passes use the cache (`training`: a forward that saves for backward, or a
+        backward): an evaluation forward between `optimizer.step()` and the next invalidation
+        quantizes afresh."""
+        if not (self.enabled and training):
             return build()
         stamp = self._stamp_of(weight)
         if stamp != self._stamp:
@@ -163,7 +166,8 @@ def _state(layer_id: int) -> LayerState:
 # advance inside the ops, at run time, in the same order eager runs them, so a compiled model
 # draws the same bits as an eager one and the generator states stay what `state_dict` saves.
 
-def _fprop_weight(state: LayerState, weight: torch.Tensor, recipe: LayerRecipe, backend: Backend, k_f: int):
+def _fprop_weight(state: LayerState, weight: torch.Tensor, recipe: LayerRecipe, backend: Backend, k_f: int,
+                  training: bool):
     """(W operand of Fprop, its packed form when Dgrad reuses it), cached per weight version."""
     spec = recipe.fprop_w
 
@@ -176,7 +180,7 @@ def _fprop_weight(state: LayerState, weight: torch.Tensor, recipe: LayerRecipe, 
 
     if spec.rounding == "sr":
         return build()
-    return state.weights.get(("fprop", recipe.key(), backend.name, k_f), weight, build)
+    return state.weights.get(("fprop", recipe.key(), backend.name, k_f), weight, build, training)
 
 
 def _transposed_weight(w_q: operands.Quantized, in_f: int, k_d: int) -> operands.Quantized:
@@ -212,7 +216,7 @@ def quant_linear_fprop(x: torch.Tensor, weight: torch.Tensor, layer_id: int, rec
     with torch.autocast(x.device.type, enabled=False):
         x2d = x.reshape(-1, in_f)
         k_f = _k_pad(in_f, recipe.fprop_x, recipe.fprop_w)
-        w_q, w_packed = _fprop_weight(state, weight, recipe, backend, k_f)
+        w_q, w_packed = _fprop_weight(state, weight, recipe, backend, k_f, training=save_x or save_w)
         x_q = state.quantize("fprop_x", x2d, recipe.fprop_x, k_f)
         y = backend.gemm(x_q, w_q.first_rows(out_f)).to(out_dtype).reshape(*x.shape[:-1], out_f)
         outputs = [y]

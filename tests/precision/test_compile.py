@@ -62,3 +62,22 @@ def test_compiled_model_matches_eager_bit_for_bit(preset):
     state_e, state_c = eager_ctl.state_dict()["generators"], compiled_ctl.state_dict()["generators"]
     assert state_e.keys() == state_c.keys()
     assert all(torch.equal(state_e[k][role], state_c[k][role]) for k in state_e for role in state_e[k])
+
+
+@pytest.mark.parametrize("preset", ["nvfp4", "mxfp4", "fp8_tensorwise", "fp8_blockwise"])
+def test_no_graph_break_at_quantized_linears(preset):
+    """Each quantized linear is three custom ops (Fprop here; Dgrad/Wgrad in the backward graph):
+    dynamo traces the whole model into one graph."""
+    policy = load_preset(preset)
+    model = Stack(build_linear_factory(policy, N_BLOCKS, seed=3))
+    PrecisionController(policy, model)
+    assert any(not layer.recipe.all_bf16 for layer in model.fc1)
+    x = torch.randn(64, 32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        explanation = torch._dynamo.explain(model)(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+    ops = [node.target for graph in explanation.graphs for node in graph.graph.nodes if node.op == "call_function"]
+    quantized = sum(not layer.recipe.all_bf16 for layer in [*model.fc1, *model.fc2])
+    assert sum(op is torch.ops.nvfp4train.quant_linear_fprop.default or op is torch.ops.nvfp4train.quant_linear_fprop
+               for op in ops) == quantized
