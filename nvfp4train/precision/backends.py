@@ -24,7 +24,7 @@ import torch
 from . import te_backend
 from .hardware import cuda_capability
 from .operands import Quantized, operand_format, pad2d, round_up
-from .policy import PrecisionPolicy
+from .policy import OperandSpec, PrecisionPolicy
 
 
 def gemm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -145,16 +145,18 @@ def _blockwise_gemm(a: Quantized, b: Quantized) -> torch.Tensor:
 
 @functools.cache
 def _blockwise_unsupported(device_index: int) -> str | None:
-    """Why torch._scaled_mm cannot run blockwise FP8 on this GPU (None: a small probe GEMM ran)."""
+    """Why torch._scaled_mm cannot run blockwise FP8 on this GPU (None: the two block layouts the
+    layer uses ran on a small GEMM)."""
     device = torch.device("cuda", device_index)
-    data = torch.zeros(128, 128, device=device, dtype=torch.float8_e4m3fn)
-    ones = torch.ones(128, 1, device=device)
+    data = torch.zeros(128, 256, device=device, dtype=torch.float8_e4m3fn)
+    acts = OperandSpec("fp8_e4m3", (1, 128), scale_mode="pow2")
+    a = Quantized(None, None, data, torch.ones(128, 2, device=device), acts)
+    w = Quantized(None, None, data, torch.ones(1, 2, device=device), OperandSpec("fp8_e4m3", (128, 128), scale_mode="pow2"))
     try:
-        torch._scaled_mm(data, data.t(), scale_a=ones, scale_b=torch.ones(1, 1, device=device),
-                         out_dtype=torch.float32)
-        torch._scaled_mm(data, data.t(), scale_a=ones, scale_b=ones.t().contiguous(), out_dtype=torch.float32)
+        _blockwise_gemm(a, w)  # Fprop / Dgrad: 1x128 x 128x128
+        _blockwise_gemm(a, a)  # Wgrad: 1x128 x 1x128
     except (RuntimeError, TypeError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         return f"torch._scaled_mm refused blockwise FP8 scales here ({first_line})"
     return None
 
