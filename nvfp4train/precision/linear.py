@@ -14,6 +14,14 @@ Saved for backward (what the recipe lets us keep instead of a BF16 copy of X): t
 X, already transformed and quantized along tokens (packed 4-bit codes + scales for NVFP4), and
 the packed 2-D weight when Dgrad reuses it. The BF16 copy of X is saved only when the Wgrad X
 operand is BF16. `saved_activation_bytes` measures this.
+
+The three GEMMs are custom ops (`torch.ops.nvfp4train.quant_linear_{fprop,dgrad,wgrad}`, with
+fake and autograd registrations), so `torch.compile` traces a model through its quantized linears
+without a graph break and runs the ops' eager code inside the compiled graph (the same bits).
+They take the recipe as a string and the layer's `LayerState` (SR streams, RHT signs, telemetry,
+weight cache) by an int id. Quantized weight operands are cached per layer between the
+controller's invalidations (`WeightCache`): one quantization per optimizer step, not one per
+micro-batch and per GEMM.
 """
 from __future__ import annotations
 
