@@ -121,6 +121,12 @@ class WeightCache:
             self._entries[key] = build()
         return self._entries[key]
 
+    def peek(self, key: tuple, weight: torch.Tensor):
+        """The entry `get` would return for `key` and this weight, or None (nothing is built)."""
+        if not self.enabled or self._stamp != self._stamp_of(weight):
+            return None
+        return self._entries.get(key)
+
     def clear(self) -> None:
         self._entries.clear()
         self._stamp = None
@@ -268,12 +274,12 @@ def quant_linear_dgrad(dy: torch.Tensor, weight: torch.Tensor, w_saved: list[tor
             k_f = _k_pad(in_f, recipe.fprop_x, recipe.fprop_w)
 
             def build():
-                w_q = state.weights.get(("fprop", recipe_key, backend.name, k_f), weight, lambda: None)
-                if w_q is None:  # not cached: Fprop's bits, from what it saved
+                cached = state.weights.peek(("fprop", recipe_key, backend.name, k_f), weight)
+                if cached is not None:
+                    w_q = cached[0]
+                else:  # Fprop's bits, from what it saved
                     layout = operands.PackedLayout(recipe.fprop_w, (round_up(out_f, recipe.fprop_w.row_block), k_f))
                     w_q = layout.rebuild(w_saved).dequantize()
-                else:
-                    w_q = w_q[0]
                 return _transposed_weight(w_q, in_f, k_d)
         else:
             k_d = _k_pad(out_f, recipe.dgrad_dy, recipe.dgrad_w)

@@ -120,3 +120,25 @@ def test_packed_shapes_are_what_pack_returns(preset):
         rows, k = 256, 384
         packed = operands.pack(torch.randn(rows, k), spec, k)
         assert [(tuple(t.shape), t.dtype) for t in packed.tensors] == operands.packed_shapes(spec, packed.layout.shape)
+
+
+def test_dgrad_uses_fprop_bits_when_the_weight_changed_in_between():
+    """A weight changed through `.data` between forward and backward (autograd refuses an in-place
+    change there): Dgrad still uses the bits Fprop used, as without the cache; after
+    `weights_changed` the next forward quantizes the new weight."""
+    policy = _policy("nvfp4")
+    results = []
+    for cache in (False, True):
+        torch.manual_seed(0)
+        model = TwoLayers(build_linear_factory(policy, n_blocks=1, seed=5))
+        ctl = PrecisionController(policy, model, cache_weights=cache)
+        x = torch.randn(40, 32, generator=torch.Generator().manual_seed(1))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x).float().square().mean()
+        model.fc2.weight.data.mul_(2.0)
+        loss.backward()
+        ctl.weights_changed()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = model(x).detach()
+        results.append((model.fc1.weight.grad.clone(), y))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
