@@ -10,7 +10,8 @@
    fp8_blockwise (128x128 and 1x128 weight tiles): the same quantized operands bit for bit; both
    accumulate in FP32, so Y/dX agree to BF16 rounding and dW (FP32) to accumulation order. And
    backend=auto picks scaled_mm for the FP8 policies (or te where installed).
-4. te (when Transformer Engine is installed and runs the recipe here) against emulated: the same
+4. torch.compile (inductor) of quantized linears on the GPU gives eager's Y, dX, dW bit for bit.
+5. te (when Transformer Engine is installed and runs the recipe here) against emulated: the same
    recipe, different kernels: agree to within a fraction of the format's error.
 """
 from __future__ import annotations
@@ -154,6 +155,34 @@ def check_auto_picks_scaled_mm(rows):
         rows.append((f"backend=auto {name}", f"{backend.name}: {reason}"[:60], 0.0, 0.0, backend.name in expected))
 
 
+def check_compiled_equals_eager(rows):
+    """torch.compile (inductor) of two quantized linears in a row, on the GPU, with the backend auto
+    picks: the custom ops run their eager code inside the graph, so Y, dX and dW are eager's bits."""
+    from torch import nn
+
+    from nvfp4train.precision.backends import resolve_backend
+
+    for name in ("nvfp4", "mxfp4", "fp8_tensorwise", "fp8_blockwise"):
+        policy = all_quantized(name)
+        backend, _ = resolve_backend(policy)
+        if backend.name == "te":
+            backend = SCALED_MM if not SCALED_MM.unsupported(policy) else EmulatedBackend()
+        x, grad = data(DEVICE)
+        results = []
+        for compiled in (False, True):
+            torch.manual_seed(0)
+            model = nn.Sequential(layer_on(policy, DEVICE, backend.name, 256, 256, seed=3),
+                                  layer_on(policy, DEVICE, backend.name, 256, 192, seed=4))
+            forward = torch.compile(model) if compiled else model
+            xx = x.clone().requires_grad_(True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = forward(xx)
+            y.backward(grad.to(y.dtype))
+            results.append((y.detach(), xx.grad, *(layer.weight.grad for layer in model)))
+        same = all(torch.equal(a, b) for a, b in zip(*results))
+        rows.append((f"compiled == eager {name}", f"backend {backend.name}", 0.0 if same else 1.0, 0.0, same))
+
+
 def check_te(rows):
     for name in ("fp8_blockwise", "fp8_tensorwise", "nvfp4"):
         policy = all_quantized(name)
@@ -182,7 +211,8 @@ def main() -> int:
         return 2
     print(f"device: {torch.cuda.get_device_name()} sm_{''.join(map(str, torch.cuda.get_device_capability()))}, torch {torch.__version__}")
     rows: list[tuple] = []
-    for check in (check_cuda_equals_cpu, check_emulated_gemm_exact, check_scaled_mm, check_auto_picks_scaled_mm, check_te):
+    for check in (check_cuda_equals_cpu, check_emulated_gemm_exact, check_scaled_mm, check_auto_picks_scaled_mm,
+                  check_compiled_equals_eager, check_te):
         try:
             check(rows)
         except Exception as exc:  # report and keep going: one table for everything
