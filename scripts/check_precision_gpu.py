@@ -6,9 +6,12 @@
    operand the three GEMMs see, per role, RHT'd ones included (formats transforms BF16 inputs
    exactly, in float64, so their bits do not depend on the device's summation order).
 2. The CUDA emulated GEMM (BF16 operands, FP32 output) equals an FP64 product of the same operands.
-3. scaled_mm (torch._scaled_mm, FP8 tensor cores) == emulated for fp8_tensorwise: same operands,
-   both accumulate in FP32, so Y/dX/dW agree to BF16 rounding.
-4. te (when Transformer Engine is installed and runs the recipe here) against emulated: the same
+3. scaled_mm (torch._scaled_mm, FP8 tensor cores) against emulated for fp8_tensorwise and
+   fp8_blockwise (128x128 and 1x128 weight tiles): the same quantized operands bit for bit; both
+   accumulate in FP32, so Y/dX agree to BF16 rounding and dW (FP32) to accumulation order. And
+   backend=auto picks scaled_mm for the FP8 policies (or te where installed).
+4. torch.compile (inductor) of quantized linears on the GPU gives eager's Y, dX, dW bit for bit.
+5. te (when Transformer Engine is installed and runs the recipe here) against emulated: the same
    recipe, different kernels: agree to within a fraction of the format's error.
 """
 from __future__ import annotations
@@ -68,17 +71,18 @@ def run(layer, x, grad):
 
 def captured_operands(layer, x, grad):
     calls = []
-    real = EmulatedBackend.gemm
+    backend_class = type(layer.backend)
+    real = backend_class.gemm
 
     def spy(backend, a, b):
         calls.append((a, b))
         return real(backend, a, b)
 
-    EmulatedBackend.gemm = spy
+    backend_class.gemm = spy
     try:
         outputs = run(layer, x, grad)
     finally:
-        EmulatedBackend.gemm = real
+        backend_class.gemm = real
     (fx, fw), (ddy, dw), (wdy, wx) = calls
     ops = dict(zip(ROLES, (fx, fw, ddy, dw, wdy, wx)))
     return ops, outputs
@@ -112,18 +116,71 @@ def check_emulated_gemm_exact(rows):
         rows.append((f"emulated gemm {name}", "Y vs fp64", rel(y, y_exact), 2**-8, rel(y, y_exact) <= 2**-8))
 
 
+SCALED_MM_CASES = (("fp8_tensorwise", {}), ("fp8_blockwise", {}), ("fp8_blockwise", {"weight_tile": "1x128"}))
+
+
 def check_scaled_mm(rows):
-    policy = all_quantized("fp8_tensorwise")
-    why = SCALED_MM.unsupported(policy)
-    if why:
-        rows.append(("scaled_mm fp8_tensorwise", f"skipped: {why}", float("nan"), 0.0, True))
-        return
-    x, grad = data(DEVICE)
-    emulated = run(layer_on(policy, DEVICE, "emulated"), x, grad)
-    fp8 = run(layer_on(policy, DEVICE, "scaled_mm"), x, grad)
-    for label, a, b in zip(("Y", "dX", "dW"), fp8, emulated):
-        err = rel(a, b)
-        rows.append(("scaled_mm vs emulated fp8_tensorwise", label, err, 2**-7, err <= 2**-7))
+    """scaled_mm's operands are the emulated path's, bit for bit; its GEMMs (FP8 tensor cores, FP32
+    accumulation) agree with the emulated ones to FP32-accumulation tolerance before the output
+    rounding (Y, dX: BF16; dW: FP32)."""
+    for name, overrides in SCALED_MM_CASES:
+        policy = all_quantized(name, **overrides)
+        label = f"scaled_mm vs emulated {name} {policy.resolved_weight_tile}"
+        why = SCALED_MM.unsupported(policy)
+        if why:
+            rows.append((label, f"skipped: {why}", float("nan"), 0.0, True))
+            continue
+        # in 256, out 192 (128x128 tiles pad W's rows to 256); 200 tokens: M and Wgrad's K padded
+        for tokens in (512, 200):
+            x, grad = data(DEVICE, tokens=tokens)
+            ops_e, emulated = captured_operands(layer_on(policy, DEVICE, "emulated"), x, grad)
+            ops_f, fp8 = captured_operands(layer_on(policy, DEVICE, "scaled_mm"), x, grad)
+            for role in ROLES:
+                a, b = ops_f[role], ops_e[role]
+                same = torch.equal(a.values, b.values) and (
+                    (a.decode_scale is None and b.decode_scale is None) or torch.equal(a.decode_scale, b.decode_scale))
+                rows.append((f"{label} tokens={tokens}", f"operand {role}", 0.0 if same else 1.0, 0.0, same))
+            for out, a, b, limit in zip(("Y", "dX", "dW"), fp8, emulated, (2**-7, 2**-7, 1e-3)):
+                err = rel(a, b)
+                rows.append((f"{label} tokens={tokens}", out, err, limit, err <= limit))
+
+
+def check_auto_picks_scaled_mm(rows):
+    from nvfp4train.precision.backends import resolve_backend
+
+    for name in ("fp8_tensorwise", "fp8_blockwise"):
+        backend, reason = resolve_backend(all_quantized(name))
+        cap = torch.cuda.get_device_capability()
+        expected = {"te", "scaled_mm"} if cap >= (9, 0) or name == "fp8_tensorwise" and cap >= (8, 9) else {"te", "emulated"}
+        rows.append((f"backend=auto {name}", f"{backend.name}: {reason}"[:60], 0.0, 0.0, backend.name in expected))
+
+
+def check_compiled_equals_eager(rows):
+    """torch.compile (inductor) of two quantized linears in a row, on the GPU, with the backend auto
+    picks: the custom ops run their eager code inside the graph, so Y, dX and dW are eager's bits."""
+    from torch import nn
+
+    from nvfp4train.precision.backends import resolve_backend
+
+    for name in ("nvfp4", "mxfp4", "fp8_tensorwise", "fp8_blockwise"):
+        policy = all_quantized(name)
+        backend, _ = resolve_backend(policy)
+        if backend.name == "te":
+            backend = SCALED_MM if not SCALED_MM.unsupported(policy) else EmulatedBackend()
+        x, grad = data(DEVICE)
+        results = []
+        for compiled in (False, True):
+            torch.manual_seed(0)
+            model = nn.Sequential(layer_on(policy, DEVICE, backend.name, 256, 256, seed=3),
+                                  layer_on(policy, DEVICE, backend.name, 256, 192, seed=4))
+            forward = torch.compile(model) if compiled else model
+            xx = x.clone().requires_grad_(True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = forward(xx)
+            y.backward(grad.to(y.dtype))
+            results.append((y.detach(), xx.grad, *(layer.weight.grad for layer in model)))
+        same = all(torch.equal(a, b) for a, b in zip(*results))
+        rows.append((f"compiled == eager {name}", f"backend {backend.name}", 0.0 if same else 1.0, 0.0, same))
 
 
 def check_te(rows):
@@ -154,7 +211,8 @@ def main() -> int:
         return 2
     print(f"device: {torch.cuda.get_device_name()} sm_{''.join(map(str, torch.cuda.get_device_capability()))}, torch {torch.__version__}")
     rows: list[tuple] = []
-    for check in (check_cuda_equals_cpu, check_emulated_gemm_exact, check_scaled_mm, check_te):
+    for check in (check_cuda_equals_cpu, check_emulated_gemm_exact, check_scaled_mm, check_auto_picks_scaled_mm,
+                  check_compiled_equals_eager, check_te):
         try:
             check(rows)
         except Exception as exc:  # report and keep going: one table for everything

@@ -33,6 +33,7 @@ golden vectors, tests/formats/test_golden.py, which pass under both rules).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -81,6 +82,21 @@ def rht_matrix(d: int = 16, signs=None, dtype: torch.dtype = torch.float32, devi
     return (h.double() / math.sqrt(d)).to(dtype=dtype, device=device)
 
 
+def _signs_key(d: int, signs):
+    """A hashable stand-in for ``signs`` (None and ints as they are, a tensor as its tuple)."""
+    if signs is None or (isinstance(signs, int) and not isinstance(signs, bool)):
+        return signs
+    return tuple(resolve_signs(d, signs).tolist())
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_matrix(d: int, signs_key, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``rht_matrix`` built once per (signs, dtype, device): a training step calls ``rht`` for every
+    Wgrad operand, and building the matrix on the host and copying it over each time blocks the step."""
+    signs = torch.tensor(signs_key, dtype=torch.float32) if isinstance(signs_key, tuple) else signs_key
+    return rht_matrix(d, signs, dtype=dtype, device=device)
+
+
 def rht(x: torch.Tensor, d: int = 16, signs=None) -> torch.Tensor:
     """Transform ``x`` along its last dim in blocks of d; same shape and dtype as x (the sum
     order and roundings are in the module docstring)."""
@@ -90,7 +106,7 @@ def rht(x: torch.Tensor, d: int = 16, signs=None) -> torch.Tensor:
     if x.ndim == 0 or x.shape[-1] % d != 0:
         raise ValueError(f"hadamard.rht: the last dim of shape {tuple(x.shape)} must be a multiple of d={d}")
     compute_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    matrix = rht_matrix(d, signs, dtype=compute_dtype, device=x.device)
+    matrix = _cached_matrix(d, _signs_key(d, signs), compute_dtype, x.device)
     blocks = x.reshape(-1, d).to(compute_dtype)
     # Row i of the matrix scaled by element i of each block, accumulated in index order: separate
     # multiply and add (no FMA; for d = 16 the products are exact, so an FMA would agree anyway).

@@ -2,9 +2,9 @@
 
 * EMULATED  (any device): `code x block scale` in BF16, FP32-accumulating GEMM, global scales in
             the epilogue. Implements every policy knob. The reference the others are checked against.
-* SCALED_MM (FP8 per-tensor policies on CUDA sm_89+): the same quantized operands, multiplied on
-            FP8 tensor cores by `torch._scaled_mm`; numerically equivalent to emulated up to
-            summation order (scripts/check_precision_gpu.py checks it).
+* SCALED_MM (FP8 policies on CUDA: per tensor on sm_89+, blockwise on sm_90): the same quantized
+            operands, multiplied on FP8 tensor cores by `torch._scaled_mm`; numerically equivalent
+            to emulated up to summation order (tests/precision/test_gpu.py checks it).
 * TE        (Transformer Engine installed, and the GPU runs the recipe): the policy maps to a TE
             recipe (Float8BlockScaling / Float8CurrentScaling on sm_89+/sm_90, NVFP4BlockScaling
             on sm_100+); see te_backend.py. Only policies TE can express exactly are accepted.
@@ -16,6 +16,7 @@ peak the chosen backend's GEMMs run at (for MFU).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 import torch
@@ -25,7 +26,7 @@ from nvfp4train.schema import ConfigError
 from . import te_backend
 from .hardware import cuda_capability
 from .operands import Quantized, operand_format, pad2d, round_up
-from .policy import PrecisionPolicy
+from .policy import OperandSpec, PrecisionPolicy
 
 
 def gemm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -69,33 +70,97 @@ class EmulatedBackend(Backend):
 
 
 class ScaledMMBackend(EmulatedBackend):
-    """Per-tensor FP8 GEMMs on FP8 tensor cores; any other operand pair as EMULATED does it."""
+    """FP8 GEMMs on FP8 tensor cores (`torch._scaled_mm`): per-tensor scales (fp8_tensorwise,
+    sm_89+) or DeepSeek-style blocks (fp8_blockwise, sm_90: 1x128 activation/gradient blocks,
+    128x128 or 1x128 weight tiles). The operands are the emulated path's own quantized operands in
+    their raw form (FP8 data + FP32 decode scales, the same bits); only the GEMM differs, and it
+    accumulates in FP32 too. Any other operand pair runs as EMULATED does it."""
     name, native_gemm = "scaled_mm", True
 
     def unsupported(self, policy):
-        if policy.format != "fp8_tensorwise":
-            return (f"scaled_mm runs the fp8_tensorwise policy only (format={str(policy.format)!r}: blockwise FP8 "
-                    "scale layouts of torch._scaled_mm are not wired up; NVFP4/MXFP4 GEMMs need sm_100)")
+        if policy.format not in ("fp8_tensorwise", "fp8_blockwise"):
+            return (f"scaled_mm runs the FP8 policies only (format={str(policy.format)!r}: NVFP4/MXFP4 GEMMs "
+                    "need sm_100)")
         cap = cuda_capability()
         if cap is None:
             return "scaled_mm needs a CUDA GPU (torch.cuda.is_available() is False)"
         if cap < (8, 9):
             return f"scaled_mm needs FP8 tensor cores (sm_89+); this GPU is sm_{cap[0]}{cap[1]}"
+        if policy.format == "fp8_blockwise":
+            return _blockwise_unsupported(torch.cuda.current_device())
         return None
 
     def gemm(self, a: Quantized, b: Quantized) -> torch.Tensor:
-        if a.fp8_data is None or b.fp8_data is None:
+        if a.fp8_data is None or b.fp8_data is None or a.fp8_data.device.type != "cuda":
             return super().gemm(a, b)
-        # torch._scaled_mm with FP32 output; cuBLASLt wants K and N multiples of 16 and b
-        # column-major: pad with zeros.
-        da, db = a.fp8_data, b.fp8_data
-        k = round_up(da.shape[1], 16)
-        n = db.shape[0]
-        da = pad2d(da.view(torch.uint8), da.shape[0], k).view(da.dtype)
-        db = pad2d(db.view(torch.uint8), round_up(n, 16), k).view(db.dtype)
-        out = torch._scaled_mm(da, db.t(), scale_a=a.decode_scale.reshape(()).float(),
-                               scale_b=b.decode_scale.reshape(()).float(), out_dtype=torch.float32)
-        return out[:, :n]
+        if a.fp8_scales is None and b.fp8_scales is None:
+            return _tensorwise_gemm(a, b)
+        if a.fp8_scales is not None and b.fp8_scales is not None and a.spec.tile == (1, 128):
+            return _blockwise_gemm(a, b)
+        return super().gemm(a, b)
+
+
+def _rows(q: Quantized) -> int:
+    return q.fp8_data.shape[0] if q.rows is None else q.rows
+
+
+def _pad_rows(t: torch.Tensor, rows: int, value: float = 0.0) -> torch.Tensor:
+    """`t` with zero rows (or `value` rows) appended up to `rows`; FP8 padded through its bytes."""
+    if t.shape[0] == rows:
+        return t
+    if t.dtype.itemsize == 1 and t.is_floating_point():
+        return pad2d(t.view(torch.uint8), rows, t.shape[1]).view(t.dtype)
+    return torch.nn.functional.pad(t, (0, 0, 0, rows - t.shape[0]), value=value)
+
+
+def _tensorwise_gemm(a: Quantized, b: Quantized) -> torch.Tensor:
+    # cuBLASLt wants M, K and N multiples of 16 and b column-major: pad with zeros.
+    da, db = a.fp8_data, b.fp8_data
+    m, n = _rows(a), _rows(b)
+    k = round_up(da.shape[1], 16)
+    da = pad2d(da.view(torch.uint8), round_up(da.shape[0], 16), k).view(da.dtype)
+    db = pad2d(db.view(torch.uint8), round_up(db.shape[0], 16), k).view(db.dtype)
+    out = torch._scaled_mm(da, db.t(), scale_a=a.decode_scale.reshape(()).float(),
+                           scale_b=b.decode_scale.reshape(()).float(), out_dtype=torch.float32)
+    return out[:m, :n]
+
+
+def _blockwise_gemm(a: Quantized, b: Quantized) -> torch.Tensor:
+    """a [M, K] in 1x128 blocks @ b [N, K]ᵀ in 1x128 blocks or 128x128 tiles, FP32 out.
+
+    torch._scaled_mm's layouts (sm_90, torch 2.11): a row-major with scale_a [M, K/128]
+    column-major; b given as the transpose of a row-major [N, K], with scale_b [K/128, N]
+    row-major (1x128) or the transpose of the row-major [N/128, K/128] tile scales (128x128).
+    M and N are zero-padded to multiples of 16 (cuBLASLt refuses other shapes)."""
+    m, n = _rows(a), _rows(b)
+    m_pad = round_up(a.fp8_data.shape[0], 16)
+    da = _pad_rows(a.fp8_data, m_pad)
+    sa = _pad_rows(a.fp8_scales, m_pad, 1.0).t().contiguous().t()
+    if b.spec.tile == (128, 128):  # rows already a multiple of 128
+        db, sb = b.fp8_data, b.fp8_scales.contiguous().t()
+    else:
+        n_pad = round_up(b.fp8_data.shape[0], 16)
+        db, sb = _pad_rows(b.fp8_data, n_pad), _pad_rows(b.fp8_scales, n_pad, 1.0).t().contiguous()
+    out = torch._scaled_mm(da, db.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    return out[:m, :n]
+
+
+@functools.cache
+def _blockwise_unsupported(device_index: int) -> str | None:
+    """Why torch._scaled_mm cannot run blockwise FP8 on this GPU (None: the two block layouts the
+    layer uses ran on a small GEMM)."""
+    device = torch.device("cuda", device_index)
+    data = torch.zeros(128, 256, device=device, dtype=torch.float8_e4m3fn)
+    acts = OperandSpec("fp8_e4m3", (1, 128), scale_mode="pow2")
+    a = Quantized(None, None, data, torch.ones(128, 2, device=device), acts)
+    w = Quantized(None, None, data, torch.ones(1, 2, device=device), OperandSpec("fp8_e4m3", (128, 128), scale_mode="pow2"))
+    try:
+        _blockwise_gemm(a, w)  # Fprop / Dgrad: 1x128 x 128x128
+        _blockwise_gemm(a, a)  # Wgrad: 1x128 x 1x128
+    except (RuntimeError, TypeError) as error:
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return f"torch._scaled_mm refused blockwise FP8 scales here ({first_line})"
+    return None
 
 
 class TEBackend(Backend):

@@ -4,6 +4,7 @@
     layer = factory(in_features, out_features, block_index=3, name="fc1")   # QuantLinear / TELinear
     ctl = PrecisionController(policy, model)
     msg = ctl.on_step(tokens_fraction)   # schedule switch + telemetry gating, once per step
+    ctl.weights_changed()                # after optimizer.step(): drop the cached quantized weights
     stats = ctl.quant_stats()            # {"quant/block3.fc1/wgrad_dy/rel_err": ..., ...}
     torch.save(ctl.state_dict(), f)      # switch state + SR generator states (weights_only-loadable)
 """
@@ -59,7 +60,7 @@ def _is_precision_linear(module: nn.Module) -> bool:
 class PrecisionController:
     """Applies the precision schedule and gathers telemetry for every factory-built linear."""
 
-    def __init__(self, policy: PrecisionPolicy, model: nn.Module):
+    def __init__(self, policy: PrecisionPolicy, model: nn.Module, cache_weights: bool = True):
         self.policy = policy
         self.layers = [m for _, m in model.named_modules() if _is_precision_linear(m)]
         backends = sorted({m.backend_name for m in self.layers})
@@ -77,12 +78,18 @@ class PrecisionController:
         self.switched = False
         self.switched_at: float | None = None
         self.steps = 0  # on_step calls so far
+        # The controller owns the weight caches' schedule (on_step, weights_changed), so it turns them on.
+        for layer in self.layers:
+            if isinstance(layer, QuantLinear):
+                layer.cache_weights = cache_weights
         log.info("precision controller: %d linears, backend %s", len(self.layers), self.backend_name)  # reason: above
 
     # ------------------------------------------------------------------ per step
     def on_step(self, tokens_fraction: float) -> str | None:
         """Call once per optimizer step, before its forward passes. Switches to BF16 when the
-        schedule says so (returns a message then) and enables telemetry every `stats_every` steps."""
+        schedule says so (returns a message then), enables telemetry every `stats_every` steps, and
+        drops the quantized weights cached during the previous step (see `weights_changed`)."""
+        self.weights_changed()
         every = self.policy.stats_every
         collect = every > 0 and self.steps % every == 0
         for layer in self.layers:
@@ -94,6 +101,17 @@ class PrecisionController:
             return (f"precision: switched {self.policy.switch.mode} to BF16 at tokens fraction "
                     f"{tokens_fraction:.4f} (scheduled at {self.policy.switch.at_fraction})")
         return None
+
+    def weights_changed(self) -> None:
+        """Drop every layer's cached quantized weights (and free their memory). Call it after
+        `optimizer.step()` and after loading weights; `on_step` and `load_state_dict` call it too.
+        Between two calls each layer quantizes its weight once (the first training forward of the
+        step) and every micro-batch's Fprop and Dgrad reuse it. An in-place update of a weight
+        (torch optimizers, `copy_`) is noticed without it; updates through `.data` (DeepSpeed)
+        or into re-gathered storage (FSDP2) are not."""
+        for layer in self.layers:
+            if isinstance(layer, QuantLinear):
+                layer.invalidate_weight_cache()
 
     def _apply_switch(self, switched: bool) -> None:
         self.switched = switched
@@ -129,6 +147,7 @@ class PrecisionController:
         self._apply_switch(bool(state["switched"]))
         self.switched_at = None if state["switched_at"] < 0 else float(state["switched_at"])
         self.steps = int(state["steps"])
+        self.weights_changed()
         generators = state["generators"]
         for layer in self.layers:
             layer.load_generator_state(generators.get(layer.label))

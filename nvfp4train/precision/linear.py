@@ -14,13 +14,22 @@ Saved for backward (what the recipe lets us keep instead of a BF16 copy of X): t
 X, already transformed and quantized along tokens (packed 4-bit codes + scales for NVFP4), and
 the packed 2-D weight when Dgrad reuses it. The BF16 copy of X is saved only when the Wgrad X
 operand is BF16. `saved_activation_bytes` measures this.
+
+The three GEMMs are custom ops (`torch.ops.nvfp4train.quant_linear_{fprop,dgrad,wgrad}`, with
+fake and autograd registrations), so `torch.compile` traces a model through its quantized linears
+without a graph break and runs the ops' eager code inside the compiled graph (the same bits).
+They take the recipe as a string and the layer's `LayerState` (SR streams, RHT signs, telemetry,
+weight cache) by an int id. Quantized weight operands are cached per layer between the
+controller's invalidations (`WeightCache`): one quantization per optimizer step, not one per
+micro-batch and per GEMM.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+import weakref
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,13 +44,6 @@ from .operands import round_up
 from .policy import ROLES, LayerRecipe, PrecisionPolicy
 
 log = logging.getLogger(__name__)
-
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype nn.Linear would produce here: the autocast dtype when autocast is on."""
-    if torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
-    return x.dtype
 
 
 def _k_pad(k: int, *specs) -> int:
@@ -84,14 +86,65 @@ class SRStreams:
         self._pending_states = dict(states or {})
 
 
-@dataclass
-class OperandQuantizer:
-    """Quantizes one layer's GEMM operands by role: its SR streams, its RHT signs, and where its
-    telemetry goes (`stats`: role/statistic -> values, or None when off). This, not the layer, is
-    what `_QuantLinearFunction` gets."""
-    sr: SRStreams
-    rht_signs: Any
-    stats: dict[str, list[float]] | None
+class WeightCache:
+    """A layer's quantized weight operands, kept from one use to the next while the weight stays
+    the same: built by the first training forward after an invalidation, reused by the other
+    micro-batches' forwards and by every Dgrad, instead of quantizing the FP32 master weight again.
+
+    An entry is dropped when the weight's version counter, storage, shape, dtype or device changes
+    (an in-place update, a copy into it, `.data` replaced) and on `clear()`, which the precision
+    controller calls at each `on_step` and `weights_changed` (optimizer steps that do not bump the
+    version counter: DeepSpeed writes through `.data`, FSDP2 re-gathers into the same storage).
+    Stochastically rounded weight operands are never cached (each use draws anew, as before)."""
+
+    def __init__(self):
+        self.enabled = False  # set by PrecisionController: it owns the invalidation schedule
+        self._stamp: tuple | None = None
+        self._entries: dict[tuple, Any] = {}
+
+    @staticmethod
+    def _stamp_of(weight: torch.Tensor) -> tuple:
+        return (weight._version, weight.data_ptr(), tuple(weight.shape), weight.dtype, weight.device)
+
+    def get(self, key: tuple, weight: torch.Tensor, build, training: bool = True):
+        """`build()`, or its result from an earlier call with the same `key` and weight. Only
+        training passes use the cache (`training`: a forward that saves for backward, or a
+        backward): an evaluation forward between `optimizer.step()` and the next invalidation
+        quantizes afresh."""
+        if not (self.enabled and training):
+            return build()
+        stamp = self._stamp_of(weight)
+        if stamp != self._stamp:
+            self._entries.clear()
+            self._stamp = stamp
+        if key not in self._entries:
+            self._entries[key] = build()
+        return self._entries[key]
+
+    def peek(self, key: tuple, weight: torch.Tensor):
+        """The entry `get` would return for `key` and this weight, or None (nothing is built)."""
+        if not self.enabled or self._stamp != self._stamp_of(weight):
+            return None
+        return self._entries.get(key)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._stamp = None
+
+
+class LayerState:
+    """What a layer's custom ops need beyond tensors and constants: its SR streams, RHT signs,
+    telemetry sink (`stats`, None when off) and weight cache. Registered under the int `id` the
+    ops take (custom ops cannot take Python objects); the layer owns it, the registry holds it
+    weakly."""
+
+    def __init__(self, sr: SRStreams, rht_signs):
+        self.sr = sr
+        self.rht_signs = rht_signs if not isinstance(rht_signs, torch.Tensor) else tuple(rht_signs.tolist())
+        self.stats: dict[str, list[float]] | None = None
+        self.weights = WeightCache()
+        self.id = next(_STATE_IDS)
+        _STATES[self.id] = self
 
     def _generator(self, role: str, spec, device) -> torch.Generator | None:
         return self.sr.generator(role, device) if spec.rounding == "sr" else None
@@ -109,83 +162,197 @@ class OperandQuantizer:
         return operands.fake_quantize(x, spec, k_pad, self._generator(role, spec, x.device), self.rht_signs)
 
 
-class _QuantLinearFunction(torch.autograd.Function):
-    """Y = X Wᵀ with the GEMMs of `recipe` on `backend`. Saves tensors only through
-    `save_for_backward` (so saved-tensor hooks see all of them); `ctx` keeps plain data."""
+_STATES: "weakref.WeakValueDictionary[int, LayerState]" = weakref.WeakValueDictionary()
+_STATE_IDS = itertools.count()
 
-    @staticmethod
-    def forward(ctx, x, weight, recipe: LayerRecipe, backend: Backend, quantizer: OperandQuantizer,
-                need_backward: bool):
-        out_dtype = _compute_dtype(x)
-        out_f, in_f = weight.shape
-        device = x.device.type
-        with torch.autocast(device, enabled=False):
-            x2d = x.reshape(-1, in_f)
-            tokens = x2d.shape[0]
 
-            # Fprop: Y = Q(X) Q(W)ᵀ, K = in_features.
+def _state(layer_id: int) -> LayerState:
+    try:
+        return _STATES[layer_id]
+    except KeyError:
+        raise RuntimeError(f"quantized linear: no live layer has id {layer_id} (was the layer deleted?)") from None
+
+
+# ---------------------------------------------------------------------------------- the GEMMs
+# Three custom ops, one per GEMM, so torch.compile traces a model around them without a graph
+# break (each is one opaque node; dynamo never runs its Python). They take the recipe as a string
+# (`LayerRecipe.key()`), the backend by name and the layer's `LayerState` by id. SR generators
+# advance inside the ops, at run time, in the same order eager runs them, so a compiled model
+# draws the same bits as an eager one and the generator states stay what `state_dict` saves.
+
+def _fprop_weight(state: LayerState, weight: torch.Tensor, recipe: LayerRecipe, backend: Backend, k_f: int,
+                  training: bool):
+    """(W operand of Fprop, its packed form when Dgrad reuses it), cached per weight version."""
+    spec = recipe.fprop_w
+
+    def build():
+        if recipe.reuses_fprop_weight:
+            # Quantize W once into its storage form: Fprop uses it, Dgrad reuses the same bits.
+            packed = state.pack("fprop_w", weight, spec, k_f)
+            return packed.dequantize(), packed
+        return state.quantize("fprop_w", weight, spec, k_f), None
+
+    if spec.rounding == "sr":
+        return build()
+    return state.weights.get(("fprop", recipe.key(), backend.name, k_f), weight, build, training)
+
+
+def _transposed_weight(w_q: operands.Quantized, in_f: int, k_d: int) -> operands.Quantized:
+    """Fprop's padded [out_p, in_p] W operand as Dgrad's [in, K = out] operand: the same bits."""
+    if w_q.fp8_scales is not None:  # blockwise FP8, 128x128 tiles: the tiles transposed
+        return operands.Quantized(None, None, w_q.fp8_data.t().contiguous(), w_q.fp8_scales.t().contiguous(),
+                                  w_q.spec, rows=in_f)
+    wt_values = w_q.values.t()[:in_f]
+    k_d = max(k_d, wt_values.shape[1])
+    return operands.Quantized(operands.pad2d(wt_values, in_f, k_d), w_q.decode_scale)
+
+
+def _saves_x_copy(recipe: LayerRecipe, x_dtype: torch.dtype) -> bool:
+    """Whether Fprop returns a copy of X for Wgrad: a quantized one, or a BF16 copy of a non-BF16 X
+    (a BF16 X is saved as it is)."""
+    return not recipe.wgrad_x.is_bf16 or x_dtype != torch.bfloat16
+
+
+def _wgrad_x_shape(recipe: LayerRecipe, in_f: int, tokens) -> tuple:
+    """The prepared shape of the Wgrad X operand Xᵀ [in, tokens] (rows tile-padded, K = tokens padded)."""
+    if recipe.wgrad_x.is_bf16:
+        return (tokens, in_f)  # the BF16 copy is kept untransposed and unpadded
+    return (round_up(in_f, recipe.wgrad_x.row_block), _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x))
+
+
+@torch.library.custom_op("nvfp4train::quant_linear_fprop", mutates_args=())
+def quant_linear_fprop(x: torch.Tensor, weight: torch.Tensor, layer_id: int, recipe_key: str, backend_name: str,
+                       out_dtype: torch.dtype, save_x: bool, save_w: bool) -> list[torch.Tensor]:
+    """[Y = Q(X) Q(W)ᵀ, *the Wgrad copy of X (packed) if save_x, *the packed W if save_w and Dgrad
+    reuses it]. Y is in `out_dtype`; every tensor is new and contiguous."""
+    state, recipe, backend = _state(layer_id), LayerRecipe.from_key(recipe_key), get_backend(backend_name)
+    out_f, in_f = weight.shape
+    with torch.autocast(x.device.type, enabled=False):
+        x2d = x.reshape(-1, in_f)
+        k_f = _k_pad(in_f, recipe.fprop_x, recipe.fprop_w)
+        w_q, w_packed = _fprop_weight(state, weight, recipe, backend, k_f, training=save_x or save_w)
+        x_q = state.quantize("fprop_x", x2d, recipe.fprop_x, k_f)
+        y = backend.gemm(x_q, w_q.first_rows(out_f)).to(out_dtype).reshape(*x.shape[:-1], out_f)
+        outputs = [y]
+        if save_x and _saves_x_copy(recipe, x.dtype):
+            if recipe.wgrad_x.is_bf16:
+                outputs.append(x2d.to(torch.bfloat16))
+            else:  # Xᵀ [in, tokens], quantized along tokens now, saved packed
+                k_w = _k_pad(x2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)
+                outputs.extend(state.pack("wgrad_x", x2d.t(), recipe.wgrad_x, k_w).tensors)
+        if save_w and w_packed is not None:
+            outputs.extend(t.clone() for t in w_packed.tensors)  # the cache keeps its own
+    return [t.contiguous() for t in outputs]
+
+
+@quant_linear_fprop.register_fake
+def _(x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w):
+    recipe = LayerRecipe.from_key(recipe_key)
+    out_f, in_f = weight.shape
+    outputs = [x.new_empty((*x.shape[:-1], out_f), dtype=out_dtype)]
+    storage = []
+    if save_x and _saves_x_copy(recipe, x.dtype):
+        tokens = x.numel() // in_f
+        storage += operands.packed_shapes(recipe.wgrad_x, _wgrad_x_shape(recipe, in_f, tokens))
+    if save_w and recipe.reuses_fprop_weight:
+        k_f = _k_pad(in_f, recipe.fprop_x, recipe.fprop_w)
+        storage += operands.packed_shapes(recipe.fprop_w, (round_up(out_f, recipe.fprop_w.row_block), k_f))
+    return outputs + [x.new_empty(shape, dtype=dtype) for shape, dtype in storage]
+
+
+@torch.library.custom_op("nvfp4train::quant_linear_dgrad", mutates_args=())
+def quant_linear_dgrad(dy: torch.Tensor, weight: torch.Tensor, w_saved: list[torch.Tensor], layer_id: int,
+                       recipe_key: str, backend_name: str, x_dtype: torch.dtype) -> torch.Tensor:
+    """dX = Q(dY) Q(W), K = out_features, in dY's dtype then `x_dtype`. `w_saved`: the packed
+    Fprop W when Dgrad reuses it (used when the weight cache does not hold it)."""
+    state, recipe, backend = _state(layer_id), LayerRecipe.from_key(recipe_key), get_backend(backend_name)
+    out_f, in_f = weight.shape
+    with torch.autocast(dy.device.type, enabled=False):
+        dy2d = dy.reshape(-1, out_f)
+        if recipe.reuses_fprop_weight:
+            k_d = _k_pad(out_f, recipe.dgrad_dy)
             k_f = _k_pad(in_f, recipe.fprop_x, recipe.fprop_w)
-            if recipe.reuses_fprop_weight:
-                # Quantize W once into its storage form: Fprop uses it, Dgrad reuses the same bits.
-                w_packed = quantizer.pack("fprop_w", weight, recipe.fprop_w, k_f)
-                w_q = w_packed.dequantize()
-            else:
-                w_packed = None
-                w_q = quantizer.quantize("fprop_w", weight, recipe.fprop_w, k_f)
-            x_q = quantizer.quantize("fprop_x", x2d, recipe.fprop_x, k_f)
-            y = backend.gemm(x_q, w_q.first_rows(out_f)).to(out_dtype)
-            y = y.reshape(*x.shape[:-1], out_f)
-            if not need_backward:  # inference, or nothing upstream wants a gradient: save nothing
-                return y
 
-            # The Wgrad copy of X: transposed [in, tokens], quantized along tokens now, saved packed
-            # (only if W wants a gradient); the packed W only if Dgrad runs.
-            k_w = _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x)
-            x_packed = quantizer.pack("wgrad_x", x2d.t(), recipe.wgrad_x, k_w) if ctx.needs_input_grad[1] else None
-            if not ctx.needs_input_grad[0]:
-                w_packed = None
+            def build():
+                cached = state.weights.peek(("fprop", recipe_key, backend.name, k_f), weight)
+                if cached is not None:
+                    w_q = cached[0]
+                else:  # Fprop's bits, from what it saved
+                    layout = operands.PackedLayout(recipe.fprop_w, (round_up(out_f, recipe.fprop_w.row_block), k_f))
+                    w_q = layout.rebuild(w_saved).dequantize()
+                return _transposed_weight(w_q, in_f, k_d)
+        else:
+            k_d = _k_pad(out_f, recipe.dgrad_dy, recipe.dgrad_w)
 
-        ctx.recipe, ctx.backend, ctx.quantizer = recipe, backend, quantizer
-        ctx.x_meta = (x.shape, x.dtype, out_dtype, k_w)
-        x_tensors = x_packed.tensors if x_packed is not None else ()
-        w_tensors = w_packed.tensors if w_packed is not None else ()
-        ctx.x_layout = x_packed.layout if x_packed is not None else None
-        ctx.w_layout = w_packed.layout if w_packed is not None else None
-        ctx.n_x = len(x_tensors)
-        ctx.save_for_backward(weight, *x_tensors, *w_tensors)
-        return y
+            def build():
+                return state.quantize("dgrad_w", weight.t(), recipe.dgrad_w, k_d).first_rows(in_f)
+        if recipe.dgrad_w.rounding == "sr":
+            wt_q = build()
+        else:
+            wt_q = state.weights.get(("dgrad", recipe_key, backend.name, k_d), weight, build)
+        dy_q = state.quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d)
+        dx = backend.gemm(dy_q, wt_q).to(dy.dtype).to(x_dtype)
+    return dx.reshape(*dy.shape[:-1], in_f).contiguous()
 
-    @staticmethod
-    def backward(ctx, dy):
-        recipe, backend, quantizer = ctx.recipe, ctx.backend, ctx.quantizer
-        x_shape, x_dtype, out_dtype, k_w = ctx.x_meta
-        weight, *saved = ctx.saved_tensors
-        out_f, in_f = weight.shape
-        with torch.autocast(dy.device.type, enabled=False):
-            dy2d = dy.reshape(-1, out_f)
 
-            dx = None
-            if ctx.needs_input_grad[0]:
-                # Dgrad: dX = Q(dY) Q(W), K = out_features; W operand is Wᵀ [in, out].
-                if recipe.reuses_fprop_weight:
-                    w_q = ctx.w_layout.rebuild(saved[ctx.n_x:]).dequantize()
-                    # Fprop's padded [out_p, in_p] values, transposed: the same bits.
-                    wt_values = w_q.values.t()[:in_f]
-                    k_d = max(_k_pad(out_f, recipe.dgrad_dy), wt_values.shape[1])
-                    wt_q = operands.Quantized(operands.pad2d(wt_values, in_f, k_d), w_q.decode_scale)
-                else:
-                    k_d = _k_pad(out_f, recipe.dgrad_dy, recipe.dgrad_w)
-                    wt_q = quantizer.quantize("dgrad_w", weight.t(), recipe.dgrad_w, k_d).first_rows(in_f)
-                dy_q = quantizer.quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d)
-                dx = backend.gemm(dy_q, wt_q).to(out_dtype).to(x_dtype).reshape(x_shape)
+@quant_linear_dgrad.register_fake
+def _(dy, weight, w_saved, layer_id, recipe_key, backend_name, x_dtype):
+    return dy.new_empty((*dy.shape[:-1], weight.shape[1]), dtype=x_dtype)
 
-            dw = None
-            if ctx.needs_input_grad[1]:
-                # Wgrad: dW = Q(RHT(dYᵀ)) Q(RHT(Xᵀ))ᵀ, K = tokens.
-                dyt_q = quantizer.quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w)
-                xt_q = ctx.x_layout.rebuild(saved[: ctx.n_x]).dequantize().first_rows(in_f)
-                dw = backend.gemm(dyt_q, xt_q).to(weight.dtype)
-        return dx, dw, None, None, None, None
+
+@torch.library.custom_op("nvfp4train::quant_linear_wgrad", mutates_args=())
+def quant_linear_wgrad(dy: torch.Tensor, x_saved: list[torch.Tensor], layer_id: int, recipe_key: str,
+                       backend_name: str, in_features: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """dW = Q(RHT(dYᵀ)) Q(RHT(Xᵀ))ᵀ, K = tokens, in `out_dtype` (the weight's). `x_saved`: what
+    Fprop saved of X (packed Xᵀ, or X in BF16)."""
+    state, recipe, backend = _state(layer_id), LayerRecipe.from_key(recipe_key), get_backend(backend_name)
+    out_f = dy.shape[-1]
+    with torch.autocast(dy.device.type, enabled=False):
+        dy2d = dy.reshape(-1, out_f)
+        tokens = dy2d.shape[0]
+        k_w = _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x)
+        dyt_q = state.quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w)
+        if recipe.wgrad_x.is_bf16:
+            xt_q = state.quantize("wgrad_x", x_saved[0].reshape(-1, in_features).t(), recipe.wgrad_x, k_w)
+        else:
+            layout = operands.PackedLayout(recipe.wgrad_x, _wgrad_x_shape(recipe, in_features, tokens))
+            xt_q = layout.rebuild(x_saved).dequantize().first_rows(in_features)
+        dw = backend.gemm(dyt_q, xt_q).to(out_dtype)
+    return dw.contiguous()
+
+
+@quant_linear_wgrad.register_fake
+def _(dy, x_saved, layer_id, recipe_key, backend_name, in_features, out_dtype):
+    return dy.new_empty((dy.shape[-1], in_features), dtype=out_dtype)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w = inputs
+    recipe = LayerRecipe.from_key(recipe_key)
+    n_x = len(output) - 1
+    if save_w and recipe.reuses_fprop_weight:
+        n_x -= len(operands.packed_shapes(recipe.fprop_w, (1, 1)))
+    x_saved = list(output[1:1 + n_x]) if n_x else ([x] if save_x else [])
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.save_for_backward(weight, *x_saved, *output[1 + n_x:])
+    ctx.n_x = len(x_saved)
+    ctx.args = (layer_id, recipe_key, backend_name)
+    ctx.x_dtype = x.dtype
+
+
+def _backward(ctx, grads):
+    dy = grads[0]
+    weight, *saved = ctx.saved_tensors
+    layer_id, recipe_key, backend_name = ctx.args
+    dx = dw = None
+    if ctx.needs_input_grad[0]:
+        dx = quant_linear_dgrad(dy, weight, saved[ctx.n_x:], layer_id, recipe_key, backend_name, ctx.x_dtype)
+    if ctx.needs_input_grad[1]:
+        dw = quant_linear_wgrad(dy, saved[: ctx.n_x], layer_id, recipe_key, backend_name, weight.shape[1], weight.dtype)
+    return dx, dw, None, None, None, None, None, None
+
+
+quant_linear_fprop.register_autograd(_backward, setup_context=_setup_context)
 
 
 class QuantLinear(nn.Module):
@@ -207,9 +374,9 @@ class QuantLinear(nn.Module):
         self.label = f"block{block_index}.{name}"
         self.format = policy.format
         self.backend = get_backend(backend)
-        self.rht_signs = rht_signs
         self.sr = SRStreams(seed, (block_index * 8 + _NAME_IDS.get(name, 7)) * 8, self.label)
-        self.stats_enabled = False
+        self._state = LayerState(self.sr, rht_signs)
+        self.layer_id = self._state.id  # what the custom ops get
         self._stats: dict[str, list[float]] = defaultdict(list)
         self.recipes = {switched: policy.layer_recipe(block_index, n_blocks, switched=switched)
                         for switched in (False, True)}
@@ -219,6 +386,38 @@ class QuantLinear(nn.Module):
     @property
     def backend_name(self) -> str:
         return self.backend.name
+
+    @property
+    def recipe(self) -> LayerRecipe:
+        return self._recipe
+
+    @recipe.setter
+    def recipe(self, recipe: LayerRecipe) -> None:
+        # The forward reads plain attributes (a bool, a string): cheap for dynamo to guard on.
+        self._recipe, self.recipe_key, self.quantized = recipe, recipe.key(), not recipe.all_bf16
+        self._state.weights.clear()
+
+    @property
+    def stats_enabled(self) -> bool:
+        return self._state.stats is not None
+
+    @stats_enabled.setter
+    def stats_enabled(self, enabled: bool) -> None:
+        self._state.stats = self._stats if enabled else None
+
+    @property
+    def cache_weights(self) -> bool:
+        """Whether quantized weight operands are kept between uses (see `WeightCache`)."""
+        return self._state.weights.enabled
+
+    @cache_weights.setter
+    def cache_weights(self, enabled: bool) -> None:
+        self._state.weights.enabled = bool(enabled)
+        self._state.weights.clear()
+
+    def invalidate_weight_cache(self) -> None:
+        """Forget the quantized weight operands (the weight changed, or memory is wanted back)."""
+        self._state.weights.clear()
 
     def extra_repr(self) -> str:
         kind = "bf16" if self.recipe.all_bf16 else self.format
@@ -245,19 +444,16 @@ class QuantLinear(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.recipe.all_bf16:
+        if not self.quantized:
             return F.linear(x, self.weight)
-        return self._quantized_forward(x)
-
-    # Under torch.compile (train.compile) the quantized GEMMs run eagerly, so a compiled model
-    # keeps eager's bits: inductor's fused FP32 divisions are not bit-exact with TE on CUDA (see
-    # formats/compiled.py, the opt-in fast path), and the Function's Python state (SR generators,
-    # telemetry) would only graph-break and recompile per input dtype.
-    @torch.compiler.disable
-    def _quantized_forward(self, x: torch.Tensor) -> torch.Tensor:
-        need_backward = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
-        quantizer = OperandQuantizer(self.sr, self.rht_signs, self._stats if self.stats_enabled else None)
-        return _QuantLinearFunction.apply(x, self.weight, self.recipe, self.backend, quantizer, need_backward)
+        # Save for backward only what backward will compute from (nothing under no_grad).
+        grad = torch.is_grad_enabled()
+        save_x = grad and self.weight.requires_grad
+        save_w = grad and x.requires_grad
+        out_dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        outputs = quant_linear_fprop(x, self.weight, self.layer_id, self.recipe_key, self.backend.name,
+                                     out_dtype, save_x, save_w)
+        return outputs[0]
 
 
 _NAME_IDS = {"in_proj": 0, "out_proj": 1, "qkv": 2, "out": 3, "fc1": 4, "fc2": 5}

@@ -48,18 +48,33 @@ def pad2d(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, pc, 0, pr))
 
 
-@dataclass
 class Quantized:
     """Dense quantized operand: `values` [rows_padded, k_pad] (exact in bf16 except blockwise
-    FP8 with FP32 scales, which stays FP32) and the FP32 0-d `decode_scale`."""
-    values: torch.Tensor
-    decode_scale: torch.Tensor | None
-    fp8_data: torch.Tensor | None = None  # per-tensor FP8 only: the raw data, for torch._scaled_mm
+    FP8 with FP32 scales, which stays FP32) and the FP32 0-d `decode_scale`.
+
+    FP8 operands also carry their raw form for FP8 tensor cores (`fp8_data` [rows_padded, k_pad],
+    `fp8_scales`: None per tensor, else the FP32 block decode scales); their `values` are then made
+    from it on first use (a scaled_mm GEMM never asks). `rows` < the padded row count marks the
+    rows a tile padded on: `values` drops them, the raw form keeps them (a GEMM crops its output)."""
+
+    def __init__(self, values: torch.Tensor | None, decode_scale: torch.Tensor | None,
+                 fp8_data: torch.Tensor | None = None, fp8_scales: torch.Tensor | None = None,
+                 spec: OperandSpec | None = None, rows: int | None = None):
+        self._values, self.decode_scale = values, decode_scale
+        self.fp8_data, self.fp8_scales, self.spec, self.rows = fp8_data, fp8_scales, spec, rows
+
+    @property
+    def values(self) -> torch.Tensor:
+        if self._values is None:
+            self._values = operand_format(self.spec).dense(self)
+        return self._values if self.rows is None else self._values[: self.rows]
 
     def first_rows(self, n: int) -> "Quantized":
         """Drop the rows a tile padded on (the K padding stays: it multiplies zeros)."""
-        data = self.fp8_data[:n] if self.fp8_data is not None else None
-        return Quantized(self.values[:n], self.decode_scale, data)
+        if self.fp8_data is None:
+            return Quantized(self.values[:n], self.decode_scale)
+        rows = n if self.rows is None else min(n, self.rows)
+        return Quantized(self._values, self.decode_scale, self.fp8_data, self.fp8_scales, self.spec, rows)
 
 
 # ---------------------------------------------------------------------------------- formats
@@ -91,9 +106,18 @@ class OperandFormat:
         """`pack`'s tensors back to dense values: the same numbers as `fake_quantize`."""
         raise NotImplementedError
 
+    def storage(self, spec: OperandSpec, shape: tuple[int, int]) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """(shape, dtype) of each tensor `pack` returns for a prepared operand of `shape` (what the
+        custom ops' fake implementations allocate)."""
+        raise NotImplementedError
+
     def scale_stats(self, tensors, spec: OperandSpec, nonzero: torch.Tensor) -> dict[str, float]:
         """Saturation / underflow fractions of `pack`'s tensors (`nonzero`: the inputs that were)."""
         return {}
+
+    def dense(self, q: Quantized) -> torch.Tensor:
+        """The dense values of an operand held in raw form (FP8 only)."""
+        raise NotImplementedError
 
 
 class BF16Format(OperandFormat):
@@ -111,6 +135,9 @@ class BF16Format(OperandFormat):
 
     def dequantize(self, tensors, spec, shape):
         return Quantized(tensors[0], None)
+
+    def storage(self, spec, shape):
+        return [(shape, torch.bfloat16)]
 
 
 class _E2M1BlockFormat(OperandFormat):
@@ -147,6 +174,11 @@ class NVFP4Format(_E2M1BlockFormat):
         q = nvfp4.NVFP4Tensor(codes, scales, amax, s_dec, torch.Size(shape), spec.tile)
         return Quantized(q.dequantize(torch.bfloat16, apply_global_scale=False), s_dec)
 
+    def storage(self, spec, shape):
+        rows, k = shape
+        return [((rows, k // 2), torch.uint8), ((rows, k // self.block), torch.float8_e4m3fn),
+                ((), torch.float32), ((), torch.float32)]
+
     def scale_flags(self, scales):
         # Underflow: below the E4M3 normal range 2^-6 (subnormal or zero).
         s = scales.to(torch.float32)
@@ -170,6 +202,10 @@ class MXFP4Format(_E2M1BlockFormat):
         q = mxfp4.MXFP4Tensor(codes, scales, torch.Size(shape), spec.scale_mode)
         return Quantized(q.dequantize(torch.bfloat16), None)
 
+    def storage(self, spec, shape):
+        rows, k = shape
+        return [((rows, k // 2), torch.uint8), ((rows, k // self.block), torch.float8_e8m0fnu)]
+
     def scale_flags(self, scales):
         # E8M0 bits: 254 is the largest finite scale 2^127, 0 the smallest 2^-127.
         bits = scales.view(torch.uint8)
@@ -190,12 +226,7 @@ class FP8Format(OperandFormat):
         return torch.bfloat16 if spec.scale_mode == "pow2" else torch.float32
 
     def fake_quantize(self, x, spec, generator):
-        if spec.tile is None:
-            data, scale = fp8.quantize_tensorwise(x, self.dtype)
-            return Quantized(data.to(torch.bfloat16), scale, fp8_data=data)
-        values, _ = fp8.fake_quantize_blockwise(x, spec.tile, self.dtype, pow2_scales=spec.scale_mode == "pow2",
-                                                out_dtype=self._blockwise_dtype(spec), impl=QUANT_IMPL)
-        return Quantized(values, None)
+        return self.dequantize(self.pack(x, spec, generator), spec, tuple(x.shape))
 
     def pack(self, x, spec, generator):
         if spec.tile is None:
@@ -203,10 +234,24 @@ class FP8Format(OperandFormat):
         return fp8.quantize_blockwise(x, spec.tile, self.dtype, spec.scale_mode == "pow2", impl=QUANT_IMPL)
 
     def dequantize(self, tensors, spec, shape):
+        # The raw form; `values` (the FP8 numbers in BF16, or dequantized blocks) on first use.
         data, scales = tensors
         if spec.tile is None:
-            return Quantized(data.to(torch.bfloat16), scales, fp8_data=data)
-        return Quantized(fp8.dequantize_blockwise(data, scales, spec.tile, self._blockwise_dtype(spec)), None)
+            return Quantized(None, scales, fp8_data=data, spec=spec)
+        return Quantized(None, None, fp8_data=data, fp8_scales=scales, spec=spec)
+
+    def storage(self, spec, shape):
+        rows, k = shape
+        if spec.tile is None:
+            scales = ()
+        else:
+            scales = (rows // spec.tile[0], k // spec.tile[1])
+        return [(shape, self.dtype), (scales, torch.float32)]
+
+    def dense(self, q):
+        if q.spec.tile is None:
+            return q.fp8_data.to(torch.bfloat16)
+        return fp8.dequantize_blockwise(q.fp8_data, q.fp8_scales, q.spec.tile, self._blockwise_dtype(q.spec))
 
     def scale_stats(self, tensors, spec, nonzero):
         # Saturation = elements clipped at the FP8 max (current scaling maps amax to max).
@@ -237,6 +282,12 @@ def _fused_wgrad_rht(x: torch.Tensor, spec: OperandSpec, k_pad: int) -> bool:
     return (spec.format == "nvfp4" and spec.rht_dim == 16 and tuple(spec.tile) == (1, 16)
             and x.ndim == 2 and x.shape[1] == k_pad and k_pad % 16 == 0 and x.t().is_contiguous()
             and x.dtype in nvfp4.INPUT_DTYPES)
+
+
+def packed_shapes(spec: OperandSpec, shape: tuple[int, int]) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of each tensor `pack` returns for an operand whose prepared (padded) shape
+    is `shape`."""
+    return operand_format(spec).storage(spec, shape)
 
 
 def fake_quantize(x: torch.Tensor, spec: OperandSpec, k_pad: int, generator=None, rht_signs=None) -> Quantized:

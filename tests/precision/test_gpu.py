@@ -15,7 +15,8 @@ def _script():
     return module
 
 
-@pytest.mark.parametrize("check", ["check_cuda_equals_cpu", "check_emulated_gemm_exact", "check_scaled_mm", "check_te"])
+@pytest.mark.parametrize("check", ["check_cuda_equals_cpu", "check_emulated_gemm_exact", "check_scaled_mm",
+                                   "check_auto_picks_scaled_mm", "check_compiled_equals_eager", "check_te"])
 def test_gpu_check(check):
     rows = []
     getattr(_script(), check)(rows)

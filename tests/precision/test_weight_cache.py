@@ -1,0 +1,144 @@
+"""The quantized weight cache: each layer quantizes its weight once per optimizer step (the first
+training forward) and every micro-batch's Fprop and Dgrad reuse it, with the same bits as
+quantizing at every use; it is dropped when the weight changes or the controller says so."""
+import pytest
+import torch
+from torch import nn
+
+from nvfp4train.precision import PrecisionController, build_linear_factory, operands
+from nvfp4train.precision.linear import LayerState
+
+from .helpers import load_preset
+
+ALL_QUANTIZED = {"bf16_first_fraction": 0.0, "bf16_last_fraction": 0.0}
+
+
+class TwoLayers(nn.Module):
+    def __init__(self, factory):
+        super().__init__()
+        self.fc1 = factory(32, 64, block_index=0, name="fc1")
+        self.fc2 = factory(64, 48, block_index=0, name="fc2")
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _policy(preset):
+    counts = {"bf16_first_blocks": 0, "bf16_last_blocks": 0} if preset.startswith("fp8") else ALL_QUANTIZED
+    return load_preset(preset, **counts)
+
+
+def _train(policy, cache: bool, monkeypatch=None, steps=2, micro_batches=3):
+    """Losses, final weights and, per step, the weight-operand quantizations by (layer, role)."""
+    torch.manual_seed(0)
+    model = TwoLayers(build_linear_factory(policy, n_blocks=1, seed=5))
+    ctl = PrecisionController(policy, model, cache_weights=cache)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    calls, depth = [], [0]
+    if monkeypatch is not None:
+        for method in ("pack", "quantize"):
+            real = getattr(LayerState, method)
+
+            def spy(state, role, x, spec, k_pad, real=real):
+                if role.endswith("_w") and depth[0] == 0:  # quantize calls pack when telemetry is on
+                    calls[-1].append((state.sr.label, role))
+                depth[0] += 1
+                try:
+                    return real(state, role, x, spec, k_pad)
+                finally:
+                    depth[0] -= 1
+            monkeypatch.setattr(LayerState, method, spy)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for step in range(steps):
+        ctl.on_step(step / steps)
+        calls.append([])
+        for _ in range(micro_batches):
+            x = torch.randn(40, 32, generator=g)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(x).float().square().mean()
+            loss.backward()
+            losses.append(loss.detach())
+        optimizer.step()
+        optimizer.zero_grad()
+    return losses, [p.detach().clone() for p in model.parameters()], calls
+
+
+@pytest.mark.parametrize("preset", ["nvfp4", "nvfp4_no_2d", "nvfp4_sr_everywhere", "mxfp4", "fp8_blockwise",
+                                    "fp8_tensorwise"])
+def test_cached_weights_give_the_same_bits_and_quantize_once_per_step(preset, monkeypatch):
+    policy = _policy(preset)
+    losses, weights, _ = _train(policy, cache=False)
+    losses_c, weights_c, calls = _train(policy, cache=True, monkeypatch=monkeypatch)
+    assert all(torch.equal(a, b) for a, b in zip(losses, losses_c))
+    assert all(torch.equal(a, b) for a, b in zip(weights, weights_c))
+    recipe = policy.quantized_recipe()
+    for step_calls in calls:
+        if recipe.fprop_w.rounding == "sr":  # SR weights draw anew at every use: never cached
+            assert step_calls.count(("block0.fc1", "fprop_w")) == 3
+            continue
+        # Fprop: once per step, not per micro-batch. Dgrad (fc2 only: fc1's input wants no gradient):
+        # the Fprop bits transposed (16x16 / 128x128 tiles), else one quantization of Wᵀ per step.
+        assert step_calls.count(("block0.fc1", "fprop_w")) == 1
+        assert step_calls.count(("block0.fc2", "fprop_w")) == 1
+        assert step_calls.count(("block0.fc2", "dgrad_w")) == (0 if recipe.reuses_fprop_weight else 1)
+        assert ("block0.fc1", "dgrad_w") not in step_calls
+
+
+def test_a_changed_weight_is_quantized_again(monkeypatch):
+    policy = _policy("nvfp4")
+    model = TwoLayers(build_linear_factory(policy, n_blocks=1, seed=5))
+    ctl = PrecisionController(policy, model)
+    x = torch.randn(40, 32)
+
+    def forward(train=True):
+        with torch.set_grad_enabled(train), torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(x).detach()
+
+    fresh = TwoLayers(build_linear_factory(policy, n_blocks=1, seed=5))
+
+    def expected():
+        fresh.load_state_dict(model.state_dict())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return fresh(x).detach()
+
+    forward()
+    with torch.no_grad():
+        model.fc1.weight.mul_(0.5)  # in place: the version counter moves, the cache notices
+    assert torch.equal(forward(), expected())
+    model.fc1.weight.data.copy_(model.fc1.weight.data * 0.5)  # through .data: no version bump
+    assert torch.equal(forward(train=False), expected())  # evaluation never reads the cache
+    ctl.weights_changed()  # what the trainer calls after optimizer.step()
+    assert torch.equal(forward(), expected())
+
+
+@pytest.mark.parametrize("preset", ["nvfp4", "nvfp4_rht_everywhere", "mxfp4", "fp8_blockwise", "fp8_tensorwise", "bf16"])
+def test_packed_shapes_are_what_pack_returns(preset):
+    """The custom ops' fake implementations allocate the saved tensors from `packed_shapes`."""
+    recipe = _policy(preset).quantized_recipe()
+    for spec in (recipe.fprop_w, recipe.wgrad_x):
+        rows, k = 256, 384
+        packed = operands.pack(torch.randn(rows, k), spec, k)
+        assert [(tuple(t.shape), t.dtype) for t in packed.tensors] == operands.packed_shapes(spec, packed.layout.shape)
+
+
+def test_dgrad_uses_fprop_bits_when_the_weight_changed_in_between():
+    """A weight changed through `.data` between forward and backward (autograd refuses an in-place
+    change there): Dgrad still uses the bits Fprop used, as without the cache; after
+    `weights_changed` the next forward quantizes the new weight."""
+    policy = _policy("nvfp4")
+    results = []
+    for cache in (False, True):
+        torch.manual_seed(0)
+        model = TwoLayers(build_linear_factory(policy, n_blocks=1, seed=5))
+        ctl = PrecisionController(policy, model, cache_weights=cache)
+        x = torch.randn(40, 32, generator=torch.Generator().manual_seed(1))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x).float().square().mean()
+        model.fc2.weight.data.mul_(2.0)
+        loss.backward()
+        ctl.weights_changed()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = model(x).detach()
+        results.append((model.fc1.weight.grad.clone(), y))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
