@@ -17,16 +17,20 @@ peak the chosen backend's GEMMs run at (for MFU).
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, Mapping
 
 import torch
 
+from nvfp4train.formats import fp8
 from nvfp4train.schema import ConfigError
 
 from . import te_backend
 from .hardware import cuda_capability
 from .operands import Quantized, operand_format, pad2d, round_up
 from .policy import OperandSpec, PrecisionPolicy
+
+log = logging.getLogger(__name__)
 
 
 def gemm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -125,19 +129,31 @@ def _tensorwise_gemm(a: Quantized, b: Quantized) -> torch.Tensor:
     return out[:m, :n]
 
 
-def _blockwise_gemm(a: Quantized, b: Quantized) -> torch.Tensor:
+# How the [N/128, K/128] scales of a 128x128-tiled weight are handed to torch._scaled_mm as scale_b
+# [K/128, N/128]. The transposed view was accepted at full speed on an H100 (torch 2.11) but its results
+# were not checked then; the probe below keeps the first layout whose GEMM matches the dequantized
+# product, so a layout torch reads differently is never used silently.
+TILE_SCALE_LAYOUTS = {
+    "transposed view": lambda s: s.t(),
+    "transposed copy": lambda s: s.t().contiguous(),
+}
+_tile_scale_layout: dict[int, str] = {}  # device index -> the probe's choice
+
+
+def _blockwise_gemm(a: Quantized, b: Quantized, tile_layout: str | None = None) -> torch.Tensor:
     """a [M, K] in 1x128 blocks @ b [N, K]ᵀ in 1x128 blocks or 128x128 tiles, FP32 out.
 
     torch._scaled_mm's layouts (sm_90, torch 2.11): a row-major with scale_a [M, K/128]
     column-major; b given as the transpose of a row-major [N, K], with scale_b [K/128, N]
-    row-major (1x128) or the transpose of the row-major [N/128, K/128] tile scales (128x128).
+    row-major (1x128) or the [N/128, K/128] tile scales transposed (128x128; `TILE_SCALE_LAYOUTS`).
     M and N are zero-padded to multiples of 16 (cuBLASLt refuses other shapes)."""
     m, n = _rows(a), _rows(b)
     m_pad = round_up(a.fp8_data.shape[0], 16)
     da = _pad_rows(a.fp8_data, m_pad)
     sa = _pad_rows(a.fp8_scales, m_pad, 1.0).t().contiguous().t()
     if b.spec.tile == (128, 128):  # rows already a multiple of 128
-        db, sb = b.fp8_data, b.fp8_scales.contiguous().t()
+        layout = tile_layout or _tile_scale_layout.get(b.fp8_data.device.index or 0, "transposed view")
+        db, sb = b.fp8_data, TILE_SCALE_LAYOUTS[layout](b.fp8_scales.contiguous())
     else:
         n_pad = round_up(b.fp8_data.shape[0], 16)
         db, sb = _pad_rows(b.fp8_data, n_pad), _pad_rows(b.fp8_scales, n_pad, 1.0).t().contiguous()
@@ -145,22 +161,51 @@ def _blockwise_gemm(a: Quantized, b: Quantized) -> torch.Tensor:
     return out[:m, :n]
 
 
+def _probe_operand(rows: int, k: int, tile, device, gen) -> Quantized:
+    """Random FP8 data with random power-of-two block scales, in the layout `pack` gives."""
+    data = (torch.randn(rows, k, device=device, generator=gen) * 8).to(torch.float8_e4m3fn)
+    grid = (rows // tile[0], k // tile[1])
+    scales = torch.exp2(torch.randint(-4, 5, grid, device=device, generator=gen).float())
+    return Quantized(None, None, data, scales, OperandSpec("fp8_e4m3", tile, scale_mode="pow2"))
+
+
+def _dequantized(q: Quantized) -> torch.Tensor:
+    return fp8.dequantize_blockwise(q.fp8_data, q.fp8_scales, q.spec.tile, torch.float32)
+
+
 @functools.cache
 def _blockwise_unsupported(device_index: int) -> str | None:
-    """Why torch._scaled_mm cannot run blockwise FP8 on this GPU (None: the two block layouts the
-    layer uses ran on a small GEMM)."""
+    """Why torch._scaled_mm cannot run blockwise FP8 on this GPU (None: both block pairings the layer
+    uses ran on a small random GEMM and matched the product of the dequantized operands; the 128x128
+    scale layout that matched is remembered for this device)."""
     device = torch.device("cuda", device_index)
-    data = torch.zeros(128, 256, device=device, dtype=torch.float8_e4m3fn)
-    acts = OperandSpec("fp8_e4m3", (1, 128), scale_mode="pow2")
-    a = Quantized(None, None, data, torch.ones(128, 2, device=device), acts)
-    w = Quantized(None, None, data, torch.ones(1, 2, device=device), OperandSpec("fp8_e4m3", (128, 128), scale_mode="pow2"))
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = _probe_operand(256, 384, (1, 128), device, gen)
+    w = _probe_operand(256, 384, (128, 128), device, gen)
+    x2 = _probe_operand(128, 384, (1, 128), device, gen)
+
+    def rel_err(out, ref):
+        return float((out - ref).norm() / ref.norm())
+
     try:
-        _blockwise_gemm(a, w)  # Fprop / Dgrad: 1x128 x 128x128
-        _blockwise_gemm(a, a)  # Wgrad: 1x128 x 1x128
+        err = rel_err(_blockwise_gemm(x, x2), _dequantized(x) @ _dequantized(x2).t())  # Wgrad: 1x128 x 1x128
+        if err > 1e-3:
+            return f"torch._scaled_mm's 1x128 x 1x128 blockwise GEMM differs from the dequantized product (rel err {err:.2g})"
+        ref = _dequantized(x) @ _dequantized(w).t()
+        errors = {}
+        for layout in TILE_SCALE_LAYOUTS:  # Fprop / Dgrad: 1x128 x 128x128
+            try:
+                errors[layout] = rel_err(_blockwise_gemm(x, w, layout), ref)
+            except RuntimeError as error:
+                errors[layout] = (str(error).strip().splitlines() or ["refused"])[0]
+            if isinstance(errors[layout], float) and errors[layout] <= 1e-3:
+                _tile_scale_layout[device_index] = layout
+                log.info("scaled_mm: 128x128 weight scales passed as the %s (probe rel err %.2g)", layout, errors[layout])
+                return None
     except (RuntimeError, TypeError) as error:
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         return f"torch._scaled_mm refused blockwise FP8 scales here ({first_line})"
-    return None
+    return f"torch._scaled_mm's 1x128 x 128x128 blockwise GEMM matched no scale layout ({errors})"
 
 
 class TEBackend(Backend):
