@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from .blocks import Block, GatedRMSNorm, LinearFactory, Mamba2Mixer, RMSNorm, default_linear_factory
 from .config import ModelConfig
+from .loss import linear_cross_entropy
 
 OUTPUT_LINEARS = ("out_proj", "out", "fc2")  # write into the residual stream: scaled init
 INPUT_LINEARS = ("in_proj", "qkv", "fc1")
@@ -60,12 +61,18 @@ class HybridLM(nn.Module):
                 if linear is not None:
                     nn.init.normal_(linear.weight, 0.0, out_std if name in OUTPUT_LINEARS else std)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [B, T] (int64) -> logits [B, T, vocab] (float32, or the autocast dtype)."""
+    def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                reduction: str = "mean") -> torch.Tensor:
+        """tokens [B, T] (int64) -> logits [B, T, vocab] (float32, or the autocast dtype); with targets
+        [B, T], the FP32 next-token cross-entropy instead ("mean" or "sum" over tokens), computed chunk
+        by chunk from the final hidden state so the full FP32 logits never exist (loss.py)."""
         x = self.embedding(tokens)
         for block in self.blocks:
             x = block(x)
-        return self.lm_head(self.final_norm(x))
+        x = self.final_norm(x)
+        if targets is None:
+            return self.lm_head(x)
+        return linear_cross_entropy(x, self.lm_head.weight, targets, reduction=reduction)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
