@@ -242,6 +242,7 @@ def _ensure_rendezvous_env() -> None:
 
 
 def build_engine(model, groups, optim_cfg, train_cfg, info, grad_accum):
+    model.set_activation_checkpointing(str(train_cfg.activation_checkpointing))
     if train_cfg.parallel == "deepspeed":
         return DeepSpeedEngine(model, groups, optim_cfg, train_cfg.zero_stage, grad_accum,
                                train_cfg.micro_batch_size, info)

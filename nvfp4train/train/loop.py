@@ -143,7 +143,9 @@ class Trainer:
     empty out_dir; each method below is one part of the run, in the order run() calls them."""
 
     def __init__(self, cfg: RunConfig):
+        self.started = time.perf_counter()  # time to first step is counted from here
         self.info = info = dist.init_distributed(cfg.train.device)
+        self.kernel_cache = _persistent_kernel_caches() if info.device.type == "cuda" else None
         # the micro-batch depends on the world size, known only now; config.yaml records the value used
         cfg = dataclasses.replace(cfg, train=resolve_micro_batch(cfg.train, info.world_size))
         self.cfg, t = cfg, cfg.train
@@ -167,6 +169,7 @@ class Trainer:
                                    info, self.grad_accum)
         self.pending: list[tuple[int, float, str | None, StepStats]] = []  # enqueued steps not read yet
         self.read_at = time.perf_counter()  # when the host last waited for the device
+        self.time_to_first_step: float | None = None  # build, compilation and kernel autotuning included
         self.flops_per_token = flops_per_token(self.model_cfg, t.seq_len)["total"]
         self.peak = mfu_peak(cfg, self.controller, info)
         self.step = 0                   # optimizer steps done
@@ -278,6 +281,8 @@ class Trainer:
                               for *_, stats in self.pending]).tolist()  # waits for the device
         now = time.perf_counter()
         seconds, self.read_at = (now - self.read_at) / len(self.pending), now  # the mean over the window
+        if self.pending[0][0] == self.start_step + 1:
+            self.time_to_first_step = now - self.started
         tokens_per_s = self.tokens_per_step / seconds
         results = []
         for (step, lr, switch, _), (loss, grad_norm) in zip(self.pending, values):
@@ -303,6 +308,10 @@ class Trainer:
         t, is_main = self.cfg.train, self.info.is_main
         if r.precision_switch and is_main:
             self.bar.write(f"step {r.step}: {r.precision_switch}")
+        if r.step == self.start_step + 1 and self.time_to_first_step is not None:
+            logging.getLogger(__name__).info(
+                f"time to first step: {self.time_to_first_step:.1f} s (build, resume, compilation, kernel "
+                f"autotuning{'; kernel caches in ' + self.kernel_cache if self.kernel_cache else ''})")
         self.bar.update(r.step, r.loss, r.tokens_per_s)
         if r.spike and is_main:
             self.bar.write(f"step {r.step}: loss spike {r.loss:.4f} (running mean {self.spikes.ema:.4f})")
@@ -318,6 +327,8 @@ class Trainer:
             if self.peak is not None:
                 record["mfu"] = self.flops_per_token * r.tokens_per_s / self.info.world_size / self.peak[0]
             record["peak_mem_gib"] = _peak_memory_gib(self.info.device)
+            if r.step == self.start_step + 1 and self.time_to_first_step is not None:
+                record["time_to_first_step_s"] = self.time_to_first_step
             if self.checkpoint_seconds is not None:  # the latest checkpoint's save time, reported once
                 record["checkpoint_time_s"], self.checkpoint_seconds = self.checkpoint_seconds, None
             record.update(self.loader.stats())  # keys already start with "data/"
@@ -392,6 +403,19 @@ class Trainer:
         done = checkpoint.list_checkpoints(self.ckpt_root)
         return (f"the latest checkpoint ({done[-1]}) is kept: resume from it with train.resume={done[-1]}"
                 if done else "no checkpoint was written")
+
+
+def _persistent_kernel_caches() -> str:
+    """Triton's compiled kernels and autotuning results (mamba-ssm's SSD and layer-norm kernels, Inductor's
+    kernels) in one directory shared by runs, so only the first run on a machine pays the ~100 s of
+    autotuning. TRITON_CACHE_DIR when set (point it at shared storage to share it across nodes), else
+    ~/.cache/nvfp4train/triton; Inductor's cache lives beside it unless TORCHINDUCTOR_CACHE_DIR is set.
+    Set before the first kernel compiles (Triton reads them then)."""
+    root = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".cache" / "nvfp4train" / "triton")
+    os.environ.setdefault("TRITON_CACHE_DIR", str(root))
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # Triton >= 3.2 keeps autotuning choices there
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root.parent / "inductor"))
+    return str(root)
 
 
 def _peak_memory_gib(device: torch.device) -> float:

@@ -72,3 +72,20 @@ def test_compile_triton_ssd_one_graph():
     torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
     for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=5e-2, atol=5e-3, msg=name)
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_gives_the_same_grads(mode):
+    """Recomputing blocks in backward changes memory, not numbers (the nvfp4 policy: quantized linears
+    recompute their forward quantization exactly)."""
+    small = {"pattern": "M*-", "vocab_size": 512}
+    plain, ckpt = _model("nvfp4", **small), _model("nvfp4", **small)
+    ckpt.set_activation_checkpointing(mode)
+    assert len(ckpt.checkpointed) == (len(ckpt.blocks) if mode == "full" else (len(ckpt.blocks) + 1) // 2)
+    x, y = _batch(plain)
+    ref, out = _loss(plain, x, y), _loss(ckpt, x, y)
+    ref.backward()
+    out.backward()
+    assert torch.equal(out, ref)
+    for (name, p), q in zip(plain.named_parameters(), ckpt.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0, msg=name)
