@@ -144,8 +144,9 @@ def test_triton_matches_torch_reference_forward_and_backward(dtype, cuda_device)
 
 @pytest.mark.gpu
 def test_triton_custom_op_equals_mamba_function_and_passes_opcheck(cuda_device):
-    """The custom op (what torch.compile sees) runs mamba-ssm's own forward and backward: bit-equal to
-    mamba_chunk_scan_combined; opcheck checks its fake (shape) and autograd registrations."""
+    """The custom op (what torch.compile sees) runs mamba-ssm's own forward and backward: the same output
+    as mamba_chunk_scan_combined and the same gradients (up to the order of mamba-ssm's atomic adds);
+    opcheck checks its fake (shape) and autograd registrations."""
     from nvfp4train.model.ssd import _ssd_scan_triton, load_triton_ssd, triton_ssd_available
 
     if not triton_ssd_available():
@@ -160,6 +161,7 @@ def test_triton_custom_op_equals_mamba_function_and_passes_opcheck(cuda_device):
         y = scan(*leaves)
         y.float().pow(2).sum().backward()
         results.append([y] + [a.grad for a in leaves])
-    for mine, theirs in zip(*results):
-        assert torch.equal(mine, theirs)
+    assert torch.equal(results[0][0], results[1][0])
+    for mine, theirs in zip(results[0][1:], results[1][1:]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
     torch.library.opcheck(_ssd_scan_triton, (*[a.detach().requires_grad_() for a in args], 64))
