@@ -104,6 +104,9 @@ class TrainConfig:
     activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
     """Recompute activations in backward to save memory: none | full (every block) | selective (every
     second block, torchtitan's `selective` by layer)."""
+    fsdp_reshard_after_forward: bool = True
+    """train.parallel=fsdp2: free each block's gathered weights after its forward and gather them again in
+    backward (ZeRO-3 memory); false keeps them until backward (fewer all-gathers, more memory)."""
     preempt_check_every: int = bounded(10, ge=1)
     """With several ranks, agree on a SIGTERM/SIGUSR1/SIGINT every N steps (the all-reduce is a host
     sync; a signal is answered with a checkpoint at most N-1 steps later). One process checks every step."""

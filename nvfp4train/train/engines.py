@@ -57,9 +57,10 @@ class TorchEngine:
     the same decision from the values when the loop reads them (loop.py)."""
 
     def __init__(self, model: nn.Module, groups: list[dict], optim_cfg: OptimConfig, parallel: str,
-                 info: dist.DistInfo, compile: bool = False):
+                 info: dist.DistInfo, compile: bool = False, reshard_after_forward: bool = True):
         self.model, self.info, self.parallel = model, info, parallel
-        self.wrapped = dist.wrap_model(model, parallel, info)  # FSDP2 swaps parameters: optimizer after
+        # FSDP2 swaps parameters: the optimizer is built after
+        self.wrapped = dist.wrap_model(model, parallel, info, reshard_after_forward=reshard_after_forward)
         self.optimizer = build_optimizer(groups(model), optim_cfg, fused=True)
         self.forward = torch.compile(self.wrapped) if compile else self.wrapped
         self.grad_clip = optim_cfg.grad_clip
@@ -247,7 +248,8 @@ def build_engine(model, groups, optim_cfg, train_cfg, info, grad_accum):
         return DeepSpeedEngine(model, groups, optim_cfg, train_cfg.zero_stage, grad_accum,
                                train_cfg.micro_batch_size, info)
     return TorchEngine(model, groups, optim_cfg, train_cfg.parallel, info,
-                       compile=resolve_compile(str(train_cfg.compile), info.device))
+                       compile=resolve_compile(str(train_cfg.compile), info.device),
+                       reshard_after_forward=train_cfg.fsdp_reshard_after_forward)
 
 
 __all__ = ["StepStats", "TorchEngine", "DeepSpeedEngine", "build_engine", "resolve_compile"]
