@@ -33,6 +33,7 @@ from nvfp4train.optim import OptimConfig
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
 from nvfp4train.train.config import load_preset
 from nvfp4train.train.engines import TorchEngine, resolve_compile
+from nvfp4train.train.loop import persistent_kernel_caches
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = ("model", "seq", "precision", "backend")  # one row per key in the JSON file
@@ -121,8 +122,8 @@ def merge_rows(path: Path, rows: list[dict]) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["hybrid_350m", "hybrid_1b"])
-    ap.add_argument("--seqs", nargs="+", type=int, default=[2048, 4096])
+    ap.add_argument("--models", "--model", nargs="+", default=["hybrid_350m", "hybrid_1b"])
+    ap.add_argument("--seqs", "--seq", nargs="+", type=int, default=[2048, 4096])
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp8_tensorwise", "fp8_blockwise", "nvfp4", "mxfp4"])
     ap.add_argument("--batch", type=int, default=8, help="sequences per step (one micro-batch)")
     ap.add_argument("--steps", type=int, default=10, help="measured steps")
@@ -144,6 +145,8 @@ def main() -> None:
             print(f"torchao float8 row skipped: {e}")
     overrides = OmegaConf.to_container(OmegaConf.from_dotlist(args.set))
     device = torch.device(args.device)
+    if device.type == "cuda":
+        persistent_kernel_caches()  # as the trainer: autotuning results of earlier runs are reused
     peak = peak_flops(device, "bf16") if device.type == "cuda" else None
     print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; MFU against "
           f"{peak[1] if peak else 'nothing (no known GPU)'}; compile={args.compile}; mean of {args.steps} steps")

@@ -145,7 +145,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig):
         self.started = time.perf_counter()  # time to first step is counted from here
         self.info = info = dist.init_distributed(cfg.train.device)
-        self.kernel_cache = _persistent_kernel_caches() if info.device.type == "cuda" else None
+        self.kernel_cache = persistent_kernel_caches() if info.device.type == "cuda" else None
         # the micro-batch depends on the world size, known only now; config.yaml records the value used
         cfg = dataclasses.replace(cfg, train=resolve_micro_batch(cfg.train, info.world_size))
         self.cfg, t = cfg, cfg.train
@@ -258,6 +258,8 @@ class Trainer:
         """Enqueue optimizer step number self.step + 1: schedule, data, forward/backward, update. Nothing
         here waits for the device; collect() reads the results."""
         t, step = self.cfg.train, self.step + 1
+        if step == self.start_step + 1:  # the first step's time starts here (the build is time_to_first_step)
+            self.read_at = time.perf_counter()
         switch = self.controller.on_step((step - 1) / t.max_steps)
         lr = lr_at(step - 1, t.max_steps, self.cfg.optim.lr, self.cfg.optim.min_lr, self.cfg.optim.schedule)
         micro_batches = [self.loader.next_microbatch() for _ in range(self.grad_accum)]
@@ -405,7 +407,7 @@ class Trainer:
                 if done else "no checkpoint was written")
 
 
-def _persistent_kernel_caches() -> str:
+def persistent_kernel_caches() -> str:
     """Triton's compiled kernels and autotuning results (mamba-ssm's SSD and layer-norm kernels, Inductor's
     kernels) in one directory shared by runs, so only the first run on a machine pays the ~100 s of
     autotuning. TRITON_CACHE_DIR when set (point it at shared storage to share it across nodes), else
