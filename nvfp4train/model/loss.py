@@ -2,11 +2,13 @@
 
 `F.cross_entropy(lm_head(h).float(), targets)` keeps FP32 logits for the whole batch alive until
 backward (batch x seq x vocab x 4 bytes: 8 GiB for 8 x 2048 x 128k) and casts them twice. Here the
-logits of `chunk_tokens` tokens at a time are computed, reduced to their loss and dropped; backward
-recomputes them per chunk and accumulates the hidden-state and weight gradients (Liger's and
-torchtune's chunked / fused linear cross-entropy do the same). The GEMM runs in the autocast dtype
-(BF16 in training) exactly as the `nn.Linear` it replaces; softmax and the loss are FP32, so the loss
-equals `F.cross_entropy` of the autocast logits up to the order of the sum.
+logits of `chunk_tokens` tokens at a time are computed, reduced to their loss and to their share of
+the hidden-state and weight gradients, and dropped (Liger's fused linear cross-entropy). The GEMMs run
+in the autocast dtype (BF16 in training) exactly as the `nn.Linear` it replaces; log-softmax and the
+loss are FP32, so the loss equals `F.cross_entropy` of the autocast logits up to the order of the sum,
+and the gradients equal its gradients up to where the 1/N of the mean is applied (after the BF16
+GEMMs here, before them there). The FP32 weight gradient (vocab x d_model) is held from forward to
+backward.
 """
 from __future__ import annotations
 
@@ -23,43 +25,46 @@ def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
+    """Forward computes, chunk by chunk, the summed loss and already the gradients of hidden and weight
+    (d loss / d logits = softmax - one_hot is known once the logits are): no logits are kept or
+    recomputed, and backward only scales by the incoming gradient (Liger's fused linear cross-entropy
+    does the same). The GEMMs are those of nn.Linear + F.cross_entropy: one forward, two backward."""
+
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk_tokens: int, dtype: torch.dtype, ignore_index: int):
         # hidden [N, d], weight [V, d], targets [N]; returns the sum of the per-token losses (FP32)
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         w = weight.to(dtype)  # one cast of the master weight for all chunks
         total = hidden.new_zeros((), dtype=torch.float32)
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, hidden.shape[0], chunk_tokens):
-                logits = F.linear(hidden[start:start + chunk_tokens].to(dtype), w).float()
-                total = total + F.cross_entropy(logits, targets[start:start + chunk_tokens], reduction="sum",
-                                                ignore_index=ignore_index)
-        ctx.save_for_backward(hidden, weight, targets)
-        ctx.chunk_tokens, ctx.dtype, ctx.ignore_index = chunk_tokens, dtype, ignore_index
+                h = hidden[start:start + chunk_tokens].to(dtype)
+                y = targets[start:start + chunk_tokens]
+                valid = (y != ignore_index).unsqueeze(-1)
+                logp = torch.log_softmax(F.linear(h, w).float(), dim=-1)
+                index = y.clamp(min=0).unsqueeze(-1)
+                total = total - (logp.gather(1, index) * valid).sum()
+                if need_hidden or need_weight:
+                    grad_logits = logp.exp_()  # softmax - one_hot(target); ignored tokens contribute nothing
+                    grad_logits.scatter_add_(1, index, -valid.float())
+                    grad_logits = (grad_logits * valid).to(dtype)
+                    if need_hidden:
+                        grad_hidden[start:start + chunk_tokens] = grad_logits @ w
+                    if need_weight:
+                        grad_weight += (grad_logits.t() @ h).float()
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
         return total
 
     @staticmethod
     def backward(ctx, grad_total):
-        hidden, weight, targets = ctx.saved_tensors
-        dtype, chunk = ctx.dtype, ctx.chunk_tokens
-        w = weight.to(dtype)
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
-        with torch.autocast(hidden.device.type, enabled=False):
-            for start in range(0, hidden.shape[0], chunk):
-                h = hidden[start:start + chunk].to(dtype)
-                y = targets[start:start + chunk]
-                logits = F.linear(h, w).float()
-                # d(sum of losses)/d logits = softmax - one_hot(target); ignored tokens contribute nothing
-                valid = (y != ctx.ignore_index).unsqueeze(-1)
-                grad_logits = torch.softmax(logits, dim=-1)
-                grad_logits.scatter_add_(1, y.clamp(min=0).unsqueeze(-1), -valid.float())
-                grad_logits = (grad_logits * (valid * grad_total)).to(dtype)
-                if grad_hidden is not None:
-                    grad_hidden[start:start + chunk] = grad_logits @ w
-                if grad_weight is not None:
-                    grad_weight += (grad_logits.t() @ h).float()
+        grad_hidden, grad_weight = ctx.saved_tensors
+        if grad_hidden is not None:
+            grad_hidden = grad_hidden * grad_total
         if grad_weight is not None:
-            grad_weight = grad_weight.to(weight.dtype)
+            grad_weight = (grad_weight * grad_total).to(ctx.weight_dtype)
         return grad_hidden, grad_weight, None, None, None, None
 
 

@@ -41,6 +41,6 @@ def test_matches_autocast_bf16_logits_and_ignores_index():
     ref.backward()
     out.backward()
     assert w2.grad.dtype == torch.float32 and h2.grad.dtype == torch.float32
-    # BF16 gradients of the logits: equal up to BF16 rounding of the per-chunk sums
-    torch.testing.assert_close(h2.grad, h1.grad, rtol=2e-2, atol=1e-4)
-    torch.testing.assert_close(w2.grad, w1.grad, rtol=2e-2, atol=1e-4)
+    # BF16 GEMMs of the logits' gradients: equal up to BF16 rounding (of each chunk's sum, here)
+    for mine, ref in ((h2.grad, h1.grad), (w2.grad, w1.grad)):
+        assert ((mine - ref).norm() / ref.norm()).item() < 1e-2
