@@ -1,87 +1,170 @@
-"""Throughput and memory of one training step per precision policy, on whatever device is here.
+"""Training throughput per model x sequence length x precision, through the trainer's own step.
 
-    python scripts/bench_train.py --model hybrid_125m --precisions bf16 fp8_tensorwise nvfp4 --batch 8 --seq 2048
+    python scripts/bench_train.py --models hybrid_350m hybrid_1b --seqs 2048 4096 --batch 8
+    python scripts/bench_train.py --device cpu --models hybrid_tiny --seqs 64 --batch 2 --steps 2   # smoke test
 
-Times forward + backward + AdamW on random tokens (no data loading, no checkpoints) after warm-up steps,
-and prints one row per policy: step time, tokens/s, model TFLOP/s, MFU against the detected GPU's
-BF16 dense peak (emulated formats run BF16 GEMMs), and peak memory.
+Each row builds the model and precision policy as the trainer does and times `engines.TorchEngine.train_step`
+(fused chunked cross-entropy, device-side skip of non-finite steps, AdamW, the trainer's train.compile
+setting: `--compile auto` compiles on CUDA) on random tokens, after warm-up steps (compilation and
+Triton autotuning happen there). It reports step time, tokens/s, MFU against the GPU's dense BF16 peak
+(named in the output; emulated and FP8/FP4 GEMMs alike, so rows compare) and peak memory, and merges one
+row per model x seq x precision x backend into --out (a re-run replaces its row):
+    {model, seq, batch, precision, backend, step_ms, tokens_per_s, mfu, peak_gib, gpu, commit}
+`--torchao` adds a torchao float8 (tensorwise) row on plain BF16 linears when torchao imports.
+`--sync-debug` counts host synchronisations per step (torch.cuda.set_sync_debug_mode("warn") warnings
+during the measured steps; CUDA only) and adds `syncs_per_step` to each row.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from nvfp4train.dist import DistInfo
 from nvfp4train.model import HybridLM, ModelConfig, flops_per_token, param_groups
 from nvfp4train.model.mfu import peak_flops
-from nvfp4train.optim import OptimConfig, build_optimizer
+from nvfp4train.optim import OptimConfig
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
 from nvfp4train.train.config import load_preset
+from nvfp4train.train.engines import TorchEngine, resolve_compile
+from nvfp4train.train.loop import persistent_kernel_caches
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+REPO = Path(__file__).resolve().parents[1]
+KEY = ("model", "seq", "precision", "backend")  # one row per key in the JSON file
 
 
-def bench_one(model_cfg: ModelConfig, precision: str, batch: int, seq: int, steps: int, warmup: int,
-              device: torch.device) -> dict:
-    policy = PrecisionPolicy.from_dict(load_preset("precision", precision))
+def _model(model_cfg: ModelConfig, precision: str, device: torch.device):
     torch.manual_seed(0)
+    if precision == "torchao_float8":  # plain nn.Linear, converted by torchao
+        from torchao.float8 import convert_to_float8_training
+
+        model = HybridLM(model_cfg).to(device)
+        convert_to_float8_training(model.blocks)
+        return model, "torchao"
+    policy = PrecisionPolicy.from_dict(load_preset("precision", precision))
     model = HybridLM(model_cfg, linear_factory=build_linear_factory(policy, n_blocks=len(model_cfg.pattern), seed=0))
     model = model.to(device)
-    controller = PrecisionController(policy, model)
-    opt = build_optimizer(param_groups(model, 0.1), OptimConfig())
-    tokens = torch.randint(0, model_cfg.vocab_size, (batch, seq + 1), device=device)
-    if device.type == "cuda":
+    return model, PrecisionController(policy, model).backend_name
+
+
+def bench_one(model_name: str, model_cfg: ModelConfig, precision: str, batch: int, seq: int, steps: int,
+              warmup: int, device: torch.device, compile: str, sync_debug: bool) -> dict:
+    model, backend = _model(model_cfg, precision, device)
+    info = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
+    engine = TorchEngine(model, lambda m: param_groups(m, 0.1), OptimConfig(), "ddp", info,
+                         compile=resolve_compile(compile, device))
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, model_cfg.vocab_size, (warmup + steps, batch, seq + 1), generator=g)
+    micro_batches = [[(t[:, :-1], t[:, 1:])] for t in tokens]
+    cuda = device.type == "cuda"
+    for i in range(warmup):
+        engine.train_step(micro_batches[i], lr=1e-4, step=i + 1)
+    if cuda:
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    times = []
-    for i in range(warmup + steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+    syncs = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if sync_debug and cuda:
+            torch.cuda.set_sync_debug_mode("warn")
         t0 = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    step_s = sorted(times)[len(times) // 2]
-    tok_s = batch * seq / step_s
-    flops = flops_per_token(model_cfg, seq)["total"] * tok_s
-    peak = peak_flops(device, "bf16") if device.type == "cuda" else None
-    return {"precision": precision, "backend": controller.backend_name, "step_ms": step_s * 1e3,
-            "tokens_per_s": tok_s, "tflops": flops / 1e12, "mfu_%": 100 * flops / peak[0] if peak else float("nan"),
-            "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
-            "loss": loss.item()}
+        for i in range(warmup, warmup + steps):  # as the trainer runs: no host read inside the window
+            stats = engine.train_step(micro_batches[i], lr=1e-4, step=i + 1)
+        if sync_debug and cuda:
+            torch.cuda.set_sync_debug_mode("default")
+            syncs = sum("synchroniz" in str(w.message) for w in caught) / steps
+    loss = stats.loss.item()  # waits for the device: the window ends here
+    step_s = (time.perf_counter() - t0) / steps
+    tokens_per_s = batch * seq / step_s
+    peak = peak_flops(device, "bf16") if cuda else None
+    row = {"model": model_name, "seq": seq, "batch": batch, "precision": precision, "backend": backend,
+           "step_ms": round(step_s * 1e3, 3), "tokens_per_s": round(tokens_per_s, 1),
+           "mfu": round(flops_per_token(model_cfg, seq)["total"] * tokens_per_s / peak[0], 4) if peak else None,
+           "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
+           "gpu": torch.cuda.get_device_name(device) if cuda else "cpu", "commit": _commit()}
+    if sync_debug:
+        row["syncs_per_step"] = syncs
+    print(f"{model_name:>12} seq {seq:>5} x {batch:<3} {precision:>15} {backend:>9}: {row['step_ms']:>10.1f} ms "
+          f"{row['tokens_per_s']:>10.0f} tok/s  MFU {100 * row['mfu'] if peak else float('nan'):5.1f}%  "
+          f"peak {row['peak_gib'] or float('nan'):6.2f} GiB  loss {loss:.3f}"
+          + (f"  host syncs/step {syncs}" if sync_debug else ""), flush=True)
+    del engine, model
+    if cuda:
+        torch.cuda.empty_cache()
+    return row
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def merge_rows(path: Path, rows: list[dict]) -> list[dict]:
+    """The rows of `path` with `rows` merged in: a row with the same model, seq, precision and backend
+    is replaced. Written back sorted by that key."""
+    existing = json.loads(path.read_text()) if path.is_file() else []
+    merged = {tuple(r[k] for k in KEY): r for r in existing}
+    merged.update({tuple(r[k] for k in KEY): r for r in rows})
+    out = sorted(merged.values(), key=lambda r: tuple(str(r[k]).zfill(8) for k in KEY))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="hybrid_tiny")
+    ap.add_argument("--models", "--model", nargs="+", default=["hybrid_350m", "hybrid_1b"])
+    ap.add_argument("--seqs", "--seq", nargs="+", type=int, default=[2048, 4096])
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp8_tensorwise", "fp8_blockwise", "nvfp4", "mxfp4"])
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=8, help="sequences per step (one micro-batch)")
+    ap.add_argument("--steps", type=int, default=10, help="measured steps")
+    ap.add_argument("--warmup", type=int, default=3, help="steps before measuring (compilation, autotuning)")
+    ap.add_argument("--compile", choices=["auto", "true", "false"], default="auto", help="as train.compile")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--set", nargs="*", default=[], help="model overrides, e.g. ssd_backend=torch")
+    ap.add_argument("--torchao", action="store_true", help="add a torchao float8 row (if torchao imports)")
+    ap.add_argument("--sync-debug", action="store_true", help="count host syncs per step (CUDA)")
+    ap.add_argument("--set", nargs="*", default=[], help="model overrides key=value, e.g. ssd_backend=torch")
+    ap.add_argument("--out", type=Path, default=REPO / "docs/results/bench/train.json")
     args = ap.parse_args()
-    raw = OmegaConf.merge(OmegaConf.load(CONFIGS / "model" / f"{args.model}.yaml"), OmegaConf.from_dotlist(args.set))
-    model_cfg = ModelConfig.from_dict(OmegaConf.to_container(raw))
+
+    precisions = list(args.precisions)
+    if args.torchao:
+        try:
+            import torchao.float8  # noqa: F401
+            precisions.append("torchao_float8")
+        except ImportError as e:
+            print(f"torchao float8 row skipped: {e}")
+    overrides = OmegaConf.to_container(OmegaConf.from_dotlist(args.set))
     device = torch.device(args.device)
-    rows = [bench_one(model_cfg, p, args.batch, args.seq, args.steps, args.warmup, device) for p in args.precisions]
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"model {args.model}, batch {args.batch} x seq {args.seq}, device {name}, median of {args.steps} steps")
-    cols = ["precision", "backend", "step_ms", "tokens_per_s", "tflops", "mfu_%", "peak_mem_gb", "loss"]
-    print(" | ".join(f"{c:>14}" for c in cols))
-    for r in rows:
-        print(" | ".join(f"{r[c]:>14.2f}" if isinstance(r[c], float) else f"{r[c]:>14}" for c in cols))
+    if device.type == "cuda":
+        persistent_kernel_caches()  # as the trainer: autotuning results of earlier runs are reused
+    peak = peak_flops(device, "bf16") if device.type == "cuda" else None
+    print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; MFU against "
+          f"{peak[1] if peak else 'nothing (no known GPU)'}; compile={args.compile}; mean of {args.steps} steps")
+    rows = []
+    for model_name in args.models:
+        preset = load_preset("model", model_name)
+        model_cfg = ModelConfig.from_dict({**preset, **overrides})
+        for seq in args.seqs:
+            for precision in precisions:
+                try:
+                    rows.append(bench_one(model_name, model_cfg, precision, args.batch, seq, args.steps,
+                                          args.warmup, device, args.compile, args.sync_debug))
+                except torch.cuda.OutOfMemoryError:
+                    print(f"{model_name} seq {seq} x {args.batch} {precision}: out of memory (row not written)")
+                    torch.cuda.empty_cache()
+                    continue
+                merge_rows(args.out, rows[-1:])  # after each row: a later failure keeps the rows measured
+    print(f"{len(rows)} rows merged into {args.out}")
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def init_distributed(device: str = "auto") -> DistInfo:
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
 
 
-def wrap_model(model: nn.Module, mode: str, info: DistInfo) -> nn.Module:
+def wrap_model(model: nn.Module, mode: str, info: DistInfo, reshard_after_forward: bool = True) -> nn.Module:
     """Wrap for data parallelism. World size 1 runs the bare model (DeepSpeed wraps in its own engine)."""
     if mode not in PARALLEL_MODES:
         raise ConfigError(f"train.parallel={mode!r}: allowed {', '.join(PARALLEL_MODES)}")
@@ -81,12 +81,27 @@ def wrap_model(model: nn.Module, mode: str, info: DistInfo) -> nn.Module:
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
         return DistributedDataParallel(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
+    return shard_fsdp2(model, reshard_after_forward)
+
+
+def shard_fsdp2(model: nn.Module, reshard_after_forward: bool = True) -> nn.Module:
+    """FSDP2 (torchtitan's layout): one unit per block, the root holding embedding, final norm and head.
+
+    reshard_after_forward=True frees each block's gathered BF16 weights after its forward and gathers
+    them again in backward (ZeRO-3 memory); False keeps them until backward (ZeRO-2-like: one all-gather
+    per step instead of two, more memory). The last block never reshards: backward needs it at once.
+    Each block also asks for the next block's weights as its forward starts (and the previous one's in
+    backward), so the all-gathers overlap compute even when the CPU does not run ahead."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     # BF16 compute copies of the sharded FP32 master weights; gradients reduced in FP32.
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in model.blocks:
-        fully_shard(block, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+    blocks = list(model.blocks)
+    for i, block in enumerate(blocks):
+        fully_shard(block, mp_policy=mp, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
+    fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    for prev, nxt in zip(blocks, blocks[1:]):
+        prev.set_modules_to_forward_prefetch([nxt])
+        nxt.set_modules_to_backward_prefetch([prev])
     return model
 
 

@@ -12,8 +12,10 @@ from .blocks import LinearFactory
 from .config import ModelConfig
 from .flops import flops_per_token
 from .hybrid import HybridLM, param_groups
+from .loss import linear_cross_entropy
 
-__all__ = ["ModelConfig", "HybridLM", "param_groups", "flops_per_token", "build_model"]
+__all__ = ["ModelConfig", "HybridLM", "param_groups", "flops_per_token", "build_model",
+           "linear_cross_entropy"]
 
 
 def build_model(cfg_dict: Mapping[str, Any] | ModelConfig, linear_factory: Optional[LinearFactory] = None) -> HybridLM:

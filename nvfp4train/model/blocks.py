@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from .fused_norm import fused_norm_available, fused_rms_norm
 from .ssd import causal_conv1d_silu, ssd_scan
 
 LinearFactory = Callable[..., nn.Module]
@@ -26,7 +27,8 @@ def default_linear_factory(in_features: int, out_features: int, *, block_index: 
 
 
 class RMSNorm(nn.Module):
-    """y = x / rms(x) * weight, computed in float32, returned in x's dtype."""
+    """y = x / rms(x) * weight, computed in float32, returned in x's dtype (one Triton kernel on CUDA
+    when mamba-ssm's are installed: fused_norm.py)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -34,6 +36,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and fused_norm_available():
+            return fused_rms_norm(x, self.weight, self.eps)
         x32 = x.float()
         y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * self.weight.float()).to(x.dtype)
@@ -43,7 +47,8 @@ class GatedRMSNorm(nn.Module):
     """Mamba-2's output norm: RMSNorm(y * silu(z)) over groups of `group_size` channels.
 
     "Gate before norm" (Megatron / mamba-ssm `norm_before_gate=False`); one group per Mamba
-    group, so the normalization never mixes channels of different B/C groups.
+    group, so the normalization never mixes channels of different B/C groups. One Triton kernel on
+    CUDA when mamba-ssm's are installed (fused_norm.py).
     """
 
     def __init__(self, dim: int, group_size: int, eps: float):
@@ -53,6 +58,8 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        if y.is_cuda and fused_norm_available():
+            return fused_rms_norm(y, self.weight, self.eps, z=z, group_size=self.group_size)
         gated = y.float() * F.silu(z.float())
         grouped = gated.unflatten(-1, (-1, self.group_size))
         normed = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -19,9 +19,11 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 
 from .blocks import Block, GatedRMSNorm, LinearFactory, Mamba2Mixer, RMSNorm, default_linear_factory
 from .config import ModelConfig
+from .loss import linear_cross_entropy
 
 OUTPUT_LINEARS = ("out_proj", "out", "fc2")  # write into the residual stream: scaled init
 INPUT_LINEARS = ("in_proj", "qkv", "fc1")
@@ -37,7 +39,17 @@ class HybridLM(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i, kind, factory) for i, kind in enumerate(cfg.pattern))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.checkpointed: frozenset[int] = frozenset()  # blocks whose activations backward recomputes
         self.reset_parameters()
+
+    def set_activation_checkpointing(self, mode: str) -> None:
+        """none | full (every block recomputes its activations in backward) | selective (every second
+        block, torchtitan's per-layer selective checkpointing: about half the activation memory for
+        about a third of full checkpointing's extra forward)."""
+        every = {"none": 0, "full": 1, "selective": 2}
+        if mode not in every:
+            raise ValueError(f"activation_checkpointing={mode!r}: allowed {', '.join(every)}")
+        self.checkpointed = frozenset(range(0, len(self.blocks), every[mode])) if every[mode] else frozenset()
 
     @torch.no_grad()
     def reset_parameters(self, include_ssm_and_norms: bool = False) -> None:
@@ -60,12 +72,22 @@ class HybridLM(nn.Module):
                 if linear is not None:
                     nn.init.normal_(linear.weight, 0.0, out_std if name in OUTPUT_LINEARS else std)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [B, T] (int64) -> logits [B, T, vocab] (float32, or the autocast dtype)."""
+    def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                reduction: str = "mean") -> torch.Tensor:
+        """tokens [B, T] (int64) -> logits [B, T, vocab] (float32, or the autocast dtype); with targets
+        [B, T], the FP32 next-token cross-entropy instead ("mean" or "sum" over tokens), computed chunk
+        by chunk from the final hidden state so the full FP32 logits never exist (loss.py)."""
         x = self.embedding(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.lm_head(self.final_norm(x))
+        for i, block in enumerate(self.blocks):
+            if i in self.checkpointed and torch.is_grad_enabled():
+                # non-reentrant: works with torch.compile and FSDP2; the RNG state is restored for the recompute
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        x = self.final_norm(x)
+        if targets is None:
+            return self.lm_head(x)
+        return linear_cross_entropy(x, self.lm_head.weight, targets, reduction=reduction)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())

@@ -142,19 +142,15 @@ _TRITON_SSD: Optional[Callable] = None
 _TRITON_SSD_ERROR: Optional[str] = None
 
 
-def load_triton_ssd() -> Callable:
-    """Import mamba-ssm's `mamba_chunk_scan_combined` without importing the mamba_ssm package.
+def import_mamba_triton(submodule: str):
+    """Import one of mamba-ssm's Triton modules (`mamba_ssm.ops.triton.<submodule>`) without importing
+    the mamba_ssm package.
 
     `import mamba_ssm` runs its __init__, which needs the compiled `selective_scan_cuda`
     extension; the pure-Python wheel (MAMBA_SKIP_CUDA_BUILD) has only the Triton kernels.
     Registering a bare package object under the name `mamba_ssm` lets the Triton submodules
     import (README.md, GPU install: mamba-ssm's Triton-only build). Raises ImportError when unavailable.
     """
-    global _TRITON_SSD, _TRITON_SSD_ERROR
-    if _TRITON_SSD is not None:
-        return _TRITON_SSD
-    if _TRITON_SSD_ERROR is not None:
-        raise ImportError(_TRITON_SSD_ERROR)
     try:
         if "mamba_ssm" not in sys.modules:
             spec = importlib.util.find_spec("mamba_ssm")
@@ -164,15 +160,27 @@ def load_triton_ssd() -> Callable:
             package.__path__ = list(spec.submodule_search_locations)
             package.__spec__ = spec
             sys.modules["mamba_ssm"] = package
-        module = importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
-        _TRITON_SSD = module.mamba_chunk_scan_combined
+        return importlib.import_module(f"mamba_ssm.ops.triton.{submodule}")
     except Exception as e:  # ImportError, or triton failing to initialise without a GPU
-        _TRITON_SSD_ERROR = (
-            f"mamba-ssm Triton SSD unavailable ({type(e).__name__}: {e}); it needs triton (CUDA) and "
+        raise ImportError(
+            f"mamba-ssm Triton {submodule} unavailable ({type(e).__name__}: {e}); it needs triton (CUDA) and "
             "mamba-ssm's pure wheel: MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip wheel "
             "--no-deps --no-build-isolation mamba-ssm==2.3.2.post1, installed with --no-deps"
-        )
-        raise ImportError(_TRITON_SSD_ERROR) from e
+        ) from e
+
+
+def load_triton_ssd() -> Callable:
+    """mamba-ssm's `mamba_chunk_scan_combined` (its own autograd.Function); raises ImportError when unavailable."""
+    global _TRITON_SSD, _TRITON_SSD_ERROR
+    if _TRITON_SSD is not None:
+        return _TRITON_SSD
+    if _TRITON_SSD_ERROR is not None:
+        raise ImportError(_TRITON_SSD_ERROR)
+    try:
+        _TRITON_SSD = import_mamba_triton("ssd_combined").mamba_chunk_scan_combined
+    except ImportError as e:
+        _TRITON_SSD_ERROR = str(e)
+        raise
     return _TRITON_SSD
 
 
@@ -185,10 +193,55 @@ def triton_ssd_available() -> bool:
         return False
 
 
-@torch.compiler.disable  # a custom autograd.Function around Triton launches: run it eagerly
+# The Triton scan as a torch.library custom op: torch.compile sees one opaque node with a fake
+# (shape-only) implementation and a registered backward, so the whole model compiles as one graph
+# instead of breaking around mamba-ssm's autograd.Function. Forward and backward call mamba-ssm's own
+# `_mamba_chunk_scan_combined_fwd/_bwd`, exactly what `mamba_chunk_scan_combined` runs.
+@torch.library.custom_op("nvfp4train::ssd_scan_triton", mutates_args=())
+def _ssd_scan_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                     D: torch.Tensor, dt_bias: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    load_triton_ssd()
+    fwd = sys.modules["mamba_ssm.ops.triton.ssd_combined"]._mamba_chunk_scan_combined_fwd
+    return fwd(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias, dt_softplus=True)[0]
+
+
+@_ssd_scan_triton.register_fake
+def _(x, dt, A, B, C, D, dt_bias, chunk_size):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("nvfp4train::ssd_scan_triton_backward", mutates_args=())
+def _ssd_scan_triton_backward(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                              B: torch.Tensor, C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor,
+                              out: torch.Tensor, chunk_size: int) -> list[torch.Tensor]:
+    bwd = sys.modules["mamba_ssm.ops.triton.ssd_combined"]._mamba_chunk_scan_combined_bwd
+    dx, ddt, dA, dB, dC, dD, _, ddt_bias, _ = bwd(dout.contiguous(), x, dt, A, B, C, out, chunk_size, D=D,
+                                                  dt_bias=dt_bias, dt_softplus=True)
+    return [dx, ddt, dA, dB, dC, dD, ddt_bias]
+
+
+@_ssd_scan_triton_backward.register_fake
+def _(dout, x, dt, A, B, C, D, dt_bias, out, chunk_size):
+    return [torch.empty_like(t) for t in (x, dt, A, B, C, D, dt_bias)]
+
+
+def _ssd_setup_context(ctx, inputs, output):
+    x, dt, A, B, C, D, dt_bias, chunk_size = inputs
+    ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, output)
+    ctx.chunk_size = chunk_size
+
+
+def _ssd_backward(ctx, dout):
+    grads = _ssd_scan_triton_backward(dout, *ctx.saved_tensors, ctx.chunk_size)
+    return (*grads, None)
+
+
+_ssd_scan_triton.register_autograd(_ssd_backward, setup_context=_ssd_setup_context)
+
+
 def ssd_chunked_triton(x, dt, A, B, C, D, dt_bias, chunk_size: int) -> torch.Tensor:
-    scan = load_triton_ssd()
-    return scan(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias, dt_softplus=True)
+    """mamba-ssm's Triton SSD through the custom op above (traceable by torch.compile)."""
+    return _ssd_scan_triton(x, dt, A, B, C, D, dt_bias, chunk_size)
 
 
 def ssd_scan(x, dt, A, B, C, D, dt_bias, chunk_size: int, backend: str = "auto") -> torch.Tensor:

@@ -43,12 +43,14 @@ class OptimConfig:
         return parse(cls, d, "optim")
 
 
-def build_optimizer(param_groups: list[dict], cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW on the given groups (each group may carry its own `weight_decay`)."""
+def build_optimizer(param_groups: list[dict], cfg: OptimConfig, fused: bool = False) -> torch.optim.AdamW:
+    """AdamW on the given groups (each group may carry its own `weight_decay`). fused=True: the fused
+    kernel, which skips the whole update (moments and step count included) where `optimizer.found_inf`
+    is 1, decided on the device (train/engines.py)."""
     for group in param_groups:
         for p in group["params"]:
             if p.dtype != torch.float32:
                 raise TypeError(f"master weights must be FP32, found a {p.dtype} parameter of shape {tuple(p.shape)}")
-    # foreach is the fast path on CPU and GPU and is bit-reproducible run to run.
+    # foreach and fused are the fast paths on CPU and GPU; both are bit-reproducible run to run.
     return torch.optim.AdamW(param_groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                             weight_decay=cfg.weight_decay, foreach=True)
+                             weight_decay=cfg.weight_decay, **({"fused": True} if fused else {"foreach": True}))

@@ -41,6 +41,8 @@ CONFIG_DIR = _config_dir()
 Device = StrEnum("Device", "auto cpu cuda")
 Parallel = StrEnum("Parallel", "ddp fsdp2 deepspeed")
 Progress = StrEnum("Progress", "auto true false")
+Compile = StrEnum("Compile", "auto true false")
+ActivationCheckpointing = StrEnum("ActivationCheckpointing", "none full selective")
 WandbMode = StrEnum("WandbMode", "auto online offline")
 
 
@@ -96,8 +98,18 @@ class TrainConfig:
     """Used when WORLD_SIZE > 1 (deepspeed also at 1)."""
     zero_stage: int = bounded(1, ge=1, le=2)
     """DeepSpeed ZeRO stage (1 or 2)."""
-    compile: bool = False
-    """torch.compile the model."""
+    compile: Compile = Compile.auto
+    """torch.compile the whole model (and its loss): auto (on CUDA, not on CPU, where compiling costs more
+    than it saves) | true | false."""
+    activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
+    """Recompute activations in backward to save memory: none | full (every block) | selective (every
+    second block, torchtitan's `selective` by layer)."""
+    fsdp_reshard_after_forward: bool = True
+    """train.parallel=fsdp2: free each block's gathered weights after its forward and gather them again in
+    backward (ZeRO-3 memory); false keeps them until backward (fewer all-gathers, more memory)."""
+    preempt_check_every: int = bounded(10, ge=1)
+    """With several ranks, agree on a SIGTERM/SIGUSR1/SIGINT every N steps (the all-reduce is a host
+    sync; a signal is answered with a checkpoint at most N-1 steps later). One process checks every step."""
     max_nonfinite_steps: int = bounded(5, ge=1)
     """Halt after this many non-finite steps in a row (each one is skipped)."""
     spike_factor: float = bounded(3.0, gt=1.0)
@@ -108,8 +120,9 @@ class TrainConfig:
     """Weights & Biases logging."""
 
     def __post_init__(self):
-        if isinstance(self.progress, bool):  # YAML and Hydra read true/false as booleans
-            object.__setattr__(self, "progress", str(self.progress).lower())
+        for key in ("progress", "compile"):
+            if isinstance(getattr(self, key), bool):  # YAML and Hydra read true/false as booleans
+                object.__setattr__(self, key, str(getattr(self, key)).lower())
         check(self, "train")
         if not self.resume:
             raise ConfigError(f"train.resume={self.resume!r}: allowed auto, never, or a checkpoint directory")

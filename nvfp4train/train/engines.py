@@ -1,7 +1,7 @@
 """How one optimizer step runs, per engine: PyTorch (single process, DDP, FSDP2) or DeepSpeed ZeRO.
 
 Both give the loop the same small interface:
-    engine.train_step(micro_batches, lr, step) -> (loss, grad_norm, applied)
+    engine.train_step(micro_batches, lr, step) -> StepStats (device tensors: loss, grad_norm, applied)
     engine.save(ckpt_dir) / engine.load(ckpt_dir)       model weights + optimizer state
     engine.module                                       the model to evaluate
 The loop stays the same whichever engine runs; checkpoint directories share one layout.
@@ -14,31 +14,55 @@ import logging
 import math
 import os
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from nvfp4train import dist
 from nvfp4train.optim import OptimConfig, build_optimizer
 from nvfp4train.schema import ConfigError
 from nvfp4train.train import checkpoint
-from nvfp4train.train.guards import NonFiniteGuard
 
 
-def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+@dataclass
+class StepStats:
+    """One optimizer step's loss (mean over the global batch), gradient norm and whether the update
+    was applied, as device tensors: the loop reads them on the host only when it logs (loop.py)."""
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    applied: torch.Tensor
+
+
+def _to_device(micro_batches, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """All micro-batches of the step to the device at once: on CUDA through pinned memory with
+    asynchronous copies, so later micro-batches travel while the first one computes."""
+    if device.type != "cuda":
+        return [(x.to(device), y.to(device)) for x, y in micro_batches]
+    return [(x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True))
+            for x, y in micro_batches]
+
+
+def resolve_compile(setting: str, device: torch.device) -> bool:
+    """train.compile: auto compiles on CUDA only (on CPU compiling costs more than it saves)."""
+    return device.type == "cuda" if setting == "auto" else setting == "true"
 
 
 class TorchEngine:
-    """FP32 master weights in the model, BF16 autocast compute, torch AdamW; DDP/FSDP2 for >1 rank."""
+    """FP32 master weights in the model, BF16 autocast compute, fused AdamW; DDP/FSDP2 for >1 rank.
+
+    The step never waits for the device: the loss and gradient norm stay device tensors, and a
+    non-finite one skips the update on the device (fused AdamW's `found_inf`, as torch.amp's
+    GradScaler uses it: weights, moments and step count untouched). The host NonFiniteGuard replays
+    the same decision from the values when the loop reads them (loop.py)."""
 
     def __init__(self, model: nn.Module, groups: list[dict], optim_cfg: OptimConfig, parallel: str,
-                 info: dist.DistInfo, guard: NonFiniteGuard, compile: bool = False):
-        self.model, self.info, self.parallel, self.guard = model, info, parallel, guard
-        self.wrapped = dist.wrap_model(model, parallel, info)  # FSDP2 swaps parameters: optimizer after
-        self.optimizer = build_optimizer(groups(model), optim_cfg)
+                 info: dist.DistInfo, compile: bool = False, reshard_after_forward: bool = True):
+        self.model, self.info, self.parallel = model, info, parallel
+        # FSDP2 swaps parameters: the optimizer is built after
+        self.wrapped = dist.wrap_model(model, parallel, info, reshard_after_forward=reshard_after_forward)
+        self.optimizer = build_optimizer(groups(model), optim_cfg, fused=True)
         self.forward = torch.compile(self.wrapped) if compile else self.wrapped
         self.grad_clip = optim_cfg.grad_clip
         self.module = self.forward
@@ -46,17 +70,15 @@ class TorchEngine:
     def autocast(self):
         return torch.autocast(self.info.device.type, dtype=torch.bfloat16)
 
-    def train_step(self, micro_batches, lr: float, step: int) -> tuple[float, float, bool]:
+    def train_step(self, micro_batches, lr: float, step: int) -> StepStats:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         n = len(micro_batches)
         loss_sum = torch.zeros((), device=self.info.device)
-        for i, (x, y) in enumerate(micro_batches):
-            x, y = x.to(self.info.device, non_blocking=True), y.to(self.info.device, non_blocking=True)
+        for i, (x, y) in enumerate(_to_device(micro_batches, self.info.device)):
             with self._sync_context(last=i == n - 1):
                 with self.autocast():
-                    logits = self.forward(x)
-                loss = _loss(logits, y)
+                    loss = self.forward(x, y)  # the model's fused, chunked cross-entropy (model/loss.py)
                 (loss / n).backward()
             loss_sum += loss.detach()
         loss_t = dist.all_reduce_mean(loss_sum / n, self.info)
@@ -64,12 +86,11 @@ class TorchEngine:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
             grad_norm = grad_norm.full_tensor()
-        loss_value, norm_value = loss_t.item(), grad_norm.item()
-        applied = self.guard.check(step, loss_value, norm_value)
-        if applied:
-            self.optimizer.step()
+        applied = torch.isfinite(loss_t) & torch.isfinite(grad_norm)
+        self.optimizer.found_inf = (~applied).float()
+        self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_value, norm_value, applied
+        return StepStats(loss_t, grad_norm, applied)
 
     def _sync_context(self, last: bool):
         """Skip the gradient all-reduce on all but the last micro-batch of a step."""
@@ -154,10 +175,10 @@ class DeepSpeedEngine:
     """
 
     def __init__(self, model: nn.Module, groups, optim_cfg: OptimConfig, zero_stage: int, grad_accum: int,
-                 micro_batch_size: int, info: dist.DistInfo, guard: NonFiniteGuard):
+                 micro_batch_size: int, info: dist.DistInfo):
         deepspeed = import_deepspeed()
         _ensure_rendezvous_env()
-        self.info, self.guard = info, guard
+        self.info = info
         on_cpu = info.device.type == "cpu"
         if not on_cpu:
             _pin_cuda_arch_list(info.device)
@@ -181,14 +202,14 @@ class DeepSpeedEngine:
         self.engine.checkpoint_engine.load = _weights_only_load
         self.module = self.engine
 
-    def train_step(self, micro_batches, lr: float, step: int) -> tuple[float, float, bool]:
+    def train_step(self, micro_batches, lr: float, step: int) -> StepStats:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         n = len(micro_batches)
         losses = []
         for i, (x, y) in enumerate(micro_batches):
             x, y = x.to(self.engine.device), y.to(self.engine.device)
-            loss = _loss(self.engine(x), y)
+            loss = self.engine(x, y)
             self.engine.backward(loss)
             losses.append(loss.detach())
             if i == n - 1:
@@ -197,9 +218,11 @@ class DeepSpeedEngine:
                     self.engine.optimizer.zero_grad()
             self.engine.step()
         norm = self.engine.get_global_grad_norm()
-        norm_value = float(norm) if norm is not None else math.nan
-        applied = self.guard.check(step, loss_value, norm_value if math.isfinite(loss_value) else math.nan)
-        return loss_value, norm_value, applied
+        norm_value = float(norm) if norm is not None and math.isfinite(loss_value) else math.nan
+        as_tensor = lambda v: torch.tensor(v, device=self.engine.device)  # noqa: E731
+        # DeepSpeed decides on the host (it reads the loss above); the same StepStats as TorchEngine's
+        return StepStats(as_tensor(loss_value), as_tensor(norm_value),
+                         as_tensor(math.isfinite(loss_value) and math.isfinite(norm_value)))
 
     def state_is_finite(self) -> torch.Tensor:
         """This rank's BF16 weights, FP32 master partitions and Adam moments, all finite (a device bool)."""
@@ -243,11 +266,14 @@ def _ensure_rendezvous_env() -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 
 
-def build_engine(model, groups, optim_cfg, train_cfg, info, guard, grad_accum):
+def build_engine(model, groups, optim_cfg, train_cfg, info, grad_accum):
+    model.set_activation_checkpointing(str(train_cfg.activation_checkpointing))
     if train_cfg.parallel == "deepspeed":
         return DeepSpeedEngine(model, groups, optim_cfg, train_cfg.zero_stage, grad_accum,
-                               train_cfg.micro_batch_size, info, guard)
-    return TorchEngine(model, groups, optim_cfg, train_cfg.parallel, info, guard, compile=train_cfg.compile)
+                               train_cfg.micro_batch_size, info)
+    return TorchEngine(model, groups, optim_cfg, train_cfg.parallel, info,
+                       compile=resolve_compile(str(train_cfg.compile), info.device),
+                       reshard_after_forward=train_cfg.fsdp_reshard_after_forward)
 
 
-__all__ = ["TorchEngine", "DeepSpeedEngine", "build_engine", "import_deepspeed"]
+__all__ = ["StepStats", "TorchEngine", "DeepSpeedEngine", "build_engine", "import_deepspeed", "resolve_compile"]

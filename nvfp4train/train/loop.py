@@ -3,9 +3,10 @@
 One optimizer step, as data flows:
   1. the loader hands this rank `grad_accum` micro-batches of the global batch;
   2. the precision controller applies its schedule for the current token fraction;
-  3. forward under BF16 autocast (each linear is the precision room's layer), FP32 cross-entropy,
-     backward; FP32 gradients accumulate over micro-batches (DDP/FSDP2 sync on the last one);
-  4. global-norm clipping; a non-finite loss or gradient skips the step;
+  3. forward under BF16 autocast (each linear is the precision room's layer), FP32 cross-entropy
+     fused with the LM head (model/loss.py), backward; FP32 gradients accumulate over micro-batches
+     (DDP/FSDP2 sync on the last one);
+  4. global-norm clipping; a non-finite loss or gradient skips the step (decided on the device);
   5. AdamW updates the FP32 master weights at this step's learning rate;
   6. metrics, evaluation and checkpoints at their intervals; SIGTERM/SIGUSR1 save and exit.
 
@@ -13,11 +14,20 @@ The run is split as torchtitan's trainer is, so each part can change without rea
   Trainer(cfg)           build: process group, model, precision, data, engine (nothing written yet)
   trainer.resume()       restore the latest (or the named) checkpoint, if any
   trainer.open_outputs() config.yaml, metrics.jsonl, W&B, progress bar, the start-up banner
-  trainer.train_step()   one optimizer step -> StepResult
+  trainer.train_step()   enqueue one optimizer step (the host does not wait for the device)
+  trainer.collect()      read the steps enqueued since the last read -> [StepResult] (guard, spikes)
   trainer.log(result)    progress line, metrics record and evaluation at their intervals
   trainer.save()         a checkpoint of everything needed to continue the same stream exactly
 `run(cfg)` puts them together with preemption. The process group outlives it (the runs of a Hydra
 sweep share it): train/__main__.py destroys it once, at the end.
+
+The host reads losses and gradient norms (one transfer for all steps since the last read) only on steps
+that need them: log, evaluation, checkpoint and the first and last steps, and on a preemption (ranks
+agree on one every train.preempt_check_every steps; a single process checks its flag every step).
+Between them the CPU runs ahead of the GPU, so loading data overlaps compute. The guard sees
+every step's values in order, so skipped and spiking steps are still recorded; a halt after
+train.max_nonfinite_steps non-finite steps in a row is raised at the next read (the steps in between
+were computed but, as the run ends without a checkpoint, change nothing).
 """
 from __future__ import annotations
 
@@ -32,7 +42,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from nvfp4train import dist
@@ -44,7 +53,7 @@ from nvfp4train.optim import lr_at
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory, gemm_peak_kind
 from nvfp4train.train import checkpoint, resume_policy, rundir
 from nvfp4train.train.config import ConfigError, RunConfig, resolve_micro_batch
-from nvfp4train.train.engines import build_engine, import_deepspeed
+from nvfp4train.train.engines import StepStats, build_engine, import_deepspeed
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
 from nvfp4train.train.metrics import MetricsLogger, ProgressBar
 from nvfp4train.train.stop import StopSignal
@@ -128,14 +137,13 @@ def evaluate(model, val_data: dict, micro_batch_size: int, device: torch.device)
     model.eval()
     out = {}
     for domain, seqs in val_data.items():
-        total, count = 0.0, 0
+        total, count = torch.zeros((), device=device), 0
         for i in range(0, len(seqs), micro_batch_size):
             chunk = seqs[i:i + micro_batch_size].to(device)
             with torch.autocast(device.type, dtype=torch.bfloat16):
-                logits = model(chunk[:, :-1])
-            total += F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item()
+                total += model(chunk[:, :-1], chunk[:, 1:], reduction="sum")  # FP32, chunked (model/loss.py)
             count += chunk[:, 1:].numel()
-        out[f"val/{domain}"] = total / max(count, 1)
+        out[f"val/{domain}"] = total.item() / max(count, 1)
     if out:
         out["val/mean"] = sum(out.values()) / len(out)
     model.train(was_training)
@@ -161,7 +169,9 @@ class Trainer:
     empty out_dir; each method below is one part of the run, in the order run() calls them."""
 
     def __init__(self, cfg: RunConfig):
+        self.started = time.perf_counter()  # time to first step is counted from here
         self.info = info = dist.init_distributed(cfg.train.device)
+        self.kernel_cache = persistent_kernel_caches() if info.device.type == "cuda" else None
         # the micro-batch depends on the world size, known only now; config.yaml records the value used
         cfg = dataclasses.replace(cfg, train=resolve_micro_batch(cfg.train, info.world_size))
         self.cfg, t = cfg, cfg.train
@@ -184,7 +194,10 @@ class Trainer:
         self.ckpt_root = cfg.out_dir / "checkpoints"
         self.guard, self.spikes = NonFiniteGuard(t.max_nonfinite_steps), SpikeDetector(t.spike_factor)
         self.engine = build_engine(self.model, lambda m: param_groups(m, cfg.optim.weight_decay), cfg.optim, t,
-                                   info, self.guard, self.grad_accum)
+                                   info, self.grad_accum)
+        self.pending: list[tuple[int, float, str | None, StepStats]] = []  # enqueued steps not read yet
+        self.read_at = time.perf_counter()  # when the host last waited for the device
+        self.time_to_first_step: float | None = None  # build, compilation and kernel autotuning included
         self.flops_per_token = flops_per_token(self.model_cfg, t.seq_len)["total"]
         self.peak = mfu_peak(cfg, self.controller, info)
         self.step = 0                   # optimizer steps done
@@ -269,28 +282,54 @@ class Trainer:
                                f"{self.abandoned} (a new timeline starts at step {self.start_step})")
 
     # ------------------------------------------------------------------------------- one step
-    def train_step(self) -> StepResult:
-        """Optimizer step number self.step + 1: schedule, data, forward/backward, update."""
+    def train_step(self) -> None:
+        """Enqueue optimizer step number self.step + 1: schedule, data, forward/backward, update. Nothing
+        here waits for the device; collect() reads the results."""
         t, step = self.cfg.train, self.step + 1
-        t0 = time.perf_counter()
+        if step == self.start_step + 1:  # the first step's time starts here (the build is time_to_first_step)
+            self.read_at = time.perf_counter()
         switch = self.controller.on_step((step - 1) / t.max_steps)
         lr = lr_at(step - 1, t.max_steps, self.cfg.optim.lr, self.cfg.optim.min_lr, self.cfg.optim.schedule)
         micro_batches = [self.loader.next_microbatch() for _ in range(self.grad_accum)]
-        try:
-            loss, grad_norm, applied = self.engine.train_step(micro_batches, lr, step)
-        except TrainingHalted as halt:  # record the step that tripped the guard, then stop
-            self.step, seconds = step, time.perf_counter() - t0
-            self.log(StepResult(step=step, lr=lr, loss=self.guard.last_loss, grad_norm=self.guard.last_grad_norm,
-                                applied=False, spike=False, seconds=seconds,
-                                tokens_per_s=self.tokens_per_step / seconds, precision_switch=switch))
-            raise TrainingHalted(f"{halt}; {self._latest_checkpoint_note()}") from None
-        spike = self.spikes.update(loss)
-        if self.info.device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - t0
+        self.pending.append((step, lr, switch, self.engine.train_step(micro_batches, lr, step)))
         self.step = step
-        return StepResult(step=step, lr=lr, loss=loss, grad_norm=grad_norm, applied=applied, spike=spike,
-                          seconds=seconds, tokens_per_s=self.tokens_per_step / seconds, precision_switch=switch)
+
+    def read_due(self) -> bool:
+        """Whether the host reads the results now: a log, evaluation or checkpoint step, or the first or
+        last step of this process (and, in run(), a preemption)."""
+        t, s = self.cfg.train, self.step
+        return (s % t.log_every == 0 or s == self.start_step + 1 or s == t.max_steps
+                or bool(t.eval_every and s % t.eval_every == 0) or self.save_due())
+
+    def collect(self) -> list[StepResult]:
+        """The results of the steps enqueued since the last read, in one device-to-host transfer; the
+        guard and the spike detector see them in step order. Raises TrainingHalted (after logging the
+        step that tripped the guard and the ones before it)."""
+        if not self.pending:
+            return []
+        values = torch.stack([torch.stack([stats.loss.float(), stats.grad_norm.float()])
+                              for *_, stats in self.pending]).tolist()  # waits for the device
+        now = time.perf_counter()
+        seconds, self.read_at = (now - self.read_at) / len(self.pending), now  # the mean over the window
+        if self.pending[0][0] == self.start_step + 1:
+            self.time_to_first_step = now - self.started
+        tokens_per_s = self.tokens_per_step / seconds
+        results = []
+        for (step, lr, switch, _), (loss, grad_norm) in zip(self.pending, values):
+            try:
+                applied = self.guard.check(step, loss, grad_norm)
+            except TrainingHalted as halt:  # record the step that tripped the guard, then stop
+                self.pending = []
+                for r in results:
+                    self.log(r)
+                self.log(StepResult(step=step, lr=lr, loss=loss, grad_norm=grad_norm, applied=False, spike=False,
+                                    seconds=seconds, tokens_per_s=tokens_per_s, precision_switch=switch))
+                raise TrainingHalted(f"{halt}; {self._latest_checkpoint_note()}") from None
+            results.append(StepResult(step=step, lr=lr, loss=loss, grad_norm=grad_norm, applied=applied,
+                                      spike=self.spikes.update(loss), seconds=seconds, tokens_per_s=tokens_per_s,
+                                      precision_switch=switch))
+        self.pending = []
+        return results
 
     # ----------------------------------------------------------------------------------- log
     def log(self, r: StepResult) -> None:
@@ -299,6 +338,10 @@ class Trainer:
         t, is_main = self.cfg.train, self.info.is_main
         if r.precision_switch and is_main:
             self.bar.write(f"step {r.step}: {r.precision_switch}")
+        if r.step == self.start_step + 1 and self.time_to_first_step is not None:
+            logging.getLogger(__name__).info(
+                f"time to first step: {self.time_to_first_step:.1f} s (build, resume, compilation, kernel "
+                f"autotuning{'; kernel caches in ' + self.kernel_cache if self.kernel_cache else ''})")
         self.bar.update(r.step, r.loss, r.tokens_per_s)
         if r.spike and is_main:
             self.bar.write(f"step {r.step}: loss spike {r.loss:.4f} (running mean {self.spikes.ema:.4f})")
@@ -314,6 +357,8 @@ class Trainer:
             if self.peak is not None:
                 record["mfu"] = self.flops_per_token * r.tokens_per_s / self.info.world_size / self.peak[0]
             record["peak_mem_gib"] = _peak_memory_gib(self.info.device)
+            if r.step == self.start_step + 1 and self.time_to_first_step is not None:
+                record["time_to_first_step_s"] = self.time_to_first_step
             if self.checkpoint_seconds is not None:  # the latest checkpoint's save time, reported once
                 record["checkpoint_time_s"], self.checkpoint_seconds = self.checkpoint_seconds, None
             record.update(self.loader.stats())  # keys already start with "data/"
@@ -388,6 +433,19 @@ class Trainer:
         done = checkpoint.list_checkpoints(self.ckpt_root)
         return (f"the latest checkpoint ({done[-1]}) is kept: resume from it with train.resume={done[-1]}"
                 if done else "no checkpoint was written")
+
+
+def persistent_kernel_caches() -> str:
+    """Triton's compiled kernels and autotuning results (mamba-ssm's SSD and layer-norm kernels, Inductor's
+    kernels) in one directory shared by runs, so only the first run on a machine pays the ~100 s of
+    autotuning. TRITON_CACHE_DIR when set (point it at shared storage to share it across nodes), else
+    ~/.cache/nvfp4train/triton; Inductor's cache lives beside it unless TORCHINDUCTOR_CACHE_DIR is set.
+    Set before the first kernel compiles (Triton reads them then)."""
+    root = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".cache" / "nvfp4train" / "triton")
+    os.environ.setdefault("TRITON_CACHE_DIR", str(root))
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # Triton >= 3.2 keeps autotuning choices there
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root.parent / "inductor"))
+    return str(root)
 
 
 def _peak_memory_gib(device: torch.device) -> float:
@@ -476,10 +534,15 @@ def _run(cfg: RunConfig, stop: StopSignal) -> dict:
         if stop.received is not None:  # arrived between the handler's last check and now
             raise stop.stopped()
         while trainer.step < cfg.train.max_steps:
-            result = trainer.train_step()
-            loss = result.loss
-            trainer.log(result)
-            preempted = _agree(stop.received is not None, info)
+            trainer.train_step()
+            # one process reads its flag every step; ranks agree (a host sync) every preempt_check_every steps
+            preempted = ((info.world_size == 1 or trainer.step % cfg.train.preempt_check_every == 0)
+                         and _agree(stop.received is not None, info))
+            if not (trainer.read_due() or preempted):
+                continue
+            for result in trainer.collect():
+                loss = result.loss
+                trainer.log(result)
             if trainer.save_due() or preempted:
                 last_ckpt = trainer.save(final=preempted or trainer.step == cfg.train.max_steps) or last_ckpt
             if preempted:

@@ -30,6 +30,8 @@ POLICY: dict[str, tuple[str, str]] = {
     "train.save_every": (QUIET, ""), "train.keep_last": (QUIET, ""), "train.resume": (QUIET, ""),
     "train.overwrite": (QUIET, ""), "train.device": (QUIET, ""), "train.compile": (QUIET, ""),
     "train.progress": (QUIET, ""), "train.wandb": (QUIET, ""), "out_dir": (QUIET, ""), "experiment": (QUIET, ""),
+    "train.activation_checkpointing": (QUIET, ""), "train.preempt_check_every": (QUIET, ""),
+    "train.fsdp_reshard_after_forward": (QUIET, ""),
     "model.ssd_backend": (QUIET, ""),   # a kernel choice: the same weights
     # a different run: refused
     "seed": (REFUSE, "the seed fixes the data order and stochastic rounding"),

@@ -140,3 +140,28 @@ def test_triton_matches_torch_reference_forward_and_backward(dtype, cuda_device)
     assert rel(outs["triton"], outs["torch"]) < tol
     for name, g_tr, g_ref in zip(["x", "dt", "A", "B", "C", "D", "dt_bias"], grads["triton"], grads["torch"]):
         assert rel(g_tr, g_ref) < tol, f"grad {name}: {rel(g_tr, g_ref):.2e}"
+
+
+@pytest.mark.gpu
+def test_triton_custom_op_equals_mamba_function_and_passes_opcheck(cuda_device):
+    """The custom op (what torch.compile sees) runs mamba-ssm's own forward and backward: the same output
+    as mamba_chunk_scan_combined and the same gradients (up to the order of mamba-ssm's atomic adds);
+    opcheck checks its fake (shape) and autograd registrations."""
+    from nvfp4train.model.ssd import _ssd_scan_triton, load_triton_ssd, triton_ssd_available
+
+    if not triton_ssd_available():
+        pytest.skip("mamba-ssm Triton SSD not importable")
+    args = make_inputs(b=2, T=300, h=8, p=64, g=2, n=64, dtype=torch.float32, device=cuda_device)
+    args = [a.to(torch.bfloat16) if i in (0, 1, 3, 4) else a.float() for i, a in enumerate(args)]
+    results = []
+    for scan in (lambda x, dt, A, B, C, D, dt_bias: _ssd_scan_triton(x, dt, A, B, C, D, dt_bias, 64),
+                 lambda x, dt, A, B, C, D, dt_bias: load_triton_ssd()(x, dt, A, B, C, 64, D=D, dt_bias=dt_bias,
+                                                                      dt_softplus=True)):
+        leaves = [a.detach().clone().requires_grad_() for a in args]
+        y = scan(*leaves)
+        y.float().pow(2).sum().backward()
+        results.append([y] + [a.grad for a in leaves])
+    assert torch.equal(results[0][0], results[1][0])
+    for mine, theirs in zip(results[0][1:], results[1][1:]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+    torch.library.opcheck(_ssd_scan_triton, (*[a.detach().requires_grad_() for a in args], 64))

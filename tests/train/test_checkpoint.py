@@ -13,7 +13,6 @@ from nvfp4train.optim import OptimConfig
 from nvfp4train.train import checkpoint
 from nvfp4train.train.checkpoint import CheckpointError
 from nvfp4train.train.engines import TorchEngine
-from nvfp4train.train.guards import NonFiniteGuard
 from tests.conftest import cli_env
 
 MODEL_CFG = {"name": "toy", "d_model": 8}
@@ -34,8 +33,7 @@ def make(seed=0):
     torch.manual_seed(seed)
     model = Toy()
     engine = TorchEngine(model, lambda m: [{"params": list(m.parameters())}], OptimConfig(lr=1e-2), "ddp",
-                         DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")),
-                         NonFiniteGuard(5))
+                         DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")))
     return model, engine
 
 

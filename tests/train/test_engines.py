@@ -1,14 +1,16 @@
-"""The PyTorch engine's step: gradient accumulation equals one big batch, and a non-finite loss skips
-the update (weights untouched), counts it, and halts after K in a row."""
+"""The PyTorch engine's step: gradient accumulation equals one big batch; a non-finite loss skips the
+update on the device (weights and optimizer state untouched, no leftover gradients) and the guard,
+fed the step's values afterwards, counts it and halts after K in a row."""
 import math
 
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from nvfp4train.dist import DistInfo
 from nvfp4train.optim import OptimConfig
-from nvfp4train.train.engines import TorchEngine
+from nvfp4train.train.engines import TorchEngine, resolve_compile
 from nvfp4train.train.guards import NonFiniteGuard, TrainingHalted
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -21,15 +23,16 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(d, vocab, bias=False)
         self.register_buffer("poison", torch.ones(()))  # set to NaN to make the loss non-finite
 
-    def forward(self, tokens):
-        return self.head(self.emb(tokens)) * self.poison
+    def forward(self, tokens, targets):
+        logits = self.head(self.emb(tokens)) * self.poison
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
-def make_engine(max_in_row=3):
+def make_engine():
     torch.manual_seed(0)
     model = TinyLM()
     engine = TorchEngine(model, lambda m: [{"params": list(m.parameters())}], OptimConfig(lr=1e-2, grad_clip=0.0),
-                         "ddp", CPU, NonFiniteGuard(max_in_row))
+                         "ddp", CPU)
     return model, engine
 
 
@@ -43,23 +46,36 @@ def test_accumulation_matches_one_big_batch():
     (m1, e1), (m2, e2) = make_engine(), make_engine()
     big = batches(1, 8)
     small = [(big[0][0][i:i + 2], big[0][1][i:i + 2]) for i in range(0, 8, 2)]
-    l1, n1, _ = e1.train_step(big, lr=1e-2, step=1)
-    l2, n2, _ = e2.train_step(small, lr=1e-2, step=1)
-    assert l1 == pytest.approx(l2, rel=1e-5) and n1 == pytest.approx(n2, rel=1e-4)
+    s1, s2 = e1.train_step(big, lr=1e-2, step=1), e2.train_step(small, lr=1e-2, step=1)
+    assert s1.loss.item() == pytest.approx(s2.loss.item(), rel=1e-5)
+    assert s1.grad_norm.item() == pytest.approx(s2.grad_norm.item(), rel=1e-4)
     for p, q in zip(m1.parameters(), m2.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)  # Adam divides by tiny sqrt(v)
 
 
-def test_nonfinite_step_is_skipped_then_halts():
-    model, engine = make_engine(max_in_row=2)
-    engine.train_step(batches(1, 4), lr=1e-2, step=1)
+def test_nonfinite_step_is_skipped_on_the_device_then_the_guard_halts():
+    model, engine = make_engine()
+    guard = NonFiniteGuard(max_in_row=2)
+    stats = engine.train_step(batches(1, 4), lr=1e-2, step=1)
+    assert bool(stats.applied) and guard.check(1, stats.loss.item(), stats.grad_norm.item())
     before = [p.detach().clone() for p in model.parameters()]
+    moments = [v.clone() for st in engine.optimizer.state.values() for v in st.values()]
     model.poison.fill_(math.nan)
-    loss, _, applied = engine.train_step(batches(1, 4, seed=1), lr=1e-2, step=2)
-    assert math.isnan(loss) and not applied and engine.guard.total_skipped == 1
+    stats = engine.train_step(batches(1, 4, seed=1), lr=1e-2, step=2)
+    assert not bool(stats.applied) and math.isnan(stats.loss.item())
     for p, q in zip(before, model.parameters()):
         assert torch.equal(p, q)                                   # no update from the bad step
+    for m, v in zip(moments, (v for st in engine.optimizer.state.values() for v in st.values())):
+        assert torch.equal(m, v)                                   # moments and step count untouched
     assert all(p.grad is None for p in model.parameters())        # nor leftover gradients
+    assert not guard.check(2, stats.loss.item(), stats.grad_norm.item()) and guard.total_skipped == 1
+    stats = engine.train_step(batches(1, 4, seed=2), lr=1e-2, step=3)
     with pytest.raises(TrainingHalted, match="2 steps in a row"):
-        engine.train_step(batches(1, 4, seed=2), lr=1e-2, step=3)
+        guard.check(3, stats.loss.item(), stats.grad_norm.item())
     model.poison.fill_(1.0)
+    assert bool(engine.train_step(batches(1, 4, seed=3), lr=1e-2, step=4).applied)
+
+
+def test_compile_auto_means_cuda_only():
+    assert not resolve_compile("auto", torch.device("cpu")) and resolve_compile("auto", torch.device("cuda"))
+    assert resolve_compile("true", torch.device("cpu")) and not resolve_compile("false", torch.device("cuda"))

@@ -1,0 +1,88 @@
+"""Cross-entropy fused with the output projection, chunked over tokens.
+
+`F.cross_entropy(lm_head(h).float(), targets)` keeps FP32 logits for the whole batch alive until
+backward (batch x seq x vocab x 4 bytes: 8 GiB for 8 x 2048 x 128k) and casts them twice. Here the
+logits of `chunk_tokens` tokens at a time are computed, reduced to their loss and to their share of
+the hidden-state and weight gradients, and dropped (Liger's fused linear cross-entropy). The GEMMs run
+in the autocast dtype (BF16 in training) exactly as the `nn.Linear` it replaces; log-softmax and the
+loss are FP32, so the loss equals `F.cross_entropy` of the autocast logits up to the order of the sum,
+and the gradients equal its gradients up to where the 1/N of the mean is applied (after the BF16
+GEMMs here, before them there). The FP32 weight gradient (vocab x d_model) is held from forward to
+backward.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+CHUNK_TOKENS = 4096  # FP32 logits of one chunk: 4096 x vocab x 4 bytes (2 GiB at a 128k vocabulary)
+
+
+def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype nn.Linear would run in here: the autocast dtype when autocast is on, else the weight's."""
+    device = hidden.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Forward computes, chunk by chunk, the summed loss and already the gradients of hidden and weight
+    (d loss / d logits = softmax - one_hot is known once the logits are): no logits are kept or
+    recomputed, and backward only scales by the incoming gradient (Liger's fused linear cross-entropy
+    does the same). The GEMMs are those of nn.Linear + F.cross_entropy: one forward, two backward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk_tokens: int, dtype: torch.dtype, ignore_index: int):
+        # hidden [N, d], weight [V, d], targets [N]; returns the sum of the per-token losses (FP32)
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        w = weight.to(dtype)  # one cast of the master weight for all chunks
+        total = hidden.new_zeros((), dtype=torch.float32)
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, hidden.shape[0], chunk_tokens):
+                h = hidden[start:start + chunk_tokens].to(dtype)
+                y = targets[start:start + chunk_tokens]
+                valid = (y != ignore_index).unsqueeze(-1)
+                logp = torch.log_softmax(F.linear(h, w).float(), dim=-1)
+                index = y.clamp(min=0).unsqueeze(-1)
+                total = total - (logp.gather(1, index) * valid).sum()
+                if need_hidden or need_weight:
+                    grad_logits = logp.exp_()  # softmax - one_hot(target); ignored tokens contribute nothing
+                    grad_logits.scatter_add_(1, index, -valid.float())
+                    grad_logits = (grad_logits * valid).to(dtype)
+                    if need_hidden:
+                        grad_hidden[start:start + chunk_tokens] = grad_logits @ w
+                    if need_weight:
+                        grad_weight += (grad_logits.t() @ h).float()
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        if grad_hidden is not None:
+            grad_hidden = grad_hidden * grad_total
+        if grad_weight is not None:
+            grad_weight = (grad_weight * grad_total).to(ctx.weight_dtype)
+        return grad_hidden, grad_weight, None, None, None, None
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         reduction: str = "mean", chunk_tokens: int = CHUNK_TOKENS,
+                         ignore_index: int = -100) -> torch.Tensor:
+    """cross_entropy(hidden @ weight.T, targets) without materialising all the logits.
+
+    hidden [..., d], weight [vocab, d], targets [...] (int64). reduction: "mean" over the non-ignored
+    tokens, or "sum". Returns an FP32 scalar."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction={reduction!r}: allowed mean, sum")
+    hidden, targets = hidden.flatten(0, -2), targets.flatten()
+    total = _LinearCrossEntropy.apply(hidden, weight, targets, chunk_tokens, _compute_dtype(hidden, weight),
+                                      ignore_index)
+    if reduction == "sum":
+        return total
+    return total / (targets != ignore_index).sum().clamp(min=1)
+
+
+__all__ = ["CHUNK_TOKENS", "linear_cross_entropy"]

@@ -1,0 +1,91 @@
+"""torch.compile of the whole model: one graph (no break outside the quantized linear), and the compiled
+loss and gradients equal eager ones. On CPU with the PyTorch SSD; the Triton SSD's custom op is checked
+on a GPU (test_compile_triton_ssd_one_graph)."""
+import pytest
+import torch
+import torch._dynamo
+
+from nvfp4train.model import HybridLM, ModelConfig
+from nvfp4train.precision import PrecisionPolicy, build_linear_factory
+from nvfp4train.train.config import load_preset
+
+
+def _model(precision: str, device="cpu", **overrides) -> HybridLM:
+    cfg = ModelConfig.from_dict({**load_preset("model", "hybrid_tiny"), **overrides})
+    policy = PrecisionPolicy.from_dict(load_preset("precision", precision))
+    torch.manual_seed(0)
+    return HybridLM(cfg, linear_factory=build_linear_factory(policy, n_blocks=len(cfg.pattern), seed=0)).to(device)
+
+
+def _batch(model, device="cpu", b=2, T=33):
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, model.cfg.vocab_size, (b, T + 1), generator=g).to(device)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def _loss(model, x, y):
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        return model(x, y)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "nvfp4"])
+def test_no_graph_break_outside_the_quantized_linear(precision):
+    model = _model(precision)
+    explained = torch._dynamo.explain(_loss)(model, *_batch(model))
+    outside = [b.reason for b in explained.break_reasons
+               if not any("precision/linear.py" in frame.filename for frame in b.user_stack)]
+    assert outside == []
+    if precision == "bf16":
+        assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+def test_compiled_loss_and_grads_match_eager():
+    eager, compiled = _model("bf16"), _model("bf16")
+    x, y = _batch(eager)
+    torch._dynamo.reset()
+    step = torch.compile(_loss, backend="aot_eager", fullgraph=True)  # traced and partitioned as inductor's input
+    ref, out = _loss(eager, x, y), step(compiled, x, y)
+    ref.backward()
+    out.backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5, msg=name)
+
+
+@pytest.mark.gpu
+def test_compile_triton_ssd_one_graph():
+    """The Triton scan is a custom op: the model compiles to one graph and matches eager (BF16 rounding)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from nvfp4train.model.ssd import triton_ssd_available
+
+    if not triton_ssd_available():
+        pytest.skip("mamba-ssm's Triton SSD is not installed")
+    eager, compiled = _model("bf16", "cuda", ssd_backend="triton"), _model("bf16", "cuda", ssd_backend="triton")
+    x, y = _batch(eager, "cuda", b=2, T=256)
+    explained = torch._dynamo.explain(_loss)(compiled, x, y)
+    assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
+    torch._dynamo.reset()
+    ref, out = _loss(eager, x, y), torch.compile(_loss)(compiled, x, y)
+    ref.backward()
+    out.backward()
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+    for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=5e-2, atol=5e-3, msg=name)
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_gives_the_same_grads(mode):
+    """Recomputing blocks in backward changes memory, not numbers (the nvfp4 policy: quantized linears
+    recompute their forward quantization exactly)."""
+    small = {"pattern": "M*-", "vocab_size": 512}
+    plain, ckpt = _model("nvfp4", **small), _model("nvfp4", **small)
+    ckpt.set_activation_checkpointing(mode)
+    assert len(ckpt.checkpointed) == (len(ckpt.blocks) if mode == "full" else (len(ckpt.blocks) + 1) // 2)
+    x, y = _batch(plain)
+    ref, out = _loss(plain, x, y), _loss(ckpt, x, y)
+    ref.backward()
+    out.backward()
+    assert torch.equal(out, ref)
+    for (name, p), q in zip(plain.named_parameters(), ckpt.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0, msg=name)

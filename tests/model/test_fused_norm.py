@@ -1,0 +1,75 @@
+"""The Triton RMSNorm and gated RMSNorm (CUDA) equal the PyTorch ones in blocks.py: outputs and the
+gradients of input, gate and weight, for the residual stream's FP32 and the mixer's BF16 inputs."""
+import pytest
+import torch
+
+from nvfp4train.model.blocks import GatedRMSNorm, RMSNorm
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _needs_kernels():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from nvfp4train.model.fused_norm import fused_norm_available
+
+    if not fused_norm_available():
+        pytest.skip("mamba-ssm's Triton layernorm_gated is not installed")
+
+
+def _torch_forward(module, *inputs):
+    """The module's PyTorch path (what runs on CPU), on the same CUDA tensors."""
+    from nvfp4train.model import blocks
+
+    saved, blocks.fused_norm_available = blocks.fused_norm_available, lambda: False
+    try:
+        return module(*inputs)
+    finally:
+        blocks.fused_norm_available = saved
+
+
+def _grads(out, tensors, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    out.backward(torch.randn(out.shape, generator=g, device="cuda", dtype=out.dtype))
+    grads = [t.grad.clone() for t in tensors]
+    for t in tensors:
+        t.grad = None
+    return grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_matches_torch(dtype):
+    norm = RMSNorm(512, 1e-5).cuda()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(4, 100, 512, device="cuda", dtype=dtype, requires_grad=True)
+    fused, ref = norm(x), _torch_forward(norm, x)
+    assert fused.dtype == ref.dtype == dtype
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 1e-2}
+    torch.testing.assert_close(fused, ref, **tol)
+    for a, b in zip(_grads(fused, [x, norm.weight], 0), _grads(ref, [x, norm.weight], 0)):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 if dtype == torch.bfloat16 else 1e-4)
+
+
+def test_gated_rms_norm_matches_torch():
+    norm = GatedRMSNorm(512, 128, 1e-5).cuda()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    zxbc = torch.randn(4, 100, 1024 + 64, device="cuda", dtype=torch.bfloat16)
+    z = zxbc[..., :512].detach().requires_grad_()  # in the model z is a strided slice of in_proj's output
+    y = torch.randn(4, 100, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    fused, ref = norm(y, z), _torch_forward(norm, y, z)
+    torch.testing.assert_close(fused, ref, rtol=1.6e-2, atol=1e-2)
+    for a, b in zip(_grads(fused, [y, z, norm.weight], 1), _grads(ref, [y, z, norm.weight], 1)):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
+def test_custom_ops_pass_opcheck():
+    from nvfp4train.model.fused_norm import _rms_norm
+
+    x = torch.randn(64, 256, device="cuda", requires_grad=True)
+    z = torch.randn(64, 256, device="cuda", requires_grad=True)
+    w = torch.rand(256, device="cuda", requires_grad=True)
+    torch.library.opcheck(_rms_norm, (x, w, None, 1e-5, 256))
+    torch.library.opcheck(_rms_norm, (x, w, z, 1e-5, 64))

@@ -1,0 +1,46 @@
+"""The chunked linear cross-entropy equals F.cross_entropy of the full logits: loss and gradients,
+in FP32 and under BF16 autocast, for chunks that do and do not divide the token count."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nvfp4train.model import linear_cross_entropy
+
+
+def _inputs(n=37, d=16, vocab=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, d, generator=g, requires_grad=True)
+    weight = (0.3 * torch.randn(vocab, d, generator=g)).requires_grad_()
+    targets = torch.randint(0, vocab, (n,), generator=g)
+    return hidden, weight, targets
+
+
+@pytest.mark.parametrize("chunk", [5, 37, 100])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_matches_cross_entropy_fp32(chunk, reduction):
+    h1, w1, y = _inputs()
+    h2, w2 = h1.detach().clone().requires_grad_(), w1.detach().clone().requires_grad_()
+    ref = F.cross_entropy(F.linear(h1, w1), y, reduction=reduction)
+    out = linear_cross_entropy(h2, w2, y, reduction=reduction, chunk_tokens=chunk)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    (ref * 1.7).backward()
+    (out * 1.7).backward()
+    torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_matches_autocast_bf16_logits_and_ignores_index():
+    h1, w1, y = _inputs(n=24, seed=1)
+    y[3] = y[10] = -100
+    h2, w2 = h1.detach().clone().requires_grad_(), w1.detach().clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = F.cross_entropy(F.linear(h1, w1).float(), y)
+        out = linear_cross_entropy(h2, w2, y, chunk_tokens=7)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)  # the same BF16 GEMM, FP32 softmax
+    ref.backward()
+    out.backward()
+    assert w2.grad.dtype == torch.float32 and h2.grad.dtype == torch.float32
+    # BF16 GEMMs of the logits' gradients: equal up to BF16 rounding (of each chunk's sum, here)
+    for mine, ref in ((h2.grad, h1.grad), (w2.grad, w1.grad)):
+        assert ((mine - ref).norm() / ref.norm()).item() < 1e-2
