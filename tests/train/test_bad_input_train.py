@@ -41,7 +41,7 @@ def one_error_line(proc) -> str:
     ("train.spike_factor=abc", "train.spike_factor: expected float, got 'abc' (str)"),
     ("optim.lr=abc", "optim.lr: expected float, got 'abc' (str)"),
     ("train.wandb.enabled=no", "train.wandb.enabled: expected bool (true or false), got 'no' (str)"),
-    ("train.compile=maybe", "train.compile: expected bool (true or false), got 'maybe' (str)"),
+    ("train.compile=maybe", "train.compile='maybe': allowed auto, true, false"),
     ("train.eval_every=true", "train.eval_every: expected int, got True (bool)"),
     ("train.resume=/nonexistent/step_00000004", "train.resume='/nonexistent/step_00000004': not a checkpoint "
                                                 "directory (allowed: auto, never, or the path of a checkpoint"),
