@@ -202,12 +202,14 @@ def _ssd_scan_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torc
                      D: torch.Tensor, dt_bias: torch.Tensor, chunk_size: int) -> torch.Tensor:
     load_triton_ssd()
     fwd = sys.modules["mamba_ssm.ops.triton.ssd_combined"]._mamba_chunk_scan_combined_fwd
-    return fwd(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias, dt_softplus=True)[0]
+    return fwd(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias, dt_softplus=True)[0].contiguous()
 
 
+# The fakes promise contiguous outputs and the ops make sure of it: inputs arrive as strided views
+# (split/rearrange), and `empty_like` of one promised its strides, which inductor asserted on a GPU.
 @_ssd_scan_triton.register_fake
 def _(x, dt, A, B, C, D, dt_bias, chunk_size):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("nvfp4train::ssd_scan_triton_backward", mutates_args=())
@@ -217,12 +219,12 @@ def _ssd_scan_triton_backward(dout: torch.Tensor, x: torch.Tensor, dt: torch.Ten
     bwd = sys.modules["mamba_ssm.ops.triton.ssd_combined"]._mamba_chunk_scan_combined_bwd
     dx, ddt, dA, dB, dC, dD, _, ddt_bias, _ = bwd(dout.contiguous(), x, dt, A, B, C, out, chunk_size, D=D,
                                                   dt_bias=dt_bias, dt_softplus=True)
-    return [dx, ddt, dA, dB, dC, dD, ddt_bias]
+    return [g.contiguous() for g in (dx, ddt, dA, dB, dC, dD, ddt_bias)]
 
 
 @_ssd_scan_triton_backward.register_fake
 def _(dout, x, dt, A, B, C, D, dt_bias, out, chunk_size):
-    return [torch.empty_like(t) for t in (x, dt, A, B, C, D, dt_bias)]
+    return [t.new_empty(t.shape) for t in (x, dt, A, B, C, D, dt_bias)]
 
 
 def _ssd_setup_context(ctx, inputs, output):
