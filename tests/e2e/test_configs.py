@@ -36,7 +36,7 @@ def test_every_field_has_a_docstring(cls):
 
 
 @pytest.mark.parametrize("raw, words", [
-    ({"compile": 1}, ["train.compile", "expected bool"]),
+    ({"compile": 1}, ["train.compile=1", "allowed auto, true, false"]),
     ({"max_steps": True}, ["train.max_steps", "expected int"]),
     ({"max_steps": "5"}, ["train.max_steps", "expected int"]),
     ({"spike_factor": "big"}, ["train.spike_factor", "expected float"]),
