@@ -154,13 +154,18 @@ def step_of(ckpt: Path) -> int:
     return int(ckpt.name[len(PREFIX):])
 
 
+def remove_leftovers(ckpt_root: Path) -> None:
+    """Remove what a kill during `prune` left behind (`<name>.deleting` directories)."""
+    for leftover in ckpt_root.glob(f"{PREFIX}*.deleting"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
 def prune(ckpt_root: Path, keep_last: int, newest: int) -> None:
     """Delete all but the `keep_last` newest checkpoints up to step `newest` (the one just written).
 
     A checkpoint is renamed to `<name>.deleting` before it is removed, so a kill during the removal
     never leaves a half-deleted directory that still looks complete; leftovers are removed here."""
-    for leftover in ckpt_root.glob(f"{PREFIX}*.deleting"):
-        shutil.rmtree(leftover, ignore_errors=True)
+    remove_leftovers(ckpt_root)
     timeline = [p for p in list_checkpoints(ckpt_root) if step_of(p) <= newest]
     for old in timeline[:-keep_last]:
         doomed = old.with_name(old.name + ".deleting")

@@ -217,6 +217,8 @@ class Trainer:
     def resume(self) -> None:
         """Restore the engine and every piece of trainer state from train.resume's checkpoint."""
         t = self.cfg.train
+        if self.info.is_main:  # what a kill during the last run's pruning left (out_dir is ours: locked)
+            checkpoint.remove_leftovers(self.ckpt_root)
         if t.resume == "auto":
             existing = checkpoint.list_checkpoints(self.ckpt_root)
             self.resumed_from = existing[-1] if existing else None

@@ -93,6 +93,19 @@ def test_kill_during_pruning_leaves_no_half_deleted_checkpoint(tmp_path, monkeyp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000003"]
 
 
+def test_a_half_deleted_checkpoint_is_removed_when_the_run_starts_again(tmp_path):
+    """What a kill during pruning leaves (a `.deleting` directory) goes at the next start, even one
+    that then has nothing to do and saves nothing."""
+    args = (f"out_dir={tmp_path}", "train.max_steps=2", "train.save_every=1", "train.eval_every=0")
+    run_train(*args)
+    ckpts = tmp_path / "checkpoints"
+    shutil.copytree(ckpts / "step_00000002", ckpts / "step_00000001.deleting")
+    proc = run_train(*args)
+    assert "nothing to do" in proc.stdout + proc.stderr
+    assert not (ckpts / "step_00000001.deleting").exists()
+    assert (ckpts / "step_00000002" / "meta.json").is_file()
+
+
 def test_state_is_finite_sees_a_single_bad_weight_or_moment(tmp_path):
     model, engine = make()
     train_steps(model, engine, 1)
