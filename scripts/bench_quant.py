@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+from nvfp4train.data.paths import git_commit  # noqa: E402
 from nvfp4train.formats import fp8, mxfp4, nvfp4, sr_generator  # noqa: E402
 
 DEFAULT_OUT = ROOT / "docs" / "results" / "bench" / "quant.json"
@@ -98,20 +98,9 @@ def sig4(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-def commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("-dirty" if dirty else "")
-
-
 def bench(device: torch.device, shapes, impls, repeats: int) -> list[dict]:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    rev = commit()
+    rev = git_commit(short=True)
     rows = []
     print(f"# {gpu}, torch {torch.__version__}, bf16 input, median of {repeats}")
     print(f"{'quantizer':42s} {'shape':>11s} {'impl':>9s} {'ms':>9s} {'GB/s':>8s} {'copy GB/s':>10s} {'of copy':>8s}")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import time
 import warnings
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from nvfp4train.data.paths import git_commit
 from nvfp4train.dist import DistInfo
 from nvfp4train.model import HybridLM, ModelConfig, flops_per_token, param_groups
 from nvfp4train.model.mfu import peak_flops
@@ -87,7 +87,7 @@ def bench_one(model_name: str, model_cfg: ModelConfig, precision: str, batch: in
            "step_ms": round(step_s * 1e3, 3), "tokens_per_s": round(tokens_per_s, 1),
            "mfu": round(flops_per_token(model_cfg, seq)["total"] * tokens_per_s / peak[0], 4) if peak else None,
            "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
-           "gpu": torch.cuda.get_device_name(device) if cuda else "cpu", "commit": _commit()}
+           "gpu": torch.cuda.get_device_name(device) if cuda else "cpu", "commit": git_commit(short=True)}
     if sync_debug:
         row["syncs_per_step"] = syncs
     print(f"{model_name:>12} seq {seq:>5} x {batch:<3} {precision:>15} {backend:>9}: {row['step_ms']:>10.1f} ms "
@@ -98,14 +98,6 @@ def bench_one(model_name: str, model_cfg: ModelConfig, precision: str, batch: in
     if cuda:
         torch.cuda.empty_cache()
     return row
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def merge_rows(path: Path, rows: list[dict]) -> list[dict]:

@@ -160,6 +160,12 @@ def _gap_text(gap: float, base_spread: float | None, arm_spread: float | None, n
     return f"{gap:+.2f}% (seed spread: baseline {pct(base_spread)}, arm {pct(arm_spread)}; seeds {n_arm} vs {n_base})"
 
 
+def short_commit(commit: str) -> str:
+    """10 hex digits, keeping the `-dirty` mark of a checkout with uncommitted changes."""
+    dirty = commit.endswith("-dirty")
+    return commit.removesuffix("-dirty")[:10] + ("-dirty" if dirty else "")
+
+
 def setup_lines(summaries: list[dict]) -> list[str]:
     """Model, tokens, data passes and hardware, from the runs' own config.yaml and run.json."""
     runs = [r for s in summaries for a in s["arms"].values() for r in a.runs]
@@ -182,7 +188,7 @@ def setup_lines(summaries: list[dict]) -> list[str]:
             infos.append(json.loads(path.read_text()))
     gpus = sorted({i.get("gpu", "?") for i in infos}) or ["not recorded"]
     torches = sorted({i.get("torch", "?") for i in infos}) or ["not recorded"]
-    commits = sorted({i.get("commit", "?")[:10] for i in infos}) or ["not recorded"]
+    commits = sorted({short_commit(i.get("commit", "?")) for i in infos}) or ["not recorded"]
     sharing = sorted({int(i.get("runs_per_gpu", 1)) for i in infos}) or [1]
     lines = [
         f"- Model `{cfg['model']['name']}` (pattern `{cfg['model']['pattern']}`, d_model {cfg['model']['d_model']}): "

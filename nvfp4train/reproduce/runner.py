@@ -2,23 +2,31 @@
 (arXiv 2509.25149) on GPU machines lent for half an hour at a time.
 
     here:        pack-data                      prepare the corpora's token shards -> .carry/shards.tar.xz
-    GPU machine: launch EXPERIMENT... [--gpus N] [--per-gpu N] [--tokens N | --budget-minutes M]
+    GPU machine: launch EXPERIMENT... [--gpus N] [--per-gpu N|auto] [--tokens N | --budget-minutes M]
                                       [--skip-existing docs/results/runs] [--force] [--dry-run]
                  poll                           one line per run: step, tokens, loss, tokens/s, ETA
+                 wait [--timeout-s N]           until every run has ended (exit 1: the time ran out)
                  collect --out $OUT             finished runs -> ONE archive (no checkpoints)
     here:        ingest ARCHIVE                 -> docs/results/runs/<experiment>/<arm>/seed<k>/
                  report                         -> docs/results/reproduction.md (+ plots per experiment)
 
+A device command runs at most 10 minutes and the machine goes back soon after it ends, so one command
+launches, waits and collects:
+
+    python -m nvfp4train.reproduce launch fp8_vs_nvfp4 --per-gpu auto --skip-existing docs/results/runs \
+      && python -m nvfp4train.reproduce wait --timeout-s 500; python -m nvfp4train.reproduce collect --out $OUT
+
 An experiment is configs/reproduce/<name>.yaml (`_common.yaml` holds what every experiment shares): its
 arms (name -> Hydra overrides of `python -m nvfp4train.train`), its seeds, its token budget, the arm the
-others are measured against, and arms it borrows from another experiment for its report. Every arm of
-every experiment trains the same model on the same data order with the same schedule; only the overrides
-differ. `launch` plans experiment x arm x seed onto the GPUs present (several runs per GPU with
---per-gpu), starts one detached worker per slot (each runs its queue of runs one after the other,
-training then evaluating) and returns at once. Runs live in --runs-dir (runs/repro/<experiment>/<arm>/
-seed<k>/, the trainer's out_dir) beside the runner's own files: job.json (the plan's entry), worker.pid,
-started, console.log (the trainer's and evaluator's terminal output) and, once the run ended, run.json
-(commit, GPU, torch version, wall time, exit codes).
+others are measured against, arms it borrows from another experiment for its report, and the GPU memory
+one run takes per precision format (gib_per_run). Every arm of every experiment trains the same model on
+the same data order with the same schedule; only the overrides differ. `launch` plans experiment x arm x
+seed onto the GPUs present (several runs per GPU with --per-gpu N, checked against each GPU's free memory;
+--per-gpu auto starts as many as fit), starts one detached worker per slot (each runs its queue of runs
+one after the other, training then evaluating) and returns at once. Runs live in --runs-dir
+(runs/repro/<experiment>/<arm>/seed<k>/, the trainer's out_dir) beside the runner's own files: job.json
+(the plan's entry), worker.pid, started, console.log (the trainer's and evaluator's terminal output) and,
+once the run ended, run.json (commit, GPU, torch version, wall time, exit codes).
 """
 from __future__ import annotations
 
@@ -83,6 +91,7 @@ class Experiment:
     baseline: str
     borrow: dict[str, str] = field(default_factory=dict)   # arm -> the experiment whose runs it reuses
     eval: list[str] | None = None                          # `python -m nvfp4train.eval` arguments
+    gib_per_run: dict[str, float] = field(default_factory=dict)  # precision format (or default) -> GiB of GPU memory
 
 
 def experiment_names(directory: Path) -> list[str]:
@@ -98,12 +107,14 @@ def load_experiment(name: str, directory: Path = EXPERIMENTS_DIR) -> Experiment:
     common_path = Path(directory) / "_common.yaml"
     common = yaml.safe_load(common_path.read_text()) or {} if common_path.is_file() else {}
     own = yaml.safe_load(path.read_text()) or {}
-    allowed = {"description", "tokens", "seeds", "base", "arms", "baseline", "borrow", "eval"}
+    allowed = {"description", "tokens", "seeds", "base", "arms", "baseline", "borrow", "eval", "gib_per_run"}
     for source, spec in ((common_path, common), (path, own)):
         unknown = sorted(set(spec) - allowed)
         if unknown:
             raise UsageError(f"{source}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
-    spec = {**common, **own, "base": list(common.get("base") or []) + list(own.get("base") or [])}
+        check_gib_per_run(source, spec.get("gib_per_run"))
+    spec = {**common, **own, "base": list(common.get("base") or []) + list(own.get("base") or []),
+            "gib_per_run": {**(common.get("gib_per_run") or {}), **(own.get("gib_per_run") or {})}}
     for key in ("tokens", "seeds", "arms", "baseline"):
         if spec.get(key) in (None, [], {}):
             raise UsageError(f"{path}: {key} missing (in it or in {common_path.name})")
@@ -119,7 +130,25 @@ def load_experiment(name: str, directory: Path = EXPERIMENTS_DIR) -> Experiment:
         raise UsageError(f"{path}: baseline {spec['baseline']!r} is neither one of its arms nor borrowed")
     return Experiment(name=name, description=str(spec.get("description", "")).strip(), tokens=int(spec["tokens"]),
                       seeds=[int(s) for s in spec["seeds"]], base=[str(o) for o in spec["base"]], arms=arms,
-                      baseline=spec["baseline"], borrow=borrow, eval=spec.get("eval"))
+                      baseline=spec["baseline"], borrow=borrow, eval=spec.get("eval"),
+                      gib_per_run={k: float(v) for k, v in spec["gib_per_run"].items()})
+
+
+def check_gib_per_run(source: Path, table) -> None:
+    """gib_per_run: {FORMAT: GiB, ..., default: GiB}, what one run takes of its GPU's memory, by precision format."""
+    if table is None:
+        return
+    from nvfp4train.precision.policy import FORMATS
+
+    allowed = (*FORMATS, "default")
+    if not isinstance(table, dict):
+        raise UsageError(f"{source}: gib_per_run is {table!r}; expected a mapping FORMAT: GiB with FORMAT one of "
+                         f"{', '.join(allowed)}")
+    for key, value in table.items():
+        if key not in allowed:
+            raise UsageError(f"{source}: gib_per_run.{key}: unknown precision format; allowed: {', '.join(allowed)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise UsageError(f"{source}: gib_per_run.{key}={value!r}; expected GiB per run, a number > 0")
 
 
 def resolve_experiments(names: list[str], directory: Path) -> list[Experiment]:
@@ -194,9 +223,10 @@ class Job:
     speed: float                   # assumed tokens/s of this run (alone on its GPU)
     tokens_factor: float = 1.0
     startup_s: float = STARTUP_S
+    gib: float | None = None       # GPU memory it takes (the experiment's gib_per_run); None: not given
     slot: int = 0
     device: str = "cuda"           # cuda:<index> or cpu
-    per_device: int = 1
+    per_device: int = 1            # slots on its device: runs training on it at once
 
     @property
     def key(self) -> str:
@@ -320,7 +350,8 @@ def plan(args) -> tuple[list[Job], list[str], dict]:
                 eval_args = None if exp.eval is None else list(exp.eval) + eval_device
                 jobs.append(Job(exp.name, arm_name, seed, overrides, eval_args, str(out_dir), steps, steps * per_step,
                                 fmt, speed, arm.tokens_factor,
-                                CPU_STARTUP_S if args.device == "cpu" else STARTUP_S))
+                                CPU_STARTUP_S if args.device == "cpu" else STARTUP_S,
+                                exp.gib_per_run.get(fmt, exp.gib_per_run.get("default"))))
     keep = []
     for job in jobs:
         state = job_state(Path(job.out_dir))
@@ -347,6 +378,106 @@ def assign_slots(jobs: list[Job], gpus: list[int], per_gpu: int, device: str) ->
     return n_slots
 
 
+# How many runs share a GPU: each run's estimate (the experiment's gib_per_run: what one run of that precision
+# takes of a GPU, as nvidia-smi shows it per process, CUDA context included) against the GPU's free memory
+# less HEADROOM (allocator fragmentation, the evaluation after training, estimates being estimates). The runs
+# that may train at once on a GPU are the largest of each of its slots' queues.
+HEADROOM = 0.10
+
+
+def gpu_budgets(gpus: list[int], args) -> dict[int, tuple[float, float]] | None:
+    """GPU index -> (free GiB, GiB its runs may take); None where there is nothing to measure (CPU, no CUDA)."""
+    if args.device == "cpu" or not gpus:
+        return None
+    if args.gpu_free_gib is not None:
+        free = dict.fromkeys(gpus, float(args.gpu_free_gib))
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        free = {g: torch.cuda.mem_get_info(g)[0] / 2**30 for g in gpus}
+    return {g: (f, f * (1 - HEADROOM)) for g, f in free.items()}
+
+
+def pack_slots(jobs: list[Job], budgets: dict[int, tuple[float, float]]) -> int:
+    """--per-gpu auto. Largest estimate first (the longest first among equals), each run opens a slot of its
+    own (a worker that starts it at once) on the GPU with the most memory left, while its estimate fits
+    there; once none has room, it queues on the slot that frees up first. Every slot then holds as much
+    memory as the largest run queued on it. Returns the number of slots."""
+    left = {gpu: budget for gpu, (_, budget) in budgets.items()}
+    slots: list[list] = []   # [gpu, estimated end in seconds]
+    for job in sorted(jobs, key=lambda j: (-j.gib, -j.tokens / j.speed)):
+        gpu = max(left, key=lambda g: left[g])
+        if job.gib <= left[gpu]:
+            left[gpu] -= job.gib
+            slots.append([gpu, 0.0])
+            job.slot = len(slots) - 1
+        elif slots:
+            job.slot = min(range(len(slots)), key=lambda i: slots[i][1])
+        else:
+            free, budget = budgets[gpu]
+            raise UsageError(f"{job.key}: its estimate of {job.gib:g} GiB ({job.precision}, gib_per_run) does not fit "
+                             f"any GPU: cuda:{gpu} has the most, {budget:.1f} GiB ({free:.1f} GiB free less "
+                             f"{HEADROOM:.0%} headroom)")
+        slots[job.slot][1] += job.tokens / job.speed + job.startup_s
+        job.device = f"cuda:{slots[job.slot][0]}"
+    for job in jobs:
+        job.per_device = sum(gpu == slots[job.slot][0] for gpu, _ in slots)
+    return len(slots)
+
+
+def gpu_load(jobs: list[Job], gpu: int) -> list[Job]:
+    """The largest run of each slot on `gpu`: what may train on it at once."""
+    largest: dict[int, Job] = {}
+    for job in jobs:
+        if job.device == f"cuda:{gpu}" and (job.slot not in largest or job.gib > largest[job.slot].gib):
+            largest[job.slot] = job
+    return list(largest.values())
+
+
+def check_memory(jobs: list[Job], budgets: dict[int, tuple[float, float]], per_gpu: int) -> None:
+    """--per-gpu N: refuse when the runs that may train at once on a GPU need more than it has to give."""
+    for gpu, (free, budget) in sorted(budgets.items()):
+        load = gpu_load(jobs, gpu)
+        need = sum(j.gib for j in load)
+        if need > budget:
+            parts: dict[tuple[str, float], int] = {}
+            for j in load:
+                parts[j.precision, j.gib] = parts.get((j.precision, j.gib), 0) + 1
+            raise UsageError(f"--per-gpu {per_gpu}: cuda:{gpu} would train {len(load)} runs at once, "
+                             + " + ".join(f"{n} x {gib:g} GiB ({fmt})" for (fmt, gib), n in sorted(parts.items()))
+                             + f" = {need:.1f} GiB, more than its {budget:.1f} GiB ({free:.1f} GiB free less "
+                             f"{HEADROOM:.0%} headroom); --per-gpu auto starts as many as fit")
+
+
+def plan_slots(jobs: list[Job], gpus: list[int], args, notes: list[str]) -> tuple[int, dict | None]:
+    """Slots for --per-gpu N or auto, checked against the GPUs' memory. Returns (slots, budgets or None)."""
+    budgets = gpu_budgets(gpus, args)
+    if budgets is not None and jobs:
+        missing = sorted({(j.experiment, j.precision) for j in jobs if j.gib is None})
+        if missing and args.per_gpu == "auto":
+            exp, fmt = missing[0]
+            raise UsageError(f"--per-gpu auto: experiment {exp} gives no memory estimate for precision {fmt}: add "
+                             f"gib_per_run: {{{fmt}: GiB}} (or default) to {args.experiments_dir}/{exp}.yaml or "
+                             "_common.yaml")
+        if missing:
+            notes.append("memory not checked: no gib_per_run estimate for "
+                         + ", ".join(f"{exp} {fmt}" for exp, fmt in missing))
+            budgets = None
+    if args.per_gpu == "auto":
+        if budgets is not None:
+            return pack_slots(jobs, budgets), budgets
+        if args.device != "cpu":
+            notes.append("--per-gpu auto: no CUDA here to measure free memory, planning 1 run per GPU "
+                         "(--gpu-free-gib GiB plans as on GPUs with that much free)")
+        return assign_slots(jobs, gpus, 1, args.device), None
+    n_slots = assign_slots(jobs, gpus, args.per_gpu, args.device)
+    if budgets is not None:
+        check_memory(jobs, budgets, args.per_gpu)
+    return n_slots, budgets
+
+
 def fit_tokens(jobs: list[Job], minutes: float, per_step_of: dict[str, int]) -> None:
     """Scale every run's tokens (keeping each arm's factor) so that the busiest slot ends within `minutes`."""
     by_slot: dict[int, list[Job]] = {}
@@ -364,12 +495,17 @@ def fit_tokens(jobs: list[Job], minutes: float, per_step_of: dict[str, int]) -> 
                          for o in job.overrides]
 
 
-def print_plan(jobs: list[Job], notes: list[str], info: dict, n_slots: int, gpus: list[int], args) -> None:
+def print_plan(jobs: list[Job], notes: list[str], info: dict, n_slots: int, gpus: list[int], budgets: dict | None,
+               args) -> None:
     for note in notes:
         print(note)
     where = "cpu" if args.device == "cpu" else f"{len(gpus)} GPU(s) ({','.join(map(str, gpus))})"
-    print(f"plan: {len(jobs)} run(s) on {where}, {n_slots} slot(s) ({args.per_gpu} per device), "
+    print(f"plan: {len(jobs)} run(s) on {where}, {n_slots} slot(s) (--per-gpu {args.per_gpu}), "
           f"runs dir {args.runs_dir}")
+    for gpu, (free, budget) in sorted((budgets or {}).items()):
+        load = gpu_load(jobs, gpu)
+        print(f"  cuda:{gpu}: {len(load)} run(s) at once, up to {sum(j.gib for j in load):.1f} GiB of its "
+              f"{budget:.1f} ({free:.1f} GiB free less {HEADROOM:.0%} headroom)")
     for name, i in info.items():
         runs = [j for j in jobs if j.experiment == name]
         if not runs:
@@ -383,12 +519,13 @@ def print_plan(jobs: list[Job], notes: list[str], info: dict, n_slots: int, gpus
         print(f"  {name}: model {i['model']} {i['params'] / 1e6:.2f}M params ({i['non_embedding'] / 1e6:.2f}M without "
               f"embedding and LM head); {tokens:,} tokens per run = {tokens / i['non_embedding']:.1f} tokens/param "
               f"({tokens / i['params']:.1f} counting embeddings); {passes}")
-    print(f"{'run':<44} {'device':<7} {'slot':>4} {'precision':<14} {'steps':>6} {'tokens':>12} {'est. min':>8}")
+    print(f"{'run':<44} {'device':<7} {'slot':>4} {'precision':<14} {'steps':>6} {'tokens':>12} {'est. min':>8} "
+          f"{'GiB':>5}")
     slot_end: dict[int, float] = {}
     for job in sorted(jobs, key=lambda j: (j.slot, j.key)):
         slot_end[job.slot] = slot_end.get(job.slot, 0.0) + job.estimate_s()
         print(f"{job.key:<44} {job.device:<7} {job.slot:>4} {job.precision:<14} {job.max_steps:>6} "
-              f"{job.tokens:>12,} {job.estimate_s() / 60:>8.1f}")
+              f"{job.tokens:>12,} {job.estimate_s() / 60:>8.1f} {'-' if job.gib is None else f'{job.gib:g}':>5}")
     if slot_end:
         print(f"estimated wall time: {max(slot_end.values()) / 60:.1f} min (assumed speeds; poll shows the "
               "measured ones, --speed FORMAT=TOKENS_PER_S corrects the estimate)")
@@ -421,21 +558,14 @@ def pid_alive(pid) -> bool:
         return True
 
 
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def base_steps(steps: int, factor: float) -> int:
     return round(steps / factor)
 
 
 def check_budget(jobs: list[Job], results: Path | None, experiments_dir: Path) -> None:
     """Refuse to start runs whose token budget differs from the results already there: every experiment
-    shares one budget (borrowed arms are compared across experiments), and mixed budgets do not compare."""
+    shares one budget (borrowed arms are compared across experiments), and mixed budgets do not compare.
+    The refusal names every run there of another budget."""
     if results is None or not results.is_dir():
         return
     import yaml
@@ -443,41 +573,54 @@ def check_budget(jobs: list[Job], results: Path | None, experiments_dir: Path) -
     factors = {}
     for name in experiment_names(experiments_dir):
         factors.update({(name, a): arm.tokens_factor for a, arm in load_experiment(name, experiments_dir).arms.items()})
+    clashes, first, suggested = [], None, None
     for config_path in sorted(results.glob("*/*/seed*/config.yaml")):
-        experiment, arm = config_path.parts[-4], config_path.parts[-3]
+        experiment, arm, seed = config_path.parts[-4:-1]
         train = (yaml.safe_load(config_path.read_text()) or {}).get("train", {})
-        there = base_steps(int(train.get("max_steps", 0)), factors.get((experiment, arm), 1.0))
-        for job in jobs:
-            if int(train.get("global_batch_size", 0)) * int(train.get("seq_len", 0)) != job.tokens // job.max_steps:
-                continue
-            if base_steps(job.max_steps, job.tokens_factor) != there:
-                raise UsageError(f"{job.key} would train {base_steps(job.max_steps, job.tokens_factor)} steps, but "
-                                 f"{config_path.parent} has {there}: runs of other budgets do not compare; pass "
-                                 f"--tokens {there * (job.tokens // job.max_steps)}")
+        steps = int(train.get("max_steps", 0))
+        per_step = int(train.get("global_batch_size", 0)) * int(train.get("seq_len", 0))
+        there = base_steps(steps, factors.get((experiment, arm), 1.0))
+        clash = next((j for j in jobs if j.tokens // j.max_steps == per_step
+                      and base_steps(j.max_steps, j.tokens_factor) != there), None)
+        if clash is not None:
+            clashes.append(f"{experiment}/{arm}/{seed} ({steps * per_step:,} tokens)")
+            first, suggested = first or clash, suggested or there * per_step
+    if clashes:
+        planned = base_steps(first.max_steps, first.tokens_factor) * (first.tokens // first.max_steps)
+        raise UsageError(f"{first.key} is planned at a budget of {planned:,} tokens, but {results} holds runs of "
+                         f"another budget: {', '.join(clashes)}; runs of other budgets do not compare: pass --tokens "
+                         f"{suggested} to match them, or --force to train the new budget anyway (`ingest --force` then "
+                         "replaces each of them whose experiment/arm/seed it brings back)")
 
 
 def launch(args) -> int:
-    if args.per_gpu < 1:
-        raise UsageError(f"--per-gpu {args.per_gpu}: must be >= 1")
+    if args.per_gpu != "auto":
+        if not args.per_gpu.isdigit() or int(args.per_gpu) < 1:
+            raise UsageError(f"--per-gpu {args.per_gpu}: expected a number >= 1 or auto")
+        args.per_gpu = int(args.per_gpu)
+    if args.gpu_free_gib is not None and args.gpu_free_gib <= 0:
+        raise UsageError(f"--gpu-free-gib {args.gpu_free_gib:g}: must be > 0")
     check_arms(resolve_experiments(args.experiments, args.experiments_dir), args.arms)  # bad names before any work
     gpus = visible_gpus(args)
     if args.device != "cpu" and not gpus:
         raise UsageError("no CUDA GPU visible (use --device cpu to run on the CPU)")
     jobs, notes, info = plan(args)
-    n_slots = assign_slots(jobs, gpus, args.per_gpu, args.device)
+    n_slots, budgets = plan_slots(jobs, gpus, args, notes)
     if args.budget_minutes:
         fit_tokens(jobs, args.budget_minutes, {k: v["per_step"] for k, v in info.items()})
     if not args.force:
         check_budget(jobs, args.skip_existing, args.experiments_dir)
-    print_plan(jobs, notes, info, n_slots, gpus, args)
+    print_plan(jobs, notes, info, n_slots, gpus, budgets, args)
     if args.dry_run or not jobs:
         print("dry run: nothing started" if args.dry_run else "nothing to start")
         return 0
     for i in info.values():  # the data must be here before anything starts
         data_epochs(i["cfg"], 1)
+    from nvfp4train.data.paths import git_commit
+
     runs_dir = Path(args.runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
-    commit = args.commit or git_commit()
+    commit = args.commit or git_commit()   # of the checkout launched from ("unknown" in a copy without .git)
     threads = max(1, (os.cpu_count() or 1) // n_slots)
     for slot in sorted({j.slot for j in jobs}):
         queue = sorted((j for j in jobs if j.slot == slot), key=lambda j: j.key)
@@ -573,10 +716,16 @@ def last_records(run_dir: Path, n: int = 5) -> list[dict]:
 
 
 def poll(args) -> int:
-    run_dirs = find_jobs(args.runs_dir)
+    print_table(args.runs_dir)
+    return 0
+
+
+def print_table(runs_dir: Path) -> dict[str, int]:
+    """One line per run (and the last line of a failed or lost run's output); returns the runs per state."""
+    run_dirs = find_jobs(runs_dir)
     if not run_dirs:
-        print(f"no runs under {args.runs_dir}")
-        return 0
+        print(f"no runs under {runs_dir}")
+        return {}
     print(f"{'run':<44} {'state':<8} {'step':>11} {'tokens':>12} {'loss':>7} {'tok/s':>8} {'ETA min':>7}")
     counts: dict[str, int] = {}
     slot_eta: dict[int, float] = {}
@@ -614,7 +763,42 @@ def poll(args) -> int:
             together.setdefault(job["device"], []).append(speed)
     for device, speeds in sorted(together.items()):  # what --per-gpu is measured by
         print(f"{device}: {len(speeds)} running, {sum(speeds):,.0f} tokens/s together")
-    return 0
+    return counts
+
+
+# ------------------------------------------------------------------------------------------------ wait
+UNDER_WAY = ("running", "queued")
+
+
+def wait(args) -> int:
+    """Block until every run in the runs dir has ended (run.json written, or its worker gone), printing the
+    table every --every seconds and once at the end: exit 0, or 1 when --timeout-s ran out first. One device
+    command can then launch, wait and collect (the machine is given back soon after a command ends)."""
+    for flag, value in (("--every", args.every), ("--timeout-s", args.timeout_s)):
+        if value is not None and value <= 0:
+            raise UsageError(f"wait: {flag} {value:g}: must be > 0 (seconds)")
+    start = time.monotonic()
+    last_table = start
+    while True:
+        elapsed = time.monotonic() - start
+        under_way = sum(job_state(d) in UNDER_WAY for d in find_jobs(args.runs_dir))
+        timed_out = args.timeout_s is not None and elapsed >= args.timeout_s
+        if not under_way or timed_out or time.monotonic() - last_table >= args.every:
+            print(f"--- wait: {elapsed:.0f} s", flush=True)
+            print_table(args.runs_dir)
+            sys.stdout.flush()
+            last_table = time.monotonic()
+        if not under_way:
+            print("every run has ended")
+            return 0
+        if timed_out:
+            print(f"wait: --timeout-s {args.timeout_s:g} ran out with {under_way} run(s) running or queued "
+                  "(collect leaves them out)")
+            return 1
+        pause = min(5.0, args.every)
+        if args.timeout_s is not None:
+            pause = min(pause, max(args.timeout_s - elapsed, 0.0))
+        time.sleep(pause)
 
 
 # --------------------------------------------------------------------------------------------- collect
@@ -633,15 +817,16 @@ def collect(args) -> int:
                 continue
             state = job_state(run_dir)
             if state != "done":
-                skipped.append(f"{key} ({state})")
+                skipped.append(f"left out {key}: " + unfinished_detail(run_dir, job, state))
                 continue
             for name in COLLECTED:
                 if (run_dir / name).is_file():
                     tar.add(run_dir / name, arcname=f"{key}/{name}")
             packed.append(key)
     if not packed:
-        print(f"nothing finished to collect under {args.runs_dir}"
-              + (f"; not finished: {', '.join(skipped)}" if skipped else ""))
+        print(f"nothing finished to collect under {args.runs_dir}")
+        for line in skipped:
+            print(line)
         return 0
     if buffer.tell() > ARCHIVE_LIMIT:
         raise UsageError(f"collect: the archive would be {buffer.tell() / 2**20:.1f} MiB, over 16 MiB; collect fewer "
@@ -651,9 +836,20 @@ def collect(args) -> int:
     print(f"{path}: {len(packed)} run(s), {path.stat().st_size / 2**20:.2f} MiB")
     for key in packed:
         print(f"  {key}")
-    if skipped:
-        print(f"not finished (left out): {', '.join(skipped)}")
+    for line in skipped:
+        print(line)
     return 0
+
+
+def unfinished_detail(run_dir: Path, job: dict, state: str) -> str:
+    """Why a run is not collected, in a few words: how far it got, or how it ended."""
+    if state == "failed":
+        result = json.loads((run_dir / "run.json").read_text())
+        return f"failed (training exited with {result.get('train_rc')}; its console.log says why)"
+    records = last_records(run_dir, 1)
+    step = records[-1]["step"] if records else 0
+    gone = ", its worker is gone" if state == "lost" else ""
+    return f"not finished ({state}{gone}, step {step}/{job['max_steps']})"
 
 
 # ---------------------------------------------------------------------------------------------- ingest
@@ -684,12 +880,19 @@ def ingest(args) -> int:
         if (target / "metrics.jsonl").is_file() and not args.force:
             print(f"skip {key}: already in {into} (--force replaces it)")
             continue
-        if target.exists():
-            shutil.rmtree(target)
-        target.mkdir(parents=True)
+        # Unpacked beside it first, then swapped in whole: a replaced run keeps none of the old run's files
+        # (an eval.json the new run lacks), and a failed unpack leaves the old run as it was.
+        staging = target.with_name(target.name + ".ingesting")
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
         for member in files:
-            (target / Path(member.name).name).write_bytes(tar.extractfile(member).read())
-        print(f"added {key}")
+            (staging / Path(member.name).name).write_bytes(tar.extractfile(member).read())
+        replaced = target.exists()
+        if replaced:
+            shutil.rmtree(target)
+        staging.rename(target)
+        print(f"{'replaced' if replaced else 'added'} {key}")
         added += 1
     tar.close()
     print(f"{added} run(s) added to {into}, {len(runs) - added} skipped")
@@ -723,7 +926,10 @@ def parse_args(argv):
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--gpus", type=int, help="use the first N GPUs (default: all visible)")
     p.add_argument("--gpu-ids", type=lambda s: [int(x) for x in s.split(",")], help="use these GPUs, e.g. 4,5,6,7")
-    p.add_argument("--per-gpu", type=int, default=1, help="runs sharing one GPU at a time (default 1)")
+    p.add_argument("--per-gpu", default="1", help="runs sharing one GPU at a time (default 1), or auto: as many as "
+                   "fit its free memory by the experiment's gib_per_run (checked for N too)")
+    p.add_argument("--gpu-free-gib", type=float, help="plan as on GPUs with this much free memory, instead of "
+                   "asking them (a --dry-run planned away from the GPU machine)")
     p.add_argument("--tokens", type=int, help="training tokens per run (default: the experiment's)")
     p.add_argument("--budget-minutes", type=float, help="scale the tokens so that every run ends within this")
     p.add_argument("--speed", action="append", help="FORMAT=TOKENS_PER_S for the estimate (repeatable)")
@@ -736,6 +942,11 @@ def parse_args(argv):
 
     p = verbs.add_parser("poll", help="progress of every run")
     p.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS_DIR)
+
+    p = verbs.add_parser("wait", help="until every run has ended: exit 0, or 1 when --timeout-s runs out")
+    p.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS_DIR)
+    p.add_argument("--timeout-s", type=float, help="give up after this many seconds (exit 1; default: no limit)")
+    p.add_argument("--every", type=float, default=30, help="seconds between progress tables (default 30)")
 
     p = verbs.add_parser("collect", help="finished runs -> one archive under $OUT")
     p.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS_DIR)
@@ -759,8 +970,8 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    verbs = {"pack-data": pack_data, "launch": launch, "poll": poll, "collect": collect, "ingest": ingest,
-             "report": report}
+    verbs = {"pack-data": pack_data, "launch": launch, "poll": poll, "wait": wait, "collect": collect,
+             "ingest": ingest, "report": report}
     try:
         if args.verb == "_worker":
             return worker(args.run_dirs)

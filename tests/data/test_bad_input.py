@@ -170,23 +170,25 @@ def test_damaged_tokenizer_file_names_the_file(corpus, tmp_path, damage):
         build(corpus)
 
 
-def test_cache_dir_that_is_a_file_is_named(corpus, tmp_path):
-    (tmp_path / "cache").write_text("not a directory")
-    with pytest.raises(ValueError, match=r"data.cache_dir=.*cache': cannot write the token shards of "
-                                         r"data.sources.lower.train there"):
-        build(corpus)
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
-def test_read_only_cache_dir_is_named(corpus, tmp_path):
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    cache.chmod(0o555)
+@pytest.mark.parametrize("unusable, reason", [
+    ("a_file", "File exists|Not a directory"),
+    pytest.param("read_only", "Permission denied",
+                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")),
+])
+def test_unusable_cache_dir_is_named(corpus, tmp_path, unusable, reason):
+    cache = tmp_path / "cache"                     # the corpus fixture's cache_dir
+    if unusable == "a_file":
+        cache.write_text("not a directory")
+    else:
+        cache.mkdir()
+        cache.chmod(0o555)
     try:
-        with pytest.raises(ValueError, match=r"data.cache_dir=.*cannot write the token shards.*Permission denied"):
+        with pytest.raises(ValueError, match=r"data.cache_dir=.*cache': cannot write the token shards of "
+                                             rf"data.sources.lower.train there.*({reason})"):
             build(corpus)
     finally:
-        cache.chmod(0o755)
+        if cache.is_dir():
+            cache.chmod(0o755)
 
 
 @pytest.mark.parametrize("edit, field", [

@@ -1,14 +1,19 @@
-"""The reproduction runner end to end on CPU: launch (detached workers) -> poll -> collect -> ingest ->
-skip-existing -> report, with a tiny experiment of 2 arms x 1 seed; and its one-line refusals."""
+"""The reproduction runner end to end on CPU: launch (detached workers) -> wait -> poll -> collect -> ingest
+-> skip-existing -> report, with a tiny experiment of 2 arms x 1 seed; its one-line refusals; and how many
+runs share a GPU, planned against a given free memory (--gpu-free-gib, as a dry run away from the GPU)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tarfile
 import time
 from pathlib import Path
 
+import pytest
+
+from nvfp4train.reproduce.runner import main as reproduce_main
 from tests.conftest import REPO, cli_env
 
 TINY_EXPERIMENT = """
@@ -46,19 +51,26 @@ def test_launch_poll_collect_ingest_report(tmp_path):
     assert "tiny/bf16/seed1" in proc.stdout and "tiny/nvfp4/seed1" in proc.stdout
     assert "tokens/param" in proc.stdout and "started 2 run(s) in 2 worker(s)" in proc.stdout
 
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        polled = reproduce("poll", "--runs-dir", str(runs))
-        assert polled.returncode == 0, polled.stderr
-        if "2 done" in polled.stdout or "failed" in polled.stdout or "lost" in polled.stdout:
-            break
-        time.sleep(2)
-    assert "2 done" in polled.stdout, polled.stdout + "".join(
+    # A wait that runs out while the runs train (they take seconds to import torch alone): exit 1, and
+    # collect leaves the unfinished runs out, one line each.
+    cut_off = reproduce("wait", "--runs-dir", str(runs), "--timeout-s", "0.5", "--every", "0.2")
+    assert cut_off.returncode == 1, cut_off.stdout + cut_off.stderr
+    assert "ran out with 2 run(s) running or queued" in cut_off.stdout
+    early = reproduce("collect", "--runs-dir", str(runs), "--out", str(out))
+    assert early.returncode == 0 and "nothing finished to collect" in early.stdout and not list(out.iterdir())
+    left_out = [line for line in early.stdout.splitlines() if line.startswith("left out")]
+    assert len(left_out) == 2 and all("not finished (" in line for line in left_out), early.stdout
+
+    waited = reproduce("wait", "--runs-dir", str(runs), "--timeout-s", "240", "--every", "1", timeout=300)
+    assert waited.returncode == 0, waited.stdout + waited.stderr + "".join(
         p.read_text()[-2000:] for p in runs.glob("*/*/seed1/console.log"))
-    assert "6/6" in polled.stdout
+    assert waited.stdout.rstrip().endswith("every run has ended") and "2 done" in waited.stdout
+    polled = reproduce("poll", "--runs-dir", str(runs))
+    assert polled.returncode == 0 and "2 done" in polled.stdout and "6/6" in polled.stdout, polled.stdout
 
     collected = reproduce("collect", "--runs-dir", str(runs), "--out", str(out))
     assert collected.returncode == 0, collected.stderr
+    assert "left out" not in collected.stdout
     archives = list(out.iterdir())
     assert len(archives) == 1 and archives[0].name.endswith(".tar.gz")
     with tarfile.open(archives[0]) as tar:
@@ -77,13 +89,19 @@ def test_launch_poll_collect_ingest_report(tmp_path):
     assert info["torch"] and info["wall_s"] > 0
     again = reproduce("ingest", str(archives[0]), "--into", str(results / "runs"))
     assert "skip tiny/bf16/seed1" in again.stdout and "0 run(s) added" in again.stdout
+    (run_dir / "stale.txt").write_text("a file of the run it replaces")
+    forced = reproduce("ingest", str(archives[0]), "--into", str(results / "runs"), "--force")
+    assert "replaced tiny/nvfp4/seed1" in forced.stdout and "2 run(s) added" in forced.stdout
+    assert not (run_dir / "stale.txt").exists() and (run_dir / "metrics.jsonl").is_file()
 
     relaunch = reproduce(*launch, experiments=experiments)
     assert relaunch.returncode == 0, relaunch.stderr
     assert "skip tiny/bf16/seed1: already in" in relaunch.stdout and "nothing to start" in relaunch.stdout
     other_budget = reproduce(*launch, "--tokens", "3072", "--arms", "bf16", "--seeds", "2", experiments=experiments)
     assert other_budget.returncode == 2 and len(other_budget.stderr.strip().splitlines()) == 1
-    assert "--tokens 1536" in other_budget.stderr
+    for needle in ("tiny/bf16/seed2 is planned at a budget of 3,072 tokens", "tiny/bf16/seed1 (1,536 tokens), "
+                   "tiny/nvfp4/seed1 (1,536 tokens)", "--tokens 1536", "--force"):
+        assert needle in other_budget.stderr, other_budget.stderr
 
     reported = reproduce("report", "--runs", str(results / "runs"), "--out", str(results), "--no-plots",
                          experiments=experiments)
@@ -97,7 +115,9 @@ def test_bad_input_is_one_line(tmp_path):
     for args, needle in [(["launch", "no_such_experiment", "--device", "cpu"], "no_such_experiment"),
                          (["launch", "fp8_vs_nvfp4", "--arms", "fp4_typo", "--device", "cpu"], "fp4_typo"),
                          (["ingest", str(tmp_path / "missing.tar.gz")], "missing.tar.gz"),
-                         (["collect", "--runs-dir", str(tmp_path)], "--out")]:
+                         (["collect", "--runs-dir", str(tmp_path)], "--out"),
+                         (["launch", "fp8_vs_nvfp4", "--per-gpu", "many", "--dry-run"], "--per-gpu many"),
+                         (["wait", "--runs-dir", str(tmp_path), "--every", "0"], "--every 0")]:
         proc = reproduce(*args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, proc.stderr
@@ -119,3 +139,69 @@ def test_plan_of_the_paper_experiments_fits_the_budget():
     assert 15 < wall <= 20.0
     assert "hybrid_repro 30.89M params (22.50M without embedding" in proc.stdout
     assert "dry run: nothing started" in proc.stdout
+
+
+# ------------------------------------------------------------------------------------ runs per GPU by memory
+def dry_run(capsys, *args) -> tuple[int, str, str]:
+    rc = reproduce_main(["launch", *args, "--dry-run", "--data", "", "--runs-dir", "/nonexistent/runs"])
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def plan_rows(out: str) -> list[dict]:
+    """The plan table's rows: run, device, slot, GiB."""
+    rows = [line.split() for line in out.splitlines() if "/seed" in line.split()[0]] if out else []
+    return [{"run": r[0], "device": r[1], "slot": int(r[2]), "gib": float(r[-1])} for r in rows]
+
+
+def at_once(rows: list[dict]) -> dict[str, float]:
+    """Per device: the GiB of the largest run of each slot, summed (what may train at once)."""
+    largest: dict[tuple[str, int], float] = {}
+    for r in rows:
+        largest[r["device"], r["slot"]] = max(largest.get((r["device"], r["slot"]), 0.0), r["gib"])
+    totals: dict[str, float] = {}
+    for (device, _), gib in largest.items():
+        totals[device] = totals.get(device, 0.0) + gib
+    return totals
+
+
+def test_per_gpu_auto_packs_runs_into_the_free_memory(capsys):
+    """fp8_vs_nvfp4 (3 seeds of nvfp4 9.5 GiB, fp8_blockwise 7, bf16 6, by configs/reproduce/_common.yaml):
+    with 40 GiB free (36 to give), the three NVFP4 runs and one FP8 run start at once (35.5 GiB) and the rest
+    queue behind them; with 80 GiB free on each of 2 GPUs every run starts at once, spread over both."""
+    rc, out, err = dry_run(capsys, "fp8_vs_nvfp4", "--gpus", "1", "--per-gpu", "auto", "--gpu-free-gib", "40")
+    assert rc == 0, err
+    rows = plan_rows(out)
+    assert len(rows) == 9 and {r["gib"] for r in rows} == {9.5, 7.0, 6.0}
+    assert "4 slot(s) (--per-gpu auto)" in out and at_once(rows) == {"cuda:0": 35.5}
+    assert "cuda:0: 4 run(s) at once, up to 35.5 GiB of its 36.0 (40.0 GiB free less 10% headroom)" in out
+    assert {r["slot"] for r in rows if r["gib"] == 9.5} == {0, 1, 2}   # the largest each start at once
+
+    rc, out, err = dry_run(capsys, "fp8_vs_nvfp4", "--gpus", "2", "--per-gpu", "auto", "--gpu-free-gib", "80")
+    assert rc == 0, err
+    rows = plan_rows(out)
+    assert "9 slot(s)" in out and len({(r["device"], r["slot"]) for r in rows}) == 9
+    assert all(gib <= 72 for gib in at_once(rows).values()) and len(at_once(rows)) == 2
+
+
+def test_per_gpu_n_that_does_not_fit_is_refused_with_the_numbers(capsys):
+    rc, out, err = dry_run(capsys, "fp8_vs_nvfp4", "--gpus", "1", "--per-gpu", "9", "--gpu-free-gib", "70")
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert ("--per-gpu 9: cuda:0 would train 9 runs at once, 3 x 6 GiB (bf16) + 3 x 7 GiB (fp8_blockwise) + "
+            "3 x 9.5 GiB (nvfp4) = 67.5 GiB, more than its 63.0 GiB (70.0 GiB free less 10% headroom)") in err
+    rc, out, err = dry_run(capsys, "fp8_vs_nvfp4", "--gpus", "1", "--per-gpu", "6", "--gpu-free-gib", "70")
+    assert rc == 0 and at_once(plan_rows(out))["cuda:0"] <= 63, out + err
+    rc, out, err = dry_run(capsys, "fp8_vs_nvfp4", "--gpus", "1", "--per-gpu", "auto", "--gpu-free-gib", "9")
+    assert rc == 2 and "fp8_vs_nvfp4/nvfp4/seed1: its estimate of 9.5 GiB (nvfp4, gib_per_run) does not fit" in err
+
+
+@pytest.mark.parametrize("table, needle", [
+    ("{nvfp5: 9}", "gib_per_run.nvfp5: unknown precision format; allowed: bf16, fp8_blockwise"),
+    ("{nvfp4: -1}", "gib_per_run.nvfp4=-1; expected GiB per run, a number > 0"),
+    ("9.5", "gib_per_run is 9.5; expected a mapping FORMAT: GiB"),
+])
+def test_bad_gib_per_run_is_one_line(tmp_path, capsys, table, needle):
+    (tmp_path / "tiny.yaml").write_text(TINY_EXPERIMENT + f"gib_per_run: {table}\n")
+    reproduce_main(["--experiments-dir", str(tmp_path), "launch", "tiny", "--device", "cpu", "--dry-run"])
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"error: {re.escape(str(tmp_path / 'tiny.yaml'))}: {re.escape(needle)}.*\n", err), err
