@@ -142,16 +142,30 @@ def test_plan_of_the_paper_experiments_fits_the_budget():
 
 
 # ------------------------------------------------------------------------------------ runs per GPU by memory
-def dry_run(capsys, *args) -> tuple[int, str, str]:
-    rc = reproduce_main(["launch", *args, "--dry-run", "--data", "", "--runs-dir", "/nonexistent/runs"])
+THREE_FORMATS = TINY_EXPERIMENT.replace("seeds: [1]", "seeds: [1, 2, 3]").replace(
+    "  nvfp4: [precision=nvfp4]", "  fp8_blockwise: [precision=fp8_blockwise]\n  nvfp4: [precision=nvfp4]") + \
+    "gib_per_run: {bf16: 6, fp8_blockwise: 7, nvfp4: 9.5}\n"
+
+
+@pytest.fixture
+def three_formats(tmp_path) -> Path:
+    """3 seeds each of bf16 (6 GiB a run), fp8_blockwise (7) and nvfp4 (9.5)."""
+    (tmp_path / "three.yaml").write_text(THREE_FORMATS)
+    return tmp_path
+
+
+def dry_run(capsys, experiments: Path, *args) -> tuple[int, str, str]:
+    rc = reproduce_main(["--experiments-dir", str(experiments), "launch", "three", *args, "--dry-run", "--data", "",
+                         "--runs-dir", "/nonexistent/runs"])
     captured = capsys.readouterr()
     return rc, captured.out, captured.err
 
 
 def plan_rows(out: str) -> list[dict]:
     """The plan table's rows: run, device, slot, GiB."""
-    rows = [line.split() for line in out.splitlines() if "/seed" in line.split()[0]] if out else []
-    return [{"run": r[0], "device": r[1], "slot": int(r[2]), "gib": float(r[-1])} for r in rows]
+    rows = [line.split() for line in out.splitlines() if line.split() and "/seed" in line.split()[0]]
+    return [{"run": r[0], "device": r[1], "slot": int(r[2]), "gib": None if r[-1] == "-" else float(r[-1])}
+            for r in rows]
 
 
 def at_once(rows: list[dict]) -> dict[str, float]:
@@ -165,11 +179,10 @@ def at_once(rows: list[dict]) -> dict[str, float]:
     return totals
 
 
-def test_per_gpu_auto_packs_runs_into_the_free_memory(capsys):
-    """fp8_vs_nvfp4 (3 seeds of nvfp4 9.5 GiB, fp8_blockwise 7, bf16 6, by configs/reproduce/_common.yaml):
-    with 40 GiB free (36 to give), the three NVFP4 runs and one FP8 run start at once (35.5 GiB) and the rest
-    queue behind them; with 80 GiB free on each of 2 GPUs every run starts at once, spread over both."""
-    rc, out, err = dry_run(capsys, "fp8_vs_nvfp4", "--gpus", "1", "--per-gpu", "auto", "--gpu-free-gib", "40")
+def test_per_gpu_auto_packs_runs_into_the_free_memory(capsys, three_formats):
+    """With 40 GiB free (36 to give), the three NVFP4 runs and one FP8 run start at once (35.5 GiB) and the
+    rest queue behind them; with 80 GiB free on each of 2 GPUs every run starts at once, spread over both."""
+    rc, out, err = dry_run(capsys, three_formats, "--gpus", "1", "--per-gpu", "auto", "--gpu-free-gib", "40")
     assert rc == 0, err
     rows = plan_rows(out)
     assert len(rows) == 9 and {r["gib"] for r in rows} == {9.5, 7.0, 6.0}
@@ -177,22 +190,30 @@ def test_per_gpu_auto_packs_runs_into_the_free_memory(capsys):
     assert "cuda:0: 4 run(s) at once, up to 35.5 GiB of its 36.0 (40.0 GiB free less 10% headroom)" in out
     assert {r["slot"] for r in rows if r["gib"] == 9.5} == {0, 1, 2}   # the largest each start at once
 
-    rc, out, err = dry_run(capsys, "fp8_vs_nvfp4", "--gpus", "2", "--per-gpu", "auto", "--gpu-free-gib", "80")
+    rc, out, err = dry_run(capsys, three_formats, "--gpus", "2", "--per-gpu", "auto", "--gpu-free-gib", "80")
     assert rc == 0, err
     rows = plan_rows(out)
     assert "9 slot(s)" in out and len({(r["device"], r["slot"]) for r in rows}) == 9
     assert all(gib <= 72 for gib in at_once(rows).values()) and len(at_once(rows)) == 2
 
 
-def test_per_gpu_n_that_does_not_fit_is_refused_with_the_numbers(capsys):
-    rc, out, err = dry_run(capsys, "fp8_vs_nvfp4", "--gpus", "1", "--per-gpu", "9", "--gpu-free-gib", "70")
+def test_per_gpu_n_that_does_not_fit_is_refused_with_the_numbers(capsys, three_formats):
+    rc, out, err = dry_run(capsys, three_formats, "--gpus", "1", "--per-gpu", "9", "--gpu-free-gib", "70")
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert ("--per-gpu 9: cuda:0 would train 9 runs at once, 3 x 6 GiB (bf16) + 3 x 7 GiB (fp8_blockwise) + "
             "3 x 9.5 GiB (nvfp4) = 67.5 GiB, more than its 63.0 GiB (70.0 GiB free less 10% headroom)") in err
-    rc, out, err = dry_run(capsys, "fp8_vs_nvfp4", "--gpus", "1", "--per-gpu", "6", "--gpu-free-gib", "70")
+    rc, out, err = dry_run(capsys, three_formats, "--gpus", "1", "--per-gpu", "6", "--gpu-free-gib", "70")
     assert rc == 0 and at_once(plan_rows(out))["cuda:0"] <= 63, out + err
-    rc, out, err = dry_run(capsys, "fp8_vs_nvfp4", "--gpus", "1", "--per-gpu", "auto", "--gpu-free-gib", "9")
-    assert rc == 2 and "fp8_vs_nvfp4/nvfp4/seed1: its estimate of 9.5 GiB (nvfp4, gib_per_run) does not fit" in err
+    rc, out, err = dry_run(capsys, three_formats, "--gpus", "1", "--per-gpu", "auto", "--gpu-free-gib", "9")
+    assert rc == 2 and "three/nvfp4/seed1: its estimate of 9.5 GiB (nvfp4, gib_per_run) does not fit" in err
+
+
+def test_every_precision_of_the_paper_experiments_has_a_memory_estimate(capsys):
+    """--per-gpu auto plans every run of configs/reproduce (a format without an estimate would refuse)."""
+    rc = reproduce_main(["launch", "all", "--gpus", "1", "--per-gpu", "auto", "--gpu-free-gib", "79", "--dry-run",
+                         "--data", "", "--runs-dir", "/nonexistent/runs"])
+    rows = plan_rows(capsys.readouterr().out)
+    assert rc == 0 and len(rows) == 3 * 3 + 5 + 2 + 2 and all(r["gib"] for r in rows)
 
 
 @pytest.mark.parametrize("table, needle", [
@@ -202,6 +223,6 @@ def test_per_gpu_n_that_does_not_fit_is_refused_with_the_numbers(capsys):
 ])
 def test_bad_gib_per_run_is_one_line(tmp_path, capsys, table, needle):
     (tmp_path / "tiny.yaml").write_text(TINY_EXPERIMENT + f"gib_per_run: {table}\n")
-    reproduce_main(["--experiments-dir", str(tmp_path), "launch", "tiny", "--device", "cpu", "--dry-run"])
+    rc = reproduce_main(["--experiments-dir", str(tmp_path), "launch", "tiny", "--device", "cpu", "--dry-run"])
     err = capsys.readouterr().err
-    assert re.fullmatch(rf"error: {re.escape(str(tmp_path / 'tiny.yaml'))}: {re.escape(needle)}.*\n", err), err
+    assert rc == 2 and re.fullmatch(rf"error: {re.escape(str(tmp_path / 'tiny.yaml'))}: {re.escape(needle)}.*\n", err)
