@@ -336,6 +336,10 @@ def plan(args) -> tuple[list[Job], list[str], dict]:
             per_step = int(cfg["train"]["global_batch_size"]) * int(cfg["train"]["seq_len"])
             steps = max(1, round(tokens * arm.tokens_factor / per_step))
             fmt = cfg["precision"].get("format", "bf16")
+            # GiB per run by its format; a run that switches to BF16 late takes the larger of the two
+            formats = [fmt, "bf16"] if (cfg["precision"].get("switch") or {}).get("at_fraction") else [fmt]
+            estimates = [exp.gib_per_run.get(f, exp.gib_per_run.get("default")) for f in formats]
+            gib = None if None in estimates else max(estimates)
             if exp.name not in info:
                 params, non_embedding = model_params(cfg["model"])
                 info[exp.name] = {"params": params, "non_embedding": non_embedding, "per_step": per_step,
@@ -350,8 +354,7 @@ def plan(args) -> tuple[list[Job], list[str], dict]:
                 eval_args = None if exp.eval is None else list(exp.eval) + eval_device
                 jobs.append(Job(exp.name, arm_name, seed, overrides, eval_args, str(out_dir), steps, steps * per_step,
                                 fmt, speed, arm.tokens_factor,
-                                CPU_STARTUP_S if args.device == "cpu" else STARTUP_S,
-                                exp.gib_per_run.get(fmt, exp.gib_per_run.get("default"))))
+                                CPU_STARTUP_S if args.device == "cpu" else STARTUP_S, gib))
     keep = []
     for job in jobs:
         state = job_state(Path(job.out_dir))
@@ -720,12 +723,12 @@ def poll(args) -> int:
     return 0
 
 
-def print_table(runs_dir: Path) -> dict[str, int]:
-    """One line per run (and the last line of a failed or lost run's output); returns the runs per state."""
+def print_table(runs_dir: Path) -> None:
+    """One line per run (and the last line of a failed or lost run's output), the runs per state."""
     run_dirs = find_jobs(runs_dir)
     if not run_dirs:
         print(f"no runs under {runs_dir}")
-        return {}
+        return
     print(f"{'run':<44} {'state':<8} {'step':>11} {'tokens':>12} {'loss':>7} {'tok/s':>8} {'ETA min':>7}")
     counts: dict[str, int] = {}
     slot_eta: dict[int, float] = {}
@@ -763,7 +766,6 @@ def print_table(runs_dir: Path) -> dict[str, int]:
             together.setdefault(job["device"], []).append(speed)
     for device, speeds in sorted(together.items()):  # what --per-gpu is measured by
         print(f"{device}: {len(speeds)} running, {sum(speeds):,.0f} tokens/s together")
-    return counts
 
 
 # ------------------------------------------------------------------------------------------------ wait

@@ -209,11 +209,14 @@ def test_per_gpu_n_that_does_not_fit_is_refused_with_the_numbers(capsys, three_f
 
 
 def test_every_precision_of_the_paper_experiments_has_a_memory_estimate(capsys):
-    """--per-gpu auto plans every run of configs/reproduce (a format without an estimate would refuse)."""
+    """--per-gpu auto plans every run of configs/reproduce (a format without an estimate would refuse); a run
+    that switches from NVFP4 to BF16 counts as the larger of the two."""
     rc = reproduce_main(["launch", "all", "--gpus", "1", "--per-gpu", "auto", "--gpu-free-gib", "79", "--dry-run",
                          "--data", "", "--runs-dir", "/nonexistent/runs"])
-    rows = plan_rows(capsys.readouterr().out)
-    assert rc == 0 and len(rows) == 3 * 3 + 5 + 2 + 2 and all(r["gib"] for r in rows)
+    rows = {r["run"]: r for r in plan_rows(capsys.readouterr().out)}
+    assert rc == 0 and len(rows) == 3 * 3 + 5 + 2 + 2 and all(r["gib"] for r in rows.values())
+    assert rows["bf16_switch/switch_full/seed1"]["gib"] == max(rows["fp8_vs_nvfp4/nvfp4/seed1"]["gib"],
+                                                               rows["fp8_vs_nvfp4/bf16/seed1"]["gib"])
 
 
 @pytest.mark.parametrize("table, needle", [
@@ -226,3 +229,16 @@ def test_bad_gib_per_run_is_one_line(tmp_path, capsys, table, needle):
     rc = reproduce_main(["--experiments-dir", str(tmp_path), "launch", "tiny", "--device", "cpu", "--dry-run"])
     err = capsys.readouterr().err
     assert rc == 2 and re.fullmatch(rf"error: {re.escape(str(tmp_path / 'tiny.yaml'))}: {re.escape(needle)}.*\n", err)
+
+
+def test_git_commit_is_the_checkouts_head():
+    """The one commit helper (runner, bench_train, bench_quant): HEAD, `-dirty` with uncommitted changes."""
+    from nvfp4train.data.paths import git_commit
+
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    assert git_commit() == head.stdout.strip() + ("-dirty" if dirty else "")
+    assert head.stdout.startswith(git_commit(short=True).removesuffix("-dirty"))
