@@ -664,6 +664,16 @@ def sign_mask(signs: torch.Tensor) -> int:
     return sum(1 << i for i, s in enumerate(signs.tolist()) if s < 0)
 
 
+def _rht_launch_options(x: torch.Tensor, groups: int, block_f: int) -> dict:
+    # One warp per 64 (group, feature) pairs (up to 8): a thread then holds 2 features of a group,
+    # D accumulators each, whatever the block shape (4 warps for the default 4 x 64), and small
+    # tiles (the 1-group fallback) leave no warp idle.
+    options = _launch_options(x)
+    if x.is_cuda:
+        options["num_warps"] = min(8, max(1, groups * block_f // 64))
+    return options
+
+
 def rht_blocks(n_tokens: int, d: int, blocks=None) -> tuple[int, int]:
     """(groups of d tokens, features) a program of the RHT kernels takes: ``blocks`` (default
     (RHT_GROUPS, RHT_BLOCK_F)), both powers of two, groups halved until it divides n_tokens / d
@@ -705,7 +715,7 @@ def rht_nvfp4_t(
     grid = (n_tokens // (groups * 16), triton.cdiv(n_features, block_f))
     partial = torch.empty((2 if rowwise else 1, grid[0] * grid[1]), dtype=torch.int32, device=x.device)
     _rht_abs_max_kernel[grid](x, partial[0], partial[-1], n_features, SIGN_MASK=mask, ROWWISE=rowwise, GROUPS=groups,
-                              BLOCK_F=block_f, **_launch_options(x))
+                              BLOCK_F=block_f, **_rht_launch_options(x, groups, block_f))
     amaxes = partial.amax(dim=1).view(torch.float32)
     amax, row_amax = amaxes[0], amaxes[-1]
     if rowwise and rounding == "sr":
@@ -733,7 +743,7 @@ def rht_nvfp4_t(
         x, amax, bits, seed, codes, scales, values, s_dec,
         row_amax, row_seed, row_codes, row_scales, row_values, row_s_dec, n_tokens, n_features,
         SIGN_MASK=mask, ROUNDING=mode, DENSE=dense, ROWWISE=rowwise, ROW_DENSE=rowwise_dense, GROUPS=groups,
-        BLOCK_F=block_f, **_launch_options(x),
+        BLOCK_F=block_f, **_rht_launch_options(x, groups, block_f),
     )
     columnwise = (values, amax, s_dec) if dense else (codes, scales, amax, s_dec)
     if not rowwise:
@@ -775,7 +785,7 @@ def rht_mxfp4_t(
     _rht_mxfp4_kernel[grid](
         x, bits, seed, codes, scales, values, n_tokens, n_features,
         SIGN_MASK=sign_mask(signs), SCALE_RULE={"rceil": 0, "floor": 1}[scale_rule], ROUNDING=mode, DENSE=dense,
-        GROUPS=groups, BLOCK_F=block_f, **_launch_options(x),
+        GROUPS=groups, BLOCK_F=block_f, **_rht_launch_options(x, groups, block_f),
     )
     return values if dense else (codes, scales)
 
