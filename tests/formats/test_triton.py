@@ -371,8 +371,9 @@ def test_mxfp4_rht_quantize_t_same_bits_as_rht_then_quantize(dtype):
     from nvfp4train.formats import triton_kernels
 
     gen = torch.Generator().manual_seed(7)
-    # 128 tokens: 4 groups of 32 per program; 96: the 1-group fallback (and blocks=(2, 16): 2 groups x 16 features).
-    for (n_tokens, n_features), blocks in (((128, 48), None), ((96, 40), (2, 16))):
+    # 64 tokens: the default 4 groups of 32 per program halved to 2; 96 tokens, blocks=(4, 32): halved to 1 group
+    # (3 of 32 tokens), 32 features per program (40: the last program masks 24).
+    for (n_tokens, n_features), blocks in (((64, 48), None), ((96, 40), (4, 32))):
         x = torch.randn(n_tokens, n_features, generator=gen)
         x[::7, ::5] *= 300
         x[3] *= 2.0**-12
