@@ -488,6 +488,12 @@ def test_kernels_compile_for_sm90_without_approximate_division():
                                   target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False})
         ptx = compiled.asm["ptx"]
         assert "div.full" not in ptx and "div.approx" not in ptx and "fma.rn.f32" not in ptx, (kernel, constexprs)
+        if kernel in (tk._rht_abs_max_kernel, tk._rht_nvfp4_kernel, tk._rht_mxfp4_kernel):
+            # The transform stays in each thread's registers: shared memory re-lays out at most the
+            # stored tiles (codes and scales), not every loaded token row (16 re-layouts a program
+            # before); the rowwise copy's 2-D tile adds its own (its Philox words, its stores).
+            relayouts = compiled.asm["ttgir"].count("ttg.convert_layout")
+            assert relayouts <= (6 if constexprs.get("ROWWISE") else 2), (kernel, constexprs, relayouts)
 
 
 # ------------------------------------------------------------------------------ operands' routing
