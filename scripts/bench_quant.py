@@ -11,8 +11,9 @@ close a quantizer comes to the memory bound. (The NVFP4 kernels read the input t
 global amax, which the count leaves out: their ceiling is below 1.)
 
 ``--rht-blocks G,F ...`` times only the fused Wgrad kernels (``nvfp4.rht_quantize_t`` and
-``mxfp4.rht_quantize_t``, Triton) with G groups of 16 / 32 tokens x F features per program, one
-row per block shape (the quantizer's name ends in ``blocks=GxF``); the bits do not depend on it.
+``mxfp4.rht_quantize_t``, Triton) with G groups of 16 / 32 tokens x F features per program, a row
+per kernel and block shape (the quantizer's name ends in ``blocks=GxF``; G x F / 64 warps, 1 to 8);
+the bits do not depend on it.
 
 Rows are printed as a table and merged into ``--out`` (default docs/results/bench/quant.json), one
 row per quantizer x shape x impl: {quantizer, shape, impl, ms, gbps, copy_gbps, frac_of_copy, gpu,
@@ -190,7 +191,7 @@ def main(argv=None) -> None:
                         help=f"JSON to merge rows into (default {DEFAULT_OUT.relative_to(ROOT)})")
     parser.add_argument("--rht-blocks", type=parse_blocks, nargs="+", metavar="G,F",
                         help="time only nvfp4/mxfp4.rht_quantize_t (Triton) with G token groups x F features per "
-                             "program, one row per G,F (e.g. --rht-blocks 4,64 2,128)")
+                             "program, a row per kernel and G,F (e.g. --rht-blocks 4,64 2,128)")
     args = parser.parse_args(argv)
     if args.rht_blocks:
         if "triton" not in args.impls:
