@@ -518,7 +518,8 @@ def check_wgrad_route(x2d, spec, device):
     # SR included: both routes draw the same way (the Triton kernels' Philox word depends on the
     # element's output index only, so the RHT kernel and the plain one agree).
     for a, b in zip(fused.tensors, generic.tensors):
-        as_bytes = lambda t: t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e8m0fnu) else t  # noqa: E731
+        scale_dtypes = (torch.float8_e4m3fn, torch.float8_e8m0fnu)
+        as_bytes = lambda t: t.view(torch.uint8) if t.dtype in scale_dtypes else t  # noqa: E731
         assert_same(as_bytes(a), as_bytes(b).cpu(), spec)
     dense = operands.fake_quantize(xt, spec, 64, sr_generator(1, 0, device))
     assert_same(dense.values, fused.dequantize().values.cpu(), spec)
