@@ -2,12 +2,18 @@
 
     python scripts/bench_quant.py                              # CUDA: 8192x8192 and 16384x4096 bf16
     python scripts/bench_quant.py --device cpu --shapes 64x256 --repeats 2 --out /tmp/quant.json
+    python scripts/bench_quant.py --rht-blocks 4,64 2,128 8,32     # sweep the fused RHT kernels' blocks
 
 GB/s counts the bytes a quantizer must move: its input read once plus its outputs written (packed
 codes + scales for ``quantize``, the dense values for ``fake_quantize``). The copy column is
 ``dst.copy_(src)`` of the same input in the same run (2 x its bytes), so ``frac_of_copy`` says how
 close a quantizer comes to the memory bound. (The NVFP4 kernels read the input twice, once for the
 global amax, which the count leaves out: their ceiling is below 1.)
+
+``--rht-blocks G,F ...`` times only the fused Wgrad kernels (``nvfp4.rht_quantize_t`` and
+``mxfp4.rht_quantize_t``, Triton) with G groups of 16 / 32 tokens x F features per program, a row
+per kernel and block shape (the quantizer's name ends in ``blocks=GxF``; G x F / 64 warps, 1 to 8);
+the bits do not depend on it.
 
 Rows are printed as a table and merged into ``--out`` (default docs/results/bench/quant.json), one
 row per quantizer x shape x impl: {quantizer, shape, impl, ms, gbps, copy_gbps, frac_of_copy, gpu,
@@ -47,10 +53,18 @@ def nbytes(t) -> int:
     raise TypeError(type(t))
 
 
-def cases(device: torch.device):
-    """(name, fn(x, impl)) for every quantizer with a Triton kernel."""
+def cases(device: torch.device, rht_blocks=None):
+    """(name, fn(x, impl)) for every quantizer with a Triton kernel; with ``rht_blocks`` (a list of
+    (groups, features)), the fused Wgrad kernels at each block shape instead."""
     gen = lambda: sr_generator(0, 0, device)  # noqa: E731
     bf16 = torch.bfloat16
+    if rht_blocks:
+        return [case for g, f in rht_blocks for case in (
+            (f"nvfp4.rht_quantize_t 1x16 rne blocks={g}x{f}",
+             lambda x, i, b=(g, f): nvfp4.rht_quantize_t(x, "rne", impl=i, blocks=b)),
+            (f"mxfp4.rht_quantize_t 1x32 rne blocks={g}x{f}",
+             lambda x, i, b=(g, f): mxfp4.rht_quantize_t(x, "rne", impl=i, blocks=b)),
+        )]
     return [
         ("nvfp4.quantize 1x16 rne", lambda x, i: nvfp4.quantize(x, (1, 16), "rne", impl=i)),
         ("nvfp4.quantize 1x16 sr", lambda x, i: nvfp4.quantize(x, (1, 16), "sr", gen(), impl=i)),
@@ -63,6 +77,8 @@ def cases(device: torch.device):
         ("nvfp4.quantize_rowwise_and_rht_t rne",
          lambda x, i: nvfp4.quantize_rowwise_and_rht_t(x, "rne", rowwise_dense=True, out_dtype=bf16, impl=i)),
         ("mxfp4.quantize rne", lambda x, i: mxfp4.quantize(x, "rne", impl=i)),
+        ("mxfp4.rht_quantize_t 1x32 rne", lambda x, i: mxfp4.rht_quantize_t(x, "rne", impl=i)),
+        ("mxfp4.rht_quantize_t 1x32 sr", lambda x, i: mxfp4.rht_quantize_t(x, "sr", gen(), impl=i)),
         ("mxfp4.fake_quantize rne", lambda x, i: mxfp4.fake_quantize(x, "rne", out_dtype=bf16, impl=i)[0]),
         ("mxfp4.fake_quantize sr",
          lambda x, i: mxfp4.fake_quantize(x, "sr", generator=gen(), out_dtype=bf16, impl=i)[0]),
@@ -98,7 +114,7 @@ def sig4(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-def bench(device: torch.device, shapes, impls, repeats: int) -> list[dict]:
+def bench(device: torch.device, shapes, impls, repeats: int, rht_blocks=None) -> list[dict]:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     rev = git_commit(short=True)
     rows = []
@@ -110,7 +126,7 @@ def bench(device: torch.device, shapes, impls, repeats: int) -> list[dict]:
         copy_ms = time_ms(lambda: dst.copy_(x), repeats, device)
         copy_gbps = 2 * nbytes(x) / (copy_ms * 1e6)
         shape = f"{n_rows}x{n_cols}"
-        for name, fn in cases(device):
+        for name, fn in cases(device, rht_blocks):
             for impl in impls:
                 out = fn(x, impl)
                 ms = time_ms(lambda: fn(x, impl), repeats, device)
@@ -143,6 +159,16 @@ def parse_shape(text: str) -> tuple[int, int]:
     return n_rows, n_cols
 
 
+def parse_blocks(text: str) -> tuple[int, int]:
+    try:
+        groups, features = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rht-blocks: {text!r} is not GROUPS,FEATURES (e.g. 4,64)") from None
+    if not all(v >= 1 and v & (v - 1) == 0 for v in (groups, features)):
+        raise argparse.ArgumentTypeError(f"--rht-blocks: {text!r}: both numbers must be powers of two")
+    return groups, features
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
@@ -152,7 +178,14 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per case (default 20 CUDA, 3 CPU)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"JSON to merge rows into (default {DEFAULT_OUT.relative_to(ROOT)})")
+    parser.add_argument("--rht-blocks", type=parse_blocks, nargs="+", metavar="G,F",
+                        help="time only nvfp4/mxfp4.rht_quantize_t (Triton) with G token groups x F features per "
+                             "program, a row per kernel and G,F (e.g. --rht-blocks 4,64 2,128)")
     args = parser.parse_args(argv)
+    if args.rht_blocks:
+        if "triton" not in args.impls:
+            parser.error("--rht-blocks sets the Triton kernels' block shape: --impls must include triton")
+        args.impls = ["triton"]  # the reference has no blocks
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA GPU here (use --device cpu)")
@@ -161,7 +194,7 @@ def main(argv=None) -> None:
             parser.error("--device cpu with --impls triton: triton was imported before TRITON_INTERPRET=1 could be set")
         os.environ["TRITON_INTERPRET"] = "1"  # before triton's first import (the formats import it lazily)
     shapes = args.shapes or ([(8192, 8192), (16384, 4096)] if device.type == "cuda" else [(128, 256)])
-    rows = bench(device, shapes, args.impls, args.repeats or (20 if device.type == "cuda" else 3))
+    rows = bench(device, shapes, args.impls, args.repeats or (20 if device.type == "cuda" else 3), args.rht_blocks)
     merge(args.out, rows)
     print(f"merged {len(rows)} rows into {args.out}")
 

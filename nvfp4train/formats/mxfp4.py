@@ -19,6 +19,10 @@ the E8M0 NaN scale (0xFF) and dequantizes to NaN; other blocks are unaffected (n
 
 ``impl``: "reference" (the PyTorch code here), "triton" (triton_kernels.py, the same bits; SR from
 Philox) or "auto" (Triton for CUDA tensors); see impl.py.
+
+The Wgrad operand (``rht_quantize_t`` / ``rht_fake_quantize_t``): MXFP4 of ``hadamard.rht(x.T, 32)``
+for x [tokens, features], from one fused kernel on CUDA that reads x row-major and never
+materializes the transpose or the transform.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import e2m1
+from . import e2m1, hadamard
 from .impl import use_triton
 from .rounding import random_bits_like
 
@@ -201,4 +205,72 @@ def fake_quantize(
     else:
         random_bits = _draw_random_bits(x, rounding, generator)
         values = _fake_quantize_impl(x, rounding, scale_rule, random_bits, out_dtype or x.dtype)
+    return values, torch.ones((), dtype=torch.float32, device=x.device)
+
+
+# ------------------------------------------------------------------------------ Wgrad operand
+def _check_rht_input(x: torch.Tensor, who: str) -> None:
+    if not isinstance(x, torch.Tensor) or x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{who}: x must be a torch.Tensor of {INPUT_DTYPES}, got {getattr(x, 'dtype', type(x))}")
+    if x.ndim != 2 or x.shape[0] % BLOCK != 0 or x.numel() == 0:
+        raise ValueError(f"{who}: x must be 2-D [tokens, features] with tokens a multiple of {BLOCK}, "
+                         f"got shape {tuple(x.shape)}")
+
+
+def rht_quantize_t(
+    x: torch.Tensor,
+    rounding: str = "rne",
+    generator: torch.Generator | None = None,
+    signs=None,
+    scale_rule: str = "rceil",
+    *,
+    impl: str = "auto",
+    blocks: tuple[int, int] | None = None,
+) -> MXFP4Tensor:
+    """The Wgrad operand of ``x`` [tokens, features]: MXFP4 (1x32) of ``hadamard.rht(x.T, 32,
+    signs)``, shape [features, tokens].
+
+    Same bits as ``quantize(hadamard.rht(x.t().contiguous(), 32, signs), rounding, scale_rule,
+    generator)`` (which is what impl="reference" runs); the Triton kernel reads x row-major and
+    never materializes the transpose or the transform. SR bits follow the [features, tokens]
+    layout. ``blocks``: the Triton kernel's (groups of 32 tokens, features) per program
+    (triton_kernels.rht_blocks; a speed knob, the bits do not depend on it)."""
+    _check_rht_input(x, "mxfp4.rht_quantize_t")
+    e2m1.check_rounding(rounding)
+    scale_rule = canonical_scale_rule(scale_rule)
+    signs = hadamard.resolve_signs(BLOCK, signs)
+    if not use_triton(x, impl, "mxfp4.rht_quantize_t"):
+        return quantize(hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator,
+                        impl="reference")
+    from . import triton_kernels
+
+    codes, bits = triton_kernels.rht_mxfp4_t(x, signs, scale_rule, rounding, dense=False, generator=generator,
+                                             blocks=blocks)
+    return MXFP4Tensor(codes, bits.view(torch.float8_e8m0fnu), torch.Size(x.shape[::-1]), scale_rule)
+
+
+def rht_fake_quantize_t(
+    x: torch.Tensor,
+    rounding: str = "rne",
+    generator: torch.Generator | None = None,
+    signs=None,
+    scale_rule: str = "rceil",
+    out_dtype: torch.dtype | None = None,
+    *,
+    impl: str = "auto",
+    blocks: tuple[int, int] | None = None,
+):
+    """``(values [features, tokens], 1.0)``: ``fake_quantize`` of ``hadamard.rht(x.T, 32, signs)``
+    (see ``rht_quantize_t``)."""
+    _check_rht_input(x, "mxfp4.rht_fake_quantize_t")
+    e2m1.check_rounding(rounding)
+    scale_rule = canonical_scale_rule(scale_rule)
+    signs = hadamard.resolve_signs(BLOCK, signs)
+    if not use_triton(x, impl, "mxfp4.rht_fake_quantize_t"):
+        return fake_quantize(hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator,
+                             out_dtype, impl="reference")
+    from . import triton_kernels
+
+    values = triton_kernels.rht_mxfp4_t(x, signs, scale_rule, rounding, dense=True, generator=generator,
+                                        out_dtype=out_dtype or x.dtype, blocks=blocks)
     return values, torch.ones((), dtype=torch.float32, device=x.device)

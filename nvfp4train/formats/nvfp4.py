@@ -258,13 +258,16 @@ def rht_quantize_t(
     signs=None,
     *,
     impl: str = "auto",
+    blocks: tuple[int, int] | None = None,
 ) -> NVFP4Tensor:
     """The Wgrad operand of ``x`` [tokens, features]: NVFP4 (1x16) of ``hadamard.rht(x.T, 16,
     signs)``, shape [features, tokens], its global scale from the transformed tensor's amax.
 
     Same bits as ``quantize(hadamard.rht(x.t(), 16, signs), (1, 16), rounding, generator)``
     (which is what impl="reference" runs); the Triton kernel reads x row-major and never
-    materializes the transpose or the transform. SR bits follow the [features, tokens] layout."""
+    materializes the transpose or the transform. SR bits follow the [features, tokens] layout.
+    ``blocks``: the Triton kernels' (groups of 16 tokens, features) per program
+    (triton_kernels.rht_blocks; a speed knob, the bits do not depend on it)."""
     _check_rht_input(x, "nvfp4.rht_quantize_t")
     e2m1.check_rounding(rounding)
     signs = hadamard.resolve_signs(BLOCK, signs)
@@ -272,7 +275,8 @@ def rht_quantize_t(
         return quantize(hadamard.rht(x.t(), BLOCK, signs), (1, BLOCK), rounding, generator, impl="reference")
     from . import triton_kernels
 
-    codes, scales, amax, s_dec = triton_kernels.rht_nvfp4_t(x, signs, rounding, dense=False, generator=generator)
+    codes, scales, amax, s_dec = triton_kernels.rht_nvfp4_t(x, signs, rounding, dense=False, generator=generator,
+                                                             blocks=blocks)
     return NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), amax, s_dec, torch.Size(x.shape[::-1]), (1, BLOCK))
 
 
@@ -284,6 +288,7 @@ def rht_fake_quantize_t(
     out_dtype: torch.dtype | None = None,
     *,
     impl: str = "auto",
+    blocks: tuple[int, int] | None = None,
 ):
     """``(values [features, tokens], global_decode_scale)``: ``fake_quantize`` of
     ``hadamard.rht(x.T, 16, signs)`` (see ``rht_quantize_t``)."""
@@ -296,7 +301,7 @@ def rht_fake_quantize_t(
     from . import triton_kernels
 
     values, _, s_dec = triton_kernels.rht_nvfp4_t(x, signs, rounding, dense=True, generator=generator,
-                                                  out_dtype=out_dtype or x.dtype)
+                                                  out_dtype=out_dtype or x.dtype, blocks=blocks)
     return values, s_dec
 
 
@@ -310,6 +315,7 @@ def quantize_rowwise_and_rht_t(
     columnwise_dense: bool = False,
     out_dtype: torch.dtype | None = None,
     impl: str = "auto",
+    blocks: tuple[int, int] | None = None,
 ):
     """Both NVFP4 copies the recipe takes of an activation or gradient x [tokens, features], from
     one read of x on CUDA: ``(rowwise, columnwise)`` with
@@ -337,7 +343,8 @@ def quantize_rowwise_and_rht_t(
     from . import triton_kernels
 
     row, col = triton_kernels.rht_nvfp4_t(x, signs, rounding, dense=columnwise_dense, generator=generator,
-                                          out_dtype=out_dtype, rowwise=True, rowwise_dense=rowwise_dense)
+                                          out_dtype=out_dtype, rowwise=True, rowwise_dense=rowwise_dense,
+                                          blocks=blocks)
     if rowwise_dense:
         rowwise = (row[0], row[2])
     else:

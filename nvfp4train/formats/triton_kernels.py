@@ -26,6 +26,8 @@ import triton
 import triton.language as tl
 from triton import knobs
 
+from . import hadamard
+
 # Whether this module's kernels were decorated for the interpreter (CPU tensors) or for the GPU.
 INTERPRETED = bool(knobs.runtime.interpret)
 
@@ -368,6 +370,18 @@ def _e8m0_exponent_bits(amax_b, SCALE_RULE: tl.constexpr):
 
 
 @triton.jit
+def _e8m0_scales(amax_b, SCALE_RULE: tl.constexpr):
+    """(E8M0 bits, FP32 scale 2^(bits - 127), its reciprocal) of each block from its FP32 amax:
+    mxfp4._quantize_core's bits, scale_from_e8m0(bits) and reciprocal(scale) (exact)."""
+    scale_bits = _e8m0_exponent_bits(amax_b, SCALE_RULE)
+    # scale_from_e8m0: 2^(bits - 127); bits 0 is 2^-127 (an FP32 subnormal), 255 NaN.
+    scale = tl.where(scale_bits == 0, (1 << 22), scale_bits << 23).to(tl.float32, bitcast=True)
+    scale = tl.where(scale_bits == 255, float("nan"), scale)
+    inverse = tl.div_rn(tl.full(amax_b.shape, 1.0, tl.float32), scale)
+    return scale_bits, scale, inverse
+
+
+@triton.jit
 def _mxfp4_kernel(
     x_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, rows, cols,
     SCALE_RULE: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
@@ -384,11 +398,7 @@ def _mxfp4_kernel(
 
     magnitude_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     amax_b = tl.max(tl.reshape(magnitude_bits, (BLOCK_R, NB, 32)), axis=2).to(tl.float32, bitcast=True)
-    scale_bits = _e8m0_exponent_bits(amax_b, SCALE_RULE)
-    # scale_from_e8m0: 2^(bits - 127); bits 0 is 2^-127 (an FP32 subnormal), 255 NaN.
-    scale = tl.where(scale_bits == 0, (1 << 22), scale_bits << 23).to(tl.float32, bitcast=True)
-    scale = tl.where(scale_bits == 255, float("nan"), scale)
-    inverse = tl.div_rn(tl.full((BLOCK_R, NB), 1.0, tl.float32), scale)  # reciprocal(scale): exact
+    scale_bits, scale, inverse = _e8m0_scales(amax_b, SCALE_RULE)
     y = tl.reshape(tl.reshape(x, (BLOCK_R, NB, 32)) * inverse[:, :, None], (BLOCK_R, BLOCK_C))
 
     if ROUNDING == 1:
@@ -450,31 +460,52 @@ def mxfp4(
     return values if dense else (codes, scales)
 
 
-# ------------------------------------------------------------------------------ Wgrad: RHT + transpose + NVFP4
-# The Wgrad operand of x [tokens, features] is NVFP4 1x16 of hadamard.rht(x.T, 16): blocks of 16
-# consecutive tokens, transformed and quantized together. A program reads GROUPS x 16 tokens x
-# BLOCK_F features of x (row-major, coalesced), transforms each 16-token group in registers and
-# writes the transposed result. Two passes, as for nvfp4: the amax of the transformed tensor
-# (TE's post-RHT amax), then the quantization; neither materializes the transform.
-RHT_GROUPS, RHT_BLOCK_F = 4, 64
+# ------------------------------------------------------------------------------ Wgrad: RHT + transpose + NVFP4 / MXFP4
+# The Wgrad operand of x [tokens, features] is NVFP4 1x16 of hadamard.rht(x.T, 16), or MXFP4 1x32
+# of hadamard.rht(x.T, 32): blocks of D consecutive tokens, transformed and quantized together. A
+# program reads GROUPS x D tokens x BLOCK_F features of x (row-major, coalesced), transforms each
+# D-token group in registers and writes the transposed result, one contiguous run of GROUPS x D
+# tokens per feature. NVFP4 takes two passes: the amax of the transformed tensor (TE's post-RHT
+# amax), then the quantization. MXFP4 has no tensor scale and takes one. Neither materializes the
+# transform.
+RHT_GROUPS, RHT_BLOCK_F = 4, 64  # default blocks: groups of D tokens x features per program
+
+
+def _rht_entry_bits(d: int) -> int:
+    """|entry| of hadamard.rht_matrix(d) as FP32 bits (every entry is ±fp32(1/sqrt(d)))."""
+    return int(hadamard.rht_matrix(d, torch.ones(d))[0, 0].view(torch.int32))
+
+
+_RHT16_ENTRY_BITS = tl.constexpr(_rht_entry_bits(16))  # 1/4
+_RHT32_ENTRY_BITS = tl.constexpr(_rht_entry_bits(32))  # fp32(1/sqrt(32)): the products round
 
 
 @triton.jit
-def _rht16(x_ptr, t0, f, mask_f, n_features, SIGN_MASK: tl.constexpr, GROUPS: tl.constexpr,
-           BLOCK_F: tl.constexpr):
-    """hadamard.rht along tokens for tokens t0 .. t0 + 16 GROUPS and features f: FP32 [GROUPS, 16,
-    BLOCK_F], element (g, j, f) = sum_i x[t0 + 16 g + i, f] * m[i, j], summed in index order i
-    (hadamard.rht's loop), then rounded to x's dtype and back. m[i, j] = s_i (-1)^popcount(i & j) / 4
-    with s_i = -1 where bit i of SIGN_MASK is set."""
+def _rht_tokens(x_ptr, t0, f, mask_f, n_features, D: tl.constexpr, ENTRY_BITS: tl.constexpr,
+                SIGN_MASK: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr):
+    """hadamard.rht(., D) along tokens for tokens t0 .. t0 + D GROUPS and features f: FP32
+    [GROUPS, D, BLOCK_F], element (g, j, f) = sum_i x[t0 + D g + i, f] * m[i, j], each product
+    rounded to FP32 and summed in index order i (hadamard.rht's loop), then rounded to x's dtype
+    and back. m[i, j] = s_i (-1)^popcount(i & j) |m|, |m| the FP32 with bits ENTRY_BITS and
+    s_i = -1 where bit i of SIGN_MASK is set (D <= 256).
+
+    Token i of every group is loaded as a [GROUPS, 1, BLOCK_F] tile: the sum takes that load's
+    layout, so one thread holds all D outputs of its (group, feature) and the products need no
+    exchange between threads (a [GROUPS, BLOCK_F] load would be re-laid out through shared memory,
+    once per token)."""
     g = tl.arange(0, GROUPS)
-    j = tl.arange(0, 16)
-    rows = (t0 + g * 16).to(tl.int64)
-    for i in tl.static_range(16):
-        xi = tl.load(x_ptr + (rows[:, None] + i) * n_features + f[None, :], mask=mask_f[None, :], other=0.0)
-        parity = ((i & j) ^ ((i & j) >> 1) ^ ((i & j) >> 2) ^ ((i & j) >> 3)) & 1
-        quarter_i = 0.25 - 0.5 * ((SIGN_MASK >> i) & 1)  # s_i / 4, a compile-time constant
-        m_i = tl.where(parity == 1, -quarter_i, quarter_i)  # row i of rht_matrix(16)
-        product = _to_fp32(xi)[:, None, :] * m_i[None, :, None]
+    j = tl.arange(0, D)
+    rows = (t0 + g * D).to(tl.int64)
+    for i in tl.static_range(D):
+        offs = (rows[:, None, None] + i) * n_features + f[None, None, :]
+        xi = _to_fp32(tl.load(x_ptr + offs, mask=mask_f[None, None, :], other=0.0))
+        parity = i & j  # popcount(i & j) mod 2, folding 8 bits
+        parity = parity ^ (parity >> 4)
+        parity = parity ^ (parity >> 2)
+        parity = (parity ^ (parity >> 1)) & 1
+        negative = parity ^ ((SIGN_MASK >> i) & 1)
+        m_i = ((negative << 31) | ENTRY_BITS).to(tl.float32, bitcast=True)  # row i of rht_matrix(D)
+        product = xi * m_i[None, :, None]
         if i == 0:
             acc = product
         else:
@@ -483,16 +514,60 @@ def _rht16(x_ptr, t0, f, mask_f, n_features, SIGN_MASK: tl.constexpr, GROUPS: tl
 
 
 @triton.jit
+def _output_offsets(f, row_len, first, N: tl.constexpr):
+    """[BLOCK_F, N] offsets of elements first .. first + N of rows f of a row-major output."""
+    return f[:, None].to(tl.int64) * row_len + first + tl.arange(0, N)[None, :]
+
+
+@triton.jit
+def _to_output_rows(v, GROUPS: tl.constexpr, K: tl.constexpr, BLOCK_F: tl.constexpr):
+    """[GROUPS, K, BLOCK_F] (K output elements per group and feature) -> [BLOCK_F, GROUPS K], row f
+    the GROUPS K consecutive elements of output row f: stores then write one contiguous run per
+    feature (not K elements per group)."""
+    return tl.reshape(tl.permute(v, (2, 0, 1)), (BLOCK_F, GROUPS * K))
+
+
+@triton.jit
+def _rht_random_bits(bits_ptr, seed_ptr, f, mask_f, t0, n_tokens, ROUNDING: tl.constexpr, GROUPS: tl.constexpr,
+                     D: tl.constexpr, BLOCK_F: tl.constexpr):
+    """SR's random words for the [GROUPS, D, BLOCK_F] tile at tokens t0, indexed in the
+    [features, tokens] output: loaded from ``bits_ptr`` (ROUNDING 1) or Philox from the seed
+    (ROUNDING 2; the word of an element depends on its output index only, so these are the bits
+    ``mxfp4`` / ``nvfp4`` draw for the materialized operand from the same seed)."""
+    if ROUNDING == 1:
+        words = tl.load(bits_ptr + _output_offsets(f, n_tokens, t0, GROUPS * D), mask=mask_f[:, None], other=0)
+    else:
+        words = _philox_rows(seed_ptr, f.to(tl.int64) * n_tokens + t0, BLOCK_F, GROUPS * D)
+    return tl.permute(tl.reshape(words, (BLOCK_F, GROUPS, D)), (1, 2, 0))
+
+
+@triton.jit
+def _store_e2m1_t(codes_ptr, scales_ptr, index, negative, scale_bits, f, mask_f, t0, n_tokens,
+                  GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Packed codes [features, tokens / 2] and scale bits [features, tokens / D] of the
+    [GROUPS, D, BLOCK_F] tile at tokens t0 (e2m1.encode_values + pack: sign in bit 3, the even
+    element of a pair in the low nibble)."""
+    code = index | (negative.to(tl.int32) << 3)
+    nibble_weight = (1 + 15 * tl.arange(0, 2))[None, None, :, None]
+    packed = tl.sum(tl.reshape(code, (GROUPS, D // 2, 2, BLOCK_F)) * nibble_weight, axis=2)  # [GROUPS, D/2, BLOCK_F]
+    tl.store(codes_ptr + _output_offsets(f, n_tokens // 2, t0 // 2, GROUPS * D // 2),
+             _to_output_rows(packed, GROUPS, D // 2, BLOCK_F).to(tl.uint8), mask=mask_f[:, None])
+    tl.store(scales_ptr + _output_offsets(f, n_tokens // D, t0 // D, GROUPS),
+             tl.permute(scale_bits, (1, 0)).to(tl.uint8), mask=mask_f[:, None])
+
+
+@triton.jit
 def _rht_abs_max_kernel(x_ptr, partial_ptr, row_partial_ptr, n_features, SIGN_MASK: tl.constexpr,
                         ROWWISE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr):
-    """Partial maxima of |rht(x.T)| and, with ROWWISE, of |x| (the same tile, read once)."""
+    """Partial maxima of |rht(x.T, 16)| and, with ROWWISE, of |x| (the same tile, read once)."""
     pid_t, pid_f = tl.program_id(0), tl.program_id(1)
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
-    y = _rht16(x_ptr, pid_t * GROUPS * 16, f, mask_f, n_features, SIGN_MASK, GROUPS, BLOCK_F)
+    y = _rht_tokens(x_ptr, pid_t * GROUPS * 16, f, mask_f, n_features, 16, _RHT16_ENTRY_BITS, SIGN_MASK, GROUPS,
+                    BLOCK_F)
     bits = tl.max(tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1)
     tl.store(partial_ptr + pid_t * tl.num_programs(1) + pid_f, tl.max(bits, axis=0))
-    if ROWWISE:  # the tile _rht16 just loaded: from the cache, not memory
+    if ROWWISE:  # the tile _rht_tokens just loaded: from the cache, not memory
         t = pid_t * GROUPS * 16 + tl.arange(0, GROUPS * 16)
         x = _to_fp32(tl.load(x_ptr + t[:, None].to(tl.int64) * n_features + f[None, :], mask=mask_f[None, :],
                              other=0.0))
@@ -521,7 +596,8 @@ def _rht_nvfp4_kernel(
             tl.store(row_s_dec_ptr, row_s_dec)
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
-    y = _rht16(x_ptr, t0, f, mask_f, n_features, SIGN_MASK, GROUPS, BLOCK_F)  # [GROUPS, 16, BLOCK_F]
+    y = _rht_tokens(x_ptr, t0, f, mask_f, n_features, 16, _RHT16_ENTRY_BITS, SIGN_MASK, GROUPS,
+                    BLOCK_F)  # [GROUPS, 16, BLOCK_F]
 
     amax_b = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1).to(tl.float32, bitcast=True)
     s_enc, s_dec, multiplier = _global_scales(tl.load(amax_ptr))
@@ -531,44 +607,83 @@ def _rht_nvfp4_kernel(
     encode = tl.where(encode > _FLT_MAX, _FLT_MAX, encode)
     y = y * encode[:, None, :]
 
-    g = tl.arange(0, GROUPS)
-    j = tl.arange(0, 16)
-    # Element (f, t) of the [features, tokens] output, t = t0 + 16 g + j.
-    out_offs = f[None, None, :].to(tl.int64) * n_tokens + (t0 + g * 16)[:, None, None] + j[None, :, None]
-    mask = mask_f[None, None, :] & (j[None, :, None] < 16)
-    if ROUNDING == 1:
-        random_bits = tl.load(bits_ptr + out_offs, mask=mask, other=0)
-    elif ROUNDING == 2:
-        # Output row f, tokens t0 .. t0 + 16 GROUPS: contiguous in the output, so one row of the
-        # [BLOCK_F, 16 GROUPS] tile per feature, permuted to the [GROUPS, 16, BLOCK_F] layout.
-        words = _philox_rows(seed_ptr, f.to(tl.int64) * n_tokens + t0, BLOCK_F, GROUPS * 16)
-        random_bits = tl.permute(tl.reshape(words, (BLOCK_F, GROUPS, 16)), (1, 2, 0))
+    if ROUNDING != 0:
+        random_bits = _rht_random_bits(bits_ptr, seed_ptr, f, mask_f, t0, n_tokens, ROUNDING, GROUPS, 16, BLOCK_F)
     else:
         random_bits = 0
     index, negative = _round_e2m1(y, random_bits, ROUNDING)
 
     if DENSE:
         values = _with_sign(_e2m1_magnitude(index) * scale[:, None, :], negative)
-        _store_as(values_ptr, out_offs, values, mask)
+        _store_as(values_ptr, _output_offsets(f, n_tokens, t0, GROUPS * 16),
+                  _to_output_rows(values, GROUPS, 16, BLOCK_F), mask_f[:, None])
     else:
-        code = index | (negative.to(tl.int32) << 3)
-        # Pairs (j = 2k, 2k + 1) -> one byte, the even element in the low nibble.
-        nibble_weight = (1 + 15 * tl.arange(0, 2))[None, None, :, None]
-        packed = tl.sum(tl.reshape(code, (GROUPS, 8, 2, BLOCK_F)) * nibble_weight, axis=2)  # [GROUPS, 8, BLOCK_F]
-        k = tl.arange(0, 8)
-        byte_offs = (f[None, None, :].to(tl.int64) * (n_tokens // 2) + (t0 // 2 + g * 8)[:, None, None]
-                     + k[None, :, None])
-        tl.store(codes_ptr + byte_offs, packed.to(tl.uint8), mask=mask_f[None, None, :] & (k[None, :, None] < 8))
-        scale_offs = f[None, :].to(tl.int64) * (n_tokens // 16) + (t0 // 16 + g)[:, None]
-        tl.store(scales_ptr + scale_offs, scale_bits.to(tl.uint8), mask=mask_f[None, :])
+        _store_e2m1_t(codes_ptr, scales_ptr, index, negative, scale_bits, f, mask_f, t0, n_tokens, GROUPS, 16,
+                      BLOCK_F)
     if (pid_t == 0) & (pid_f == 0):
         tl.store(s_dec_ptr, s_dec)
 
 
+@triton.jit
+def _rht_mxfp4_kernel(
+    x_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, n_tokens, n_features,
+    SIGN_MASK: tl.constexpr, SCALE_RULE: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
+    GROUPS: tl.constexpr, BLOCK_F: tl.constexpr,
+):
+    """_mxfp4_kernel's steps on hadamard.rht(x.T, 32) of a tile of GROUPS x 32 tokens x BLOCK_F
+    features, written transposed: output row f, columns t0 + 32 g + j. One pass: no tensor scale."""
+    pid_t, pid_f = tl.program_id(0), tl.program_id(1)
+    t0 = pid_t * GROUPS * 32
+    f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
+    mask_f = f < n_features
+    y = _rht_tokens(x_ptr, t0, f, mask_f, n_features, 32, _RHT32_ENTRY_BITS, SIGN_MASK, GROUPS,
+                    BLOCK_F)  # [GROUPS, 32, BLOCK_F]
+
+    amax_b = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1).to(tl.float32, bitcast=True)
+    scale_bits, scale, inverse = _e8m0_scales(amax_b, SCALE_RULE)  # [GROUPS, BLOCK_F]
+    y = y * inverse[:, None, :]
+
+    if ROUNDING != 0:
+        random_bits = _rht_random_bits(bits_ptr, seed_ptr, f, mask_f, t0, n_tokens, ROUNDING, GROUPS, 32, BLOCK_F)
+    else:
+        random_bits = 0
+    index, negative = _round_e2m1(y, random_bits, ROUNDING)
+
+    if DENSE:
+        values = _with_sign(_e2m1_magnitude(index) * scale[:, None, :], negative)
+        _store_as(values_ptr, _output_offsets(f, n_tokens, t0, GROUPS * 32),
+                  _to_output_rows(values, GROUPS, 32, BLOCK_F), mask_f[:, None])
+    else:
+        _store_e2m1_t(codes_ptr, scales_ptr, index, negative, scale_bits, f, mask_f, t0, n_tokens, GROUPS, 32,
+                      BLOCK_F)
+
+
 def sign_mask(signs: torch.Tensor) -> int:
-    """The 16 ±1 signs (hadamard.resolve_signs) as a bit mask: bit i set where sign i is -1 (a
+    """The d ±1 signs (hadamard.resolve_signs) as a bit mask: bit i set where sign i is -1 (a
     compile-time constant of the kernels: no sign tensor to copy to the device)."""
     return sum(1 << i for i, s in enumerate(signs.tolist()) if s < 0)
+
+
+def _rht_launch_options(x: torch.Tensor, groups: int, block_f: int) -> dict:
+    # One warp per 64 (group, feature) pairs (up to 8): a thread then holds 2 features of a group,
+    # D accumulators each, whatever the block shape (4 warps for the default 4 x 64), and small
+    # tiles (the 1-group fallback) leave no warp idle.
+    options = _launch_options(x)
+    if x.is_cuda:
+        options["num_warps"] = min(8, max(1, groups * block_f // 64))
+    return options
+
+
+def rht_blocks(n_tokens: int, d: int, blocks=None) -> tuple[int, int]:
+    """(groups of d tokens, features) a program of the RHT kernels takes: ``blocks`` (default
+    (RHT_GROUPS, RHT_BLOCK_F)), both powers of two, groups halved until it divides n_tokens / d
+    (tokens are not masked)."""
+    groups, block_f = blocks if blocks is not None else (RHT_GROUPS, RHT_BLOCK_F)
+    if not all(isinstance(v, int) and v >= 1 and v & (v - 1) == 0 for v in (groups, block_f)):
+        raise ValueError(f"rht blocks={blocks!r}: (groups of {d} tokens, features) per program must be powers of two")
+    while n_tokens % (groups * d):
+        groups //= 2
+    return groups, block_f
 
 
 def rht_nvfp4_t(
@@ -583,10 +698,11 @@ def rht_nvfp4_t(
     rowwise: bool = False,
     rowwise_dense: bool = False,
     seeds: torch.Tensor | None = None,
+    blocks: tuple[int, int] | None = None,
 ):
     """NVFP4 1x16 of hadamard.rht(x.T, 16, signs) for x [tokens, features] (tokens % 16 == 0,
     checked by the caller). Outputs as ``nvfp4`` for the [features, tokens] result; SR bits are
-    indexed in that layout (``random_bits`` [features, tokens]).
+    indexed in that layout (``random_bits`` [features, tokens]). ``blocks``: see ``rht_blocks``.
 
     rowwise=True also quantizes x itself (NVFP4 1x16 along features, as ``nvfp4(x, 1, ...)``) from
     the same reads and returns ``(rowwise outputs, columnwise outputs)``; SR then draws Philox bits
@@ -595,12 +711,11 @@ def rht_nvfp4_t(
     x = x.contiguous()
     n_tokens, n_features = x.shape
     mask = sign_mask(signs)
-    # Tokens not a multiple of 16 * GROUPS would need token masks: use a smaller group count.
-    groups = RHT_GROUPS if n_tokens % (RHT_GROUPS * 16) == 0 else 1
-    grid = (n_tokens // (groups * 16), triton.cdiv(n_features, RHT_BLOCK_F))
+    groups, block_f = rht_blocks(n_tokens, 16, blocks)
+    grid = (n_tokens // (groups * 16), triton.cdiv(n_features, block_f))
     partial = torch.empty((2 if rowwise else 1, grid[0] * grid[1]), dtype=torch.int32, device=x.device)
     _rht_abs_max_kernel[grid](x, partial[0], partial[-1], n_features, SIGN_MASK=mask, ROWWISE=rowwise, GROUPS=groups,
-                              BLOCK_F=RHT_BLOCK_F, **_launch_options(x))
+                              BLOCK_F=block_f, **_rht_launch_options(x, groups, block_f))
     amaxes = partial.amax(dim=1).view(torch.float32)
     amax, row_amax = amaxes[0], amaxes[-1]
     if rowwise and rounding == "sr":
@@ -628,13 +743,51 @@ def rht_nvfp4_t(
         x, amax, bits, seed, codes, scales, values, s_dec,
         row_amax, row_seed, row_codes, row_scales, row_values, row_s_dec, n_tokens, n_features,
         SIGN_MASK=mask, ROUNDING=mode, DENSE=dense, ROWWISE=rowwise, ROW_DENSE=rowwise_dense, GROUPS=groups,
-        BLOCK_F=RHT_BLOCK_F, **_launch_options(x),
+        BLOCK_F=block_f, **_rht_launch_options(x, groups, block_f),
     )
     columnwise = (values, amax, s_dec) if dense else (codes, scales, amax, s_dec)
     if not rowwise:
         return columnwise
     row = (row_values, row_amax, row_s_dec) if rowwise_dense else (row_codes, row_scales, row_amax, row_s_dec)
     return row, columnwise
+
+
+def rht_mxfp4_t(
+    x: torch.Tensor,
+    signs: torch.Tensor,
+    scale_rule: str,
+    rounding: str,
+    *,
+    dense: bool,
+    random_bits: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    out_dtype: torch.dtype | None = None,
+    seed: torch.Tensor | None = None,
+    blocks: tuple[int, int] | None = None,
+):
+    """MXFP4 1x32 of hadamard.rht(x.T, 32, signs) for x [tokens, features] (tokens % 32 == 0,
+    checked by the caller; ``scale_rule`` canonical). Outputs as ``mxfp4`` for the [features,
+    tokens] result: (codes, scale bits), or with dense=True the values in out_dtype. SR bits are
+    indexed in that layout (``random_bits`` [features, tokens]), else Philox from ``seed`` or a
+    seed drawn from ``generator``. ``blocks``: see ``rht_blocks``."""
+    x = x.contiguous()
+    n_tokens, n_features = x.shape
+    groups, block_f = rht_blocks(n_tokens, 32, blocks)
+    mode, bits, seed = _rounding_args(x, rounding, random_bits, generator, seed)
+    if dense:
+        values = torch.empty((n_features, n_tokens), dtype=out_dtype or x.dtype, device=x.device)
+        codes = scales = values
+    else:
+        codes = torch.empty((n_features, n_tokens // 2), dtype=torch.uint8, device=x.device)
+        scales = torch.empty((n_features, n_tokens // 32), dtype=torch.uint8, device=x.device)
+        values = codes
+    grid = (n_tokens // (groups * 32), triton.cdiv(n_features, block_f))
+    _rht_mxfp4_kernel[grid](
+        x, bits, seed, codes, scales, values, n_tokens, n_features,
+        SIGN_MASK=sign_mask(signs), SCALE_RULE={"rceil": 0, "floor": 1}[scale_rule], ROUNDING=mode, DENSE=dense,
+        GROUPS=groups, BLOCK_F=block_f, **_rht_launch_options(x, groups, block_f),
+    )
+    return values if dense else (codes, scales)
 
 
 # ------------------------------------------------------------------------------ FP8 blockwise

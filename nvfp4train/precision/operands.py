@@ -275,12 +275,13 @@ def operand_format(spec: OperandSpec) -> OperandFormat:
 # ---------------------------------------------------------------------------------- operands
 def _fused_wgrad_rht(x: torch.Tensor, spec: OperandSpec, k_pad: int) -> bool:
     """Whether `x` is a Wgrad operand with a fused RHT + transpose + quantize entry
-    (nvfp4.rht_quantize_t): NVFP4 1x16 with the 16-point RHT along K, `x` [rows, K] the transpose
-    of a contiguous [K, rows] tensor (the layer passes x2d.t()), and nothing to pad. Same bits as
-    prepare + quantize; on CUDA one kernel reads x row-major instead of materializing x.T and its
-    transform."""
-    return (spec.format == "nvfp4" and spec.rht_dim == 16 and tuple(spec.tile) == (1, 16)
-            and x.ndim == 2 and x.shape[1] == k_pad and k_pad % 16 == 0 and x.t().is_contiguous()
+    (nvfp4.rht_quantize_t for NVFP4 1x16 with the 16-point RHT along K, mxfp4.rht_quantize_t for
+    MXFP4 1x32 with the 32-point one): `x` [rows, K] the transpose of a contiguous [K, rows]
+    tensor (the layer passes x2d.t()), and nothing to pad. Same bits as prepare + quantize; on
+    CUDA one kernel reads x row-major instead of materializing x.T and its transform."""
+    block = {"nvfp4": nvfp4.BLOCK, "mxfp4": mxfp4.BLOCK}.get(spec.format)
+    return (block is not None and spec.rht_dim == block and tuple(spec.tile) == (1, block)
+            and x.ndim == 2 and x.shape[1] == k_pad and k_pad % block == 0 and x.t().is_contiguous()
             and x.dtype in nvfp4.INPUT_DTYPES)
 
 
@@ -293,9 +294,13 @@ def packed_shapes(spec: OperandSpec, shape: tuple[int, int]) -> list[tuple[tuple
 def fake_quantize(x: torch.Tensor, spec: OperandSpec, k_pad: int, generator=None, rht_signs=None) -> Quantized:
     """Quantize `x` [rows, K] to dense values, K zero-padded to `k_pad`."""
     if _fused_wgrad_rht(x, spec, k_pad):
-        values, scale = nvfp4.rht_fake_quantize_t(x.t(), spec.rounding, generator, rht_signs, torch.bfloat16,
-                                                  impl=QUANT_IMPL)
-        return Quantized(values, scale)
+        if spec.format == "nvfp4":
+            values, scale = nvfp4.rht_fake_quantize_t(x.t(), spec.rounding, generator, rht_signs, torch.bfloat16,
+                                                      impl=QUANT_IMPL)
+            return Quantized(values, scale)
+        values, _ = mxfp4.rht_fake_quantize_t(x.t(), spec.rounding, generator, rht_signs, spec.scale_mode,
+                                              torch.bfloat16, impl=QUANT_IMPL)
+        return Quantized(values, None)  # as MXFP4Format.fake_quantize: no global scale
     fmt = operand_format(spec)
     return fmt.fake_quantize(fmt.prepare(x, spec, k_pad, rht_signs), spec, generator)
 
@@ -329,8 +334,11 @@ class Packed:
 def pack(x: torch.Tensor, spec: OperandSpec, k_pad: int, generator=None, rht_signs=None) -> Packed:
     """Quantize `x` [rows, K] to its packed storage form, K zero-padded to `k_pad`."""
     if _fused_wgrad_rht(x, spec, k_pad):
-        q = nvfp4.rht_quantize_t(x.t(), spec.rounding, generator, rht_signs, impl=QUANT_IMPL)
-        return Packed(PackedLayout(spec, tuple(q.shape)), (q.codes, q.scales, q.amax, q.global_decode_scale))
+        if spec.format == "nvfp4":
+            q = nvfp4.rht_quantize_t(x.t(), spec.rounding, generator, rht_signs, impl=QUANT_IMPL)
+            return Packed(PackedLayout(spec, tuple(q.shape)), (q.codes, q.scales, q.amax, q.global_decode_scale))
+        q = mxfp4.rht_quantize_t(x.t(), spec.rounding, generator, rht_signs, spec.scale_mode, impl=QUANT_IMPL)
+        return Packed(PackedLayout(spec, tuple(q.shape)), (q.codes, q.scales))
     fmt = operand_format(spec)
     xp = fmt.prepare(x, spec, k_pad, rht_signs)
     return Packed(PackedLayout(spec, tuple(xp.shape)), tuple(fmt.pack(xp, spec, generator)))

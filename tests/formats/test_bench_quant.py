@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_quant.py"
 
@@ -33,3 +37,28 @@ def test_cpu_run_writes_one_row_per_quantizer_shape_impl_and_rerun_replaces(tmp_
         assert set(r) == {"quantizer", "shape", "impl", "ms", "gbps", "copy_gbps", "frac_of_copy", "gpu", "commit"}
         assert r["impl"] == "reference" and r["gpu"] == "cpu" and r["ms"] > 0 and r["gbps"] > 0
     assert "nvfp4.quantize 1x16 rne" in capsys.readouterr().out
+
+
+def test_rht_blocks_sweep_times_the_fused_wgrad_kernels_one_row_per_block_shape(tmp_path):
+    """--rht-blocks: nvfp4 and mxfp4 rht_quantize_t at each block shape, Triton only (here in the
+    interpreter: a subprocess, since TRITON_INTERPRET must be set before triton is imported)."""
+    pytest.importorskip("triton")
+    out = tmp_path / "quant.json"
+    run = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--shapes", "128x128", "--rht-blocks", "2,64",
+                          "--repeats", "1", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert sorted(r["quantizer"] for r in rows) == ["mxfp4.rht_quantize_t 1x32 rne blocks=2x64",
+                                                    "nvfp4.rht_quantize_t 1x16 rne blocks=2x64"]
+    assert all(r["impl"] == "triton" and r["ms"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rht-blocks", "3,64"], "powers of two"),
+    (["--rht-blocks", "4x64"], "GROUPS,FEATURES"),
+    (["--rht-blocks", "4,64", "--impls", "reference"], "must include triton"),
+])
+def test_bad_rht_blocks_exit_2_with_one_line(args, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_script().main(["--device", "cpu", *args])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -365,6 +365,73 @@ def test_rht_quantize_t_philox_sr_matches_its_dense_twin_and_non_finite_policy()
     assert (q.scales.view(torch.uint8).cpu() == 0x7F).all() and q.global_decode_scale.isnan()
 
 
+@kernel_test
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mxfp4_rht_quantize_t_same_bits_as_rht_then_quantize(dtype):
+    from nvfp4train.formats import triton_kernels
+
+    gen = torch.Generator().manual_seed(7)
+    # 64 tokens: the default 4 groups of 32 per program halved to 2; 96 tokens, blocks=(4, 32): halved to 1 group
+    # (3 of 32 tokens), 32 features per program (40: the last program masks 24).
+    for (n_tokens, n_features), blocks in (((64, 48), None), ((96, 40), (4, 32))):
+        x = torch.randn(n_tokens, n_features, generator=gen)
+        x[::7, ::5] *= 300
+        x[3] *= 2.0**-12
+        x[32:64, 7] = 0.0  # a zero block of the output: scale 2^-127
+        # Magnitudes spread over 2^-20..2^20: the FP32 products and sums round (hadamard.rht's definition).
+        x[:, 24:] *= torch.exp2(torch.randint(-20, 20, (n_tokens, n_features - 24), generator=gen).float())
+        x = x.to(dtype)
+        for scale_rule in ("rceil", "floor"):
+            what = f"{tuple(x.shape)} {scale_rule}"
+            q = mxfp4.rht_quantize_t(x.to(DEVICE), scale_rule=scale_rule, impl="triton", blocks=blocks)
+            want = mxfp4.quantize(hadamard.rht(x.t().contiguous(), 32), scale_rule=scale_rule, impl="reference")
+            assert q.shape == want.shape == (n_features, n_tokens) and q.scale_rule == want.scale_rule
+            assert_same(q.codes, want.codes, f"{what} codes")
+            assert_same(q.scales.view(torch.uint8), want.scales.view(torch.uint8), f"{what} scales")
+            values, one = mxfp4.rht_fake_quantize_t(x.to(DEVICE), scale_rule=scale_rule, out_dtype=torch.float32,
+                                                    impl="triton", blocks=blocks)
+            assert_same(values, want.dequantize(), f"{what} values")
+            assert float(one) == 1.0
+        # SR with the reference's bits (drawn in the [features, tokens] layout), and other signs.
+        signs = hadamard.random_signs(32, 5)
+        bits = random_bits_like(torch.empty(n_features, n_tokens), sr_generator(2))
+        got = triton_kernels.rht_mxfp4_t(x.to(DEVICE), signs, "rceil", "sr", dense=False, random_bits=bits.to(DEVICE),
+                                         blocks=blocks)
+        want = mxfp4.rht_quantize_t(x, "sr", sr_generator(2), signs, impl="reference")
+        assert_same(got[0], want.codes, "sr codes")
+        assert_same(got[1], want.scales.view(torch.uint8), "sr scales")
+        values = triton_kernels.rht_mxfp4_t(x.to(DEVICE), signs, "rceil", "sr", dense=True, random_bits=bits.to(DEVICE),
+                                            out_dtype=torch.float32, blocks=blocks)
+        assert_same(values, want.dequantize(), "sr values")
+
+
+@kernel_test
+def test_mxfp4_rht_quantize_t_philox_sr_and_non_finite_blocks():
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    # Philox SR: the bits the plain MXFP4 kernel draws from the same seed for the materialized operand.
+    q = mxfp4.rht_quantize_t(x, "sr", sr_generator(8, 0, DEVICE), impl="triton")
+    plain = mxfp4.quantize(hadamard.rht(x.t().contiguous(), 32), "sr", generator=sr_generator(8, 0, DEVICE),
+                           impl="triton")
+    assert_same(q.codes, plain.codes.cpu(), "philox codes")
+    values, _ = mxfp4.rht_fake_quantize_t(x, "sr", sr_generator(8, 0, DEVICE), out_dtype=torch.float32, impl="triton")
+    assert_same(values, q.dequantize().cpu(), "fake vs quantize")
+    # A NaN spreads over its 32-token block of the transform: that block's scale is NaN, no other.
+    x[5, 3] = float("nan")
+    scales = mxfp4.rht_quantize_t(x, impl="triton").scales.view(torch.uint8).cpu()
+    assert scales[3, 0] == mxfp4.E8M0_NAN and int((scales == mxfp4.E8M0_NAN).sum()) == 1
+
+
+def test_rht_blocks_are_powers_of_two_and_groups_divide_the_tokens():
+    pytest.importorskip("triton")
+    from nvfp4train.formats import triton_kernels
+
+    assert triton_kernels.rht_blocks(256, 32) == (triton_kernels.RHT_GROUPS, triton_kernels.RHT_BLOCK_F)
+    assert triton_kernels.rht_blocks(96, 32, (8, 128)) == (1, 128)  # 3 groups of 32: halved down to 1
+    assert triton_kernels.rht_blocks(192, 16, (8, 32)) == (4, 32)
+    with pytest.raises(ValueError, match="powers of two"):
+        triton_kernels.rht_blocks(256, 32, (3, 64))
+
+
 @pytest.mark.slow  # ~25 s with an empty Triton cache
 @pytest.mark.skipif(INTERPRETING, reason="compiles for the GPU")
 def test_kernels_compile_for_sm90_without_approximate_division():
@@ -409,6 +476,10 @@ def test_kernels_compile_for_sm90_without_approximate_division():
          {"ROUNDING": tk.RNE, "DENSE": False, "ROWWISE": False, "ROW_DENSE": False, **rht_blocks}),
         (tk._rht_nvfp4_kernel, rht_args,
          {"ROUNDING": tk.SR_PHILOX, "DENSE": True, "ROWWISE": True, "ROW_DENSE": False, **rht_blocks}),
+        (tk._rht_mxfp4_kernel, {**common, "n_tokens": "i32", "n_features": "i32"},
+         {**rht_blocks, "SIGN_MASK": 0xB7E8C3A1, "SCALE_RULE": 0, "ROUNDING": tk.RNE, "DENSE": False}),
+        (tk._rht_mxfp4_kernel, {**common, "n_tokens": "i32", "n_features": "i32"},
+         {**rht_blocks, "SIGN_MASK": 0xB7E8C3A1, "SCALE_RULE": 1, "ROUNDING": tk.SR_PHILOX, "DENSE": True}),
     ]
     for kernel, signature, constexprs in variants:
         signature = {**{k: "constexpr" for k in constexprs}, **signature}
@@ -417,6 +488,12 @@ def test_kernels_compile_for_sm90_without_approximate_division():
                                   target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False})
         ptx = compiled.asm["ptx"]
         assert "div.full" not in ptx and "div.approx" not in ptx and "fma.rn.f32" not in ptx, (kernel, constexprs)
+        if kernel in (tk._rht_abs_max_kernel, tk._rht_nvfp4_kernel, tk._rht_mxfp4_kernel):
+            # The transform stays in each thread's registers: shared memory re-lays out at most the
+            # stored tiles (codes and scales), not every loaded token row (16 re-layouts a program
+            # before); the rowwise copy's 2-D tile adds its own (its Philox words, its stores).
+            relayouts = compiled.asm["ttgir"].count("ttg.convert_layout")
+            assert relayouts <= (6 if constexprs.get("ROWWISE") else 2), (kernel, constexprs, relayouts)
 
 
 # ------------------------------------------------------------------------------ operands' routing
@@ -424,7 +501,8 @@ def wgrad_route_cases():
     from nvfp4train.precision.policy import OperandSpec
 
     x2d = torch.randn(64, 48, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)  # [tokens, in]
-    return x2d, [OperandSpec("nvfp4", (1, 16), rounding, rht_dim=16) for rounding in ("rne", "sr")]
+    return x2d, [spec for rounding in ("rne", "sr") for spec in (
+        OperandSpec("nvfp4", (1, 16), rounding, rht_dim=16), OperandSpec("mxfp4", (1, 32), rounding, 32, "rceil"))]
 
 
 def check_wgrad_route(x2d, spec, device):
@@ -440,10 +518,12 @@ def check_wgrad_route(x2d, spec, device):
     # SR included: both routes draw the same way (the Triton kernels' Philox word depends on the
     # element's output index only, so the RHT kernel and the plain one agree).
     for a, b in zip(fused.tensors, generic.tensors):
-        as_bytes = lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t  # noqa: E731
+        scale_dtypes = (torch.float8_e4m3fn, torch.float8_e8m0fnu)
+        as_bytes = lambda t: t.view(torch.uint8) if t.dtype in scale_dtypes else t  # noqa: E731
         assert_same(as_bytes(a), as_bytes(b).cpu(), spec)
     dense = operands.fake_quantize(xt, spec, 64, sr_generator(1, 0, device))
     assert_same(dense.values, fused.dequantize().values.cpu(), spec)
+    assert (dense.decode_scale is None) == (fused.dequantize().decode_scale is None) == (spec.format == "mxfp4")
 
 
 def test_operands_route_the_wgrad_operand_through_the_fused_entry():
@@ -460,6 +540,34 @@ def test_operands_wgrad_route_runs_the_kernel(monkeypatch):
     x2d, specs = wgrad_route_cases()
     for spec in specs:
         check_wgrad_route(x2d, spec, DEVICE)
+
+
+@kernel_test
+@pytest.mark.parametrize("preset", ["nvfp4", "mxfp4"])
+def test_quant_linear_grads_equal_with_and_without_the_fused_wgrad_entry(monkeypatch, preset):
+    """A QuantLinear step with every operand quantized by the Triton kernels: the fused Wgrad entry
+    (RHT + transpose + quantize in one kernel) gives the unfused path's output and gradients (x.T
+    materialized, hadamard.rht, the plain quantizer) bit for bit, SR on the gradients included."""
+    from nvfp4train.precision import operands
+    from tests.precision.helpers import inputs, load_preset, make_layer, run
+
+    monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
+    policy = load_preset(preset, bf16_first_fraction=0.0, bf16_last_fraction=0.0)
+    x, grad = inputs(tokens=64, in_f=64, out_f=48)
+    is_fused = operands._fused_wgrad_rht
+    routed = []
+
+    def spy(x, spec, k_pad):
+        routed.append(is_fused(x, spec, k_pad))
+        return routed[-1]
+
+    monkeypatch.setattr(operands, "_fused_wgrad_rht", spy)
+    fused = run(make_layer(policy).to(DEVICE), x.to(DEVICE), grad.to(DEVICE))
+    assert sum(routed) == 2  # Wgrad's X (packed in the forward) and dY (in the backward)
+    monkeypatch.setattr(operands, "_fused_wgrad_rht", lambda x, spec, k_pad: False)
+    unfused = run(make_layer(policy).to(DEVICE), x.to(DEVICE), grad.to(DEVICE))
+    for name, a, b in zip(("y", "dx", "dw"), fused, unfused):
+        assert_same(a, b.cpu(), f"{preset} {name}")
 
 
 @kernel_test
