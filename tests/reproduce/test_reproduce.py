@@ -242,3 +242,13 @@ def test_git_commit_is_the_checkouts_head():
                            capture_output=True, text=True).stdout.strip()
     assert git_commit() == head.stdout.strip() + ("-dirty" if dirty else "")
     assert head.stdout.startswith(git_commit(short=True).removesuffix("-dirty"))
+
+
+def test_ingested_results_are_not_ignored_by_git():
+    """What ingest writes must be committable: a `runs/` pattern in .gitignore once hid
+    docs/results/runs/ (the trainer's scratch runs/ at the root stays ignored)."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    probe = ["docs/results/runs/fp8_vs_nvfp4/nvfp4/seed1/metrics.jsonl", "runs/repro/fp8_vs_nvfp4/nvfp4/seed1/x"]
+    out = subprocess.run(["git", "check-ignore", "--no-index", *probe], cwd=REPO, capture_output=True, text=True)
+    assert out.stdout.split() == [probe[1]]
