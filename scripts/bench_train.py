@@ -36,7 +36,7 @@ from nvfp4train.train.engines import TorchEngine, resolve_compile
 from nvfp4train.train.loop import persistent_kernel_caches
 
 REPO = Path(__file__).resolve().parents[1]
-KEY = ("model", "seq", "precision", "backend")  # one row per key in the JSON file
+KEY = ("model", "seq", "precision", "backend", "compiled")  # one row per key in the JSON file
 
 
 def _model(model_cfg: ModelConfig, precision: str, device: torch.device):
@@ -84,6 +84,7 @@ def bench_one(model_name: str, model_cfg: ModelConfig, precision: str, batch: in
     tokens_per_s = batch * seq / step_s
     peak = peak_flops(device, "bf16") if cuda else None
     row = {"model": model_name, "seq": seq, "batch": batch, "precision": precision, "backend": backend,
+           "compiled": resolve_compile(compile, device),
            "step_ms": round(step_s * 1e3, 3), "tokens_per_s": round(tokens_per_s, 1),
            "mfu": round(flops_per_token(model_cfg, seq)["total"] * tokens_per_s / peak[0], 4) if peak else None,
            "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
@@ -101,12 +102,12 @@ def bench_one(model_name: str, model_cfg: ModelConfig, precision: str, batch: in
 
 
 def merge_rows(path: Path, rows: list[dict]) -> list[dict]:
-    """The rows of `path` with `rows` merged in: a row with the same model, seq, precision and backend
-    is replaced. Written back sorted by that key."""
+    """The rows of `path` with `rows` merged in: a row with the same model, seq, precision, backend and
+    compile setting is replaced. Written back sorted by that key."""
     existing = json.loads(path.read_text()) if path.is_file() else []
-    merged = {tuple(r[k] for k in KEY): r for r in existing}
-    merged.update({tuple(r[k] for k in KEY): r for r in rows})
-    out = sorted(merged.values(), key=lambda r: tuple(str(r[k]).zfill(8) for k in KEY))
+    merged = {tuple(r.get(k) for k in KEY): r for r in existing}
+    merged.update({tuple(r.get(k) for k in KEY): r for r in rows})
+    out = sorted(merged.values(), key=lambda r: tuple(str(r.get(k)).zfill(8) for k in KEY))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     return out

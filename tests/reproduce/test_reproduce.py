@@ -252,3 +252,28 @@ def test_ingested_results_are_not_ignored_by_git():
     probe = ["docs/results/runs/fp8_vs_nvfp4/nvfp4/seed1/metrics.jsonl", "runs/repro/fp8_vs_nvfp4/nvfp4/seed1/x"]
     out = subprocess.run(["git", "check-ignore", "--no-index", *probe], cwd=REPO, capture_output=True, text=True)
     assert out.stdout.split() == [probe[1]]
+
+
+def test_committed_report_is_what_the_committed_runs_generate(tmp_path):
+    """docs/results/reproduction.md regenerates from docs/results/runs (tables, verdicts, scale), and an arm
+    with one seed is measured against the baseline's run of that seed (same data order), not its mean."""
+    from nvfp4train.reproduce import report
+
+    runs_root = REPO / "docs" / "results" / "runs"
+    if not (runs_root / "nvfp4_ablations" / "no_sr").is_dir():
+        pytest.skip("no committed ablation runs")
+    out = tmp_path / "results"
+    path = report.write_report(runs_root, out, REPO / "configs" / "reproduce", figures=False)
+    committed = (REPO / "docs" / "results" / "reproduction.md").read_text()
+
+    def tables(text):  # the lines that carry numbers (links and the runs path differ with figures off)
+        return [line for line in text.splitlines() if line.startswith(("|", "- "))]
+    assert tables(path.read_text()) == tables(committed)
+
+    runs = {arm: report.arm_runs(runs_root, exp, arm) for exp, arm in
+            [("nvfp4_ablations", "no_sr"), ("fp8_vs_nvfp4", "nvfp4")]}
+    (arm_loss,) = report.end_values(runs["no_sr"], "heldout")
+    (base_loss,) = report.end_values([r for r in runs["nvfp4"] if report.seed_of(r) == 1], "heldout")
+    row = next(line for line in committed.splitlines()
+               if line.startswith("| no_sr vs nvfp4 | held-out loss"))
+    assert f"{(arm_loss - base_loss) / base_loss * 100:+.2f}%" in row and "against the baseline's seed 1" in row

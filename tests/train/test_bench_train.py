@@ -1,5 +1,5 @@
 """scripts/bench_train.py on CPU with the tiny model: it runs the trainer's step and merges its rows into
-the JSON file (a re-run replaces the row of the same model x seq x precision x backend, others stay)."""
+the JSON file (a re-run replaces the row of the same model x seq x precision x backend x compile setting, others stay)."""
 import json
 import subprocess
 import sys
@@ -10,16 +10,17 @@ from tests.conftest import REPO, cli_env
 def test_bench_train_smoke_and_json_merge(tmp_path):
     out = tmp_path / "train.json"
     keep = {"model": "hybrid_1b", "seq": 4096, "batch": 8, "precision": "nvfp4", "backend": "emulated",
-            "step_ms": 1.0, "tokens_per_s": 1.0, "mfu": 0.5, "peak_gib": 1.0, "gpu": "H100", "commit": "abc"}
+            "compiled": False, "step_ms": 1.0, "tokens_per_s": 1.0, "mfu": 0.5, "peak_gib": 1.0, "gpu": "H100", "commit": "abc"}
     stale = {**keep, "model": "hybrid_tiny", "seq": 32, "precision": "bf16", "step_ms": -1.0}
-    out.write_text(json.dumps([keep, stale]))
+    compiled = {**stale, "compiled": True}  # the same case compiled: another row, kept
+    out.write_text(json.dumps([keep, stale, compiled]))
     proc = subprocess.run([sys.executable, "scripts/bench_train.py", "--device", "cpu", "--models", "hybrid_tiny",
                            "--seqs", "32", "--batch", "2", "--steps", "1", "--warmup", "1", "--precisions", "bf16",
                            "--out", str(out)], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
-    assert keep in rows and len(rows) == 2
-    (new,) = [r for r in rows if r["model"] == "hybrid_tiny"]
+    assert keep in rows and compiled in rows and len(rows) == 3
+    (new,) = [r for r in rows if r["model"] == "hybrid_tiny" and not r["compiled"]]
     assert set(new) == set(keep)
     assert new["seq"] == 32 and new["batch"] == 2 and new["step_ms"] > 0 and new["tokens_per_s"] > 0
     assert new["gpu"] == "cpu" and new["mfu"] is None and new["peak_gib"] is None
