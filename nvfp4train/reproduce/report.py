@@ -15,7 +15,7 @@ from pathlib import Path
 from nvfp4train.compare import analysis, report as compare_report
 from nvfp4train.compare.runs import Arm, check_comparable, load_run, markers
 from nvfp4train.eval.weights import RunError
-from nvfp4train.reproduce.runner import (Experiment, UsageError, data_epochs, experiment_names, load_experiment,
+from nvfp4train.reproduce.runner import (Experiment, experiment_names, load_experiment,
                                          model_params)
 
 NOT_RUN = "not run"
@@ -246,17 +246,15 @@ def setup_lines(summaries: list[dict]) -> list[str]:
     t, o = cfg["train"], cfg["optim"]
     params, non_embedding = model_params(cfg["model"])
     tokens = int(t["max_steps"]) * int(t["global_batch_size"]) * int(t["seq_len"])
-    try:
-        epochs = data_epochs(cfg, tokens)
-        passes = (f"Each run passes {min(epochs.values()):.1f} to {max(epochs.values()):.1f} times over a "
-                  "source's training tokens (by the phase weights).")
-    except UsageError:
-        passes = "(Passes over the data: the token shards are not on this machine.)"
     infos = []
     for run in runs:
         path = Path(run.source) / "run.json"
         if path.is_file():
             infos.append(json.loads(path.read_text()))
+    # Recorded by the worker where the token shards were, so the report reads the same anywhere.
+    epochs = [p for i in infos for p in (i.get("data_passes") or {}).values()]
+    passes = (f"Each run passes {min(epochs):.1f} to {max(epochs):.1f} times over a source's training tokens "
+              "(by the phase weights)." if epochs else "(Passes over the data: not recorded by these runs.)")
     gpus = sorted({i.get("gpu", "?") for i in infos}) or ["not recorded"]
     torches = sorted({i.get("torch", "?") for i in infos}) or ["not recorded"]
     commits = sorted({short_commit(i.get("commit", "?")) for i in infos}) or ["not recorded"]

@@ -688,12 +688,19 @@ def worker(run_dirs: list[str]) -> int:
                 eval_rc = subprocess.call([sys.executable, "-m", "nvfp4train.eval", f"run_dir={run_dir}"] + job["eval"],
                                           stdout=console, stderr=console, stdin=subprocess.DEVNULL)
         finished = time.time()
+        try:  # recorded here, where the shards are, so that a report made elsewhere can say it
+            import yaml
+
+            passes = data_epochs(yaml.safe_load((run_dir / "config.yaml").read_text()), job["tokens"])
+        except (UsageError, OSError, KeyError, ValueError):
+            passes = None
         result = {"experiment": job["experiment"], "arm": job["arm"], "seed": job["seed"],
                   "overrides": job["overrides"], "eval_args": job["eval"], "commit": job["commit"],
                   "gpu": gpu_name(job["device"]), "runs_per_gpu": job["per_device"],
                   "torch": package_version("torch"), "python": sys.version.split()[0], "host": socket.gethostname(),
                   "started": started, "finished": finished, "wall_s": round(finished - started, 1),
-                  "train_rc": train_rc, "eval_rc": eval_rc, "max_steps": job["max_steps"], "tokens": job["tokens"]}
+                  "train_rc": train_rc, "eval_rc": eval_rc, "max_steps": job["max_steps"], "tokens": job["tokens"],
+                  "data_passes": passes}
         (run_dir / "run.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0
 

@@ -87,6 +87,8 @@ def test_launch_poll_collect_ingest_report(tmp_path):
     info = json.loads((run_dir / "run.json").read_text())
     assert info["commit"] == "abc123" and info["gpu"] == "cpu" and info["train_rc"] == 0 and info["eval_rc"] == 0
     assert info["torch"] and info["wall_s"] > 0
+    # passes over each source, recorded where the shards were (a report made without them still says it)
+    assert info["data_passes"] and all(p > 0 for p in info["data_passes"].values()), info
     again = reproduce("ingest", str(archives[0]), "--into", str(results / "runs"))
     assert "skip tiny/bf16/seed1" in again.stdout and "0 run(s) added" in again.stdout
     (run_dir / "stale.txt").write_text("a file of the run it replaces")
