@@ -31,6 +31,7 @@ from nvfp4train.model import HybridLM, ModelConfig, flops_per_token, param_group
 from nvfp4train.model.mfu import peak_flops
 from nvfp4train.optim import OptimConfig
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
+from nvfp4train.schema import ConfigError
 from nvfp4train.train.config import load_preset
 from nvfp4train.train.engines import TorchEngine, resolve_compile
 from nvfp4train.train.loop import persistent_kernel_caches
@@ -39,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 KEY = ("model", "seq", "precision", "backend", "compiled")  # one row per key in the JSON file
 
 
-def _model(model_cfg: ModelConfig, precision: str, device: torch.device):
+def _model(model_cfg: ModelConfig, precision: str, device: torch.device, backend: str = "auto"):
     torch.manual_seed(0)
     if precision == "torchao_float8":  # plain nn.Linear, converted by torchao
         from torchao.float8 import convert_to_float8_training
@@ -47,15 +48,15 @@ def _model(model_cfg: ModelConfig, precision: str, device: torch.device):
         model = HybridLM(model_cfg).to(device)
         convert_to_float8_training(model.blocks)
         return model, "torchao"
-    policy = PrecisionPolicy.from_dict(load_preset("precision", precision))
+    policy = PrecisionPolicy.from_dict({**load_preset("precision", precision), "backend": backend})
     model = HybridLM(model_cfg, linear_factory=build_linear_factory(policy, n_blocks=len(model_cfg.pattern), seed=0))
     model = model.to(device)
     return model, PrecisionController(policy, model).backend_name
 
 
 def bench_one(model_name: str, model_cfg: ModelConfig, precision: str, batch: int, seq: int, steps: int,
-              warmup: int, device: torch.device, compile: str, sync_debug: bool) -> dict:
-    model, backend = _model(model_cfg, precision, device)
+              warmup: int, device: torch.device, compile: str, sync_debug: bool, backend: str = "auto") -> dict:
+    model, backend = _model(model_cfg, precision, device, backend)
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
     engine = TorchEngine(model, lambda m: param_groups(m, 0.1), OptimConfig(), "ddp", info,
                          compile=resolve_compile(compile, device))
@@ -126,6 +127,9 @@ def main() -> None:
     ap.add_argument("--torchao", action="store_true", help="add a torchao float8 row (if torchao imports)")
     ap.add_argument("--sync-debug", action="store_true", help="count host syncs per step (CUDA)")
     ap.add_argument("--set", nargs="*", default=[], help="model overrides key=value, e.g. ssd_backend=torch")
+    ap.add_argument("--backends", nargs="+", default=["auto"],
+                    help="precision.backend for each quantized precision (auto | emulated | scaled_mm | te); a "
+                         "backend that cannot run a precision here is skipped with its reason; bf16 runs once")
     ap.add_argument("--out", type=Path, default=REPO / "docs/results/bench/train.json")
     args = ap.parse_args()
 
@@ -149,14 +153,19 @@ def main() -> None:
         model_cfg = ModelConfig.from_dict({**preset, **overrides})
         for seq in args.seqs:
             for precision in precisions:
-                try:
-                    rows.append(bench_one(model_name, model_cfg, precision, args.batch, seq, args.steps,
-                                          args.warmup, device, args.compile, args.sync_debug))
-                except torch.cuda.OutOfMemoryError:
-                    print(f"{model_name} seq {seq} x {args.batch} {precision}: out of memory (row not written)")
-                    torch.cuda.empty_cache()
-                    continue
-                merge_rows(args.out, rows[-1:])  # after each row: a later failure keeps the rows measured
+                plain = precision in ("bf16", "torchao_float8")
+                for backend in args.backends[:1] if plain else args.backends:
+                    try:
+                        rows.append(bench_one(model_name, model_cfg, precision, args.batch, seq, args.steps,
+                                              args.warmup, device, args.compile, args.sync_debug, backend))
+                    except torch.cuda.OutOfMemoryError:
+                        print(f"{model_name} seq {seq} x {args.batch} {precision}: out of memory (row not written)")
+                        torch.cuda.empty_cache()
+                        continue
+                    except ConfigError as e:  # an explicit backend this machine cannot run
+                        print(f"{model_name} seq {seq} {precision} backend={backend}: skipped ({e})")
+                        continue
+                    merge_rows(args.out, rows[-1:])  # after each row: a later failure keeps the rows measured
     print(f"{len(rows)} rows merged into {args.out}")
 
 

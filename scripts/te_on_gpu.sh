@@ -13,8 +13,8 @@
 #                                              # .te/sm90 came along; wheel: route 1's joined wheel), then
 #                                              # build transformer_engine_torch; a no-op once done
 #   bash scripts/te_on_gpu.sh check            # import TE, one te.Linear FP8 step per recipe, GPU tests
-#   bash scripts/te_on_gpu.sh train N [DIR]    # hybrid_125m fp8_blockwise, te vs emulated, N steps each,
-#                                              # then python -m nvfp4train.compare over both runs
+#   bash scripts/te_on_gpu.sh train N [DIR]    # hybrid_125m per FP8 recipe: te vs emulated (2 seeds), N
+#                                              # steps each, all at once; python -m nvfp4train.compare
 # Every GPU-side step sets PYTHONPATH=/tmp/te_site:/tmp/site (/tmp/site: the .whl wheels, installed here
 # when .whl/ came along) and prints its seconds.
 #
@@ -251,28 +251,40 @@ EOF
   return $rc
 }
 
-train() {  # N [DIR]: hybrid_125m fp8_blockwise on te and on emulated, then the comparison
+train() {  # N [DIR]: hybrid_125m, te vs emulated (two seeds: the emulated path's own spread), N steps
+  # each, for every precision in $TE_PRECISIONS (default: both FP8 recipes), all runs at once on this
+  # GPU (the comparison needs loss curves, not speeds), then python -m nvfp4train.compare per precision
   use_site
-  local steps=${1:-100} out=${2:-/tmp/te_train}
-  local common=(model=hybrid_125m precision=fp8_blockwise "train.max_steps=$steps" train.log_every=1
+  local steps=${1:-100} out=${2:-/tmp/te_train} precisions=(${TE_PRECISIONS:-fp8_blockwise fp8_tensorwise})
+  local common=(model=hybrid_125m "train.max_steps=$steps" train.log_every=1 train.eval_every=50
                 train.progress=false train.seq_len=1024 train.global_batch_size=16)
   mkdir -p "$out"
-  for backend in te emulated; do
-    local t0; t0=$(date +%s)
-    say "training $backend, $steps steps"
-    python3 -m nvfp4train.train "out_dir=$out/$backend" "precision.backend=$backend" "${common[@]}" \
-      > "$out/$backend.log" 2>&1 || { tail -30 "$out/$backend.log"; die "the $backend run failed ($out/$backend.log)"; }
-    tail -2 "$out/$backend.log"
-    say "$backend: $(( $(date +%s) - t0 ))s"
-  done
-  python3 -m nvfp4train.compare "$out/emulated" "$out/te" --baseline "$out/emulated" --out "$out/compare"
-  cat "$out/compare/compare.md"
-  if [ -n "${OUT:-}" ]; then  # what the device tool brings back (8 files at most): enough to re-plot here
-    for backend in te emulated; do
-      mkdir -p "$OUT/$backend" && cp "$out/$backend/config.yaml" "$out/$backend/metrics.jsonl" "$OUT/$backend/"
+  local t0 pids=() names=(); t0=$(date +%s)
+  for p in "${precisions[@]}"; do
+    for arm in te:1 emulated:1 emulated:2; do
+      local backend=${arm%:*} seed=${arm#*:} dir="$out/$p/${arm%:*}_seed${arm#*:}"
+      mkdir -p "$dir"
+      python3 -m nvfp4train.train "out_dir=$dir" "precision=$p" "precision.backend=$backend" "seed=$seed" \
+        "${common[@]}" > "$dir.log" 2>&1 &
+      pids+=($!); names+=("$dir")
     done
-    cp "$out"/compare/{compare.md,compare.json,loss.png} "$OUT/"  # the rest: re-plot from the runs
+  done
+  say "training ${#pids[@]} runs at once, $steps steps each"
+  local i rc=0
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || { rc=1; tail -20 "${names[$i]}.log"; say "FAILED: ${names[$i]}"; }
+  done
+  say "trained in $(( $(date +%s) - t0 ))s"
+  for p in "${precisions[@]}"; do
+    python3 -m nvfp4train.compare "$out/$p/emulated_seed1" "$out/$p/emulated_seed2" "$out/$p/te_seed1" \
+      --baseline "$out/$p/emulated_seed1" --out "$out/$p/compare" || rc=1
+    cat "$out/$p/compare/compare.md" 2>/dev/null | sed -n '/Gaps at milestones/,/Stability/p'
+  done
+  if [ -n "${OUT:-}" ]; then  # one archive (the device tool brings back 8 files at most): re-plot here
+    (cd "$out" && tar czf "$OUT/te_train.tar.gz" */*/config.yaml */*/metrics.jsonl */*.log */compare/compare.md \
+      */compare/compare.json */compare/*.png) || rc=1
   fi
+  return $rc
 }
 
 cmd=${1:-}; shift || true

@@ -276,3 +276,42 @@ def test_te_training_resumes_from_a_checkpoint(tmp_path):
     assert sorted(straight) == sorted(again) == list(range(1, 9))
     assert all(again[s] == straight[s] for s in range(1, 5))  # kept from the first run
     assert all(abs(again[s] - straight[s]) <= 1e-2 * abs(straight[s]) for s in range(5, 9)), (straight, again)
+
+
+@pytest.mark.gpu
+@needs_te
+def test_te_layers_train_and_resume_under_fsdp2(tmp_path):
+    """FSDP2 (`fully_shard` per block, torchrun over every GPU here, up to 2) with TE layers: the sharded
+    FP32 masters are gathered and handed to te.Linear per call; the curve tracks a single-process TE run
+    within FP8 + BF16 noise, the checkpoint is one DCP shard per rank, and a resume from step 3 continues."""
+    import sys
+
+    from tests.conftest import REPO, cli_env, read_metrics, train_cmd
+
+    nproc = min(2, torch.cuda.device_count())
+    common = ["precision=fp8_blockwise", "precision.backend=te", "train.max_steps=6", "train.save_every=3",
+              "train.log_every=1", "train.progress=false", "train.eval_sequences=2", "train.seq_len=128",
+              "train.global_batch_size=8", "train.micro_batch_size=8" if nproc == 1 else "train.micro_batch_size=4"]
+    env = cli_env(PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+
+    def run(cmd):
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return proc
+
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                "-m", "nvfp4train.train"]
+    run(train_cmd(f"out_dir={tmp_path / 'one'}", *common))
+    run(torchrun + [f"out_dir={tmp_path / 'fsdp'}", "train.parallel=fsdp2", *common])
+    log = (tmp_path / "fsdp" / "train.log").read_text()
+    assert "backend te" in log and "fsdp2" in log, log[-2000:]
+    one = [r["loss"] for r in read_metrics(tmp_path / "one")]
+    fsdp = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "fsdp")}
+    assert sorted(fsdp) == list(range(1, 7)) and [fsdp[s] for s in range(1, 7)] == pytest.approx(one, rel=2e-2)
+    shards = list((tmp_path / "fsdp" / "checkpoints" / "step_00000003" / "model_optim").glob("*.distcp"))
+    assert len(shards) == nproc, shards
+    resumed = run(torchrun + [f"out_dir={tmp_path / 'fsdp'}", "train.parallel=fsdp2",
+                              f"train.resume={tmp_path / 'fsdp' / 'checkpoints' / 'step_00000003'}", *common])
+    assert "resumed from" in resumed.stdout
+    again = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "fsdp")}
+    assert all(abs(again[s] - fsdp[s]) <= 2e-2 * abs(fsdp[s]) for s in range(4, 7)), (fsdp, again)
