@@ -130,12 +130,24 @@ def _tensorwise_gemm(a: Quantized, b: Quantized) -> torch.Tensor:
 
 
 # How the [N/128, K/128] scales of a 128x128-tiled weight are handed to torch._scaled_mm as scale_b
-# [K/128, N/128]. The transposed view was accepted at full speed on an H100 (torch 2.11) but its results
-# were not checked then; the probe below keeps the first layout whose GEMM matches the dequantized
-# product, so a layout torch reads differently is never used silently.
+# [K/128, N/128]. torch checks scale_b.t() (the weight's own [N/128, K/128] grid): row-major, and in newer
+# releases (ScaledBlas.cpp, "near-inner-dim-major with 16-byte aligned strides") with its row stride
+# rounded up to 4 floats; older ones want the row stride to be exactly K/128. A grid whose K/128 is a
+# multiple of 4 satisfies both. The probe below keeps the first layout whose GEMM matches the dequantized
+# product (its K/128 is 3, so it tells the two rules apart), so a layout torch reads differently is never
+# used silently.
+def _tile_scales_aligned(s: torch.Tensor) -> torch.Tensor:
+    """s [N/128, K/128] row-major -> the [K/128, N/128] transposed view of a copy whose rows are padded
+    to a multiple of 4 floats (16 bytes); the padding is never read."""
+    n, k = s.shape
+    padded = s.new_ones(n, round_up(k, 4))
+    padded[:, :k] = s
+    return padded[:, :k].t()
+
+
 TILE_SCALE_LAYOUTS = {
+    "transposed view, rows 16-byte aligned": _tile_scales_aligned,
     "transposed view": lambda s: s.t(),
-    "transposed copy": lambda s: s.t().contiguous(),
 }
 _tile_scale_layout: dict[int, str] = {}  # device index -> the probe's choice
 
@@ -152,7 +164,7 @@ def _blockwise_gemm(a: Quantized, b: Quantized, tile_layout: str | None = None) 
     da = _pad_rows(a.fp8_data, m_pad)
     sa = _pad_rows(a.fp8_scales, m_pad, 1.0).t().contiguous().t()
     if b.spec.tile == (128, 128):  # rows already a multiple of 128
-        layout = tile_layout or _tile_scale_layout.get(b.fp8_data.device.index or 0, "transposed view")
+        layout = tile_layout or _tile_scale_layout.get(b.fp8_data.device.index or 0, next(iter(TILE_SCALE_LAYOUTS)))
         db, sb = b.fp8_data, TILE_SCALE_LAYOUTS[layout](b.fp8_scales.contiguous())
     else:
         n_pad = round_up(b.fp8_data.shape[0], 16)
@@ -171,6 +183,13 @@ def _probe_operand(rows: int, k: int, tile, device, gen) -> Quantized:
 
 def _dequantized(q: Quantized) -> torch.Tensor:
     return fp8.dequantize_blockwise(q.fp8_data, q.fp8_scales, q.spec.tile, torch.float32)
+
+
+def _error_summary(error: Exception) -> str:
+    """First and last line of torch's message: "Invalid scaling configuration." and the "Got ..." line
+    with the shapes and strides it was given (the rules in between are the same every time)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [type(error).__name__]
+    return lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
 
 
 @functools.cache
@@ -197,14 +216,13 @@ def _blockwise_unsupported(device_index: int) -> str | None:
             try:
                 errors[layout] = rel_err(_blockwise_gemm(x, w, layout), ref)
             except RuntimeError as error:
-                errors[layout] = (str(error).strip().splitlines() or ["refused"])[0]
+                errors[layout] = _error_summary(error)
             if isinstance(errors[layout], float) and errors[layout] <= 1e-3:
                 _tile_scale_layout[device_index] = layout
                 log.info("scaled_mm: 128x128 weight scales passed as the %s (probe rel err %.2g)", layout, errors[layout])
                 return None
     except (RuntimeError, TypeError) as error:
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        return f"torch._scaled_mm refused blockwise FP8 scales here ({first_line})"
+        return f"torch._scaled_mm refused blockwise FP8 scales here ({_error_summary(error)})"
     return f"torch._scaled_mm's 1x128 x 128x128 blockwise GEMM matched no scale layout ({errors})"
 
 

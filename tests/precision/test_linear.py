@@ -221,6 +221,23 @@ def test_scaled_mm_and_te_refuse_clearly_without_hardware():
     assert factory.backend_name == "emulated" and "not scaled_mm" in factory.backend_reason
 
 
+@pytest.mark.parametrize("k_tiles", [3, 4, 5, 8])
+def test_tile_scales_for_scaled_mm_meet_both_stride_rules(k_tiles):
+    """The 128x128 weight scales handed to torch._scaled_mm as scale_b: torch checks scale_b.t(), the
+    weight's [N/128, K/128] grid, row-major with its row stride rounded up to 4 floats (torch 2.11's
+    ScaledBlas.cpp) or exactly K/128 (older). The aligned layout meets the first for any K, equals the
+    second where K/128 is a multiple of 4, and carries the same values as the plain transposed view."""
+    from nvfp4train.precision.backends import TILE_SCALE_LAYOUTS
+
+    grid = torch.exp2(torch.randint(-4, 5, (2, k_tiles)).float())
+    aligned = TILE_SCALE_LAYOUTS["transposed view, rows 16-byte aligned"](grid.contiguous())
+    plain = TILE_SCALE_LAYOUTS["transposed view"](grid.contiguous())
+    assert torch.equal(aligned, grid.t()) and torch.equal(plain, grid.t())
+    assert aligned.t().shape == (2, k_tiles) and aligned.t().stride() == (-(-k_tiles // 4) * 4, 1)
+    assert (aligned.t().stride() == plain.t().stride()) == (k_tiles % 4 == 0)
+    assert list(TILE_SCALE_LAYOUTS)[0].endswith("16-byte aligned")  # the probe tries torch 2.11's rule first
+
+
 def test_no_grad_forward_saves_nothing_and_matches_the_training_forward():
     layer = make_layer(load_preset("nvfp4_all_layers"))
     x, grad = inputs()
