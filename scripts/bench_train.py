@@ -13,6 +13,11 @@ row per model x seq x precision x backend into --out (a re-run replaces its row)
 `--torchao` adds a torchao float8 (tensorwise) row on plain BF16 linears when torchao imports.
 `--sync-debug` counts host synchronisations per step (torch.cuda.set_sync_debug_mode("warn") warnings
 during the measured steps; CUDA only) and adds `syncs_per_step` to each row.
+`--backends te scaled_mm emulated` runs each quantized precision on each backend (one that cannot run here
+is skipped with its reason). `--profile DIR` profiles one more step per row after its timed window and
+prints device time by kind of kernel (GEMM, our quantizers, Mamba scan, copies, ...) and the top kernels,
+with a chrome trace per row in DIR:
+    python scripts/bench_train.py --models hybrid_350m --seqs 2048 --batch 8 --precisions bf16 nvfp4 --profile /tmp/prof
 """
 from __future__ import annotations
 
@@ -54,14 +59,80 @@ def _model(model_cfg: ModelConfig, precision: str, device: torch.device, backend
     return model, PrecisionController(policy, model).backend_name
 
 
+# What a profiled step's device time is spent on, by kernel name (first match wins; lower-case substrings).
+# Triton quantizer kernels are ours (formats/triton_kernels.py: _nvfp4_*, _mxfp4_*, _rht_*, _fp8_*,
+# _abs_max_*); the Mamba scan's are mamba-ssm's SSD kernels; GEMMs are cuBLAS/CUTLASS (nvjet, sm90_xmma,
+# cutlass, gemm) or torch._scaled_mm's.
+KERNEL_KINDS = (
+    ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "scaled_mm", "cublas", "addmm", "aten::mm", "aten::bmm")),
+    ("quantize (ours)", ("nvfp4", "mxfp4", "_rht", "fp8", "abs_max", "e2m1", "quantiz")),
+    ("mamba scan", ("chunk_scan", "chunk_state", "state_passing", "bmm_chunk", "chunk_cumsum", "ssd", "selective")),
+    ("conv1d", ("conv", "causal_conv1d")),
+    ("attention", ("flash", "attention", "fmha", "sdpa")),
+    ("norm", ("rms_norm", "layer_norm", "rmsnorm")),
+    ("copy / cast", ("copy", "cast", "to_copy", "cat", "convert")),
+    ("optimizer", ("adam", "foreach", "multi_tensor")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower().replace("nvfp4train::", "")  # our custom ops' namespace is not a format
+    for kind, needles in KERNEL_KINDS:
+        if any(n in low for n in needles):
+            return kind
+    return "other"
+
+
+def profile_step(engine, micro_batch, step: int, device: torch.device, trace: Path | None) -> list[dict]:
+    """One more training step under torch.profiler: per kernel (CUDA) or per op (CPU), its self time on
+    the device, summed over calls; the chrome trace goes to `trace` when given."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        stats = engine.train_step(micro_batch, lr=1e-4, step=step)
+        stats.loss.item()
+    if trace is not None:
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace))
+    rows = []
+    for evt in prof.key_averages():
+        if cuda and evt.device_type != DeviceType.CUDA:
+            continue
+        if not cuda and (evt.device_type != DeviceType.CPU or evt.key.startswith("ProfilerStep")):
+            continue
+        us = evt.self_device_time_total if cuda else evt.self_cpu_time_total
+        if us > 0:
+            rows.append({"name": evt.key, "calls": evt.count, "ms": us / 1e3, "kind": kernel_kind(evt.key)})
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
+def print_profile(rows: list[dict], top: int = 15) -> dict[str, float]:
+    """The breakdown by kind and the top kernels; returns {kind: ms}."""
+    total = sum(r["ms"] for r in rows) or 1.0
+    kinds: dict[str, float] = {}
+    for r in rows:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0.0) + r["ms"]
+    print(f"    profiled step: {total:.1f} ms of kernel time")
+    for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        print(f"      {kind:<16} {ms:9.2f} ms {100 * ms / total:5.1f}%")
+    print(f"    top {top} kernels:")
+    for r in rows[:top]:
+        print(f"      {r['ms']:9.2f} ms {100 * r['ms'] / total:5.1f}% x{r['calls']:<5} {r['kind']:<16} {r['name'][:90]}")
+    return kinds
+
+
 def bench_one(model_name: str, model_cfg: ModelConfig, precision: str, batch: int, seq: int, steps: int,
-              warmup: int, device: torch.device, compile: str, sync_debug: bool, backend: str = "auto") -> dict:
+              warmup: int, device: torch.device, compile: str, sync_debug: bool, backend: str = "auto",
+              profile: Path | None = None) -> dict:
     model, backend = _model(model_cfg, precision, device, backend)
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
     engine = TorchEngine(model, lambda m: param_groups(m, 0.1), OptimConfig(), "ddp", info,
                          compile=resolve_compile(compile, device))
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, model_cfg.vocab_size, (warmup + steps, batch, seq + 1), generator=g)
+    tokens = torch.randint(0, model_cfg.vocab_size, (warmup + steps + 1, batch, seq + 1), generator=g)
     micro_batches = [[(t[:, :-1], t[:, 1:])] for t in tokens]
     cuda = device.type == "cuda"
     for i in range(warmup):
@@ -92,10 +163,16 @@ def bench_one(model_name: str, model_cfg: ModelConfig, precision: str, batch: in
            "gpu": torch.cuda.get_device_name(device) if cuda else "cpu", "commit": git_commit(short=True)}
     if sync_debug:
         row["syncs_per_step"] = syncs
+    profiled = None
+    if profile is not None:  # after the timed window, so it never slows the row's numbers
+        trace = profile / f"{model_name}_seq{seq}_{precision}_{backend}.json"
+        profiled = profile_step(engine, micro_batches[-1], warmup + steps + 1, device, trace)
     print(f"{model_name:>12} seq {seq:>5} x {batch:<3} {precision:>15} {backend:>9}: {row['step_ms']:>10.1f} ms "
           f"{row['tokens_per_s']:>10.0f} tok/s  MFU {100 * row['mfu'] if peak else float('nan'):5.1f}%  "
           f"peak {row['peak_gib'] or float('nan'):6.2f} GiB  loss {loss:.3f}"
           + (f"  host syncs/step {syncs}" if sync_debug else ""), flush=True)
+    if profiled is not None:
+        print_profile(profiled)
     del engine, model
     if cuda:
         torch.cuda.empty_cache()
@@ -130,6 +207,10 @@ def main() -> None:
     ap.add_argument("--backends", nargs="+", default=["auto"],
                     help="precision.backend for each quantized precision (auto | emulated | scaled_mm | te); a "
                          "backend that cannot run a precision here is skipped with its reason; bf16 runs once")
+    ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                    help="after each row's timed steps, profile one more step: print device time by kind of "
+                         "kernel (GEMM, our quantizers, scan, copies, ...) and the top kernels; chrome traces "
+                         "into DIR")
     ap.add_argument("--out", type=Path, default=REPO / "docs/results/bench/train.json")
     args = ap.parse_args()
 
@@ -157,7 +238,8 @@ def main() -> None:
                 for backend in args.backends[:1] if plain else args.backends:
                     try:
                         rows.append(bench_one(model_name, model_cfg, precision, args.batch, seq, args.steps,
-                                              args.warmup, device, args.compile, args.sync_debug, backend))
+                                              args.warmup, device, args.compile, args.sync_debug, backend,
+                                              args.profile))
                     except torch.cuda.OutOfMemoryError:
                         print(f"{model_name} seq {seq} x {args.batch} {precision}: out of memory (row not written)")
                         torch.cuda.empty_cache()

@@ -16,7 +16,7 @@ def test_bench_train_smoke_and_json_merge(tmp_path):
     out.write_text(json.dumps([keep, stale, compiled]))
     proc = subprocess.run([sys.executable, "scripts/bench_train.py", "--device", "cpu", "--models", "hybrid_tiny",
                            "--seqs", "32", "--batch", "2", "--steps", "1", "--warmup", "1", "--precisions", "bf16",
-                           "--out", str(out)], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+                           "--out", str(out), "--profile", str(tmp_path / "prof")], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert keep in rows and compiled in rows and len(rows) == 3
@@ -24,3 +24,17 @@ def test_bench_train_smoke_and_json_merge(tmp_path):
     assert set(new) == set(keep)
     assert new["seq"] == 32 and new["batch"] == 2 and new["step_ms"] > 0 and new["tokens_per_s"] > 0
     assert new["gpu"] == "cpu" and new["mfu"] is None and new["peak_gib"] is None
+    # --profile: one more step under torch.profiler after the timed window, broken down by kind of kernel
+    assert "profiled step:" in proc.stdout and "gemm" in proc.stdout and "top 15 kernels:" in proc.stdout
+    assert (tmp_path / "prof" / "hybrid_tiny_seq32_bf16_emulated.json").stat().st_size > 0
+
+
+def test_kernel_kinds_of_real_kernel_names():
+    import runpy
+
+    kind = runpy.run_path(str(REPO / "scripts" / "bench_train.py"))["kernel_kind"]
+    assert kind("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "gemm"
+    assert kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "gemm"
+    assert kind("_rht_nvfp4_kernel") == "quantize (ours)" and kind("_abs_max_kernel") == "quantize (ours)"
+    assert kind("_chunk_scan_fwd_kernel") == "mamba scan" and kind("nvfp4train::ssd_scan_triton") == "mamba scan"
+    assert kind("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>") == "copy / cast"
