@@ -7,6 +7,8 @@
                  poll                           one line per run: step, tokens, loss, tokens/s, ETA
                  wait [--timeout-s N]           until every run has ended (exit 1: the time ran out)
                  collect --out $OUT             finished runs -> ONE archive (no checkpoints)
+                 pack-kernels --out $OUT        the Triton kernel cache -> kernels.tar.gz (carry it back as
+                                                .carry/kernels.tar.gz: the next launch skips the autotuning)
     here:        ingest ARCHIVE                 -> docs/results/runs/<experiment>/<arm>/seed<k>/
                  report                         -> docs/results/reproduction.md (+ plots per experiment)
 
@@ -44,6 +46,8 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from nvfp4train.train.kernel_cache import KERNEL_ARCHIVE, KernelCacheError, pack_kernel_cache, unpack_kernel_cache
 
 REPO = Path(__file__).resolve().parents[2]
 # configs/ of a source checkout, or the copy a wheel carries inside the package (as train/config.py finds it)
@@ -619,6 +623,9 @@ def launch(args) -> int:
         return 0
     for i in info.values():  # the data must be here before anything starts
         data_epochs(i["cfg"], 1)
+    if args.kernels and Path(args.kernels).is_file():  # before any run compiles: skip the autotuning
+        added, root = _kernel_cache_call(unpack_kernel_cache, Path(args.kernels))
+        print(f"kernel cache: {added} file(s) from {args.kernels} added to {root}")
     from nvfp4train.data.paths import git_commit
 
     runs_dir = Path(args.runs_dir)
@@ -861,6 +868,33 @@ def unfinished_detail(run_dir: Path, job: dict, state: str) -> str:
     return f"not finished ({state}{gone}, step {step}/{job['max_steps']})"
 
 
+# ------------------------------------------------------------------------------------------- kernels
+def _kernel_cache_call(fn, *args):
+    try:
+        return fn(*args)
+    except KernelCacheError as e:
+        raise UsageError(str(e)) from None
+
+
+def pack_kernels(args) -> int:
+    out = Path(args.out or os.environ.get("OUT") or "")
+    if not str(out) or str(out) == ".":
+        raise UsageError("pack-kernels: give --out DIR (or set $OUT)")
+    path = out / KERNEL_ARCHIVE.name
+    n, what = _kernel_cache_call(pack_kernel_cache, path, ARCHIVE_LIMIT)
+    print(f"{path}: {n} file(s), {what}, {path.stat().st_size / 2**20:.2f} MiB "
+          f"(carry it back as {KERNEL_ARCHIVE}: launch unpacks it)")
+    return 0
+
+
+def unpack_kernels(args) -> int:
+    if not Path(args.archive).is_file():
+        raise UsageError(f"{args.archive}: no such file")
+    added, root = _kernel_cache_call(unpack_kernel_cache, Path(args.archive))
+    print(f"kernel cache: {added} file(s) from {args.archive} added to {root}")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------- ingest
 MEMBER = re.compile(r"^(?P<run>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/seed\d+)/(?P<file>"
                     + "|".join(map(re.escape, COLLECTED)) + ")$")
@@ -946,6 +980,8 @@ def parse_args(argv):
     p.add_argument("--skip-existing", type=Path, help="skip runs already in this results dir (docs/results/runs)")
     p.add_argument("--force", action="store_true", help="run again what is there (results dir or runs dir)")
     p.add_argument("--data", default=str(DATA_ARCHIVE), help="shards archive to unpack when present")
+    p.add_argument("--kernels", default=str(KERNEL_ARCHIVE), help="Triton kernel cache archive (pack-kernels) "
+                   "to unpack when present, so the runs skip mamba-ssm's autotuning")
     p.add_argument("--commit", help="the commit to record (default: git rev-parse HEAD, where .git exists)")
     p.add_argument("--dry-run", action="store_true", help="print the plan only")
 
@@ -961,6 +997,12 @@ def parse_args(argv):
     p.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS_DIR)
     p.add_argument("--out", help="directory for the archive (default: $OUT)")
     p.add_argument("--experiment", action="append", help="only this experiment (repeatable)")
+
+    p = verbs.add_parser("pack-kernels", help="this machine's Triton kernel cache -> $OUT/kernels.tar.gz")
+    p.add_argument("--out", help="directory for the archive (default: $OUT)")
+
+    p = verbs.add_parser("unpack-kernels", help="add a packed kernel cache to this machine's Triton cache")
+    p.add_argument("archive")
 
     p = verbs.add_parser("ingest", help="unpack a collected archive into the results")
     p.add_argument("archive")
@@ -980,7 +1022,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     verbs = {"pack-data": pack_data, "launch": launch, "poll": poll, "wait": wait, "collect": collect,
-             "ingest": ingest, "report": report}
+             "ingest": ingest, "report": report, "pack-kernels": pack_kernels, "unpack-kernels": unpack_kernels}
     try:
         if args.verb == "_worker":
             return worker(args.run_dirs)

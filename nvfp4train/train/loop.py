@@ -55,6 +55,7 @@ from nvfp4train.train import checkpoint, resume_policy, rundir
 from nvfp4train.train.config import ConfigError, RunConfig, resolve_micro_batch
 from nvfp4train.train.engines import StepStats, build_engine, import_deepspeed
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
+from nvfp4train.train.kernel_cache import persistent_kernel_caches
 from nvfp4train.train.metrics import MetricsLogger, ProgressBar
 from nvfp4train.train.stop import StopSignal
 
@@ -435,19 +436,6 @@ class Trainer:
         done = checkpoint.list_checkpoints(self.ckpt_root)
         return (f"the latest checkpoint ({done[-1]}) is kept: resume from it with train.resume={done[-1]}"
                 if done else "no checkpoint was written")
-
-
-def persistent_kernel_caches() -> str:
-    """Triton's compiled kernels and autotuning results (mamba-ssm's SSD and layer-norm kernels, Inductor's
-    kernels) in one directory shared by runs, so only the first run on a machine pays the ~100 s of
-    autotuning. TRITON_CACHE_DIR when set (point it at shared storage to share it across nodes), else
-    ~/.cache/nvfp4train/triton; Inductor's cache lives beside it unless TORCHINDUCTOR_CACHE_DIR is set.
-    Set before the first kernel compiles (Triton reads them then)."""
-    root = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".cache" / "nvfp4train" / "triton")
-    os.environ.setdefault("TRITON_CACHE_DIR", str(root))
-    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # Triton >= 3.2 keeps autotuning choices there
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root.parent / "inductor"))
-    return str(root)
 
 
 def _peak_memory_gib(device: torch.device) -> float:
