@@ -59,17 +59,21 @@ DATA_ARCHIVE = Path(".carry/shards.tar.xz")
 SHARDS_DIR = Path("data/corpora/shards")
 ARCHIVE_LIMIT = 16 * 2**20                 # what one file brought back from a GPU machine may weigh
 COLLECTED = ("metrics.jsonl", "config.yaml", "eval.json", "run.json")
-# Tokens per second of one run of hybrid_repro (seq 1024, batch 32) alone on one H100, per precision
-# format: ASSUMED, not measured. From the README's hybrid_125m steps on an H200 (bf16 103 ms, fp8_blockwise
-# 211, nvfp4 374, mxfp4 346 per 16k tokens): the BF16 GEMMs scaled by FLOPs per token (3.4x fewer), the
-# emulated quantization's extra time by the quantized activations per token (2x fewer) and by the H100's
-# lower memory bandwidth (1.4x slower). `poll` shows the measured speed; --speed FORMAT=TOKENS_PER_S
-# corrects the estimate.
-ASSUMED_SPEED = {"bf16": 300_000, "fp8_blockwise": 150_000, "fp8_tensorwise": 190_000, "nvfp4": 75_000,
-                 "mxfp4": 80_000}
+# Tokens per second that one GPU gives runs of hybrid_repro (seq 1024, batch 32) of each precision format,
+# summed over the runs sharing it: the committed runs of commit 55f312a on an H200 (docs/results/runs/,
+# run.json and metrics.jsonl), 11 runs at once: per-run tokens/s x 11 = bf16 577k, fp8_blockwise 353k,
+# nvfp4 365k; mxfp4 at 7 at once 347k. fp8_tensorwise has not run: fp8_blockwise's figure stands in. A run
+# sharing its GPU with n-1 others is estimated at 1/n of it. Alone on an H100 (bench_train, eager) the
+# same runs do bf16 492k, fp8_blockwise 298k, nvfp4 291k, mxfp4 281k: sharing raises the total. `poll`
+# shows the measured speed; --speed FORMAT=TOKENS_PER_S corrects the estimate.
+ASSUMED_SPEED = {"bf16": 577_000, "fp8_blockwise": 353_000, "fp8_tensorwise": 353_000, "nvfp4": 365_000,
+                 "mxfp4": 347_000}
 CPU_SPEED = 3_000                          # tokens/s of a tiny CPU run, for the plan's estimate only
 CPU_STARTUP_S = 15
-STARTUP_S = 150                            # per run: imports, Triton autotuning of the SSD scan, final eval
+# Per run: imports, Triton autotuning of the SSD scan (unless a carried kernel cache has it), the periodic
+# and final evaluations: the 55f312a runs spent 180-187 s before their first step on a fresh H200 (11 at
+# once), 49 s on the warm machine (7 at once), and 250-350 s of their 540-566 s outside training steps.
+STARTUP_S = 240
 
 
 class UsageError(Exception):
