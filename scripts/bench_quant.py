@@ -82,6 +82,7 @@ def cases(device: torch.device, rht_blocks=None):
         ("mxfp4.fake_quantize rne", lambda x, i: mxfp4.fake_quantize(x, "rne", out_dtype=bf16, impl=i)[0]),
         ("mxfp4.fake_quantize sr",
          lambda x, i: mxfp4.fake_quantize(x, "sr", generator=gen(), out_dtype=bf16, impl=i)[0]),
+        ("fp8.quantize_tensorwise", lambda x, i: fp8.quantize_tensorwise(x, impl=i)),
         ("fp8.quantize_blockwise 1x128", lambda x, i: fp8.quantize_blockwise(x, (1, 128), impl=i)),
         ("fp8.quantize_blockwise 128x128", lambda x, i: fp8.quantize_blockwise(x, (128, 128), impl=i)),
         ("fp8.fake_quantize_blockwise 1x128 pow2",

@@ -23,8 +23,9 @@ values themselves (exact in BF16) and the tensor's decode scale, to be applied a
 blockwise, the dequantized values (``out_dtype``, default float32; exact in bf16 only with
 ``pow2_scales``) and 1.0.
 
-Blockwise functions take ``impl="auto" | "reference" | "triton"`` (impl.py): one fused Triton
-kernel on CUDA (same bits), the PyTorch code here elsewhere.
+The quantizers take ``impl="auto" | "reference" | "triton"`` (impl.py): on CUDA Triton kernels with
+the same bits (blockwise: one fused kernel; tensorwise: an amax pass, then one cast pass), the PyTorch
+code here elsewhere.
 """
 
 from __future__ import annotations
@@ -80,10 +81,15 @@ def encode_scale_from_amax(
     return torch.where(torch.isfinite(amax), scale, torch.full_like(scale, float("nan")))
 
 
-def quantize_tensorwise(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False):
+def quantize_tensorwise(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False,
+                        impl: str = "auto"):
     """``(data_fp8, decode_scale)``: per-tensor current scaling; decode_scale is FP32 0-d."""
     _check_input(x)
     _check_fp8_dtype(dtype)
+    if use_triton(x, impl, "fp8.quantize_tensorwise"):
+        from . import triton_kernels
+
+        return triton_kernels.fp8_tensorwise(x, dtype, pow2_scales)
     xf = x.to(torch.float32, copy=True)  # scratch: scaled and clamped in place below
     encode = encode_scale_from_amax(xf.abs().amax(), dtype, pow2_scales)
     limit = fp8_max(dtype)
@@ -95,9 +101,10 @@ def fake_quantize_tensorwise(
     dtype: torch.dtype = torch.float8_e4m3fn,
     pow2_scales: bool = False,
     out_dtype: torch.dtype | None = None,
+    impl: str = "auto",
 ):
     """``(fp8 values in out_dtype (default x.dtype), decode_scale)``; apply the scale after the matmul."""
-    data, decode = quantize_tensorwise(x, dtype, pow2_scales)
+    data, decode = quantize_tensorwise(x, dtype, pow2_scales, impl=impl)
     return data.to(out_dtype or x.dtype), decode
 
 

@@ -892,3 +892,47 @@ def fp8_blockwise(
         BLOCK_R=block_r, BLOCK_C=block_c, **options,
     )
     return values if dense else (data, scales)
+
+
+# ------------------------------------------------------------------------------ FP8 tensorwise
+TENSORWISE_BLOCK = 4096
+
+
+@triton.jit
+def _fp8_tensorwise_kernel(x_ptr, amax_ptr, data_ptr, decode_ptr, n, FP8_MAX: tl.constexpr, MANT: tl.constexpr,
+                           BIAS: tl.constexpr, POW2: tl.constexpr, BLOCK: tl.constexpr):
+    """fp8.quantize_tensorwise's cast: x * encode clamped to the format's max, RNE to FP8 bits. Every
+    program derives encode = encode_scale_from_amax(max|x|) from the amax pass's result itself (a few
+    ALU operations, no extra launch); program 0 stores the decode scale 1 / encode."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = _to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))
+    amax = tl.load(amax_ptr)
+    encode = tl.div_rn(tl.full((), FP8_MAX, tl.float32), amax)
+    encode = tl.where(encode == float("inf"), _FLT_MAX, encode)
+    encode = tl.where(amax == 0, 1.0, encode)
+    if POW2:
+        encode = (encode.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)  # always normal
+    encode = tl.where(amax <= _FLT_MAX, encode, float("nan"))
+    scaled = x * encode
+    scaled = tl.where(scaled > FP8_MAX, FP8_MAX, tl.where(scaled < -FP8_MAX, -FP8_MAX, scaled))
+    tl.store(data_ptr + offs, _fp8_rne(scaled, MANT, BIAS).to(tl.uint8), mask=mask)
+    if tl.program_id(0) == 0:
+        tl.store(decode_ptr, tl.div_rn(tl.full((), 1.0, tl.float32), encode))
+
+
+def fp8_tensorwise(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8.quantize_tensorwise (arguments checked by the caller): (data in ``dtype``, x's shape; FP32 0-d
+    decode scale), in two reads of x (the amax, then the cast) where the eager reference makes about
+    six passes over an FP32 copy; no host sync."""
+    x = x.contiguous()
+    n = x.numel()
+    amax = abs_max(x)
+    data = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    decode = torch.empty((), dtype=torch.float32, device=x.device)
+    mant, bias = (3, 7) if dtype == torch.float8_e4m3fn else (2, 15)
+    _fp8_tensorwise_kernel[(triton.cdiv(n, TENSORWISE_BLOCK),)](
+        x, amax, data, decode, n, FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales,
+        BLOCK=TENSORWISE_BLOCK, **_launch_options(x),
+    )
+    return data.view(dtype), decode

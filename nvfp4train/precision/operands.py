@@ -230,7 +230,7 @@ class FP8Format(OperandFormat):
 
     def pack(self, x, spec, generator):
         if spec.tile is None:
-            return fp8.quantize_tensorwise(x, self.dtype)
+            return fp8.quantize_tensorwise(x, self.dtype, impl=QUANT_IMPL)
         return fp8.quantize_blockwise(x, spec.tile, self.dtype, spec.scale_mode == "pow2", impl=QUANT_IMPL)
 
     def dequantize(self, tensors, spec, shape):

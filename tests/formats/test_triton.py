@@ -320,6 +320,30 @@ def test_fp8_blockwise_same_bits_as_the_reference(block, dtype):
         want, _ = fp8.fake_quantize_blockwise(xx, block, dtype, pow2, out_dtype, impl="reference")
         assert_same(values, want, f"{what} values {out_dtype}")
 
+@kernel_test
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_tensorwise_same_bits_as_the_reference(dtype):
+    """The amax pass + cast kernel against fp8.quantize_tensorwise's PyTorch code: codes and the decode
+    scale bit for bit, also for an all-zero tensor (scale 1), a tiny one (the encode scale overflows),
+    subnormal inputs, a size that no block divides, and NaN / Inf anywhere (everything NaN)."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(96, 200, generator=gen)
+    x[::7, ::13] *= 300
+    x[60:64] *= 1e-40
+    cases = {"random": x, "odd size": x[:, :77], "zeros": torch.zeros(33, 64), "tiny": x * 1e-36,
+             "subnormal": x * 1e-40, "nan": x.clone().index_put_((torch.tensor([3]), torch.tensor([5])),
+                                                                  torch.tensor(float("nan"))),
+             "inf": x.clone().index_put_((torch.tensor([90]), torch.tensor([199])), torch.tensor(float("inf")))}
+    for name, xc in cases.items():
+        for xx, pow2 in ((xc, False), (xc, True), (xc.bfloat16(), False), (xc.half(), True)):
+            what = f"{name} {xx.dtype} pow2={pow2}"
+            data, decode = fp8.quantize_tensorwise(xx.to(DEVICE), dtype, pow2, impl="triton")
+            want_data, want_decode = fp8.quantize_tensorwise(xx, dtype, pow2, impl="reference")
+            assert data.dtype == dtype and data.shape == xx.shape and decode.shape == ()
+            assert_same(data.view(torch.uint8), want_data.view(torch.uint8), f"{what} data")
+            assert_same(decode, want_decode, f"{what} decode scale")
+
+
 # ------------------------------------------------------------------------------ Wgrad: RHT + transpose
 @kernel_test
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -470,6 +494,9 @@ def test_kernels_compile_for_sm90_without_approximate_division():
                                     "values_ptr": "*bf16", "rows": "i32", "cols": "i32", "scale_for_inf": "fp32"},
          {"TILE_R": 1, "FP8_MAX": 57344.0, "MANT": 2, "BIAS": 15, "POW2": False, "DENSE": True, "BLOCK_R": 8,
           "BLOCK_C": 256}),
+        (tk._fp8_tensorwise_kernel, {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8", "decode_ptr": "*fp32",
+                                     "n": "i32"},
+         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False, "BLOCK": tk.TENSORWISE_BLOCK}),
         (tk._rht_abs_max_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i32",
                                   "n_features": "i32"}, {"ROWWISE": True, **rht_blocks}),
         (tk._rht_nvfp4_kernel, rht_args,
