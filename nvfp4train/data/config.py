@@ -87,7 +87,8 @@ class DataConfig:
     phases: tuple[object, ...] | None = None
     """Phases of the blend (Phase); null: one phase with equal token fractions."""
     cache_dir: str = "data/cache"
-    """Token shards built from raw sources land here (gitignored)."""
+    """Token shards built from raw sources land here (gitignored); a relative path from an installed wheel
+    goes under $XDG_CACHE_HOME/nvfp4train (nvfp4train.data.paths)."""
     num_proc: int = bounded(1, ge=1)
     """Tokenizer processes when building shards."""
     verify_checksums: bool = False

@@ -350,7 +350,7 @@ def _cache_split_dir(cfg: DataConfig, identity: str, source: str, split: str, fi
 
     made_from = json.dumps({"inputs": fingerprint, "docs_per_shard": cfg.docs_per_shard}, sort_keys=True)
     digest = hashlib.sha256(made_from.encode()).hexdigest()[:12]
-    return resolve_path(cfg.cache_dir) / identity.replace(":", "-") / f"{source}-{digest}" / split
+    return resolve_path(cfg.cache_dir, cache=True) / identity.replace(":", "-") / f"{source}-{digest}" / split
 
 
 def prepare_all(data_cfg, *, num_proc: int | None = None, progress: bool | None = None,

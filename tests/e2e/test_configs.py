@@ -3,6 +3,7 @@ dataclasses, presets state only what differs, and a wheel install finds the conf
 import ast
 import dataclasses
 import inspect
+import json
 import os
 import shutil
 import subprocess
@@ -115,17 +116,29 @@ def test_cfg_job_prints_the_composed_config():
     assert cfg["train"]["max_steps"] == TrainConfig().max_steps and cfg["model"]["name"] == "hybrid_tiny"
 
 
-def test_non_editable_install_finds_its_configs(tmp_path):
-    """`pip install .` (no -e): the wheel carries configs/, and the CLIs run from anywhere."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md", "nvfp4train", "configs"):
-        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
-        copy(ROOT / name, src / name, **({"ignore": shutil.ignore_patterns("__pycache__")} if copy is shutil.copytree else {}))
-    target = tmp_path / "site"
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory):
+    """`pip install .` (no -e) of a copy of the source tree into a target directory, then the copy deleted:
+    nothing of the source tree is left to fall back on."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "nvfp4train", "configs", "data/bundled",
+                 "data/tokenizer/bpe8k.json", "data/README.md"):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(ROOT / name, src / name)
+    target = tmp / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(src)], check=True, capture_output=True, timeout=300)
-    shutil.rmtree(src)  # nothing of the source tree is left to fall back on
+    shutil.rmtree(src)
+    return target
+
+
+def test_non_editable_install_finds_its_configs(installed_wheel, tmp_path):
+    """`pip install .` (no -e): the wheel carries configs/, and the CLIs run from anywhere."""
+    target = installed_wheel
     env = {**os.environ, "PYTHONPATH": str(target)}
     script = ("import sys, nvfp4train.summary as s, nvfp4train.train.config as c; print(c.CONFIG_DIR); "
               "sys.exit(s.main(['model=hybrid_tiny']))")
@@ -139,6 +152,48 @@ def test_non_editable_install_finds_its_configs(tmp_path):
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert job.returncode == 0, job.stderr
     assert yaml.safe_load(job.stdout)["precision"]["rht"] == "none"
+
+
+@pytest.mark.slow  # ~20 s: tokenizes the whole bundled corpus into a fresh cache
+def test_non_editable_install_trains_on_its_shipped_data(installed_wheel, tmp_path):
+    """The README's first command from the wheel, in an empty working directory: the default run reads the
+    corpus and tokenizer the wheel ships, builds its token cache under $XDG_CACHE_HOME/nvfp4train, and
+    writes nothing into the install (nor the working directory)."""
+    def snapshot(root):
+        return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+    target, cwd, xdg, out = installed_wheel, tmp_path / "cwd", tmp_path / "xdg", tmp_path / "run"
+    cwd.mkdir()
+    assert (target / "nvfp4train" / "_shipped" / "data" / "README.md").is_file()  # the licences travel with the data
+    before = snapshot(target)
+    env = {**os.environ, "PYTHONPATH": str(target), "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(tmp_path / "home"),
+           "XDG_CACHE_HOME": str(xdg)}
+    run = subprocess.run([sys.executable, "-m", "nvfp4train.train", f"out_dir={out}", "train.max_steps=2",
+                          "train.progress=false", "train.eval_sequences=2"],
+                         cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2]
+    manifests = sorted(xdg.glob("nvfp4train/data/cache/*/*/*/manifest.json"))
+    assert sorted(f"{m.parent.parent.name.rsplit('-', 1)[0]}/{m.parent.name}" for m in manifests) == sorted(
+        f"{source}/{split}" for source in ("code", "encyclopedic", "literature") for split in ("train", "val"))
+    assert snapshot(target) == before
+    assert not any(cwd.iterdir())
+    # a relative path the wheel does not ship is the working directory's, and a missing one says so
+    bad = subprocess.run([sys.executable, "-m", "nvfp4train.train", f"out_dir={out}2", "data.tokenizer=tok/nope.json"],
+                         cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and f"tokenizer file not found: {cwd / 'tok/nope.json'}" in bad.stderr, bad.stderr
+
+
+def test_non_editable_install_knows_no_commit(installed_wheel, tmp_path):
+    """An install inside a git checkout (a venv in a clone) is not that checkout: its commit is "unknown"."""
+    git = ["git", "-C", str(installed_wheel.parent), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True, timeout=60)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "not the wheel's source"], check=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", "from nvfp4train.data.paths import git_commit; print(git_commit())"],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(installed_wheel)}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.stdout.strip() == "unknown", proc.stderr
 
 
 def test_multirun_registers_the_defaults_too(tmp_path):
