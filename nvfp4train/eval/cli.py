@@ -6,11 +6,9 @@ as training), without Hydra's output directories: these commands write only what
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from nvfp4train.eval.weights import RunError
-
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+from nvfp4train.train.config import CONFIG_DIR  # configs/ of the checkout, or the copy a wheel carries
 
 
 def compose(name: str, argv: list[str]) -> dict:
