@@ -85,6 +85,9 @@ def cases(device: torch.device, rht_blocks=None):
         ("fp8.quantize_tensorwise", lambda x, i: fp8.quantize_tensorwise(x, impl=i)),
         ("fp8.quantize_blockwise 1x128", lambda x, i: fp8.quantize_blockwise(x, (1, 128), impl=i)),
         ("fp8.quantize_blockwise 128x128", lambda x, i: fp8.quantize_blockwise(x, (128, 128), impl=i)),
+        ("fp8.quantize_blockwise 1x128 pow2, then dequantize_blockwise -> bf16 (the emulated GEMM operand)",
+         lambda x, i: fp8.dequantize_blockwise(*fp8.quantize_blockwise(x, (1, 128), pow2_scales=True), (1, 128), bf16,
+                                               impl=i)),
         ("fp8.fake_quantize_blockwise 1x128 pow2",
          lambda x, i: fp8.fake_quantize_blockwise(x, (1, 128), pow2_scales=True, out_dtype=bf16, impl=i)[0]),
     ]

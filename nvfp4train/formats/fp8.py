@@ -164,10 +164,15 @@ def quantize_blockwise(
 
 
 def dequantize_blockwise(
-    data: torch.Tensor, scales: torch.Tensor, block=(1, 128), dtype: torch.dtype = torch.float32
+    data: torch.Tensor, scales: torch.Tensor, block=(1, 128), dtype: torch.dtype = torch.float32, impl: str = "auto"
 ) -> torch.Tensor:
     """Inverse of ``quantize_blockwise`` (FP32 math, then cast to ``dtype``)."""
     block = tuple(block)
+    if use_triton(data, impl, "fp8.dequantize_blockwise"):
+        from . import triton_kernels
+
+        _check_block(data, block)
+        return triton_kernels.fp8_dequantize_blockwise(data, scales, block, dtype)
     values, _ = _block_view(data, block)
     return values.mul_(scales[:, None, :, None]).reshape(data.shape).to(dtype)
 

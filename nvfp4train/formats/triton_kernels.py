@@ -936,3 +936,36 @@ def fp8_tensorwise(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool) -> tu
         BLOCK=TENSORWISE_BLOCK, **_launch_options(x),
     )
     return data.view(dtype), decode
+
+
+@triton.jit
+def _fp8_dequantize_blockwise_kernel(data_ptr, scales_ptr, values_ptr, rows, cols, TILE_R: tl.constexpr,
+                                     MANT: tl.constexpr, BIAS: tl.constexpr, BLOCK_R: tl.constexpr,
+                                     BLOCK_C: tl.constexpr):
+    """fp8.dequantize_blockwise: FP8 bits x their TILE_R x 128 block's FP32 decode scale (FP32 product),
+    rounded to the output's dtype; one read of the codes, one write of the values."""
+    pid_r, pid_c = tl.program_id(0), tl.program_id(1)
+    r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    offs = r[:, None].to(tl.int64) * cols + c[None, :]
+    code = tl.load(data_ptr + offs, mask=mask, other=0).to(tl.int32)
+    scale_offs = (r // TILE_R)[:, None].to(tl.int64) * (cols // 128) + (c // 128)[None, :]
+    scale = tl.load(scales_ptr + scale_offs, mask=mask, other=1.0)
+    _store_as(values_ptr, offs, _fp8_value(code, MANT, BIAS) * scale, mask)
+
+
+def fp8_dequantize_blockwise(data: torch.Tensor, scales: torch.Tensor, block, dtype: torch.dtype) -> torch.Tensor:
+    """fp8.dequantize_blockwise (arguments checked by the caller): values in ``dtype``, data's shape."""
+    data = data.contiguous()
+    cols = data.shape[-1]
+    rows = data.numel() // cols
+    mant, bias = (3, 7) if data.dtype == torch.float8_e4m3fn else (2, 15)
+    values = torch.empty(data.shape, dtype=dtype, device=data.device)
+    block_r, block_c = 8, 256
+    grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
+    _fp8_dequantize_blockwise_kernel[grid](
+        data.view(torch.uint8), scales.contiguous(), values, rows, cols, TILE_R=block[0], MANT=mant, BIAS=bias,
+        BLOCK_R=block_r, BLOCK_C=block_c, **_launch_options(data),
+    )
+    return values

@@ -251,7 +251,8 @@ class FP8Format(OperandFormat):
     def dense(self, q):
         if q.spec.tile is None:
             return q.fp8_data.to(torch.bfloat16)
-        return fp8.dequantize_blockwise(q.fp8_data, q.fp8_scales, q.spec.tile, self._blockwise_dtype(q.spec))
+        return fp8.dequantize_blockwise(q.fp8_data, q.fp8_scales, q.spec.tile, self._blockwise_dtype(q.spec),
+                                        impl=QUANT_IMPL)
 
     def scale_stats(self, tensors, spec, nonzero):
         # Saturation = elements clipped at the FP8 max (current scaling maps amax to max).

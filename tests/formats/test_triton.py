@@ -319,6 +319,10 @@ def test_fp8_blockwise_same_bits_as_the_reference(block, dtype):
         values, _ = fp8.fake_quantize_blockwise(xx.to(DEVICE), block, dtype, pow2, out_dtype, impl="triton")
         want, _ = fp8.fake_quantize_blockwise(xx, block, dtype, pow2, out_dtype, impl="reference")
         assert_same(values, want, f"{what} values {out_dtype}")
+        for out in (torch.float32, torch.bfloat16):  # the emulated GEMM's operand from the raw form
+            got = fp8.dequantize_blockwise(data, scales, block, out, impl="triton")
+            assert_same(got, fp8.dequantize_blockwise(want_data, want_scales, block, out, impl="reference"),
+                        f"{what} dequantized to {out}")
 
 @kernel_test
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
@@ -497,6 +501,9 @@ def test_kernels_compile_for_sm90_without_approximate_division():
         (tk._fp8_tensorwise_kernel, {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8", "decode_ptr": "*fp32",
                                      "n": "i32"},
          {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False, "BLOCK": tk.TENSORWISE_BLOCK}),
+        (tk._fp8_dequantize_blockwise_kernel, {"data_ptr": "*u8", "scales_ptr": "*fp32", "values_ptr": "*bf16",
+                                               "rows": "i32", "cols": "i32"},
+         {"TILE_R": 128, "MANT": 3, "BIAS": 7, "BLOCK_R": 8, "BLOCK_C": 256}),
         (tk._rht_abs_max_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i32",
                                   "n_features": "i32"}, {"ROWWISE": True, **rht_blocks}),
         (tk._rht_nvfp4_kernel, rht_args,
