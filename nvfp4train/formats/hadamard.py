@@ -97,6 +97,17 @@ def _cached_matrix(d: int, signs_key, dtype: torch.dtype, device: torch.device) 
     return rht_matrix(d, signs, dtype=dtype, device=device)
 
 
+def check_wgrad_input(x: torch.Tensor, d: int, who: str) -> None:
+    """The input of a fused Wgrad quantizer (RHT along tokens, then d-element blocks): a 2-D
+    [tokens, features] float tensor whose token count is a multiple of d; one-line errors otherwise."""
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    if not isinstance(x, torch.Tensor) or x.dtype not in dtypes:
+        raise TypeError(f"{who}: x must be a torch.Tensor of {dtypes}, got {getattr(x, 'dtype', type(x))}")
+    if x.ndim != 2 or x.shape[0] % d != 0 or x.numel() == 0:
+        raise ValueError(f"{who}: x must be 2-D [tokens, features] with tokens a multiple of {d}, "
+                         f"got shape {tuple(x.shape)}")
+
+
 def rht(x: torch.Tensor, d: int = 16, signs=None) -> torch.Tensor:
     """Transform ``x`` along its last dim in blocks of d; same shape and dtype as x (the sum
     order and roundings are in the module docstring)."""

@@ -209,14 +209,6 @@ def fake_quantize(
 
 
 # ------------------------------------------------------------------------------ Wgrad operand
-def _check_rht_input(x: torch.Tensor, who: str) -> None:
-    if not isinstance(x, torch.Tensor) or x.dtype not in INPUT_DTYPES:
-        raise TypeError(f"{who}: x must be a torch.Tensor of {INPUT_DTYPES}, got {getattr(x, 'dtype', type(x))}")
-    if x.ndim != 2 or x.shape[0] % BLOCK != 0 or x.numel() == 0:
-        raise ValueError(f"{who}: x must be 2-D [tokens, features] with tokens a multiple of {BLOCK}, "
-                         f"got shape {tuple(x.shape)}")
-
-
 def rht_quantize_t(
     x: torch.Tensor,
     rounding: str = "rne",
@@ -235,7 +227,7 @@ def rht_quantize_t(
     never materializes the transpose or the transform. SR bits follow the [features, tokens]
     layout. ``blocks``: the Triton kernel's (groups of 32 tokens, features) per program
     (triton_kernels.rht_blocks; a speed knob, the bits do not depend on it)."""
-    _check_rht_input(x, "mxfp4.rht_quantize_t")
+    hadamard.check_wgrad_input(x, BLOCK, "mxfp4.rht_quantize_t")
     e2m1.check_rounding(rounding)
     scale_rule = canonical_scale_rule(scale_rule)
     signs = hadamard.resolve_signs(BLOCK, signs)
@@ -262,7 +254,7 @@ def rht_fake_quantize_t(
 ):
     """``(values [features, tokens], 1.0)``: ``fake_quantize`` of ``hadamard.rht(x.T, 32, signs)``
     (see ``rht_quantize_t``)."""
-    _check_rht_input(x, "mxfp4.rht_fake_quantize_t")
+    hadamard.check_wgrad_input(x, BLOCK, "mxfp4.rht_fake_quantize_t")
     e2m1.check_rounding(rounding)
     scale_rule = canonical_scale_rule(scale_rule)
     signs = hadamard.resolve_signs(BLOCK, signs)

@@ -243,14 +243,6 @@ def fake_quantize(
 
 
 # ------------------------------------------------------------------------------ Wgrad operand
-def _check_rht_input(x: torch.Tensor, who: str) -> None:
-    if not isinstance(x, torch.Tensor) or x.dtype not in INPUT_DTYPES:
-        raise TypeError(f"{who}: x must be a torch.Tensor of {INPUT_DTYPES}, got {getattr(x, 'dtype', type(x))}")
-    if x.ndim != 2 or x.shape[0] % BLOCK != 0 or x.numel() == 0:
-        raise ValueError(f"{who}: x must be 2-D [tokens, features] with tokens a multiple of {BLOCK}, "
-                         f"got shape {tuple(x.shape)}")
-
-
 def rht_quantize_t(
     x: torch.Tensor,
     rounding: str = "rne",
@@ -268,7 +260,7 @@ def rht_quantize_t(
     materializes the transpose or the transform. SR bits follow the [features, tokens] layout.
     ``blocks``: the Triton kernels' (groups of 16 tokens, features) per program
     (triton_kernels.rht_blocks; a speed knob, the bits do not depend on it)."""
-    _check_rht_input(x, "nvfp4.rht_quantize_t")
+    hadamard.check_wgrad_input(x, BLOCK, "nvfp4.rht_quantize_t")
     e2m1.check_rounding(rounding)
     signs = hadamard.resolve_signs(BLOCK, signs)
     if not use_triton(x, impl, "nvfp4.rht_quantize_t"):
@@ -292,7 +284,7 @@ def rht_fake_quantize_t(
 ):
     """``(values [features, tokens], global_decode_scale)``: ``fake_quantize`` of
     ``hadamard.rht(x.T, 16, signs)`` (see ``rht_quantize_t``)."""
-    _check_rht_input(x, "nvfp4.rht_fake_quantize_t")
+    hadamard.check_wgrad_input(x, BLOCK, "nvfp4.rht_fake_quantize_t")
     e2m1.check_rounding(rounding)
     signs = hadamard.resolve_signs(BLOCK, signs)
     if not use_triton(x, impl, "nvfp4.rht_fake_quantize_t"):
@@ -328,7 +320,7 @@ def quantize_rowwise_and_rht_t(
     Each copy has its own global scale, as if quantized separately (RNE: the same bits as the two
     separate calls). SR: the reference path draws the rowwise bits first, then the columnwise ones;
     the Triton path draws one Philox seed for each from ``generator``."""
-    _check_rht_input(x, "nvfp4.quantize_rowwise_and_rht_t")
+    hadamard.check_wgrad_input(x, BLOCK, "nvfp4.quantize_rowwise_and_rht_t")
     e2m1.check_rounding(rounding)
     signs = hadamard.resolve_signs(BLOCK, signs)
     out_dtype = out_dtype or x.dtype
