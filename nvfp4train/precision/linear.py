@@ -40,7 +40,7 @@ from nvfp4train.formats import rounding
 
 from . import operands
 from .backends import Backend, get_backend
-from .operands import round_up
+from .operands import pad2d, round_up
 from .policy import ROLES, LayerRecipe, PrecisionPolicy
 
 log = logging.getLogger(__name__)
@@ -220,6 +220,21 @@ def _wgrad_x_shape(recipe: LayerRecipe, in_f: int, tokens) -> tuple:
     return (round_up(in_f, recipe.wgrad_x.row_block), _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x))
 
 
+def _tensorwise_transposed(state: "LayerState", x_q: operands.Quantized, recipe: LayerRecipe, shape, k_w: int):
+    """Per-tensor FP8 commutes with the transpose: when Fprop's X operand has the Wgrad X operand's spec,
+    the packed Xᵀ is Fprop's codes transposed (one byte each, zero-padded: a zero quantizes to code 0)
+    and Fprop's decode scale (the amax of X is the amax of Xᵀ) -- the bits quantizing Xᵀ gives, without
+    its transposed BF16 copy, amax pass and cast. None where that does not hold, or when telemetry wants
+    the Wgrad operand's own statistics."""
+    spec = recipe.wgrad_x
+    if (spec != recipe.fprop_x or spec.tile is not None or spec.rht_dim or x_q.fp8_data is None
+            or state.stats is not None):
+        return None
+    tokens, in_f = shape
+    codes = x_q.fp8_data[:tokens, :in_f].view(torch.uint8).t()
+    return [pad2d(codes, round_up(in_f, spec.row_block), k_w).view(x_q.fp8_data.dtype), x_q.decode_scale]
+
+
 @torch.library.custom_op("nvfp4train::quant_linear_fprop", mutates_args=())
 def quant_linear_fprop(x: torch.Tensor, weight: torch.Tensor, layer_id: int, recipe_key: str, backend_name: str,
                        out_dtype: torch.dtype, save_x: bool, save_w: bool) -> list[torch.Tensor]:
@@ -239,7 +254,8 @@ def quant_linear_fprop(x: torch.Tensor, weight: torch.Tensor, layer_id: int, rec
                 outputs.append(x2d.to(torch.bfloat16))
             else:  # Xᵀ [in, tokens], quantized along tokens now, saved packed
                 k_w = _k_pad(x2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)
-                outputs.extend(state.pack("wgrad_x", x2d.t(), recipe.wgrad_x, k_w).tensors)
+                reused = _tensorwise_transposed(state, x_q, recipe, x2d.shape, k_w)
+                outputs.extend(reused or state.pack("wgrad_x", x2d.t(), recipe.wgrad_x, k_w).tensors)
         if save_w and w_packed is not None:
             outputs.extend(t.clone() for t in w_packed.tensors)  # the cache keeps its own
     return [t.contiguous() for t in outputs]

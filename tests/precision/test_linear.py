@@ -314,3 +314,39 @@ def test_gemm_peak_kind_names_the_peak_the_backend_runs_at(preset, backend, peak
     policy = load_preset(preset)
     assert gemm_peak_kind(policy, backend) == peak
     assert gemm_peak_kind(policy.to_dict(), backend) == peak  # a config mapping works too
+
+
+@pytest.mark.parametrize("tokens", [64, 50])  # 50: Xᵀ's K (tokens) padded
+def test_tensorwise_wgrad_x_is_fprops_codes_transposed_bit_for_bit(monkeypatch, tokens):
+    """fp8_tensorwise saves Xᵀ as Fprop's FP8 codes transposed (no second quantization of a transposed
+    BF16 copy): the saved tensors, Y, dX and dW are those of quantizing Xᵀ itself, NaN included."""
+    from nvfp4train.precision import linear
+
+    policy = load_preset("fp8_tensorwise", bf16_first_blocks=0, bf16_last_blocks=0)
+    x, grad = inputs(tokens=tokens)
+    x_nan = x.clone()
+    x_nan[3, 7] = float("nan")
+    for xx in (x, x * 1e-3, x_nan):
+        saved = {}
+        used = []
+        real = linear._tensorwise_transposed
+        for route in ("transposed", "quantized again"):
+            if route == "transposed":  # the route must really be taken
+                monkeypatch.setattr(linear, "_tensorwise_transposed", lambda *a: used.append(real(*a)) or used[-1])
+            else:
+                monkeypatch.setattr(linear, "_tensorwise_transposed", lambda *args: None)
+            captured = []
+
+            def keep(t):
+                captured.append(t.detach().clone())
+                return t
+            with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+                results = run(make_layer(policy), xx, grad)
+            saved[route] = (captured, results)
+            monkeypatch.undo()
+        assert len(used) == 1 and used[0] is not None
+        (got, got_results), (want, want_results) = saved["transposed"], saved["quantized again"]
+        assert [(t.dtype, t.shape) for t in got] == [(t.dtype, t.shape) for t in want]
+        for a, b in zip(got + list(got_results), want + list(want_results)):
+            bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
+            assert torch.equal(a.view(bits), b.view(bits))
