@@ -163,6 +163,26 @@ def quantize_blockwise(
     return data.reshape(x.shape), torch.reciprocal(encode)
 
 
+def quantize_blockwise_t(
+    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False, *, impl: str = "auto"
+):
+    """``quantize_blockwise(x.t(), (1, 128), dtype, pow2_scales)`` of x [tokens, features] (tokens a
+    multiple of 128): the Wgrad operands Xᵀ and dYᵀ, blocks of 128 tokens per feature. The Triton kernel
+    reads x row-major and writes the transposed codes, without the transposed copy of x the reference
+    (impl="reference") makes first. Same bits."""
+    _check_input(x)
+    _check_fp8_dtype(dtype)
+    if x.ndim != 2 or x.shape[0] % 128:
+        raise ValueError(f"fp8.quantize_blockwise_t: x must be 2-D [tokens, features] with tokens a multiple of "
+                         f"128, got shape {tuple(x.shape)}")
+    if use_triton(x, impl, "fp8.quantize_blockwise_t"):
+        from . import triton_kernels
+
+        data, scales = triton_kernels.fp8_blockwise_t(x, dtype, pow2_scales)
+        return data.view(dtype), scales
+    return quantize_blockwise(x.t().contiguous(), (1, 128), dtype, pow2_scales, impl="reference")
+
+
 def dequantize_blockwise(
     data: torch.Tensor, scales: torch.Tensor, block=(1, 128), dtype: torch.dtype = torch.float32, impl: str = "auto"
 ) -> torch.Tensor:

@@ -969,3 +969,60 @@ def fp8_dequantize_blockwise(data: torch.Tensor, scales: torch.Tensor, block, dt
         BLOCK_R=block_r, BLOCK_C=block_c, **_launch_options(data),
     )
     return values
+
+
+@triton.jit
+def _fp8_blockwise_t_kernel(
+    x_ptr, data_ptr, scales_ptr, n_tokens, n_features, scale_for_inf,
+    FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, POW2: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_F: tl.constexpr,
+):
+    """fp8.quantize_blockwise(x.t(), (1, 128)) from x [tokens, features] row-major: a BLOCK_T x BLOCK_F
+    tile is read as it lies, each feature's 128-token blocks scaled (as _fp8_blockwise_kernel), and the
+    codes stored transposed ([features, tokens], contiguous along tokens) with their [features,
+    tokens / 128] scales; the transposed copy of x is never written."""
+    NT: tl.constexpr = BLOCK_T // 128
+    pid_t, pid_f = tl.program_id(0), tl.program_id(1)
+    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
+    mask = (t[:, None] < n_tokens) & (f[None, :] < n_features)
+    x = _to_fp32(tl.load(x_ptr + t[:, None].to(tl.int64) * n_features + f[None, :], mask=mask, other=0.0))
+
+    x3 = tl.reshape(x, (NT, 128, BLOCK_F))
+    magnitude_bits = x3.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    amax = tl.max(magnitude_bits, axis=1).to(tl.float32, bitcast=True)  # [NT, BLOCK_F]
+    encode = tl.div_rn(tl.full((NT, BLOCK_F), FP8_MAX, tl.float32), amax)
+    encode = tl.where(encode == float("inf"), scale_for_inf, encode)
+    encode = tl.where(amax == 0, 1.0, encode)
+    if POW2:
+        encode = (encode.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)  # always normal
+    encode = tl.where(amax <= _FLT_MAX, encode, float("nan"))
+    decode = tl.div_rn(tl.full((NT, BLOCK_F), 1.0, tl.float32), encode)
+
+    scaled = x3 * encode[:, None, :]
+    scaled = tl.where(scaled > FP8_MAX, FP8_MAX, tl.where(scaled < -FP8_MAX, -FP8_MAX, scaled))
+    code = tl.trans(tl.reshape(_fp8_rne(scaled, MANT, BIAS), (BLOCK_T, BLOCK_F)))  # [BLOCK_F, BLOCK_T]
+    out_mask = (f[:, None] < n_features) & (t[None, :] < n_tokens)
+    tl.store(data_ptr + f[:, None].to(tl.int64) * n_tokens + t[None, :], code.to(tl.uint8), mask=out_mask)
+    tb = pid_t * NT + tl.arange(0, NT)
+    smask = (tb[:, None] < n_tokens // 128) & (f[None, :] < n_features)
+    tl.store(scales_ptr + f[None, :].to(tl.int64) * (n_tokens // 128) + tb[:, None], decode, mask=smask)
+
+
+def fp8_blockwise_t(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8.quantize_blockwise(x.t(), (1, 128)) of x [tokens, features] (tokens a multiple of 128; checked
+    by the caller): (data uint8 bits of ``dtype`` [features, tokens], decode scales FP32 [features,
+    tokens / 128])."""
+    x = x.contiguous()
+    n_tokens, n_features = x.shape
+    mant, bias = (3, 7) if dtype == torch.float8_e4m3fn else (2, 15)
+    data = torch.empty((n_features, n_tokens), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((n_features, n_tokens // 128), dtype=torch.float32, device=x.device)
+    block_t, block_f = 128, 64
+    grid = (triton.cdiv(n_tokens, block_t), triton.cdiv(n_features, block_f))
+    _fp8_blockwise_t_kernel[grid](
+        x, data, scales, n_tokens, n_features, float(torch.finfo(x.dtype).max),
+        FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales,
+        BLOCK_T=block_t, BLOCK_F=block_f, **_launch_options(x),
+    )
+    return data, scales

@@ -286,6 +286,20 @@ def _fused_wgrad_rht(x: torch.Tensor, spec: OperandSpec, k_pad: int) -> bool:
             and x.dtype in nvfp4.INPUT_DTYPES)
 
 
+def _fused_fp8_columnwise(x: torch.Tensor, spec: OperandSpec, k_pad: int) -> bool:
+    """Whether `x` is a Wgrad operand of blockwise FP8 (1x128 blocks along K = tokens, no RHT) with a
+    fused transpose + quantize entry (fp8.quantize_blockwise_t): `x` [rows, K] the transpose of a
+    contiguous [K, rows] tensor, nothing to pad. Same bits as prepare + quantize; on CUDA one kernel
+    reads x row-major instead of materializing x.T."""
+    return (spec.format in ("fp8_e4m3", "fp8_e5m2") and spec.tile is not None and tuple(spec.tile) == (1, 128)
+            and not spec.rht_dim and x.ndim == 2 and x.shape[1] == k_pad and k_pad % 128 == 0
+            and x.t().is_contiguous() and x.dtype in (torch.float32, torch.bfloat16, torch.float16))
+
+
+def _fp8_columnwise(x: torch.Tensor, spec: OperandSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    return fp8.quantize_blockwise_t(x.t(), operand_format(spec).dtype, spec.scale_mode == "pow2", impl=QUANT_IMPL)
+
+
 def packed_shapes(spec: OperandSpec, shape: tuple[int, int]) -> list[tuple[tuple[int, ...], torch.dtype]]:
     """(shape, dtype) of each tensor `pack` returns for an operand whose prepared (padded) shape
     is `shape`."""
@@ -302,6 +316,8 @@ def fake_quantize(x: torch.Tensor, spec: OperandSpec, k_pad: int, generator=None
         values, _ = mxfp4.rht_fake_quantize_t(x.t(), spec.rounding, generator, rht_signs, spec.scale_mode,
                                               torch.bfloat16, impl=QUANT_IMPL)
         return Quantized(values, None)  # as MXFP4Format.fake_quantize: no global scale
+    if _fused_fp8_columnwise(x, spec, k_pad):
+        return operand_format(spec).dequantize(_fp8_columnwise(x, spec), spec, tuple(x.shape))
     fmt = operand_format(spec)
     return fmt.fake_quantize(fmt.prepare(x, spec, k_pad, rht_signs), spec, generator)
 
@@ -340,6 +356,8 @@ def pack(x: torch.Tensor, spec: OperandSpec, k_pad: int, generator=None, rht_sig
             return Packed(PackedLayout(spec, tuple(q.shape)), (q.codes, q.scales, q.amax, q.global_decode_scale))
         q = mxfp4.rht_quantize_t(x.t(), spec.rounding, generator, rht_signs, spec.scale_mode, impl=QUANT_IMPL)
         return Packed(PackedLayout(spec, tuple(q.shape)), (q.codes, q.scales))
+    if _fused_fp8_columnwise(x, spec, k_pad):
+        return Packed(PackedLayout(spec, tuple(x.shape)), _fp8_columnwise(x, spec))
     fmt = operand_format(spec)
     xp = fmt.prepare(x, spec, k_pad, rht_signs)
     return Packed(PackedLayout(spec, tuple(xp.shape)), tuple(fmt.pack(xp, spec, generator)))

@@ -326,6 +326,28 @@ def test_fp8_blockwise_same_bits_as_the_reference(block, dtype):
 
 @kernel_test
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_blockwise_t_same_bits_as_quantizing_the_transpose(dtype):
+    """The Wgrad operand kernel (x [tokens, features] read as it lies, codes written transposed) against
+    quantize_blockwise(x.t().contiguous(), (1, 128)): codes and scales bit for bit, with features that no
+    tile divides, zero / tiny / subnormal / NaN / Inf blocks, every input dtype, pow2 or FP32 scales."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(384, 200, generator=gen)
+    x[::5, ::11] *= 300
+    x[128:256, 7] = 0.0
+    x[:128, 9] *= 1e-30
+    x[256:, 20:30] *= 1e-40
+    x[300, 50], x[10, 199] = float("nan"), float("inf")
+    for xx, pow2 in ((x, False), (x, True), (x.bfloat16(), True), (x.half(), False)):
+        what = f"{xx.dtype} pow2={pow2}"
+        data, scales = fp8.quantize_blockwise_t(xx.to(DEVICE), dtype, pow2, impl="triton")
+        want_data, want_scales = fp8.quantize_blockwise(xx.t().contiguous(), (1, 128), dtype, pow2, impl="reference")
+        assert data.dtype == dtype and data.shape == (200, 384) and scales.shape == (200, 3)
+        assert_same(data.view(torch.uint8), want_data.view(torch.uint8), f"{what} data")
+        assert_same(scales, want_scales, f"{what} scales")
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_fp8_tensorwise_same_bits_as_the_reference(dtype):
     """The amax pass + cast kernel against fp8.quantize_tensorwise's PyTorch code: codes and the decode
     scale bit for bit, also for an all-zero tensor (scale 1), a tiny one (the encode scale overflows),
@@ -501,6 +523,9 @@ def test_kernels_compile_for_sm90_without_approximate_division():
         (tk._fp8_tensorwise_kernel, {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8", "decode_ptr": "*fp32",
                                      "n": "i32"},
          {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False, "BLOCK": tk.TENSORWISE_BLOCK}),
+        (tk._fp8_blockwise_t_kernel, {"x_ptr": "*bf16", "data_ptr": "*u8", "scales_ptr": "*fp32", "n_tokens": "i32",
+                                      "n_features": "i32", "scale_for_inf": "fp32"},
+         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "BLOCK_T": 128, "BLOCK_F": 64}),
         (tk._fp8_dequantize_blockwise_kernel, {"data_ptr": "*u8", "scales_ptr": "*fp32", "values_ptr": "*bf16",
                                                "rows": "i32", "cols": "i32"},
          {"TILE_R": 128, "MANT": 3, "BIAS": 7, "BLOCK_R": 8, "BLOCK_C": 256}),
@@ -602,6 +627,28 @@ def test_quant_linear_grads_equal_with_and_without_the_fused_wgrad_entry(monkeyp
     unfused = run(make_layer(policy).to(DEVICE), x.to(DEVICE), grad.to(DEVICE))
     for name, a, b in zip(("y", "dx", "dw"), fused, unfused):
         assert_same(a, b.cpu(), f"{preset} {name}")
+
+
+@kernel_test
+def test_quant_linear_fp8_blockwise_wgrad_operands_from_the_columnwise_kernel(monkeypatch):
+    """fp8_blockwise's Wgrad operands Xᵀ and dYᵀ (1x128 blocks along tokens) come from the kernel that
+    reads X / dY as they lie: the layer's output and gradients equal those of the generic path (Xᵀ and
+    dYᵀ materialized, then quantized) bit for bit."""
+    from nvfp4train.precision import operands
+    from tests.precision.helpers import inputs, load_preset, make_layer, run
+
+    monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
+    policy = load_preset("fp8_blockwise", bf16_first_blocks=0, bf16_last_blocks=0)
+    x, grad = inputs(tokens=256, in_f=64, out_f=160)
+    is_fused = operands._fused_fp8_columnwise
+    routed = []
+    monkeypatch.setattr(operands, "_fused_fp8_columnwise", lambda *a: routed.append(is_fused(*a)) or routed[-1])
+    fused = run(make_layer(policy, 64, 160).to(DEVICE), x.to(DEVICE), grad.to(DEVICE))
+    assert sum(routed) == 2  # Wgrad's X (packed in the forward) and dY (in the backward)
+    monkeypatch.setattr(operands, "_fused_fp8_columnwise", lambda *a: False)
+    generic = run(make_layer(policy, 64, 160).to(DEVICE), x.to(DEVICE), grad.to(DEVICE))
+    for name, a, b in zip(("y", "dx", "dw"), fused, generic):
+        assert_same(a, b.cpu(), f"fp8_blockwise {name}")
 
 
 @kernel_test
