@@ -7,7 +7,7 @@
                  poll                           one line per run: step, tokens, loss, tokens/s, ETA
                  wait [--timeout-s N]           until every run has ended (exit 1: the time ran out)
                  collect --out $OUT             finished runs -> ONE archive (no checkpoints)
-                 pack-kernels --out $OUT        the Triton kernel cache -> kernels.tar.gz (carry it back as
+                 pack-kernels --out $OUT        Triton's and Inductor's caches -> kernels.tar.gz (carry it back as
                                                 .carry/kernels.tar.gz: the next launch skips the autotuning)
     here:        ingest ARCHIVE                 -> docs/results/runs/<experiment>/<arm>/seed<k>/
                  report                         -> docs/results/reproduction.md (+ plots per experiment)
@@ -984,7 +984,7 @@ def parse_args(argv):
     p.add_argument("--skip-existing", type=Path, help="skip runs already in this results dir (docs/results/runs)")
     p.add_argument("--force", action="store_true", help="run again what is there (results dir or runs dir)")
     p.add_argument("--data", default=str(DATA_ARCHIVE), help="shards archive to unpack when present")
-    p.add_argument("--kernels", default=str(KERNEL_ARCHIVE), help="Triton kernel cache archive (pack-kernels) "
+    p.add_argument("--kernels", default=str(KERNEL_ARCHIVE), help="kernel cache archive (pack-kernels) "
                    "to unpack when present, so the runs skip mamba-ssm's autotuning")
     p.add_argument("--commit", help="the commit to record (default: git rev-parse HEAD, where .git exists)")
     p.add_argument("--dry-run", action="store_true", help="print the plan only")
@@ -1002,10 +1002,10 @@ def parse_args(argv):
     p.add_argument("--out", help="directory for the archive (default: $OUT)")
     p.add_argument("--experiment", action="append", help="only this experiment (repeatable)")
 
-    p = verbs.add_parser("pack-kernels", help="this machine's Triton kernel cache -> $OUT/kernels.tar.gz")
+    p = verbs.add_parser("pack-kernels", help="this machine's Triton and Inductor caches -> $OUT/kernels.tar.gz")
     p.add_argument("--out", help="directory for the archive (default: $OUT)")
 
-    p = verbs.add_parser("unpack-kernels", help="add a packed kernel cache to this machine's Triton cache")
+    p = verbs.add_parser("unpack-kernels", help="add a packed kernel cache to this machine's caches")
     p.add_argument("archive")
 
     p = verbs.add_parser("ingest", help="unpack a collected archive into the results")

@@ -1,4 +1,5 @@
-"""Triton's kernel cache: one directory that runs share, and a file that carries it to a fresh GPU machine.
+"""Triton's (and Inductor's) kernel caches: directories that runs share, and a file that carries them to a
+fresh GPU machine.
 
 mamba-ssm's SSD kernels autotune on their first call: every candidate configuration is compiled and timed,
 about 100 s on an idle H100 and 180 s when 11 runs start together on one H200 (their time to first step in
@@ -37,45 +38,71 @@ class KernelCacheError(ValueError):
     """A kernel cache archive that cannot be packed or unpacked (one line for the user)."""
 
 
+def cache_dirs() -> dict[str, Path]:
+    """The directories an archive's top-level folders map to: `triton/` (TRITON_CACHE_DIR: mamba-ssm's and
+    our kernels, autotuning choices) and `inductor/` (TORCHINDUCTOR_CACHE_DIR: torch.compile's graphs and
+    kernels, for compiled runs)."""
+    persistent_kernel_caches()
+    return {"triton": Path(os.environ["TRITON_CACHE_DIR"]), "inductor": Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])}
+
+
+def _cached_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("tmp")) if root.is_dir() else []
+
+
 def pack_kernel_cache(out: Path, limit: int) -> tuple[int, str]:
-    """Write the Triton cache to `out` (gzip tar): everything when it fits `limit` bytes, else the
-    autotuning results alone (the chosen configurations then compile in seconds, without the timing of
-    every candidate). Returns (files packed, what)."""
-    root = Path(persistent_kernel_caches())
-    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("tmp"))
-    autotune = [p for p in files if p.name.endswith(AUTOTUNE_SUFFIX)]
-    if not files:
-        raise KernelCacheError(f"{root}: no Triton kernels are cached there yet (train or benchmark on the GPU first)")
-    for what, chosen in (("every cached kernel", files), ("the autotuning results only", autotune)):
+    """Write the caches to `out` (gzip tar, `triton/...` and `inductor/...`): both when they fit `limit`
+    bytes, else Triton's alone, else its autotuning results alone (the chosen configurations then compile
+    in seconds, without timing every candidate). Returns (files packed, what)."""
+    dirs = cache_dirs()
+    triton_files, inductor_files = _cached_files(dirs["triton"]), _cached_files(dirs["inductor"])
+    autotune = [p for p in triton_files if p.name.endswith(AUTOTUNE_SUFFIX)]
+    if not triton_files:
+        raise KernelCacheError(f"{dirs['triton']}: no Triton kernels are cached there yet (train or benchmark on the "
+                               "GPU first)")
+    tiers = [("Triton's and Inductor's caches", [("triton", triton_files), ("inductor", inductor_files)]),
+             ("Triton's cache (Inductor's left out)", [("triton", triton_files)]),
+             ("Triton's autotuning results only", [("triton", autotune)])]
+    for what, parts in tiers:
+        if what.startswith("Triton's and") and not inductor_files:
+            continue
+        chosen = [(name, path) for name, paths in parts for path in paths]
         if not chosen:
             continue
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
-            for path in chosen:
-                tar.add(path, arcname=path.relative_to(root).as_posix())
+            for name, path in chosen:
+                tar.add(path, arcname=f"{name}/{path.relative_to(dirs[name]).as_posix()}")
         if buffer.tell() <= limit:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(buffer.getvalue())
             return len(chosen), what
-    raise KernelCacheError(f"{root}: {len(files)} cached files, {len(autotune)} autotuning results: even those come "
-                           f"to more than {limit / 2**20:.0f} MiB packed")
+    raise KernelCacheError(f"{dirs['triton']}: {len(triton_files)} cached files, {len(autotune)} autotuning results: "
+                           f"even those come to more than {limit / 2**20:.0f} MiB packed")
 
 
 def unpack_kernel_cache(archive: Path) -> tuple[int, str]:
-    """Add the archive's entries to the Triton cache, keeping any entry already there. Returns (files
-    added, the cache directory). Refuses an archive with anything but plain files under relative paths."""
-    root = Path(persistent_kernel_caches())
+    """Add the archive's entries to the caches (`triton/...` to TRITON_CACHE_DIR, `inductor/...` to
+    TORCHINDUCTOR_CACHE_DIR), keeping any entry already there. Returns (files added, the directories).
+    Refuses an archive with anything but plain files under those two folders."""
+    dirs = cache_dirs()
     try:
         with tarfile.open(archive) as tar:
-            members = tar.getmembers()
-            for m in members:
+            new: dict[str, list[tarfile.TarInfo]] = {name: [] for name in dirs}
+            for m in tar.getmembers():
                 parts = Path(m.name).parts
-                if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in parts:
-                    raise KernelCacheError(f"{archive}: unexpected member {m.name!r} (a Triton cache holds plain "
-                                           "files under relative paths)")
-            new = [m for m in members if m.isfile() and not (root / m.name).exists()]
-            root.mkdir(parents=True, exist_ok=True)
-            tar.extractall(root, members=new, filter="data")
+                if (not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in parts or not parts
+                        or parts[0] not in dirs or (m.isfile() and len(parts) < 2)):
+                    raise KernelCacheError(f"{archive}: unexpected member {m.name!r} (a kernel cache archive holds "
+                                           "plain files under triton/ and inductor/)")
+                if m.isfile():
+                    m.name = Path(*parts[1:]).as_posix()
+                    if not (dirs[parts[0]] / m.name).exists():
+                        new[parts[0]].append(m)
+            for name, members in new.items():
+                if members:
+                    dirs[name].mkdir(parents=True, exist_ok=True)
+                    tar.extractall(dirs[name], members=members, filter="data")
     except (tarfile.TarError, OSError, EOFError) as e:
         raise KernelCacheError(f"{archive}: not a readable kernel cache archive ({e})") from None
-    return len(new), str(root)
+    return sum(map(len, new.values())), ", ".join(str(d) for d in dirs.values())

@@ -282,50 +282,59 @@ def test_committed_report_is_what_the_committed_runs_generate(tmp_path):
 
 
 def test_kernel_cache_travels_to_a_fresh_machine_and_refuses_a_hostile_archive(tmp_path, monkeypatch):
-    """pack-kernels packs the Triton cache where runs filled it; unpack-kernels (and launch) add it to an
-    empty cache on another machine, keeping entries already there; an archive that would write outside
-    the cache is refused in one line; over the size limit only the autotuning results travel."""
+    """pack-kernels packs the Triton and Inductor caches where runs filled them; unpack-kernels (and
+    launch) add them to empty caches on another machine, keeping entries already there; an archive that
+    would write outside them is refused in one line; over the size limit Inductor's cache stays behind,
+    then everything but the autotuning results."""
     import io
     import os
 
     from nvfp4train.train.kernel_cache import pack_kernel_cache
 
-    def cli(cache, *args):
-        return subprocess.run([sys.executable, "-m", "nvfp4train.reproduce", *args], cwd=REPO,
-                              env=cli_env(TRITON_CACHE_DIR=cache), capture_output=True, text=True, timeout=120)
+    def cli(root, *args):
+        env = cli_env(TRITON_CACHE_DIR=root / "triton", TORCHINDUCTOR_CACHE_DIR=root / "inductor")
+        return subprocess.run([sys.executable, "-m", "nvfp4train.reproduce", *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)
 
     filled, fresh, out = tmp_path / "filled", tmp_path / "fresh", tmp_path / "out"
-    entry = filled / "4XJ2Q"
+    entry = filled / "triton" / "4XJ2Q"
     entry.mkdir(parents=True)
     cubin = os.urandom(3 << 20)  # incompressible: 3 MiB of compiled kernel
     (entry / "_chunk_scan_fwd_kernel.cubin").write_bytes(cubin)
     (entry / "_chunk_scan_fwd_kernel.autotune.json").write_text('{"key": [64, 128], "best": {"BLOCK_SIZE_M": 64}}')
+    (filled / "inductor" / "fxgraph" / "ab").mkdir(parents=True)
+    graph = os.urandom(2 << 20)
+    (filled / "inductor" / "fxgraph" / "ab" / "graph").write_bytes(graph)
     packed = cli(filled, "pack-kernels", "--out", str(out))
     assert packed.returncode == 0, packed.stderr
-    assert "2 file(s), every cached kernel" in packed.stdout and (out / "kernels.tar.gz").is_file()
+    assert "3 file(s), Triton's and Inductor's caches" in packed.stdout and (out / "kernels.tar.gz").is_file()
 
-    (fresh / "4XJ2Q").mkdir(parents=True)
-    (fresh / "4XJ2Q" / "_chunk_scan_fwd_kernel.autotune.json").write_text("this machine's own choice")
+    (fresh / "triton" / "4XJ2Q").mkdir(parents=True)
+    (fresh / "triton" / "4XJ2Q" / "_chunk_scan_fwd_kernel.autotune.json").write_text("this machine's own choice")
     unpacked = cli(fresh, "unpack-kernels", str(out / "kernels.tar.gz"))
-    assert unpacked.returncode == 0 and f"1 file(s) from {out / 'kernels.tar.gz'} added to {fresh}" in unpacked.stdout
-    assert (fresh / "4XJ2Q" / "_chunk_scan_fwd_kernel.cubin").read_bytes() == cubin
-    assert (fresh / "4XJ2Q" / "_chunk_scan_fwd_kernel.autotune.json").read_text() == "this machine's own choice"
+    assert unpacked.returncode == 0 and f"2 file(s) from {out / 'kernels.tar.gz'} added to" in unpacked.stdout
+    assert (fresh / "triton" / "4XJ2Q" / "_chunk_scan_fwd_kernel.cubin").read_bytes() == cubin
+    assert (fresh / "triton" / "4XJ2Q" / "_chunk_scan_fwd_kernel.autotune.json").read_text() == "this machine's own choice"
+    assert (fresh / "inductor" / "fxgraph" / "ab" / "graph").read_bytes() == graph
 
-    hostile = tmp_path / "hostile.tar.gz"
-    with tarfile.open(hostile, "w:gz") as tar:
-        info = tarfile.TarInfo("../escaped.json")
-        info.size = 2
-        tar.addfile(info, io.BytesIO(b"{}"))
-    refused = cli(fresh, "unpack-kernels", str(hostile))
-    assert refused.returncode == 2 and "unexpected member '../escaped.json'" in refused.stderr
-    assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "escaped.json").exists()
+    for name in ("../escaped.json", "elsewhere/escaped.json"):
+        hostile = tmp_path / "hostile.tar.gz"
+        with tarfile.open(hostile, "w:gz") as tar:
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"{}"))
+        refused = cli(fresh, "unpack-kernels", str(hostile))
+        assert refused.returncode == 2 and f"unexpected member {name!r}" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1 and not list(tmp_path.glob("**/escaped.json"))
     garbage = tmp_path / "garbage.tar.gz"
     garbage.write_bytes(b"not an archive")
     assert "not a readable kernel cache archive" in cli(fresh, "unpack-kernels", str(garbage)).stderr
     assert "no Triton kernels are cached" in cli(tmp_path / "empty", "pack-kernels", "--out", str(out)).stderr
 
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(filled))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(filled / "triton"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(filled / "inductor"))
+    assert pack_kernel_cache(tmp_path / "mid.tar.gz", limit=(4 << 20)) == (2, "Triton's cache (Inductor's left out)")
     n, what = pack_kernel_cache(tmp_path / "small.tar.gz", limit=1 << 20)  # the cubin does not fit 1 MiB
-    assert (n, what) == (1, "the autotuning results only")
+    assert (n, what) == (1, "Triton's autotuning results only")
     with tarfile.open(tmp_path / "small.tar.gz") as tar:
-        assert tar.getnames() == ["4XJ2Q/_chunk_scan_fwd_kernel.autotune.json"]
+        assert tar.getnames() == ["triton/4XJ2Q/_chunk_scan_fwd_kernel.autotune.json"]
