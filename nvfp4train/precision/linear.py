@@ -246,14 +246,20 @@ def quant_linear_fprop(x: torch.Tensor, weight: torch.Tensor, layer_id: int, rec
         x2d = x.reshape(-1, in_f)
         k_f = _k_pad(in_f, recipe.fprop_x, recipe.fprop_w)
         w_q, w_packed = _fprop_weight(state, weight, recipe, backend, k_f, training=save_x or save_w)
-        x_q = state.quantize("fprop_x", x2d, recipe.fprop_x, k_f)
+        saves_xt = save_x and _saves_x_copy(recipe, x.dtype) and not recipe.wgrad_x.is_bf16
+        k_w = _k_pad(x2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)
+        # Fprop's X and the Wgrad Xᵀ from one read of X where the recipe allows (telemetry wants each alone)
+        both = (operands.fprop_and_wgrad_x(x2d, recipe.fprop_x, recipe.wgrad_x, k_f, k_w, state.rht_signs)
+                if saves_xt and state.stats is None else None)
+        x_q = both[0] if both else state.quantize("fprop_x", x2d, recipe.fprop_x, k_f)
         y = backend.gemm(x_q, w_q.first_rows(out_f)).to(out_dtype).reshape(*x.shape[:-1], out_f)
         outputs = [y]
         if save_x and _saves_x_copy(recipe, x.dtype):
             if recipe.wgrad_x.is_bf16:
                 outputs.append(x2d.to(torch.bfloat16))
+            elif both:
+                outputs.extend(both[1].tensors)
             else:  # Xᵀ [in, tokens], quantized along tokens now, saved packed
-                k_w = _k_pad(x2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)
                 reused = _tensorwise_transposed(state, x_q, recipe, x2d.shape, k_w)
                 outputs.extend(reused or state.pack("wgrad_x", x2d.t(), recipe.wgrad_x, k_w).tensors)
         if save_w and w_packed is not None:

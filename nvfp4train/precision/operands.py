@@ -300,6 +300,22 @@ def _fp8_columnwise(x: torch.Tensor, spec: OperandSpec) -> tuple[torch.Tensor, t
     return fp8.quantize_blockwise_t(x.t(), operand_format(spec).dtype, spec.scale_mode == "pow2", impl=QUANT_IMPL)
 
 
+def fprop_and_wgrad_x(x2d: torch.Tensor, fprop_spec: OperandSpec, wgrad_spec: OperandSpec, k_f: int, k_w: int,
+                      rht_signs=None) -> tuple[Quantized, Packed] | None:
+    """Fprop's X operand (dense) and Wgrad's packed Xᵀ from one read of X, for the paper's pair (NVFP4
+    1x16 RNE; NVFP4 1x16 RNE after the 16-point RHT along tokens) with nothing to pad:
+    nvfp4.quantize_rowwise_and_rht_t, the bits of the two separate quantizations (`fake_quantize` and
+    `pack`). None for any other pair (or padding): quantize them separately."""
+    pair = (fprop_spec.format == wgrad_spec.format == "nvfp4" and fprop_spec.rounding == wgrad_spec.rounding == "rne"
+            and tuple(fprop_spec.tile) == (1, nvfp4.BLOCK) and not fprop_spec.rht_dim)
+    if not (pair and x2d.ndim == 2 and x2d.shape[1] == k_f and _fused_wgrad_rht(x2d.t(), wgrad_spec, k_w)):
+        return None
+    (values, scale), q = nvfp4.quantize_rowwise_and_rht_t(x2d, "rne", None, rht_signs, rowwise_dense=True,
+                                                          out_dtype=torch.bfloat16, impl=QUANT_IMPL)
+    packed = Packed(PackedLayout(wgrad_spec, tuple(q.shape)), (q.codes, q.scales, q.amax, q.global_decode_scale))
+    return Quantized(values, scale), packed
+
+
 def packed_shapes(spec: OperandSpec, shape: tuple[int, int]) -> list[tuple[tuple[int, ...], torch.dtype]]:
     """(shape, dtype) of each tensor `pack` returns for an operand whose prepared (padded) shape
     is `shape`."""

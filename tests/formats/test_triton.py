@@ -630,6 +630,28 @@ def test_quant_linear_grads_equal_with_and_without_the_fused_wgrad_entry(monkeyp
 
 
 @kernel_test
+def test_quant_linear_nvfp4_fprop_and_wgrad_x_from_one_read(monkeypatch):
+    """The paper's recipe quantizes X twice in the forward (1x16 for Fprop; RHT + 1x16 along tokens for
+    Wgrad): one kernel reads X once for both; the layer's output and gradients are those of the two
+    separate quantizations bit for bit."""
+    from nvfp4train.precision import operands
+    from tests.precision.helpers import inputs, load_preset, make_layer, run
+
+    monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
+    policy = load_preset("nvfp4", bf16_first_blocks=0, bf16_last_blocks=0)
+    x, grad = inputs(tokens=64, in_f=64, out_f=48)
+    real = operands.fprop_and_wgrad_x
+    used = []
+    monkeypatch.setattr(operands, "fprop_and_wgrad_x", lambda *a: used.append(real(*a)) or used[-1])
+    one_read = run(make_layer(policy).to(DEVICE), x.to(DEVICE), grad.to(DEVICE))
+    assert len(used) == 1 and used[0] is not None
+    monkeypatch.setattr(operands, "fprop_and_wgrad_x", lambda *a: None)
+    separate = run(make_layer(policy).to(DEVICE), x.to(DEVICE), grad.to(DEVICE))
+    for name, a, b in zip(("y", "dx", "dw"), one_read, separate):
+        assert_same(a, b.cpu(), f"nvfp4 {name}")
+
+
+@kernel_test
 def test_quant_linear_fp8_blockwise_wgrad_operands_from_the_columnwise_kernel(monkeypatch):
     """fp8_blockwise's Wgrad operands Xᵀ and dYᵀ (1x128 blocks along tokens) come from the kernel that
     reads X / dY as they lie: the layer's output and gradients equal those of the generic path (Xᵀ and
