@@ -74,9 +74,9 @@ def captured_operands(layer, x, grad):
     backend_class = type(layer.backend)
     real = backend_class.gemm
 
-    def spy(backend, a, b):
+    def spy(backend, a, b, *args, **kwargs):
         calls.append((a, b))
-        return real(backend, a, b)
+        return real(backend, a, b, *args, **kwargs)
 
     backend_class.gemm = spy
     try:

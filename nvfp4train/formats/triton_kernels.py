@@ -1026,3 +1026,33 @@ def fp8_blockwise_t(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool) -> t
         BLOCK_T=block_t, BLOCK_F=block_f, **_launch_options(x),
     )
     return data, scales
+
+
+# ------------------------------------------------------------------------------ emulated GEMM epilogue
+SCALE_CAST_BLOCK = 4096
+
+
+@triton.jit
+def _scale_and_cast_kernel(x_ptr, a_ptr, b_ptr, y_ptr, n, HAS_A: tl.constexpr, HAS_B: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """y = ((x * a) * b) in y's dtype, each product rounded in FP32 and the cast to nearest even, as
+    eager's `out * a * b` then `.to(dtype)`: one read of the FP32 GEMM output, one write."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if HAS_A:
+        v = v * tl.load(a_ptr)
+    if HAS_B:
+        v = v * tl.load(b_ptr)
+    _store_as(y_ptr, offs, v, mask)
+
+
+def scale_and_cast(x: torch.Tensor, a: torch.Tensor | None, b: torch.Tensor | None, dtype: torch.dtype):
+    """((x * a) * b).to(dtype) of a contiguous FP32 x with 0-d FP32 a, b (None: no factor), in one pass."""
+    y = torch.empty(x.shape, dtype=dtype, device=x.device)
+    n = x.numel()
+    _scale_and_cast_kernel[(triton.cdiv(n, SCALE_CAST_BLOCK),)](
+        x, x if a is None else a, x if b is None else b, y, n, HAS_A=a is not None, HAS_B=b is not None,
+        BLOCK=SCALE_CAST_BLOCK, **_launch_options(x),
+    )
+    return y

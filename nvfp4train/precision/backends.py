@@ -46,6 +46,25 @@ def gemm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.float() @ b.float().t()
 
 
+def scale_and_cast(out: torch.Tensor, a: torch.Tensor | None, b: torch.Tensor | None,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """The emulated GEMM's epilogue: ((out * a) * b).to(dtype) for the FP32 product `out` and the
+    operands' 0-d FP32 global decode scales (None: none). On CUDA one Triton pass (the same roundings)
+    instead of two FP32 multiplies and a cast over the whole output."""
+    if out.is_cuda and out.dtype == torch.float32 and out.is_contiguous() and (a is not None or b is not None
+                                                                               or dtype != torch.float32):
+        from nvfp4train.formats import triton_kernels
+        from nvfp4train.formats.impl import triton_available
+
+        if triton_available() and not torch.compiler.is_compiling():
+            return triton_kernels.scale_and_cast(out, a, b, dtype)
+    if a is not None:
+        out = out * a
+    if b is not None:
+        out = out * b
+    return out.to(dtype)
+
+
 class Backend:
     """`name`; `native_gemm`: whether its GEMMs run at the operand format's own tensor-core rate
     (False: BF16 GEMMs on dequantized operands); `unsupported(policy)`: why it cannot run
@@ -63,14 +82,10 @@ class EmulatedBackend(Backend):
     def unsupported(self, policy):
         return None
 
-    def gemm(self, a: Quantized, b: Quantized) -> torch.Tensor:
-        """FP32 result of (a.values · b.valuesᵀ) · a.decode_scale · b.decode_scale."""
-        out = gemm_fp32(a.values, b.values)
-        if a.decode_scale is not None:
-            out = out * a.decode_scale
-        if b.decode_scale is not None:
-            out = out * b.decode_scale
-        return out
+    def gemm(self, a: Quantized, b: Quantized, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """(a.values · b.valuesᵀ) in FP32, times a.decode_scale, times b.decode_scale (each product
+        rounded in FP32), rounded once to `out_dtype`."""
+        return scale_and_cast(gemm_fp32(a.values, b.values), a.decode_scale, b.decode_scale, out_dtype)
 
 
 class ScaledMMBackend(EmulatedBackend):
@@ -94,14 +109,14 @@ class ScaledMMBackend(EmulatedBackend):
             return _blockwise_unsupported(torch.cuda.current_device())
         return None
 
-    def gemm(self, a: Quantized, b: Quantized) -> torch.Tensor:
+    def gemm(self, a: Quantized, b: Quantized, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if a.fp8_data is None or b.fp8_data is None or a.fp8_data.device.type != "cuda":
-            return super().gemm(a, b)
+            return super().gemm(a, b, out_dtype)
         if a.fp8_scales is None and b.fp8_scales is None:
-            return _tensorwise_gemm(a, b)
+            return _tensorwise_gemm(a, b).to(out_dtype)
         if a.fp8_scales is not None and b.fp8_scales is not None and a.spec.tile == (1, 128):
-            return _blockwise_gemm(a, b)
-        return super().gemm(a, b)
+            return _blockwise_gemm(a, b).to(out_dtype)
+        return super().gemm(a, b, out_dtype)
 
 
 def _rows(q: Quantized) -> int:

@@ -252,7 +252,7 @@ def quant_linear_fprop(x: torch.Tensor, weight: torch.Tensor, layer_id: int, rec
         both = (operands.fprop_and_wgrad_x(x2d, recipe.fprop_x, recipe.wgrad_x, k_f, k_w, state.rht_signs)
                 if saves_xt and state.stats is None else None)
         x_q = both[0] if both else state.quantize("fprop_x", x2d, recipe.fprop_x, k_f)
-        y = backend.gemm(x_q, w_q.first_rows(out_f)).to(out_dtype).reshape(*x.shape[:-1], out_f)
+        y = backend.gemm(x_q, w_q.first_rows(out_f), out_dtype).reshape(*x.shape[:-1], out_f)
         outputs = [y]
         if save_x and _saves_x_copy(recipe, x.dtype):
             if recipe.wgrad_x.is_bf16:
@@ -313,7 +313,7 @@ def quant_linear_dgrad(dy: torch.Tensor, weight: torch.Tensor, w_saved: list[tor
         else:
             wt_q = state.weights.get(("dgrad", recipe_key, backend.name, k_d), weight, build)
         dy_q = state.quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d)
-        dx = backend.gemm(dy_q, wt_q).to(dy.dtype).to(x_dtype)
+        dx = backend.gemm(dy_q, wt_q, dy.dtype).to(x_dtype)
     return dx.reshape(*dy.shape[:-1], in_f).contiguous()
 
 
@@ -339,7 +339,7 @@ def quant_linear_wgrad(dy: torch.Tensor, x_saved: list[torch.Tensor], layer_id: 
         else:
             layout = operands.PackedLayout(recipe.wgrad_x, _wgrad_x_shape(recipe, in_features, tokens))
             xt_q = layout.rebuild(x_saved).dequantize().first_rows(in_features)
-        dw = backend.gemm(dyt_q, xt_q).to(out_dtype)
+        dw = backend.gemm(dyt_q, xt_q, out_dtype)
     return dw.contiguous()
 
 

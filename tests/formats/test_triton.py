@@ -370,6 +370,25 @@ def test_fp8_tensorwise_same_bits_as_the_reference(dtype):
             assert_same(decode, want_decode, f"{what} decode scale")
 
 
+@kernel_test
+def test_gemm_epilogue_scale_and_cast_same_bits_as_eager():
+    """The emulated GEMM's epilogue in one pass: ((out * a) * b).to(dtype) as eager rounds it (each
+    product in FP32, then the cast), with either factor absent, for overflow, subnormals and NaN."""
+    from nvfp4train.formats import triton_kernels
+    from nvfp4train.precision.backends import scale_and_cast
+
+    gen = torch.Generator().manual_seed(3)
+    out = torch.randn(70, 130, generator=gen) * 1e3
+    out[0, :4] = torch.tensor([3.0e38, -1e-42, float("nan"), float("inf")])
+    a, b = torch.tensor(0.01234567, dtype=torch.float32), torch.tensor(3.3e-3, dtype=torch.float32)
+    for fa, fb in ((a, b), (a, None), (None, b), (None, None)):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            want = scale_and_cast(out, fa, fb, dtype)  # CPU: eager
+            got = triton_kernels.scale_and_cast(out.to(DEVICE), None if fa is None else fa.to(DEVICE),
+                                                None if fb is None else fb.to(DEVICE), dtype)
+            assert_same(got, want, f"a={fa is not None} b={fb is not None} {dtype}")
+
+
 # ------------------------------------------------------------------------------ Wgrad: RHT + transpose
 @kernel_test
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -523,6 +542,8 @@ def test_kernels_compile_for_sm90_without_approximate_division():
         (tk._fp8_tensorwise_kernel, {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8", "decode_ptr": "*fp32",
                                      "n": "i32"},
          {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False, "BLOCK": tk.TENSORWISE_BLOCK}),
+        (tk._scale_and_cast_kernel, {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32"},
+         {"HAS_A": True, "HAS_B": True, "BLOCK": tk.SCALE_CAST_BLOCK}),
         (tk._fp8_blockwise_t_kernel, {"x_ptr": "*bf16", "data_ptr": "*u8", "scales_ptr": "*fp32", "n_tokens": "i32",
                                       "n_features": "i32", "scale_for_inf": "fp32"},
          {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "BLOCK_T": 128, "BLOCK_F": 64}),

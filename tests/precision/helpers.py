@@ -65,9 +65,9 @@ class GemmSpy:
     def patch(self, monkeypatch):
         real = EmulatedBackend.gemm
 
-        def spy(backend, a, b):
+        def spy(backend, a, b, *args, **kwargs):
             self.calls.append((self._dense(a), self._dense(b)))
-            return real(backend, a, b)
+            return real(backend, a, b, *args, **kwargs)
 
         monkeypatch.setattr(EmulatedBackend, "gemm", spy)
         yield self
