@@ -63,8 +63,15 @@ class MXFP4Tensor:
     def unpacked_codes(self) -> torch.Tensor:
         return e2m1.unpack(self.codes)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True) -> torch.Tensor:
-        """Decode to ``dtype`` (``apply_global_scale`` is accepted for symmetry; there is none)."""
+    def dequantize(self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True, *,
+                   impl: str = "auto") -> torch.Tensor:
+        """Decode to ``dtype`` (``apply_global_scale`` is accepted for symmetry; there is none). On CUDA
+        one Triton pass (the same bits)."""
+        if use_triton(self.codes, impl, "mxfp4.MXFP4Tensor.dequantize"):
+            from . import triton_kernels
+
+            return triton_kernels.e2m1_dequantize(self.codes, self.scales, None, self.shape, BLOCK, e8m0=True,
+                                                  dtype=dtype)
         # Undo decode_scaled's 2^-14 first (folding it into 2^e could overflow for e > 113).
         values = e2m1.decode_scaled(self.codes).to(torch.float32).mul_(1.0 / e2m1.FP16_FROM_E2M1)
         values = values.unflatten(-1, (-1, BLOCK)).mul_(scale_from_e8m0(self.scales).unsqueeze(-1))

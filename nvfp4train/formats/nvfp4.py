@@ -72,9 +72,17 @@ class NVFP4Tensor:
         """One 4-bit code per uint8, logical shape."""
         return e2m1.unpack(self.codes)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True) -> torch.Tensor:
+    def dequantize(self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True, *,
+                   impl: str = "auto") -> torch.Tensor:
         """Decode to ``dtype``. ``apply_global_scale=False`` returns ``e2m1 * fp32(scale_b)``
-        only (exact in BF16; apply ``global_decode_scale`` after the matmul)."""
+        only (exact in BF16; apply ``global_decode_scale`` after the matmul). On CUDA one Triton pass
+        (the same bits)."""
+        if use_triton(self.codes, impl, "nvfp4.NVFP4Tensor.dequantize"):
+            from . import triton_kernels
+
+            return triton_kernels.e2m1_dequantize(self.codes, self.scales,
+                                                  self.global_decode_scale if apply_global_scale else None,
+                                                  self.shape, BLOCK, e8m0=False, dtype=dtype)
         # (e2m1 * 2^-14) * (scale_b * 2^14): both factors exact, so the product is e2m1 * scale_b
         # exactly, as decode(codes) * scale_b would give (see e2m1.decode_scaled).
         scaled = e2m1.decode_scaled(self.codes).unflatten(-1, (-1, BLOCK))

@@ -1056,3 +1056,50 @@ def scale_and_cast(x: torch.Tensor, a: torch.Tensor | None, b: torch.Tensor | No
         BLOCK=SCALE_CAST_BLOCK, **_launch_options(x),
     )
     return y
+
+
+# ------------------------------------------------------------------------------ NVFP4 / MXFP4 dequantize
+@triton.jit
+def _e2m1_dequantize_kernel(codes_ptr, scales_ptr, global_ptr, values_ptr, rows, cols, GROUP: tl.constexpr,
+                            E8M0: tl.constexpr, HAS_GLOBAL: tl.constexpr, BLOCK_R: tl.constexpr,
+                            BLOCK_C: tl.constexpr):
+    """NVFP4Tensor / MXFP4Tensor.dequantize: e2m1(code) x its GROUP-element block scale (E4M3, or E8M0
+    when E8M0), exact in FP32, times the global decode scale when HAS_GLOBAL (FP32-rounded), rounded to
+    the output's dtype; one read of the packed codes and scales, one write."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    row = r[:, None].to(tl.int64)
+    byte = tl.load(codes_ptr + row * (cols // 2) + (c // 2)[None, :], mask=mask, other=0).to(tl.int32)
+    code = tl.where((c % 2 == 0)[None, :], byte, byte >> 4) & 0xF  # element 2j in the low nibble
+    magnitude = _e2m1_magnitude(code & 0x7)
+    value = _with_sign(magnitude, (code & 0x8) != 0)  # code 0x8 is -0.0 (a negation 0 - x would give +0.0)
+    bits = tl.load(scales_ptr + row * (cols // GROUP) + (c // GROUP)[None, :], mask=mask, other=0).to(tl.int32)
+    if E8M0:
+        scale = (tl.maximum(bits, 1) << 23).to(tl.float32, bitcast=True)  # 2^(bits - 127)
+        scale = tl.where(bits == 0, 2.0**-127, scale)
+        scale = tl.where(bits == 255, float("nan"), scale)
+    else:
+        scale = _fp8_value(bits, 3, 7)  # E4M3
+    out = value * scale
+    if HAS_GLOBAL:
+        out = out * tl.load(global_ptr)
+    _store_as(values_ptr, row * cols + c[None, :], out, mask)
+
+
+def e2m1_dequantize(codes: torch.Tensor, scales: torch.Tensor, global_decode_scale: torch.Tensor | None,
+                    shape, group: int, e8m0: bool, dtype: torch.dtype) -> torch.Tensor:
+    """Values in ``dtype`` of logical ``shape`` from packed E2M1 codes and per-``group`` scales (E4M3 for
+    NVFP4, E8M0 for MXFP4), times ``global_decode_scale`` when given."""
+    cols = shape[-1]
+    rows = codes.numel() * 2 // cols
+    values = torch.empty(shape, dtype=dtype, device=codes.device)
+    block_r, block_c = 8, 256
+    grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
+    _e2m1_dequantize_kernel[grid](
+        codes.contiguous(), scales.contiguous().view(torch.uint8),
+        values if global_decode_scale is None else global_decode_scale, values, rows, cols,
+        GROUP=group, E8M0=e8m0, HAS_GLOBAL=global_decode_scale is not None, BLOCK_R=block_r, BLOCK_C=block_c,
+        **_launch_options(codes),
+    )
+    return values

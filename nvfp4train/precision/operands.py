@@ -172,7 +172,7 @@ class NVFP4Format(_E2M1BlockFormat):
     def dequantize(self, tensors, spec, shape):
         codes, scales, amax, s_dec = tensors
         q = nvfp4.NVFP4Tensor(codes, scales, amax, s_dec, torch.Size(shape), spec.tile)
-        return Quantized(q.dequantize(torch.bfloat16, apply_global_scale=False), s_dec)
+        return Quantized(q.dequantize(torch.bfloat16, apply_global_scale=False, impl=QUANT_IMPL), s_dec)
 
     def storage(self, spec, shape):
         rows, k = shape
@@ -200,7 +200,7 @@ class MXFP4Format(_E2M1BlockFormat):
     def dequantize(self, tensors, spec, shape):
         codes, scales = tensors
         q = mxfp4.MXFP4Tensor(codes, scales, torch.Size(shape), spec.scale_mode)
-        return Quantized(q.dequantize(torch.bfloat16), None)
+        return Quantized(q.dequantize(torch.bfloat16, impl=QUANT_IMPL), None)
 
     def storage(self, spec, shape):
         rows, k = shape

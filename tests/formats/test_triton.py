@@ -389,6 +389,32 @@ def test_gemm_epilogue_scale_and_cast_same_bits_as_eager():
             assert_same(got, want, f"a={fa is not None} b={fb is not None} {dtype}")
 
 
+@kernel_test
+def test_nvfp4_and_mxfp4_dequantize_same_bits_as_the_reference():
+    """Packed codes and scales -> values in one pass: every code byte and every scale bit pattern (NaN
+    scales, E8M0's 2^-127 and NaN included), with and without NVFP4's global scale, FP32 and BF16 out."""
+    gen = torch.Generator().manual_seed(4)
+    rows, cols = 48, 256
+    codes = torch.randint(0, 256, (rows, cols // 2), generator=gen, dtype=torch.uint8)
+    codes[0] = torch.arange(128, dtype=torch.uint8) * 2  # every byte value appears
+    codes[1] = torch.arange(128, dtype=torch.uint8) * 2 + 1
+    e4m3 = torch.randint(0, 256, (rows, cols // 16), generator=gen, dtype=torch.uint8)
+    e4m3.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)
+    e8m0 = torch.randint(0, 256, (rows, cols // 32), generator=gen, dtype=torch.uint8)
+    e8m0.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)
+    amax, s_dec = torch.tensor(3.0), torch.tensor(0.0123456789)
+    nv = nvfp4.NVFP4Tensor(codes, e4m3.view(torch.float8_e4m3fn), amax, s_dec, torch.Size((rows, cols)), (1, 16))
+    mx = mxfp4.MXFP4Tensor(codes, e8m0.view(torch.float8_e8m0fnu), torch.Size((rows, cols)), "rceil")
+    nv_dev = nvfp4.NVFP4Tensor(codes.to(DEVICE), e4m3.view(torch.float8_e4m3fn).to(DEVICE), amax.to(DEVICE),
+                               s_dec.to(DEVICE), nv.shape, (1, 16))
+    mx_dev = mxfp4.MXFP4Tensor(codes.to(DEVICE), e8m0.view(torch.float8_e8m0fnu).to(DEVICE), mx.shape, "rceil")
+    for dtype in (torch.float32, torch.bfloat16):
+        for apply_global in (False, True):
+            assert_same(nv_dev.dequantize(dtype, apply_global, impl="triton"),
+                        nv.dequantize(dtype, apply_global, impl="reference"), f"nvfp4 {dtype} global={apply_global}")
+        assert_same(mx_dev.dequantize(dtype, impl="triton"), mx.dequantize(dtype, impl="reference"), f"mxfp4 {dtype}")
+
+
 # ------------------------------------------------------------------------------ Wgrad: RHT + transpose
 @kernel_test
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -544,6 +570,12 @@ def test_kernels_compile_for_sm90_without_approximate_division():
          {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False, "BLOCK": tk.TENSORWISE_BLOCK}),
         (tk._scale_and_cast_kernel, {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32"},
          {"HAS_A": True, "HAS_B": True, "BLOCK": tk.SCALE_CAST_BLOCK}),
+        (tk._e2m1_dequantize_kernel, {"codes_ptr": "*u8", "scales_ptr": "*u8", "global_ptr": "*fp32",
+                                      "values_ptr": "*bf16", "rows": "i32", "cols": "i32"},
+         {"GROUP": 16, "E8M0": False, "HAS_GLOBAL": True, "BLOCK_R": 8, "BLOCK_C": 256}),
+        (tk._e2m1_dequantize_kernel, {"codes_ptr": "*u8", "scales_ptr": "*u8", "global_ptr": "*fp32",
+                                      "values_ptr": "*fp32", "rows": "i32", "cols": "i32"},
+         {"GROUP": 32, "E8M0": True, "HAS_GLOBAL": False, "BLOCK_R": 8, "BLOCK_C": 256}),
         (tk._fp8_blockwise_t_kernel, {"x_ptr": "*bf16", "data_ptr": "*u8", "scales_ptr": "*fp32", "n_tokens": "i32",
                                       "n_features": "i32", "scale_for_inf": "fp32"},
          {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "BLOCK_T": 128, "BLOCK_F": 64}),
