@@ -111,7 +111,7 @@ class Mamba2Mixer(nn.Module):
         b, T, _ = u.shape
         zxbcdt = self.in_proj(u)
         z, xBC, dt = torch.split(zxbcdt, [self.d_inner, self.conv1d.in_channels, self.n_heads], dim=-1)
-        xBC = causal_conv1d_silu(xBC.transpose(1, 2), self.conv1d.weight, self.conv1d.bias).transpose(1, 2)
+        xBC = causal_conv1d_silu(xBC, self.conv1d.weight, self.conv1d.bias)
         x, B, C = torch.split(xBC, [self.d_inner, self.groups * self.state, self.groups * self.state], dim=-1)
         y = ssd_scan(
             x.reshape(b, T, self.n_heads, self.head_dim),

@@ -290,14 +290,25 @@ def _causal_conv1d_kernel(x, weight, bias):
 
 def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                        use_kernel: bool = True) -> torch.Tensor:
-    """SiLU(depthwise causal conv) over time. x [b, channels, T], weight [channels, 1, k].
+    """SiLU(depthwise causal conv) over time. x [b, T, channels] (channels contiguous; the mixer's slice
+    of in_proj's output), weight [channels, 1, k]; the output is [b, T, channels].
 
-    Uses causal_conv1d's CUDA kernel when importable and x is on CUDA; otherwise F.conv1d on
-    the input left-padded by k-1 (so the output has exactly T positions and position t sees
-    only inputs t-k+1..t).
+    On CUDA: causal_conv1d's CUDA kernel when importable, else our Triton kernels (causal_conv.py,
+    when triton is installed and there is a bias). Otherwise F.conv1d on the input transposed and
+    left-padded by k-1 (so the output has exactly T positions and position t sees only inputs
+    t-k+1..t).
     """
     k = weight.shape[-1]
     if use_kernel and x.is_cuda and causal_conv1d_kernel_available():
-        return _causal_conv1d_kernel(x, weight, bias)
-    y = F.conv1d(F.pad(x, (k - 1, 0)), weight, bias, groups=x.shape[1])
-    return F.silu(y)
+        return _causal_conv1d_kernel(x.transpose(1, 2), weight, bias).transpose(1, 2)
+    if use_kernel and x.is_cuda and bias is not None and triton_conv_available():
+        from .causal_conv import causal_conv1d_silu_triton
+
+        return causal_conv1d_silu_triton(x, weight, bias)
+    y = F.conv1d(F.pad(x.transpose(1, 2), (k - 1, 0)), weight, bias, groups=x.shape[2])
+    return F.silu(y).transpose(1, 2)
+
+
+@torch.compiler.assume_constant_result
+def triton_conv_available() -> bool:
+    return importlib.util.find_spec("triton") is not None

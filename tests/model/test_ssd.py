@@ -101,7 +101,7 @@ def test_conv_is_causal_and_matches_explicit_sum():
     x = torch.randn(2, 6, 10, dtype=torch.float64)
     w = torch.randn(6, 1, 4, dtype=torch.float64)
     bias = torch.randn(6, dtype=torch.float64)
-    y = causal_conv1d_silu(x, w, bias)
+    y = causal_conv1d_silu(x.transpose(1, 2), w, bias).transpose(1, 2)  # it takes and gives [b, T, channels]
     xp = torch.nn.functional.pad(x, (3, 0))
     expected = torch.stack([(xp[:, :, t:t + 4] * w[:, 0]).sum(-1) for t in range(10)], dim=-1) + bias[:, None]
     torch.testing.assert_close(y, torch.nn.functional.silu(expected))
