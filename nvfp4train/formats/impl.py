@@ -6,7 +6,8 @@
   seed taken from ``generator``, so its bits differ from the reference's for a given generator,
   with the same distribution). CUDA tensors, or CPU tensors in Triton's interpreter
   (``TRITON_INTERPRET=1`` set before triton is imported).
-* "auto": "triton" for CUDA tensors when triton is installed, "reference" otherwise, and also while
+* "auto": "triton" for CUDA tensors when triton is installed (and NVFP4TRAIN_TRITON is not 0),
+  "reference" otherwise, and also while
   torch.compile traces (dynamo traces the reference's tensor ops; the kernels' wrappers are not
   written for tracing).
 """
@@ -22,9 +23,19 @@ import torch
 IMPLS = ("auto", "reference", "triton")
 
 
-@functools.cache
+DISABLE_ENV = "NVFP4TRAIN_TRITON"  # =0: none of our Triton kernels runs ("auto" picks the PyTorch code)
+
+
 def triton_available() -> bool:
-    """Whether the triton package is installed (not imported here: it is imported on first use)."""
+    """Whether our Triton kernels may run: the triton package is installed (not imported here: it is
+    imported on first use) and NVFP4TRAIN_TRITON is not 0, the switch that sends every "auto" (the
+    quantizers, the emulated GEMM's epilogue, the Mamba conv) to the PyTorch code, e.g. to rule the
+    kernels out when a GPU result looks wrong."""
+    return os.environ.get(DISABLE_ENV, "1") != "0" and _triton_installed()
+
+
+@functools.cache
+def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
@@ -37,7 +48,7 @@ def use_triton(x: torch.Tensor, impl: str, who: str) -> bool:
         return False
     if impl == "auto":
         return x.is_cuda and triton_available() and not torch.compiler.is_compiling()
-    if not triton_available():
+    if not _triton_installed():  # an explicit request runs even with NVFP4TRAIN_TRITON=0
         raise ValueError(f"{who}: impl='triton' needs the triton package (pip install triton); use impl='reference'")
     if not x.is_cuda:
         from . import triton_kernels

@@ -311,4 +311,6 @@ def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
 
 @torch.compiler.assume_constant_result
 def triton_conv_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    from nvfp4train.formats.impl import triton_available  # NVFP4TRAIN_TRITON=0 turns it off too
+
+    return triton_available()

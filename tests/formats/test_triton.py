@@ -69,6 +69,21 @@ def test_triton_on_cpu_needs_the_interpreter_or_says_so():
         mxfp4.fake_quantize(x, impl="triton")
 
 
+def test_nvfp4train_triton_0_turns_our_kernels_off(monkeypatch):
+    """NVFP4TRAIN_TRITON=0: "auto" runs the PyTorch code for the quantizers, the emulated GEMM's epilogue
+    and the Mamba conv (a switch to rule the kernels out); an explicit impl="triton" still runs them."""
+    pytest.importorskip("triton")
+    from nvfp4train.formats.impl import triton_available, use_triton
+    from nvfp4train.model.ssd import triton_conv_available
+
+    assert triton_available() and triton_conv_available()
+    monkeypatch.setenv("NVFP4TRAIN_TRITON", "0")
+    assert not triton_available() and not triton_conv_available()
+    if torch.cuda.is_available():
+        x = torch.zeros(16, 32, device="cuda")
+        assert not use_triton(x, "auto", "test") and use_triton(x, "triton", "test")
+
+
 # ------------------------------------------------------------------------------ inputs
 def edge_inputs() -> list[torch.Tensor]:
     """FP32 [32, 128] tensors covering the edges: outliers, a row whose scales go E4M3-subnormal,
