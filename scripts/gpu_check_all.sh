@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One device command (under 10 minutes on an H100/H200) that checks every GPU path and measures the speed
+# tables, for a session or a reviewer with little GPU time. From the repository root on the GPU machine,
+# with `.whl/` carried (bash scripts/gpu_wheels.sh here) and `.carry/kernels.tar.gz` if there is one:
+#
+#   bash scripts/gpu_check_all.sh            # everything it writes goes to $OUT (or /tmp/gpu_check)
+#
+# 1. correctness: the GPU tests of the Triton kernels (bit-exact quantizers, dequantizers, GEMM epilogue;
+#    the Mamba conv against F.conv1d; fused norms), the precision checks (scaled_mm's blockwise probe,
+#    backend=auto, compiled == eager) and the precision GPU tests;
+# 2. speed: scripts/bench_quant.py (8192x8192) and scripts/bench_train.py on hybrid_repro (every
+#    precision) and hybrid_350m (bf16 and nvfp4, with --profile: device time by kind of kernel);
+# 3. the Triton/Inductor caches, packed for the next machine (python -m nvfp4train.reproduce pack-kernels).
+# Each step has its own time limit, so one that hangs or fails leaves the others their time; the exit
+# code is the number of failed steps. $OUT gets summary.txt, logs.tar.gz, kernels.tar.gz and the bench rows
+# in {quant,train}.json (merge them into
+# docs/results/bench/ with the right commit: the device's checkout has no .git).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_check}
+LOGS=/tmp/gpu_check_logs  # packed into $OUT/logs.tar.gz at the end: the device tool brings back 8 files
+mkdir -p "$OUT" "$LOGS"
+if [ ! -d /tmp/site ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=$(pwd):/tmp/site${PYTHONPATH:+:$PYTHONPATH} WANDB_MODE=disabled PYTHONUNBUFFERED=1
+failed=0
+step() {  # SECONDS NAME COMMAND...: run it with a limit, its output in $LOGS/NAME.log, a line per step
+  local limit=$1 name=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || failed=$((failed + 1))
+  printf '%-14s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$(tail -1 "$LOGS/$name.log")" | tee -a "$OUT/summary.txt"
+}
+[ -f .carry/kernels.tar.gz ] && python3 -m nvfp4train.reproduce unpack-kernels .carry/kernels.tar.gz
+step 240 gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/formats/test_triton.py \
+  tests/model/test_causal_conv.py tests/model/test_fused_norm.py tests/precision/test_gpu.py
+step 60 bench_quant python3 scripts/bench_quant.py --shapes 8192x8192 --out "$OUT/quant.json"
+step 150 bench_repro python3 scripts/bench_train.py --models hybrid_repro --seqs 1024 --batch 32 --compile false \
+  --precisions bf16 fp8_tensorwise fp8_blockwise nvfp4 mxfp4 --steps 5 --warmup 3 --out "$OUT/train.json"
+step 120 bench_350m python3 scripts/bench_train.py --models hybrid_350m --seqs 2048 --batch 8 --compile false \
+  --precisions bf16 nvfp4 --steps 5 --warmup 3 --profile /tmp/gpu_check_profile --out "$OUT/train.json"
+step 30 pack_kernels python3 -m nvfp4train.reproduce pack-kernels --out "$OUT"
+tar czf "$OUT/logs.tar.gz" -C "$LOGS" .  # the profile tables are in bench_350m.log (traces stay behind)
+echo "failed steps: $failed"
+exit "$failed"
