@@ -284,9 +284,11 @@ def _(x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w):
 
 @torch.library.custom_op("nvfp4train::quant_linear_dgrad", mutates_args=())
 def quant_linear_dgrad(dy: torch.Tensor, weight: torch.Tensor, w_saved: list[torch.Tensor], layer_id: int,
-                       recipe_key: str, backend_name: str, x_dtype: torch.dtype) -> torch.Tensor:
+                       recipe_key: str, backend_name: str, x_dtype: torch.dtype,
+                       dy_q: list[torch.Tensor]) -> torch.Tensor:
     """dX = Q(dY) Q(W), K = out_features, in dY's dtype then `x_dtype`. `w_saved`: the packed
-    Fprop W when Dgrad reuses it (used when the weight cache does not hold it)."""
+    Fprop W when Dgrad reuses it (used when the weight cache does not hold it). `dy_q`: Q(dY) already
+    made by quant_linear_dy ([values, decode scale]), or empty: quantized here."""
     state, recipe, backend = _state(layer_id), LayerRecipe.from_key(recipe_key), get_backend(backend_name)
     out_f, in_f = weight.shape
     with torch.autocast(dy.device.type, enabled=False):
@@ -312,28 +314,30 @@ def quant_linear_dgrad(dy: torch.Tensor, weight: torch.Tensor, w_saved: list[tor
             wt_q = build()
         else:
             wt_q = state.weights.get(("dgrad", recipe_key, backend.name, k_d), weight, build)
-        dy_q = state.quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d)
-        dx = backend.gemm(dy_q, wt_q, dy.dtype).to(x_dtype)
+        dy_op = operands.Quantized(*dy_q) if dy_q else state.quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d)
+        dx = backend.gemm(dy_op, wt_q, dy.dtype).to(x_dtype)
     return dx.reshape(*dy.shape[:-1], in_f).contiguous()
 
 
 @quant_linear_dgrad.register_fake
-def _(dy, weight, w_saved, layer_id, recipe_key, backend_name, x_dtype):
+def _(dy, weight, w_saved, layer_id, recipe_key, backend_name, x_dtype, dy_q):
     return dy.new_empty((*dy.shape[:-1], weight.shape[1]), dtype=x_dtype)
 
 
 @torch.library.custom_op("nvfp4train::quant_linear_wgrad", mutates_args=())
 def quant_linear_wgrad(dy: torch.Tensor, x_saved: list[torch.Tensor], layer_id: int, recipe_key: str,
-                       backend_name: str, in_features: int, out_dtype: torch.dtype) -> torch.Tensor:
+                       backend_name: str, in_features: int, out_dtype: torch.dtype,
+                       dy_q: list[torch.Tensor]) -> torch.Tensor:
     """dW = Q(RHT(dYᵀ)) Q(RHT(Xᵀ))ᵀ, K = tokens, in `out_dtype` (the weight's). `x_saved`: what
-    Fprop saved of X (packed Xᵀ, or X in BF16)."""
+    Fprop saved of X (packed Xᵀ, or X in BF16). `dy_q`: Q(RHT(dYᵀ)) already made by quant_linear_dy
+    ([values, decode scale]), or empty: quantized here."""
     state, recipe, backend = _state(layer_id), LayerRecipe.from_key(recipe_key), get_backend(backend_name)
     out_f = dy.shape[-1]
     with torch.autocast(dy.device.type, enabled=False):
         dy2d = dy.reshape(-1, out_f)
         tokens = dy2d.shape[0]
         k_w = _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x)
-        dyt_q = state.quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w)
+        dyt_q = operands.Quantized(*dy_q) if dy_q else state.quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w)
         if recipe.wgrad_x.is_bf16:
             xt_q = state.quantize("wgrad_x", x_saved[0].reshape(-1, in_features).t(), recipe.wgrad_x, k_w)
         else:
@@ -344,8 +348,42 @@ def quant_linear_wgrad(dy: torch.Tensor, x_saved: list[torch.Tensor], layer_id: 
 
 
 @quant_linear_wgrad.register_fake
-def _(dy, x_saved, layer_id, recipe_key, backend_name, in_features, out_dtype):
+def _(dy, x_saved, layer_id, recipe_key, backend_name, in_features, out_dtype, dy_q):
     return dy.new_empty((dy.shape[-1], in_features), dtype=out_dtype)
+
+
+@torch.library.custom_op("nvfp4train::quant_linear_dy", mutates_args=())
+def quant_linear_dy(dy: torch.Tensor, layer_id: int, recipe_key: str) -> list[torch.Tensor]:
+    """[Q(dY) values, decode scale, Q(RHT(dYᵀ)) values, decode scale]: both gradient operands of a layer
+    whose recipe has `operands.dy_pair`, from one read of dY on CUDA (the bits of the two separate
+    quantizations); quantized one after the other elsewhere, and on steps that record telemetry."""
+    state, recipe = _state(layer_id), LayerRecipe.from_key(recipe_key)
+    out_f = dy.shape[-1]
+    with torch.autocast(dy.device.type, enabled=False):
+        dy2d = dy.reshape(-1, out_f)
+        k_d = _k_pad(out_f, recipe.dgrad_dy)
+        k_w = _k_pad(dy2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)
+        both = None
+        if state.stats is None:
+            both = operands.dgrad_and_wgrad_dy(dy2d, recipe.dgrad_dy, recipe.wgrad_dy, k_d, k_w, state.rht_signs,
+                                               state._generator("dgrad_dy", recipe.dgrad_dy, dy.device),
+                                               state._generator("wgrad_dy", recipe.wgrad_dy, dy.device))
+        if both is None:
+            both = (state.quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d),
+                    state.quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w))
+    return [t.contiguous() for q in both for t in (q.values, q.decode_scale)]
+
+
+@quant_linear_dy.register_fake
+def _(dy, layer_id, recipe_key):
+    recipe = LayerRecipe.from_key(recipe_key)
+    out_f = dy.shape[-1]
+    tokens = dy.numel() // out_f
+    k_d = _k_pad(out_f, recipe.dgrad_dy)
+    k_w = _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x)
+    scale = dy.new_empty((), dtype=torch.float32)
+    return [dy.new_empty((tokens, k_d), dtype=torch.bfloat16), scale,
+            dy.new_empty((round_up(out_f, recipe.wgrad_dy.row_block), k_w), dtype=torch.bfloat16), scale.clone()]
 
 
 def _setup_context(ctx, inputs, output):
@@ -367,10 +405,18 @@ def _backward(ctx, grads):
     weight, *saved = ctx.saved_tensors
     layer_id, recipe_key, backend_name = ctx.args
     dx = dw = None
+    recipe = LayerRecipe.from_key(recipe_key)
+    # Both gradient operands from one read of dY when both GEMMs run (a lone Dgrad or Wgrad quantizes
+    # only its own, so the other role's SR stream does not advance)
+    dy_q = (quant_linear_dy(dy, layer_id, recipe_key)
+            if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and operands.dy_pair(recipe.dgrad_dy, recipe.wgrad_dy)
+            else [])
     if ctx.needs_input_grad[0]:
-        dx = quant_linear_dgrad(dy, weight, saved[ctx.n_x:], layer_id, recipe_key, backend_name, ctx.x_dtype)
+        dx = quant_linear_dgrad(dy, weight, saved[ctx.n_x:], layer_id, recipe_key, backend_name, ctx.x_dtype,
+                                dy_q[:2])
     if ctx.needs_input_grad[1]:
-        dw = quant_linear_wgrad(dy, saved[: ctx.n_x], layer_id, recipe_key, backend_name, weight.shape[1], weight.dtype)
+        dw = quant_linear_wgrad(dy, saved[: ctx.n_x], layer_id, recipe_key, backend_name, weight.shape[1],
+                                weight.dtype, dy_q[2:])
     return dx, dw, None, None, None, None, None, None
 
 

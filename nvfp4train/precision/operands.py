@@ -316,6 +316,36 @@ def fprop_and_wgrad_x(x2d: torch.Tensor, fprop_spec: OperandSpec, wgrad_spec: Op
     return Quantized(values, scale), packed
 
 
+def dy_pair(dgrad_spec: OperandSpec, wgrad_spec: OperandSpec) -> bool:
+    """Whether Dgrad's dY and Wgrad's dYᵀ are the paper's pair (NVFP4 1x16; NVFP4 1x16 after the
+    16-point RHT along tokens; the same rounding), which one kernel quantizes from one read of dY."""
+    return (dgrad_spec.format == wgrad_spec.format == "nvfp4" and dgrad_spec.rounding == wgrad_spec.rounding
+            and tuple(dgrad_spec.tile) == (1, nvfp4.BLOCK) and not dgrad_spec.rht_dim
+            and wgrad_spec.rht_dim == nvfp4.BLOCK and tuple(wgrad_spec.tile) == (1, nvfp4.BLOCK))
+
+
+def dgrad_and_wgrad_dy(dy2d: torch.Tensor, dgrad_spec: OperandSpec, wgrad_spec: OperandSpec, k_d: int, k_w: int,
+                       rht_signs, dgrad_generator, wgrad_generator) -> tuple[Quantized, Quantized] | None:
+    """Dgrad's and Wgrad's dY operands (dense) from one read of dY with the Triton kernel, for `dy_pair`
+    specs and nothing to pad: the bits of the two separate quantizations, SR included (each copy's Philox
+    seed drawn from its own role's generator, as the separate kernels draw it). None otherwise (and for
+    the PyTorch reference, which draws SR bits differently): quantize them separately."""
+    from nvfp4train.formats import triton_kernels
+    from nvfp4train.formats.impl import use_triton
+
+    if not (dy_pair(dgrad_spec, wgrad_spec) and dy2d.ndim == 2 and dy2d.shape[1] == k_d
+            and _fused_wgrad_rht(dy2d.t(), wgrad_spec, k_w) and use_triton(dy2d, QUANT_IMPL, "dgrad_and_wgrad_dy")):
+        return None
+    seeds = None
+    if dgrad_spec.rounding == "sr":  # [columnwise, rowwise], the order rht_nvfp4_t takes
+        seeds = torch.cat([triton_kernels.philox_seed(dy2d, wgrad_generator),
+                           triton_kernels.philox_seed(dy2d, dgrad_generator)])
+    row, col = triton_kernels.rht_nvfp4_t(dy2d, hadamard.resolve_signs(nvfp4.BLOCK, rht_signs), dgrad_spec.rounding,
+                                          dense=True, rowwise=True, rowwise_dense=True, out_dtype=torch.bfloat16,
+                                          seeds=seeds)
+    return Quantized(row[0], row[2]), Quantized(col[0], col[2])
+
+
 def packed_shapes(spec: OperandSpec, shape: tuple[int, int]) -> list[tuple[tuple[int, ...], torch.dtype]]:
     """(shape, dtype) of each tensor `pack` returns for an operand whose prepared (padded) shape
     is `shape`."""

@@ -720,6 +720,35 @@ def test_quant_linear_nvfp4_fprop_and_wgrad_x_from_one_read(monkeypatch):
 
 
 @kernel_test
+@pytest.mark.parametrize("preset", ["nvfp4", "nvfp4_no_sr"])
+def test_quant_linear_nvfp4_dgrad_and_wgrad_dy_from_one_read(monkeypatch, preset):
+    """The backward's two dY operands (1x16 SR for Dgrad; RHT + 1x16 SR along tokens for Wgrad) from one
+    read of dY: the layer's gradients, and the SR streams' states afterwards, are those of the two
+    separate quantizations bit for bit (each copy's Philox seed comes from its own role's stream)."""
+    from nvfp4train.precision import operands
+    from tests.precision.helpers import inputs, load_preset, make_layer, run
+
+    monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
+    policy = load_preset(preset, bf16_first_blocks=0, bf16_last_blocks=0)
+    x, grad = inputs(tokens=64, in_f=64, out_f=48)
+    real = operands.dgrad_and_wgrad_dy
+    used = []
+    results, states = [], []
+    for route in ("one read", "separate"):
+        monkeypatch.setattr(operands, "dgrad_and_wgrad_dy",
+                            (lambda *a: used.append(real(*a)) or used[-1]) if route == "one read" else (lambda *a: None))
+        layer = make_layer(policy).to(DEVICE)
+        results.append(run(layer, x.to(DEVICE), grad.to(DEVICE)))
+        states.append({role: state.clone() for role, state in layer.sr.state().items()})
+    assert len(used) == 1 and used[0] is not None
+    for name, a, b in zip(("y", "dx", "dw"), *results):
+        assert_same(a, b.cpu(), f"{preset} {name}")
+    assert sorted(states[0]) == sorted(states[1]) == (["dgrad_dy", "wgrad_dy"] if preset == "nvfp4" else [])
+    for role in states[0]:
+        assert torch.equal(states[0][role], states[1][role]), role
+
+
+@kernel_test
 def test_quant_linear_fp8_blockwise_wgrad_operands_from_the_columnwise_kernel(monkeypatch):
     """fp8_blockwise's Wgrad operands Xᵀ and dYᵀ (1x128 blocks along tokens) come from the kernel that
     reads X / dY as they lie: the layer's output and gradients equal those of the generic path (Xᵀ and
