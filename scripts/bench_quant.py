@@ -86,6 +86,7 @@ def cases(device: torch.device, rht_blocks=None):
         ("fp8.quantize_blockwise 1x128", lambda x, i: fp8.quantize_blockwise(x, (1, 128), impl=i)),
         ("fp8.quantize_blockwise 128x128", lambda x, i: fp8.quantize_blockwise(x, (128, 128), impl=i)),
         ("fp8.quantize_blockwise_t 1x128", lambda x, i: fp8.quantize_blockwise_t(x, impl=i)),
+        ("fp8.quantize_blockwise_rowcol 1x128", lambda x, i: fp8.quantize_blockwise_rowcol(x, impl=i)),
         ("fp8.quantize+dequantize 1x128 pow2",  # the emulated GEMM operand: raw form, then bf16 values
          lambda x, i: fp8.dequantize_blockwise(*fp8.quantize_blockwise(x, (1, 128), pow2_scales=True), (1, 128), bf16,
                                                impl=i)),

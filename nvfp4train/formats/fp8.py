@@ -183,6 +183,26 @@ def quantize_blockwise_t(
     return quantize_blockwise(x.t().contiguous(), (1, 128), dtype, pow2_scales, impl="reference")
 
 
+def quantize_blockwise_rowcol(
+    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False, *, impl: str = "auto"
+):
+    """``(quantize_blockwise(x, (1, 128)), quantize_blockwise_t(x))`` of x [tokens, features], both dims
+    multiples of 128: the two copies the FP8 blockwise recipe takes of an activation or a gradient (blocks
+    along features for Fprop / Dgrad, along tokens for Wgrad), from one read of x on CUDA. Same bits."""
+    _check_input(x)
+    _check_fp8_dtype(dtype)
+    if x.ndim != 2 or x.shape[0] % 128 or x.shape[1] % 128:
+        raise ValueError(f"fp8.quantize_blockwise_rowcol: x must be 2-D [tokens, features], both multiples of "
+                         f"128, got shape {tuple(x.shape)}")
+    if use_triton(x, impl, "fp8.quantize_blockwise_rowcol"):
+        from . import triton_kernels
+
+        (rd, rs), (cd, cs) = triton_kernels.fp8_blockwise_rowcol(x, dtype, pow2_scales)
+        return (rd.view(dtype), rs), (cd.view(dtype), cs)
+    return (quantize_blockwise(x, (1, 128), dtype, pow2_scales, impl="reference"),
+            quantize_blockwise_t(x, dtype, pow2_scales, impl="reference"))
+
+
 def dequantize_blockwise(
     data: torch.Tensor, scales: torch.Tensor, block=(1, 128), dtype: torch.dtype = torch.float32, impl: str = "auto"
 ) -> torch.Tensor:

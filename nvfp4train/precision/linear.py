@@ -314,7 +314,8 @@ def quant_linear_dgrad(dy: torch.Tensor, weight: torch.Tensor, w_saved: list[tor
             wt_q = build()
         else:
             wt_q = state.weights.get(("dgrad", recipe_key, backend.name, k_d), weight, build)
-        dy_op = operands.Quantized(*dy_q) if dy_q else state.quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d)
+        dy_op = operands.ready_operand(dy_q, recipe.dgrad_dy) if dy_q else state.quantize("dgrad_dy", dy2d,
+                                                                                          recipe.dgrad_dy, k_d)
         dx = backend.gemm(dy_op, wt_q, dy.dtype).to(x_dtype)
     return dx.reshape(*dy.shape[:-1], in_f).contiguous()
 
@@ -337,7 +338,8 @@ def quant_linear_wgrad(dy: torch.Tensor, x_saved: list[torch.Tensor], layer_id: 
         dy2d = dy.reshape(-1, out_f)
         tokens = dy2d.shape[0]
         k_w = _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x)
-        dyt_q = operands.Quantized(*dy_q) if dy_q else state.quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w)
+        dyt_q = (operands.ready_operand(dy_q, recipe.wgrad_dy) if dy_q
+                 else state.quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w))
         if recipe.wgrad_x.is_bf16:
             xt_q = state.quantize("wgrad_x", x_saved[0].reshape(-1, in_features).t(), recipe.wgrad_x, k_w)
         else:
@@ -354,9 +356,10 @@ def _(dy, x_saved, layer_id, recipe_key, backend_name, in_features, out_dtype, d
 
 @torch.library.custom_op("nvfp4train::quant_linear_dy", mutates_args=())
 def quant_linear_dy(dy: torch.Tensor, layer_id: int, recipe_key: str) -> list[torch.Tensor]:
-    """[Q(dY) values, decode scale, Q(RHT(dYᵀ)) values, decode scale]: both gradient operands of a layer
-    whose recipe has `operands.dy_pair`, from one read of dY on CUDA (the bits of the two separate
-    quantizations); quantized one after the other elsewhere, and on steps that record telemetry."""
+    """Both gradient operands of a layer whose recipe has `operands.dy_pair`, two tensors each
+    (`operands.operand_tensors`: NVFP4 dense values + decode scale, FP8 data + block scales), from one
+    read of dY where `operands.dgrad_and_wgrad_dy` can (the bits of the two separate quantizations);
+    quantized one after the other otherwise, and on steps that record telemetry."""
     state, recipe = _state(layer_id), LayerRecipe.from_key(recipe_key)
     out_f = dy.shape[-1]
     with torch.autocast(dy.device.type, enabled=False):
@@ -371,7 +374,8 @@ def quant_linear_dy(dy: torch.Tensor, layer_id: int, recipe_key: str) -> list[to
         if both is None:
             both = (state.quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d),
                     state.quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w))
-    return [t.contiguous() for q in both for t in (q.values, q.decode_scale)]
+    return [t.contiguous() for q, spec in zip(both, (recipe.dgrad_dy, recipe.wgrad_dy))
+            for t in operands.operand_tensors(q, spec)]
 
 
 @quant_linear_dy.register_fake
@@ -381,9 +385,14 @@ def _(dy, layer_id, recipe_key):
     tokens = dy.numel() // out_f
     k_d = _k_pad(out_f, recipe.dgrad_dy)
     k_w = _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x)
-    scale = dy.new_empty((), dtype=torch.float32)
-    return [dy.new_empty((tokens, k_d), dtype=torch.bfloat16), scale,
-            dy.new_empty((round_up(out_f, recipe.wgrad_dy.row_block), k_w), dtype=torch.bfloat16), scale.clone()]
+    shapes = [(recipe.dgrad_dy, (tokens, k_d)), (recipe.wgrad_dy, (round_up(out_f, recipe.wgrad_dy.row_block), k_w))]
+    out = []
+    for spec, shape in shapes:
+        if spec.format.startswith("fp8"):  # raw form: data and block scales
+            out += [dy.new_empty(s, dtype=d) for s, d in operands.packed_shapes(spec, shape)]
+        else:  # dense values and the global decode scale
+            out += [dy.new_empty(shape, dtype=torch.bfloat16), dy.new_empty((), dtype=torch.float32)]
+    return out
 
 
 def _setup_context(ctx, inputs, output):

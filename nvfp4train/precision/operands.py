@@ -302,10 +302,15 @@ def _fp8_columnwise(x: torch.Tensor, spec: OperandSpec) -> tuple[torch.Tensor, t
 
 def fprop_and_wgrad_x(x2d: torch.Tensor, fprop_spec: OperandSpec, wgrad_spec: OperandSpec, k_f: int, k_w: int,
                       rht_signs=None) -> tuple[Quantized, Packed] | None:
-    """Fprop's X operand (dense) and Wgrad's packed Xᵀ from one read of X, for the paper's pair (NVFP4
-    1x16 RNE; NVFP4 1x16 RNE after the 16-point RHT along tokens) with nothing to pad:
-    nvfp4.quantize_rowwise_and_rht_t, the bits of the two separate quantizations (`fake_quantize` and
+    """Fprop's X operand and Wgrad's packed Xᵀ from one read of X, for the paper's pairs with nothing to
+    pad: NVFP4 1x16 RNE and NVFP4 1x16 RNE after the 16-point RHT along tokens
+    (nvfp4.quantize_rowwise_and_rht_t), or FP8 1x128 blocks along features and along tokens
+    (fp8.quantize_blockwise_rowcol): the bits of the two separate quantizations (`fake_quantize` and
     `pack`). None for any other pair (or padding): quantize them separately."""
+    if _fp8_pair(fprop_spec, wgrad_spec) and _fp8_rowcol_fits(x2d, k_f, k_w):
+        row, col = _fp8_rowcol(x2d, fprop_spec)
+        return (operand_format(fprop_spec).dequantize(row, fprop_spec, tuple(x2d.shape)),
+                Packed(PackedLayout(wgrad_spec, tuple(x2d.t().shape)), col))
     pair = (fprop_spec.format == wgrad_spec.format == "nvfp4" and fprop_spec.rounding == wgrad_spec.rounding == "rne"
             and tuple(fprop_spec.tile) == (1, nvfp4.BLOCK) and not fprop_spec.rht_dim)
     if not (pair and x2d.ndim == 2 and x2d.shape[1] == k_f and _fused_wgrad_rht(x2d.t(), wgrad_spec, k_w)):
@@ -316,23 +321,62 @@ def fprop_and_wgrad_x(x2d: torch.Tensor, fprop_spec: OperandSpec, wgrad_spec: Op
     return Quantized(values, scale), packed
 
 
+def _fp8_pair(row_spec: OperandSpec, col_spec: OperandSpec) -> bool:
+    """FP8 1x128 blocks along K for both (the same format and scale rule, no RHT, RNE): blockwise FP8's
+    activation or gradient pair (along features for Fprop / Dgrad, along tokens for Wgrad)."""
+    return (row_spec.format == col_spec.format and row_spec.format in ("fp8_e4m3", "fp8_e5m2")
+            and row_spec.tile is not None and col_spec.tile is not None
+            and tuple(row_spec.tile) == tuple(col_spec.tile) == (1, 128) and row_spec.scale_mode == col_spec.scale_mode
+            and not row_spec.rht_dim and not col_spec.rht_dim and row_spec.rounding == col_spec.rounding == "rne")
+
+
+def _fp8_rowcol_fits(x2d: torch.Tensor, k_row: int, k_col: int) -> bool:
+    return (x2d.ndim == 2 and x2d.is_contiguous() and x2d.shape[1] == k_row and x2d.shape[0] == k_col
+            and k_row % 128 == 0 and k_col % 128 == 0 and x2d.dtype in (torch.float32, torch.bfloat16, torch.float16))
+
+
+def _fp8_rowcol(x2d: torch.Tensor, spec: OperandSpec):
+    return fp8.quantize_blockwise_rowcol(x2d, operand_format(spec).dtype, spec.scale_mode == "pow2", impl=QUANT_IMPL)
+
+
 def dy_pair(dgrad_spec: OperandSpec, wgrad_spec: OperandSpec) -> bool:
-    """Whether Dgrad's dY and Wgrad's dYᵀ are the paper's pair (NVFP4 1x16; NVFP4 1x16 after the
-    16-point RHT along tokens; the same rounding), which one kernel quantizes from one read of dY."""
-    return (dgrad_spec.format == wgrad_spec.format == "nvfp4" and dgrad_spec.rounding == wgrad_spec.rounding
-            and tuple(dgrad_spec.tile) == (1, nvfp4.BLOCK) and not dgrad_spec.rht_dim
-            and wgrad_spec.rht_dim == nvfp4.BLOCK and tuple(wgrad_spec.tile) == (1, nvfp4.BLOCK))
+    """Whether Dgrad's dY and Wgrad's dYᵀ are a pair one kernel quantizes from one read of dY: the
+    paper's NVFP4 pair (1x16; 1x16 after the 16-point RHT along tokens; the same rounding) or blockwise
+    FP8's (1x128 along features; 1x128 along tokens)."""
+    return _fp8_pair(dgrad_spec, wgrad_spec) or (
+        dgrad_spec.format == wgrad_spec.format == "nvfp4" and dgrad_spec.rounding == wgrad_spec.rounding
+        and tuple(dgrad_spec.tile) == (1, nvfp4.BLOCK) and not dgrad_spec.rht_dim
+        and wgrad_spec.rht_dim == nvfp4.BLOCK and tuple(wgrad_spec.tile) == (1, nvfp4.BLOCK))
+
+
+def operand_tensors(q: Quantized, spec: OperandSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ready GEMM operand as two tensors to pass between ops: FP8 its raw form (data, block scales),
+    NVFP4 its dense values and global decode scale. `ready_operand` rebuilds it."""
+    return (q.fp8_data, q.fp8_scales) if spec.format.startswith("fp8") else (q.values, q.decode_scale)
+
+
+def ready_operand(tensors, spec: OperandSpec) -> Quantized:
+    if spec.format.startswith("fp8"):
+        return operand_format(spec).dequantize(tuple(tensors), spec, tuple(tensors[0].shape))
+    return Quantized(tensors[0], tensors[1])
 
 
 def dgrad_and_wgrad_dy(dy2d: torch.Tensor, dgrad_spec: OperandSpec, wgrad_spec: OperandSpec, k_d: int, k_w: int,
                        rht_signs, dgrad_generator, wgrad_generator) -> tuple[Quantized, Quantized] | None:
-    """Dgrad's and Wgrad's dY operands (dense) from one read of dY with the Triton kernel, for `dy_pair`
-    specs and nothing to pad: the bits of the two separate quantizations, SR included (each copy's Philox
-    seed drawn from its own role's generator, as the separate kernels draw it). None otherwise (and for
-    the PyTorch reference, which draws SR bits differently): quantize them separately."""
+    """Dgrad's and Wgrad's dY operands from one read of dY, for `dy_pair` specs and nothing to pad: the
+    bits of the two separate quantizations. NVFP4 (dense values, with the Triton kernel only): SR
+    included, each copy's Philox seed drawn from its own role's generator as the separate kernels draw
+    it (the PyTorch reference draws SR bits differently, so there: None). FP8 (raw form): RNE, any
+    device. None otherwise: quantize them separately."""
     from nvfp4train.formats import triton_kernels
     from nvfp4train.formats.impl import use_triton
 
+    if _fp8_pair(dgrad_spec, wgrad_spec):
+        if not _fp8_rowcol_fits(dy2d, k_d, k_w):
+            return None
+        row, col = _fp8_rowcol(dy2d, dgrad_spec)
+        fmt = operand_format(dgrad_spec)
+        return fmt.dequantize(row, dgrad_spec, tuple(dy2d.shape)), fmt.dequantize(col, wgrad_spec, tuple(dy2d.t().shape))
     if not (dy_pair(dgrad_spec, wgrad_spec) and dy2d.ndim == 2 and dy2d.shape[1] == k_d
             and _fused_wgrad_rht(dy2d.t(), wgrad_spec, k_w) and use_triton(dy2d, QUANT_IMPL, "dgrad_and_wgrad_dy")):
         return None

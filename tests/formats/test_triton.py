@@ -363,6 +363,28 @@ def test_fp8_blockwise_t_same_bits_as_quantizing_the_transpose(dtype):
 
 @kernel_test
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_blockwise_rowcol_same_bits_as_the_two_quantizers(dtype):
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(256, 384, generator=gen)
+    x[::5, ::11] *= 300
+    x[128:256, 7] = 0.0
+    x[3, 128:256] = 0.0
+    x[:128, 9] *= 1e-30
+    x[256 - 64:, 20:30] *= 1e-40
+    x[200, 50], x[10, 300] = float("nan"), float("inf")
+    for xx, pow2 in ((x, False), (x, True), (x.bfloat16(), True), (x.half(), False)):
+        what = f"{xx.dtype} pow2={pow2}"
+        (rd, rs), (cd, cs) = fp8.quantize_blockwise_rowcol(xx.to(DEVICE), dtype, pow2, impl="triton")
+        (wrd, wrs), (wcd, wcs) = fp8.quantize_blockwise_rowcol(xx, dtype, pow2, impl="reference")
+        assert rd.dtype == cd.dtype == dtype and cd.shape == (384, 256) and cs.shape == (384, 2)
+        for name, got, want in (("row data", rd, wrd), ("row scales", rs, wrs), ("col data", cd, wcd),
+                                ("col scales", cs, wcs)):
+            assert_same(got.view(torch.uint8) if got.dtype == dtype else got,
+                        want.view(torch.uint8) if want.dtype == dtype else want, f"{what} {name}")
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_fp8_tensorwise_same_bits_as_the_reference(dtype):
     """The amax pass + cast kernel against fp8.quantize_tensorwise's PyTorch code: codes and the decode
     scale bit for bit, also for an all-zero tensor (scale 1), a tiny one (the encode scale overflows),
@@ -591,6 +613,10 @@ def test_kernels_compile_for_sm90_without_approximate_division():
         (tk._e2m1_dequantize_kernel, {"codes_ptr": "*u8", "scales_ptr": "*u8", "global_ptr": "*fp32",
                                       "values_ptr": "*fp32", "rows": "i32", "cols": "i32"},
          {"GROUP": 32, "E8M0": True, "HAS_GLOBAL": False, "BLOCK_R": 8, "BLOCK_C": 256}),
+        (tk._fp8_blockwise_rowcol_kernel, {"x_ptr": "*bf16", "row_data_ptr": "*u8", "row_scales_ptr": "*fp32",
+                                           "col_data_ptr": "*u8", "col_scales_ptr": "*fp32", "n_tokens": "i32",
+                                           "n_features": "i32", "scale_for_inf": "fp32"},
+         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True}),
         (tk._fp8_blockwise_t_kernel, {"x_ptr": "*bf16", "data_ptr": "*u8", "scales_ptr": "*fp32", "n_tokens": "i32",
                                       "n_features": "i32", "scale_for_inf": "fp32"},
          {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "BLOCK_T": 128, "BLOCK_F": 64}),
@@ -749,25 +775,37 @@ def test_quant_linear_nvfp4_dgrad_and_wgrad_dy_from_one_read(monkeypatch, preset
 
 
 @kernel_test
-def test_quant_linear_fp8_blockwise_wgrad_operands_from_the_columnwise_kernel(monkeypatch):
-    """fp8_blockwise's Wgrad operands Xᵀ and dYᵀ (1x128 blocks along tokens) come from the kernel that
-    reads X / dY as they lie: the layer's output and gradients equal those of the generic path (Xᵀ and
-    dYᵀ materialized, then quantized) bit for bit."""
+def test_quant_linear_fp8_blockwise_operands_from_one_read(monkeypatch):
+    """fp8_blockwise's activation and gradient pairs (1x128 blocks along features for Fprop / Dgrad, along
+    tokens for Wgrad) from one read of X and of dY (quantize_blockwise_rowcol), and, where that does not
+    apply, the Wgrad copies straight into their transposed layout (quantize_blockwise_t): the layer's
+    output and gradients equal those of the generic path (Xᵀ and dYᵀ materialized, then quantized) bit
+    for bit."""
     from nvfp4train.precision import operands
     from tests.precision.helpers import inputs, load_preset, make_layer, run
 
     monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
     policy = load_preset("fp8_blockwise", bf16_first_blocks=0, bf16_last_blocks=0)
-    x, grad = inputs(tokens=256, in_f=64, out_f=160)
-    is_fused = operands._fused_fp8_columnwise
-    routed = []
-    monkeypatch.setattr(operands, "_fused_fp8_columnwise", lambda *a: routed.append(is_fused(*a)) or routed[-1])
-    fused = run(make_layer(policy, 64, 160).to(DEVICE), x.to(DEVICE), grad.to(DEVICE))
-    assert sum(routed) == 2  # Wgrad's X (packed in the forward) and dY (in the backward)
-    monkeypatch.setattr(operands, "_fused_fp8_columnwise", lambda *a: False)
-    generic = run(make_layer(policy, 64, 160).to(DEVICE), x.to(DEVICE), grad.to(DEVICE))
-    for name, a, b in zip(("y", "dx", "dw"), fused, generic):
-        assert_same(a, b.cpu(), f"fp8_blockwise {name}")
+    x, grad = inputs(tokens=256, in_f=128, out_f=256)
+    real_fwd, real_bwd, real_t = operands.fprop_and_wgrad_x, operands.dgrad_and_wgrad_dy, operands._fused_fp8_columnwise
+    used = {"fwd": [], "bwd": [], "t": []}
+    routes = {
+        "one read": (lambda *a: used["fwd"].append(real_fwd(*a)) or used["fwd"][-1],
+                     lambda *a: used["bwd"].append(real_bwd(*a)) or used["bwd"][-1], real_t),
+        "transposed": (lambda *a: None, lambda *a: None,
+                       lambda *a: used["t"].append(real_t(*a)) or used["t"][-1]),
+        "generic": (lambda *a: None, lambda *a: None, lambda *a: False),
+    }
+    results = {}
+    for name, (fwd, bwd, t) in routes.items():
+        monkeypatch.setattr(operands, "fprop_and_wgrad_x", fwd)
+        monkeypatch.setattr(operands, "dgrad_and_wgrad_dy", bwd)
+        monkeypatch.setattr(operands, "_fused_fp8_columnwise", t)
+        results[name] = run(make_layer(policy, 128, 256).to(DEVICE), x.to(DEVICE), grad.to(DEVICE))
+    assert [u is not None for u in used["fwd"] + used["bwd"]] == [True, True] and sum(used["t"]) == 2
+    for route in ("one read", "transposed"):
+        for name, a, b in zip(("y", "dx", "dw"), results[route], results["generic"]):
+            assert_same(a, b.cpu(), f"fp8_blockwise {route} {name}")
 
 
 @kernel_test
