@@ -21,7 +21,9 @@ without a graph break and runs the ops' eager code inside the compiled graph (th
 They take the recipe as a string and the layer's `LayerState` (SR streams, RHT signs, telemetry,
 weight cache) by an int id. Quantized weight operands are cached per layer between the
 controller's invalidations (`WeightCache`): one quantization per optimizer step, not one per
-micro-batch and per GEMM.
+micro-batch and per GEMM. Where the recipe pairs an activation's (or a gradient's) two operands
+(`operands.fprop_and_wgrad_x`, `operands.dy_pair`), both come from one read of the tensor; the
+backward's pair is made by a fourth op, `quant_linear_dy`, and handed to the Dgrad and Wgrad ops.
 """
 from __future__ import annotations
 
@@ -288,7 +290,7 @@ def quant_linear_dgrad(dy: torch.Tensor, weight: torch.Tensor, w_saved: list[tor
                        dy_q: list[torch.Tensor]) -> torch.Tensor:
     """dX = Q(dY) Q(W), K = out_features, in dY's dtype then `x_dtype`. `w_saved`: the packed
     Fprop W when Dgrad reuses it (used when the weight cache does not hold it). `dy_q`: Q(dY) already
-    made by quant_linear_dy ([values, decode scale]), or empty: quantized here."""
+    made by quant_linear_dy (two tensors, `operands.operand_tensors`), or empty: quantized here."""
     state, recipe, backend = _state(layer_id), LayerRecipe.from_key(recipe_key), get_backend(backend_name)
     out_f, in_f = weight.shape
     with torch.autocast(dy.device.type, enabled=False):
@@ -331,7 +333,7 @@ def quant_linear_wgrad(dy: torch.Tensor, x_saved: list[torch.Tensor], layer_id: 
                        dy_q: list[torch.Tensor]) -> torch.Tensor:
     """dW = Q(RHT(dYᵀ)) Q(RHT(Xᵀ))ᵀ, K = tokens, in `out_dtype` (the weight's). `x_saved`: what
     Fprop saved of X (packed Xᵀ, or X in BF16). `dy_q`: Q(RHT(dYᵀ)) already made by quant_linear_dy
-    ([values, decode scale]), or empty: quantized here."""
+    (two tensors, `operands.operand_tensors`), or empty: quantized here."""
     state, recipe, backend = _state(layer_id), LayerRecipe.from_key(recipe_key), get_backend(backend_name)
     out_f = dy.shape[-1]
     with torch.autocast(dy.device.type, enabled=False):
