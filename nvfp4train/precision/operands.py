@@ -368,7 +368,6 @@ def dgrad_and_wgrad_dy(dy2d: torch.Tensor, dgrad_spec: OperandSpec, wgrad_spec: 
     included, each copy's Philox seed drawn from its own role's generator as the separate kernels draw
     it (the PyTorch reference draws SR bits differently, so there: None). FP8 (raw form): RNE, any
     device. None otherwise: quantize them separately."""
-    from nvfp4train.formats import triton_kernels
     from nvfp4train.formats.impl import use_triton
 
     if _fp8_pair(dgrad_spec, wgrad_spec):
@@ -380,6 +379,8 @@ def dgrad_and_wgrad_dy(dy2d: torch.Tensor, dgrad_spec: OperandSpec, wgrad_spec: 
     if not (dy_pair(dgrad_spec, wgrad_spec) and dy2d.ndim == 2 and dy2d.shape[1] == k_d
             and _fused_wgrad_rht(dy2d.t(), wgrad_spec, k_w) and use_triton(dy2d, QUANT_IMPL, "dgrad_and_wgrad_dy")):
         return None
+    from nvfp4train.formats import triton_kernels  # triton is installed: use_triton said so
+
     seeds = None
     if dgrad_spec.rounding == "sr":  # [columnwise, rowwise], the order rht_nvfp4_t takes
         seeds = torch.cat([triton_kernels.philox_seed(dy2d, wgrad_generator),
