@@ -821,6 +821,24 @@ def _fp8_value(code, MANT: tl.constexpr, BIAS: tl.constexpr):
 
 
 @triton.jit
+def _fp8_block_scales(amax, scale_for_inf, FP8_MAX: tl.constexpr, POW2: tl.constexpr):
+    """encode_scale_from_amax for FP32 block maxima (any shape): (encode, decode)."""
+    encode = tl.div_rn(tl.full(amax.shape, FP8_MAX, tl.float32), amax)
+    encode = tl.where(encode == float("inf"), scale_for_inf, encode)
+    encode = tl.where(amax == 0, 1.0, encode)
+    if POW2:
+        encode = (encode.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)  # always normal
+    encode = tl.where(amax <= _FLT_MAX, encode, float("nan"))
+    return encode, tl.div_rn(tl.full(amax.shape, 1.0, tl.float32), encode)
+
+
+@triton.jit
+def _fp8_codes(scaled, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr):
+    scaled = tl.where(scaled > FP8_MAX, FP8_MAX, tl.where(scaled < -FP8_MAX, -FP8_MAX, scaled))
+    return _fp8_rne(scaled, MANT, BIAS)
+
+
+@triton.jit
 def _fp8_blockwise_kernel(
     x_ptr, data_ptr, scales_ptr, values_ptr, rows, cols, scale_for_inf,
     TILE_R: tl.constexpr, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
@@ -840,18 +858,8 @@ def _fp8_blockwise_kernel(
     x4 = tl.reshape(x, (NR, TILE_R, NC, 128))
     magnitude_bits = x4.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     amax = tl.max(tl.max(magnitude_bits, axis=3), axis=1).to(tl.float32, bitcast=True)  # [NR, NC]
-    # encode_scale_from_amax
-    encode = tl.div_rn(tl.full((NR, NC), FP8_MAX, tl.float32), amax)
-    encode = tl.where(encode == float("inf"), scale_for_inf, encode)
-    encode = tl.where(amax == 0, 1.0, encode)
-    if POW2:
-        encode = (encode.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)  # always normal
-    encode = tl.where(amax <= _FLT_MAX, encode, float("nan"))
-    decode = tl.div_rn(tl.full((NR, NC), 1.0, tl.float32), encode)
-
-    scaled = x4 * encode[:, None, :, None]
-    scaled = tl.where(scaled > FP8_MAX, FP8_MAX, tl.where(scaled < -FP8_MAX, -FP8_MAX, scaled))
-    code = _fp8_rne(scaled, MANT, BIAS)
+    encode, decode = _fp8_block_scales(amax, scale_for_inf, FP8_MAX, POW2)
+    code = _fp8_codes(x4 * encode[:, None, :, None], FP8_MAX, MANT, BIAS)
     if DENSE:
         values = tl.reshape(_fp8_value(code, MANT, BIAS) * decode[:, None, :, None], (BLOCK_R, BLOCK_C))
         _store_as(values_ptr, offs, values, mask)
@@ -907,18 +915,10 @@ def _fp8_tensorwise_kernel(x_ptr, amax_ptr, data_ptr, decode_ptr, n, FP8_MAX: tl
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = _to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))
-    amax = tl.load(amax_ptr)
-    encode = tl.div_rn(tl.full((), FP8_MAX, tl.float32), amax)
-    encode = tl.where(encode == float("inf"), _FLT_MAX, encode)
-    encode = tl.where(amax == 0, 1.0, encode)
-    if POW2:
-        encode = (encode.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)  # always normal
-    encode = tl.where(amax <= _FLT_MAX, encode, float("nan"))
-    scaled = x * encode
-    scaled = tl.where(scaled > FP8_MAX, FP8_MAX, tl.where(scaled < -FP8_MAX, -FP8_MAX, scaled))
-    tl.store(data_ptr + offs, _fp8_rne(scaled, MANT, BIAS).to(tl.uint8), mask=mask)
+    encode, decode = _fp8_block_scales(tl.load(amax_ptr), _FLT_MAX, FP8_MAX, POW2)  # per tensor: FLT_MAX for inf
+    tl.store(data_ptr + offs, _fp8_codes(x * encode, FP8_MAX, MANT, BIAS).to(tl.uint8), mask=mask)
     if tl.program_id(0) == 0:
-        tl.store(decode_ptr, tl.div_rn(tl.full((), 1.0, tl.float32), encode))
+        tl.store(decode_ptr, decode)
 
 
 def fp8_tensorwise(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -991,17 +991,9 @@ def _fp8_blockwise_t_kernel(
     x3 = tl.reshape(x, (NT, 128, BLOCK_F))
     magnitude_bits = x3.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     amax = tl.max(magnitude_bits, axis=1).to(tl.float32, bitcast=True)  # [NT, BLOCK_F]
-    encode = tl.div_rn(tl.full((NT, BLOCK_F), FP8_MAX, tl.float32), amax)
-    encode = tl.where(encode == float("inf"), scale_for_inf, encode)
-    encode = tl.where(amax == 0, 1.0, encode)
-    if POW2:
-        encode = (encode.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)  # always normal
-    encode = tl.where(amax <= _FLT_MAX, encode, float("nan"))
-    decode = tl.div_rn(tl.full((NT, BLOCK_F), 1.0, tl.float32), encode)
-
-    scaled = x3 * encode[:, None, :]
-    scaled = tl.where(scaled > FP8_MAX, FP8_MAX, tl.where(scaled < -FP8_MAX, -FP8_MAX, scaled))
-    code = tl.trans(tl.reshape(_fp8_rne(scaled, MANT, BIAS), (BLOCK_T, BLOCK_F)))  # [BLOCK_F, BLOCK_T]
+    encode, decode = _fp8_block_scales(amax, scale_for_inf, FP8_MAX, POW2)
+    code = _fp8_codes(x3 * encode[:, None, :], FP8_MAX, MANT, BIAS)
+    code = tl.trans(tl.reshape(code, (BLOCK_T, BLOCK_F)))  # [BLOCK_F, BLOCK_T]
     out_mask = (f[:, None] < n_features) & (t[None, :] < n_tokens)
     tl.store(data_ptr + f[:, None].to(tl.int64) * n_tokens + t[None, :], code.to(tl.uint8), mask=out_mask)
     tb = pid_t * NT + tl.arange(0, NT)
@@ -1103,24 +1095,6 @@ def e2m1_dequantize(codes: torch.Tensor, scales: torch.Tensor, global_decode_sca
         **_launch_options(codes),
     )
     return values
-
-
-@triton.jit
-def _fp8_block_scales(amax, scale_for_inf, FP8_MAX: tl.constexpr, POW2: tl.constexpr):
-    """encode_scale_from_amax for FP32 block maxima (any shape): (encode, decode)."""
-    encode = tl.div_rn(tl.full(amax.shape, FP8_MAX, tl.float32), amax)
-    encode = tl.where(encode == float("inf"), scale_for_inf, encode)
-    encode = tl.where(amax == 0, 1.0, encode)
-    if POW2:
-        encode = (encode.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)  # always normal
-    encode = tl.where(amax <= _FLT_MAX, encode, float("nan"))
-    return encode, tl.div_rn(tl.full(amax.shape, 1.0, tl.float32), encode)
-
-
-@triton.jit
-def _fp8_codes(scaled, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr):
-    scaled = tl.where(scaled > FP8_MAX, FP8_MAX, tl.where(scaled < -FP8_MAX, -FP8_MAX, scaled))
-    return _fp8_rne(scaled, MANT, BIAS)
 
 
 @triton.jit
