@@ -42,7 +42,7 @@ from nvfp4train.formats import rounding
 
 from . import operands
 from .backends import Backend, get_backend
-from .operands import pad2d, round_up
+from .operands import round_up
 from .policy import ROLES, LayerRecipe, PrecisionPolicy
 
 log = logging.getLogger(__name__)
@@ -223,18 +223,13 @@ def _wgrad_x_shape(recipe: LayerRecipe, in_f: int, tokens) -> tuple:
 
 
 def _tensorwise_transposed(state: "LayerState", x_q: operands.Quantized, recipe: LayerRecipe, shape, k_w: int):
-    """Per-tensor FP8 commutes with the transpose: when Fprop's X operand has the Wgrad X operand's spec,
-    the packed Xᵀ is Fprop's codes transposed (one byte each, zero-padded: a zero quantizes to code 0)
-    and Fprop's decode scale (the amax of X is the amax of Xᵀ) -- the bits quantizing Xᵀ gives, without
-    its transposed BF16 copy, amax pass and cast. None where that does not hold, or when telemetry wants
-    the Wgrad operand's own statistics."""
-    spec = recipe.wgrad_x
-    if (spec != recipe.fprop_x or spec.tile is not None or spec.rht_dim or x_q.fp8_data is None
-            or state.stats is not None):
+    """The packed Xᵀ as Fprop's per-tensor FP8 codes transposed (`operands.tensorwise_transposed`) when
+    Fprop's X operand has the Wgrad X operand's spec; None otherwise, or when telemetry wants the Wgrad
+    operand's own statistics."""
+    if not operands.tensorwise_pair(recipe.fprop_x, recipe.wgrad_x) or x_q.fp8_data is None or state.stats is not None:
         return None
     tokens, in_f = shape
-    codes = x_q.fp8_data[:tokens, :in_f].view(torch.uint8).t()
-    return [pad2d(codes, round_up(in_f, spec.row_block), k_w).view(x_q.fp8_data.dtype), x_q.decode_scale]
+    return list(operands.tensorwise_transposed(x_q, recipe.wgrad_x, tokens, in_f, k_w))
 
 
 @torch.library.custom_op("nvfp4train::quant_linear_fprop", mutates_args=())

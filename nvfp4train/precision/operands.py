@@ -339,20 +339,39 @@ def _fp8_rowcol(x2d: torch.Tensor, spec: OperandSpec):
     return fp8.quantize_blockwise_rowcol(x2d, operand_format(spec).dtype, spec.scale_mode == "pow2", impl=QUANT_IMPL)
 
 
+def tensorwise_pair(a: OperandSpec, b: OperandSpec) -> bool:
+    """Per-tensor FP8 for both, the same spec: the second operand is the first's codes transposed."""
+    return a == b and a.format in ("fp8_e4m3", "fp8_e5m2") and a.tile is None and not a.rht_dim
+
+
+def tensorwise_transposed(q: Quantized, spec: OperandSpec, rows: int, cols: int, k_pad: int):
+    """The packed tensors of per-tensor FP8 Q(tᵀ) from Q(t) of t [rows, cols]: per-tensor scaling
+    commutes with the transpose, so they are Q(t)'s codes transposed (one byte each; zero padding is
+    code 0, what a padded zero quantizes to) and its decode scale (the amax of t is the amax of tᵀ) --
+    the bits quantizing tᵀ gives, without its transposed copy, amax pass and cast."""
+    codes = q.fp8_data[:rows, :cols].view(torch.uint8).t()
+    # (a copy of the 0-d scale: a custom op may not return one tensor twice)
+    return pad2d(codes, round_up(cols, spec.row_block), k_pad).view(q.fp8_data.dtype).contiguous(), q.decode_scale.clone()
+
+
 def dy_pair(dgrad_spec: OperandSpec, wgrad_spec: OperandSpec) -> bool:
-    """Whether Dgrad's dY and Wgrad's dYᵀ are a pair one kernel quantizes from one read of dY: the
-    paper's NVFP4 pair (1x16; 1x16 after the 16-point RHT along tokens; the same rounding) or blockwise
-    FP8's (1x128 along features; 1x128 along tokens)."""
-    return _fp8_pair(dgrad_spec, wgrad_spec) or (
+    """Whether Dgrad's dY and Wgrad's dYᵀ are a pair quantized from one read of dY: the paper's NVFP4
+    pair (1x16; 1x16 after the 16-point RHT along tokens; the same rounding), blockwise FP8's (1x128
+    along features; 1x128 along tokens) or per-tensor FP8's (the same spec: Wgrad's is Dgrad's codes
+    transposed)."""
+    return _fp8_pair(dgrad_spec, wgrad_spec) or tensorwise_pair(dgrad_spec, wgrad_spec) or (
         dgrad_spec.format == wgrad_spec.format == "nvfp4" and dgrad_spec.rounding == wgrad_spec.rounding
         and tuple(dgrad_spec.tile) == (1, nvfp4.BLOCK) and not dgrad_spec.rht_dim
         and wgrad_spec.rht_dim == nvfp4.BLOCK and tuple(wgrad_spec.tile) == (1, nvfp4.BLOCK))
 
 
 def operand_tensors(q: Quantized, spec: OperandSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """A ready GEMM operand as two tensors to pass between ops: FP8 its raw form (data, block scales),
-    NVFP4 its dense values and global decode scale. `ready_operand` rebuilds it."""
-    return (q.fp8_data, q.fp8_scales) if spec.format.startswith("fp8") else (q.values, q.decode_scale)
+    """A ready GEMM operand as two tensors to pass between ops: FP8 its raw form (data and its block
+    scales, or its per-tensor decode scale), NVFP4 its dense values and global decode scale.
+    `ready_operand` rebuilds it."""
+    if spec.format.startswith("fp8"):
+        return q.fp8_data, (q.fp8_scales if spec.tile is not None else q.decode_scale)
+    return q.values, q.decode_scale
 
 
 def ready_operand(tensors, spec: OperandSpec) -> Quantized:
@@ -364,12 +383,21 @@ def ready_operand(tensors, spec: OperandSpec) -> Quantized:
 def dgrad_and_wgrad_dy(dy2d: torch.Tensor, dgrad_spec: OperandSpec, wgrad_spec: OperandSpec, k_d: int, k_w: int,
                        rht_signs, dgrad_generator, wgrad_generator) -> tuple[Quantized, Quantized] | None:
     """Dgrad's and Wgrad's dY operands from one read of dY, for `dy_pair` specs and nothing to pad: the
-    bits of the two separate quantizations. NVFP4 (dense values, with the Triton kernel only): SR
+    bits of the two separate quantizations. Per-tensor FP8: Wgrad's is Dgrad's transposed (any device).
+    NVFP4 (dense values, with the Triton kernel only): SR
     included, each copy's Philox seed drawn from its own role's generator as the separate kernels draw
     it (the PyTorch reference draws SR bits differently, so there: None). FP8 (raw form): RNE, any
     device. None otherwise: quantize them separately."""
     from nvfp4train.formats.impl import use_triton
 
+    if tensorwise_pair(dgrad_spec, wgrad_spec):
+        if not (dy2d.ndim == 2 and dy2d.shape[1] == k_d):
+            return None
+        fmt = operand_format(dgrad_spec)
+        d_q = fmt.dequantize(fmt.pack(fmt.prepare(dy2d, dgrad_spec, k_d, None), dgrad_spec, None), dgrad_spec,
+                             tuple(dy2d.shape))
+        w_t = tensorwise_transposed(d_q, wgrad_spec, dy2d.shape[0], dy2d.shape[1], k_w)
+        return d_q, fmt.dequantize(w_t, wgrad_spec, tuple(w_t[0].shape))
     if _fp8_pair(dgrad_spec, wgrad_spec):
         if not _fp8_rowcol_fits(dy2d, k_d, k_w):
             return None

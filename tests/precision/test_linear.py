@@ -318,9 +318,10 @@ def test_gemm_peak_kind_names_the_peak_the_backend_runs_at(preset, backend, peak
 
 @pytest.mark.parametrize("tokens", [64, 50])  # 50: Xᵀ's K (tokens) padded
 def test_tensorwise_wgrad_x_is_fprops_codes_transposed_bit_for_bit(monkeypatch, tokens):
-    """fp8_tensorwise saves Xᵀ as Fprop's FP8 codes transposed (no second quantization of a transposed
-    BF16 copy): the saved tensors, Y, dX and dW are those of quantizing Xᵀ itself, NaN included."""
-    from nvfp4train.precision import linear
+    """fp8_tensorwise saves Xᵀ as Fprop's FP8 codes transposed, and Wgrad's dYᵀ is Dgrad's (no second
+    quantization of a transposed BF16 copy): the saved tensors, Y, dX and dW are those of quantizing Xᵀ
+    and dYᵀ themselves, NaN included."""
+    from nvfp4train.precision import linear, operands
 
     policy = load_preset("fp8_tensorwise", bf16_first_blocks=0, bf16_last_blocks=0)
     x, grad = inputs(tokens=tokens)
@@ -328,13 +329,15 @@ def test_tensorwise_wgrad_x_is_fprops_codes_transposed_bit_for_bit(monkeypatch, 
     x_nan[3, 7] = float("nan")
     for xx in (x, x * 1e-3, x_nan):
         saved = {}
-        used = []
-        real = linear._tensorwise_transposed
+        used, used_dy = [], []
+        real, real_dy = linear._tensorwise_transposed, operands.dgrad_and_wgrad_dy
         for route in ("transposed", "quantized again"):
-            if route == "transposed":  # the route must really be taken
+            if route == "transposed":  # the routes must really be taken
                 monkeypatch.setattr(linear, "_tensorwise_transposed", lambda *a: used.append(real(*a)) or used[-1])
+                monkeypatch.setattr(operands, "dgrad_and_wgrad_dy", lambda *a: used_dy.append(real_dy(*a)) or used_dy[-1])
             else:
                 monkeypatch.setattr(linear, "_tensorwise_transposed", lambda *args: None)
+                monkeypatch.setattr(operands, "dgrad_and_wgrad_dy", lambda *args: None)
             captured = []
 
             def keep(t):
@@ -344,7 +347,7 @@ def test_tensorwise_wgrad_x_is_fprops_codes_transposed_bit_for_bit(monkeypatch, 
                 results = run(make_layer(policy), xx, grad)
             saved[route] = (captured, results)
             monkeypatch.undo()
-        assert len(used) == 1 and used[0] is not None
+        assert len(used) == len(used_dy) == 1 and used[0] is not None and used_dy[0] is not None
         (got, got_results), (want, want_results) = saved["transposed"], saved["quantized again"]
         assert [(t.dtype, t.shape) for t in got] == [(t.dtype, t.shape) for t in want]
         for a, b in zip(got + list(got_results), want + list(want_results)):
