@@ -557,6 +557,26 @@ def _store_e2m1_t(codes_ptr, scales_ptr, index, negative, scale_bits, f, mask_f,
 
 
 @triton.jit
+def _round_and_store_t(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, f, mask_f, t0,
+                       n_tokens, ROUNDING: tl.constexpr, DENSE: tl.constexpr, GROUPS: tl.constexpr, D: tl.constexpr,
+                       BLOCK_F: tl.constexpr):
+    """The Wgrad kernels' common tail: y [GROUPS, D, BLOCK_F] already divided by its block scale is
+    rounded onto E2M1 (RNE or SR) and stored transposed, as dense values (x scale) or codes + scales."""
+    if ROUNDING != 0:
+        random_bits = _rht_random_bits(bits_ptr, seed_ptr, f, mask_f, t0, n_tokens, ROUNDING, GROUPS, D, BLOCK_F)
+    else:
+        random_bits = 0
+    index, negative = _round_e2m1(y, random_bits, ROUNDING)
+    if DENSE:
+        values = _with_sign(_e2m1_magnitude(index) * scale[:, None, :], negative)
+        _store_as(values_ptr, _output_offsets(f, n_tokens, t0, GROUPS * D),
+                  _to_output_rows(values, GROUPS, D, BLOCK_F), mask_f[:, None])
+    else:
+        _store_e2m1_t(codes_ptr, scales_ptr, index, negative, scale_bits, f, mask_f, t0, n_tokens, GROUPS, D,
+                      BLOCK_F)
+
+
+@triton.jit
 def _rht_abs_max_kernel(x_ptr, partial_ptr, row_partial_ptr, n_features, SIGN_MASK: tl.constexpr,
                         ROWWISE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr):
     """Partial maxima of |rht(x.T, 16)| and, with ROWWISE, of |x| (the same tile, read once)."""
@@ -607,19 +627,8 @@ def _rht_nvfp4_kernel(
     encode = tl.where(encode > _FLT_MAX, _FLT_MAX, encode)
     y = y * encode[:, None, :]
 
-    if ROUNDING != 0:
-        random_bits = _rht_random_bits(bits_ptr, seed_ptr, f, mask_f, t0, n_tokens, ROUNDING, GROUPS, 16, BLOCK_F)
-    else:
-        random_bits = 0
-    index, negative = _round_e2m1(y, random_bits, ROUNDING)
-
-    if DENSE:
-        values = _with_sign(_e2m1_magnitude(index) * scale[:, None, :], negative)
-        _store_as(values_ptr, _output_offsets(f, n_tokens, t0, GROUPS * 16),
-                  _to_output_rows(values, GROUPS, 16, BLOCK_F), mask_f[:, None])
-    else:
-        _store_e2m1_t(codes_ptr, scales_ptr, index, negative, scale_bits, f, mask_f, t0, n_tokens, GROUPS, 16,
-                      BLOCK_F)
+    _round_and_store_t(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, f, mask_f, t0,
+                       n_tokens, ROUNDING, DENSE, GROUPS, 16, BLOCK_F)
     if (pid_t == 0) & (pid_f == 0):
         tl.store(s_dec_ptr, s_dec)
 
@@ -643,19 +652,8 @@ def _rht_mxfp4_kernel(
     scale_bits, scale, inverse = _e8m0_scales(amax_b, SCALE_RULE)  # [GROUPS, BLOCK_F]
     y = y * inverse[:, None, :]
 
-    if ROUNDING != 0:
-        random_bits = _rht_random_bits(bits_ptr, seed_ptr, f, mask_f, t0, n_tokens, ROUNDING, GROUPS, 32, BLOCK_F)
-    else:
-        random_bits = 0
-    index, negative = _round_e2m1(y, random_bits, ROUNDING)
-
-    if DENSE:
-        values = _with_sign(_e2m1_magnitude(index) * scale[:, None, :], negative)
-        _store_as(values_ptr, _output_offsets(f, n_tokens, t0, GROUPS * 32),
-                  _to_output_rows(values, GROUPS, 32, BLOCK_F), mask_f[:, None])
-    else:
-        _store_e2m1_t(codes_ptr, scales_ptr, index, negative, scale_bits, f, mask_f, t0, n_tokens, GROUPS, 32,
-                      BLOCK_F)
+    _round_and_store_t(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, f, mask_f, t0,
+                       n_tokens, ROUNDING, DENSE, GROUPS, 32, BLOCK_F)
 
 
 def sign_mask(signs: torch.Tensor) -> int:

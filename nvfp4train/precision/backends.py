@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import torch
 
 from nvfp4train.formats import fp8
+from nvfp4train.formats.impl import triton_available
 from nvfp4train.schema import ConfigError
 
 from . import te_backend
@@ -53,10 +54,9 @@ def scale_and_cast(out: torch.Tensor, a: torch.Tensor | None, b: torch.Tensor | 
     instead of two FP32 multiplies and a cast over the whole output."""
     if out.is_cuda and out.dtype == torch.float32 and out.is_contiguous() and (a is not None or b is not None
                                                                                or dtype != torch.float32):
-        from nvfp4train.formats import triton_kernels
-        from nvfp4train.formats.impl import triton_available
-
         if triton_available() and not torch.compiler.is_compiling():
+            from nvfp4train.formats import triton_kernels  # imports triton: only where it runs
+
             return triton_kernels.scale_and_cast(out, a, b, dtype)
     if a is not None:
         out = out * a

@@ -393,11 +393,9 @@ def dgrad_and_wgrad_dy(dy2d: torch.Tensor, dgrad_spec: OperandSpec, wgrad_spec: 
     if tensorwise_pair(dgrad_spec, wgrad_spec):
         if not (dy2d.ndim == 2 and dy2d.shape[1] == k_d):
             return None
-        fmt = operand_format(dgrad_spec)
-        d_q = fmt.dequantize(fmt.pack(fmt.prepare(dy2d, dgrad_spec, k_d, None), dgrad_spec, None), dgrad_spec,
-                             tuple(dy2d.shape))
+        d_q = fake_quantize(dy2d, dgrad_spec, k_d)
         w_t = tensorwise_transposed(d_q, wgrad_spec, dy2d.shape[0], dy2d.shape[1], k_w)
-        return d_q, fmt.dequantize(w_t, wgrad_spec, tuple(w_t[0].shape))
+        return d_q, operand_format(wgrad_spec).dequantize(w_t, wgrad_spec, tuple(w_t[0].shape))
     if _fp8_pair(dgrad_spec, wgrad_spec):
         if not _fp8_rowcol_fits(dy2d, k_d, k_w):
             return None
