@@ -628,7 +628,7 @@ def launch(args) -> int:
     for i in info.values():  # the data must be here before anything starts
         data_epochs(i["cfg"], 1)
     if args.kernels and Path(args.kernels).is_file():  # before any run compiles: skip the autotuning
-        added, root = _kernel_cache_call(unpack_kernel_cache, Path(args.kernels))
+        added, root = unpack_kernel_cache(Path(args.kernels))
         print(f"kernel cache: {added} file(s) from {args.kernels} added to {root}")
     from nvfp4train.data.paths import git_commit
 
@@ -873,19 +873,12 @@ def unfinished_detail(run_dir: Path, job: dict, state: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------- kernels
-def _kernel_cache_call(fn, *args):
-    try:
-        return fn(*args)
-    except KernelCacheError as e:
-        raise UsageError(str(e)) from None
-
-
 def pack_kernels(args) -> int:
     out = Path(args.out or os.environ.get("OUT") or "")
     if not str(out) or str(out) == ".":
         raise UsageError("pack-kernels: give --out DIR (or set $OUT)")
     path = out / KERNEL_ARCHIVE.name
-    n, what = _kernel_cache_call(pack_kernel_cache, path, ARCHIVE_LIMIT)
+    n, what = pack_kernel_cache(path, ARCHIVE_LIMIT)
     print(f"{path}: {n} file(s), {what}, {path.stat().st_size / 2**20:.2f} MiB "
           f"(carry it back as {KERNEL_ARCHIVE}: launch unpacks it)")
     return 0
@@ -894,7 +887,7 @@ def pack_kernels(args) -> int:
 def unpack_kernels(args) -> int:
     if not Path(args.archive).is_file():
         raise UsageError(f"{args.archive}: no such file")
-    added, root = _kernel_cache_call(unpack_kernel_cache, Path(args.archive))
+    added, root = unpack_kernel_cache(Path(args.archive))
     print(f"kernel cache: {added} file(s) from {args.archive} added to {root}")
     return 0
 
@@ -1031,6 +1024,6 @@ def main(argv=None) -> int:
         if args.verb == "_worker":
             return worker(args.run_dirs)
         return verbs[args.verb](args)
-    except UsageError as e:
+    except (UsageError, KernelCacheError) as e:  # bad input: one line, exit 2
         print(f"error: {e}", file=sys.stderr)
         return 2
