@@ -574,16 +574,20 @@ def base_steps(steps: int, factor: float) -> int:
 
 
 def check_budget(jobs: list[Job], results: Path | None, experiments_dir: Path) -> None:
-    """Refuse to start runs whose token budget differs from the results already there: every experiment
-    shares one budget (borrowed arms are compared across experiments), and mixed budgets do not compare.
-    The refusal names every run there of another budget."""
+    """Refuse to start runs whose token budget differs from the results already there: experiments
+    configured with one budget (all that take _common.yaml's) share it, as borrowed arms are compared
+    across them, and mixed budgets do not compare. An experiment configured with a budget of its own (a
+    longer main comparison) is checked only against the experiments configured like it. The refusal names
+    every run there of another budget."""
     if results is None or not results.is_dir():
         return
     import yaml
 
-    factors = {}
+    factors, configured = {}, {}
     for name in experiment_names(experiments_dir):
-        factors.update({(name, a): arm.tokens_factor for a, arm in load_experiment(name, experiments_dir).arms.items()})
+        exp = load_experiment(name, experiments_dir)
+        configured[name] = exp.tokens
+        factors.update({(name, a): arm.tokens_factor for a, arm in exp.arms.items()})
     clashes, first, suggested = [], None, None
     for config_path in sorted(results.glob("*/*/seed*/config.yaml")):
         experiment, arm, seed = config_path.parts[-4:-1]
@@ -592,6 +596,7 @@ def check_budget(jobs: list[Job], results: Path | None, experiments_dir: Path) -
         per_step = int(train.get("global_batch_size", 0)) * int(train.get("seq_len", 0))
         there = base_steps(steps, factors.get((experiment, arm), 1.0))
         clash = next((j for j in jobs if j.tokens // j.max_steps == per_step
+                      and configured.get(j.experiment) == configured.get(experiment)
                       and base_steps(j.max_steps, j.tokens_factor) != there), None)
         if clash is not None:
             clashes.append(f"{experiment}/{arm}/{seed} ({steps * per_step:,} tokens)")

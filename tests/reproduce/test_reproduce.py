@@ -126,9 +126,10 @@ def test_bad_input_is_one_line(tmp_path):
 
 
 def test_plan_of_the_paper_experiments_fits_the_budget():
-    """Every arm of configs/reproduce composes; --budget-minutes scales the shared token budget so the
+    """Every arm of the experiments sharing _common.yaml's budget composes; --budget-minutes scales that budget so the
     busiest GPU ends in time, keeping the 1.36x arm at 1.36x (a dry run: nothing starts, no data needed)."""
-    proc = reproduce("launch", "all", "--gpus", "8", "--budget-minutes", "20", "--dry-run", "--data", "",
+    proc = reproduce("launch", "fp8_vs_nvfp4", "nvfp4_ablations", "mxfp4", "bf16_switch", "--gpus", "8",
+                     "--budget-minutes", "20", "--dry-run", "--data", "",
                      "--runs-dir", "/nonexistent/runs")
     assert proc.returncode == 0, proc.stderr
     rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if "/seed" in line.split()[0]}
@@ -216,7 +217,7 @@ def test_every_precision_of_the_paper_experiments_has_a_memory_estimate(capsys):
     rc = reproduce_main(["launch", "all", "--gpus", "1", "--per-gpu", "auto", "--gpu-free-gib", "79", "--dry-run",
                          "--data", "", "--runs-dir", "/nonexistent/runs"])
     rows = {r["run"]: r for r in plan_rows(capsys.readouterr().out)}
-    assert rc == 0 and len(rows) == 3 * 3 + 5 + 2 + 2 and all(r["gib"] for r in rows.values())
+    assert rc == 0 and len(rows) == 3 * 3 + 5 + 2 + 2 + 3 * 3 and all(r["gib"] for r in rows.values())
     assert rows["bf16_switch/switch_full/seed1"]["gib"] == max(rows["fp8_vs_nvfp4/nvfp4/seed1"]["gib"],
                                                                rows["fp8_vs_nvfp4/bf16/seed1"]["gib"])
 
