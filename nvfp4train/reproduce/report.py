@@ -63,6 +63,8 @@ CLAIMS = {
         ("switch_full", "heldout", None, "≈ 0% (12B, validation loss)"),
     ],
 }
+CLAIMS["fp8_vs_nvfp4_long"] = CLAIMS["fp8_vs_nvfp4"]   # the same comparison at 4x the tokens
+MAIN_EXPERIMENTS = ("fp8_vs_nvfp4_long", "fp8_vs_nvfp4")  # (a), longest budget first: the scale and downstream rows
 MEASURE_TEXT = {"stable_max": "training loss, largest gap in the stable phase (after its first 10% of tokens)",
                 "stable": "training loss, end of the stable phase", "end": "training loss, end of run",
                 "heldout": "held-out loss, end of run", "final": "final training loss, each at its own end"}
@@ -205,9 +207,18 @@ def heldout_verdict(summary: dict, arm: str, baseline: str | None) -> str | None
             f"{arm} is {'worse' if gap > 0 else 'better'}.")
 
 
+def main_summary(summaries: list[dict]) -> dict | None:
+    """The main comparison (a) with results at the largest token budget there is."""
+    for name in MAIN_EXPERIMENTS:
+        found = next((s for s in summaries if s["experiment"].name == name and s["result"] is not None), None)
+        if found is not None:
+            return found
+    return None
+
+
 def scale_lines(summaries: list[dict]) -> list[str]:
     """The scale reached and what 20 tokens per non-embedding parameter would take at the measured speed."""
-    main = next((s for s in summaries if s["experiment"].name == "fp8_vs_nvfp4" and s["result"] is not None), None)
+    main = main_summary(summaries)
     if main is None:
         return []
     cfg = next(iter(main["arms"].values())).runs[0].config
@@ -224,7 +235,7 @@ def scale_lines(summaries: list[dict]) -> list[str]:
     if together:
         hours = n_runs * target / together / 3600
         lines.append(f"- Next scale: 20 tokens per non-embedding parameter is {target:,.0f} tokens per run "
-                     f"({target / tokens:.0f}x this budget). The {n_runs} runs of fp8_vs_nvfp4 trained at "
+                     f"({target / tokens:.0f}x this budget). The {n_runs} runs of {main['experiment'].name} trained at "
                      f"{together:,.0f} tokens/s together on one GPU (their per-run speeds summed, while sharing it), "
                      f"so that experiment alone would need about {hours:.1f} GPU-hours, across loans: checkpoints "
                      "would have to travel back between 30-minute machines, which the runner does not do.")
@@ -243,18 +254,36 @@ def setup_lines(summaries: list[dict]) -> list[str]:
     if not runs:
         return ["No runs ingested yet: every cell below says \"not run\"."]
     cfg = runs[0].config
-    t, o = cfg["train"], cfg["optim"]
+    o = cfg["optim"]
     params, non_embedding = model_params(cfg["model"])
-    tokens = int(t["max_steps"]) * int(t["global_batch_size"]) * int(t["seq_len"])
     infos = []
     for run in runs:
         path = Path(run.source) / "run.json"
         if path.is_file():
             infos.append(json.loads(path.read_text()))
-    # Recorded by the worker where the token shards were, so the report reads the same anywhere.
-    epochs = [p for i in infos for p in (i.get("data_passes") or {}).values()]
-    passes = (f"Each run passes {min(epochs):.1f} to {max(epochs):.1f} times over a source's training tokens "
-              "(by the phase weights)." if epochs else "(Passes over the data: not recorded by these runs.)")
+    # One line per token budget (an experiment may have its own); the budget of an experiment is that of
+    # its own arms at factor 1 (borrowed arms and the 1.36x arm aside).
+    budgets: dict[int, list[str]] = {}
+    for s in summaries:
+        exp = s["experiment"]
+        own = [r for name, a in s["arms"].items() if name in exp.arms and exp.arms[name].tokens_factor == 1.0
+               and exp.borrow.get(name) is None for r in a.runs]
+        if own:
+            t = own[0].config["train"]
+            budgets.setdefault(int(t["max_steps"]) * int(t["global_batch_size"]) * int(t["seq_len"]), []).append(exp.name)
+    token_lines = []
+    for tokens, names in sorted(budgets.items()):
+        # Recorded by the worker where the token shards were, so the report reads the same anywhere.
+        epochs = [p for i in infos if i.get("experiment") in names and int(i.get("tokens", 0)) == tokens
+                  for p in (i.get("data_passes") or {}).values()]
+        passes = (f"Each run passes {min(epochs):.1f} to {max(epochs):.1f} times over a source's training tokens "
+                  "(by the phase weights)." if epochs else "(Passes over the data: not recorded by these runs.)")
+        t = next(r for s in summaries if s["experiment"].name == names[0] for a in s["arms"].values()
+                 for r in a.runs).config["train"]
+        token_lines.append(
+            f"- {', '.join(names)}: {tokens:,} training tokens per run ({tokens // (int(t['global_batch_size']) * int(t['seq_len']))} "
+            f"steps × {t['global_batch_size']} × {t['seq_len']}): {tokens / non_embedding:.2f} tokens per non-embedding "
+            f"parameter ({tokens / params:.2f} counting embeddings); the paper trains at ~800 (12B, 10T tokens). " + passes)
     gpus = sorted({i.get("gpu", "?") for i in infos}) or ["not recorded"]
     torches = sorted({i.get("torch", "?") for i in infos}) or ["not recorded"]
     commits = sorted({short_commit(i.get("commit", "?")) for i in infos}) or ["not recorded"]
@@ -262,9 +291,7 @@ def setup_lines(summaries: list[dict]) -> list[str]:
     lines = [
         f"- Model `{cfg['model']['name']}` (pattern `{cfg['model']['pattern']}`, d_model {cfg['model']['d_model']}): "
         f"{params / 1e6:.1f}M parameters, {non_embedding / 1e6:.1f}M without the embedding and LM head.",
-        f"- {tokens:,} training tokens per run ({t['max_steps']} steps × {t['global_batch_size']} × {t['seq_len']}): "
-        f"{tokens / non_embedding:.1f} tokens per non-embedding parameter ({tokens / params:.1f} counting "
-        "embeddings); the paper trains at ~800 (12B, 10T tokens). " + passes,
+        *token_lines,
         f"- WSD schedule: peak LR {o['lr']}, {o['schedule']['warmup_steps']} warmup steps, decay over the last "
         f"{o['schedule']['decay_fraction']:.0%} to {o['min_lr']}; data phases at "
         + " / ".join(f"{p['start']:.0%}" for p in cfg["data"]["phases"]) + " of the tokens; "
@@ -329,14 +356,15 @@ def write_report(runs_root: Path, out: Path, experiments_dir: Path, figures: boo
                 lines.append(f"- {s['experiment'].name}: {verdict}")
     lines += [""] + scale_lines(summaries)
     lines += ["", "## Downstream (BF16 evaluation of the final checkpoints)", ""]
-    main = next((s for s in summaries if s["experiment"].name == "fp8_vs_nvfp4"), None)
+    main = main_summary(summaries)
     table = (main or {}).get("result") and main["result"]["eval"]
     if table:
+        lines += [f"The final checkpoints of `{main['experiment'].name}`, mean over seeds.", ""]
         labels = list(main["arms"])
         rows = [[name] + [f"{v[a]['mean']:.4f}" if a in v else NOT_RUN for a in labels] for name, v in table.items()]
         lines += compare_report._table(["task (metric)"] + labels, rows)
     else:
-        lines += [f"{NOT_RUN} (no eval.json in the fp8_vs_nvfp4 runs)."]
+        lines += [f"{NOT_RUN} (no eval.json in the runs of {', '.join(MAIN_EXPERIMENTS)})."]
     lines += ["", "The paper's Table 2 (12B, 10T tokens), category means FP8 / NVFP4: "
               + "; ".join(f"{name} {fp8:.2f} / {nv:.2f}" for name, fp8, nv in PAPER_TABLE2)
               + ". Our tasks are the offline ones of `evals/` (a 31M-parameter model scores near chance on "
