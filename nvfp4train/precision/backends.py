@@ -162,7 +162,20 @@ def _tile_scales_aligned(s: torch.Tensor) -> torch.Tensor:
     return padded[:, :k].t()
 
 
+def _tile_scales_padded(s: torch.Tensor) -> torch.Tensor:
+    """s [N/128, K/128] row-major -> [L4, N/128] with L4 = K/128 rounded up to a multiple of 4: the
+    transposed view of a copy whose rows are padded with ones to L4 floats, the padding included in the
+    shape. cuBLASLt's rule for 1x128 x 128x128 scaling (pytorch PR #166752: "B_scale: [L4, N // 128],
+    stride: [1, L4]"; without the padding, K/128 % 4 != 0 gave silently wrong products, which is what
+    the H100 probe measured on torch 2.11 with the plain transposed view: rel err 1.39 at K/128 = 3)."""
+    n, k = s.shape
+    padded = s.new_ones(n, round_up(k, 4))
+    padded[:, :k] = s
+    return padded.t()
+
+
 TILE_SCALE_LAYOUTS = {
+    "transposed view of the grid padded to 4 K-blocks": _tile_scales_padded,
     "transposed view, rows 16-byte aligned": _tile_scales_aligned,
     "transposed view": lambda s: s.t(),
 }

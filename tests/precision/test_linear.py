@@ -222,7 +222,7 @@ def test_scaled_mm_and_te_refuse_clearly_without_hardware():
 
 
 @pytest.mark.parametrize("k_tiles", [3, 4, 5, 8])
-def test_tile_scales_for_scaled_mm_meet_both_stride_rules(k_tiles):
+def test_tile_scales_for_scaled_mm_meet_each_layout_rule(k_tiles):
     """The 128x128 weight scales handed to torch._scaled_mm as scale_b: torch checks scale_b.t(), the
     weight's [N/128, K/128] grid, row-major with its row stride rounded up to 4 floats (torch 2.11's
     ScaledBlas.cpp) or exactly K/128 (older). The aligned layout meets the first for any K, equals the
@@ -235,7 +235,13 @@ def test_tile_scales_for_scaled_mm_meet_both_stride_rules(k_tiles):
     assert torch.equal(aligned, grid.t()) and torch.equal(plain, grid.t())
     assert aligned.t().shape == (2, k_tiles) and aligned.t().stride() == (-(-k_tiles // 4) * 4, 1)
     assert (aligned.t().stride() == plain.t().stride()) == (k_tiles % 4 == 0)
-    assert list(TILE_SCALE_LAYOUTS)[0].endswith("16-byte aligned")  # the probe tries torch 2.11's rule first
+    # cuBLASLt's own rule (pytorch PR #166752): [L4, N/128], stride [1, L4], the K blocks padded with
+    # ones to a multiple of 4 and the padding part of the shape; the probe tries it first.
+    padded = TILE_SCALE_LAYOUTS["transposed view of the grid padded to 4 K-blocks"](grid.contiguous())
+    l4 = -(-k_tiles // 4) * 4
+    assert padded.shape == (l4, 2) and padded.stride() == (1, l4)
+    assert torch.equal(padded[:k_tiles], grid.t()) and torch.all(padded[k_tiles:] == 1)
+    assert list(TILE_SCALE_LAYOUTS)[0] == "transposed view of the grid padded to 4 K-blocks"
 
 
 def test_no_grad_forward_saves_nothing_and_matches_the_training_forward():
