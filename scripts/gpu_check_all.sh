@@ -34,9 +34,12 @@ step() {  # SECONDS NAME COMMAND...: run it with a limit, its output in $LOGS/NA
   printf '%-14s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$(tail -1 "$LOGS/$name.log")" | tee -a "$OUT/summary.txt"
 }
 [ -f .carry/kernels.tar.gz ] && python3 -m nvfp4train.reproduce unpack-kernels .carry/kernels.tar.gz
-step 240 gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/formats/test_triton.py \
-  tests/model/test_causal_conv.py tests/model/test_fused_norm.py tests/precision/test_gpu.py
-step 60 bench_quant python3 scripts/bench_quant.py --shapes 8192x8192 --out "$OUT/quant.json"
+# The 58 GPU tests took more than 240 s one after the other on an H100 (36 had passed by then), most of it Triton
+# compiling on the CPU: with pytest-xdist (carried in .whl/) four workers share the GPU and the 16 cores.
+xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n 4)
+step 240 gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu "${xdist[@]}" --durations=10 -rfE \
+  tests/formats/test_triton.py tests/model/test_causal_conv.py tests/model/test_fused_norm.py tests/precision/test_gpu.py
+step 50 bench_quant python3 scripts/bench_quant.py --shapes 8192x8192 --out "$OUT/quant.json"
 step 150 bench_repro python3 scripts/bench_train.py --models hybrid_repro --seqs 1024 --batch 32 --compile false \
   --precisions bf16 fp8_tensorwise fp8_blockwise nvfp4 mxfp4 --steps 5 --warmup 3 --out "$OUT/train.json"
 step 120 bench_350m python3 scripts/bench_train.py --models hybrid_350m --seqs 2048 --batch 8 --compile false \

@@ -23,6 +23,9 @@ binary() {  # wheels as published, for the GPU machine's Python
 }
 binary hydra-core==1.3.2 omegaconf==2.3.0 hjson==3.1.0 \
   pydantic==2.12.5 pydantic-core==2.41.5 annotated-types==0.7.0 typing-inspection==0.4.2
+# for scripts/gpu_check_all.sh: the GPU tests spend most of their time compiling Triton kernels on the
+# CPU, one test after the other; pytest-xdist spreads them over the machine's 16 cores
+binary pytest-xdist==3.8.0 execnet==2.1.2
 # sdist-only packages, built here into pure wheels
 python3 -m pip wheel -q --no-deps -w "$out" antlr4-python3-runtime==4.9.3
 DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation -w "$out" deepspeed==0.19.8
