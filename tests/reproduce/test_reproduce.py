@@ -281,6 +281,14 @@ def test_committed_report_is_what_the_committed_runs_generate(tmp_path):
                if line.startswith("| no_sr vs nvfp4 | held-out loss"))
     assert f"{(arm_loss - base_loss) / base_loss * 100:+.2f}%" in row and "against the baseline's seed 1" in row
 
+    # the verdict on the main comparison pairs the seeds: each seed's nvfp4 held-out loss against the FP8 run
+    # of the same seed (same data order and initialisation)
+    fp8 = {report.seed_of(r): r for r in report.arm_runs(runs_root, "fp8_vs_nvfp4", "fp8_blockwise")}
+    expected = [f"{(report.final_heldout(r) - report.final_heldout(fp8[report.seed_of(r)])) / report.final_heldout(fp8[report.seed_of(r)]) * 100:+.2f}% (seed {report.seed_of(r)})"
+                for r in sorted(runs["nvfp4"], key=report.seed_of)]
+    verdict = next(line for line in committed.splitlines() if line.startswith("- fp8_vs_nvfp4: nvfp4 vs fp8_blockwise"))
+    assert len(expected) == 3 and "paired by seed " + ", ".join(expected) in verdict
+
 
 def test_kernel_cache_travels_to_a_fresh_machine_and_refuses_a_hostile_archive(tmp_path, monkeypatch):
     """pack-kernels packs the Triton and Inductor caches where runs filled them; unpack-kernels (and
