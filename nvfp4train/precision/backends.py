@@ -17,7 +17,6 @@ peak the chosen backend's GEMMs run at (for MFU).
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Any, Mapping
 
 import torch
@@ -30,8 +29,6 @@ from . import te_backend
 from .hardware import cuda_capability
 from .operands import Quantized, operand_format, pad2d, round_up
 from .policy import OperandSpec, PrecisionPolicy
-
-log = logging.getLogger(__name__)
 
 
 def gemm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -146,60 +143,48 @@ def _tensorwise_gemm(a: Quantized, b: Quantized, out_dtype: torch.dtype = torch.
     return out[:m, :n]
 
 
-# How the [N/128, K/128] scales of a 128x128-tiled weight are handed to torch._scaled_mm as scale_b
-# [K/128, N/128]. torch checks scale_b.t() (the weight's own [N/128, K/128] grid): row-major, and in newer
-# releases (ScaledBlas.cpp, "near-inner-dim-major with 16-byte aligned strides") with its row stride
-# rounded up to 4 floats; older ones want the row stride to be exactly K/128. A grid whose K/128 is a
-# multiple of 4 satisfies both. The probe below keeps the first layout whose GEMM matches the dequantized
-# product (its K/128 is 3, so it tells the two rules apart), so a layout torch reads differently is never
-# used silently.
-def _tile_scales_aligned(s: torch.Tensor) -> torch.Tensor:
-    """s [N/128, K/128] row-major -> the [K/128, N/128] transposed view of a copy whose rows are padded
-    to a multiple of 4 floats (16 bytes); the padding is never read."""
-    n, k = s.shape
-    padded = s.new_ones(n, round_up(k, 4))
-    padded[:, :k] = s
-    return padded[:, :k].t()
+# How the [N/128, K/128] scales of a 128x128-tiled weight are handed to torch._scaled_mm as scale_b.
+# cuBLASLt's 1x128 x 128x128 mode reads the K blocks of the tile scales in groups of 4 (pytorch PR #166752:
+# "B_scale: [L4, N // 128], stride: [1, L4]" with L4 = K/128 rounded up to 4; without that, "silent
+# wrong answers where (K // 128) % 4 != 0"). On an H100 with torch 2.11 (2026-11-24) the transposed view
+# [K/128, N/128] of the row-major grid was accepted and exact only where K/128 % 4 == 0: at K/128 = 3 its
+# product was off by rel err 1.39, and both padded layouts were refused ("Invalid scaling
+# configuration"). So K is zero-padded to a multiple of 512 for this GEMM (padded data 0, padded scales
+# 1: the product is unchanged), where every rule above is the same layout. The models' K (d_model,
+# d_inner, ffn_hidden, heads x head_dim) are multiples of 512 already; odd ones pay one copy.
+TILE_K_MULTIPLE = 4 * 128
 
 
-def _tile_scales_padded(s: torch.Tensor) -> torch.Tensor:
-    """s [N/128, K/128] row-major -> [L4, N/128] with L4 = K/128 rounded up to a multiple of 4: the
-    transposed view of a copy whose rows are padded with ones to L4 floats, the padding included in the
-    shape. cuBLASLt's rule for 1x128 x 128x128 scaling (pytorch PR #166752: "B_scale: [L4, N // 128],
-    stride: [1, L4]"; without the padding, K/128 % 4 != 0 gave silently wrong products, which is what
-    the H100 probe measured on torch 2.11 with the plain transposed view: rel err 1.39 at K/128 = 3)."""
-    n, k = s.shape
-    padded = s.new_ones(n, round_up(k, 4))
-    padded[:, :k] = s
-    return padded.t()
+def _pad_k(data: torch.Tensor, scales: torch.Tensor, k_pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 data [R, K] zero-padded to [R, k_pad] and its per-128 scales [R', K/128] padded with ones."""
+    k = data.shape[1]
+    if k == k_pad:
+        return data, scales
+    data = pad2d(data.view(torch.uint8), data.shape[0], k_pad).view(data.dtype)
+    scales = torch.nn.functional.pad(scales, (0, k_pad // 128 - scales.shape[1]), value=1.0)
+    return data, scales
 
 
-TILE_SCALE_LAYOUTS = {
-    "transposed view of the grid padded to 4 K-blocks": _tile_scales_padded,
-    "transposed view, rows 16-byte aligned": _tile_scales_aligned,
-    "transposed view": lambda s: s.t(),
-}
-_tile_scale_layout: dict[int, str] = {}  # device index -> the probe's choice
-
-
-def _blockwise_gemm(a: Quantized, b: Quantized, tile_layout: str | None = None,
-                    out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def _blockwise_gemm(a: Quantized, b: Quantized, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """a [M, K] in 1x128 blocks @ b [N, K]ᵀ in 1x128 blocks or 128x128 tiles, in `out_dtype`.
 
     torch._scaled_mm's layouts (sm_90, torch 2.11): a row-major with scale_a [M, K/128]
     column-major; b given as the transpose of a row-major [N, K], with scale_b [K/128, N]
-    row-major (1x128) or the [N/128, K/128] tile scales transposed (128x128; `TILE_SCALE_LAYOUTS`).
+    column-major (1x128) or the transposed view [K/128, N/128] of the row-major [N/128, K/128] tile
+    scales, K padded to a multiple of 512 (128x128; see TILE_K_MULTIPLE).
     M and N are zero-padded to multiples of 16 (cuBLASLt refuses other shapes)."""
     m, n = _rows(a), _rows(b)
     m_pad = round_up(a.fp8_data.shape[0], 16)
-    da = _pad_rows(a.fp8_data, m_pad)
-    sa = _pad_rows(a.fp8_scales, m_pad, 1.0).t().contiguous().t()
+    da, sa_rows = _pad_rows(a.fp8_data, m_pad), _pad_rows(a.fp8_scales, m_pad, 1.0)
     if b.spec.tile == (128, 128):  # rows already a multiple of 128
-        layout = tile_layout or _tile_scale_layout.get(b.fp8_data.device.index or 0, next(iter(TILE_SCALE_LAYOUTS)))
-        db, sb = b.fp8_data, TILE_SCALE_LAYOUTS[layout](b.fp8_scales.contiguous())
+        k_pad = round_up(da.shape[1], TILE_K_MULTIPLE)
+        da, sa_rows = _pad_k(da, sa_rows, k_pad)
+        db, sb = _pad_k(b.fp8_data, b.fp8_scales.contiguous(), k_pad)
+        sb = sb.t()
     else:
         n_pad = round_up(b.fp8_data.shape[0], 16)
         db, sb = _pad_rows(b.fp8_data, n_pad), _pad_rows(b.fp8_scales, n_pad, 1.0).t().contiguous()
+    sa = sa_rows.t().contiguous().t()
     out = torch._scaled_mm(da, db.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype)
     return out[:m, :n]
 
@@ -226,8 +211,8 @@ def _error_summary(error: Exception) -> str:
 @functools.cache
 def _blockwise_unsupported(device_index: int) -> str | None:
     """Why torch._scaled_mm cannot run blockwise FP8 on this GPU (None: both block pairings the layer
-    uses ran on a small random GEMM and matched the product of the dequantized operands; the 128x128
-    scale layout that matched is remembered for this device)."""
+    uses ran on a small random GEMM and matched the product of the dequantized operands; K/128 = 3, so
+    the 128x128 pairing goes through the K padding)."""
     device = torch.device("cuda", device_index)
     gen = torch.Generator(device=device).manual_seed(0)
     x = _probe_operand(256, 384, (1, 128), device, gen)
@@ -241,20 +226,12 @@ def _blockwise_unsupported(device_index: int) -> str | None:
         err = rel_err(_blockwise_gemm(x, x2), _dequantized(x) @ _dequantized(x2).t())  # Wgrad: 1x128 x 1x128
         if err > 1e-3:
             return f"torch._scaled_mm's 1x128 x 1x128 blockwise GEMM differs from the dequantized product (rel err {err:.2g})"
-        ref = _dequantized(x) @ _dequantized(w).t()
-        errors = {}
-        for layout in TILE_SCALE_LAYOUTS:  # Fprop / Dgrad: 1x128 x 128x128
-            try:
-                errors[layout] = rel_err(_blockwise_gemm(x, w, layout), ref)
-            except RuntimeError as error:
-                errors[layout] = _error_summary(error)
-            if isinstance(errors[layout], float) and errors[layout] <= 1e-3:
-                _tile_scale_layout[device_index] = layout
-                log.info("scaled_mm: 128x128 weight scales passed as the %s (probe rel err %.2g)", layout, errors[layout])
-                return None
+        err = rel_err(_blockwise_gemm(x, w), _dequantized(x) @ _dequantized(w).t())  # Fprop / Dgrad: 1x128 x 128x128
+        if err <= 1e-3:
+            return None
+        return f"torch._scaled_mm's 1x128 x 128x128 blockwise GEMM differs from the dequantized product (rel err {err:.2g})"
     except (RuntimeError, TypeError) as error:
         return f"torch._scaled_mm refused blockwise FP8 scales here ({_error_summary(error)})"
-    return f"torch._scaled_mm's 1x128 x 128x128 blockwise GEMM matched no scale layout ({errors})"
 
 
 class TEBackend(Backend):

@@ -221,27 +221,26 @@ def test_scaled_mm_and_te_refuse_clearly_without_hardware():
     assert factory.backend_name == "emulated" and "not scaled_mm" in factory.backend_reason
 
 
-@pytest.mark.parametrize("k_tiles", [3, 4, 5, 8])
-def test_tile_scales_for_scaled_mm_meet_each_layout_rule(k_tiles):
-    """The 128x128 weight scales handed to torch._scaled_mm as scale_b: torch checks scale_b.t(), the
-    weight's [N/128, K/128] grid, row-major with its row stride rounded up to 4 floats (torch 2.11's
-    ScaledBlas.cpp) or exactly K/128 (older). The aligned layout meets the first for any K, equals the
-    second where K/128 is a multiple of 4, and carries the same values as the plain transposed view."""
-    from nvfp4train.precision.backends import TILE_SCALE_LAYOUTS
+@pytest.mark.parametrize("k", [128, 384, 512, 640])
+def test_blockwise_k_padding_for_scaled_mm_keeps_the_product(k):
+    """scaled_mm's 1x128 x 128x128 GEMM gets K zero-padded to a multiple of 4 blocks (cuBLASLt reads
+    the tile scales in groups of 4; on torch 2.11 other K gave wrong products): padded codes are 0,
+    padded scales 1, so both operands dequantize to themselves followed by zero columns."""
+    from nvfp4train.precision.backends import TILE_K_MULTIPLE, _dequantized, _pad_k, _probe_operand
+    from nvfp4train.precision.operands import Quantized
 
-    grid = torch.exp2(torch.randint(-4, 5, (2, k_tiles)).float())
-    aligned = TILE_SCALE_LAYOUTS["transposed view, rows 16-byte aligned"](grid.contiguous())
-    plain = TILE_SCALE_LAYOUTS["transposed view"](grid.contiguous())
-    assert torch.equal(aligned, grid.t()) and torch.equal(plain, grid.t())
-    assert aligned.t().shape == (2, k_tiles) and aligned.t().stride() == (-(-k_tiles // 4) * 4, 1)
-    assert (aligned.t().stride() == plain.t().stride()) == (k_tiles % 4 == 0)
-    # cuBLASLt's own rule (pytorch PR #166752): [L4, N/128], stride [1, L4], the K blocks padded with
-    # ones to a multiple of 4 and the padding part of the shape; the probe tries it first.
-    padded = TILE_SCALE_LAYOUTS["transposed view of the grid padded to 4 K-blocks"](grid.contiguous())
-    l4 = -(-k_tiles // 4) * 4
-    assert padded.shape == (l4, 2) and padded.stride() == (1, l4)
-    assert torch.equal(padded[:k_tiles], grid.t()) and torch.all(padded[k_tiles:] == 1)
-    assert list(TILE_SCALE_LAYOUTS)[0] == "transposed view of the grid padded to 4 K-blocks"
+    gen = torch.Generator().manual_seed(0)
+    x = _probe_operand(256, k, (1, 128), "cpu", gen)
+    w = _probe_operand(256, k, (128, 128), "cpu", gen)
+    k_pad = -(-k // TILE_K_MULTIPLE) * TILE_K_MULTIPLE
+    padded = [Quantized(None, None, *_pad_k(q.fp8_data, q.fp8_scales, k_pad), q.spec) for q in (x, w)]
+    for q, p in zip((x, w), padded):
+        assert p.fp8_data.shape == (256, k_pad) and p.fp8_scales.shape[1] == k_pad // 128
+        dense = _dequantized(p)
+        assert torch.equal(dense[:, :k], _dequantized(q)) and not dense[:, k:].any()
+        assert (p.fp8_data is q.fp8_data) == (k == k_pad)
+    ref = _dequantized(x) @ _dequantized(w).t()
+    torch.testing.assert_close(_dequantized(padded[0]) @ _dequantized(padded[1]).t(), ref, rtol=1e-6, atol=1e-6)
 
 
 def test_no_grad_forward_saves_nothing_and_matches_the_training_forward():
