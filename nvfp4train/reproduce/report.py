@@ -63,7 +63,8 @@ CLAIMS = {
         ("switch_full", "heldout", None, "≈ 0% (12B, validation loss)"),
     ],
 }
-CLAIMS["fp8_vs_nvfp4_long"] = CLAIMS["fp8_vs_nvfp4"]   # the same comparison at 4x the tokens
+# the same comparisons at 4x the tokens
+CLAIMS.update({f"{name}_long": claims for name, claims in list(CLAIMS.items())})
 MAIN_EXPERIMENTS = ("fp8_vs_nvfp4_long", "fp8_vs_nvfp4")  # (a), longest budget first: the scale and downstream rows
 MEASURE_TEXT = {"stable_max": "training loss, largest gap in the stable phase (after its first 10% of tokens)",
                 "stable": "training loss, end of the stable phase", "end": "training loss, end of run",
