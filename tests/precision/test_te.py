@@ -281,17 +281,21 @@ def test_te_training_resumes_from_a_checkpoint(tmp_path):
 @pytest.mark.gpu
 @needs_te
 def test_te_layers_train_and_resume_under_fsdp2(tmp_path):
-    """FSDP2 (`fully_shard` per block, torchrun over every GPU here, up to 2) with TE layers: the sharded
+    """FSDP2 (`fully_shard` per block, torchrun over 2 GPUs) with TE layers: the sharded
     FP32 masters are gathered and handed to te.Linear per call; the curve tracks a single-process TE run
     within FP8 + BF16 noise, the checkpoint is one DCP shard per rank, and a resume from step 3 continues."""
     import sys
 
     from tests.conftest import REPO, cli_env, read_metrics, train_cmd
 
-    nproc = min(2, torch.cuda.device_count())
+    if torch.cuda.device_count() < 2:
+        # at world size 1 the trainer runs single-process whatever train.parallel says (on an H100,
+        # 2026-11-24, the run trained and logged "single x1"): nothing would be sharded
+        pytest.skip("FSDP2 with TE layers needs 2 GPUs")
+    nproc = 2
     common = ["precision=fp8_blockwise", "precision.backend=te", "train.max_steps=6", "train.save_every=3",
               "train.log_every=1", "train.progress=false", "train.eval_sequences=2", "train.seq_len=128",
-              "train.global_batch_size=8", "train.micro_batch_size=8" if nproc == 1 else "train.micro_batch_size=4"]
+              "train.global_batch_size=8", "train.micro_batch_size=4"]
     env = cli_env(PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
 
     def run(cmd):
