@@ -201,6 +201,15 @@ def heldout_verdict(summary: dict, arm: str, baseline: str | None) -> str | None
     if not a or not b or noise is None:
         return None
     gap = (sum(a) / len(a) - sum(b) / len(b)) / (sum(b) / len(b)) * 100
+    if len(a) == 1:
+        # Against the baseline's run of the same seed; but two runs of one seed still drift apart (the
+        # 3-seed arms' paired gaps differ by about a percent from seed to seed), so one run has to clear
+        # twice the seed spread to say anything.
+        if abs(gap) <= 2 * noise:
+            return (f"{arm} vs {baseline}: {gap:+.2f}% on one seed, within twice the baseline's seed spread "
+                    f"({noise:.2f}%): one run does not separate the recipe from run-to-run variation; not resolved.")
+        return (f"{arm} vs {baseline}: {gap:+.2f}% on one seed, more than twice the baseline's seed spread "
+                f"({noise:.2f}%): {arm} is {'worse' if gap > 0 else 'better'}.")
     if abs(gap) <= noise:
         text = (f"{arm} vs {baseline}: {gap:+.2f}%, within the baseline's seed spread ({noise:.2f}%): "
                 "not resolved at this scale")

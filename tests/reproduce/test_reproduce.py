@@ -289,6 +289,14 @@ def test_committed_report_is_what_the_committed_runs_generate(tmp_path):
     verdict = next(line for line in committed.splitlines() if line.startswith("- fp8_vs_nvfp4: nvfp4 vs fp8_blockwise"))
     assert len(expected) == 3 and "paired by seed " + ", ".join(expected) in verdict
 
+    # a one-seed arm says something only beyond twice the baseline's seed spread
+    import re
+    single = [line for line in committed.splitlines() if line.startswith("- ") and " on one seed, " in line]
+    assert single
+    for line in single:
+        gap, noise = (float(v) for v in re.search(r": ([-+\d.]+)% on one seed, .*?\(([\d.]+)%\)", line).groups())
+        assert ("not resolved" in line) == (abs(gap) <= 2 * noise), line
+
 
 def test_kernel_cache_travels_to_a_fresh_machine_and_refuses_a_hostile_archive(tmp_path, monkeypatch):
     """pack-kernels packs the Triton and Inductor caches where runs filled them; unpack-kernels (and
