@@ -9,7 +9,8 @@
 #    the Mamba conv against F.conv1d; fused norms), the precision checks (scaled_mm's blockwise probe,
 #    backend=auto, compiled == eager) and the precision GPU tests;
 # 2. speed: scripts/bench_quant.py (8192x8192) and scripts/bench_train.py on hybrid_repro (every
-#    precision) and hybrid_350m (bf16 and nvfp4, with --profile: device time by kind of kernel);
+#    precision), hybrid_350m (bf16 and nvfp4, with --profile: device time by kind of kernel) and hybrid_1b
+#    at seq 4096 (bf16, both FP8 recipes, nvfp4);
 # 3. the Triton/Inductor caches, packed for the next machine (python -m nvfp4train.reproduce pack-kernels).
 # Each step has its own time limit, so one that hangs or fails leaves the others their time; the exit
 # code is the number of failed steps. $OUT gets summary.txt, logs.tar.gz, kernels.tar.gz and the bench rows
@@ -44,6 +45,9 @@ step 150 bench_repro python3 scripts/bench_train.py --models hybrid_repro --seqs
   --precisions bf16 fp8_tensorwise fp8_blockwise nvfp4 mxfp4 --steps 5 --warmup 3 --out "$OUT/train.json"
 step 120 bench_350m python3 scripts/bench_train.py --models hybrid_350m --seqs 2048 --batch 8 --compile false \
   --precisions bf16 nvfp4 --steps 5 --warmup 3 --profile /tmp/gpu_check_profile --out "$OUT/train.json"
+# the issues' target model: 4 precisions of hybrid_1b at seq 4096 took about 100 s on an H100 (2026-11-24)
+step 150 bench_1b python3 scripts/bench_train.py --models hybrid_1b --seqs 4096 --batch 4 --compile false \
+  --precisions bf16 fp8_tensorwise fp8_blockwise nvfp4 --steps 4 --warmup 2 --out "$OUT/train.json"
 step 30 pack_kernels python3 -m nvfp4train.reproduce pack-kernels --out "$OUT"
 tar czf "$OUT/logs.tar.gz" -C "$LOGS" .  # the profile tables are in bench_350m.log (traces stay behind)
 echo "failed steps: $failed"
