@@ -105,6 +105,14 @@ def test_launch_poll_collect_ingest_report(tmp_path):
                    "tiny/nvfp4/seed1 (1,536 tokens)", "--tokens 1536", "--force"):
         assert needle in other_budget.stderr, other_budget.stderr
 
+    # an experiment configured with a budget of its own (as fp8_vs_nvfp4_long) is planned beside those runs
+    (experiments / "tiny_long.yaml").write_text(TINY_EXPERIMENT.replace("tokens: 1536 ", "tokens: 3072 "))
+    own_budget = reproduce("launch", "tiny_long", "--device", "cpu", "--runs-dir", str(runs), "--data", "",
+                           "--skip-existing", str(results / "runs"), "--dry-run", experiments=experiments)
+    assert own_budget.returncode == 0 and "tiny_long/bf16/seed1" in own_budget.stdout, own_budget.stderr
+    assert "3,072 tokens per run" in own_budget.stdout, own_budget.stdout
+    (experiments / "tiny_long.yaml").unlink()
+
     reported = reproduce("report", "--runs", str(results / "runs"), "--out", str(results), "--no-plots",
                          experiments=experiments)
     assert reported.returncode == 0, reported.stderr
