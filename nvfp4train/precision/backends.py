@@ -150,8 +150,9 @@ def _tensorwise_gemm(a: Quantized, b: Quantized, out_dtype: torch.dtype = torch.
 # [K/128, N/128] of the row-major grid was accepted and exact only where K/128 % 4 == 0: at K/128 = 3 its
 # product was off by rel err 1.39, and both padded layouts were refused ("Invalid scaling
 # configuration"). So K is zero-padded to a multiple of 512 for this GEMM (padded data 0, padded scales
-# 1: the product is unchanged), where every rule above is the same layout. The models' K (d_model,
-# d_inner, ffn_hidden, heads x head_dim) are multiples of 512 already; odd ones pay one copy.
+# 1: the product is unchanged), where every rule above is the same layout. The K of hybrid_repro,
+# hybrid_350m, hybrid_1b and the paper's configs (d_model, d_inner, ffn_hidden, heads x head_dim) are
+# multiples of 512 already; hybrid_125m (d_model 640) and hybrid_50m (384) pay a padded copy per GEMM.
 TILE_K_MULTIPLE = 4 * 128
 
 
