@@ -317,25 +317,24 @@ def setup_lines(summaries: list[dict]) -> list[str]:
             infos.append(json.loads(path.read_text()))
     # One line per token budget (an experiment may have its own); the budget of an experiment is that of
     # its own arms at factor 1 (borrowed arms and the 1.36x arm aside).
-    budgets: dict[int, list[str]] = {}
+    budgets: dict[int, tuple[list[str], dict]] = {}  # tokens -> (experiments, the train config of one run)
     for s in summaries:
         exp = s["experiment"]
         own = [r for name, a in s["arms"].items() if name in exp.arms and exp.arms[name].tokens_factor == 1.0
                and exp.borrow.get(name) is None for r in a.runs]
         if own:
             t = own[0].config["train"]
-            budgets.setdefault(int(t["max_steps"]) * int(t["global_batch_size"]) * int(t["seq_len"]), []).append(exp.name)
+            tokens = int(t["max_steps"]) * int(t["global_batch_size"]) * int(t["seq_len"])
+            budgets.setdefault(tokens, ([], t))[0].append(exp.name)
     token_lines = []
-    for tokens, names in sorted(budgets.items()):
+    for tokens, (names, t) in sorted(budgets.items()):
         # Recorded by the worker where the token shards were, so the report reads the same anywhere.
         epochs = [p for i in infos if i.get("experiment") in names and int(i.get("tokens", 0)) == tokens
                   for p in (i.get("data_passes") or {}).values()]
         passes = (f"Each run passes {min(epochs):.1f} to {max(epochs):.1f} times over a source's training tokens "
                   "(by the phase weights)." if epochs else "(Passes over the data: not recorded by these runs.)")
-        t = next(r for s in summaries if s["experiment"].name == names[0] for a in s["arms"].values()
-                 for r in a.runs).config["train"]
         token_lines.append(
-            f"- {', '.join(names)}: {tokens:,} training tokens per run ({tokens // (int(t['global_batch_size']) * int(t['seq_len']))} "
+            f"- {', '.join(names)}: {tokens:,} training tokens per run ({t['max_steps']} "
             f"steps × {t['global_batch_size']} × {t['seq_len']}): {tokens / non_embedding:.2f} tokens per non-embedding "
             f"parameter ({tokens / params:.2f} counting embeddings); the paper trains at ~800 (12B, 10T tokens). " + passes)
     gpus = sorted({i.get("gpu", "?") for i in infos}) or ["not recorded"]

@@ -298,7 +298,6 @@ def test_committed_report_is_what_the_committed_runs_generate(tmp_path):
     assert len(expected) == 3 and "paired by seed " + ", ".join(expected) in verdict
 
     # a one-seed arm says something only beyond twice the baseline's seed spread
-    import re
     single = [line for line in committed.splitlines() if line.startswith("- ") and " on one seed, " in line]
     assert single
     for line in single:
