@@ -22,6 +22,7 @@ with a chrome trace per row in DIR:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 import warnings
@@ -38,11 +39,15 @@ from nvfp4train.optim import OptimConfig
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
 from nvfp4train.schema import ConfigError
 from nvfp4train.train.config import load_preset
-from nvfp4train.train.engines import TorchEngine, resolve_compile
+from nvfp4train.train.engines import TorchEngine, resolve_compile, resolve_cuda_graph
 from nvfp4train.train.kernel_cache import persistent_kernel_caches
 
 REPO = Path(__file__).resolve().parents[1]
-KEY = ("model", "seq", "precision", "backend", "compiled")  # one row per key in the JSON file
+KEY = ("model", "seq", "precision", "backend", "compiled", "cuda_graph")  # one row per key in the JSON file
+
+
+def _key(row: dict) -> tuple:
+    return tuple(row.get(k, False if k == "cuda_graph" else None) for k in KEY)  # older rows: eager steps
 
 
 def _model(model_cfg: ModelConfig, precision: str, device: torch.device, backend: str = "auto"):
@@ -126,11 +131,14 @@ def print_profile(rows: list[dict], top: int = 15) -> dict[str, float]:
 
 def bench_one(model_name: str, model_cfg: ModelConfig, precision: str, batch: int, seq: int, steps: int,
               warmup: int, device: torch.device, compile: str, sync_debug: bool, backend: str = "auto",
-              profile: Path | None = None) -> dict:
+              profile: Path | None = None, cuda_graph: str = "false") -> dict:
     model, backend = _model(model_cfg, precision, device, backend)
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
+    graphed = resolve_cuda_graph(cuda_graph, model, info, "ddp")
     engine = TorchEngine(model, lambda m: param_groups(m, 0.1), OptimConfig(), "ddp", info,
-                         compile=resolve_compile(compile, device))
+                         compile=resolve_compile(compile, device), cuda_graph=graphed)
+    if graphed:  # the capture happens in the warm-up, never in the timed window
+        warmup = max(warmup, engine.step_graph.warmup_steps + 1)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model_cfg.vocab_size, (warmup + steps + 1, batch, seq + 1), generator=g)
     micro_batches = [[(t[:, :-1], t[:, 1:])] for t in tokens]
@@ -156,7 +164,7 @@ def bench_one(model_name: str, model_cfg: ModelConfig, precision: str, batch: in
     tokens_per_s = batch * seq / step_s
     peak = peak_flops(device, "bf16") if cuda else None
     row = {"model": model_name, "seq": seq, "batch": batch, "precision": precision, "backend": backend,
-           "compiled": resolve_compile(compile, device),
+           "compiled": resolve_compile(compile, device), "cuda_graph": graphed,
            "step_ms": round(step_s * 1e3, 3), "tokens_per_s": round(tokens_per_s, 1),
            "mfu": round(flops_per_token(model_cfg, seq)["total"] * tokens_per_s / peak[0], 4) if peak else None,
            "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
@@ -167,7 +175,8 @@ def bench_one(model_name: str, model_cfg: ModelConfig, precision: str, batch: in
     if profile is not None:  # after the timed window, so it never slows the row's numbers
         trace = profile / f"{model_name}_seq{seq}_{precision}_{backend}.json"
         profiled = profile_step(engine, micro_batches[-1], warmup + steps + 1, device, trace)
-    print(f"{model_name:>12} seq {seq:>5} x {batch:<3} {precision:>15} {backend:>9}: {row['step_ms']:>10.1f} ms "
+    print(f"{model_name:>12} seq {seq:>5} x {batch:<3} {precision:>15} {backend:>9}{' graph' if graphed else ''}: "
+          f"{row['step_ms']:>10.1f} ms "
           f"{row['tokens_per_s']:>10.0f} tok/s  MFU {100 * row['mfu'] if peak else float('nan'):5.1f}%  "
           f"peak {row['peak_gib'] or float('nan'):6.2f} GiB  loss {loss:.3f}"
           + (f"  host syncs/step {syncs}" if sync_debug else ""), flush=True)
@@ -183,9 +192,9 @@ def merge_rows(path: Path, rows: list[dict]) -> list[dict]:
     """The rows of `path` with `rows` merged in: a row with the same model, seq, precision, backend and
     compile setting is replaced. Written back sorted by that key."""
     existing = json.loads(path.read_text()) if path.is_file() else []
-    merged = {tuple(r.get(k) for k in KEY): r for r in existing}
-    merged.update({tuple(r.get(k) for k in KEY): r for r in rows})
-    out = sorted(merged.values(), key=lambda r: tuple(str(r.get(k)).zfill(8) for k in KEY))
+    merged = {_key(r): r for r in existing}
+    merged.update({_key(r): r for r in rows})
+    out = sorted(merged.values(), key=lambda r: tuple(str(v).zfill(8) for v in _key(r)))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     return out
@@ -200,6 +209,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10, help="measured steps")
     ap.add_argument("--warmup", type=int, default=3, help="steps before measuring (compilation, autotuning)")
     ap.add_argument("--compile", choices=["auto", "true", "false"], default="auto", help="as train.compile")
+    ap.add_argument("--cuda-graph", nargs="+", choices=["auto", "true", "false"], default=["auto"],
+                    help="as train.cuda_graph; several values give a row for each (e.g. false true: eager beside "
+                         "graphed steps in one run)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--torchao", action="store_true", help="add a torchao float8 row (if torchao imports)")
     ap.add_argument("--sync-debug", action="store_true", help="count host syncs per step (CUDA)")
@@ -235,11 +247,12 @@ def main() -> None:
         for seq in args.seqs:
             for precision in precisions:
                 plain = precision in ("bf16", "torchao_float8")
-                for backend in args.backends[:1] if plain else args.backends:
+                for backend, graph in itertools.product(args.backends[:1] if plain else args.backends,
+                                                        args.cuda_graph):
                     try:
                         rows.append(bench_one(model_name, model_cfg, precision, args.batch, seq, args.steps,
                                               args.warmup, device, args.compile, args.sync_debug, backend,
-                                              args.profile))
+                                              args.profile, graph))
                     except torch.cuda.OutOfMemoryError:
                         print(f"{model_name} seq {seq} x {args.batch} {precision}: out of memory (row not written)")
                         torch.cuda.empty_cache()

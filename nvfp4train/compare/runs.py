@@ -14,7 +14,8 @@ from pathlib import Path
 from nvfp4train.eval.weights import RunError, read_run_config
 
 WANDB_PREFIX = "wandb:"
-DEFAULT_UNGROUPED = ("seed", "out_dir")
+# train.cuda_graph replays the eager step's numerics: runs that differ only there are seeds of one arm
+DEFAULT_UNGROUPED = ("seed", "out_dir", "train.cuda_graph")
 # Config keys that must agree between compared runs (unless --allow-mismatch): the data, the model and
 # the token budget. Settings that change how data is read but not what is read are left out.
 DATA_KEYS_IGNORED = ("data.cache_dir", "data.num_proc", "data.verify_checksums")

@@ -24,6 +24,9 @@ from nvfp4train import dist
 from nvfp4train.optim import OptimConfig, build_optimizer
 from nvfp4train.schema import ConfigError
 from nvfp4train.train import checkpoint
+from nvfp4train.train.cuda_graph import StepGraph, cuda_graph_blocker
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -49,6 +52,22 @@ def resolve_compile(setting: str, device: torch.device) -> bool:
     return device.type == "cuda" if setting == "auto" else setting == "true"
 
 
+def resolve_cuda_graph(setting: str, model: nn.Module, info: dist.DistInfo, parallel: str,
+                       activation_checkpointing: str = "none") -> bool:
+    """train.cuda_graph: auto captures the step where it can (cuda_graph.cuda_graph_blocker), true
+    refuses a run where it cannot, naming why."""
+    if setting == "false":
+        return False
+    blocker = cuda_graph_blocker(model, info.device, info.world_size, parallel, activation_checkpointing)
+    if blocker is None:
+        return True
+    if setting == "true":
+        raise ConfigError(f"train.cuda_graph=true: cannot capture the step here: {blocker}; "
+                          f"allowed: auto (captures where it can) or false")
+    log.info("train.cuda_graph=auto: eager steps (%s)", blocker)
+    return False
+
+
 class TorchEngine:
     """FP32 master weights in the model, BF16 autocast compute, fused AdamW; DDP/FSDP2 for >1 rank.
 
@@ -58,7 +77,8 @@ class TorchEngine:
     the same decision from the values when the loop reads them (loop.py)."""
 
     def __init__(self, model: nn.Module, groups: list[dict], optim_cfg: OptimConfig, parallel: str,
-                 info: dist.DistInfo, compile: bool = False, reshard_after_forward: bool = True):
+                 info: dist.DistInfo, compile: bool = False, reshard_after_forward: bool = True,
+                 cuda_graph: bool = False):
         self.model, self.info, self.parallel = model, info, parallel
         # FSDP2 swaps parameters: the optimizer is built after
         self.wrapped = dist.wrap_model(model, parallel, info, reshard_after_forward=reshard_after_forward)
@@ -66,6 +86,8 @@ class TorchEngine:
         self.forward = torch.compile(self.wrapped) if compile else self.wrapped
         self.grad_clip = optim_cfg.grad_clip
         self.module = self.forward
+        # train.cuda_graph: forward + backward replayed as one CUDA graph (cuda_graph.py says what it keeps)
+        self.step_graph = StepGraph(model, self.forward, self.autocast, info.device) if cuda_graph else None
 
     def autocast(self):
         return torch.autocast(self.info.device.type, dtype=torch.bfloat16)
@@ -74,13 +96,17 @@ class TorchEngine:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         n = len(micro_batches)
-        loss_sum = torch.zeros((), device=self.info.device)
-        for i, (x, y) in enumerate(_to_device(micro_batches, self.info.device)):
-            with self._sync_context(last=i == n - 1):
-                with self.autocast():
-                    loss = self.forward(x, y)  # the model's fused, chunked cross-entropy (model/loss.py)
-                (loss / n).backward()
-            loss_sum += loss.detach()
+        batches = _to_device(micro_batches, self.info.device)
+        loss_sum = self.step_graph.run(batches) if self.step_graph is not None else None
+        graphed = loss_sum is not None
+        if not graphed:
+            loss_sum = torch.zeros((), device=self.info.device)
+            for i, (x, y) in enumerate(batches):
+                with self._sync_context(last=i == n - 1):
+                    with self.autocast():
+                        loss = self.forward(x, y)  # the model's fused, chunked cross-entropy (model/loss.py)
+                    (loss / n).backward()
+                loss_sum += loss.detach()
         loss_t = dist.all_reduce_mean(loss_sum / n, self.info)
         max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
@@ -89,7 +115,8 @@ class TorchEngine:
         applied = torch.isfinite(loss_t) & torch.isfinite(grad_norm)
         self.optimizer.found_inf = (~applied).float()
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if not graphed:  # a graph's gradients keep their addresses; it zeroes them itself
+            self.optimizer.zero_grad(set_to_none=True)
         return StepStats(loss_t, grad_norm, applied)
 
     def _sync_context(self, last: bool):
@@ -273,7 +300,10 @@ def build_engine(model, groups, optim_cfg, train_cfg, info, grad_accum):
                                train_cfg.micro_batch_size, info)
     return TorchEngine(model, groups, optim_cfg, train_cfg.parallel, info,
                        compile=resolve_compile(str(train_cfg.compile), info.device),
-                       reshard_after_forward=train_cfg.fsdp_reshard_after_forward)
+                       reshard_after_forward=train_cfg.fsdp_reshard_after_forward,
+                       cuda_graph=resolve_cuda_graph(str(train_cfg.cuda_graph), model, info, train_cfg.parallel,
+                                                     str(train_cfg.activation_checkpointing)))
 
 
-__all__ = ["StepStats", "TorchEngine", "DeepSpeedEngine", "build_engine", "import_deepspeed", "resolve_compile"]
+__all__ = ["StepStats", "TorchEngine", "DeepSpeedEngine", "build_engine", "import_deepspeed", "resolve_compile",
+           "resolve_cuda_graph"]

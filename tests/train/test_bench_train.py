@@ -1,5 +1,6 @@
 """scripts/bench_train.py on CPU with the tiny model: it runs the trainer's step and merges its rows into
-the JSON file (a re-run replaces the row of the same model x seq x precision x backend x compile setting, others stay)."""
+the JSON file (a re-run replaces the row of the same model x seq x precision x backend x compile and CUDA-graph setting, others stay; older rows without
+`cuda_graph` count as eager steps)."""
 import json
 import subprocess
 import sys
@@ -21,7 +22,7 @@ def test_bench_train_smoke_and_json_merge(tmp_path):
     rows = json.loads(out.read_text())
     assert keep in rows and compiled in rows and len(rows) == 3
     (new,) = [r for r in rows if r["model"] == "hybrid_tiny" and not r["compiled"]]
-    assert set(new) == set(keep)
+    assert set(new) == set(keep) | {"cuda_graph"} and new["cuda_graph"] is False  # a CPU step is never graphed
     assert new["seq"] == 32 and new["batch"] == 2 and new["step_ms"] > 0 and new["tokens_per_s"] > 0
     assert new["gpu"] == "cpu" and new["mfu"] is None and new["peak_gib"] is None
     # --profile: one more step under torch.profiler after the timed window, broken down by kind of kernel

@@ -1,0 +1,155 @@
+"""One optimizer step's forward and backward passes as a CUDA graph (`train.cuda_graph`).
+
+Why: an emulated low-precision linear launches many small kernels (quantize, RHT, dequantize, GEMM
+epilogue) from Python, and at the model sizes a reproduction affords the host launching them, not the
+GPU, sets the step time (hybrid_350m NVFP4 on an H100: 208 ms of kernels in a 332 ms eager step).
+Captured once, every later step is one `replay()`.
+
+What is captured, for a step of n micro-batches: the gradients zeroed in place, then per micro-batch
+the forward under BF16 autocast, `(loss / n).backward()` and the loss summed. Gradient clipping and
+the optimizer step stay eager (a few fused kernels, and the learning rate changes every step).
+
+What must hold for a replay to be the eager step, and how it is kept:
+- Static addresses: micro-batches are copied into static input buffers; gradients exist before the
+  capture and are accumulated in place, so the optimizer sees the same `.grad` tensors every step.
+- Stochastic rounding: every SR generator is registered with the graph. A replay draws from the
+  generator's current offset and advances it by what the eager step advances it, so the SR bits and
+  the generator states a checkpoint saves are an eager run's.
+- The quantized-weight cache (precision/linear.py `WeightCache`) is emptied before the capture, so the
+  captured forward quantizes the weight itself (from the master weight's memory, which the optimizer
+  updates in place), and emptied after it, so eager code never sees the graph's tensors.
+- Python state the forward reads: a precision switch changes the layers' recipes (recapture);
+  telemetry steps read statistics on the host inside the forward, so they run eagerly, after the
+  graph and its memory are released (recaptured on the next step).
+- The first `warmup_steps` steps run eagerly: mamba-ssm's autotuning, Triton compilation, cuBLAS
+  workspaces and the lazily created SR generators happen outside a capture.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn as nn
+
+from nvfp4train.precision.linear import QuantLinear
+from nvfp4train.precision.policy import ROLES
+from nvfp4train.precision.te_backend import TELinear
+
+log = logging.getLogger(__name__)
+
+
+def cuda_graph_blocker(model: nn.Module, device: torch.device, world_size: int, parallel: str,
+                       activation_checkpointing: str) -> str | None:
+    """Why this run cannot capture its step as a CUDA graph, or None when it can."""
+    if device.type != "cuda":
+        return f"the device is {device.type}, not cuda"
+    if world_size > 1 or parallel == "deepspeed":
+        return (f"{world_size} ranks with train.parallel={parallel} (the gradient all-reduce and "
+                f"DeepSpeed's hooks are not captured; single-process runs only)")
+    if activation_checkpointing != "none":
+        return f"train.activation_checkpointing={activation_checkpointing} (recomputation saves RNG states on the host)"
+    if any(isinstance(m, TELinear) for m in model.modules()):
+        return "precision.backend=te (Transformer Engine's layers keep their own state)"
+    return None
+
+
+class StepGraph:
+    """Forward + backward of a step's micro-batches, captured on first use and replayed after.
+
+    `run(micro_batches)` returns the summed loss of the micro-batches (a fresh device tensor) with the
+    gradients accumulated into `.grad`, or None when this step must run eagerly (the caller runs it;
+    `release()` has then already given back the graph and set the gradients to None)."""
+
+    def __init__(self, model: nn.Module, forward, autocast, device: torch.device, warmup_steps: int = 2):
+        self.model, self.forward, self.autocast, self.device = model, forward, autocast, device
+        self.warmup_steps = warmup_steps
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+        self.eager_steps = 0
+        self.captures = 0  # how many times a step was captured (tests and logs read it)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.key = None
+        self.static_batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.loss_sum: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ per step
+    def run(self, micro_batches) -> torch.Tensor | None:
+        eager = self.eager_steps < self.warmup_steps or any(m.stats_enabled for m in self.layers)
+        if eager:
+            self.release()
+            self.eager_steps += 1
+            return None
+        key = self._key(micro_batches)
+        if key != self.key:
+            self.release()
+            self._capture(micro_batches, key)
+        for (sx, sy), (x, y) in zip(self.static_batches, micro_batches):
+            sx.copy_(x, non_blocking=True)
+            sy.copy_(y, non_blocking=True)
+        self.graph.replay()
+        return self.loss_sum.clone()  # the graph overwrites loss_sum at the next replay
+
+    def release(self) -> None:
+        """Drop the graph, its memory and the gradients it writes into (an eager step follows)."""
+        if self.graph is None:
+            return
+        self.graph = self.key = self.loss_sum = None
+        self.static_batches = []
+        for p in self.params:
+            p.grad = None
+        torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ capture
+    def _sr_generators(self) -> list[torch.Generator]:
+        """Every SR generator the current recipes draw from, created now if a layer has not yet."""
+        gens = []
+        for layer in self.layers:
+            if layer.quantized:
+                for role in ROLES:
+                    if getattr(layer.recipe, role).rounding == "sr":
+                        gens.append(layer.sr.generator(role, self.device))
+        return gens
+
+    def _key(self, micro_batches) -> tuple:
+        """What the captured graph depends on besides tensor contents: batch shapes, the layers' recipes
+        (a precision switch changes them) and the generator objects (a resume re-creates them)."""
+        shapes = tuple((tuple(x.shape), x.dtype, tuple(y.shape), y.dtype) for x, y in micro_batches)
+        recipes = tuple(m.recipe_key for m in self.layers)
+        return shapes, recipes, tuple(id(g) for g in self._sr_generators())
+
+    def _invalidate_weight_caches(self) -> None:
+        for layer in self.layers:
+            layer.invalidate_weight_cache()
+
+    def _capture(self, micro_batches, key) -> None:
+        n = len(micro_batches)
+        self.static_batches = [(x.to(self.device).clone(), y.to(self.device).clone()) for x, y in micro_batches]
+        for p in self.params:  # allocated outside the graph's pool, accumulated into in place
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in self.params]
+        generators = self._sr_generators()
+        self._invalidate_weight_caches()
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()  # the eager steps' cached blocks, for the graph's pool
+        graph = torch.cuda.CUDAGraph()
+        for gen in generators:
+            graph.register_generator_state(gen)
+        try:
+            with torch.cuda.graph(graph):
+                torch._foreach_zero_(grads)
+                loss_sum = torch.zeros((), device=self.device)
+                for x, y in self.static_batches:
+                    with self.autocast():
+                        loss = self.forward(x, y)
+                    (loss / n).backward()
+                    loss_sum += loss.detach()
+        except Exception as e:
+            raise RuntimeError(f"train.cuda_graph: capturing the training step as a CUDA graph failed "
+                               f"({type(e).__name__}: {e}); run with train.cuda_graph=false") from e
+        finally:
+            self._invalidate_weight_caches()
+        self.graph, self.loss_sum, self.key = graph, loss_sum, key
+        self.captures += 1
+        log.info("cuda graph: captured the step (%d micro-batch%s, %d SR generators; capture #%d)",
+                 n, "" if n == 1 else "es", len(generators), self.captures)

@@ -1,0 +1,133 @@
+"""train.cuda_graph: where a step can be captured (CPU), and on a GPU that a replayed step is the eager
+step: the same losses and weights, the same stochastic-rounding streams, a recapture when the precision
+switches, and telemetry steps run eagerly."""
+import pytest
+import torch
+
+from nvfp4train.dist import DistInfo
+from nvfp4train.model import HybridLM, ModelConfig, param_groups
+from nvfp4train.optim import OptimConfig
+from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
+from nvfp4train.precision.linear import QuantLinear
+from nvfp4train.schema import ConfigError
+from nvfp4train.train.config import load_preset
+from nvfp4train.train.cuda_graph import cuda_graph_blocker
+from nvfp4train.train.engines import TorchEngine, resolve_cuda_graph
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _model(precision: str, device: str):
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_dict(load_preset("model", "hybrid_tiny"))
+    policy = PrecisionPolicy.from_dict(load_preset("precision", precision))
+    model = HybridLM(cfg, linear_factory=build_linear_factory(policy, n_blocks=len(cfg.pattern), seed=3)).to(device)
+    return model, PrecisionController(policy, model), cfg
+
+
+def _info(device: str) -> DistInfo:
+    return DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device(device))
+
+
+# ------------------------------------------------------------------------------ CPU: where it applies
+def test_auto_runs_eager_where_a_graph_cannot_be_captured():
+    model, _, _ = _model("nvfp4", "cpu")
+    assert "cpu" in cuda_graph_blocker(model, torch.device("cpu"), 1, "ddp", "none")
+    assert resolve_cuda_graph("auto", model, _info("cpu"), "ddp") is False
+    assert resolve_cuda_graph("false", model, _info("cpu"), "ddp") is False
+    cuda = torch.device("cuda")
+    assert "2 ranks" in cuda_graph_blocker(model, cuda, 2, "fsdp2", "none")
+    assert "deepspeed" in cuda_graph_blocker(model, cuda, 1, "deepspeed", "none")
+    assert "activation_checkpointing=full" in cuda_graph_blocker(model, cuda, 1, "ddp", "full")
+    assert cuda_graph_blocker(model, cuda, 1, "ddp", "none") is None
+
+
+def test_true_refuses_a_run_that_cannot_capture_naming_the_key():
+    model, _, _ = _model("bf16", "cpu")
+    with pytest.raises(ConfigError, match=r"train.cuda_graph=true: .*the device is cpu.*allowed: auto"):
+        resolve_cuda_graph("true", model, _info("cpu"), "ddp")
+
+
+def test_train_cli_refuses_cuda_graph_true_on_cpu_with_one_line(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    from tests.conftest import run_train
+
+    proc = run_train("train.cuda_graph=true", "train.max_steps=1", f"out_dir={tmp_path / 'run'}", check=False)
+    assert proc.returncode != 0
+    assert "train.cuda_graph=true" in proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_value_names_the_key(tmp_path):
+    from tests.conftest import run_train
+
+    proc = run_train("train.cuda_graph=sometimes", "train.max_steps=1", f"out_dir={tmp_path / 'run'}", check=False)
+    assert proc.returncode != 0
+    assert "train.cuda_graph" in proc.stderr + proc.stdout
+
+
+# ------------------------------------------------------------------------------ GPU: replay == eager
+def _engines(precision: str):
+    out = []
+    for graphed in (False, True):
+        model, ctl, cfg = _model(precision, "cuda")
+        engine = TorchEngine(model, lambda m: param_groups(m, 0.1), OptimConfig(lr=3e-3), "ddp", _info("cuda"),
+                             cuda_graph=graphed)
+        out.append((model, ctl, engine))
+    return out, cfg
+
+
+def _batches(cfg, steps: int, micro: int, rows: int = 2, seq: int = 64):
+    g = torch.Generator().manual_seed(1)
+    t = torch.randint(0, cfg.vocab_size, (steps, micro, rows, seq + 1), generator=g)
+    return [[(t[s, i, :, :-1], t[s, i, :, 1:]) for i in range(micro)] for s in range(steps)]
+
+
+def _sr_states(model):
+    return {(m.label, role): state for m in model.modules() if isinstance(m, QuantLinear)
+            for role, state in m.generator_state().items()}
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("precision", ["nvfp4", "bf16"])
+@pytest.mark.parametrize("micro", [1, 2])
+def test_replayed_steps_are_the_eager_steps(precision, micro):
+    (eager, graphed), cfg = _engines(precision)
+    losses = {0: [], 1: []}
+    for step, batch in enumerate(_batches(cfg, 6, micro), start=1):
+        for k, (_, ctl, engine) in enumerate((eager, graphed)):
+            ctl.on_step((step - 1) / 6)
+            losses[k].append(engine.train_step(batch, lr=3e-3, step=step).loss.item())
+    assert graphed[2].step_graph.captures == 1  # steps 1-2 eager, 3 captured, 4-6 replayed
+    torch.testing.assert_close(torch.tensor(losses[1]), torch.tensor(losses[0]), rtol=2e-3, atol=0)
+    for p, q in zip(eager[0].parameters(), graphed[0].parameters()):
+        torch.testing.assert_close(q, p, rtol=2e-2, atol=2e-4)
+    # the SR streams advanced exactly as eager steps advance them (what a checkpoint saves)
+    a, b = _sr_states(eager[0]), _sr_states(graphed[0])
+    assert a.keys() == b.keys() and (precision == "bf16" or a)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_switch_recaptures_and_telemetry_steps_run_eagerly():
+    (_, (model, ctl, engine)), cfg = _engines("nvfp4")
+    batches = _batches(cfg, 8, 1)
+    for step in range(1, 4):
+        engine.train_step(batches[step - 1], lr=3e-3, step=step)
+    assert engine.step_graph.captures == 1
+    ctl._apply_switch(True)  # the schedule's switch to BF16: other recipes, another graph
+    loss = engine.train_step(batches[3], lr=3e-3, step=4).loss
+    assert engine.step_graph.captures == 2 and torch.isfinite(loss)
+    for layer in ctl.layers:
+        layer.stats_enabled = True
+    ctl._apply_switch(False)
+    engine.train_step(batches[4], lr=3e-3, step=5)  # telemetry: eager, the graph released
+    assert engine.step_graph.graph is None and ctl.quant_stats()
+    for layer in ctl.layers:
+        layer.stats_enabled = False
+    for step in (6, 7):
+        loss = engine.train_step(batches[step - 1], lr=3e-3, step=step).loss
+    assert engine.step_graph.captures == 3 and torch.isfinite(loss)
