@@ -144,10 +144,15 @@ def bench_one(model_name: str, model_cfg: ModelConfig, precision: str, batch: in
     micro_batches = [[(t[:, :-1], t[:, 1:])] for t in tokens]
     cuda = device.type == "cuda"
     for i in range(warmup):
+        if cuda and graphed and i == engine.step_graph.warmup_steps:
+            # the graph's memory pool is allocated in its capture: the peak counts from there
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         engine.train_step(micro_batches[i], lr=1e-4, step=i + 1)
     if cuda:
         torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        if not graphed:
+            torch.cuda.reset_peak_memory_stats()
     syncs = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from torch import nn
 
 from .backends import TE, resolve_backend
-from .linear import QuantLinear
+from .linear import QuantLinear, invalidate_weight_caches
 from .policy import PrecisionPolicy
 from .te_backend import TELinear
 
@@ -106,12 +106,11 @@ class PrecisionController:
         """Drop every layer's cached quantized weights (and free their memory). Call it after
         `optimizer.step()` and after loading weights; `on_step` and `load_state_dict` call it too.
         Between two calls each layer quantizes its weight once (the first training forward of the
-        step) and every micro-batch's Fprop and Dgrad reuse it. An in-place update of a weight
-        (torch optimizers, `copy_`) is noticed without it; updates through `.data` (DeepSpeed)
-        or into re-gathered storage (FSDP2) are not."""
-        for layer in self.layers:
-            if isinstance(layer, QuantLinear):
-                layer.invalidate_weight_cache()
+        step) and every micro-batch's Fprop and Dgrad reuse it. An in-place update that bumps the
+        weight's version counter (`copy_`, foreach optimizers) is noticed without it; torch's fused
+        AdamW, updates through `.data` (DeepSpeed) and re-gathered storage (FSDP2) are not (the
+        TorchEngine drops the caches after each optimizer step itself)."""
+        invalidate_weight_caches(self.layers)
 
     def _apply_switch(self, switched: bool) -> None:
         self.switched = switched

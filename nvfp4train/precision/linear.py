@@ -95,8 +95,9 @@ class WeightCache:
 
     An entry is dropped when the weight's version counter, storage, shape, dtype or device changes
     (an in-place update, a copy into it, `.data` replaced) and on `clear()`, which the precision
-    controller calls at each `on_step` and `weights_changed` (optimizer steps that do not bump the
-    version counter: DeepSpeed writes through `.data`, FSDP2 re-gathers into the same storage).
+    controller calls at each `on_step` and `weights_changed`, and the TorchEngine after each
+    optimizer step: updates that do not bump the version counter (torch's fused AdamW, DeepSpeed
+    writing through `.data`, FSDP2 re-gathering into the same storage) are only seen that way.
     Stochastically rounded weight operands are never cached (each use draws anew, as before)."""
 
     def __init__(self):
@@ -132,6 +133,13 @@ class WeightCache:
     def clear(self) -> None:
         self._entries.clear()
         self._stamp = None
+
+
+def invalidate_weight_caches(layers) -> None:
+    """Drop the cached quantized weights of every QuantLinear in `layers` (the weights changed)."""
+    for layer in layers:
+        if isinstance(layer, QuantLinear):
+            layer.invalidate_weight_cache()
 
 
 class LayerState:

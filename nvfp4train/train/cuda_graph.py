@@ -31,7 +31,7 @@ import logging
 import torch
 import torch.nn as nn
 
-from nvfp4train.precision.linear import QuantLinear
+from nvfp4train.precision.linear import QuantLinear, invalidate_weight_caches
 from nvfp4train.precision.policy import ROLES
 from nvfp4train.precision.te_backend import TELinear
 
@@ -117,10 +117,6 @@ class StepGraph:
         recipes = tuple(m.recipe_key for m in self.layers)
         return shapes, recipes, tuple(id(g) for g in self._sr_generators())
 
-    def _invalidate_weight_caches(self) -> None:
-        for layer in self.layers:
-            layer.invalidate_weight_cache()
-
     def _capture(self, micro_batches, key) -> None:
         n = len(micro_batches)
         self.static_batches = [(x.to(self.device).clone(), y.to(self.device).clone()) for x, y in micro_batches]
@@ -129,7 +125,7 @@ class StepGraph:
                 p.grad = torch.zeros_like(p)
         grads = [p.grad for p in self.params]
         generators = self._sr_generators()
-        self._invalidate_weight_caches()
+        invalidate_weight_caches(self.layers)
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # the eager steps' cached blocks, for the graph's pool
         graph = torch.cuda.CUDAGraph()
@@ -148,7 +144,7 @@ class StepGraph:
             raise RuntimeError(f"train.cuda_graph: capturing the training step as a CUDA graph failed "
                                f"({type(e).__name__}: {e}); run with train.cuda_graph=false") from e
         finally:
-            self._invalidate_weight_caches()
+            invalidate_weight_caches(self.layers)
         self.graph, self.loss_sum, self.key = graph, loss_sum, key
         self.captures += 1
         log.info("cuda graph: captured the step (%d micro-batch%s, %d SR generators; capture #%d)",

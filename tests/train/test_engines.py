@@ -79,3 +79,30 @@ def test_nonfinite_step_is_skipped_on_the_device_then_the_guard_halts():
 def test_compile_auto_means_cuda_only():
     assert not resolve_compile("auto", torch.device("cpu")) and resolve_compile("auto", torch.device("cuda"))
     assert resolve_compile("true", torch.device("cpu")) and not resolve_compile("false", torch.device("cuda"))
+
+
+def test_quantized_weights_follow_every_optimizer_step_without_the_controller():
+    """torch's fused AdamW does not bump the weights' version counters, so the layers' quantized-weight
+    caches cannot see its update: the engine drops them after every step. A caller that never calls
+    PrecisionController.on_step (the benchmark, a library user) trains exactly as the trainer does."""
+    from nvfp4train.model import HybridLM, ModelConfig, param_groups
+    from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
+    from nvfp4train.train.config import load_preset
+
+    cfg = ModelConfig.from_dict(load_preset("model", "hybrid_tiny"))
+    tokens = torch.randint(0, cfg.vocab_size, (4, 2, 33), generator=torch.Generator().manual_seed(0))
+    losses = []
+    for with_controller_steps in (True, False):
+        torch.manual_seed(0)
+        policy = PrecisionPolicy.from_dict({**load_preset("precision", "nvfp4"), "stats_every": 0})
+        model = HybridLM(cfg, linear_factory=build_linear_factory(policy, n_blocks=len(cfg.pattern), seed=3))
+        ctl = PrecisionController(policy, model)
+        engine = TorchEngine(model, lambda m: param_groups(m, 0.1), OptimConfig(lr=1e-2), "ddp", CPU)
+        run = []
+        for step, t in enumerate(tokens, start=1):
+            if with_controller_steps:
+                ctl.on_step(step / len(tokens))
+            run.append(engine.train_step([(t[:, :-1], t[:, 1:])], lr=1e-2, step=step).loss.item())
+        losses.append(run)
+    assert losses[0] == losses[1]
+    assert len(set(losses[0])) == len(tokens)  # the steps trained: a stale weight would change the later losses
