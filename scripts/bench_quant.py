@@ -2,7 +2,7 @@
 
     python scripts/bench_quant.py                              # CUDA: 8192x8192 and 16384x4096 bf16
     python scripts/bench_quant.py --device cpu --shapes 64x256 --repeats 2 --out /tmp/quant.json
-    python scripts/bench_quant.py --rht-blocks 4,64 2,128 8,32     # sweep the fused RHT kernels' blocks
+    python scripts/bench_quant.py --rht-blocks 4,64 4,64,8 2,128   # sweep the fused RHT kernels' blocks
 
 GB/s counts the bytes a quantizer must move: its input read once plus its outputs written (packed
 codes + scales for ``quantize``, the dense values for ``fake_quantize``). The copy column is
@@ -10,10 +10,10 @@ codes + scales for ``quantize``, the dense values for ``fake_quantize``). The co
 close a quantizer comes to the memory bound. (The NVFP4 kernels read the input twice, once for the
 global amax, which the count leaves out: their ceiling is below 1.)
 
-``--rht-blocks G,F ...`` times only the fused Wgrad kernels (``nvfp4.rht_quantize_t`` and
-``mxfp4.rht_quantize_t``, Triton) with G groups of 16 / 32 tokens x F features per program, a row
-per kernel and block shape (the quantizer's name ends in ``blocks=GxF``; G x F / 64 warps, 1 to 8);
-the bits do not depend on it.
+``--rht-blocks G,F[,W] ...`` times only the fused Wgrad kernels (``nvfp4.rht_quantize_t`` and
+``mxfp4.rht_quantize_t``, Triton, RNE and SR) with G groups of 16 / 32 tokens x F features per program
+on W warps (default G x F / 64, 1 to 8), a row per kernel, rounding and block shape (the quantizer's
+name ends in ``blocks=GxF`` or ``blocks=GxF warps=W``); the bits do not depend on it.
 
 Rows are printed as a table and merged into ``--out`` (default docs/results/bench/quant.json), one
 row per quantizer x shape x impl: {quantizer, shape, impl, ms, gbps, copy_gbps, frac_of_copy, gpu,
@@ -53,17 +53,23 @@ def nbytes(t) -> int:
     raise TypeError(type(t))
 
 
+def _blocks_label(blocks: tuple[int, ...]) -> str:
+    return f"blocks={blocks[0]}x{blocks[1]}" + (f" warps={blocks[2]}" if len(blocks) == 3 else "")
+
+
 def cases(device: torch.device, rht_blocks=None):
     """(name, fn(x, impl)) for every quantizer with a Triton kernel; with ``rht_blocks`` (a list of
-    (groups, features)), the fused Wgrad kernels at each block shape instead."""
+    (groups, features[, warps])), the fused Wgrad kernels at each block shape instead."""
     gen = lambda: sr_generator(0, 0, device)  # noqa: E731
     bf16 = torch.bfloat16
-    if rht_blocks:
-        return [case for g, f in rht_blocks for case in (
-            (f"nvfp4.rht_quantize_t 1x16 rne blocks={g}x{f}",
-             lambda x, i, b=(g, f): nvfp4.rht_quantize_t(x, "rne", impl=i, blocks=b)),
-            (f"mxfp4.rht_quantize_t 1x32 rne blocks={g}x{f}",
-             lambda x, i, b=(g, f): mxfp4.rht_quantize_t(x, "rne", impl=i, blocks=b)),
+    if rht_blocks:  # RNE (the activations' Wgrad operand) and SR (the gradients')
+        return [case for b in rht_blocks for label in [_blocks_label(b)] for case in (
+            (f"nvfp4.rht_quantize_t 1x16 rne {label}", lambda x, i, b=b: nvfp4.rht_quantize_t(x, "rne", impl=i, blocks=b)),
+            (f"nvfp4.rht_quantize_t 1x16 sr {label}",
+             lambda x, i, b=b: nvfp4.rht_quantize_t(x, "sr", gen(), impl=i, blocks=b)),
+            (f"mxfp4.rht_quantize_t 1x32 rne {label}", lambda x, i, b=b: mxfp4.rht_quantize_t(x, "rne", impl=i, blocks=b)),
+            (f"mxfp4.rht_quantize_t 1x32 sr {label}",
+             lambda x, i, b=b: mxfp4.rht_quantize_t(x, "sr", gen(), impl=i, blocks=b)),
         )]
     return [
         ("nvfp4.quantize 1x16 rne", lambda x, i: nvfp4.quantize(x, (1, 16), "rne", impl=i)),
@@ -165,14 +171,16 @@ def parse_shape(text: str) -> tuple[int, int]:
     return n_rows, n_cols
 
 
-def parse_blocks(text: str) -> tuple[int, int]:
+def parse_blocks(text: str) -> tuple[int, ...]:
     try:
-        groups, features = (int(v) for v in text.split(","))
+        blocks = tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--rht-blocks: {text!r} is not GROUPS,FEATURES (e.g. 4,64)") from None
-    if not all(v >= 1 and v & (v - 1) == 0 for v in (groups, features)):
-        raise argparse.ArgumentTypeError(f"--rht-blocks: {text!r}: both numbers must be powers of two")
-    return groups, features
+        blocks = ()
+    if len(blocks) not in (2, 3):
+        raise argparse.ArgumentTypeError(f"--rht-blocks: {text!r} is not GROUPS,FEATURES[,WARPS] (e.g. 4,64 or 4,64,8)")
+    if not all(v >= 1 and v & (v - 1) == 0 for v in blocks):
+        raise argparse.ArgumentTypeError(f"--rht-blocks: {text!r}: every number must be a power of two")
+    return blocks
 
 
 def main(argv=None) -> None:
@@ -184,9 +192,10 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per case (default 20 CUDA, 3 CPU)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"JSON to merge rows into (default {DEFAULT_OUT.relative_to(ROOT)})")
-    parser.add_argument("--rht-blocks", type=parse_blocks, nargs="+", metavar="G,F",
-                        help="time only nvfp4/mxfp4.rht_quantize_t (Triton) with G token groups x F features per "
-                             "program, a row per kernel and G,F (e.g. --rht-blocks 4,64 2,128)")
+    parser.add_argument("--rht-blocks", type=parse_blocks, nargs="+", metavar="G,F[,W]",
+                        help="time only nvfp4/mxfp4.rht_quantize_t (Triton, RNE and SR) with G token groups x F "
+                             "features per program on W warps (default G*F/64), a row per kernel and block shape "
+                             "(e.g. --rht-blocks 4,64 4,64,8 2,128)")
     args = parser.parse_args(argv)
     if args.rht_blocks:
         if "triton" not in args.impls:

@@ -224,7 +224,7 @@ def rht_quantize_t(
     scale_rule: str = "rceil",
     *,
     impl: str = "auto",
-    blocks: tuple[int, int] | None = None,
+    blocks: tuple[int, ...] | None = None,
 ) -> MXFP4Tensor:
     """The Wgrad operand of ``x`` [tokens, features]: MXFP4 (1x32) of ``hadamard.rht(x.T, 32,
     signs)``, shape [features, tokens].
@@ -232,7 +232,7 @@ def rht_quantize_t(
     Same bits as ``quantize(hadamard.rht(x.t().contiguous(), 32, signs), rounding, scale_rule,
     generator)`` (which is what impl="reference" runs); the Triton kernel reads x row-major and
     never materializes the transpose or the transform. SR bits follow the [features, tokens]
-    layout. ``blocks``: the Triton kernel's (groups of 32 tokens, features) per program
+    layout. ``blocks``: the Triton kernel's (groups of 32 tokens, features[, warps]) per program
     (triton_kernels.rht_blocks; a speed knob, the bits do not depend on it)."""
     hadamard.check_wgrad_input(x, BLOCK, "mxfp4.rht_quantize_t")
     e2m1.check_rounding(rounding)
@@ -257,7 +257,7 @@ def rht_fake_quantize_t(
     out_dtype: torch.dtype | None = None,
     *,
     impl: str = "auto",
-    blocks: tuple[int, int] | None = None,
+    blocks: tuple[int, ...] | None = None,
 ):
     """``(values [features, tokens], 1.0)``: ``fake_quantize`` of ``hadamard.rht(x.T, 32, signs)``
     (see ``rht_quantize_t``)."""

@@ -258,7 +258,7 @@ def rht_quantize_t(
     signs=None,
     *,
     impl: str = "auto",
-    blocks: tuple[int, int] | None = None,
+    blocks: tuple[int, ...] | None = None,
 ) -> NVFP4Tensor:
     """The Wgrad operand of ``x`` [tokens, features]: NVFP4 (1x16) of ``hadamard.rht(x.T, 16,
     signs)``, shape [features, tokens], its global scale from the transformed tensor's amax.
@@ -266,7 +266,7 @@ def rht_quantize_t(
     Same bits as ``quantize(hadamard.rht(x.t(), 16, signs), (1, 16), rounding, generator)``
     (which is what impl="reference" runs); the Triton kernel reads x row-major and never
     materializes the transpose or the transform. SR bits follow the [features, tokens] layout.
-    ``blocks``: the Triton kernels' (groups of 16 tokens, features) per program
+    ``blocks``: the Triton kernels' (groups of 16 tokens, features[, warps]) per program
     (triton_kernels.rht_blocks; a speed knob, the bits do not depend on it)."""
     hadamard.check_wgrad_input(x, BLOCK, "nvfp4.rht_quantize_t")
     e2m1.check_rounding(rounding)
@@ -288,7 +288,7 @@ def rht_fake_quantize_t(
     out_dtype: torch.dtype | None = None,
     *,
     impl: str = "auto",
-    blocks: tuple[int, int] | None = None,
+    blocks: tuple[int, ...] | None = None,
 ):
     """``(values [features, tokens], global_decode_scale)``: ``fake_quantize`` of
     ``hadamard.rht(x.T, 16, signs)`` (see ``rht_quantize_t``)."""
@@ -315,7 +315,7 @@ def quantize_rowwise_and_rht_t(
     columnwise_dense: bool = False,
     out_dtype: torch.dtype | None = None,
     impl: str = "auto",
-    blocks: tuple[int, int] | None = None,
+    blocks: tuple[int, ...] | None = None,
 ):
     """Both NVFP4 copies the recipe takes of an activation or gradient x [tokens, features], from
     one read of x on CUDA: ``(rowwise, columnwise)`` with

@@ -662,26 +662,29 @@ def sign_mask(signs: torch.Tensor) -> int:
     return sum(1 << i for i, s in enumerate(signs.tolist()) if s < 0)
 
 
-def _rht_launch_options(x: torch.Tensor, groups: int, block_f: int) -> dict:
-    # One warp per 64 (group, feature) pairs (up to 8): a thread then holds 2 features of a group,
-    # D accumulators each, whatever the block shape (4 warps for the default 4 x 64), and small
-    # tiles (the 1-group fallback) leave no warp idle.
+def _rht_launch_options(x: torch.Tensor, warps: int) -> dict:
     options = _launch_options(x)
     if x.is_cuda:
-        options["num_warps"] = min(8, max(1, groups * block_f // 64))
+        options["num_warps"] = warps
     return options
 
 
-def rht_blocks(n_tokens: int, d: int, blocks=None) -> tuple[int, int]:
-    """(groups of d tokens, features) a program of the RHT kernels takes: ``blocks`` (default
-    (RHT_GROUPS, RHT_BLOCK_F)), both powers of two, groups halved until it divides n_tokens / d
-    (tokens are not masked)."""
-    groups, block_f = blocks if blocks is not None else (RHT_GROUPS, RHT_BLOCK_F)
-    if not all(isinstance(v, int) and v >= 1 and v & (v - 1) == 0 for v in (groups, block_f)):
-        raise ValueError(f"rht blocks={blocks!r}: (groups of {d} tokens, features) per program must be powers of two")
+def rht_blocks(n_tokens: int, d: int, blocks=None) -> tuple[int, int, int]:
+    """(groups of d tokens, features, warps) of a program of the RHT kernels: ``blocks`` is
+    (groups, features) or (groups, features, warps), default (RHT_GROUPS, RHT_BLOCK_F); all powers
+    of two, groups halved until it divides n_tokens / d (tokens are not masked). Default warps: one
+    per 64 (group, feature) pairs (1 to 8), so a thread holds 2 features of a group, D accumulators
+    each, whatever the block shape; more warps spread the same tile thinner (fewer registers a
+    thread, more programs resident on an SM). A speed knob only: the bits do not depend on it."""
+    if blocks is not None and len(blocks) not in (2, 3):
+        raise ValueError(f"rht blocks={blocks!r}: (groups, features) or (groups, features, warps)")
+    groups, block_f, *warps = blocks if blocks is not None else (RHT_GROUPS, RHT_BLOCK_F)
+    if not all(isinstance(v, int) and v >= 1 and v & (v - 1) == 0 for v in (groups, block_f, *warps)):
+        raise ValueError(f"rht blocks={blocks!r}: (groups of {d} tokens, features[, warps]) per program must be "
+                         f"powers of two")
     while n_tokens % (groups * d):
         groups //= 2
-    return groups, block_f
+    return groups, block_f, warps[0] if warps else min(8, max(1, groups * block_f // 64))
 
 
 def rht_nvfp4_t(
@@ -696,7 +699,7 @@ def rht_nvfp4_t(
     rowwise: bool = False,
     rowwise_dense: bool = False,
     seeds: torch.Tensor | None = None,
-    blocks: tuple[int, int] | None = None,
+    blocks: tuple[int, ...] | None = None,
 ):
     """NVFP4 1x16 of hadamard.rht(x.T, 16, signs) for x [tokens, features] (tokens % 16 == 0,
     checked by the caller). Outputs as ``nvfp4`` for the [features, tokens] result; SR bits are
@@ -709,11 +712,11 @@ def rht_nvfp4_t(
     x = x.contiguous()
     n_tokens, n_features = x.shape
     mask = sign_mask(signs)
-    groups, block_f = rht_blocks(n_tokens, 16, blocks)
+    groups, block_f, warps = rht_blocks(n_tokens, 16, blocks)
     grid = (n_tokens // (groups * 16), triton.cdiv(n_features, block_f))
     partial = torch.empty((2 if rowwise else 1, grid[0] * grid[1]), dtype=torch.int32, device=x.device)
     _rht_abs_max_kernel[grid](x, partial[0], partial[-1], n_features, SIGN_MASK=mask, ROWWISE=rowwise, GROUPS=groups,
-                              BLOCK_F=block_f, **_rht_launch_options(x, groups, block_f))
+                              BLOCK_F=block_f, **_rht_launch_options(x, warps))
     amaxes = partial.amax(dim=1).view(torch.float32)
     amax, row_amax = amaxes[0], amaxes[-1]
     if rowwise and rounding == "sr":
@@ -741,7 +744,7 @@ def rht_nvfp4_t(
         x, amax, bits, seed, codes, scales, values, s_dec,
         row_amax, row_seed, row_codes, row_scales, row_values, row_s_dec, n_tokens, n_features,
         SIGN_MASK=mask, ROUNDING=mode, DENSE=dense, ROWWISE=rowwise, ROW_DENSE=rowwise_dense, GROUPS=groups,
-        BLOCK_F=block_f, **_rht_launch_options(x, groups, block_f),
+        BLOCK_F=block_f, **_rht_launch_options(x, warps),
     )
     columnwise = (values, amax, s_dec) if dense else (codes, scales, amax, s_dec)
     if not rowwise:
@@ -761,7 +764,7 @@ def rht_mxfp4_t(
     generator: torch.Generator | None = None,
     out_dtype: torch.dtype | None = None,
     seed: torch.Tensor | None = None,
-    blocks: tuple[int, int] | None = None,
+    blocks: tuple[int, ...] | None = None,
 ):
     """MXFP4 1x32 of hadamard.rht(x.T, 32, signs) for x [tokens, features] (tokens % 32 == 0,
     checked by the caller; ``scale_rule`` canonical). Outputs as ``mxfp4`` for the [features,
@@ -770,7 +773,7 @@ def rht_mxfp4_t(
     seed drawn from ``generator``. ``blocks``: see ``rht_blocks``."""
     x = x.contiguous()
     n_tokens, n_features = x.shape
-    groups, block_f = rht_blocks(n_tokens, 32, blocks)
+    groups, block_f, warps = rht_blocks(n_tokens, 32, blocks)
     mode, bits, seed = _rounding_args(x, rounding, random_bits, generator, seed)
     if dense:
         values = torch.empty((n_features, n_tokens), dtype=out_dtype or x.dtype, device=x.device)
@@ -783,7 +786,7 @@ def rht_mxfp4_t(
     _rht_mxfp4_kernel[grid](
         x, bits, seed, codes, scales, values, n_tokens, n_features,
         SIGN_MASK=sign_mask(signs), SCALE_RULE={"rceil": 0, "floor": 1}[scale_rule], ROUNDING=mode, DENSE=dense,
-        GROUPS=groups, BLOCK_F=block_f, **_rht_launch_options(x, groups, block_f),
+        GROUPS=groups, BLOCK_F=block_f, **_rht_launch_options(x, warps),
     )
     return values if dense else (codes, scales)
 

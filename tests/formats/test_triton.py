@@ -505,7 +505,7 @@ def test_mxfp4_rht_quantize_t_same_bits_as_rht_then_quantize(dtype):
     gen = torch.Generator().manual_seed(7)
     # 64 tokens: the default 4 groups of 32 per program halved to 2; 96 tokens, blocks=(4, 32): halved to 1 group
     # (3 of 32 tokens), 32 features per program (40: the last program masks 24).
-    for (n_tokens, n_features), blocks in (((64, 48), None), ((96, 40), (4, 32))):
+    for (n_tokens, n_features), blocks in (((64, 48), None), ((96, 40), (4, 32)), ((64, 48), (2, 64, 8))):
         x = torch.randn(n_tokens, n_features, generator=gen)
         x[::7, ::5] *= 300
         x[3] *= 2.0**-12
@@ -557,11 +557,15 @@ def test_rht_blocks_are_powers_of_two_and_groups_divide_the_tokens():
     pytest.importorskip("triton")
     from nvfp4train.formats import triton_kernels
 
-    assert triton_kernels.rht_blocks(256, 32) == (triton_kernels.RHT_GROUPS, triton_kernels.RHT_BLOCK_F)
-    assert triton_kernels.rht_blocks(96, 32, (8, 128)) == (1, 128)  # 3 groups of 32: halved down to 1
-    assert triton_kernels.rht_blocks(192, 16, (8, 32)) == (4, 32)
-    with pytest.raises(ValueError, match="powers of two"):
-        triton_kernels.rht_blocks(256, 32, (3, 64))
+    default = (triton_kernels.RHT_GROUPS, triton_kernels.RHT_BLOCK_F)
+    assert triton_kernels.rht_blocks(256, 32) == (*default, default[0] * default[1] // 64)  # a warp per 64 pairs
+    assert triton_kernels.rht_blocks(96, 32, (8, 128)) == (1, 128, 2)  # 3 groups of 32: halved down to 1
+    assert triton_kernels.rht_blocks(192, 16, (8, 32)) == (4, 32, 2)
+    assert triton_kernels.rht_blocks(192, 16, (8, 32, 8)) == (4, 32, 8)  # warps as given
+    assert triton_kernels.rht_blocks(16, 16, (1, 16)) == (1, 16, 1)  # at least one warp
+    for bad in ((3, 64), (4, 64, 3), (4, 64, 8, 1)):
+        with pytest.raises(ValueError, match="rht blocks"):
+            triton_kernels.rht_blocks(256, 32, bad)
 
 
 @pytest.mark.slow  # ~25 s with an empty Triton cache
@@ -629,16 +633,19 @@ def test_kernels_compile_for_sm90_without_approximate_division():
          {"ROUNDING": tk.RNE, "DENSE": False, "ROWWISE": False, "ROW_DENSE": False, **rht_blocks}),
         (tk._rht_nvfp4_kernel, rht_args,
          {"ROUNDING": tk.SR_PHILOX, "DENSE": True, "ROWWISE": True, "ROW_DENSE": False, **rht_blocks}),
+        # rht_blocks' warps: the same tile on 8 warps (a (group, feature) column a thread)
+        (tk._rht_nvfp4_kernel, rht_args,
+         {"ROUNDING": tk.SR_PHILOX, "DENSE": True, "ROWWISE": False, "ROW_DENSE": False, **rht_blocks}, {"num_warps": 8}),
         (tk._rht_mxfp4_kernel, {**common, "n_tokens": "i32", "n_features": "i32"},
          {**rht_blocks, "SIGN_MASK": 0xB7E8C3A1, "SCALE_RULE": 0, "ROUNDING": tk.RNE, "DENSE": False}),
         (tk._rht_mxfp4_kernel, {**common, "n_tokens": "i32", "n_features": "i32"},
          {**rht_blocks, "SIGN_MASK": 0xB7E8C3A1, "SCALE_RULE": 1, "ROUNDING": tk.SR_PHILOX, "DENSE": True}),
     ]
-    for kernel, signature, constexprs in variants:
+    for kernel, signature, constexprs, *options in variants:
         signature = {**{k: "constexpr" for k in constexprs}, **signature}
         signature = {name: signature[name] for name in kernel.arg_names}
         compiled = triton_compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                                  target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False})
+                                  target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False, **dict(*options)})
         ptx = compiled.asm["ptx"]
         assert "div.full" not in ptx and "div.approx" not in ptx and "fma.rn.f32" not in ptx, (kernel, constexprs)
         if kernel in (tk._rht_abs_max_kernel, tk._rht_nvfp4_kernel, tk._rht_mxfp4_kernel):
