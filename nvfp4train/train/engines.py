@@ -93,7 +93,10 @@ class TorchEngine:
             self.optimizer.register_step_post_hook(lambda *_: invalidate_weight_caches(quantized))
         self.forward = torch.compile(self.wrapped) if compile else self.wrapped
         self.grad_clip = optim_cfg.grad_clip
-        self.module = self.forward
+        # Evaluation runs the uncompiled model: a held-out pass is a few dozen sequences, and through the
+        # compiled one it compiled the whole forward again (grad mode is one of its guards) at every run's
+        # first evaluation, tens of seconds on a GPU.
+        self.module = self.wrapped
         # train.cuda_graph: forward + backward replayed as one CUDA graph (cuda_graph.py says what it keeps)
         self.step_graph = StepGraph(model, self.forward, self.autocast, info.device) if cuda_graph else None
 

@@ -106,3 +106,26 @@ def test_quantized_weights_follow_every_optimizer_step_without_the_controller():
         losses.append(run)
     assert losses[0] == losses[1]
     assert len(set(losses[0])) == len(tokens)  # the steps trained: a stale weight would change the later losses
+
+
+def test_evaluation_does_not_compile_the_model_again():
+    """train.compile=true: held-out evaluation (no grad, eval mode) runs the model uncompiled. Through the
+    compiled training forward it compiled the whole model a second time (grad mode is a guard)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = TinyLM()
+    engine = TorchEngine(model, lambda m: [{"params": list(m.parameters())}], OptimConfig(lr=1e-2, grad_clip=0.0),
+                         "ddp", CPU, compile=True)
+    (x, y), = batches(1, 4)
+    engine.train_step([(x, y)], lr=1e-2, step=1)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 1  # the training step ran compiled
+    model.eval()
+    with torch.no_grad():
+        loss = engine.module(x, y)
+    assert counters["stats"]["unique_graphs"] == graphs
+    torch.testing.assert_close(loss, F.cross_entropy(model.head(model.emb(x)).float().flatten(0, 1), y.flatten()))
+    torch._dynamo.reset()
