@@ -63,14 +63,11 @@ def cases(device: torch.device, rht_blocks=None):
     gen = lambda: sr_generator(0, 0, device)  # noqa: E731
     bf16 = torch.bfloat16
     if rht_blocks:  # RNE (the activations' Wgrad operand) and SR (the gradients')
-        return [case for b in rht_blocks for label in [_blocks_label(b)] for case in (
-            (f"nvfp4.rht_quantize_t 1x16 rne {label}", lambda x, i, b=b: nvfp4.rht_quantize_t(x, "rne", impl=i, blocks=b)),
-            (f"nvfp4.rht_quantize_t 1x16 sr {label}",
-             lambda x, i, b=b: nvfp4.rht_quantize_t(x, "sr", gen(), impl=i, blocks=b)),
-            (f"mxfp4.rht_quantize_t 1x32 rne {label}", lambda x, i, b=b: mxfp4.rht_quantize_t(x, "rne", impl=i, blocks=b)),
-            (f"mxfp4.rht_quantize_t 1x32 sr {label}",
-             lambda x, i, b=b: mxfp4.rht_quantize_t(x, "sr", gen(), impl=i, blocks=b)),
-        )]
+        return [(f"{name}.rht_quantize_t {tile} {rounding} {_blocks_label(b)}",
+                 lambda x, i, fmt=fmt, r=rounding, b=b: fmt.rht_quantize_t(x, r, gen() if r == "sr" else None,
+                                                                           impl=i, blocks=b))
+                for b in rht_blocks for name, fmt, tile in (("nvfp4", nvfp4, "1x16"), ("mxfp4", mxfp4, "1x32"))
+                for rounding in ("rne", "sr")]
     return [
         ("nvfp4.quantize 1x16 rne", lambda x, i: nvfp4.quantize(x, (1, 16), "rne", impl=i)),
         ("nvfp4.quantize 1x16 sr", lambda x, i: nvfp4.quantize(x, (1, 16), "sr", gen(), impl=i)),

@@ -635,7 +635,8 @@ def test_kernels_compile_for_sm90_without_approximate_division():
          {"ROUNDING": tk.SR_PHILOX, "DENSE": True, "ROWWISE": True, "ROW_DENSE": False, **rht_blocks}),
         # rht_blocks' warps: the same tile on 8 warps (a (group, feature) column a thread)
         (tk._rht_nvfp4_kernel, rht_args,
-         {"ROUNDING": tk.SR_PHILOX, "DENSE": True, "ROWWISE": False, "ROW_DENSE": False, **rht_blocks}, {"num_warps": 8}),
+         {"ROUNDING": tk.SR_PHILOX, "DENSE": True, "ROWWISE": False, "ROW_DENSE": False, **rht_blocks},
+         {"num_warps": 8}),
         (tk._rht_mxfp4_kernel, {**common, "n_tokens": "i32", "n_features": "i32"},
          {**rht_blocks, "SIGN_MASK": 0xB7E8C3A1, "SCALE_RULE": 0, "ROUNDING": tk.RNE, "DENSE": False}),
         (tk._rht_mxfp4_kernel, {**common, "n_tokens": "i32", "n_features": "i32"},
@@ -645,7 +646,8 @@ def test_kernels_compile_for_sm90_without_approximate_division():
         signature = {**{k: "constexpr" for k in constexprs}, **signature}
         signature = {name: signature[name] for name in kernel.arg_names}
         compiled = triton_compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                                  target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False, **dict(*options)})
+                                  target=GPUTarget("cuda", 90, 32),
+                                  options={"enable_fp_fusion": False, **dict(*options)})
         ptx = compiled.asm["ptx"]
         assert "div.full" not in ptx and "div.approx" not in ptx and "fma.rn.f32" not in ptx, (kernel, constexprs)
         if kernel in (tk._rht_abs_max_kernel, tk._rht_nvfp4_kernel, tk._rht_mxfp4_kernel):
