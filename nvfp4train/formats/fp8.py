@@ -96,6 +96,27 @@ def quantize_tensorwise(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3f
     return xf.mul_(encode).clamp_(-limit, limit).to(dtype), torch.reciprocal(encode)
 
 
+def quantize_tensorwise_rowcol(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False,
+                               *, impl: str = "auto"):
+    """``((data, decode_scale), (data_t, decode_scale))``: ``quantize_tensorwise(x)`` and, for the GEMM
+    that needs x transposed (Wgrad's K = tokens), ``data_t`` [cols, rows] contiguous, the bits
+    ``quantize_tensorwise(x.t())`` gives: a per-tensor scale commutes with the transpose (the amax of
+    x.T is the amax of x), so those are x's codes transposed. On CUDA one amax pass and one cast pass
+    write both (no transposing copy of the codes afterwards). x is 2-D; the one decode scale is
+    returned for both."""
+    _check_input(x)
+    _check_fp8_dtype(dtype)
+    if x.ndim != 2:
+        raise ValueError(f"fp8.quantize_tensorwise_rowcol: x must be 2-D, got shape {tuple(x.shape)}")
+    if use_triton(x, impl, "fp8.quantize_tensorwise_rowcol"):
+        from . import triton_kernels
+
+        data, data_t, decode = triton_kernels.fp8_tensorwise_rowcol(x, dtype, pow2_scales)
+        return (data.view(dtype), decode), (data_t.view(dtype), decode)
+    data, decode = quantize_tensorwise(x, dtype, pow2_scales, impl="reference")
+    return (data, decode), (data.view(torch.uint8).t().contiguous().view(dtype), decode)
+
+
 def fake_quantize_tensorwise(
     x: torch.Tensor,
     dtype: torch.dtype = torch.float8_e4m3fn,

@@ -103,20 +103,27 @@ def _e4m3_rne(s):
 
 @triton.jit
 def _e2m1_index(a):
-    """Index 0..7 on {0, .5, 1, 1.5, 2, 3, 4, 6} of |y| already on the grid or to round half to
+    """Index 0..7 on {0, .5, 1, 1.5, 2, 3, 4, 6} of |y| <= 6 already on the grid or to round half to
     even: the midpoints 0.25, 0.75, .. 5 go to the even index (e2m1.round_signed_'s RNE; TE's
-    decision table). NaN gives 0 (e2m1.encode_values maps NaN to code 0)."""
-    return ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-            + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
-            + (a > 5.0).to(tl.int32))
+    decision table). NaN gives 0 (e2m1.encode_values maps NaN to code 0).
+
+    By bit arithmetic, not seven comparisons: E2M1 is a float with one mantissa bit. On [1, 6] (its
+    binades 1, 1.5 | 2, 3 | 4, 6) FP32's mantissa is rounded to one bit, half to even, on the word
+    (a carry moves into the next binade, as it should); word >> 22 is then (biased exponent, mantissa
+    bit), 254 at 1.0 = index 2. Below 1 the grid step is 0.5: index = 2|y| rounded half to even, by
+    adding 2^23 (FP32 spacing 1 there; 0.25 -> 0, 0.75 -> 2 = the value 1.0)."""
+    bits = a.to(tl.int32, bitcast=True)
+    normal = ((bits + 0x1FFFFF + ((bits >> 22) & 1)) >> 22) - 252
+    subnormal = ((a * 2.0) + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
+    index = tl.where(a < 1.0, subnormal, normal)
+    return tl.where(a != a, 0, index)
 
 
 @triton.jit
 def _e2m1_magnitude(index):
-    """Index 0..7 -> E2M1 magnitude (FP32)."""
-    low = index.to(tl.float32) * 0.5  # 0, .5, 1, 1.5, 2 for index 0..4
-    high = tl.where(index == 7, 6.0, (index - 2).to(tl.float32))  # 3, 4 for 5, 6
-    return tl.where(index <= 4, low, high)
+    """Index 0..7 -> E2M1 magnitude (FP32): 0 and 0.5 below index 2, else the FP32 word with biased
+    exponent and one mantissa bit (index + 252) << 22 (1, 1.5, 2, 3, 4, 6), _e2m1_index inverted."""
+    return tl.where(index >= 2, ((index + 252) << 22).to(tl.float32, bitcast=True), index.to(tl.float32) * 0.5)
 
 
 @triton.jit
@@ -177,6 +184,19 @@ def _store_as(ptr, offs, v, mask):
         tl.store(ptr.to(tl.pointer_type(tl.int16)) + offs, bits, mask=mask)
     else:
         tl.store(ptr + offs, v.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_exact(ptr, offs, v, mask):
+    """_store_as for FP32 v that ptr's dtype holds exactly or that overflows FP32 too (E2M1 values times
+    an E4M3 or E8M0 block scale: at most 6 significant bits, within bf16's exponent range): a bf16
+    store keeps the word's high half, the rounding _store_as would do changing nothing (NaN too: an
+    arithmetic NaN is quiet already)."""
+    if ptr.dtype.element_ty == tl.bfloat16:
+        bits = (v.to(tl.int32, bitcast=True) >> 16).to(tl.int16)
+        tl.store(ptr.to(tl.pointer_type(tl.int16)) + offs, bits, mask=mask)
+    else:
+        _store_as(ptr, offs, v, mask)
 
 
 @triton.jit
@@ -262,7 +282,7 @@ def _nvfp4_tile(
         magnitude = tl.reshape(tl.reshape(_e2m1_magnitude(index), (BLOCK_R, NB, 16)) * scale[:, :, None],
                                (BLOCK_R, BLOCK_C))
         values = _with_sign(magnitude, negative)
-        _store_as(values_ptr, offs, values, mask)
+        _store_exact(values_ptr, offs, values, mask)
     else:
         # e2m1.encode_values + pack: sign in bit 3, element 2j in the low nibble.
         code = index | (negative.to(tl.int32) << 3)
@@ -413,7 +433,7 @@ def _mxfp4_kernel(
         magnitude = tl.reshape(tl.reshape(_e2m1_magnitude(index), (BLOCK_R, NB, 32)) * scale[:, :, None],
                                (BLOCK_R, BLOCK_C))
         values = _with_sign(magnitude, negative)
-        _store_as(values_ptr, offs, values, mask)
+        _store_exact(values_ptr, offs, values, mask)
     else:
         code = index | (negative.to(tl.int32) << 3)
         low, high = tl.split(tl.reshape(code, (BLOCK_R, BLOCK_C // 2, 2)))
@@ -496,6 +516,9 @@ def _rht_tokens(x_ptr, t0, f, mask_f, n_features, D: tl.constexpr, ENTRY_BITS: t
     g = tl.arange(0, GROUPS)
     j = tl.arange(0, D)
     rows = (t0 + g * D).to(tl.int64)
+    # |m| = 1/4 (D = 16) times a bf16/fp16 value: every product is exact. Not for FP32 inputs (a
+    # subnormal product rounds) nor D = 32 (|m| = fp32(1/sqrt(32)) rounds the products).
+    EXACT_PRODUCTS: tl.constexpr = (D == 16) and (x_ptr.dtype.element_ty != tl.float32)
     for i in tl.static_range(D):
         offs = (rows[:, None, None] + i) * n_features + f[None, None, :]
         xi = _to_fp32(tl.load(x_ptr + offs, mask=mask_f[None, None, :], other=0.0))
@@ -505,11 +528,14 @@ def _rht_tokens(x_ptr, t0, f, mask_f, n_features, D: tl.constexpr, ENTRY_BITS: t
         parity = (parity ^ (parity >> 1)) & 1
         negative = parity ^ ((SIGN_MASK >> i) & 1)
         m_i = ((negative << 31) | ENTRY_BITS).to(tl.float32, bitcast=True)  # row i of rht_matrix(D)
-        product = xi * m_i[None, :, None]
         if i == 0:
-            acc = product
+            acc = xi * m_i[None, :, None]
+        elif EXACT_PRODUCTS:
+            # x * (±1/4) is exact for a 16-bit input (no rounding, no FP32 underflow), so the fused
+            # multiply-add rounds once, as the product-then-sum does: one instruction, not two.
+            acc = tl.fma(xi, m_i[None, :, None], acc)
         else:
-            acc = acc + product
+            acc = acc + xi * m_i[None, :, None]
     return _round_to(acc, x_ptr.dtype.element_ty)
 
 
@@ -569,7 +595,7 @@ def _round_and_store_t(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scal
     index, negative = _round_e2m1(y, random_bits, ROUNDING)
     if DENSE:
         values = _with_sign(_e2m1_magnitude(index) * scale[:, None, :], negative)
-        _store_as(values_ptr, _output_offsets(f, n_tokens, t0, GROUPS * D),
+        _store_exact(values_ptr, _output_offsets(f, n_tokens, t0, GROUPS * D),
                   _to_output_rows(values, GROUPS, D, BLOCK_F), mask_f[:, None])
     else:
         _store_e2m1_t(codes_ptr, scales_ptr, index, negative, scale_bits, f, mask_f, t0, n_tokens, GROUPS, D,
@@ -937,6 +963,46 @@ def fp8_tensorwise(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool) -> tu
         BLOCK=TENSORWISE_BLOCK, **_launch_options(x),
     )
     return data.view(dtype), decode
+
+
+@triton.jit
+def _fp8_tensorwise_rowcol_kernel(x_ptr, amax_ptr, data_ptr, data_t_ptr, decode_ptr, rows, cols,
+                                  FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, POW2: tl.constexpr,
+                                  BLOCK: tl.constexpr):
+    """_fp8_tensorwise_kernel's cast of a BLOCK x BLOCK tile of x [rows, cols], stored twice: as it is
+    and transposed ([cols, rows]). The transpose moves the one-byte codes through shared memory inside
+    the program instead of a separate transposing copy of the whole tensor."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    x = _to_fp32(tl.load(x_ptr + r[:, None].to(tl.int64) * cols + c[None, :], mask=mask, other=0.0))
+    encode, decode = _fp8_block_scales(tl.load(amax_ptr), _FLT_MAX, FP8_MAX, POW2)
+    code = _fp8_codes(x * encode, FP8_MAX, MANT, BIAS).to(tl.uint8)
+    tl.store(data_ptr + r[:, None].to(tl.int64) * cols + c[None, :], code, mask=mask)
+    tl.store(data_t_ptr + c[:, None].to(tl.int64) * rows + r[None, :], tl.trans(code), mask=tl.trans(mask))
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        tl.store(decode_ptr, decode)
+
+
+TENSORWISE_TILE = 64
+
+
+def fp8_tensorwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool):
+    """(data [rows, cols], data_t [cols, rows], decode) of a 2-D x: fp8_tensorwise's codes, and the same
+    codes transposed, from the amax pass and one cast pass (data as uint8 bits of ``dtype``)."""
+    x = x.contiguous()
+    rows, cols = x.shape
+    amax = abs_max(x)
+    data = torch.empty((rows, cols), dtype=torch.uint8, device=x.device)
+    data_t = torch.empty((cols, rows), dtype=torch.uint8, device=x.device)
+    decode = torch.empty((), dtype=torch.float32, device=x.device)
+    mant, bias = (3, 7) if dtype == torch.float8_e4m3fn else (2, 15)
+    grid = (triton.cdiv(rows, TENSORWISE_TILE), triton.cdiv(cols, TENSORWISE_TILE))
+    _fp8_tensorwise_rowcol_kernel[grid](
+        x, amax, data, data_t, decode, rows, cols, FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias,
+        POW2=pow2_scales, BLOCK=TENSORWISE_TILE, **_launch_options(x),
+    )
+    return data, data_t, decode
 
 
 @triton.jit

@@ -230,16 +230,6 @@ def _wgrad_x_shape(recipe: LayerRecipe, in_f: int, tokens) -> tuple:
     return (round_up(in_f, recipe.wgrad_x.row_block), _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x))
 
 
-def _tensorwise_transposed(state: "LayerState", x_q: operands.Quantized, recipe: LayerRecipe, shape, k_w: int):
-    """The packed Xᵀ as Fprop's per-tensor FP8 codes transposed (`operands.tensorwise_transposed`) when
-    Fprop's X operand has the Wgrad X operand's spec; None otherwise, or when telemetry wants the Wgrad
-    operand's own statistics."""
-    if not operands.tensorwise_pair(recipe.fprop_x, recipe.wgrad_x) or x_q.fp8_data is None or state.stats is not None:
-        return None
-    tokens, in_f = shape
-    return list(operands.tensorwise_transposed(x_q, recipe.wgrad_x, tokens, in_f, k_w))
-
-
 @torch.library.custom_op("nvfp4train::quant_linear_fprop", mutates_args=())
 def quant_linear_fprop(x: torch.Tensor, weight: torch.Tensor, layer_id: int, recipe_key: str, backend_name: str,
                        out_dtype: torch.dtype, save_x: bool, save_w: bool) -> list[torch.Tensor]:
@@ -265,8 +255,7 @@ def quant_linear_fprop(x: torch.Tensor, weight: torch.Tensor, layer_id: int, rec
             elif both:
                 outputs.extend(both[1].tensors)
             else:  # Xᵀ [in, tokens], quantized along tokens now, saved packed
-                reused = _tensorwise_transposed(state, x_q, recipe, x2d.shape, k_w)
-                outputs.extend(reused or state.pack("wgrad_x", x2d.t(), recipe.wgrad_x, k_w).tensors)
+                outputs.extend(state.pack("wgrad_x", x2d.t(), recipe.wgrad_x, k_w).tensors)
         if save_w and w_packed is not None:
             outputs.extend(t.clone() for t in w_packed.tensors)  # the cache keeps its own
     return [t.contiguous() for t in outputs]

@@ -306,7 +306,11 @@ def fprop_and_wgrad_x(x2d: torch.Tensor, fprop_spec: OperandSpec, wgrad_spec: Op
     pad: NVFP4 1x16 RNE and NVFP4 1x16 RNE after the 16-point RHT along tokens
     (nvfp4.quantize_rowwise_and_rht_t), or FP8 1x128 blocks along features and along tokens
     (fp8.quantize_blockwise_rowcol): the bits of the two separate quantizations (`fake_quantize` and
-    `pack`). None for any other pair (or padding): quantize them separately."""
+    `pack`), or per-tensor FP8 of X and of Xᵀ with one spec (fp8.quantize_tensorwise_rowcol: the
+    codes and their transpose from one cast). None for any other pair (or padding): quantize them
+    separately."""
+    if tensorwise_pair(fprop_spec, wgrad_spec):
+        return _tensorwise_rowcol(x2d, fprop_spec, k_f, k_w)
     if _fp8_pair(fprop_spec, wgrad_spec) and _fp8_rowcol_fits(x2d, k_f, k_w):
         row, col = _fp8_rowcol(x2d, fprop_spec)
         return (operand_format(fprop_spec).dequantize(row, fprop_spec, tuple(x2d.shape)),
@@ -344,14 +348,17 @@ def tensorwise_pair(a: OperandSpec, b: OperandSpec) -> bool:
     return a == b and a.format in ("fp8_e4m3", "fp8_e5m2") and a.tile is None and not a.rht_dim
 
 
-def tensorwise_transposed(q: Quantized, spec: OperandSpec, rows: int, cols: int, k_pad: int):
-    """The packed tensors of per-tensor FP8 Q(tᵀ) from Q(t) of t [rows, cols]: per-tensor scaling
-    commutes with the transpose, so they are Q(t)'s codes transposed (one byte each; zero padding is
-    code 0, what a padded zero quantizes to) and its decode scale (the amax of t is the amax of tᵀ) --
-    the bits quantizing tᵀ gives, without its transposed copy, amax pass and cast."""
-    codes = q.fp8_data[:rows, :cols].view(torch.uint8).t()
-    # (a copy of the 0-d scale: a custom op may not return one tensor twice)
-    return pad2d(codes, round_up(cols, spec.row_block), k_pad).view(q.fp8_data.dtype).contiguous(), q.decode_scale.clone()
+def _tensorwise_rowcol(x2d: torch.Tensor, spec: OperandSpec, k_row: int, k_col: int) -> tuple[Quantized, Packed] | None:
+    """Per-tensor FP8 of x2d [rows, K] (raw form) and its packed transpose [K, rows] from one cast
+    (fp8.quantize_tensorwise_rowcol); None where either would be padded (k_row != K or k_col != rows)."""
+    if not (x2d.ndim == 2 and x2d.shape[1] == k_row and x2d.shape[0] == k_col
+            and x2d.dtype in (torch.float32, torch.bfloat16, torch.float16)):
+        return None
+    fmt = operand_format(spec)
+    (data, decode), (data_t, _) = fp8.quantize_tensorwise_rowcol(x2d, fmt.dtype, impl=QUANT_IMPL)
+    # (a copy of the 0-d scale for the second: a custom op may not return one tensor twice)
+    return (fmt.dequantize((data, decode), spec, tuple(x2d.shape)),
+            Packed(PackedLayout(spec, tuple(data_t.shape)), (data_t, decode.clone())))
 
 
 def dy_pair(dgrad_spec: OperandSpec, wgrad_spec: OperandSpec) -> bool:
@@ -383,7 +390,8 @@ def ready_operand(tensors, spec: OperandSpec) -> Quantized:
 def dgrad_and_wgrad_dy(dy2d: torch.Tensor, dgrad_spec: OperandSpec, wgrad_spec: OperandSpec, k_d: int, k_w: int,
                        rht_signs, dgrad_generator, wgrad_generator) -> tuple[Quantized, Quantized] | None:
     """Dgrad's and Wgrad's dY operands from one read of dY, for `dy_pair` specs and nothing to pad: the
-    bits of the two separate quantizations. Per-tensor FP8: Wgrad's is Dgrad's transposed (any device).
+    bits of the two separate quantizations. Per-tensor FP8: Wgrad's is Dgrad's codes transposed, both from one
+    cast (fp8.quantize_tensorwise_rowcol; any device).
     NVFP4 (dense values, with the Triton kernel only): SR
     included, each copy's Philox seed drawn from its own role's generator as the separate kernels draw
     it (the PyTorch reference draws SR bits differently, so there: None). FP8 (raw form): RNE, any
@@ -391,11 +399,8 @@ def dgrad_and_wgrad_dy(dy2d: torch.Tensor, dgrad_spec: OperandSpec, wgrad_spec: 
     from nvfp4train.formats.impl import use_triton
 
     if tensorwise_pair(dgrad_spec, wgrad_spec):
-        if not (dy2d.ndim == 2 and dy2d.shape[1] == k_d):
-            return None
-        d_q = fake_quantize(dy2d, dgrad_spec, k_d)
-        w_t = tensorwise_transposed(d_q, wgrad_spec, dy2d.shape[0], dy2d.shape[1], k_w)
-        return d_q, operand_format(wgrad_spec).dequantize(w_t, wgrad_spec, tuple(w_t[0].shape))
+        both = _tensorwise_rowcol(dy2d, dgrad_spec, k_d, k_w)
+        return None if both is None else (both[0], both[1].dequantize())
     if _fp8_pair(dgrad_spec, wgrad_spec):
         if not _fp8_rowcol_fits(dy2d, k_d, k_w):
             return None

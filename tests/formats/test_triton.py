@@ -408,6 +408,33 @@ def test_fp8_tensorwise_same_bits_as_the_reference(dtype):
 
 
 @kernel_test
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_tensorwise_rowcol_same_bits_as_quantizing_x_and_its_transpose(dtype):
+    """One cast writes per-tensor FP8 of x and of x.T: the codes and scale of quantize_tensorwise(x) and
+    of quantize_tensorwise(x.t()) bit for bit, for sizes no 64 x 64 tile divides, subnormals, zeros
+    and NaN."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(150, 200, generator=gen)
+    x[::7, ::13] *= 300
+    x[60:64] *= 1e-40
+    x_nan = x.clone()
+    x_nan[70, 150] = float("nan")
+    for name, xc in {"random": x, "odd": x[:77, :130], "zeros": torch.zeros(33, 64), "nan": x_nan}.items():
+        for xx in (xc, xc.bfloat16(), xc.half()):
+            what = f"{name} {xx.dtype}"
+            (data, decode), (data_t, decode_t) = fp8.quantize_tensorwise_rowcol(xx.to(DEVICE), dtype, impl="triton")
+            want, want_decode = fp8.quantize_tensorwise(xx, dtype, impl="reference")
+            want_t, want_decode_t = fp8.quantize_tensorwise(xx.t().contiguous(), dtype, impl="reference")
+            assert data.dtype == data_t.dtype == dtype and data_t.shape == xx.t().shape and data_t.is_contiguous()
+            assert_same(data.view(torch.uint8), want.view(torch.uint8), f"{what} data")
+            assert_same(data_t.view(torch.uint8), want_t.view(torch.uint8), f"{what} transposed data")
+            assert_same(decode, want_decode, f"{what} decode")
+            assert_same(decode_t, want_decode_t, f"{what} transposed decode")
+    (data, _), (data_t, _) = fp8.quantize_tensorwise_rowcol(x, dtype, impl="reference")
+    assert torch.equal(data_t.view(torch.uint8), data.view(torch.uint8).t())
+
+
+@kernel_test
 def test_gemm_epilogue_scale_and_cast_same_bits_as_eager():
     """The emulated GEMM's epilogue in one pass: ((out * a) * b).to(dtype) as eager rounds it (each
     product in FP32, then the cast), with either factor absent, for overflow, subnormals and NaN."""
@@ -572,8 +599,8 @@ def test_rht_blocks_are_powers_of_two_and_groups_divide_the_tokens():
 @pytest.mark.skipif(INTERPRETING, reason="compiles for the GPU")
 def test_kernels_compile_for_sm90_without_approximate_division():
     """Every kernel variant compiles for an H100 (sm_90; no GPU needed) and its PTX divides only
-    with div.rn (no div.full / div.approx, which would change the scales) and has no fused
-    multiply-add. Catches GPU-only front-end errors in CI without a GPU."""
+    with div.rn (no div.full / div.approx, which would change the scales) and fuses multiply-adds only
+    where the products are exact. Catches GPU-only front-end errors in CI without a GPU."""
     pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile as triton_compile
@@ -609,6 +636,9 @@ def test_kernels_compile_for_sm90_without_approximate_division():
         (tk._fp8_tensorwise_kernel, {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8", "decode_ptr": "*fp32",
                                      "n": "i32"},
          {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False, "BLOCK": tk.TENSORWISE_BLOCK}),
+        (tk._fp8_tensorwise_rowcol_kernel, {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8",
+                                            "data_t_ptr": "*u8", "decode_ptr": "*fp32", "rows": "i32", "cols": "i32"},
+         {"FP8_MAX": 57344.0, "MANT": 2, "BIAS": 15, "POW2": False, "BLOCK": tk.TENSORWISE_TILE}),
         (tk._scale_and_cast_kernel, {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32"},
          {"HAS_A": True, "HAS_B": True, "BLOCK": tk.SCALE_CAST_BLOCK}),
         (tk._e2m1_dequantize_kernel, {"codes_ptr": "*u8", "scales_ptr": "*u8", "global_ptr": "*fp32",
@@ -629,6 +659,8 @@ def test_kernels_compile_for_sm90_without_approximate_division():
          {"TILE_R": 128, "MANT": 3, "BIAS": 7, "BLOCK_R": 8, "BLOCK_C": 256}),
         (tk._rht_abs_max_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i32",
                                   "n_features": "i32"}, {"ROWWISE": True, **rht_blocks}),
+        (tk._rht_abs_max_kernel, {"x_ptr": "*fp32", "partial_ptr": "*i32", "row_partial_ptr": "*i32",
+                                  "n_features": "i32"}, {"ROWWISE": False, **rht_blocks}),
         (tk._rht_nvfp4_kernel, rht_args,
          {"ROUNDING": tk.RNE, "DENSE": False, "ROWWISE": False, "ROW_DENSE": False, **rht_blocks}),
         (tk._rht_nvfp4_kernel, rht_args,
@@ -649,7 +681,11 @@ def test_kernels_compile_for_sm90_without_approximate_division():
                                   target=GPUTarget("cuda", 90, 32),
                                   options={"enable_fp_fusion": False, **dict(*options)})
         ptx = compiled.asm["ptx"]
-        assert "div.full" not in ptx and "div.approx" not in ptx and "fma.rn.f32" not in ptx, (kernel, constexprs)
+        assert "div.full" not in ptx and "div.approx" not in ptx, (kernel, constexprs)
+        # Fused multiply-adds only where the products are exact: the 16-point RHT of a bf16 input
+        # (_rht_tokens' EXACT_PRODUCTS); never on FP32 inputs nor in the 32-point RHT, whose products round.
+        exact_products = kernel in (tk._rht_abs_max_kernel, tk._rht_nvfp4_kernel) and signature["x_ptr"] == "*bf16"
+        assert ("fma.rn.f32" in ptx) == exact_products, (kernel, signature["x_ptr"], constexprs)
         if kernel in (tk._rht_abs_max_kernel, tk._rht_nvfp4_kernel, tk._rht_mxfp4_kernel):
             # The transform stays in each thread's registers: shared memory re-lays out at most the
             # stored tiles (codes and scales), not every loaded token row (16 re-layouts a program

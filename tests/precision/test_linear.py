@@ -323,12 +323,12 @@ def test_gemm_peak_kind_names_the_peak_the_backend_runs_at(preset, backend, peak
     assert gemm_peak_kind(policy.to_dict(), backend) == peak  # a config mapping works too
 
 
-@pytest.mark.parametrize("tokens", [64, 50])  # 50: Xᵀ's K (tokens) padded
+@pytest.mark.parametrize("tokens", [64, 50])  # 50: no tile divides the tokens
 def test_tensorwise_wgrad_x_is_fprops_codes_transposed_bit_for_bit(monkeypatch, tokens):
-    """fp8_tensorwise saves Xᵀ as Fprop's FP8 codes transposed, and Wgrad's dYᵀ is Dgrad's (no second
-    quantization of a transposed BF16 copy): the saved tensors, Y, dX and dW are those of quantizing Xᵀ
-    and dYᵀ themselves, NaN included."""
-    from nvfp4train.precision import linear, operands
+    """fp8_tensorwise saves Xᵀ as Fprop's FP8 codes transposed, and Wgrad's dYᵀ is Dgrad's, each pair from
+    one cast (fp8.quantize_tensorwise_rowcol; no second quantization of a transposed BF16 copy): the saved
+    tensors, Y, dX and dW are those of quantizing Xᵀ and dYᵀ themselves, NaN included."""
+    from nvfp4train.precision import operands
 
     policy = load_preset("fp8_tensorwise", bf16_first_blocks=0, bf16_last_blocks=0)
     x, grad = inputs(tokens=tokens)
@@ -337,13 +337,13 @@ def test_tensorwise_wgrad_x_is_fprops_codes_transposed_bit_for_bit(monkeypatch, 
     for xx in (x, x * 1e-3, x_nan):
         saved = {}
         used, used_dy = [], []
-        real, real_dy = linear._tensorwise_transposed, operands.dgrad_and_wgrad_dy
-        for route in ("transposed", "quantized again"):
-            if route == "transposed":  # the routes must really be taken
-                monkeypatch.setattr(linear, "_tensorwise_transposed", lambda *a: used.append(real(*a)) or used[-1])
+        real, real_dy = operands.fprop_and_wgrad_x, operands.dgrad_and_wgrad_dy
+        for route in ("one cast", "quantized again"):
+            if route == "one cast":  # the routes must really be taken
+                monkeypatch.setattr(operands, "fprop_and_wgrad_x", lambda *a: used.append(real(*a)) or used[-1])
                 monkeypatch.setattr(operands, "dgrad_and_wgrad_dy", lambda *a: used_dy.append(real_dy(*a)) or used_dy[-1])
             else:
-                monkeypatch.setattr(linear, "_tensorwise_transposed", lambda *args: None)
+                monkeypatch.setattr(operands, "fprop_and_wgrad_x", lambda *args: None)
                 monkeypatch.setattr(operands, "dgrad_and_wgrad_dy", lambda *args: None)
             captured = []
 
@@ -355,7 +355,7 @@ def test_tensorwise_wgrad_x_is_fprops_codes_transposed_bit_for_bit(monkeypatch, 
             saved[route] = (captured, results)
             monkeypatch.undo()
         assert len(used) == len(used_dy) == 1 and used[0] is not None and used_dy[0] is not None
-        (got, got_results), (want, want_results) = saved["transposed"], saved["quantized again"]
+        (got, got_results), (want, want_results) = saved["one cast"], saved["quantized again"]
         assert [(t.dtype, t.shape) for t in got] == [(t.dtype, t.shape) for t in want]
         for a, b in zip(got + list(got_results), want + list(want_results)):
             bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
