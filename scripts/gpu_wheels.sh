@@ -4,7 +4,7 @@
 # tokenizers, safetensors, numpy, tqdm, psutil, msgpack, py-cpuinfo, nvidia-ml-py, einops; it lacks
 # hydra-core, omegaconf, deepspeed and mamba-ssm, which come from here.
 #
-#   bash scripts/gpu_wheels.sh            # writes .whl/ (about 3 MB)
+#   bash scripts/gpu_wheels.sh            # writes .whl/ (about 9 MB)
 #
 # On the GPU machine, from the repository root:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
@@ -26,6 +26,9 @@ binary hydra-core==1.3.2 omegaconf==2.3.0 hjson==3.1.0 \
 # for scripts/gpu_check_all.sh: the GPU tests spend most of their time compiling Triton kernels on the
 # CPU, one test after the other; pytest-xdist spreads them over the machine's 16 cores
 binary pytest-xdist==3.8.0 execnet==2.1.2
+# for bench_train.py --torchao (torchao's float8 training beside ours: Python on top of torch.compile, its C++
+# extensions unused; 3.4 MB): it ran on the GPU machine's torch 2.11 (2026-11-25)
+binary torchao==0.18.0
 # sdist-only packages, built here into pure wheels
 python3 -m pip wheel -q --no-deps -w "$out" antlr4-python3-runtime==4.9.3
 DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation -w "$out" deepspeed==0.19.8
