@@ -512,16 +512,22 @@ def _rht_tokens(x_ptr, t0, f, mask_f, n_features, D: tl.constexpr, ENTRY_BITS: t
     Token i of every group is loaded as a [GROUPS, 1, BLOCK_F] tile: the sum takes that load's
     layout, so one thread holds all D outputs of its (group, feature) and the products need no
     exchange between threads (a [GROUPS, BLOCK_F] load would be re-laid out through shared memory,
-    once per token)."""
+    once per token).
+
+    Returns (the transform, the FP32 bits of max|x| over the tile): the second for callers that want
+    x's own amax too, from the loads the transform makes (unused, the compiler drops it)."""
     g = tl.arange(0, GROUPS)
     j = tl.arange(0, D)
     rows = (t0 + g * D).to(tl.int64)
     # |m| = 1/4 (D = 16) times a bf16/fp16 value: every product is exact. Not for FP32 inputs (a
     # subnormal product rounds) nor D = 32 (|m| = fp32(1/sqrt(32)) rounds the products).
     EXACT_PRODUCTS: tl.constexpr = (D == 16) and (x_ptr.dtype.element_ty != tl.float32)
+    # Token i's pointers are token 0's plus i rows: one 64-bit multiply per element, not one per token.
+    first = x_ptr + (rows[:, None, None] * n_features + f[None, None, :])
     for i in tl.static_range(D):
-        offs = (rows[:, None, None] + i) * n_features + f[None, None, :]
-        xi = _to_fp32(tl.load(x_ptr + offs, mask=mask_f[None, None, :], other=0.0))
+        xi = _to_fp32(tl.load(first + i * n_features, mask=mask_f[None, None, :], other=0.0))
+        magnitude_bits = xi.to(tl.int32, bitcast=True) & 0x7FFFFFFF  # max|x| (NaN above Inf), where asked
+        x_bits = magnitude_bits if i == 0 else tl.maximum(x_bits, magnitude_bits)
         parity = i & j  # popcount(i & j) mod 2, folding 8 bits
         parity = parity ^ (parity >> 4)
         parity = parity ^ (parity >> 2)
@@ -536,7 +542,7 @@ def _rht_tokens(x_ptr, t0, f, mask_f, n_features, D: tl.constexpr, ENTRY_BITS: t
             acc = tl.fma(xi, m_i[None, :, None], acc)
         else:
             acc = acc + xi * m_i[None, :, None]
-    return _round_to(acc, x_ptr.dtype.element_ty)
+    return _round_to(acc, x_ptr.dtype.element_ty), tl.max(tl.max(tl.max(x_bits, axis=2), axis=1), axis=0)
 
 
 @triton.jit
@@ -609,16 +615,12 @@ def _rht_abs_max_kernel(x_ptr, partial_ptr, row_partial_ptr, n_features, SIGN_MA
     pid_t, pid_f = tl.program_id(0), tl.program_id(1)
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
-    y = _rht_tokens(x_ptr, pid_t * GROUPS * 16, f, mask_f, n_features, 16, _RHT16_ENTRY_BITS, SIGN_MASK, GROUPS,
-                    BLOCK_F)
+    y, x_bits = _rht_tokens(x_ptr, pid_t * GROUPS * 16, f, mask_f, n_features, 16, _RHT16_ENTRY_BITS, SIGN_MASK,
+                            GROUPS, BLOCK_F)
     bits = tl.max(tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1)
     tl.store(partial_ptr + pid_t * tl.num_programs(1) + pid_f, tl.max(bits, axis=0))
-    if ROWWISE:  # the tile _rht_tokens just loaded: from the cache, not memory
-        t = pid_t * GROUPS * 16 + tl.arange(0, GROUPS * 16)
-        x = _to_fp32(tl.load(x_ptr + t[:, None].to(tl.int64) * n_features + f[None, :], mask=mask_f[None, :],
-                             other=0.0))
-        row_bits = tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)
-        tl.store(row_partial_ptr + pid_t * tl.num_programs(1) + pid_f, row_bits)
+    if ROWWISE:  # max|x| of the same tile, from the transform's loads
+        tl.store(row_partial_ptr + pid_t * tl.num_programs(1) + pid_f, x_bits)
 
 
 @triton.jit
@@ -642,8 +644,8 @@ def _rht_nvfp4_kernel(
             tl.store(row_s_dec_ptr, row_s_dec)
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
-    y = _rht_tokens(x_ptr, t0, f, mask_f, n_features, 16, _RHT16_ENTRY_BITS, SIGN_MASK, GROUPS,
-                    BLOCK_F)  # [GROUPS, 16, BLOCK_F]
+    y, _ = _rht_tokens(x_ptr, t0, f, mask_f, n_features, 16, _RHT16_ENTRY_BITS, SIGN_MASK, GROUPS,
+                       BLOCK_F)  # [GROUPS, 16, BLOCK_F]
 
     amax_b = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1).to(tl.float32, bitcast=True)
     s_enc, s_dec, multiplier = _global_scales(tl.load(amax_ptr))
@@ -671,8 +673,8 @@ def _rht_mxfp4_kernel(
     t0 = pid_t * GROUPS * 32
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
-    y = _rht_tokens(x_ptr, t0, f, mask_f, n_features, 32, _RHT32_ENTRY_BITS, SIGN_MASK, GROUPS,
-                    BLOCK_F)  # [GROUPS, 32, BLOCK_F]
+    y, _ = _rht_tokens(x_ptr, t0, f, mask_f, n_features, 32, _RHT32_ENTRY_BITS, SIGN_MASK, GROUPS,
+                       BLOCK_F)  # [GROUPS, 32, BLOCK_F]
 
     amax_b = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1).to(tl.float32, bitcast=True)
     scale_bits, scale, inverse = _e8m0_scales(amax_b, SCALE_RULE)  # [GROUPS, BLOCK_F]
