@@ -1126,26 +1126,35 @@ def _e2m1_dequantize_kernel(codes_ptr, scales_ptr, global_ptr, values_ptr, rows,
                             BLOCK_C: tl.constexpr):
     """NVFP4Tensor / MXFP4Tensor.dequantize: e2m1(code) x its GROUP-element block scale (E4M3, or E8M0
     when E8M0), exact in FP32, times the global decode scale when HAS_GLOBAL (FP32-rounded), rounded to
-    the output's dtype; one read of the packed codes and scales, one write."""
+    the output's dtype; one read of the packed codes and scales, one write. The columns (``cols``, even,
+    a multiple of GROUP) split into BLOCK_C-wide tiles, BLOCK_C a multiple of GROUP."""
+    NB: tl.constexpr = BLOCK_C // GROUP
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = (r[:, None] < rows) & (c[None, :] < cols)
     row = r[:, None].to(tl.int64)
-    byte = tl.load(codes_ptr + row * (cols // 2) + (c // 2)[None, :], mask=mask, other=0).to(tl.int32)
-    code = tl.where((c % 2 == 0)[None, :], byte, byte >> 4) & 0xF  # element 2j in the low nibble
-    magnitude = _e2m1_magnitude(code & 0x7)
-    value = _with_sign(magnitude, (code & 0x8) != 0)  # code 0x8 is -0.0 (a negation 0 - x would give +0.0)
-    bits = tl.load(scales_ptr + row * (cols // GROUP) + (c // GROUP)[None, :], mask=mask, other=0).to(tl.int32)
+    row_ok = r[:, None] < rows
+    # Each code byte once (element 2j in the low nibble, 2j + 1 in the high one), each block scale once,
+    # both spread over their elements in registers.
+    c2 = tl.program_id(1) * (BLOCK_C // 2) + tl.arange(0, BLOCK_C // 2)
+    byte = tl.load(codes_ptr + row * (cols // 2) + c2[None, :], mask=row_ok & (c2[None, :] < cols // 2),
+                   other=0).to(tl.int32)
+    code = tl.reshape(tl.join(byte & 0xF, (byte >> 4) & 0xF), (BLOCK_R, BLOCK_C))
+    value = _with_sign(_e2m1_magnitude(code & 0x7), (code & 0x8) != 0)  # code 0x8 is -0.0 (0 - x would give +0.0)
+    cb = tl.program_id(1) * NB + tl.arange(0, NB)
+    bits = tl.load(scales_ptr + row * (cols // GROUP) + cb[None, :], mask=row_ok & (cb[None, :] < cols // GROUP),
+                   other=0).to(tl.int32)
     if E8M0:
         scale = (tl.maximum(bits, 1) << 23).to(tl.float32, bitcast=True)  # 2^(bits - 127)
         scale = tl.where(bits == 0, 2.0**-127, scale)
         scale = tl.where(bits == 255, float("nan"), scale)
     else:
         scale = _fp8_value(bits, 3, 7)  # E4M3
-    out = value * scale
+    out = tl.reshape(tl.reshape(value, (BLOCK_R, NB, GROUP)) * scale[:, :, None], (BLOCK_R, BLOCK_C))
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = row_ok & (c[None, :] < cols)
     if HAS_GLOBAL:
-        out = out * tl.load(global_ptr)
-    _store_as(values_ptr, row * cols + c[None, :], out, mask)
+        _store_as(values_ptr, row * cols + c[None, :], out * tl.load(global_ptr), mask)
+    else:  # code x block scale: exact in the output's dtype
+        _store_exact(values_ptr, row * cols + c[None, :], out, mask)
 
 
 def e2m1_dequantize(codes: torch.Tensor, scales: torch.Tensor, global_decode_scale: torch.Tensor | None,

@@ -456,27 +456,29 @@ def test_gemm_epilogue_scale_and_cast_same_bits_as_eager():
 @kernel_test
 def test_nvfp4_and_mxfp4_dequantize_same_bits_as_the_reference():
     """Packed codes and scales -> values in one pass: every code byte and every scale bit pattern (NaN
-    scales, E8M0's 2^-127 and NaN included), with and without NVFP4's global scale, FP32 and BF16 out."""
+    scales, E8M0's 2^-127 and NaN included), with and without NVFP4's global scale, FP32, BF16 and FP16
+    out, also for a shape the kernel's 8 x 256 tiles do not divide."""
     gen = torch.Generator().manual_seed(4)
-    rows, cols = 48, 256
-    codes = torch.randint(0, 256, (rows, cols // 2), generator=gen, dtype=torch.uint8)
-    codes[0] = torch.arange(128, dtype=torch.uint8) * 2  # every byte value appears
-    codes[1] = torch.arange(128, dtype=torch.uint8) * 2 + 1
-    e4m3 = torch.randint(0, 256, (rows, cols // 16), generator=gen, dtype=torch.uint8)
-    e4m3.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)
-    e8m0 = torch.randint(0, 256, (rows, cols // 32), generator=gen, dtype=torch.uint8)
-    e8m0.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)
-    amax, s_dec = torch.tensor(3.0), torch.tensor(0.0123456789)
-    nv = nvfp4.NVFP4Tensor(codes, e4m3.view(torch.float8_e4m3fn), amax, s_dec, torch.Size((rows, cols)), (1, 16))
-    mx = mxfp4.MXFP4Tensor(codes, e8m0.view(torch.float8_e8m0fnu), torch.Size((rows, cols)), "rceil")
-    nv_dev = nvfp4.NVFP4Tensor(codes.to(DEVICE), e4m3.view(torch.float8_e4m3fn).to(DEVICE), amax.to(DEVICE),
-                               s_dec.to(DEVICE), nv.shape, (1, 16))
-    mx_dev = mxfp4.MXFP4Tensor(codes.to(DEVICE), e8m0.view(torch.float8_e8m0fnu).to(DEVICE), mx.shape, "rceil")
-    for dtype in (torch.float32, torch.bfloat16):
-        for apply_global in (False, True):
-            assert_same(nv_dev.dequantize(dtype, apply_global, impl="triton"),
-                        nv.dequantize(dtype, apply_global, impl="reference"), f"nvfp4 {dtype} global={apply_global}")
-        assert_same(mx_dev.dequantize(dtype, impl="triton"), mx.dequantize(dtype, impl="reference"), f"mxfp4 {dtype}")
+    for rows, cols in ((48, 256), (45, 96)):
+        codes = torch.randint(0, 256, (rows, cols // 2), generator=gen, dtype=torch.uint8)
+        codes.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)  # every byte value appears
+        e4m3 = torch.randint(0, 256, (rows, cols // 16), generator=gen, dtype=torch.uint8)
+        e4m3.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)
+        e8m0 = torch.randint(0, 256, (rows, cols // 32), generator=gen, dtype=torch.uint8)
+        n = min(256, e8m0.numel())  # every E8M0 value, or an even spread with 0 (2^-127) and 255 (NaN)
+        e8m0.view(-1)[:n] = torch.arange(256, dtype=torch.uint8)[torch.arange(n) * 255 // (n - 1)]
+        amax, s_dec = torch.tensor(3.0), torch.tensor(0.0123456789)
+        nv = nvfp4.NVFP4Tensor(codes, e4m3.view(torch.float8_e4m3fn), amax, s_dec, torch.Size((rows, cols)), (1, 16))
+        mx = mxfp4.MXFP4Tensor(codes, e8m0.view(torch.float8_e8m0fnu), torch.Size((rows, cols)), "rceil")
+        nv_dev = nvfp4.NVFP4Tensor(codes.to(DEVICE), e4m3.view(torch.float8_e4m3fn).to(DEVICE), amax.to(DEVICE),
+                                   s_dec.to(DEVICE), nv.shape, (1, 16))
+        mx_dev = mxfp4.MXFP4Tensor(codes.to(DEVICE), e8m0.view(torch.float8_e8m0fnu).to(DEVICE), mx.shape, "rceil")
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            what = f"{rows}x{cols} {dtype}"
+            for apply_global in (False, True):
+                assert_same(nv_dev.dequantize(dtype, apply_global, impl="triton"),
+                            nv.dequantize(dtype, apply_global, impl="reference"), f"nvfp4 {what} global={apply_global}")
+            assert_same(mx_dev.dequantize(dtype, impl="triton"), mx.dequantize(dtype, impl="reference"), f"mxfp4 {what}")
 
 
 # ------------------------------------------------------------------------------ Wgrad: RHT + transpose
