@@ -171,6 +171,15 @@ class LayerState:
             return self.pack(role, x, spec, k_pad).dequantize()
         return operands.fake_quantize(x, spec, k_pad, self._generator(role, spec, x.device), self.rht_signs)
 
+    def quantize_with_transpose(self, role: str, x: torch.Tensor, spec, k_row: int, k_col: int):
+        """(Q(x), Q(xᵀ)) for a per-tensor FP8 spec from one cast (`operands.tensorwise_rowcol`: xᵀ's codes are
+        x's transposed), or None where that does not apply (padding; or telemetry, which wants each operand's
+        own statistics: quantize them separately then)."""
+        if self.stats is not None:
+            return None
+        both = operands.tensorwise_rowcol(x, spec, k_row, k_col)
+        return None if both is None else (both[0], both[1].dequantize())
+
 
 _STATES: "weakref.WeakValueDictionary[int, LayerState]" = weakref.WeakValueDictionary()
 _STATE_IDS = itertools.count()
@@ -192,15 +201,24 @@ def _state(layer_id: int) -> LayerState:
 
 def _fprop_weight(state: LayerState, weight: torch.Tensor, recipe: LayerRecipe, backend: Backend, k_f: int,
                   training: bool):
-    """(W operand of Fprop, its packed form when Dgrad reuses it), cached per weight version."""
+    """(W operand of Fprop, its packed form when Dgrad reuses it, Dgrad's Wᵀ operand when the same cast made
+    it), cached per weight version."""
     spec = recipe.fprop_w
 
     def build():
         if recipe.reuses_fprop_weight:
             # Quantize W once into its storage form: Fprop uses it, Dgrad reuses the same bits.
             packed = state.pack("fprop_w", weight, spec, k_f)
-            return packed.dequantize(), packed
-        return state.quantize("fprop_w", weight, spec, k_f), None
+            return packed.dequantize(), packed, None
+        if training and state.weights.enabled and operands.tensorwise_pair(spec, recipe.dgrad_w):
+            # Per-tensor FP8: Dgrad's Wᵀ is W's codes transposed. One cast writes both; Dgrad finds its
+            # operand in this cache entry (without the cache it quantizes Wᵀ itself).
+            out_f = weight.shape[0]
+            both = state.quantize_with_transpose("fprop_w", weight, spec, k_f,
+                                                 _k_pad(out_f, recipe.dgrad_dy, recipe.dgrad_w))
+            if both is not None:
+                return both[0], None, both[1]
+        return state.quantize("fprop_w", weight, spec, k_f), None, None
 
     if spec.rounding == "sr":
         return build()
@@ -240,7 +258,7 @@ def quant_linear_fprop(x: torch.Tensor, weight: torch.Tensor, layer_id: int, rec
     with torch.autocast(x.device.type, enabled=False):
         x2d = x.reshape(-1, in_f)
         k_f = _k_pad(in_f, recipe.fprop_x, recipe.fprop_w)
-        w_q, w_packed = _fprop_weight(state, weight, recipe, backend, k_f, training=save_x or save_w)
+        w_q, w_packed, _ = _fprop_weight(state, weight, recipe, backend, k_f, training=save_x or save_w)
         saves_xt = save_x and _saves_x_copy(recipe, x.dtype) and not recipe.wgrad_x.is_bf16
         k_w = _k_pad(x2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)
         # Fprop's X and the Wgrad Xᵀ from one read of X where the recipe allows (telemetry wants each alone)
@@ -301,8 +319,12 @@ def quant_linear_dgrad(dy: torch.Tensor, weight: torch.Tensor, w_saved: list[tor
                 return _transposed_weight(w_q, in_f, k_d)
         else:
             k_d = _k_pad(out_f, recipe.dgrad_dy, recipe.dgrad_w)
+            k_f = _k_pad(in_f, recipe.fprop_x, recipe.fprop_w)
 
             def build():
+                cached = state.weights.peek(("fprop", recipe_key, backend.name, k_f), weight)
+                if cached is not None and cached[2] is not None:  # Wᵀ from Fprop's cast (per-tensor FP8)
+                    return cached[2]
                 return state.quantize("dgrad_w", weight.t(), recipe.dgrad_w, k_d).first_rows(in_f)
         if recipe.dgrad_w.rounding == "sr":
             wt_q = build()

@@ -310,7 +310,7 @@ def fprop_and_wgrad_x(x2d: torch.Tensor, fprop_spec: OperandSpec, wgrad_spec: Op
     codes and their transpose from one cast). None for any other pair (or padding): quantize them
     separately."""
     if tensorwise_pair(fprop_spec, wgrad_spec):
-        return _tensorwise_rowcol(x2d, fprop_spec, k_f, k_w)
+        return tensorwise_rowcol(x2d, fprop_spec, k_f, k_w)
     if _fp8_pair(fprop_spec, wgrad_spec) and _fp8_rowcol_fits(x2d, k_f, k_w):
         row, col = _fp8_rowcol(x2d, fprop_spec)
         return (operand_format(fprop_spec).dequantize(row, fprop_spec, tuple(x2d.shape)),
@@ -348,7 +348,7 @@ def tensorwise_pair(a: OperandSpec, b: OperandSpec) -> bool:
     return a == b and a.format in ("fp8_e4m3", "fp8_e5m2") and a.tile is None and not a.rht_dim
 
 
-def _tensorwise_rowcol(x2d: torch.Tensor, spec: OperandSpec, k_row: int, k_col: int) -> tuple[Quantized, Packed] | None:
+def tensorwise_rowcol(x2d: torch.Tensor, spec: OperandSpec, k_row: int, k_col: int) -> tuple[Quantized, Packed] | None:
     """Per-tensor FP8 of x2d [rows, K] (raw form) and its packed transpose [K, rows] from one cast
     (fp8.quantize_tensorwise_rowcol); None where either would be padded (k_row != K or k_col != rows)."""
     if not (x2d.ndim == 2 and x2d.shape[1] == k_row and x2d.shape[0] == k_col
@@ -399,7 +399,7 @@ def dgrad_and_wgrad_dy(dy2d: torch.Tensor, dgrad_spec: OperandSpec, wgrad_spec: 
     from nvfp4train.formats.impl import use_triton
 
     if tensorwise_pair(dgrad_spec, wgrad_spec):
-        both = _tensorwise_rowcol(dy2d, dgrad_spec, k_d, k_w)
+        both = tensorwise_rowcol(dy2d, dgrad_spec, k_d, k_w)
         return None if both is None else (both[0], both[1].dequantize())
     if _fp8_pair(dgrad_spec, wgrad_spec):
         if not _fp8_rowcol_fits(dy2d, k_d, k_w):
