@@ -17,8 +17,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import libdevice
 
 BLOCK_T, BLOCK_C = 32, 64
+# the K = 4 kernels: a program walks ROWS4 positions of BLOCK_C4 channels with WARPS4 warps
+ROWS4, BLOCK_C4, WARPS4 = 64, 256, 2
 
 
 @triton.jit
@@ -80,8 +83,110 @@ def _conv_silu_bwd_kernel(x_ptr, w_ptr, bias_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr
              mask=mask)
 
 
-def _launch_options(x: torch.Tensor) -> dict:
-    return {"num_warps": 4} if x.is_cuda else {}
+# K = 4 (every Mamba preset): each program owns BC channels of ROWS consecutive positions and walks down
+# the sequence a row at a time, keeping the last three rows of x (and, backward, of dz) in registers. Each x
+# and dy element is loaded once (plus a 3-row halo per program), z and silu'(z) are computed once per
+# position instead of once per tap, and the weight and bias gradients are sums in the thread that owns
+# the channel: no cross-thread reductions. Same sums in the same order as the tile kernels above.
+@triton.jit
+def _load_row(ptr, s, c, T, C, stride_t):
+    return tl.load(ptr + s.to(tl.int64) * stride_t + c, mask=(c < C) & (s >= 0) & (s < T), other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _sigmoid(z, FAST: tl.constexpr):
+    """FAST (CUDA): ex2.approx.ftz and an approximate reciprocal, four instructions where tl.sigmoid's
+    denormal-safe exp and division take eleven; a few ulp of FP32 either way. Triton's interpreter has no
+    libdevice, so it runs tl.sigmoid."""
+    if FAST:
+        return libdevice.fast_dividef(1.0, 1.0 + libdevice.fast_expf(-z))
+    else:
+        return tl.sigmoid(z)
+
+
+@triton.jit
+def _conv4_silu_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, T, C, stride_b, stride_t, ROWS: tl.constexpr,
+                           BC: tl.constexpr, FAST: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    t0 = tl.program_id(1) * ROWS
+    c = tl.program_id(2) * BC + tl.arange(0, BC)
+    cmask = c < C
+    x_ptr += b * stride_b
+    y_ptr += b * T * C
+    w0 = tl.load(w_ptr + c * 4 + 0, mask=cmask, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + c * 4 + 1, mask=cmask, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + c * 4 + 2, mask=cmask, other=0.0).to(tl.float32)
+    w3 = tl.load(w_ptr + c * 4 + 3, mask=cmask, other=0.0).to(tl.float32)
+    bias = tl.load(bias_ptr + c, mask=cmask, other=0.0).to(tl.float32)
+    x_3 = _load_row(x_ptr, t0 - 3, c, T, C, stride_t)  # x[s-3], x[s-2], x[s-1] as s walks
+    x_2 = _load_row(x_ptr, t0 - 2, c, T, C, stride_t)
+    x_1 = _load_row(x_ptr, t0 - 1, c, T, C, stride_t)
+    for i in range(ROWS):
+        s = t0 + i
+        x0 = _load_row(x_ptr, s, c, T, C, stride_t)
+        z = bias + x_3 * w0 + x_2 * w1 + x_1 * w2 + x0 * w3
+        y = z * _sigmoid(z, FAST)
+        tl.store(y_ptr + s.to(tl.int64) * C + c, y.to(y_ptr.dtype.element_ty), mask=cmask & (s < T))
+        x_3, x_2, x_1 = x_2, x_1, x0
+
+
+@triton.jit
+def _conv4_silu_bwd_kernel(x_ptr, w_ptr, bias_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, T, C, stride_b, stride_t,
+                           n_t, ROWS: tl.constexpr, BC: tl.constexpr, FAST: tl.constexpr):
+    """dz[s] = dy[s] silu'(z[s]) for s in the program's rows and 3 past them; dx[s-3] = dz[s-3] w3 + dz[s-2] w2
+    + dz[s-1] w1 + dz[s] w0 once dz[s] is known; the weight and bias gradient sums over the program's rows."""
+    b = tl.program_id(0).to(tl.int64)
+    pid_t = tl.program_id(1)
+    t0 = pid_t * ROWS
+    c = tl.program_id(2) * BC + tl.arange(0, BC)
+    cmask = c < C
+    x_ptr += b * stride_b
+    dy_ptr += b * T * C
+    dx_ptr += b * T * C
+    w0 = tl.load(w_ptr + c * 4 + 0, mask=cmask, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + c * 4 + 1, mask=cmask, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + c * 4 + 2, mask=cmask, other=0.0).to(tl.float32)
+    w3 = tl.load(w_ptr + c * 4 + 3, mask=cmask, other=0.0).to(tl.float32)
+    bias = tl.load(bias_ptr + c, mask=cmask, other=0.0).to(tl.float32)
+    x_3 = _load_row(x_ptr, t0 - 3, c, T, C, stride_t)
+    x_2 = _load_row(x_ptr, t0 - 2, c, T, C, stride_t)
+    x_1 = _load_row(x_ptr, t0 - 1, c, T, C, stride_t)
+    dz_3 = tl.zeros((BC,), tl.float32)  # dz[s-3], dz[s-2], dz[s-1]: rows before t0 are never stored
+    dz_2 = tl.zeros((BC,), tl.float32)
+    dz_1 = tl.zeros((BC,), tl.float32)
+    dw0 = tl.zeros((BC,), tl.float32)
+    dw1 = tl.zeros((BC,), tl.float32)
+    dw2 = tl.zeros((BC,), tl.float32)
+    dw3 = tl.zeros((BC,), tl.float32)
+    db = tl.zeros((BC,), tl.float32)
+    for i in range(ROWS + 3):  # dx of the program's last row needs dz 3 rows further
+        s = t0 + i
+        x0 = _load_row(x_ptr, s, c, T, C, stride_t)
+        dy = _load_row(dy_ptr, s, c, T, C, C)
+        z = bias + x_3 * w0 + x_2 * w1 + x_1 * w2 + x0 * w3
+        sg = _sigmoid(z, FAST)
+        dz = dy * sg * (1.0 + z * (1.0 - sg))  # zero past T (dy masked there)
+        own = i < ROWS  # the halo rows past the program's own feed dx only
+        dzo = tl.where(own, dz, 0.0)
+        dw0 += dzo * x_3
+        dw1 += dzo * x_2
+        dw2 += dzo * x_1
+        dw3 += dzo * x0
+        db += dzo
+        dx = tl.zeros((BC,), tl.float32) + dz_3 * w3 + dz_2 * w2 + dz_1 * w1 + dz * w0
+        tl.store(dx_ptr + (s - 3).to(tl.int64) * C + c, dx.to(dx_ptr.dtype.element_ty), mask=cmask & (i >= 3) & (s - 3 < T))
+        x_3, x_2, x_1 = x_2, x_1, x0
+        dz_3, dz_2, dz_1 = dz_2, dz_1, dz
+    row = (b * n_t + pid_t) * C + c
+    tl.store(dw_ptr + row * 4 + 0, dw0, mask=cmask)
+    tl.store(dw_ptr + row * 4 + 1, dw1, mask=cmask)
+    tl.store(dw_ptr + row * 4 + 2, dw2, mask=cmask)
+    tl.store(dw_ptr + row * 4 + 3, dw3, mask=cmask)
+    tl.store(db_ptr + row, db, mask=cmask)
+
+
+def _launch_options(x: torch.Tensor, warps: int = 4) -> dict:
+    return {"num_warps": warps} if x.is_cuda else {}
 
 
 def _channels_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -95,9 +200,13 @@ def conv_silu_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor)
     b, T, C = x.shape
     K = weight.shape[-1]
     y = torch.empty((b, T, C), dtype=x.dtype, device=x.device)
-    grid = (b, triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))
-    _conv_silu_fwd_kernel[grid](x, weight.contiguous(), bias.contiguous(), y, T, C, x.stride(0), x.stride(1), K=K,
-                                BT=BLOCK_T, BC=BLOCK_C, **_launch_options(x))
+    args = (x, weight.contiguous(), bias.contiguous(), y, T, C, x.stride(0), x.stride(1))
+    if K == 4:
+        _conv4_silu_fwd_kernel[(b, triton.cdiv(T, ROWS4), triton.cdiv(C, BLOCK_C4))](
+            *args, ROWS=ROWS4, BC=BLOCK_C4, FAST=x.is_cuda, **_launch_options(x, WARPS4))
+    else:
+        _conv_silu_fwd_kernel[(b, triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))](
+            *args, K=K, BT=BLOCK_T, BC=BLOCK_C, **_launch_options(x))
     return y
 
 
@@ -106,13 +215,18 @@ def conv_silu_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     x = _channels_contiguous(x)
     b, T, C = x.shape
     K = weight.shape[-1]
-    n_t = triton.cdiv(T, BLOCK_T)
+    rows = ROWS4 if K == 4 else BLOCK_T  # sequence positions one program covers
+    n_t = triton.cdiv(T, rows)
     dx = torch.empty((b, T, C), dtype=x.dtype, device=x.device)
     dw = torch.empty((b * n_t, C, K), dtype=torch.float32, device=x.device)
     db = torch.empty((b * n_t, C), dtype=torch.float32, device=x.device)
-    grid = (b, n_t, triton.cdiv(C, BLOCK_C))
-    _conv_silu_bwd_kernel[grid](x, weight.contiguous(), bias.contiguous(), dy.contiguous(), dx, dw, db, T, C,
-                                x.stride(0), x.stride(1), n_t, K=K, BT=BLOCK_T, BC=BLOCK_C, **_launch_options(x))
+    args = (x, weight.contiguous(), bias.contiguous(), dy.contiguous(), dx, dw, db, T, C, x.stride(0), x.stride(1), n_t)
+    if K == 4:
+        _conv4_silu_bwd_kernel[(b, n_t, triton.cdiv(C, BLOCK_C4))](*args, ROWS=ROWS4, BC=BLOCK_C4, FAST=x.is_cuda,
+                                                                   **_launch_options(x, WARPS4))
+    else:
+        _conv_silu_bwd_kernel[(b, n_t, triton.cdiv(C, BLOCK_C))](*args, K=K, BT=BLOCK_T, BC=BLOCK_C,
+                                                                 **_launch_options(x))
     return dx, dw.sum(0).reshape(weight.shape).to(weight.dtype), db.sum(0).to(bias.dtype)
 
 

@@ -9,9 +9,11 @@ torch.compile keeps the model in one graph. Used on CUDA when mamba-ssm's Triton
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
+import triton
 
 from .ssd import import_mamba_triton
 
@@ -52,9 +54,43 @@ def _(x, weight, z, eps, group_size):
 @torch.library.custom_op("nvfp4train::rms_norm_triton_backward", mutates_args=())
 def _rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor],
                        rstd: torch.Tensor, eps: float, group_size: int) -> list[torch.Tensor]:
-    dx, dw, _, dz = _kernels()._layer_norm_bwd(dy.contiguous(), x, weight, None, eps, None, rstd, z, group_size,
-                                               False, True)
+    dx, dw, dz = rms_norm_backward(dy.contiguous(), x, weight, z, rstd, eps, group_size)
     return [dx, dw] if z is None else [dx, dw, dz]
+
+
+# Warps each SM gets from the backward's grid. mamba-ssm's launcher (`_layer_norm_bwd`) starts one program
+# of up to 8 warps per SM (about 4 warps per SM for the gated norm's groups), each walking its rows one
+# after another: too few warps to hide the latency of a row's loads and reductions (hybrid_1b on an H100:
+# 39 backward norms, 11.4 ms of a 241 ms BF16 step). Its kernel is launched here with more programs.
+NORM_BWD_WARPS_PER_SM = 32
+
+
+def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor],
+                      rstd: torch.Tensor, eps: float, group_size: int,
+                      warps_per_sm: int = NORM_BWD_WARPS_PER_SM) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """dx, dweight, dz of RMSNorm(x [* silu(z)]) * weight with mamba-ssm's Triton kernel, its launcher's
+    arguments but more programs (and so more partial weight-gradient rows, summed in FP32 at the end)."""
+    M, N = x.shape
+    ngroups = N // group_size
+    block_n = triton.next_power_of_2(group_size)
+    if block_n > 65536 // x.element_size():
+        raise RuntimeError(f"fused RMSNorm: group size {group_size} over the kernel's 64 KB row limit")
+    num_warps = min(max(block_n // 256, 1), 8)
+    sm_count = torch.cuda.get_device_properties(x.device).multi_processor_count
+    programs = max(1, min(M, math.ceil(sm_count * max(1, warps_per_sm // num_warps) / ngroups)))
+    rows_per_program = math.ceil(M / programs)
+    programs = math.ceil(M / rows_per_program)
+    dx = torch.empty_like(x)
+    dz = torch.empty_like(z) if z is not None else None
+    dw_partial = torch.empty((programs, N), dtype=torch.float32, device=x.device)
+    with torch.cuda.device(x.device.index):
+        _kernels()._layer_norm_bwd_kernel[(programs, ngroups)](
+            x, weight, None, z, None, dy, dx, dw_partial, None, dz, None, rstd,
+            x.stride(0), z.stride(0) if z is not None else 0, 0, dy.stride(0), dx.stride(0),
+            dz.stride(0) if dz is not None else 0, dw_partial.stride(0), 0,
+            M, group_size, eps, rows_per_program,
+            BLOCK_N=block_n, NORM_BEFORE_GATE=False, IS_RMS_NORM=True, num_warps=num_warps)
+    return dx, dw_partial.sum(0).to(weight.dtype), dz
 
 
 @_rms_norm_backward.register_fake
