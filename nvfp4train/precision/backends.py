@@ -25,7 +25,7 @@ from nvfp4train.formats import fp8
 from nvfp4train.formats.impl import triton_available
 from nvfp4train.schema import ConfigError
 
-from . import te_backend
+from . import cublas_gemm, te_backend
 from .hardware import cuda_capability
 from .operands import Quantized, operand_format, pad2d, round_up
 from .policy import OperandSpec, PrecisionPolicy
@@ -81,8 +81,14 @@ class EmulatedBackend(Backend):
 
     def gemm(self, a: Quantized, b: Quantized, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(a.values · b.valuesᵀ) in FP32, times a.decode_scale, times b.decode_scale (each product
-        rounded in FP32), rounded once to `out_dtype`."""
-        return scale_and_cast(gemm_fp32(a.values, b.values), a.decode_scale, b.decode_scale, out_dtype)
+        rounded in FP32), rounded once to `out_dtype`. On CUDA cuBLAS applies the scales in its epilogue
+        (cublas_gemm.py: alpha = a × b read on the device) and writes `out_dtype` once."""
+        av, bv = a.values, b.values
+        if cublas_gemm.supports(av, bv, out_dtype):
+            scales = [s for s in (a.decode_scale, b.decode_scale) if s is not None]
+            alpha = scales[0] * scales[1] if len(scales) == 2 else scales[0] if scales else None
+            return cublas_gemm.scaled_gemm(av, bv, alpha, out_dtype)
+        return scale_and_cast(gemm_fp32(av, bv), a.decode_scale, b.decode_scale, out_dtype)
 
 
 class ScaledMMBackend(EmulatedBackend):

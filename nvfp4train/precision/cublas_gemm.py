@@ -1,0 +1,134 @@
+"""A BF16 GEMM whose output scale is a device scalar: cuBLAS's own epilogue applies it.
+
+The emulated NVFP4 GEMM is (A · Bᵀ) × a × b: BF16 operands that are exact (E2M1 code × E4M3 block scale),
+FP32 accumulation, and the operands' FP32 global decode scales a and b, which live on the GPU (they come
+from each tensor's amax; reading them on the host would stall the step and break CUDA graphs). torch's
+matmuls take a scale only as a host number, so the product went out in FP32 and a second pass multiplied
+and rounded it (`backends.scale_and_cast`): 132 passes and 15 ms of a 288 ms hybrid_1b step on an H100.
+cuBLAS itself reads alpha from device memory in CUBLAS_POINTER_MODE_DEVICE: here `cublasGemmEx` is
+called through ctypes on torch's own handle (its stream and workspace), alpha = a × b, beta = 0, the output
+written once in its dtype (FP32 accumulator × alpha, rounded once to BF16 or kept in FP32).
+
+Rounding: alpha × acc with alpha = fl(a × b) instead of fl(fl(acc × a) × b): at most an FP32 ulp apart before
+the one rounding to the output dtype, which the emulation's GEMM tolerance (FP32 accumulation in any order)
+already covers. Reduced-precision reductions are disallowed for the call, whatever torch's flag says.
+Used by `backends.EmulatedBackend.gemm` on CUDA; `available()` is False (and the Triton epilogue runs)
+where libcublas is not loaded into the process.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+
+_CUBLAS_OP_N, _CUBLAS_OP_T = 0, 1
+_CUDA_R_32F, _CUDA_R_16BF = 0, 14
+_CUBLAS_COMPUTE_32F = 68
+_CUBLAS_GEMM_DEFAULT = -1
+_CUBLAS_POINTER_MODE_HOST, _CUBLAS_POINTER_MODE_DEVICE = 0, 1
+_CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16
+_DTYPES = {torch.bfloat16: _CUDA_R_16BF, torch.float32: _CUDA_R_32F}
+
+_LIB: Optional[ctypes.CDLL] = None
+_LIB_ERROR: Optional[str] = None
+_CONSTANTS: dict[int, torch.Tensor] = {}
+
+
+def _loaded_cublas_path() -> Optional[str]:
+    """The libcublas that torch loaded (so ctypes binds the same library, not a second copy)."""
+    torch.cuda.current_blas_handle()  # makes torch load and initialise cuBLAS
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if "/libcublas.so" in path:
+                return path
+    return None
+
+
+def _lib() -> Optional[ctypes.CDLL]:
+    global _LIB, _LIB_ERROR
+    if _LIB is None and _LIB_ERROR is None:
+        try:
+            path = _loaded_cublas_path()
+            if path is None:
+                raise OSError("no libcublas.so mapped into this process")
+            lib = ctypes.CDLL(path)
+            handle, i32, ptr = ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p
+            lib.cublasGemmEx.argtypes = [handle, i32, i32, i32, i32, i32, ptr, ptr, i32, i32, ptr, i32, i32, ptr,
+                                         ptr, i32, i32, i32, i32]
+            lib.cublasGemmEx.restype = i32
+            for name in ("cublasSetPointerMode_v2", "cublasSetMathMode"):
+                getattr(lib, name).argtypes, getattr(lib, name).restype = [handle, i32], i32
+            for name in ("cublasGetPointerMode_v2", "cublasGetMathMode"):
+                getattr(lib, name).argtypes, getattr(lib, name).restype = [handle, ctypes.POINTER(i32)], i32
+            _LIB = lib
+        except (OSError, AttributeError, RuntimeError) as e:
+            _LIB_ERROR = f"{type(e).__name__}: {e}"
+    return _LIB
+
+
+def available() -> bool:
+    return torch.cuda.is_available() and _lib() is not None
+
+
+def _layout(t: torch.Tensor) -> Optional[tuple[bool, int]]:
+    """(row-major?, leading dimension) of a matrix cuBLAS can read in place; None if neither layout."""
+    if t.stride(1) == 1 and t.stride(0) >= max(1, t.shape[1]):
+        return True, t.stride(0)
+    if t.stride(0) == 1 and t.stride(1) >= max(1, t.shape[0]):
+        return False, t.stride(1)
+    return None
+
+
+def supports(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """Whether `scaled_gemm` takes these operands: CUDA BF16 matrices, each row- or column-major."""
+    return (a.is_cuda and a.dtype == b.dtype == torch.bfloat16 and a.dim() == b.dim() == 2 and out_dtype in _DTYPES
+            and a.shape[1] == b.shape[1] and _layout(a) is not None and _layout(b) is not None
+            and not torch.compiler.is_compiling() and available())
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"cuBLAS {what} failed with status {status}")
+
+
+def scaled_gemm(a: torch.Tensor, b: torch.Tensor, alpha: Optional[torch.Tensor],
+                out_dtype: torch.dtype) -> torch.Tensor:
+    """(a [M, K] · b [N, K]ᵀ) × alpha in `out_dtype`: BF16 operands, FP32 accumulation, alpha a one-element FP32
+    CUDA tensor read by cuBLAS on the device (None: 1), one rounding to out_dtype."""
+    lib = _lib()
+    M, K = a.shape
+    N = b.shape[0]
+    out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        return out.zero_()
+    constants = _CONSTANTS.get(a.device.index)
+    if constants is None:  # [0, 1]: beta, and alpha when there is no scale (made by kernels: capturable)
+        constants = torch.zeros(2, dtype=torch.float32, device=a.device)
+        constants[1] = 1.0
+        if not torch.cuda.is_current_stream_capturing():  # captured kernels run only when the graph does
+            _CONSTANTS[a.device.index] = constants
+    zero = constants[:1]
+    alpha = constants[1:] if alpha is None else alpha.reshape(1).to(torch.float32).contiguous()
+    handle = ctypes.c_void_p(torch.cuda.current_blas_handle())  # bound to the current stream
+    pointer_mode, math_mode = ctypes.c_int(), ctypes.c_int()
+    _check(lib.cublasGetPointerMode_v2(handle, ctypes.byref(pointer_mode)), "get pointer mode")
+    _check(lib.cublasGetMathMode(handle, ctypes.byref(math_mode)), "get math mode")
+    _check(lib.cublasSetPointerMode_v2(handle, _CUBLAS_POINTER_MODE_DEVICE), "set pointer mode")
+    try:
+        _check(lib.cublasSetMathMode(handle, _CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION), "set math mode")
+        # Row-major out [M, N] is column-major outᵀ [N, M] = b [N, K] · aᵀ [K, M] in cuBLAS's column-major
+        # terms: a row-major b is a column-major K x N matrix (so transposed), a row-major a is aᵀ already.
+        (b_rows, ldb), (a_rows, lda) = _layout(b), _layout(a)
+        _check(lib.cublasGemmEx(handle, _CUBLAS_OP_T if b_rows else _CUBLAS_OP_N,
+                                _CUBLAS_OP_N if a_rows else _CUBLAS_OP_T, N, M, K, alpha.data_ptr(),
+                                b.data_ptr(), _CUDA_R_16BF, ldb, a.data_ptr(), _CUDA_R_16BF, lda,
+                                zero.data_ptr(), out.data_ptr(), _DTYPES[out_dtype], N, _CUBLAS_COMPUTE_32F,
+                                _CUBLAS_GEMM_DEFAULT), "GemmEx")
+    finally:
+        lib.cublasSetPointerMode_v2(handle, pointer_mode.value)
+        lib.cublasSetMathMode(handle, math_mode.value)
+    return out
