@@ -8,8 +8,8 @@
 # 1. correctness: the GPU tests of the Triton kernels (bit-exact quantizers, dequantizers, GEMM epilogue;
 #    the Mamba conv against F.conv1d; fused norms), the precision checks (scaled_mm's blockwise probe,
 #    backend=auto, compiled == eager) and the precision GPU tests;
-# 2. speed: scripts/bench_quant.py (8192x8192) and scripts/bench_train.py on hybrid_repro (every
-#    precision), hybrid_350m (bf16 and nvfp4, with --profile: device time by kind of kernel) and hybrid_1b
+# 2. speed: scripts/bench_quant.py (8192x8192), scripts/bench_mixer.py (the Mamba conv and norm kernels) and
+#    scripts/bench_train.py on hybrid_repro (every precision), hybrid_350m (bf16 and nvfp4, with --profile: device time by kind of kernel) and hybrid_1b
 #    at seq 4096 compiled with a CUDA graph, the trainer's CUDA defaults (bf16, fp8_blockwise, nvfp4);
 # 3. the Triton/Inductor caches, packed for the next machine (python -m nvfp4train.reproduce pack-kernels).
 # Each step has its own time limit, so one that hangs or fails leaves the others their time; the exit
@@ -36,12 +36,13 @@ step() {  # SECONDS NAME COMMAND...: run it with a limit, its output in $LOGS/NA
 }
 [ -f .carry/kernels.tar.gz ] && python3 -m nvfp4train.reproduce unpack-kernels .carry/kernels.tar.gz
 # The 58 GPU tests took more than 240 s one after the other on an H100 (36 had passed by then), most of it Triton
-# compiling on the CPU: with pytest-xdist (carried in .whl/) four workers share the GPU and the 16 cores.
-xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n 4)
+# compiling on the CPU: with pytest-xdist (carried in .whl/) six workers share the GPU and the 16 cores.
+xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n 6)
 step 240 gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu "${xdist[@]}" --durations=10 -rfE \
   tests/formats/test_triton.py tests/model/test_causal_conv.py tests/model/test_fused_norm.py tests/precision/test_gpu.py \
-  tests/train/test_cuda_graph.py
+  tests/precision/test_cublas_gemm.py tests/train/test_cuda_graph.py
 step 50 bench_quant python3 scripts/bench_quant.py --shapes 8192x8192 --out "$OUT/quant.json"
+step 40 bench_mixer python3 scripts/bench_mixer.py
 step 150 bench_repro python3 scripts/bench_train.py --models hybrid_repro --seqs 1024 --batch 32 --compile false \
   --precisions bf16 fp8_tensorwise fp8_blockwise nvfp4 mxfp4 --steps 5 --warmup 3 --out "$OUT/train.json"
 step 120 bench_350m python3 scripts/bench_train.py --models hybrid_350m --seqs 2048 --batch 8 --compile false \
