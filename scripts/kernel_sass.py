@@ -89,13 +89,14 @@ VARIANTS = {
     "fp8_tensorwise_rowcol": Variant(tk._fp8_tensorwise_rowcol_kernel,
                                      {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8", "data_t_ptr": "*u8",
                                       "decode_ptr": "*fp32", "rows": "i32", "cols": "i32"},
-                                     {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False,
+                                     {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False, "HW_CVT": True,
                                       "BLOCK": tk.TENSORWISE_TILE}, tk.TENSORWISE_TILE ** 2),
     "fp8_blockwise_rowcol": Variant(tk._fp8_blockwise_rowcol_kernel,
                                     {"x_ptr": "*bf16", "row_data_ptr": "*u8", "row_scales_ptr": "*fp32",
                                      "col_data_ptr": "*u8", "col_scales_ptr": "*fp32", "n_tokens": "i32",
                                      "n_features": "i32", "scale_for_inf": "fp32"},
-                                    {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True}, 128 * 128, 8),
+                                    {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True},
+                                    128 * 128, 8),
 }
 
 

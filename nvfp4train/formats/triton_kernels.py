@@ -862,16 +862,28 @@ def _fp8_block_scales(amax, scale_for_inf, FP8_MAX: tl.constexpr, POW2: tl.const
 
 
 @triton.jit
-def _fp8_codes(scaled, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr):
+def _fp8_codes(scaled, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, HW_CVT: tl.constexpr):
+    """Clamp to the format's max, then RNE to FP8 bits (int32). HW_CVT (sm_89+): the GPU's own conversion
+    (cvt.rn.satfinite.{e4m3,e5m2}x2.f32, one instruction for two values: the same RNE with subnormals and
+    -0.0 -> 0x80) instead of _fp8_rne's integer arithmetic; NaN is mapped to 0x7F either way."""
     scaled = tl.where(scaled > FP8_MAX, FP8_MAX, tl.where(scaled < -FP8_MAX, -FP8_MAX, scaled))
-    return _fp8_rne(scaled, MANT, BIAS)
+    if HW_CVT:
+        fp8 = scaled.to(tl.float8e4nv) if MANT == 3 else scaled.to(tl.float8e5)
+        return tl.where(scaled != scaled, 0x7F, fp8.to(tl.uint8, bitcast=True).to(tl.int32))
+    else:
+        return _fp8_rne(scaled, MANT, BIAS)
+
+
+def _fp8_hw_cvt(x: torch.Tensor) -> bool:
+    """Whether the FP8 kernels convert with the GPU's cvt instruction (CUDA sm_89+; not in the interpreter)."""
+    return x.is_cuda and torch.cuda.get_device_capability(x.device) >= (8, 9)
 
 
 @triton.jit
 def _fp8_blockwise_kernel(
     x_ptr, data_ptr, scales_ptr, values_ptr, rows, cols, scale_for_inf,
     TILE_R: tl.constexpr, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
-    POW2: tl.constexpr, DENSE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    POW2: tl.constexpr, HW_CVT: tl.constexpr, DENSE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """fp8.quantize_blockwise (and fake_quantize_blockwise when DENSE) on a BLOCK_R x BLOCK_C tile
     of TILE_R x 128 blocks."""
@@ -888,7 +900,7 @@ def _fp8_blockwise_kernel(
     magnitude_bits = x4.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     amax = tl.max(tl.max(magnitude_bits, axis=3), axis=1).to(tl.float32, bitcast=True)  # [NR, NC]
     encode, decode = _fp8_block_scales(amax, scale_for_inf, FP8_MAX, POW2)
-    code = _fp8_codes(x4 * encode[:, None, :, None], FP8_MAX, MANT, BIAS)
+    code = _fp8_codes(x4 * encode[:, None, :, None], FP8_MAX, MANT, BIAS, HW_CVT)
     if DENSE:
         values = tl.reshape(_fp8_value(code, MANT, BIAS) * decode[:, None, :, None], (BLOCK_R, BLOCK_C))
         _store_as(values_ptr, offs, values, mask)
@@ -925,8 +937,8 @@ def fp8_blockwise(
     grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
     _fp8_blockwise_kernel[grid](
         x, data, scales, values, rows, cols, float(torch.finfo(x.dtype).max),
-        TILE_R=tile_r, FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales, DENSE=dense,
-        BLOCK_R=block_r, BLOCK_C=block_c, **options,
+        TILE_R=tile_r, FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales,
+        HW_CVT=_fp8_hw_cvt(x), DENSE=dense, BLOCK_R=block_r, BLOCK_C=block_c, **options,
     )
     return values if dense else (data, scales)
 
@@ -937,7 +949,7 @@ TENSORWISE_BLOCK = 4096
 
 @triton.jit
 def _fp8_tensorwise_kernel(x_ptr, amax_ptr, data_ptr, decode_ptr, n, FP8_MAX: tl.constexpr, MANT: tl.constexpr,
-                           BIAS: tl.constexpr, POW2: tl.constexpr, BLOCK: tl.constexpr):
+                           BIAS: tl.constexpr, POW2: tl.constexpr, HW_CVT: tl.constexpr, BLOCK: tl.constexpr):
     """fp8.quantize_tensorwise's cast: x * encode clamped to the format's max, RNE to FP8 bits. Every
     program derives encode = encode_scale_from_amax(max|x|) from the amax pass's result itself (a few
     ALU operations, no extra launch); program 0 stores the decode scale 1 / encode."""
@@ -945,7 +957,7 @@ def _fp8_tensorwise_kernel(x_ptr, amax_ptr, data_ptr, decode_ptr, n, FP8_MAX: tl
     mask = offs < n
     x = _to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))
     encode, decode = _fp8_block_scales(tl.load(amax_ptr), _FLT_MAX, FP8_MAX, POW2)  # per tensor: FLT_MAX for inf
-    tl.store(data_ptr + offs, _fp8_codes(x * encode, FP8_MAX, MANT, BIAS).to(tl.uint8), mask=mask)
+    tl.store(data_ptr + offs, _fp8_codes(x * encode, FP8_MAX, MANT, BIAS, HW_CVT).to(tl.uint8), mask=mask)
     if tl.program_id(0) == 0:
         tl.store(decode_ptr, decode)
 
@@ -962,7 +974,7 @@ def fp8_tensorwise(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool) -> tu
     mant, bias = (3, 7) if dtype == torch.float8_e4m3fn else (2, 15)
     _fp8_tensorwise_kernel[(triton.cdiv(n, TENSORWISE_BLOCK),)](
         x, amax, data, decode, n, FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales,
-        BLOCK=TENSORWISE_BLOCK, **_launch_options(x),
+        HW_CVT=_fp8_hw_cvt(x), BLOCK=TENSORWISE_BLOCK, **_launch_options(x),
     )
     return data.view(dtype), decode
 
@@ -970,7 +982,7 @@ def fp8_tensorwise(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool) -> tu
 @triton.jit
 def _fp8_tensorwise_rowcol_kernel(x_ptr, amax_ptr, data_ptr, data_t_ptr, decode_ptr, rows, cols,
                                   FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, POW2: tl.constexpr,
-                                  BLOCK: tl.constexpr):
+                                  HW_CVT: tl.constexpr, BLOCK: tl.constexpr):
     """_fp8_tensorwise_kernel's cast of a BLOCK x BLOCK tile of x [rows, cols], stored twice: as it is
     and transposed ([cols, rows]). The transpose moves the one-byte codes through shared memory inside
     the program instead of a separate transposing copy of the whole tensor."""
@@ -979,7 +991,7 @@ def _fp8_tensorwise_rowcol_kernel(x_ptr, amax_ptr, data_ptr, data_t_ptr, decode_
     mask = (r[:, None] < rows) & (c[None, :] < cols)
     x = _to_fp32(tl.load(x_ptr + r[:, None].to(tl.int64) * cols + c[None, :], mask=mask, other=0.0))
     encode, decode = _fp8_block_scales(tl.load(amax_ptr), _FLT_MAX, FP8_MAX, POW2)
-    code = _fp8_codes(x * encode, FP8_MAX, MANT, BIAS).to(tl.uint8)
+    code = _fp8_codes(x * encode, FP8_MAX, MANT, BIAS, HW_CVT).to(tl.uint8)
     tl.store(data_ptr + r[:, None].to(tl.int64) * cols + c[None, :], code, mask=mask)
     tl.store(data_t_ptr + c[:, None].to(tl.int64) * rows + r[None, :], tl.trans(code), mask=tl.trans(mask))
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
@@ -1002,7 +1014,7 @@ def fp8_tensorwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool
     grid = (triton.cdiv(rows, TENSORWISE_TILE), triton.cdiv(cols, TENSORWISE_TILE))
     _fp8_tensorwise_rowcol_kernel[grid](
         x, amax, data, data_t, decode, rows, cols, FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias,
-        POW2=pow2_scales, BLOCK=TENSORWISE_TILE, **_launch_options(x),
+        POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x), BLOCK=TENSORWISE_TILE, **_launch_options(x),
     )
     return data, data_t, decode
 
@@ -1043,7 +1055,7 @@ def fp8_dequantize_blockwise(data: torch.Tensor, scales: torch.Tensor, block, dt
 @triton.jit
 def _fp8_blockwise_t_kernel(
     x_ptr, data_ptr, scales_ptr, n_tokens, n_features, scale_for_inf,
-    FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, POW2: tl.constexpr,
+    FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, POW2: tl.constexpr, HW_CVT: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_F: tl.constexpr,
 ):
     """fp8.quantize_blockwise(x.t(), (1, 128)) from x [tokens, features] row-major: a BLOCK_T x BLOCK_F
@@ -1061,7 +1073,7 @@ def _fp8_blockwise_t_kernel(
     magnitude_bits = x3.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     amax = tl.max(magnitude_bits, axis=1).to(tl.float32, bitcast=True)  # [NT, BLOCK_F]
     encode, decode = _fp8_block_scales(amax, scale_for_inf, FP8_MAX, POW2)
-    code = _fp8_codes(x3 * encode[:, None, :], FP8_MAX, MANT, BIAS)
+    code = _fp8_codes(x3 * encode[:, None, :], FP8_MAX, MANT, BIAS, HW_CVT)
     code = tl.trans(tl.reshape(code, (BLOCK_T, BLOCK_F)))  # [BLOCK_F, BLOCK_T]
     out_mask = (f[:, None] < n_features) & (t[None, :] < n_tokens)
     tl.store(data_ptr + f[:, None].to(tl.int64) * n_tokens + t[None, :], code.to(tl.uint8), mask=out_mask)
@@ -1083,7 +1095,7 @@ def fp8_blockwise_t(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool) -> t
     grid = (triton.cdiv(n_tokens, block_t), triton.cdiv(n_features, block_f))
     _fp8_blockwise_t_kernel[grid](
         x, data, scales, n_tokens, n_features, float(torch.finfo(x.dtype).max),
-        FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales,
+        FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x),
         BLOCK_T=block_t, BLOCK_F=block_f, **_launch_options(x),
     )
     return data, scales
@@ -1178,7 +1190,7 @@ def e2m1_dequantize(codes: torch.Tensor, scales: torch.Tensor, global_decode_sca
 @triton.jit
 def _fp8_blockwise_rowcol_kernel(
     x_ptr, row_data_ptr, row_scales_ptr, col_data_ptr, col_scales_ptr, n_tokens, n_features, scale_for_inf,
-    FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, POW2: tl.constexpr,
+    FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, POW2: tl.constexpr, HW_CVT: tl.constexpr,
 ):
     """Both FP8 blockwise copies of x [tokens, features] from one read of a 128 x 128 tile:
     quantize_blockwise(x, (1, 128)) (blocks along features: Fprop / Dgrad operand) and
@@ -1190,13 +1202,13 @@ def _fp8_blockwise_rowcol_kernel(
 
     row_encode, row_decode = _fp8_block_scales(tl.max(magnitude_bits, axis=1).to(tl.float32, bitcast=True),
                                                scale_for_inf, FP8_MAX, POW2)  # [128 tokens]
-    row_code = _fp8_codes(x * row_encode[:, None], FP8_MAX, MANT, BIAS)
+    row_code = _fp8_codes(x * row_encode[:, None], FP8_MAX, MANT, BIAS, HW_CVT)
     tl.store(row_data_ptr + t[:, None].to(tl.int64) * n_features + f[None, :], row_code.to(tl.uint8))
     tl.store(row_scales_ptr + t.to(tl.int64) * (n_features // 128) + tl.program_id(1), row_decode)
 
     col_encode, col_decode = _fp8_block_scales(tl.max(magnitude_bits, axis=0).to(tl.float32, bitcast=True),
                                                scale_for_inf, FP8_MAX, POW2)  # [128 features]
-    col_code = tl.trans(_fp8_codes(x * col_encode[None, :], FP8_MAX, MANT, BIAS))  # [features, tokens]
+    col_code = tl.trans(_fp8_codes(x * col_encode[None, :], FP8_MAX, MANT, BIAS, HW_CVT))  # [features, tokens]
     tl.store(col_data_ptr + f[:, None].to(tl.int64) * n_tokens + t[None, :], col_code.to(tl.uint8))
     tl.store(col_scales_ptr + f.to(tl.int64) * (n_tokens // 128) + tl.program_id(0), col_decode)
 
@@ -1217,6 +1229,7 @@ def fp8_blockwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool)
         options["num_warps"] = 8
     _fp8_blockwise_rowcol_kernel[(n_tokens // 128, n_features // 128)](
         x, row_data, row_scales, col_data, col_scales, n_tokens, n_features, float(torch.finfo(x.dtype).max),
-        FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales, **options,
+        FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x),
+        **options,
     )
     return (row_data, row_scales), (col_data, col_scales)

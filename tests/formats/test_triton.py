@@ -629,18 +629,19 @@ def test_kernels_compile_for_sm90_without_approximate_division():
          {"SCALE_RULE": 1, "ROUNDING": tk.RNE, "DENSE": False, **blocks}),
         (tk._fp8_blockwise_kernel, {"x_ptr": "*bf16", "data_ptr": "*u8", "scales_ptr": "*fp32", "values_ptr": "*u8",
                                     "rows": "i32", "cols": "i32", "scale_for_inf": "fp32"},
-         {"TILE_R": 128, "FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "DENSE": False, "BLOCK_R": 128,
-          "BLOCK_C": 128}),
+         {"TILE_R": 128, "FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True, "DENSE": False,
+          "BLOCK_R": 128, "BLOCK_C": 128}),
         (tk._fp8_blockwise_kernel, {"x_ptr": "*fp32", "data_ptr": "*bf16", "scales_ptr": "*bf16",
                                     "values_ptr": "*bf16", "rows": "i32", "cols": "i32", "scale_for_inf": "fp32"},
-         {"TILE_R": 1, "FP8_MAX": 57344.0, "MANT": 2, "BIAS": 15, "POW2": False, "DENSE": True, "BLOCK_R": 8,
-          "BLOCK_C": 256}),
+         {"TILE_R": 1, "FP8_MAX": 57344.0, "MANT": 2, "BIAS": 15, "POW2": False, "HW_CVT": False, "DENSE": True,
+          "BLOCK_R": 8, "BLOCK_C": 256}),
         (tk._fp8_tensorwise_kernel, {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8", "decode_ptr": "*fp32",
                                      "n": "i32"},
-         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False, "BLOCK": tk.TENSORWISE_BLOCK}),
+         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False, "HW_CVT": True, "BLOCK": tk.TENSORWISE_BLOCK}),
         (tk._fp8_tensorwise_rowcol_kernel, {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8",
                                             "data_t_ptr": "*u8", "decode_ptr": "*fp32", "rows": "i32", "cols": "i32"},
-         {"FP8_MAX": 57344.0, "MANT": 2, "BIAS": 15, "POW2": False, "BLOCK": tk.TENSORWISE_TILE}),
+         {"FP8_MAX": 57344.0, "MANT": 2, "BIAS": 15, "POW2": False, "HW_CVT": True,
+          "BLOCK": tk.TENSORWISE_TILE}),
         (tk._scale_and_cast_kernel, {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32"},
          {"HAS_A": True, "HAS_B": True, "BLOCK": tk.SCALE_CAST_BLOCK}),
         (tk._e2m1_dequantize_kernel, {"codes_ptr": "*u8", "scales_ptr": "*u8", "global_ptr": "*fp32",
@@ -652,10 +653,10 @@ def test_kernels_compile_for_sm90_without_approximate_division():
         (tk._fp8_blockwise_rowcol_kernel, {"x_ptr": "*bf16", "row_data_ptr": "*u8", "row_scales_ptr": "*fp32",
                                            "col_data_ptr": "*u8", "col_scales_ptr": "*fp32", "n_tokens": "i32",
                                            "n_features": "i32", "scale_for_inf": "fp32"},
-         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True}),
+         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True}),
         (tk._fp8_blockwise_t_kernel, {"x_ptr": "*bf16", "data_ptr": "*u8", "scales_ptr": "*fp32", "n_tokens": "i32",
                                       "n_features": "i32", "scale_for_inf": "fp32"},
-         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "BLOCK_T": 128, "BLOCK_F": 64}),
+         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": False, "BLOCK_T": 128, "BLOCK_F": 64}),
         (tk._fp8_dequantize_blockwise_kernel, {"data_ptr": "*u8", "scales_ptr": "*fp32", "values_ptr": "*bf16",
                                                "rows": "i32", "cols": "i32"},
          {"TILE_R": 128, "MANT": 3, "BIAS": 7, "BLOCK_R": 8, "BLOCK_C": 256}),
@@ -684,6 +685,11 @@ def test_kernels_compile_for_sm90_without_approximate_division():
                                   options={"enable_fp_fusion": False, **dict(*options)})
         ptx = compiled.asm["ptx"]
         assert "div.full" not in ptx and "div.approx" not in ptx, (kernel, constexprs)
+        # FP8 codes from the GPU's own RNE conversion of FP32 (never through FP16: a second rounding)
+        if "HW_CVT" in constexprs:
+            fmt = "e4m3x2" if constexprs["MANT"] == 3 else "e5m2x2"
+            assert (f"cvt.rn.satfinite.{fmt}.f32" in ptx) == constexprs["HW_CVT"], (kernel, constexprs)
+            assert ".f16x2" not in ptx, (kernel, constexprs)
         # Fused multiply-adds only where the products are exact: the 16-point RHT of a bf16 input
         # (_rht_tokens' EXACT_PRODUCTS); never on FP32 inputs nor in the 32-point RHT, whose products round.
         exact_products = kernel in (tk._rht_abs_max_kernel, tk._rht_nvfp4_kernel) and signature["x_ptr"] == "*bf16"
