@@ -18,9 +18,12 @@ where libcublas is not loaded into the process.
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Optional
 
 import torch
+
+from nvfp4train.formats.impl import DISABLE_ENV
 
 _CUBLAS_OP_N, _CUBLAS_OP_T = 0, 1
 _CUDA_R_32F, _CUDA_R_16BF = 0, 14
@@ -82,8 +85,9 @@ def _layout(t: torch.Tensor) -> Optional[tuple[bool, int]]:
 
 
 def supports(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
-    """Whether `scaled_gemm` takes these operands: CUDA BF16 matrices, each row- or column-major."""
-    return (a.is_cuda and a.dtype == b.dtype == torch.bfloat16 and a.dim() == b.dim() == 2 and out_dtype in _DTYPES
+    """Whether `scaled_gemm` takes these operands: CUDA BF16 matrices, each row- or column-major; never with
+    NVFP4TRAIN_TRITON=0, the switch that sends the emulated GEMM's epilogue (like our kernels) to PyTorch."""
+    return (a.is_cuda and os.environ.get(DISABLE_ENV, "1") != "0" and a.dtype == b.dtype == torch.bfloat16 and a.dim() == b.dim() == 2 and out_dtype in _DTYPES
             and a.shape[1] == b.shape[1] and _layout(a) is not None and _layout(b) is not None
             and not torch.compiler.is_compiling() and available())
 

@@ -13,6 +13,16 @@ def test_cpu_operands_keep_the_portable_path():
     assert not cublas_gemm.supports(a, b, torch.bfloat16)
 
 
+@pytest.mark.gpu
+def test_the_triton_switch_turns_it_off(monkeypatch):
+    if not torch.cuda.is_available() or not cublas_gemm.available():
+        pytest.skip("needs CUDA and torch's libcublas")
+    a, b = _operands(32, 16, 32, seed=3)
+    assert cublas_gemm.supports(a, b, torch.bfloat16)
+    monkeypatch.setenv("NVFP4TRAIN_TRITON", "0")
+    assert not cublas_gemm.supports(a, b, torch.bfloat16)
+
+
 def _operands(m, n, k, seed):
     """E2M1 codes times power-of-two block scales: exact in BF16, as the dequantized NVFP4 operands are."""
     g = torch.Generator(device="cuda").manual_seed(seed)
