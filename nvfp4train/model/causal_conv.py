@@ -105,6 +105,19 @@ def _sigmoid(z, FAST: tl.constexpr):
 
 
 @triton.jit
+def _conv4_prologue(x_ptr, w_ptr, bias_ptr, t0, c, T, C, stride_t):
+    """The channels' four taps and bias (FP32), and x[t0-3], x[t0-2], x[t0-1]: the window before row t0."""
+    cmask = c < C
+    w0 = tl.load(w_ptr + c * 4 + 0, mask=cmask, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + c * 4 + 1, mask=cmask, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + c * 4 + 2, mask=cmask, other=0.0).to(tl.float32)
+    w3 = tl.load(w_ptr + c * 4 + 3, mask=cmask, other=0.0).to(tl.float32)
+    bias = tl.load(bias_ptr + c, mask=cmask, other=0.0).to(tl.float32)
+    return (w0, w1, w2, w3, bias, _load_row(x_ptr, t0 - 3, c, T, C, stride_t),
+            _load_row(x_ptr, t0 - 2, c, T, C, stride_t), _load_row(x_ptr, t0 - 1, c, T, C, stride_t))
+
+
+@triton.jit
 def _conv4_silu_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, T, C, stride_b, stride_t, ROWS: tl.constexpr,
                            BC: tl.constexpr, FAST: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
@@ -113,14 +126,7 @@ def _conv4_silu_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, T, C, stride_b, stride
     cmask = c < C
     x_ptr += b * stride_b
     y_ptr += b * T * C
-    w0 = tl.load(w_ptr + c * 4 + 0, mask=cmask, other=0.0).to(tl.float32)
-    w1 = tl.load(w_ptr + c * 4 + 1, mask=cmask, other=0.0).to(tl.float32)
-    w2 = tl.load(w_ptr + c * 4 + 2, mask=cmask, other=0.0).to(tl.float32)
-    w3 = tl.load(w_ptr + c * 4 + 3, mask=cmask, other=0.0).to(tl.float32)
-    bias = tl.load(bias_ptr + c, mask=cmask, other=0.0).to(tl.float32)
-    x_3 = _load_row(x_ptr, t0 - 3, c, T, C, stride_t)  # x[s-3], x[s-2], x[s-1] as s walks
-    x_2 = _load_row(x_ptr, t0 - 2, c, T, C, stride_t)
-    x_1 = _load_row(x_ptr, t0 - 1, c, T, C, stride_t)
+    w0, w1, w2, w3, bias, x_3, x_2, x_1 = _conv4_prologue(x_ptr, w_ptr, bias_ptr, t0, c, T, C, stride_t)
     for i in range(ROWS):
         s = t0 + i
         x0 = _load_row(x_ptr, s, c, T, C, stride_t)
@@ -143,14 +149,7 @@ def _conv4_silu_bwd_kernel(x_ptr, w_ptr, bias_ptr, dy_ptr, dx_ptr, dw_ptr, db_pt
     x_ptr += b * stride_b
     dy_ptr += b * T * C
     dx_ptr += b * T * C
-    w0 = tl.load(w_ptr + c * 4 + 0, mask=cmask, other=0.0).to(tl.float32)
-    w1 = tl.load(w_ptr + c * 4 + 1, mask=cmask, other=0.0).to(tl.float32)
-    w2 = tl.load(w_ptr + c * 4 + 2, mask=cmask, other=0.0).to(tl.float32)
-    w3 = tl.load(w_ptr + c * 4 + 3, mask=cmask, other=0.0).to(tl.float32)
-    bias = tl.load(bias_ptr + c, mask=cmask, other=0.0).to(tl.float32)
-    x_3 = _load_row(x_ptr, t0 - 3, c, T, C, stride_t)
-    x_2 = _load_row(x_ptr, t0 - 2, c, T, C, stride_t)
-    x_1 = _load_row(x_ptr, t0 - 1, c, T, C, stride_t)
+    w0, w1, w2, w3, bias, x_3, x_2, x_1 = _conv4_prologue(x_ptr, w_ptr, bias_ptr, t0, c, T, C, stride_t)
     dz_3 = tl.zeros((BC,), tl.float32)  # dz[s-3], dz[s-2], dz[s-1]: rows before t0 are never stored
     dz_2 = tl.zeros((BC,), tl.float32)
     dz_1 = tl.zeros((BC,), tl.float32)
