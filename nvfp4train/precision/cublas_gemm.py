@@ -117,6 +117,15 @@ def scaled_gemm(a: torch.Tensor, b: torch.Tensor, alpha: Optional[torch.Tensor],
             _CONSTANTS[a.device.index] = constants
     zero = constants[:1]
     alpha = constants[1:] if alpha is None else alpha.reshape(1).to(torch.float32).contiguous()
+    with torch.cuda.device(a.device):  # the handle, stream and workspace of the operands' device
+        _gemm_ex(lib, a, b, alpha, zero, out)
+    return out
+
+
+def _gemm_ex(lib: ctypes.CDLL, a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, zero: torch.Tensor,
+             out: torch.Tensor) -> None:
+    M, K = a.shape
+    N = b.shape[0]
     handle = ctypes.c_void_p(torch.cuda.current_blas_handle())  # bound to the current stream
     pointer_mode, math_mode = ctypes.c_int(), ctypes.c_int()
     _check(lib.cublasGetPointerMode_v2(handle, ctypes.byref(pointer_mode)), "get pointer mode")
@@ -130,9 +139,8 @@ def scaled_gemm(a: torch.Tensor, b: torch.Tensor, alpha: Optional[torch.Tensor],
         _check(lib.cublasGemmEx(handle, _CUBLAS_OP_T if b_rows else _CUBLAS_OP_N,
                                 _CUBLAS_OP_N if a_rows else _CUBLAS_OP_T, N, M, K, alpha.data_ptr(),
                                 b.data_ptr(), _CUDA_R_16BF, ldb, a.data_ptr(), _CUDA_R_16BF, lda,
-                                zero.data_ptr(), out.data_ptr(), _DTYPES[out_dtype], N, _CUBLAS_COMPUTE_32F,
+                                zero.data_ptr(), out.data_ptr(), _DTYPES[out.dtype], N, _CUBLAS_COMPUTE_32F,
                                 _CUBLAS_GEMM_DEFAULT), "GemmEx")
     finally:
         lib.cublasSetPointerMode_v2(handle, pointer_mode.value)
         lib.cublasSetMathMode(handle, math_mode.value)
-    return out
