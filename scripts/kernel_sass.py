@@ -42,7 +42,6 @@ class Variant:
     constexprs: dict[str, object]
     elements: int  # input elements one program handles
     warps: int = 4
-    fp_fusion: bool = False  # the quantizers launch with enable_fp_fusion=False (bit-exact roundings)
 
 
 _IO = {"x_ptr": "*bf16", "bits_ptr": "*i32", "seed_ptr": "*i64", "codes_ptr": "*u8", "scales_ptr": "*u8",
@@ -110,7 +109,7 @@ def sass_opcodes(variant: Variant) -> collections.Counter:
              if signature[name].startswith("*") or signature[name] == "i32"}
     compiled = triton_compile(ASTSource(fn=kernel, signature=signature, constexprs=variant.constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32),
-                              options={"enable_fp_fusion": variant.fp_fusion, "num_warps": variant.warps})
+                              options={"enable_fp_fusion": False, "num_warps": variant.warps})
     nvdisasm = Path(triton.__file__).parent / "backends/nvidia/bin/nvdisasm"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"

@@ -85,8 +85,10 @@ class EmulatedBackend(Backend):
         (cublas_gemm.py: alpha = a × b read on the device) and writes `out_dtype` once."""
         av, bv = a.values, b.values
         if cublas_gemm.supports(av, bv, out_dtype):
-            scales = [s for s in (a.decode_scale, b.decode_scale) if s is not None]
-            alpha = scales[0] * scales[1] if len(scales) == 2 else scales[0] if scales else None
+            alpha = None  # the product of the scales there are (None: no scale)
+            for scale in (a.decode_scale, b.decode_scale):
+                if scale is not None:
+                    alpha = scale if alpha is None else alpha * scale
             return cublas_gemm.scaled_gemm(av, bv, alpha, out_dtype)
         return scale_and_cast(gemm_fp32(av, bv), a.decode_scale, b.decode_scale, out_dtype)
 

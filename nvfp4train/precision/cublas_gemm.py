@@ -102,12 +102,10 @@ def scaled_gemm(a: torch.Tensor, b: torch.Tensor, alpha: Optional[torch.Tensor],
     """(a [M, K] · b [N, K]ᵀ) × alpha in `out_dtype`: BF16 operands, FP32 accumulation, alpha a one-element FP32
     CUDA tensor read by cuBLAS on the device (None: 1), one rounding to out_dtype."""
     lib = _lib()
-    M, K = a.shape
-    N = b.shape[0]
-    out = torch.empty((M, N), dtype=out_dtype, device=a.device)
-    if M == 0 or N == 0:
+    out = torch.empty((a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
+    if out.numel() == 0:
         return out
-    if K == 0:
+    if a.shape[1] == 0:
         return out.zero_()
     constants = _CONSTANTS.get(a.device.index)
     if constants is None:  # [0, 1]: beta, and alpha when there is no scale (made by kernels: capturable)
@@ -124,8 +122,8 @@ def scaled_gemm(a: torch.Tensor, b: torch.Tensor, alpha: Optional[torch.Tensor],
 
 def _gemm_ex(lib: ctypes.CDLL, a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, zero: torch.Tensor,
              out: torch.Tensor) -> None:
-    M, K = a.shape
-    N = b.shape[0]
+    """out = alpha · (a · bᵀ) + 0 on the current device's handle, its pointer and math modes restored after."""
+    (M, K), N = a.shape, b.shape[0]
     handle = ctypes.c_void_p(torch.cuda.current_blas_handle())  # bound to the current stream
     pointer_mode, math_mode = ctypes.c_int(), ctypes.c_int()
     _check(lib.cublasGetPointerMode_v2(handle, ctypes.byref(pointer_mode)), "get pointer mode")
