@@ -96,12 +96,13 @@ def profile_step(engine, micro_batch, step: int, device: torch.device, trace: Pa
 
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:
         stats = engine.train_step(micro_batch, lr=1e-4, step=step)
         stats.loss.item()
     if trace is not None:
         trace.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(trace))
+    sources = launch_sites(prof.events()) if cuda else {}
     rows = []
     for evt in prof.key_averages():
         # A record_function range (e.g. "Optimizer.step#AdamW.step") also shows up on the GPU timeline,
@@ -114,12 +115,33 @@ def profile_step(engine, micro_batch, step: int, device: torch.device, trace: Pa
             continue
         us = evt.self_device_time_total if cuda else evt.self_cpu_time_total
         if us > 0:
-            rows.append({"name": evt.key, "calls": evt.count, "ms": us / 1e3, "kind": kernel_kind(evt.key)})
+            rows.append({"name": evt.key, "calls": evt.count, "ms": us / 1e3, "kind": kernel_kind(evt.key),
+                         "sources": sources.get(evt.key, [])})
     return sorted(rows, key=lambda r: -r["ms"])
 
 
-def print_profile(rows: list[dict], top: int = 15) -> dict[str, float]:
-    """The breakdown by kind and the top kernels; returns {kind: ms}."""
+def launch_sites(events, depth: int = 4) -> dict[str, list[tuple[float, str]]]:
+    """Kernel name -> [(ms, launching op chain)], most time first: the op that launched the kernel with
+    its input shapes, then its enclosing ops (e.g. a custom op), so a copy or cast kernel can be traced
+    to the code that asked for it. Kernels replayed from a CUDA graph show the graph launch only."""
+    sites: dict[str, dict[str, float]] = {}
+    for evt in events:
+        if not evt.kernels:
+            continue
+        chain, parent = [f"{evt.name} {list(evt.input_shapes) if evt.input_shapes else ''}".rstrip()], evt.cpu_parent
+        while parent is not None and len(chain) < depth:
+            chain.append(parent.name)
+            parent = parent.cpu_parent
+        for kernel in evt.kernels:
+            per_chain = sites.setdefault(kernel.name, {})
+            key = " < ".join(chain)
+            per_chain[key] = per_chain.get(key, 0.0) + kernel.duration / 1e3
+    return {name: sorted(((ms, chain) for chain, ms in chains.items()), reverse=True) for name, chains in sites.items()}
+
+
+def print_profile(rows: list[dict], top: int = 15, sources: int = 2) -> dict[str, float]:
+    """The breakdown by kind and the top kernels, each with its `sources` costliest launch sites
+    (`launch_sites`); returns {kind: ms}."""
     total = sum(r["ms"] for r in rows) or 1.0
     kinds: dict[str, float] = {}
     for r in rows:
@@ -130,6 +152,8 @@ def print_profile(rows: list[dict], top: int = 15) -> dict[str, float]:
     print(f"    top {top} kernels:")
     for r in rows[:top]:
         print(f"      {r['ms']:9.2f} ms {100 * r['ms'] / total:5.1f}% x{r['calls']:<5} {r['kind']:<16} {r['name'][:90]}")
+        for ms, chain in r.get("sources", [])[:sources]:
+            print(f"          <- {ms:7.2f} ms  {chain[:160]}")
     return kinds
 
 

@@ -27,20 +27,20 @@ def default_linear_factory(in_features: int, out_features: int, *, block_index: 
 
 
 class RMSNorm(nn.Module):
-    """y = x / rms(x) * weight, computed in float32, returned in x's dtype (one Triton kernel on CUDA
-    when mamba-ssm's are installed: fused_norm.py)."""
+    """y = x / rms(x) * weight, computed in float32, returned in `out_dtype` (default x's dtype; one
+    Triton kernel on CUDA when mamba-ssm's are installed: fused_norm.py)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         if x.is_cuda and fused_norm_available():
-            return fused_rms_norm(x, self.weight, self.eps)
+            return fused_rms_norm(x, self.weight, self.eps, out_dtype=out_dtype)
         x32 = x.float()
         y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
+        return (y * self.weight.float()).to(out_dtype or x.dtype)
 
 
 class GatedRMSNorm(nn.Module):
@@ -193,7 +193,12 @@ class Block(nn.Module):
         self.mixer = MIXERS[kind](cfg, index, linear_factory)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.mixer(self.norm(x))
+        # Every mixer starts with a linear, which under autocast casts its input to the autocast dtype:
+        # the norm writes that dtype itself: the same bits, without an FP32 output and a cast kernel
+        # forward, nor a widening of the linear's dX to FP32 backward.
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        return x + self.mixer(self.norm(x, dtype))
 
     def extra_repr(self) -> str:
         return f"index={self.index}, kind={self.kind!r}"

@@ -38,8 +38,9 @@ def fused_norm_available() -> bool:
 
 @torch.library.custom_op("nvfp4train::rms_norm_triton", mutates_args=())
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor], eps: float,
-              group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    out, _, rstd = _kernels()._layer_norm_fwd(x, weight, None, eps, z=z, group_size=group_size,
+              group_size: int, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)  # the kernel rounds its FP32 result on the store
+    out, _, rstd = _kernels()._layer_norm_fwd(x, weight, None, eps, z=z, out=out, group_size=group_size,
                                               norm_before_gate=False, is_rms_norm=True)
     return out, rstd
 
@@ -47,8 +48,8 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor], 
 # A tuple, not a list: autograd then hands the backward one gradient per output (dy, drstd); with a
 # list output it got a single list and the backward failed on a GPU ("missing ... '_drstd'").
 @_rms_norm.register_fake
-def _(x, weight, z, eps, group_size):
-    return torch.empty_like(x), x.new_empty(x.shape[0] * (x.shape[1] // group_size), dtype=torch.float32)
+def _(x, weight, z, eps, group_size, out_dtype):
+    return torch.empty_like(x, dtype=out_dtype), x.new_empty(x.shape[0] * (x.shape[1] // group_size), dtype=torch.float32)
 
 
 @torch.library.custom_op("nvfp4train::rms_norm_triton_backward", mutates_args=())
@@ -99,7 +100,7 @@ def _(dy, x, weight, z, rstd, eps, group_size):
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, z, eps, group_size = inputs
+    x, weight, z, eps, group_size, _ = inputs
     ctx.save_for_backward(x, weight, z, output[1])
     ctx.mark_non_differentiable(output[1])
     ctx.eps, ctx.group_size = eps, group_size
@@ -108,20 +109,21 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dy, _drstd):
     x, weight, z, rstd = ctx.saved_tensors
     grads = _rms_norm_backward(dy, x, weight, z, rstd, ctx.eps, ctx.group_size)
-    return grads[0], grads[1], grads[2] if z is not None else None, None, None
+    return grads[0], grads[1], grads[2] if z is not None else None, None, None, None
 
 
 _rms_norm.register_autograd(_backward, setup_context=_setup_context)
 
 
 def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, z: Optional[torch.Tensor] = None,
-                   group_size: Optional[int] = None) -> torch.Tensor:
+                   group_size: Optional[int] = None, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """RMSNorm(x) * weight, or with z: RMSNorm(x * silu(z)) * weight over groups of group_size channels.
-    FP32 inside; returns x's dtype (as blocks.RMSNorm and blocks.GatedRMSNorm)."""
+    FP32 inside; returns `out_dtype`, default x's (as blocks.RMSNorm and blocks.GatedRMSNorm). dx has
+    x's dtype whatever the output's (the backward reads dy in its own dtype)."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
     z2 = z.reshape(-1, shape[-1]).contiguous() if z is not None else None
-    out, _ = _rms_norm(x2, weight.contiguous(), z2, eps, group_size or shape[-1])
+    out, _ = _rms_norm(x2, weight.contiguous(), z2, eps, group_size or shape[-1], out_dtype or x.dtype)
     return out.reshape(shape)
 
 

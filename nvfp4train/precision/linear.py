@@ -8,7 +8,8 @@
 Emulated GEMM: the operands are dequantized to `code x block scale`, which is exact
 in BF16 (and in TF32); the product is accumulated in FP32; the two FP32 global decode scales are
 multiplied into the FP32 result afterwards, as the hardware epilogue does; the result is rounded
-once to the output dtype (BF16 under autocast). Weight gradients are returned in FP32.
+once to the output dtype. Under autocast X is first cast to the autocast dtype (BF16), as F.linear
+and TE's linear do, and Y comes out in it; weight gradients are returned in FP32.
 
 Saved for backward (what the recipe lets us keep instead of a BF16 copy of X): the Wgrad copy of
 X, already transformed and quantized along tokens (packed 4-bit codes + scales for NVFP4), and
@@ -543,9 +544,14 @@ class QuantLinear(nn.Module):
         grad = torch.is_grad_enabled()
         save_x = grad and self.weight.requires_grad
         save_w = grad and x.requires_grad
-        out_dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        if torch.is_autocast_enabled(x.device.type):
+            # As F.linear under autocast (and TE's linear): the GEMM's input is X in the autocast dtype.
+            # The cast is a traced op, so the compiler fuses it into X's producer (an FP32 norm or
+            # squared-ReLU output), the quantizers read 2-byte X, and Dgrad's dX comes back in that
+            # dtype, widened by the cast's own backward where the producer wants FP32.
+            x = x.to(torch.get_autocast_dtype(x.device.type))
         outputs = quant_linear_fprop(x, self.weight, self.layer_id, self.recipe_key, self.backend.name,
-                                     out_dtype, save_x, save_w)
+                                     x.dtype, save_x, save_w)
         return outputs[0]
 
 

@@ -71,8 +71,27 @@ def test_custom_ops_pass_opcheck():
     x = torch.randn(64, 256, device="cuda", requires_grad=True)
     z = torch.randn(64, 256, device="cuda", requires_grad=True)
     w = torch.rand(256, device="cuda", requires_grad=True)
-    torch.library.opcheck(_rms_norm, (x, w, None, 1e-5, 256))
-    torch.library.opcheck(_rms_norm, (x, w, z, 1e-5, 64))
+    torch.library.opcheck(_rms_norm, (x, w, None, 1e-5, 256, torch.float32))
+    torch.library.opcheck(_rms_norm, (x, w, z, 1e-5, 64, torch.float32))
+    torch.library.opcheck(_rms_norm, (x, w, None, 1e-5, 256, torch.bfloat16))
+
+
+def test_bf16_output_of_an_fp32_input_is_the_cast_of_the_fp32_output():
+    """out_dtype=bf16 (the blocks' norms under autocast) writes the FP32 result rounded once, and the
+    backward of a BF16 dy equals that of the same dy widened to FP32, dx in FP32: bit for bit."""
+    norm = RMSNorm(1024, 1e-5).cuda()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, 77, 1024, device="cuda", requires_grad=True)
+    out16, out32 = norm(x, torch.bfloat16), norm(x)
+    assert out16.dtype == torch.bfloat16 and torch.equal(out16, out32.to(torch.bfloat16))
+    dy = torch.randn(out16.shape, device="cuda", dtype=torch.bfloat16)
+    out16.backward(dy)
+    g16 = [x.grad.clone(), norm.weight.grad.clone()]
+    x.grad = norm.weight.grad = None
+    out32.backward(dy.float())
+    assert x.grad.dtype == torch.float32
+    assert torch.equal(g16[0], x.grad) and torch.equal(g16[1], norm.weight.grad)
 
 
 @pytest.mark.parametrize("group_size", [2048, 512])

@@ -176,6 +176,31 @@ def test_bf16_autocast_forward_backward(small_cfg_dict):
     assert ((logits.float() - ref).norm() / ref.norm()) < 0.05
 
 
+def test_block_norms_write_the_autocast_dtype_with_the_same_bits(small_cfg_dict, monkeypatch):
+    """Under autocast a block's norm writes BF16 (its mixer's first linear would cast to it anyway):
+    logits and every gradient equal those of an FP32 norm output cast by the linear, bit for bit."""
+    from nvfp4train.model import blocks
+
+    model = build_model({**small_cfg_dict, "pattern": "M*-M"})
+    tokens = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(0))
+    seen = []
+    monkeypatch.setattr(blocks.MLP, "forward", lambda self, x: seen.append(x.dtype) or self.fc2(F.relu(self.fc1(x)).square()))
+
+    def logits_and_grads():
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(tokens)
+        logits.float().square().mean().backward()
+        return [logits.detach()] + [p.grad.clone() for p in model.parameters()]
+
+    fast = logits_and_grads()
+    assert seen == [torch.bfloat16]
+    monkeypatch.setattr(blocks.Block, "forward", lambda self, x: x + self.mixer(self.norm(x)))
+    slow = logits_and_grads()
+    assert seen[-1] == torch.float32
+    assert all(torch.equal(a, b) for a, b in zip(fast, slow))
+
+
 def test_meta_device_build_allocates_nothing():
     with torch.device("meta"):
         model = build_model({"pattern": "M*-", "d_model": 1024, "vocab_size": 131072, "n_heads": 8,

@@ -35,6 +35,20 @@ def test_output_in_autocast_dtype_and_fp32_weight_grads(preset, x_dtype):
     assert y32.dtype == torch.float32
 
 
+@pytest.mark.parametrize("preset", ["nvfp4", "mxfp4", "fp8_blockwise", "fp8_tensorwise"])
+def test_autocast_quantizes_x_in_the_autocast_dtype(preset):
+    """Under autocast an FP32 X is cast to BF16 before it is quantized, as F.linear and TE's linear do:
+    the same Y, dW and (widened) dX as a BF16 X, and not what quantizing the FP32 X gives."""
+    x, grad = inputs(dtype=torch.float32)
+    x = x + 2.0**-12 * torch.sign(x)  # FP32 values off the BF16 grid, so the cast matters
+    y, dx, dw = run(make_layer(load_preset(preset)), x, grad)
+    y16, dx16, dw16 = run(make_layer(load_preset(preset)), x.bfloat16(), grad)
+    assert dx.dtype == torch.float32 and dx16.dtype == torch.bfloat16
+    assert torch.equal(y, y16) and torch.equal(dx, dx16.float()) and torch.equal(dw, dw16)
+    y_fp32, _, _ = run(make_layer(load_preset(preset)), x, grad, autocast=False)
+    assert not torch.equal(y_fp32.bfloat16(), y)
+
+
 def test_dgrad_uses_the_fprop_weight_bit_for_bit(monkeypatch):
     spy = GemmSpy()
     layer = make_layer(load_preset("nvfp4"), in_f=64, out_f=40)  # out 40: the 16x16 tiles pad rows
