@@ -7,8 +7,10 @@ Rounding works on already-scaled FP32 values ``y``:
 * they are first clamped to [-6, 6] ("satfinite"; NaN stays NaN: see nvfp4.py for NaN policy);
 * RNE: ties go to the even code (0, 1, 2, 4), i.e. half-to-even on the local grid step (0.5 below
   2, 1 below 4, 2 up to 6) — this reproduces TE's decision table;
-* SR: round up with probability (|y| - lo) / (hi - lo), exact to 21 bits of the step (see
-  ``round_signed_``; TE's hardware path uses 8 random bits, equally unbiased but coarser).
+* SR: round up with probability floor(256 f) / 256, f = (|y| - lo) / (hi - lo) (to 2^-21 of the
+  step): 8 random bits per element, the definition of TE's ``cvt.rs.satfinite.e2m1x4.f32`` and of
+  its software fallback (t = |y| + u step, u = r8 / 256, floored onto the grid). Biased towards
+  zero by less than 1/256 of a step, as TE's hardware (see ``round_signed_``).
 Sign of zero follows TE: an input that is exactly ±0 encodes as +0, a negative value that rounds
 to zero encodes as -0 (code 0x8).
 
@@ -27,7 +29,9 @@ E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 ROUNDING_MODES = ("rne", "sr")
 
 _EXPONENT_BITS = 0x7F800000  # FP32 exponent field
-_SR_DROPPED_BITS = (1 << 21) - 1  # see round_magnitude_: the bits below the E2M1 step
+_SR_DROPPED_BITS = (1 << 21) - 1  # see round_signed_: the bits below the E2M1 step
+SR_RANDOM_BITS = 8  # random bits per element SR uses: the low byte of each random word
+_SR_SHIFT = 21 - SR_RANDOM_BITS  # the byte is added to the top 8 of the 21 dropped bits
 # An E2M1 value r, scaled by 2^-14, is an exact float16 whose bits are sign << 15 | index << 9:
 # FP16's smallest normal 2^-14 lines up with E2M1's smallest normal 1, E2M1's mantissa bit with
 # FP16's top mantissa bit, and 0.5 lands on FP16's subnormal 2^-15 (bits 0x0200, index 1).
@@ -53,7 +57,8 @@ def round_signed_(
     input ±0 gives +0.0 (the codes' sign rule), so ``encode_values`` of the result gives TE's
     codes. ``scratch``: an optional FP32 tensor of y's shape to work in (saves an allocation; its
     contents are lost). SR uses ``random_bits`` (int32, y's shape, from
-    ``rounding.random_bits_like``) if given, else draws them from ``generator``.
+    ``rounding.random_bits_like``; only the low 8 bits of each word are used) if given, else draws
+    them from ``generator``.
     """
     check_rounding(rounding)
     y.add_(0.0)  # IEEE: -0.0 + 0.0 = +0.0, so only strictly negative values keep their sign bit
@@ -74,15 +79,18 @@ def round_signed_(
     else:
         # SR: |z| = |y| + 2 |offset| lies in [2, 4) * |offset|, an FP32 binade in which the E2M1
         # step is the weight of mantissa bit 21 (this addition rounds y to 2^-21 of a step, RNE).
-        # Adding a uniform 21-bit integer to z's bits (the magnitude part of sign-magnitude) and
-        # clearing the low 21 bits carries into the kept bits with probability exactly
-        # (dropped bits) / 2^21 = (|y| - lo) / step: unbiased SR. A carry out of the mantissa
-        # moves z into the next binade, which is the next grid point.
+        # A random byte r is added to the top 8 of the 21 bits below the step (z's bits are the
+        # magnitude part of sign-magnitude) and the 21 bits are cleared: it carries into the kept
+        # bits iff r >= 256 - dropped / 2^13, i.e. with probability floor(256 f) / 256 for the
+        # fraction f = dropped / 2^21 = (|y| - lo) / step. That is TE's 8-bit SR (cvt.rs, and its
+        # fallback's floor(|y| + (r / 256) step)): biased towards zero by less than 1/256 of a
+        # step (the dropped bits below the byte never carry), where 21 random bits would be exact.
+        # A carry out of the mantissa moves z into the next binade, which is the next grid point.
         y.add_(offset, alpha=2.0)
         if random_bits is None:
             random_bits = random_bits_like(y, generator)
         bits = y.view(torch.int32)
-        bits.add_(random_bits.view(y.shape) & _SR_DROPPED_BITS)
+        bits.add_((random_bits.view(y.shape) & 0xFF).bitwise_left_shift_(_SR_SHIFT))
         bits.bitwise_and_(~_SR_DROPPED_BITS)
         y.sub_(offset, alpha=2.0)
     # x - x is +0 in IEEE: give zeros that came from negative values their sign back.

@@ -35,6 +35,7 @@ INTERPRETED = bool(knobs.runtime.interpret)
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
 _ONE_SIXTH_BITS = tl.constexpr(0x3E2AAAAB)  # fp32(1/6) = torch.reciprocal(torch.tensor(6.0)), as the reference
 _SR_DROPPED_BITS = tl.constexpr((1 << 21) - 1)  # e2m1._SR_DROPPED_BITS
+_SR_SHIFT = tl.constexpr(13)  # e2m1._SR_SHIFT: a random byte lands on the top 8 of the 21 dropped bits
 
 # Rounding modes as the kernels' constexpr.
 RNE, SR_BITS, SR_PHILOX = 0, 1, 2
@@ -130,17 +131,19 @@ def _e2m1_magnitude(index):
 def _round_e2m1(y, random_bits, ROUNDING: tl.constexpr):
     """e2m1.round_signed_ on FP32 y: (index 0..7 of the rounded magnitude, negative). ``negative``
     is y < 0 (the reference's ``y + 0.0`` makes -0 positive), so a negative value that rounds to
-    0 keeps its sign bit (code 0x8), as in TE."""
+    0 keeps its sign bit (code 0x8), as in TE. SR (ROUNDING != 0) uses the low 8 bits of each of
+    ``random_bits`` (int32, y's shape)."""
     negative = y < 0
     a = tl.abs(y)
     a = tl.where(a > 6.0, 6.0, a)  # clamp_(-6, 6); NaN stays NaN
     if ROUNDING != 0:
         # round_signed_'s SR branch on |y|: offset = max(2^floor(log2|y|), 1); z = |y| + 2 offset
-        # (one FP32 rounding); add 21 random bits to z's bits and clear them; subtract 2 offset.
+        # (one FP32 rounding); add the random byte (the low 8 bits of random_bits) to the top 8 of
+        # z's 21 low bits and clear those 21; subtract 2 offset.
         offset = (a.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
         offset = tl.where(offset < 1.0, 1.0, offset)
         z = a + offset * 2.0
-        z_bits = (z.to(tl.int32, bitcast=True) + (random_bits & _SR_DROPPED_BITS)) & ~_SR_DROPPED_BITS
+        z_bits = (z.to(tl.int32, bitcast=True) + ((random_bits & 0xFF) << _SR_SHIFT)) & ~_SR_DROPPED_BITS
         a = z_bits.to(tl.float32, bitcast=True) - offset * 2.0
     return _e2m1_index(a), negative
 
@@ -208,16 +211,27 @@ def _with_sign(magnitude, negative):
 
 
 @triton.jit
+def _philox_bytes(r0, r1, r2, r3):
+    """The 16 random bytes of one Philox call (randint4x's words r0..r3, any shape S), as int32 in
+    their low 8 bits, shape S + (2, 2, 2, 2): flattened, element k of the 16 takes byte k % 4 (bits
+    8 (k % 4) .. + 7) of word k // 4."""
+    # join(join(a, c), join(b, d))[.., i, h] = (a, b, c, d)[2 i + h]: four tensors interleaved.
+    words = tl.join(tl.join(r0, r2), tl.join(r1, r3)).to(tl.int32, bitcast=True)
+    b0, b1, b2, b3 = words & 0xFF, (words >> 8) & 0xFF, (words >> 16) & 0xFF, (words >> 24) & 0xFF
+    return tl.join(tl.join(b0, b2), tl.join(b1, b3))
+
+
+@triton.jit
 def _philox_rows(seed_ptr, first, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Random int32 words for a [BLOCK_R, BLOCK_C] tile whose element (i, k) has the flat output
-    index first[i] + k (first: [BLOCK_R] int64, a multiple of 4). One Philox call per 4 elements
-    (randint4x: a quarter of the work of randint per element); the word of element index n is
-    word n % 4 of counter n // 4, so it depends on the index only, not on the tiling."""
-    counter = (first[:, None] // 4 + tl.arange(0, BLOCK_C // 4)[None, :]).to(tl.int32)
+    """SR's random bytes (int32, low 8 bits) for a [BLOCK_R, BLOCK_C] tile whose element (i, k) has
+    the flat output index first[i] + k (first: [BLOCK_R] int64, a multiple of 16; BLOCK_C too).
+    One Philox call (randint4x: 4 words) serves 16 elements, 8 bits each, as TE's cvt.rs uses: the
+    element of index n takes byte n % 4 of word (n // 4) % 4 of counter n // 16, so its bits depend
+    on the index only, not on the tiling (_rht_random_bits draws the same bytes in its own layout)."""
+    tl.static_assert(BLOCK_C % 16 == 0, "Philox SR draws whole 16-element counters")
+    counter = (first[:, None] // 16 + tl.arange(0, BLOCK_C // 16)[None, :]).to(tl.int32)
     r0, r1, r2, r3 = tl.randint4x(tl.load(seed_ptr), counter)
-    # join(join(r0, r2), join(r1, r3))[.., k, i, a] = r_{2i + a}[.., k]: element 4k + 2i + a.
-    words = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (BLOCK_R, BLOCK_C))
-    return words.to(tl.int32, bitcast=True)
+    return tl.reshape(_philox_bytes(r0, r1, r2, r3), (BLOCK_R, BLOCK_C))
 
 
 # ------------------------------------------------------------------------------ NVFP4
@@ -562,10 +576,14 @@ def _to_output_rows(v, GROUPS: tl.constexpr, K: tl.constexpr, BLOCK_F: tl.conste
 @triton.jit
 def _rht_random_bits(bits_ptr, seed_ptr, f, mask_f, t0, n_tokens, ROUNDING: tl.constexpr, GROUPS: tl.constexpr,
                      D: tl.constexpr, BLOCK_F: tl.constexpr):
-    """SR's random words for the [GROUPS, D, BLOCK_F] tile at tokens t0, indexed in the
-    [features, tokens] output: loaded from ``bits_ptr`` (ROUNDING 1) or Philox from the seed
-    (ROUNDING 2; the word of an element depends on its output index only, so these are the bits
-    ``mxfp4`` / ``nvfp4`` draw for the materialized operand from the same seed)."""
+    """SR's random bits for the [GROUPS, D, BLOCK_F] tile at tokens t0, indexed in the [features,
+    tokens] output: words loaded from ``bits_ptr`` (ROUNDING 1) or Philox bytes from the seed
+    (ROUNDING 2; an element's byte depends on its output index only, so these are the bits
+    ``mxfp4`` / ``nvfp4`` draw for the materialized operand from the same seed). Row f's first
+    index f n_tokens + t0 is a multiple of 16 (n_tokens is one of D, t0 of GROUPS D), as
+    _philox_rows asks. Drawn as a [BLOCK_F, GROUPS D] tile and permuted: the compiler relabels the
+    registers (the same machine code as drawing the bytes in the [GROUPS, D, BLOCK_F] layout
+    directly, scripts/kernel_sass.py, 2026-11)."""
     if ROUNDING == 1:
         words = tl.load(bits_ptr + _output_offsets(f, n_tokens, t0, GROUPS * D), mask=mask_f[:, None], other=0)
     else:

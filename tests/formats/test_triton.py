@@ -14,6 +14,7 @@ The reference always runs on CPU (its bits are the same on every device).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 import subprocess
@@ -235,9 +236,10 @@ def test_philox_sr_is_reproducible_per_seed_and_advances_the_generator():
 
 
 @kernel_test
-def test_philox_sr_rounds_up_with_probability_equal_to_the_distance():
+def test_philox_sr_rounds_up_with_probability_floor_256_f_over_256():
     """Blocks [6, v, v, ...] with a global amax of 6 quantize v unscaled (s_enc = 448, scale 448,
-    encode 1), so P(v rounds up) must be (v - lo) / (hi - lo)."""
+    encode 1), so P(v rounds up) must be floor(256 f) / 256 for f = (v - lo) / (hi - lo) (8 random
+    bits, TE's cvt.rs)."""
     n_blocks = 256
     for v, lo, hi in [(0.3, 0.0, 0.5), (2.75, 2.0, 3.0), (-5.0, -4.0, -6.0)]:
         x = torch.full((n_blocks, 16), v)
@@ -247,15 +249,86 @@ def test_philox_sr_rounds_up_with_probability_equal_to_the_distance():
         assert torch.equal(s_dec.cpu(), torch.tensor(1 / 448))
         drawn = (values.cpu() / 448)[:, 1:]  # values = e2m1 * scale 448
         assert set(drawn.unique().tolist()) <= {lo, hi}, (v, drawn.unique())
-        p_up, n = (v - lo) / (hi - lo), drawn.numel()
+        f = (float(torch.tensor(v, dtype=torch.float32)) - lo) / (hi - lo)
+        p_up, n = math.floor(256 * f) / 256, drawn.numel()
         frac = float((drawn == hi).double().mean())
         assert abs(frac - p_up) < 5 * (p_up * (1 - p_up) / n) ** 0.5, (v, frac, p_up)
-        # One Philox call serves 4 elements with 4 different words: their decisions are independent
-        # (all 4 alike with probability p^4 + (1-p)^4 <= 0.5 here, 1 if they shared a word).
-        up = (values.cpu() / 448)[:, 4:] == hi  # elements 4..15 of each block: 3 whole groups of 4
-        groups = up.reshape(-1, 4)
-        alike = groups.all(-1) | (~groups).all(-1)
+        # A row is one Philox call (16 elements, 16 different bytes): decisions within a word's 4
+        # bytes and across the row are independent (alike with probability p^k + (1-p)^k, 1 if they
+        # shared a byte).
+        up = drawn[:, 3:] == hi  # elements 4..15 of each row: 3 whole words
+        words = up.reshape(-1, 4)
+        alike = words.all(-1) | (~words).all(-1)
         assert float(alike.double().mean()) < p_up**4 + (1 - p_up) ** 4 + 0.1, v
+        row_alike = up.all(-1) | (~up).all(-1)
+        assert float(row_alike.double().mean()) < p_up**12 + (1 - p_up) ** 12 + 0.05, v
+
+
+@kernel_test
+def test_philox_bytes_depend_on_the_output_index_only():
+    """The Philox bits are defined per output index n: byte n % 4 of word (n // 4) % 4 of counter
+    n // 16 (randint4x). _philox_rows (any tile) and _rht_random_bits (the Wgrad kernels' [GROUPS,
+    D, BLOCK_F] tile of the [features, tokens] output) give exactly those bytes."""
+    from . import sr_kernels
+
+    rows, cols = 16, 256
+    total = rows * cols
+    seed = torch.tensor([12345], device=DEVICE)
+    words = torch.empty(4, total // 16, dtype=torch.int32, device=DEVICE)
+    sr_kernels.philox_words_kernel[(1,)](seed, words, N=total // 16)
+    n = torch.arange(total)
+    byte_of = words.cpu()[(n // 4) % 4, n // 16]
+    want = ((byte_of >> (8 * (n % 4))) & 0xFF).to(torch.int32)
+    assert 200 < len(want.unique()) and not torch.equal(want[0::4], want[1::4])
+    for block_r, block_c in ((16, 256), (4, 64), (1, 16), (2, 32)):
+        got = torch.full((rows, cols), -1, dtype=torch.int32, device=DEVICE)
+        sr_kernels.philox_rows_kernel[(rows // block_r, cols // block_c)](seed, got, cols, BLOCK_R=block_r,
+                                                                         BLOCK_C=block_c)
+        assert_same(got.reshape(-1), want, f"_philox_rows {block_r}x{block_c}")
+    # The Wgrad tile: output [features, tokens] = [16, 256] (tokens 256 = blocks of D).
+    n_features, n_tokens = rows, cols
+    for groups, d, block_f in ((4, 16, 4), (1, 16, 16), (2, 32, 8), (8, 32, 1)):
+        got = torch.full((n_features, n_tokens), -1, dtype=torch.int32, device=DEVICE)
+        grid = (n_tokens // (groups * d), n_features // block_f)
+        sr_kernels.rht_random_bits_kernel[grid](seed, got, n_tokens, GROUPS=groups, D=d, BLOCK_F=block_f)
+        assert_same(got.reshape(-1), want, f"_rht_random_bits {groups}x{d}x{block_f}")
+
+
+@kernel_test
+def test_sr_bits_round_as_the_reference_bit_for_bit():
+    """_round_e2m1 with explicit random words: the reference's codes (e2m1.round_signed_) for every
+    byte 0..255 on values crafted at k / 256 of a step (+- 2^-21) in every binade, both signs, with
+    the words' other 24 bits set at random (unused), and the count of bytes that round up is
+    floor(256 f) for each."""
+    from nvfp4train.formats import e2m1
+
+    from . import sr_kernels
+
+    # (fraction of the step, bytes that round up)
+    cases = [(k / 256 + delta, k - (delta < 0)) for k in (1, 3, 100, 128, 255)
+             for delta in (0.0, -(2.0**-21), 2.0**-21)]
+    cases += [(2.0**-21, 0), (1 - 2.0**-21, 255)]
+    y, counts = [], []
+    for lo, step in ((0.0, 0.5), (1.0, 0.5), (2.0, 1.0), (3.0, 1.0), (4.0, 2.0)):
+        y += [lo + f * step for f, _ in cases]  # exact in FP32: 21 bits below the step suffice
+        counts += [count for _, count in cases]
+    y = torch.tensor(y, dtype=torch.float64).to(torch.float32)
+    y = torch.cat([y, -y, torch.tensor([6.0, -7.5, 0.0, -0.0, float("nan")])])
+    counts = torch.tensor(counts * 2 + [0] * 5)
+    ys = y[:, None].expand(-1, 256).contiguous()
+    high = torch.randint(-(2**23), 2**23, ys.shape, dtype=torch.int32, generator=torch.Generator().manual_seed(1))
+    bits = (high << 8) | torch.arange(256, dtype=torch.int32)
+    ys, bits = ys.reshape(-1), bits.reshape(-1)
+    pad = (-ys.numel()) % 1024
+    ys = torch.cat([ys, torch.zeros(pad)])
+    bits = torch.cat([bits, torch.zeros(pad, dtype=torch.int32)])
+    codes = torch.empty(ys.shape, dtype=torch.int32, device=DEVICE)
+    sr_kernels.round_e2m1_kernel[(ys.numel() // 1024,)](ys.to(DEVICE), bits.to(DEVICE), codes, N=1024)
+    want = e2m1.encode_values(e2m1.round_signed_(ys.clone(), "sr", random_bits=bits)).to(torch.int32)
+    assert_same(codes, want, "codes")
+    codes = codes.cpu()[: y.numel() * 256].reshape(-1, 256)
+    up = (codes != codes[:, :1]).sum(-1)  # byte 0 always rounds down
+    assert torch.equal(up, counts), (y[up != counts], up[up != counts], counts[up != counts])
 
 
 @kernel_test
@@ -270,6 +343,7 @@ def test_philox_sr_is_unbiased():
     err = (draws.mean(0) - expectation).pow(2).mean().sqrt()
     one = (draws[0] - expectation).pow(2).mean().sqrt()
     assert err < one / 4.5  # 1/sqrt(36) = 1/6 of one draw's error, with slack
+    # 8-bit SR leans towards zero by < 1/256 of a step: on this symmetric input the signed mean cancels.
     assert abs(float((draws.mean(0) - expectation).mean())) < 5 * float(err) / x.numel() ** 0.5
 
 
@@ -697,9 +771,11 @@ def test_kernels_compile_for_sm90_without_approximate_division():
         if kernel in (tk._rht_abs_max_kernel, tk._rht_nvfp4_kernel, tk._rht_mxfp4_kernel):
             # The transform stays in each thread's registers: shared memory re-lays out at most the
             # stored tiles (codes and scales), not every loaded token row (16 re-layouts a program
-            # before); the rowwise copy's 2-D tile adds its own (its Philox words, its stores).
+            # before); the rowwise copy's 2-D tile adds its own (its stores, and its Philox bytes: a
+            # call serves 16 consecutive elements, which span two threads of that tile, so its words
+            # and bytes are interleaved across threads, 6 re-layouts in this unspecialized compile).
             relayouts = compiled.asm["ttgir"].count("ttg.convert_layout")
-            assert relayouts <= (6 if constexprs.get("ROWWISE") else 2), (kernel, constexprs, relayouts)
+            assert relayouts <= (9 if constexprs.get("ROWWISE") else 2), (kernel, constexprs, relayouts)
 
 
 # ------------------------------------------------------------------------------ operands' routing
