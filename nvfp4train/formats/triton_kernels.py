@@ -34,7 +34,6 @@ INTERPRETED = bool(knobs.runtime.interpret)
 # Globals a kernel reads must be tl.constexpr (Triton refuses other globals when compiling).
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
 _ONE_SIXTH_BITS = tl.constexpr(0x3E2AAAAB)  # fp32(1/6) = torch.reciprocal(torch.tensor(6.0)), as the reference
-_SR_DROPPED_BITS = tl.constexpr((1 << 21) - 1)  # e2m1._SR_DROPPED_BITS
 _SR_SHIFT = tl.constexpr(13)  # e2m1._SR_SHIFT: a random byte lands on the top 8 of the 21 dropped bits
 
 # Rounding modes as the kernels' constexpr.
@@ -137,14 +136,20 @@ def _round_e2m1(y, random_bits, ROUNDING: tl.constexpr):
     a = tl.abs(y)
     a = tl.where(a > 6.0, 6.0, a)  # clamp_(-6, 6); NaN stays NaN
     if ROUNDING != 0:
-        # round_signed_'s SR branch on |y|: offset = max(2^floor(log2|y|), 1); z = |y| + 2 offset
-        # (one FP32 rounding); add the random byte (the low 8 bits of random_bits) to the top 8 of
-        # z's 21 low bits and clear those 21; subtract 2 offset.
-        offset = (a.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
-        offset = tl.where(offset < 1.0, 1.0, offset)
-        z = a + offset * 2.0
-        z_bits = (z.to(tl.int32, bitcast=True) + ((random_bits & 0xFF) << _SR_SHIFT)) & ~_SR_DROPPED_BITS
-        a = z_bits.to(tl.float32, bitcast=True) - offset * 2.0
+        # round_signed_'s SR branch on |y|: offset = max(2^floor(log2|y|), 1) (integer max of the
+        # bits: the same order for non-negative floats); z = |y| + 2 offset (one FP32 rounding);
+        # add the random byte (the low 8 bits of random_bits) to the top 8 of z's 21 low bits.
+        offset_bits = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)
+        z = a + offset_bits.to(tl.float32, bitcast=True) * 2.0
+        z_bits = z.to(tl.int32, bitcast=True) + ((random_bits & 0xFF) << _SR_SHIFT)
+        # The reference then clears the 21 low bits (the truncation) and subtracts 2 offset, which
+        # leaves m offset / 2 for the m = 0..4 grid steps z' lies above 2 offset: index m + 2 log2(offset).
+        # That index comes straight from z's bits (no FP32 subtraction, no _e2m1_index): z >> 21 is
+        # z's biased exponent and top 2 mantissa bits, 4 (128 + log2 offset) + m (m = 4 carries into
+        # the exponent), and offset_bits >> 22 = 2 (127 + log2 offset), so the index is
+        # (z_bits >> 21) - (offset_bits >> 22) - 258. NaN: index 0, as _e2m1_index gives.
+        index = (z_bits - (offset_bits >> 1) - (258 << 21)) >> 21
+        return tl.where(a != a, 0, index), negative
     return _e2m1_index(a), negative
 
 

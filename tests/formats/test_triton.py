@@ -299,7 +299,7 @@ def test_sr_bits_round_as_the_reference_bit_for_bit():
     """_round_e2m1 with explicit random words: the reference's codes (e2m1.round_signed_) for every
     byte 0..255 on values crafted at k / 256 of a step (+- 2^-21) in every binade, both signs, with
     the words' other 24 bits set at random (unused), and the count of bytes that round up is
-    floor(256 f) for each."""
+    floor(256 f) for each; then the reference's codes for values over the whole range."""
     from nvfp4train.formats import e2m1
 
     from . import sr_kernels
@@ -319,6 +319,14 @@ def test_sr_bits_round_as_the_reference_bit_for_bit():
     high = torch.randint(-(2**23), 2**23, ys.shape, dtype=torch.int32, generator=torch.Generator().manual_seed(1))
     bits = (high << 8) | torch.arange(256, dtype=torch.int32)
     ys, bits = ys.reshape(-1), bits.reshape(-1)
+    # Then values all over the range with random words: binade edges, subnormals, beyond 6.
+    gen = torch.Generator().manual_seed(2)
+    edges = torch.tensor([0.5, 1.0, 2.0, 4.0, 6.0, 2.0**-126, 2.0**-149, 1e-30])
+    others = torch.cat([torch.randn(4096, generator=gen) * 3, edges, torch.nextafter(edges, torch.zeros(1)),
+                        torch.nextafter(edges, torch.full((1,), 8.0)), 6.0 + torch.rand(64, generator=gen)])
+    others = torch.cat([others, -others])
+    ys = torch.cat([ys, others])
+    bits = torch.cat([bits, torch.randint(-(2**31), 2**31, others.shape, dtype=torch.int32, generator=gen)])
     pad = (-ys.numel()) % 1024
     ys = torch.cat([ys, torch.zeros(pad)])
     bits = torch.cat([bits, torch.zeros(pad, dtype=torch.int32)])
