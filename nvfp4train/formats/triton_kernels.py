@@ -143,7 +143,8 @@ def _round_e2m1(y, random_bits, ROUNDING: tl.constexpr):
         z = a + offset_bits.to(tl.float32, bitcast=True) * 2.0
         z_bits = z.to(tl.int32, bitcast=True) + ((random_bits & 0xFF) << _SR_SHIFT)
         # The reference then clears the 21 low bits (the truncation) and subtracts 2 offset, which
-        # leaves m offset / 2 for the m = 0..4 grid steps z' lies above 2 offset: index m + 2 log2(offset).
+        # leaves m offset / 2 for the m = 0..4 grid steps the truncated z lies above 2 offset, the
+        # value of index m + 2 log2(offset).
         # That index comes straight from z's bits (no FP32 subtraction, no _e2m1_index): z >> 21 is
         # z's biased exponent and top 2 mantissa bits, 4 (128 + log2 offset) + m (m = 4 carries into
         # the exponent), and offset_bits >> 22 = 2 (127 + log2 offset), so the index is
@@ -232,7 +233,8 @@ def _philox_rows(seed_ptr, first, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     the flat output index first[i] + k (first: [BLOCK_R] int64, a multiple of 16; BLOCK_C too).
     One Philox call (randint4x: 4 words) serves 16 elements, 8 bits each, as TE's cvt.rs uses: the
     element of index n takes byte n % 4 of word (n // 4) % 4 of counter n // 16, so its bits depend
-    on the index only, not on the tiling (_rht_random_bits draws the same bytes in its own layout)."""
+    on the index only, not on the tiling (_rht_random_bits draws through it for the Wgrad kernels'
+    transposed tiles: the bytes of the materialized operand)."""
     tl.static_assert(BLOCK_C % 16 == 0, "Philox SR draws whole 16-element counters")
     counter = (first[:, None] // 16 + tl.arange(0, BLOCK_C // 16)[None, :]).to(tl.int32)
     r0, r1, r2, r3 = tl.randint4x(tl.load(seed_ptr), counter)
@@ -291,6 +293,7 @@ def _nvfp4_tile(
     if ROUNDING == 1:
         random_bits = tl.load(bits_ptr + offs, mask=mask, other=0)
     elif ROUNDING == 2:
+        # Rows start at multiples of 16 (cols is one), as _philox_rows asks.
         random_bits = _philox_rows(seed_ptr, r.to(tl.int64) * cols + c0, BLOCK_R, BLOCK_C)
     else:
         random_bits = 0
@@ -443,6 +446,7 @@ def _mxfp4_kernel(
     if ROUNDING == 1:
         random_bits = tl.load(bits_ptr + offs, mask=mask, other=0)
     elif ROUNDING == 2:
+        # Rows start at multiples of 16 (cols is one of 32), as _philox_rows asks.
         random_bits = _philox_rows(seed_ptr, r.to(tl.int64) * cols + pid_c * BLOCK_C, BLOCK_R, BLOCK_C)
     else:
         random_bits = 0
