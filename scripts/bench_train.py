@@ -16,7 +16,8 @@ during the measured steps; CUDA only) and adds `syncs_per_step` to each row.
 `--backends te scaled_mm emulated` runs each quantized precision on each backend (one that cannot run here
 is skipped with its reason). `--profile DIR` profiles one more step per row after its timed window and
 prints device time by kind of kernel (GEMM, our quantizers, Mamba scan, copies, ...) and the top kernels,
-with a chrome trace per row in DIR:
+each under the ops that launched it (op, input shapes, enclosing ops such as our custom ops; with
+`--cuda-graph false`, since a replayed graph hides them), with a chrome trace per row in DIR:
     python scripts/bench_train.py --models hybrid_350m --seqs 2048 --batch 8 --precisions bf16 nvfp4 --profile /tmp/prof
 """
 from __future__ import annotations
