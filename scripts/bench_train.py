@@ -10,7 +10,10 @@ Triton autotuning happen there). It reports step time, tokens/s, MFU against the
 (named in the output; emulated and FP8/FP4 GEMMs alike, so rows compare) and peak memory, and merges one
 row per model x seq x precision x backend into --out (a re-run replaces its row):
     {model, seq, batch, precision, backend, step_ms, tokens_per_s, mfu, peak_gib, gpu, commit}
-`--torchao` adds a torchao float8 (tensorwise) row on plain BF16 linears when torchao imports.
+`--torchao` adds a torchao float8 (tensorwise) row on plain BF16 linears when torchao imports: torchao
+converts every block's linears (`torchao_float8`); `--torchao all fp8_tensorwise` adds a second row that
+converts only the blocks our fp8_tensorwise preset quantizes (`torchao_float8_as_fp8_tensorwise`: its
+first and last blocks stay BF16), the like-for-like comparison.
 `--sync-debug` counts host synchronisations per step (torch.cuda.set_sync_debug_mode("warn") warnings
 during the measured steps; CUDA only) and adds `syncs_per_step` to each row.
 `--backends te scaled_mm emulated` runs each quantized precision on each backend (one that cannot run here
@@ -53,16 +56,28 @@ def _key(row: dict) -> tuple:
 
 def _model(model_cfg: ModelConfig, precision: str, device: torch.device, backend: str = "auto"):
     torch.manual_seed(0)
-    if precision == "torchao_float8":  # plain nn.Linear, converted by torchao
+    if precision.startswith(TORCHAO):  # plain nn.Linear, converted by torchao
         from torchao.float8 import convert_to_float8_training
 
         model = HybridLM(model_cfg).to(device)
-        convert_to_float8_training(model.blocks)
+        convert_to_float8_training(model.blocks, module_filter_fn=torchao_block_filter(precision, len(model_cfg.pattern)))
         return model, "torchao"
     policy = PrecisionPolicy.from_dict({**load_preset("precision", precision), "backend": backend})
     model = HybridLM(model_cfg, linear_factory=build_linear_factory(policy, n_blocks=len(model_cfg.pattern), seed=0))
     model = model.to(device)
     return model, PrecisionController(policy, model).backend_name
+
+
+TORCHAO = "torchao_float8"  # the row of torchao's float8 training; "_as_<preset>": only that preset's quantized blocks
+
+
+def torchao_block_filter(precision: str, n_blocks: int):
+    """torchao's module_filter_fn (module, fqn under model.blocks, e.g. "3.mixer.in_proj") for a torchao row:
+    every linear, or with "_as_<preset>" only those of the blocks that precision preset quantizes."""
+    if precision == TORCHAO:
+        return None
+    policy = PrecisionPolicy.from_dict(load_preset("precision", precision.removeprefix(TORCHAO + "_as_")))
+    return lambda module, fqn: not policy.is_bf16_block(int(fqn.split(".")[0]), n_blocks)
 
 
 # What a profiled step's device time is spent on, by kernel name (first match wins; lower-case substrings).
@@ -247,7 +262,9 @@ def main() -> None:
                     help="as train.cuda_graph; several values give a row for each (e.g. false true: eager beside "
                          "graphed steps in one run)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--torchao", action="store_true", help="add a torchao float8 row (if torchao imports)")
+    ap.add_argument("--torchao", nargs="*", choices=["all", "fp8_tensorwise"], default=None,
+                    help="add torchao float8 rows (if torchao imports): every block's linears (all, the default) "
+                         "and/or only the blocks the fp8_tensorwise preset quantizes")
     ap.add_argument("--sync-debug", action="store_true", help="count host syncs per step (CUDA)")
     ap.add_argument("--set", nargs="*", default=[], help="model overrides key=value, e.g. ssd_backend=torch")
     ap.add_argument("--backends", nargs="+", default=["auto"],
@@ -261,12 +278,12 @@ def main() -> None:
     args = ap.parse_args()
 
     precisions = list(args.precisions)
-    if args.torchao:
+    if args.torchao is not None:
         try:
             import torchao.float8  # noqa: F401
-            precisions.append("torchao_float8")
+            precisions += [TORCHAO if which == "all" else f"{TORCHAO}_as_{which}" for which in args.torchao or ["all"]]
         except ImportError as e:
-            print(f"torchao float8 row skipped: {e}")
+            print(f"torchao float8 rows skipped: {e}")
     overrides = OmegaConf.to_container(OmegaConf.from_dotlist(args.set))
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -280,7 +297,7 @@ def main() -> None:
         model_cfg = ModelConfig.from_dict({**preset, **overrides})
         for seq in args.seqs:
             for precision in precisions:
-                plain = precision in ("bf16", "torchao_float8")
+                plain = precision == "bf16" or precision.startswith(TORCHAO)
                 for backend, graph in itertools.product(args.backends[:1] if plain else args.backends,
                                                         args.cuda_graph):
                     try:

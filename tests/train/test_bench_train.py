@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import torch
+
 from tests.conftest import REPO, cli_env
 
 
@@ -39,3 +41,19 @@ def test_kernel_kinds_of_real_kernel_names():
     assert kind("_rht_nvfp4_kernel") == "quantize (ours)" and kind("_abs_max_kernel") == "quantize (ours)"
     assert kind("_chunk_scan_fwd_kernel") == "mamba scan" and kind("nvfp4train::ssd_scan_triton") == "mamba scan"
     assert kind("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>") == "copy / cast"
+
+
+def test_torchao_like_for_like_row_converts_only_the_preset_quantized_blocks():
+    import runpy
+
+    from nvfp4train.model import HybridLM, ModelConfig
+    from nvfp4train.train.config import load_preset
+
+    bench = runpy.run_path(str(REPO / "scripts" / "bench_train.py"))
+    cfg = ModelConfig.from_dict({**load_preset("model", "hybrid_tiny"), "pattern": "M-M*M-"})
+    model = HybridLM(cfg)
+    linears = [fqn for fqn, m in model.blocks.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert bench["torchao_block_filter"]("torchao_float8", len(cfg.pattern)) is None  # every linear
+    keep = bench["torchao_block_filter"]("torchao_float8_as_fp8_tensorwise", len(cfg.pattern))
+    chosen = {fqn.split(".")[0] for fqn in linears if keep(model.blocks.get_submodule(fqn), fqn)}
+    assert chosen == {"1", "2", "3"}  # fp8_tensorwise keeps the first block and the last two in BF16
