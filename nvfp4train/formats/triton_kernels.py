@@ -107,15 +107,15 @@ def _e2m1_index(a):
     even: the midpoints 0.25, 0.75, .. 5 go to the even index (e2m1.round_signed_'s RNE; TE's
     decision table). NaN gives 0 (e2m1.encode_values maps NaN to code 0).
 
-    By bit arithmetic, not seven comparisons: E2M1 is a float with one mantissa bit. On [1, 6] (its
-    binades 1, 1.5 | 2, 3 | 4, 6) FP32's mantissa is rounded to one bit, half to even, on the word
-    (a carry moves into the next binade, as it should); word >> 22 is then (biased exponent, mantissa
-    bit), 254 at 1.0 = index 2. Below 1 the grid step is 0.5: index = 2|y| rounded half to even, by
-    adding 2^23 (FP32 spacing 1 there; 0.25 -> 0, 0.75 -> 2 = the value 1.0)."""
-    bits = a.to(tl.int32, bitcast=True)
-    normal = ((bits + 0x1FFFFF + ((bits >> 22) & 1)) >> 22) - 252
-    subnormal = ((a * 2.0) + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
-    index = tl.where(a < 1.0, subnormal, normal)
+    By the reference's own rounding, read off the bits: with offset = max(2^floor(log2 a), 1) = 2^k,
+    z = a + 2^22 offset lies in [2^22, 2^23) offset, where FP32's spacing is offset / 2, the grid step;
+    so the addition rounds a onto the grid, half to even on the step count m, and z's word is that of
+    2^22 offset plus m. The index is m + 2k (k = 0 below 2; m reaches 4 where a rounds up into the
+    next binade, the index of its first grid point)."""
+    offset_bits = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)
+    base_bits = offset_bits + (22 << 23)  # 2^22 offset
+    z = a + base_bits.to(tl.float32, bitcast=True)
+    index = z.to(tl.int32, bitcast=True) - base_bits + ((offset_bits >> 22) - 254)
     return tl.where(a != a, 0, index)
 
 

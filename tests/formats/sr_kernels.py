@@ -1,5 +1,5 @@
-"""Triton test kernels around the SR steps of formats/triton_kernels.py (test_triton.py's Philox and
-SR tests). Imported by those tests only: in the interpreter run (TRITON_INTERPRET=1 set before
+"""Triton test kernels around the rounding steps of formats/triton_kernels.py (test_triton.py's Philox,
+SR and RNE tests). Imported by those tests only: in the interpreter run (TRITON_INTERPRET=1 set before
 triton is imported) or on a GPU."""
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ def rht_random_bits_kernel(seed_ptr, out_ptr, n_tokens, GROUPS: tl.constexpr, D:
 
 
 @triton.jit
-def round_e2m1_kernel(y_ptr, bits_ptr, code_ptr, N: tl.constexpr):
-    """code = _round_e2m1's SR of y with the given random words, as a 4-bit E2M1 code (int32)."""
+def round_e2m1_kernel(y_ptr, bits_ptr, code_ptr, N: tl.constexpr, ROUNDING: tl.constexpr = tk.SR_BITS):
+    """code = _round_e2m1 of y (SR with the given random words, or RNE: bits unused), as a 4-bit E2M1
+    code (int32)."""
     offs = tl.program_id(0) * N + tl.arange(0, N)
-    index, negative = tk._round_e2m1(tl.load(y_ptr + offs), tl.load(bits_ptr + offs), tk.SR_BITS)
+    index, negative = tk._round_e2m1(tl.load(y_ptr + offs), tl.load(bits_ptr + offs), ROUNDING)
     tl.store(code_ptr + offs, index | (negative.to(tl.int32) << 3))

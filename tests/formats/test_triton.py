@@ -340,6 +340,30 @@ def test_sr_bits_round_as_the_reference_bit_for_bit():
 
 
 @kernel_test
+def test_rne_rounds_as_the_reference_bit_for_bit():
+    """_round_e2m1's RNE (the index read off z = |y| + 2^22 offset): the reference's codes for every grid
+    point, every midpoint (ties to the even code) and its FP32 neighbours, binade edges, subnormals, values
+    beyond 6, random values, both signs, and NaN."""
+    from nvfp4train.formats import e2m1
+
+    from . import sr_kernels
+
+    grid = torch.tensor(e2m1.E2M1_MAGNITUDES)
+    points = torch.cat([grid, (grid[1:] + grid[:-1]) / 2, torch.tensor([2.0**-126, 2.0**-149, 1e-30, 6.5, 7.0,
+                                                                          1e30, float("inf")])])
+    points = torch.cat([points, torch.nextafter(points, torch.zeros(1)), torch.nextafter(points, torch.full((1,), 8.0))])
+    gen = torch.Generator().manual_seed(3)
+    ys = torch.cat([points, torch.randn(4096, generator=gen) * 3, torch.rand(4096, generator=gen) * 6])
+    ys = torch.cat([ys, -ys, torch.tensor([0.0, -0.0, float("nan")])])
+    ys = torch.cat([ys, torch.zeros((-ys.numel()) % 1024)])
+    codes = torch.empty(ys.shape, dtype=torch.int32, device=DEVICE)
+    sr_kernels.round_e2m1_kernel[(ys.numel() // 1024,)](ys.to(DEVICE), torch.zeros_like(ys, dtype=torch.int32).to(DEVICE),
+                                                        codes, N=1024, ROUNDING=0)
+    want = e2m1.encode_values(e2m1.round_signed_(ys.clone(), "rne")).to(torch.int32)
+    assert_same(codes, want, "codes")
+
+
+@kernel_test
 def test_philox_sr_is_unbiased():
     x = torch.randn(16, 64, generator=torch.Generator().manual_seed(0)).to(DEVICE)
     q = nvfp4.quantize(x, impl="triton")
