@@ -525,11 +525,11 @@ _RHT32_ENTRY_BITS = tl.constexpr(_rht_entry_bits(32))  # fp32(1/sqrt(32)): the p
 
 @triton.jit
 def _rht_tokens(x_ptr, t0, f, mask_f, n_features, D: tl.constexpr, ENTRY_BITS: tl.constexpr,
-                SIGN_MASK: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr):
+                SIGN_MASK: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr, ROUNDED: tl.constexpr = True):
     """hadamard.rht(., D) along tokens for tokens t0 .. t0 + D GROUPS and features f: FP32
     [GROUPS, D, BLOCK_F], element (g, j, f) = sum_i x[t0 + D g + i, f] * m[i, j], each product
     rounded to FP32 and summed in index order i (hadamard.rht's loop), then rounded to x's dtype
-    and back. m[i, j] = s_i (-1)^popcount(i & j) |m|, |m| the FP32 with bits ENTRY_BITS and
+    and back (ROUNDED=False: the FP32 sums, left unrounded). m[i, j] = s_i (-1)^popcount(i & j) |m|, |m| the FP32 with bits ENTRY_BITS and
     s_i = -1 where bit i of SIGN_MASK is set (D <= 256).
 
     Token i of every group is loaded as a [GROUPS, 1, BLOCK_F] tile: the sum takes that load's
@@ -565,7 +565,8 @@ def _rht_tokens(x_ptr, t0, f, mask_f, n_features, D: tl.constexpr, ENTRY_BITS: t
             acc = tl.fma(xi, m_i[None, :, None], acc)
         else:
             acc = acc + xi * m_i[None, :, None]
-    return _round_to(acc, x_ptr.dtype.element_ty), tl.max(tl.max(tl.max(x_bits, axis=2), axis=1), axis=0)
+    y = _round_to(acc, x_ptr.dtype.element_ty) if ROUNDED else acc
+    return y, tl.max(tl.max(tl.max(x_bits, axis=2), axis=1), axis=0)
 
 
 @triton.jit
@@ -638,14 +639,19 @@ def _round_and_store_t(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scal
 @triton.jit
 def _rht_abs_max_kernel(x_ptr, partial_ptr, row_partial_ptr, n_features, SIGN_MASK: tl.constexpr,
                         ROWWISE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr):
-    """Partial maxima of |rht(x.T, 16)| and, with ROWWISE, of |x| (the same tile, read once)."""
+    """Partial maxima of |rht(x.T, 16)| and, with ROWWISE, of |x| (the same tile, read once).
+
+    The transform's rounding to x's dtype is applied to the tile's maximum only: rounding to nearest
+    even is odd-symmetric and monotonic, so max |round(v)| = round(max |v|) (NaN included: its
+    magnitude bits are above Inf's either way), one rounding per program instead of one per element."""
     pid_t, pid_f = tl.program_id(0), tl.program_id(1)
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
     y, x_bits = _rht_tokens(x_ptr, pid_t * GROUPS * 16, f, mask_f, n_features, 16, _RHT16_ENTRY_BITS, SIGN_MASK,
-                            GROUPS, BLOCK_F)
-    bits = tl.max(tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1)
-    tl.store(partial_ptr + pid_t * tl.num_programs(1) + pid_f, tl.max(bits, axis=0))
+                            GROUPS, BLOCK_F, ROUNDED=False)
+    bits = tl.max(tl.max(tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1), axis=0)
+    rounded = _round_to(bits.to(tl.float32, bitcast=True), x_ptr.dtype.element_ty)
+    tl.store(partial_ptr + pid_t * tl.num_programs(1) + pid_f, rounded.to(tl.int32, bitcast=True))
     if ROWWISE:  # max|x| of the same tile, from the transform's loads
         tl.store(row_partial_ptr + pid_t * tl.num_programs(1) + pid_f, x_bits)
 
