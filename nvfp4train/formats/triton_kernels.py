@@ -34,6 +34,7 @@ INTERPRETED = bool(knobs.runtime.interpret)
 # Globals a kernel reads must be tl.constexpr (Triton refuses other globals when compiling).
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
 _ONE_SIXTH_BITS = tl.constexpr(0x3E2AAAAB)  # fp32(1/6) = torch.reciprocal(torch.tensor(6.0)), as the reference
+_SR_DROPPED_BITS = tl.constexpr((1 << 21) - 1)  # e2m1._SR_DROPPED_BITS: the bits below the E2M1 step
 _SR_SHIFT = tl.constexpr(13)  # e2m1._SR_SHIFT: a random byte lands on the top 8 of the 21 dropped bits
 
 # Rounding modes as the kernels' constexpr.
@@ -102,56 +103,50 @@ def _e4m3_rne(s):
 
 
 @triton.jit
-def _e2m1_index(a):
-    """Index 0..7 on {0, .5, 1, 1.5, 2, 3, 4, 6} of |y| <= 6 already on the grid or to round half to
-    even: the midpoints 0.25, 0.75, .. 5 go to the even index (e2m1.round_signed_'s RNE; TE's
-    decision table). NaN gives 0 (e2m1.encode_values maps NaN to code 0).
-
-    By the reference's own rounding, read off the bits: with offset = max(2^floor(log2 a), 1) = 2^k,
-    z = a + 2^22 offset lies in [2^22, 2^23) offset, where FP32's spacing is offset / 2, the grid step;
-    so the addition rounds a onto the grid, half to even on the step count m, and z's word is that of
-    2^22 offset plus m. The index is m + 2k (k = 0 below 2; m reaches 4 where a rounds up into the
-    next binade, the index of its first grid point)."""
-    offset_bits = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)
-    base_bits = offset_bits + (22 << 23)  # 2^22 offset
-    z = a + base_bits.to(tl.float32, bitcast=True)
-    index = z.to(tl.int32, bitcast=True) - base_bits + ((offset_bits >> 22) - 254)
-    return tl.where(a != a, 0, index)
-
-
-@triton.jit
 def _e2m1_magnitude(index):
     """Index 0..7 -> E2M1 magnitude (FP32): 0 and 0.5 below index 2, else the FP32 word with biased
-    exponent and one mantissa bit (index + 252) << 22 (1, 1.5, 2, 3, 4, 6), _e2m1_index inverted."""
+    exponent and one mantissa bit (index + 252) << 22 (1, 1.5, 2, 3, 4, 6)."""
     return tl.where(index >= 2, ((index + 252) << 22).to(tl.float32, bitcast=True), index.to(tl.float32) * 0.5)
 
 
 @triton.jit
 def _round_e2m1(y, random_bits, ROUNDING: tl.constexpr):
-    """e2m1.round_signed_ on FP32 y: (index 0..7 of the rounded magnitude, negative). ``negative``
-    is y < 0 (the reference's ``y + 0.0`` makes -0 positive), so a negative value that rounds to
-    0 keeps its sign bit (code 0x8), as in TE. SR (ROUNDING != 0) uses the low 8 bits of each of
-    ``random_bits`` (int32, y's shape)."""
+    """e2m1.round_signed_ on FP32 y: (index 0..7 of the rounded magnitude, that magnitude in FP32,
+    negative). Codes take the index, dense values the magnitude: a kernel computes only what it uses
+    (the compiler drops the other). NaN gives index 0 (e2m1.encode_values maps NaN to code 0) and a NaN
+    magnitude (its block's scale is NaN too, so its value is NaN either way). ``negative`` is y < 0
+    (the reference's ``y + 0.0`` makes -0 positive), so a negative value that rounds to 0 keeps its sign
+    bit (code 0x8), as in TE. SR (ROUNDING != 0) uses the low 8 bits of each of ``random_bits`` (int32,
+    y's shape).
+
+    Both roundings are the reference's own FP32 addition, read off the bits. offset = max(2^floor(log2
+    |y|), 1) = 2^k (an integer max of the bits: the same order for non-negative floats); the E2M1 grid
+    step is offset / 2 there, and index m + 2k is m steps above offset (m = 0..4; k = 0 below 2, where
+    the grid starts at 0; m = 4 is the next binade's first point)."""
     negative = y < 0
     a = tl.abs(y)
     a = tl.where(a > 6.0, 6.0, a)  # clamp_(-6, 6); NaN stays NaN
+    offset_bits = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)
     if ROUNDING != 0:
-        # round_signed_'s SR branch on |y|: offset = max(2^floor(log2|y|), 1) (integer max of the
-        # bits: the same order for non-negative floats); z = |y| + 2 offset (one FP32 rounding);
-        # add the random byte (the low 8 bits of random_bits) to the top 8 of z's 21 low bits.
-        offset_bits = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)
+        # z = |y| + 2 offset (one FP32 rounding, to 2^-21 of a step) lies in [2, 4) offset; the random
+        # byte (the low 8 bits of random_bits) is added to the top 8 of the 21 bits below the step and
+        # those are cleared: z' = 2 offset + m offset / 2. z' >> 21 is its biased exponent and top 2
+        # mantissa bits, 4 (128 + k) + m, and offset_bits >> 22 = 2 (127 + k): the index is
+        # (z_bits >> 21) - (offset_bits >> 22) - 258.
         z = a + offset_bits.to(tl.float32, bitcast=True) * 2.0
         z_bits = z.to(tl.int32, bitcast=True) + ((random_bits & 0xFF) << _SR_SHIFT)
-        # The reference then clears the 21 low bits (the truncation) and subtracts 2 offset, which
-        # leaves m offset / 2 for the m = 0..4 grid steps the truncated z lies above 2 offset, the
-        # value of index m + 2 log2(offset).
-        # That index comes straight from z's bits (no FP32 subtraction, no _e2m1_index): z >> 21 is
-        # z's biased exponent and top 2 mantissa bits, 4 (128 + log2 offset) + m (m = 4 carries into
-        # the exponent), and offset_bits >> 22 = 2 (127 + log2 offset), so the index is
-        # (z_bits >> 21) - (offset_bits >> 22) - 258. NaN: index 0, as _e2m1_index gives.
         index = (z_bits - (offset_bits >> 1) - (258 << 21)) >> 21
-        return tl.where(a != a, 0, index), negative
-    return _e2m1_index(a), negative
+        magnitude = (z_bits & ~_SR_DROPPED_BITS).to(tl.float32, bitcast=True) - offset_bits.to(tl.float32,
+                                                                                              bitcast=True) * 2.0
+    else:
+        # z = |y| + 2^22 offset lies in [2^22, 2^23) offset, where FP32's spacing is offset / 2: the
+        # addition rounds |y| onto the grid, half to even on the step count m (ties to the even code,
+        # TE's decision table), and z's word is 2^22 offset's plus m. z - 2^22 offset is exact.
+        base_bits = offset_bits + (22 << 23)
+        z = a + base_bits.to(tl.float32, bitcast=True)
+        index = z.to(tl.int32, bitcast=True) - base_bits + ((offset_bits >> 22) - 254)
+        magnitude = z - base_bits.to(tl.float32, bitcast=True)
+    return tl.where(a != a, 0, index), magnitude, negative
 
 
 # bf16 <-> FP32 by bit arithmetic: Triton's interpreter converts bf16 with its own float code,
@@ -297,11 +292,11 @@ def _nvfp4_tile(
         random_bits = _philox_rows(seed_ptr, r.to(tl.int64) * cols + c0, BLOCK_R, BLOCK_C)
     else:
         random_bits = 0
-    index, negative = _round_e2m1(y, random_bits, ROUNDING)
+    index, grid_magnitude, negative = _round_e2m1(y, random_bits, ROUNDING)
 
     if DENSE:
         # _fake_quantize_impl: values * fp32(scale_b), exact; NaN scales give NaN.
-        magnitude = tl.reshape(tl.reshape(_e2m1_magnitude(index), (BLOCK_R, NB, 16)) * scale[:, :, None],
+        magnitude = tl.reshape(tl.reshape(grid_magnitude, (BLOCK_R, NB, 16)) * scale[:, :, None],
                                (BLOCK_R, BLOCK_C))
         values = _with_sign(magnitude, negative)
         _store_exact(values_ptr, offs, values, mask)
@@ -450,10 +445,10 @@ def _mxfp4_kernel(
         random_bits = _philox_rows(seed_ptr, r.to(tl.int64) * cols + pid_c * BLOCK_C, BLOCK_R, BLOCK_C)
     else:
         random_bits = 0
-    index, negative = _round_e2m1(y, random_bits, ROUNDING)
+    index, grid_magnitude, negative = _round_e2m1(y, random_bits, ROUNDING)
 
     if DENSE:
-        magnitude = tl.reshape(tl.reshape(_e2m1_magnitude(index), (BLOCK_R, NB, 32)) * scale[:, :, None],
+        magnitude = tl.reshape(tl.reshape(grid_magnitude, (BLOCK_R, NB, 32)) * scale[:, :, None],
                                (BLOCK_R, BLOCK_C))
         values = _with_sign(magnitude, negative)
         _store_exact(values_ptr, offs, values, mask)
@@ -626,9 +621,9 @@ def _round_and_store_t(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scal
         random_bits = _rht_random_bits(bits_ptr, seed_ptr, f, mask_f, t0, n_tokens, ROUNDING, GROUPS, D, BLOCK_F)
     else:
         random_bits = 0
-    index, negative = _round_e2m1(y, random_bits, ROUNDING)
+    index, grid_magnitude, negative = _round_e2m1(y, random_bits, ROUNDING)
     if DENSE:
-        values = _with_sign(_e2m1_magnitude(index) * scale[:, None, :], negative)
+        values = _with_sign(grid_magnitude * scale[:, None, :], negative)
         _store_exact(values_ptr, _output_offsets(f, n_tokens, t0, GROUPS * D),
                   _to_output_rows(values, GROUPS, D, BLOCK_F), mask_f[:, None])
     else:

@@ -45,9 +45,10 @@ def rht_random_bits_kernel(seed_ptr, out_ptr, n_tokens, GROUPS: tl.constexpr, D:
 
 
 @triton.jit
-def round_e2m1_kernel(y_ptr, bits_ptr, code_ptr, N: tl.constexpr, ROUNDING: tl.constexpr = tk.SR_BITS):
-    """code = _round_e2m1 of y (SR with the given random words, or RNE: bits unused), as a 4-bit E2M1
-    code (int32)."""
+def round_e2m1_kernel(y_ptr, bits_ptr, code_ptr, value_ptr, N: tl.constexpr, ROUNDING: tl.constexpr = tk.SR_BITS):
+    """_round_e2m1 of y (SR with the given random words, or RNE: bits unused): code = the 4-bit E2M1 code
+    from its index (int32), value = its FP32 magnitude with the sign (what dense outputs use)."""
     offs = tl.program_id(0) * N + tl.arange(0, N)
-    index, negative = tk._round_e2m1(tl.load(y_ptr + offs), tl.load(bits_ptr + offs), ROUNDING)
+    index, magnitude, negative = tk._round_e2m1(tl.load(y_ptr + offs), tl.load(bits_ptr + offs), ROUNDING)
     tl.store(code_ptr + offs, index | (negative.to(tl.int32) << 3))
+    tl.store(value_ptr + offs, tk._with_sign(magnitude, negative))

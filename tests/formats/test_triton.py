@@ -296,10 +296,10 @@ def test_philox_bytes_depend_on_the_output_index_only():
 
 @kernel_test
 def test_sr_bits_round_as_the_reference_bit_for_bit():
-    """_round_e2m1 with explicit random words: the reference's codes (e2m1.round_signed_) for every
-    byte 0..255 on values crafted at k / 256 of a step (+- 2^-21) in every binade, both signs, with
-    the words' other 24 bits set at random (unused), and the count of bytes that round up is
-    floor(256 f) for each; then the reference's codes for values over the whole range."""
+    """_round_e2m1 with explicit random words: the reference's codes and values (e2m1.round_signed_)
+    for every byte 0..255 on values crafted at k / 256 of a step (+- 2^-21) in every binade, both
+    signs, with the words' other 24 bits set at random (unused), and the count of bytes that round up
+    is floor(256 f) for each; then the reference's codes and values over the whole range."""
     from nvfp4train.formats import e2m1
 
     from . import sr_kernels
@@ -331,9 +331,11 @@ def test_sr_bits_round_as_the_reference_bit_for_bit():
     ys = torch.cat([ys, torch.zeros(pad)])
     bits = torch.cat([bits, torch.zeros(pad, dtype=torch.int32)])
     codes = torch.empty(ys.shape, dtype=torch.int32, device=DEVICE)
-    sr_kernels.round_e2m1_kernel[(ys.numel() // 1024,)](ys.to(DEVICE), bits.to(DEVICE), codes, N=1024)
-    want = e2m1.encode_values(e2m1.round_signed_(ys.clone(), "sr", random_bits=bits)).to(torch.int32)
-    assert_same(codes, want, "codes")
+    values = torch.empty(ys.shape, dtype=torch.float32, device=DEVICE)
+    sr_kernels.round_e2m1_kernel[(ys.numel() // 1024,)](ys.to(DEVICE), bits.to(DEVICE), codes, values, N=1024)
+    rounded = e2m1.round_signed_(ys.clone(), "sr", random_bits=bits)
+    assert_same(codes, e2m1.encode_values(rounded).to(torch.int32), "codes")
+    assert_same(values, rounded, "values")
     codes = codes.cpu()[: y.numel() * 256].reshape(-1, 256)
     up = (codes != codes[:, :1]).sum(-1)  # byte 0 always rounds down
     assert torch.equal(up, counts), (y[up != counts], up[up != counts], counts[up != counts])
@@ -341,8 +343,8 @@ def test_sr_bits_round_as_the_reference_bit_for_bit():
 
 @kernel_test
 def test_rne_rounds_as_the_reference_bit_for_bit():
-    """_round_e2m1's RNE (the index read off z = |y| + 2^22 offset): the reference's codes for every grid
-    point, every midpoint (ties to the even code) and its FP32 neighbours, binade edges, subnormals, values
+    """_round_e2m1's RNE (index and magnitude from z = |y| + 2^22 offset): the reference's codes and values
+    for every grid point, every midpoint (ties to the even code) and its FP32 neighbours, binade edges, subnormals, values
     beyond 6, random values, both signs, and NaN."""
     from nvfp4train.formats import e2m1
 
@@ -357,10 +359,12 @@ def test_rne_rounds_as_the_reference_bit_for_bit():
     ys = torch.cat([ys, -ys, torch.tensor([0.0, -0.0, float("nan")])])
     ys = torch.cat([ys, torch.zeros((-ys.numel()) % 1024)])
     codes = torch.empty(ys.shape, dtype=torch.int32, device=DEVICE)
+    values = torch.empty(ys.shape, dtype=torch.float32, device=DEVICE)
     sr_kernels.round_e2m1_kernel[(ys.numel() // 1024,)](ys.to(DEVICE), torch.zeros_like(ys, dtype=torch.int32).to(DEVICE),
-                                                        codes, N=1024, ROUNDING=0)
-    want = e2m1.encode_values(e2m1.round_signed_(ys.clone(), "rne")).to(torch.int32)
-    assert_same(codes, want, "codes")
+                                                        codes, values, N=1024, ROUNDING=0)
+    rounded = e2m1.round_signed_(ys.clone(), "rne")
+    assert_same(codes, e2m1.encode_values(rounded).to(torch.int32), "codes")
+    assert_same(values, rounded, "values")
 
 
 @kernel_test
