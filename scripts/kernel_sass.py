@@ -51,15 +51,18 @@ _RHT = {**_IO, "amax_ptr": "*fp32", "s_dec_ptr": "*fp32", "n_tokens": "i32", "n_
         "row_amax_ptr": "*fp32", "row_seed_ptr": "*i64", "row_codes_ptr": "*u8", "row_scales_ptr": "*u8",
         "row_values_ptr": "*bf16", "row_s_dec_ptr": "*fp32"}
 _RHT_BLOCKS = {"SIGN_MASK": 0xB7E8, "GROUPS": tk.RHT_GROUPS, "BLOCK_F": tk.RHT_BLOCK_F}
+_HW_BF16 = {"HW_BF16": True}  # as the launchers set it on an H100 (tk._hw_bf16)
 _RHT_TILE = tk.RHT_GROUPS * 16 * tk.RHT_BLOCK_F
 _RHT_WARPS = tk.rht_blocks(1 << 20, 16)[2]
 _DEQ = {"codes_ptr": "*u8", "scales_ptr": "*u8", "global_ptr": "*fp32", "values_ptr": "*bf16", "rows": "i32",
         "cols": "i32"}
 
 
-def _rht(rounding: int, dense: bool, rowwise: bool) -> Variant:
-    return Variant(tk._rht_nvfp4_kernel, _RHT, {**_RHT_BLOCKS, "ROUNDING": rounding, "DENSE": dense,
-                                                "ROWWISE": rowwise, "ROW_DENSE": rowwise}, _RHT_TILE, _RHT_WARPS)
+def _rht(rounding: int, dense: bool, rowwise: bool, row_dense: bool | None = None) -> Variant:
+    return Variant(tk._rht_nvfp4_kernel, _RHT, {**_RHT_BLOCKS, **_HW_BF16, "ROUNDING": rounding, "DENSE": dense,
+                                                "ROWWISE": rowwise,
+                                                "ROW_DENSE": rowwise if row_dense is None else row_dense},
+                   _RHT_TILE, _RHT_WARPS)
 
 
 # What a bf16 training step launches (operands.py / linear.py), by name.
@@ -77,7 +80,8 @@ VARIANTS = {
                                 {**_RHT_BLOCKS, "ROWWISE": True}, _RHT_TILE, _RHT_WARPS),
     "rht_rne_packed": _rht(tk.RNE, dense=False, rowwise=False),
     "rht_rowwise_rne": _rht(tk.RNE, dense=True, rowwise=True),
-    "rht_rowwise_sr": _rht(tk.SR_PHILOX, dense=True, rowwise=True),
+    "rht_rowwise_sr": _rht(tk.SR_PHILOX, dense=True, rowwise=True),  # dY: Dgrad's and Wgrad's operands, both dense
+    "rht_packed_rowwise_rne": _rht(tk.RNE, dense=False, rowwise=True, row_dense=True),  # X: Fprop's dense, Wgrad's packed
     "dequantize_nvfp4": Variant(tk._e2m1_dequantize_kernel, _DEQ, {"GROUP": 16, "E8M0": False, "HAS_GLOBAL": False,
                                                                   "BLOCK_R": 8, "BLOCK_C": 256}, 8 * 256),
     "dequantize_mxfp4": Variant(tk._e2m1_dequantize_kernel, _DEQ, {"GROUP": 32, "E8M0": True, "HAS_GLOBAL": False,

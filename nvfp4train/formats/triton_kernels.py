@@ -125,7 +125,7 @@ def _round_e2m1(y, random_bits, ROUNDING: tl.constexpr):
     the grid starts at 0; m = 4 is the next binade's first point)."""
     negative = y < 0
     a = tl.abs(y)
-    a = tl.where(a > 6.0, 6.0, a)  # clamp_(-6, 6); NaN stays NaN
+    a = tl.minimum(a, 6.0, propagate_nan=tl.PropagateNan.ALL)  # clamp_(-6, 6); NaN stays NaN (min.NaN, one instruction)
     offset_bits = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)
     if ROUNDING != 0:
         # z = |y| + 2 offset (one FP32 rounding, to 2^-21 of a step) lies in [2, 4) offset; the random
@@ -172,12 +172,23 @@ def _bf16_rne_bits(v):
 
 
 @triton.jit
-def _round_to(v, DTYPE: tl.constexpr):
-    """FP32 v rounded to DTYPE and widened back to FP32 (torch's ``.to(dtype).float()``)."""
+def _round_to(v, DTYPE: tl.constexpr, HW_BF16: tl.constexpr = False):
+    """FP32 v rounded to DTYPE and widened back to FP32 (torch's ``.to(dtype).float()``). HW_BF16
+    (CUDA sm_80+, ``_hw_bf16``): bf16 by the GPU's own round-to-nearest-even conversion, 2 instructions
+    where the bit arithmetic takes 8; the same values, a NaN coming back as the canonical NaN instead of
+    with its payload (every consumer treats NaN alike)."""
     if DTYPE == tl.bfloat16:
+        if HW_BF16:
+            return v.to(tl.bfloat16).to(tl.float32)
         return _bf16_rne_bits(v).to(tl.float32, bitcast=True)
     else:
         return v.to(DTYPE).to(tl.float32)
+
+
+def _hw_bf16(x: torch.Tensor) -> bool:
+    """Whether kernels round FP32 to bf16 with the GPU's conversion (CUDA sm_80+: cvt.rn.bf16.f32; never in
+    the interpreter, whose bf16 conversion truncates)."""
+    return x.is_cuda and torch.cuda.get_device_capability(x.device) >= (8, 0)
 
 
 @triton.jit
@@ -520,11 +531,12 @@ _RHT32_ENTRY_BITS = tl.constexpr(_rht_entry_bits(32))  # fp32(1/sqrt(32)): the p
 
 @triton.jit
 def _rht_tokens(x_ptr, t0, f, mask_f, n_features, D: tl.constexpr, ENTRY_BITS: tl.constexpr,
-                SIGN_MASK: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr, ROUNDED: tl.constexpr = True):
+                SIGN_MASK: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr, ROUNDED: tl.constexpr = True,
+                HW_BF16: tl.constexpr = False):
     """hadamard.rht(., D) along tokens for tokens t0 .. t0 + D GROUPS and features f: FP32
     [GROUPS, D, BLOCK_F], element (g, j, f) = sum_i x[t0 + D g + i, f] * m[i, j], each product
     rounded to FP32 and summed in index order i (hadamard.rht's loop), then rounded to x's dtype
-    and back (ROUNDED=False: the FP32 sums, left unrounded). m[i, j] = s_i (-1)^popcount(i & j) |m|, |m| the FP32 with bits ENTRY_BITS and
+    and back (ROUNDED=False: the FP32 sums, left unrounded; HW_BF16: see _round_to). m[i, j] = s_i (-1)^popcount(i & j) |m|, |m| the FP32 with bits ENTRY_BITS and
     s_i = -1 where bit i of SIGN_MASK is set (D <= 256).
 
     Token i of every group is loaded as a [GROUPS, 1, BLOCK_F] tile: the sum takes that load's
@@ -560,7 +572,7 @@ def _rht_tokens(x_ptr, t0, f, mask_f, n_features, D: tl.constexpr, ENTRY_BITS: t
             acc = tl.fma(xi, m_i[None, :, None], acc)
         else:
             acc = acc + xi * m_i[None, :, None]
-    y = _round_to(acc, x_ptr.dtype.element_ty) if ROUNDED else acc
+    y = _round_to(acc, x_ptr.dtype.element_ty, HW_BF16) if ROUNDED else acc
     return y, tl.max(tl.max(tl.max(x_bits, axis=2), axis=1), axis=0)
 
 
@@ -657,7 +669,7 @@ def _rht_nvfp4_kernel(
     row_amax_ptr, row_seed_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr, row_s_dec_ptr,
     n_tokens, n_features,
     SIGN_MASK: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
-    ROWWISE: tl.constexpr, ROW_DENSE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr,
+    ROWWISE: tl.constexpr, ROW_DENSE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr, HW_BF16: tl.constexpr,
 ):
     """_nvfp4_kernel's steps (1x16 tile) on the transformed tile, written transposed: output row
     f, columns t0 + 16 g + j. With ROWWISE, also NVFP4 1x16 of x itself (rows t, blocks along
@@ -673,7 +685,7 @@ def _rht_nvfp4_kernel(
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
     y, _ = _rht_tokens(x_ptr, t0, f, mask_f, n_features, 16, _RHT16_ENTRY_BITS, SIGN_MASK, GROUPS,
-                       BLOCK_F)  # [GROUPS, 16, BLOCK_F]
+                       BLOCK_F, HW_BF16=HW_BF16)  # [GROUPS, 16, BLOCK_F]
 
     amax_b = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1).to(tl.float32, bitcast=True)
     s_enc, s_dec, multiplier = _global_scales(tl.load(amax_ptr))
@@ -693,7 +705,7 @@ def _rht_nvfp4_kernel(
 def _rht_mxfp4_kernel(
     x_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, n_tokens, n_features,
     SIGN_MASK: tl.constexpr, SCALE_RULE: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
-    GROUPS: tl.constexpr, BLOCK_F: tl.constexpr,
+    GROUPS: tl.constexpr, BLOCK_F: tl.constexpr, HW_BF16: tl.constexpr,
 ):
     """_mxfp4_kernel's steps on hadamard.rht(x.T, 32) of a tile of GROUPS x 32 tokens x BLOCK_F
     features, written transposed: output row f, columns t0 + 32 g + j. One pass: no tensor scale."""
@@ -702,7 +714,7 @@ def _rht_mxfp4_kernel(
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
     y, _ = _rht_tokens(x_ptr, t0, f, mask_f, n_features, 32, _RHT32_ENTRY_BITS, SIGN_MASK, GROUPS,
-                       BLOCK_F)  # [GROUPS, 32, BLOCK_F]
+                       BLOCK_F, HW_BF16=HW_BF16)  # [GROUPS, 32, BLOCK_F]
 
     amax_b = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1).to(tl.float32, bitcast=True)
     scale_bits, scale, inverse = _e8m0_scales(amax_b, SCALE_RULE)  # [GROUPS, BLOCK_F]
@@ -800,7 +812,7 @@ def rht_nvfp4_t(
         x, amax, bits, seed, codes, scales, values, s_dec,
         row_amax, row_seed, row_codes, row_scales, row_values, row_s_dec, n_tokens, n_features,
         SIGN_MASK=mask, ROUNDING=mode, DENSE=dense, ROWWISE=rowwise, ROW_DENSE=rowwise_dense, GROUPS=groups,
-        BLOCK_F=block_f, **_rht_launch_options(x, warps),
+        BLOCK_F=block_f, HW_BF16=_hw_bf16(x), **_rht_launch_options(x, warps),
     )
     columnwise = (values, amax, s_dec) if dense else (codes, scales, amax, s_dec)
     if not rowwise:
@@ -842,7 +854,7 @@ def rht_mxfp4_t(
     _rht_mxfp4_kernel[grid](
         x, bits, seed, codes, scales, values, n_tokens, n_features,
         SIGN_MASK=sign_mask(signs), SCALE_RULE={"rceil": 0, "floor": 1}[scale_rule], ROUNDING=mode, DENSE=dense,
-        GROUPS=groups, BLOCK_F=block_f, **_rht_launch_options(x, warps),
+        GROUPS=groups, BLOCK_F=block_f, HW_BF16=_hw_bf16(x), **_rht_launch_options(x, warps),
     )
     return values if dense else (codes, scales)
 

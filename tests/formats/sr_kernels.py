@@ -52,3 +52,10 @@ def round_e2m1_kernel(y_ptr, bits_ptr, code_ptr, value_ptr, N: tl.constexpr, ROU
     index, magnitude, negative = tk._round_e2m1(tl.load(y_ptr + offs), tl.load(bits_ptr + offs), ROUNDING)
     tl.store(code_ptr + offs, index | (negative.to(tl.int32) << 3))
     tl.store(value_ptr + offs, tk._with_sign(magnitude, negative))
+
+
+@triton.jit
+def round_to_bf16_kernel(v_ptr, out_ptr, N: tl.constexpr, HW_BF16: tl.constexpr):
+    """out = _round_to(v, bf16) (FP32 rounded to bf16 and widened), by the GPU's conversion or bit arithmetic."""
+    offs = tl.program_id(0) * N + tl.arange(0, N)
+    tl.store(out_ptr + offs, tk._round_to(tl.load(v_ptr + offs), tl.bfloat16, HW_BF16))

@@ -52,9 +52,9 @@ def test_kernels_in_the_triton_interpreter():
         cwd=root, env=env, capture_output=True, text=True, timeout=900,
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    # Skipped there by design: this test and the GPU compile check.
+    # Skipped there by design: this test, the GPU compile check and the hardware bf16 rounding check.
     summary = run.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"\d+ passed, 2 skipped in .*", summary), run.stdout[-2000:]
+    assert re.fullmatch(r"\d+ passed, 3 skipped in .*", summary), run.stdout[-2000:]
 
 
 def test_triton_on_cpu_needs_the_interpreter_or_says_so():
@@ -365,6 +365,31 @@ def test_rne_rounds_as_the_reference_bit_for_bit():
     rounded = e2m1.round_signed_(ys.clone(), "rne")
     assert_same(codes, e2m1.encode_values(rounded).to(torch.int32), "codes")
     assert_same(values, rounded, "values")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_hardware_bf16_rounding_equals_the_bit_arithmetic():
+    """_round_to's HW_BF16 (the GPU's cvt.rn.bf16.f32, used by the RHT kernels on sm_80+) gives the bit
+    arithmetic's values (torch's .to(bfloat16)) for ties both ways, subnormals, overflow, zeros, infinities
+    and random words; NaN stays NaN (its payload may differ)."""
+    from . import sr_kernels
+
+    gen = torch.Generator().manual_seed(5)
+    words = torch.randint(-(2**31), 2**31, (1 << 16,), dtype=torch.int64, generator=gen).to(torch.int32)
+    ties = (words & ~0xFFFF) | 0x8000  # exactly halfway: even and odd bf16 mantissas
+    near = torch.cat([ties + 1, ties - 1])
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 3.3895314e38, -3.3895314e38,
+                            3.4028235e38, 1e-45, -1e-45, 1.1754942e-38, 9.2e-41]).view(torch.int32)
+    v = torch.cat([words, ties, near, special]).view(torch.float32)
+    v = torch.cat([v, torch.zeros((-v.numel()) % 1024)]).cuda()
+    outs = []
+    for hw in (True, False):
+        out = torch.empty_like(v)
+        sr_kernels.round_to_bf16_kernel[(v.numel() // 1024,)](v, out, N=1024, HW_BF16=hw)
+        outs.append(out.cpu())
+    assert_same(outs[0], outs[1], "hardware vs bit-arithmetic bf16 rounding")
+    assert_same(outs[0], v.cpu().to(torch.bfloat16).float(), "hardware vs torch")
 
 
 @kernel_test
@@ -775,17 +800,20 @@ def test_kernels_compile_for_sm90_without_approximate_division():
         (tk._rht_abs_max_kernel, {"x_ptr": "*fp32", "partial_ptr": "*i32", "row_partial_ptr": "*i32",
                                   "n_features": "i32"}, {"ROWWISE": False, **rht_blocks}),
         (tk._rht_nvfp4_kernel, rht_args,
-         {"ROUNDING": tk.RNE, "DENSE": False, "ROWWISE": False, "ROW_DENSE": False, **rht_blocks}),
+         {"ROUNDING": tk.RNE, "DENSE": False, "ROWWISE": False, "ROW_DENSE": False, "HW_BF16": False, **rht_blocks}),
         (tk._rht_nvfp4_kernel, rht_args,
-         {"ROUNDING": tk.SR_PHILOX, "DENSE": True, "ROWWISE": True, "ROW_DENSE": False, **rht_blocks}),
+         {"ROUNDING": tk.SR_PHILOX, "DENSE": True, "ROWWISE": True, "ROW_DENSE": False, "HW_BF16": True,
+          **rht_blocks}),
         # rht_blocks' warps: the same tile on 8 warps (a (group, feature) column a thread)
         (tk._rht_nvfp4_kernel, rht_args,
-         {"ROUNDING": tk.SR_PHILOX, "DENSE": True, "ROWWISE": False, "ROW_DENSE": False, **rht_blocks},
-         {"num_warps": 8}),
+         {"ROUNDING": tk.SR_PHILOX, "DENSE": True, "ROWWISE": False, "ROW_DENSE": False, "HW_BF16": True,
+          **rht_blocks}, {"num_warps": 8}),
         (tk._rht_mxfp4_kernel, {**common, "n_tokens": "i32", "n_features": "i32"},
-         {**rht_blocks, "SIGN_MASK": 0xB7E8C3A1, "SCALE_RULE": 0, "ROUNDING": tk.RNE, "DENSE": False}),
+         {**rht_blocks, "SIGN_MASK": 0xB7E8C3A1, "SCALE_RULE": 0, "ROUNDING": tk.RNE, "DENSE": False,
+          "HW_BF16": True}),
         (tk._rht_mxfp4_kernel, {**common, "n_tokens": "i32", "n_features": "i32"},
-         {**rht_blocks, "SIGN_MASK": 0xB7E8C3A1, "SCALE_RULE": 1, "ROUNDING": tk.SR_PHILOX, "DENSE": True}),
+         {**rht_blocks, "SIGN_MASK": 0xB7E8C3A1, "SCALE_RULE": 1, "ROUNDING": tk.SR_PHILOX, "DENSE": True,
+          "HW_BF16": False}),
     ]
     for kernel, signature, constexprs, *options in variants:
         signature = {**{k: "constexpr" for k in constexprs}, **signature}
@@ -800,6 +828,9 @@ def test_kernels_compile_for_sm90_without_approximate_division():
             fmt = "e4m3x2" if constexprs["MANT"] == 3 else "e5m2x2"
             assert (f"cvt.rn.satfinite.{fmt}.f32" in ptx) == constexprs["HW_CVT"], (kernel, constexprs)
             assert ".f16x2" not in ptx, (kernel, constexprs)
+        # The RHT's bf16 rounding by the GPU's RNE conversion where asked (HW_BF16), else bit arithmetic.
+        if "HW_BF16" in constexprs:
+            assert ("cvt.rn.bf16.f32" in ptx) == constexprs["HW_BF16"], (kernel, constexprs)
         # Fused multiply-adds only where the products are exact: the 16-point RHT of a bf16 input
         # (_rht_tokens' EXACT_PRODUCTS); never on FP32 inputs nor in the 32-point RHT, whose products round.
         exact_products = kernel in (tk._rht_abs_max_kernel, tk._rht_nvfp4_kernel) and signature["x_ptr"] == "*bf16"
