@@ -54,6 +54,9 @@ def _key(row: dict) -> tuple:
     return tuple(row.get(k, False if k == "cuda_graph" else None) for k in KEY)  # older rows: eager steps
 
 
+TORCHAO = "torchao_float8"  # the row of torchao's float8 training; "_as_<preset>": only that preset's quantized blocks
+
+
 def _model(model_cfg: ModelConfig, precision: str, device: torch.device, backend: str = "auto"):
     torch.manual_seed(0)
     if precision.startswith(TORCHAO):  # plain nn.Linear, converted by torchao
@@ -66,9 +69,6 @@ def _model(model_cfg: ModelConfig, precision: str, device: torch.device, backend
     model = HybridLM(model_cfg, linear_factory=build_linear_factory(policy, n_blocks=len(model_cfg.pattern), seed=0))
     model = model.to(device)
     return model, PrecisionController(policy, model).backend_name
-
-
-TORCHAO = "torchao_float8"  # the row of torchao's float8 training; "_as_<preset>": only that preset's quantized blocks
 
 
 def torchao_block_filter(precision: str, n_blocks: int):
@@ -148,9 +148,9 @@ def launch_sites(events, depth: int = 4) -> dict[str, list[tuple[float, str]]]:
         while parent is not None and len(chain) < depth:
             chain.append(parent.name)
             parent = parent.cpu_parent
+        key = " < ".join(chain)
         for kernel in evt.kernels:
             per_chain = sites.setdefault(kernel.name, {})
-            key = " < ".join(chain)
             per_chain[key] = per_chain.get(key, 0.0) + kernel.duration / 1e3
     return {name: sorted(((ms, chain) for chain, ms in chains.items()), reverse=True) for name, chains in sites.items()}
 

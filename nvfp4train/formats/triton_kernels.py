@@ -125,7 +125,7 @@ def _round_e2m1(y, random_bits, ROUNDING: tl.constexpr):
     the grid starts at 0; m = 4 is the next binade's first point)."""
     negative = y < 0
     a = tl.abs(y)
-    a = tl.minimum(a, 6.0, propagate_nan=tl.PropagateNan.ALL)  # clamp_(-6, 6); NaN stays NaN (min.NaN, one instruction)
+    a = tl.minimum(a, 6.0, propagate_nan=tl.PropagateNan.ALL)  # clamp_(-6, 6); NaN stays NaN (one min.NaN)
     offset_bits = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)
     if ROUNDING != 0:
         # z = |y| + 2 offset (one FP32 rounding, to 2^-21 of a step) lies in [2, 4) offset; the random
@@ -133,11 +133,10 @@ def _round_e2m1(y, random_bits, ROUNDING: tl.constexpr):
         # those are cleared: z' = 2 offset + m offset / 2. z' >> 21 is its biased exponent and top 2
         # mantissa bits, 4 (128 + k) + m, and offset_bits >> 22 = 2 (127 + k): the index is
         # (z_bits >> 21) - (offset_bits >> 22) - 258.
-        z = a + offset_bits.to(tl.float32, bitcast=True) * 2.0
-        z_bits = z.to(tl.int32, bitcast=True) + ((random_bits & 0xFF) << _SR_SHIFT)
+        two_offset = offset_bits.to(tl.float32, bitcast=True) * 2.0
+        z_bits = (a + two_offset).to(tl.int32, bitcast=True) + ((random_bits & 0xFF) << _SR_SHIFT)
         index = (z_bits - (offset_bits >> 1) - (258 << 21)) >> 21
-        magnitude = (z_bits & ~_SR_DROPPED_BITS).to(tl.float32, bitcast=True) - offset_bits.to(tl.float32,
-                                                                                              bitcast=True) * 2.0
+        magnitude = (z_bits & ~_SR_DROPPED_BITS).to(tl.float32, bitcast=True) - two_offset
     else:
         # z = |y| + 2^22 offset lies in [2^22, 2^23) offset, where FP32's spacing is offset / 2: the
         # addition rounds |y| onto the grid, half to even on the step count m (ties to the even code,
@@ -536,8 +535,9 @@ def _rht_tokens(x_ptr, t0, f, mask_f, n_features, D: tl.constexpr, ENTRY_BITS: t
     """hadamard.rht(., D) along tokens for tokens t0 .. t0 + D GROUPS and features f: FP32
     [GROUPS, D, BLOCK_F], element (g, j, f) = sum_i x[t0 + D g + i, f] * m[i, j], each product
     rounded to FP32 and summed in index order i (hadamard.rht's loop), then rounded to x's dtype
-    and back (ROUNDED=False: the FP32 sums, left unrounded; HW_BF16: see _round_to). m[i, j] = s_i (-1)^popcount(i & j) |m|, |m| the FP32 with bits ENTRY_BITS and
-    s_i = -1 where bit i of SIGN_MASK is set (D <= 256).
+    and back (ROUNDED=False: the FP32 sums, left unrounded; HW_BF16: see _round_to).
+    m[i, j] = s_i (-1)^popcount(i & j) |m|, |m| the FP32 with bits ENTRY_BITS and s_i = -1 where
+    bit i of SIGN_MASK is set (D <= 256).
 
     Token i of every group is loaded as a [GROUPS, 1, BLOCK_F] tile: the sum takes that load's
     layout, so one thread holds all D outputs of its (group, feature) and the products need no

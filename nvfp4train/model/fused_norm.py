@@ -49,7 +49,8 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor], 
 # list output it got a single list and the backward failed on a GPU ("missing ... '_drstd'").
 @_rms_norm.register_fake
 def _(x, weight, z, eps, group_size, out_dtype):
-    return torch.empty_like(x, dtype=out_dtype), x.new_empty(x.shape[0] * (x.shape[1] // group_size), dtype=torch.float32)
+    rstd = x.new_empty(x.shape[0] * (x.shape[1] // group_size), dtype=torch.float32)
+    return torch.empty_like(x, dtype=out_dtype), rstd
 
 
 @torch.library.custom_op("nvfp4train::rms_norm_triton_backward", mutates_args=())
