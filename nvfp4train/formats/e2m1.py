@@ -93,6 +93,9 @@ def round_signed_(
         bits.add_((random_bits.view(y.shape) & 0xFF).bitwise_left_shift_(_SR_SHIFT))
         bits.bitwise_and_(~_SR_DROPPED_BITS)
         y.sub_(offset, alpha=2.0)
+        # A NaN whose payload is all ones (what a GPU writes) carries the byte into its sign bit and
+        # comes out finite or infinite; only NaN has an infinite offset (|y| was clamped to 6).
+        y.masked_fill_(offset.isinf(), float("nan"))
     # x - x is +0 in IEEE: give zeros that came from negative values their sign back.
     return y.copysign_(offset)
 

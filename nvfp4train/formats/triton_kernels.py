@@ -137,6 +137,8 @@ def _round_e2m1(y, random_bits, ROUNDING: tl.constexpr):
         z_bits = (a + two_offset).to(tl.int32, bitcast=True) + ((random_bits & 0xFF) << _SR_SHIFT)
         index = (z_bits - (offset_bits >> 1) - (258 << 21)) >> 21
         magnitude = (z_bits & ~_SR_DROPPED_BITS).to(tl.float32, bitcast=True) - two_offset
+        # A GPU's NaN is 0x7FFFFFFF: the byte added to it carries into the sign, leaving a finite word.
+        magnitude = tl.where(a != a, a, magnitude)
     else:
         # z = |y| + 2^22 offset lies in [2^22, 2^23) offset, where FP32's spacing is offset / 2: the
         # addition rounds |y| onto the grid, half to even on the step count m (ties to the even code,

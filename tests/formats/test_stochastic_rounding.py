@@ -170,3 +170,19 @@ def test_sr_is_mirror_symmetric_for_the_same_random_bits():
     neg = e2m1.round_signed_(-y, "sr", random_bits=bits)
     assert torch.equal(pos, -neg)
     assert set(pos.abs().unique().tolist()) <= set(e2m1.E2M1_MAGNITUDES)
+
+
+@pytest.mark.parametrize("rounding", ["rne", "sr"])
+def test_nan_of_any_payload_stays_nan(rounding):
+    """NaN in, NaN out, whatever its payload: a GPU's NaN is 0x7FFFFFFF, where SR's random byte used to carry
+    into the sign bit and leave ±Inf. The values around it still round."""
+    words = torch.tensor([0x7FFFFFFF, -1, 0x7FC00000, 0x7F800001, -(2**22)], dtype=torch.int32)
+    y = torch.cat([words.view(torch.float32), torch.tensor([0.3, -2.6, 5.9])])
+    bits = torch.full(y.shape, 0xFF, dtype=torch.int32)  # the byte that carries the most
+    out = e2m1.round_signed_(y.clone(), rounding, random_bits=bits)
+    assert out[:5].isnan().all(), out[:5]
+    assert set(out[5:].abs().tolist()) <= set(e2m1.E2M1_MAGNITUDES)
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
+    x[1, 7] = words[0].view(torch.float32)
+    q = nvfp4.quantize(x, (1, 16), rounding, sr_generator(0, 0), impl="reference")
+    assert q.dequantize(torch.float32).isnan().any()

@@ -114,6 +114,10 @@ def reference_nvfp4(x, tile, rounding="rne", generator=None):
     return q.codes, q.scales.view(torch.uint8), q.amax, q.global_decode_scale
 
 
+# NaNs of every payload shape: a GPU writes 0x7FFFFFFF for any NaN it computes, the CPU keeps the payload.
+NAN_WORDS = torch.tensor([0x7FFFFFFF, -1, 0x7FC00000, 0x7F800001, -(2**22)], dtype=torch.int32).view(torch.float32)
+
+
 def assert_same(got, want, what):
     got = got.cpu()
     assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, want.dtype, got.shape, want.shape)
@@ -324,7 +328,7 @@ def test_sr_bits_round_as_the_reference_bit_for_bit():
     edges = torch.tensor([0.5, 1.0, 2.0, 4.0, 6.0, 2.0**-126, 2.0**-149, 1e-30])
     others = torch.cat([torch.randn(4096, generator=gen) * 3, edges, torch.nextafter(edges, torch.zeros(1)),
                         torch.nextafter(edges, torch.full((1,), 8.0)), 6.0 + torch.rand(64, generator=gen)])
-    others = torch.cat([others, -others])
+    others = torch.cat([others, -others, NAN_WORDS])
     ys = torch.cat([ys, others])
     bits = torch.cat([bits, torch.randint(-(2**31), 2**31, others.shape, dtype=torch.int32, generator=gen)])
     pad = (-ys.numel()) % 1024
@@ -356,7 +360,7 @@ def test_rne_rounds_as_the_reference_bit_for_bit():
     points = torch.cat([points, torch.nextafter(points, torch.zeros(1)), torch.nextafter(points, torch.full((1,), 8.0))])
     gen = torch.Generator().manual_seed(3)
     ys = torch.cat([points, torch.randn(4096, generator=gen) * 3, torch.rand(4096, generator=gen) * 6])
-    ys = torch.cat([ys, -ys, torch.tensor([0.0, -0.0, float("nan")])])
+    ys = torch.cat([ys, -ys, torch.tensor([0.0, -0.0]), NAN_WORDS])
     ys = torch.cat([ys, torch.zeros((-ys.numel()) % 1024)])
     codes = torch.empty(ys.shape, dtype=torch.int32, device=DEVICE)
     values = torch.empty(ys.shape, dtype=torch.float32, device=DEVICE)
