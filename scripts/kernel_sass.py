@@ -97,8 +97,9 @@ VARIANTS = {
     "fp8_blockwise_rowcol": Variant(tk._fp8_blockwise_rowcol_kernel,
                                     {"x_ptr": "*bf16", "row_data_ptr": "*u8", "row_scales_ptr": "*fp32",
                                      "col_data_ptr": "*u8", "col_scales_ptr": "*fp32", "n_tokens": "i32",
-                                     "n_features": "i32", "scale_for_inf": "fp32"},
-                                    {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True},
+                                     "n_features": "i32", "row_width": "i32", "scale_for_inf": "fp32"},
+                                    {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True,
+                                     "RAGGED": False},
                                     128 * 128, 8),
 }
 

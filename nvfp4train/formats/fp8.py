@@ -205,22 +205,31 @@ def quantize_blockwise_t(
 
 
 def quantize_blockwise_rowcol(
-    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False, *, impl: str = "auto"
+    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False, *,
+    row_width: int | None = None, impl: str = "auto"
 ):
-    """``(quantize_blockwise(x, (1, 128)), quantize_blockwise_t(x))`` of x [tokens, features], both dims
-    multiples of 128: the two copies the FP8 blockwise recipe takes of an activation or a gradient (blocks
-    along features for Fprop / Dgrad, along tokens for Wgrad), from one read of x on CUDA. Same bits."""
+    """``(quantize_blockwise(x zero-padded to [tokens, row_width], (1, 128)), quantize_blockwise_t(x))`` of x
+    [tokens, features], tokens a multiple of 128: the two copies the FP8 blockwise recipe takes of an
+    activation or a gradient (blocks along features for Fprop / Dgrad, along tokens for Wgrad), from one
+    read of x on CUDA. ``row_width`` (a multiple of 128, at least features; default: features rounded up to
+    128) is the row copy's K, padded for its GEMM; the Wgrad copy keeps the features as they are. Same bits."""
     _check_input(x)
     _check_fp8_dtype(dtype)
-    if x.ndim != 2 or x.shape[0] % 128 or x.shape[1] % 128:
-        raise ValueError(f"fp8.quantize_blockwise_rowcol: x must be 2-D [tokens, features], both multiples of "
-                         f"128, got shape {tuple(x.shape)}")
+    if x.ndim != 2 or x.shape[0] % 128:
+        raise ValueError(f"fp8.quantize_blockwise_rowcol: x must be 2-D [tokens, features] with tokens a multiple "
+                         f"of 128, got shape {tuple(x.shape)}")
+    n_features = x.shape[1]
+    row_width = -(-n_features // 128) * 128 if row_width is None else row_width
+    if row_width % 128 or row_width < n_features:
+        raise ValueError(f"fp8.quantize_blockwise_rowcol: row_width={row_width} must be a multiple of 128 and at "
+                         f"least the {n_features} features")
     if use_triton(x, impl, "fp8.quantize_blockwise_rowcol"):
         from . import triton_kernels
 
-        (rd, rs), (cd, cs) = triton_kernels.fp8_blockwise_rowcol(x, dtype, pow2_scales)
+        (rd, rs), (cd, cs) = triton_kernels.fp8_blockwise_rowcol(x, dtype, pow2_scales, row_width)
         return (rd.view(dtype), rs), (cd.view(dtype), cs)
-    return (quantize_blockwise(x, (1, 128), dtype, pow2_scales, impl="reference"),
+    padded = torch.nn.functional.pad(x, (0, row_width - n_features))
+    return (quantize_blockwise(padded, (1, 128), dtype, pow2_scales, impl="reference"),
             quantize_blockwise_t(x, dtype, pow2_scales, impl="reference"))
 
 

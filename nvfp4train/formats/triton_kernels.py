@@ -1231,47 +1231,60 @@ def e2m1_dequantize(codes: torch.Tensor, scales: torch.Tensor, global_decode_sca
 
 @triton.jit
 def _fp8_blockwise_rowcol_kernel(
-    x_ptr, row_data_ptr, row_scales_ptr, col_data_ptr, col_scales_ptr, n_tokens, n_features, scale_for_inf,
-    FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, POW2: tl.constexpr, HW_CVT: tl.constexpr,
+    x_ptr, row_data_ptr, row_scales_ptr, col_data_ptr, col_scales_ptr, n_tokens, n_features, row_width,
+    scale_for_inf, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, POW2: tl.constexpr,
+    HW_CVT: tl.constexpr, RAGGED: tl.constexpr,
 ):
     """Both FP8 blockwise copies of x [tokens, features] from one read of a 128 x 128 tile:
-    quantize_blockwise(x, (1, 128)) (blocks along features: Fprop / Dgrad operand) and
-    quantize_blockwise(x.t(), (1, 128)) (blocks along tokens, stored transposed: Wgrad operand)."""
+    quantize_blockwise(x zero-padded to [tokens, row_width], (1, 128)) (blocks along features: Fprop / Dgrad
+    operand) and quantize_blockwise(x.t(), (1, 128)) (blocks along tokens, stored transposed: Wgrad
+    operand, features unpadded). RAGGED: row_width > features (the tiles past features read zeros)."""
     t = tl.program_id(0) * 128 + tl.arange(0, 128)
     f = tl.program_id(1) * 128 + tl.arange(0, 128)
-    x = _to_fp32(tl.load(x_ptr + t[:, None].to(tl.int64) * n_features + f[None, :]))
+    if RAGGED:
+        x = _to_fp32(tl.load(x_ptr + t[:, None].to(tl.int64) * n_features + f[None, :],
+                             mask=f[None, :] < n_features, other=0.0))
+    else:
+        x = _to_fp32(tl.load(x_ptr + t[:, None].to(tl.int64) * n_features + f[None, :]))
     magnitude_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
 
     row_encode, row_decode = _fp8_block_scales(tl.max(magnitude_bits, axis=1).to(tl.float32, bitcast=True),
                                                scale_for_inf, FP8_MAX, POW2)  # [128 tokens]
     row_code = _fp8_codes(x * row_encode[:, None], FP8_MAX, MANT, BIAS, HW_CVT)
-    tl.store(row_data_ptr + t[:, None].to(tl.int64) * n_features + f[None, :], row_code.to(tl.uint8))
-    tl.store(row_scales_ptr + t.to(tl.int64) * (n_features // 128) + tl.program_id(1), row_decode)
+    tl.store(row_data_ptr + t[:, None].to(tl.int64) * row_width + f[None, :], row_code.to(tl.uint8))
+    tl.store(row_scales_ptr + t.to(tl.int64) * (row_width // 128) + tl.program_id(1), row_decode)
 
     col_encode, col_decode = _fp8_block_scales(tl.max(magnitude_bits, axis=0).to(tl.float32, bitcast=True),
                                                scale_for_inf, FP8_MAX, POW2)  # [128 features]
     col_code = tl.trans(_fp8_codes(x * col_encode[None, :], FP8_MAX, MANT, BIAS, HW_CVT))  # [features, tokens]
-    tl.store(col_data_ptr + f[:, None].to(tl.int64) * n_tokens + t[None, :], col_code.to(tl.uint8))
-    tl.store(col_scales_ptr + f.to(tl.int64) * (n_tokens // 128) + tl.program_id(0), col_decode)
+    if RAGGED:
+        tl.store(col_data_ptr + f[:, None].to(tl.int64) * n_tokens + t[None, :], col_code.to(tl.uint8),
+                 mask=f[:, None] < n_features)
+        tl.store(col_scales_ptr + f.to(tl.int64) * (n_tokens // 128) + tl.program_id(0), col_decode,
+                 mask=f < n_features)
+    else:
+        tl.store(col_data_ptr + f[:, None].to(tl.int64) * n_tokens + t[None, :], col_code.to(tl.uint8))
+        tl.store(col_scales_ptr + f.to(tl.int64) * (n_tokens // 128) + tl.program_id(0), col_decode)
 
 
-def fp8_blockwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool):
-    """((data [tokens, features], scales [tokens, features / 128]), (data [features, tokens], scales
-    [features, tokens / 128])) of x [tokens, features], both dims multiples of 128 (checked by the caller);
-    data as uint8 bits of ``dtype``."""
+def fp8_blockwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool, row_width: int):
+    """((data [tokens, row_width], scales [tokens, row_width / 128]), (data [features, tokens], scales
+    [features, tokens / 128])) of x [tokens, features]: tokens and row_width multiples of 128, row_width >=
+    features (checked by the caller; the row copy is of x zero-padded to row_width); data as uint8 bits of
+    ``dtype``."""
     x = x.contiguous()
     n_tokens, n_features = x.shape
     mant, bias = (3, 7) if dtype == torch.float8_e4m3fn else (2, 15)
-    row_data = torch.empty((n_tokens, n_features), dtype=torch.uint8, device=x.device)
-    row_scales = torch.empty((n_tokens, n_features // 128), dtype=torch.float32, device=x.device)
+    row_data = torch.empty((n_tokens, row_width), dtype=torch.uint8, device=x.device)
+    row_scales = torch.empty((n_tokens, row_width // 128), dtype=torch.float32, device=x.device)
     col_data = torch.empty((n_features, n_tokens), dtype=torch.uint8, device=x.device)
     col_scales = torch.empty((n_features, n_tokens // 128), dtype=torch.float32, device=x.device)
     options = _launch_options(x)
     if x.is_cuda:
         options["num_warps"] = 8
-    _fp8_blockwise_rowcol_kernel[(n_tokens // 128, n_features // 128)](
-        x, row_data, row_scales, col_data, col_scales, n_tokens, n_features, float(torch.finfo(x.dtype).max),
-        FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x),
-        **options,
+    _fp8_blockwise_rowcol_kernel[(n_tokens // 128, row_width // 128)](
+        x, row_data, row_scales, col_data, col_scales, n_tokens, n_features, row_width,
+        float(torch.finfo(x.dtype).max), FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias,
+        POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x), RAGGED=row_width != n_features, **options,
     )
     return (row_data, row_scales), (col_data, col_scales)

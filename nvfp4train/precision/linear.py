@@ -42,7 +42,7 @@ from torch import nn
 from nvfp4train.formats import rounding
 
 from . import operands
-from .backends import Backend, get_backend
+from .backends import Backend, gemm_k_multiple, get_backend
 from .operands import round_up
 from .policy import ROLES, LayerRecipe, PrecisionPolicy
 
@@ -51,6 +51,20 @@ log = logging.getLogger(__name__)
 
 def _k_pad(k: int, *specs) -> int:
     return round_up(k, math.lcm(*(s.k_block for s in specs)))
+
+
+def _fprop_k(in_f: int, recipe: LayerRecipe, backend_name: str) -> int:
+    """Fprop's K (in_features padded): a multiple of both operands' blocks, and of the K multiple the
+    backend's GEMM wants of these operands (`backends.gemm_k_multiple`), so they are made at that width
+    once instead of padded again at every GEMM."""
+    return round_up(_k_pad(in_f, recipe.fprop_x, recipe.fprop_w),
+                    gemm_k_multiple(backend_name, recipe.fprop_x, recipe.fprop_w))
+
+
+def _dgrad_k(out_f: int, recipe: LayerRecipe, backend_name: str) -> int:
+    """Dgrad's K (out_features padded), as `_fprop_k`. A reused Fprop weight brings its own K padding."""
+    specs = (recipe.dgrad_dy,) if recipe.reuses_fprop_weight else (recipe.dgrad_dy, recipe.dgrad_w)
+    return round_up(_k_pad(out_f, *specs), gemm_k_multiple(backend_name, recipe.dgrad_dy, recipe.dgrad_w))
 
 
 class SRStreams:
@@ -216,7 +230,7 @@ def _fprop_weight(state: LayerState, weight: torch.Tensor, recipe: LayerRecipe, 
             # operand in this cache entry (without the cache it quantizes Wᵀ itself).
             out_f = weight.shape[0]
             both = state.quantize_with_transpose("fprop_w", weight, spec, k_f,
-                                                 _k_pad(out_f, recipe.dgrad_dy, recipe.dgrad_w))
+                                                 _dgrad_k(out_f, recipe, backend.name))
             if both is not None:
                 return both[0], None, both[1]
         return state.quantize("fprop_w", weight, spec, k_f), None, None
@@ -227,10 +241,15 @@ def _fprop_weight(state: LayerState, weight: torch.Tensor, recipe: LayerRecipe, 
 
 
 def _transposed_weight(w_q: operands.Quantized, in_f: int, k_d: int) -> operands.Quantized:
-    """Fprop's padded [out_p, in_p] W operand as Dgrad's [in, K = out] operand: the same bits."""
+    """Fprop's padded [out_p, in_p] W operand as Dgrad's [in, K = out] operand (K zero-padded to k_d):
+    the same bits."""
     if w_q.fp8_scales is not None:  # blockwise FP8, 128x128 tiles: the tiles transposed
-        return operands.Quantized(None, None, w_q.fp8_data.t().contiguous(), w_q.fp8_scales.t().contiguous(),
-                                  w_q.spec, rows=in_f)
+        data, scales = w_q.fp8_data.t(), w_q.fp8_scales.t()
+        pad = k_d - data.shape[1]
+        if pad > 0:  # zero codes; their tiles' scales 1 (any finite scale: the codes are 0)
+            data = operands.pad2d(data.view(torch.uint8), data.shape[0], k_d).view(data.dtype)
+            scales = torch.nn.functional.pad(scales, (0, pad // w_q.spec.tile[1]), value=1.0)
+        return operands.Quantized(None, None, data.contiguous(), scales.contiguous(), w_q.spec, rows=in_f)
     wt_values = w_q.values.t()[:in_f]
     k_d = max(k_d, wt_values.shape[1])
     return operands.Quantized(operands.pad2d(wt_values, in_f, k_d), w_q.decode_scale)
@@ -258,7 +277,7 @@ def quant_linear_fprop(x: torch.Tensor, weight: torch.Tensor, layer_id: int, rec
     out_f, in_f = weight.shape
     with torch.autocast(x.device.type, enabled=False):
         x2d = x.reshape(-1, in_f)
-        k_f = _k_pad(in_f, recipe.fprop_x, recipe.fprop_w)
+        k_f = _fprop_k(in_f, recipe, backend_name)
         w_q, w_packed, _ = _fprop_weight(state, weight, recipe, backend, k_f, training=save_x or save_w)
         saves_xt = save_x and _saves_x_copy(recipe, x.dtype) and not recipe.wgrad_x.is_bf16
         k_w = _k_pad(x2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)
@@ -290,7 +309,7 @@ def _(x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w):
         tokens = x.numel() // in_f
         storage += operands.packed_shapes(recipe.wgrad_x, _wgrad_x_shape(recipe, in_f, tokens))
     if save_w and recipe.reuses_fprop_weight:
-        k_f = _k_pad(in_f, recipe.fprop_x, recipe.fprop_w)
+        k_f = _fprop_k(in_f, recipe, backend_name)
         storage += operands.packed_shapes(recipe.fprop_w, (round_up(out_f, recipe.fprop_w.row_block), k_f))
     return outputs + [x.new_empty(shape, dtype=dtype) for shape, dtype in storage]
 
@@ -306,9 +325,8 @@ def quant_linear_dgrad(dy: torch.Tensor, weight: torch.Tensor, w_saved: list[tor
     out_f, in_f = weight.shape
     with torch.autocast(dy.device.type, enabled=False):
         dy2d = dy.reshape(-1, out_f)
+        k_d, k_f = _dgrad_k(out_f, recipe, backend_name), _fprop_k(in_f, recipe, backend_name)
         if recipe.reuses_fprop_weight:
-            k_d = _k_pad(out_f, recipe.dgrad_dy)
-            k_f = _k_pad(in_f, recipe.fprop_x, recipe.fprop_w)
 
             def build():
                 cached = state.weights.peek(("fprop", recipe_key, backend.name, k_f), weight)
@@ -319,9 +337,6 @@ def quant_linear_dgrad(dy: torch.Tensor, weight: torch.Tensor, w_saved: list[tor
                     w_q = layout.rebuild(w_saved).dequantize()
                 return _transposed_weight(w_q, in_f, k_d)
         else:
-            k_d = _k_pad(out_f, recipe.dgrad_dy, recipe.dgrad_w)
-            k_f = _k_pad(in_f, recipe.fprop_x, recipe.fprop_w)
-
             def build():
                 cached = state.weights.peek(("fprop", recipe_key, backend.name, k_f), weight)
                 if cached is not None and cached[2] is not None:  # Wᵀ from Fprop's cast (per-tensor FP8)
@@ -372,7 +387,7 @@ def _(dy, x_saved, layer_id, recipe_key, backend_name, in_features, out_dtype, d
 
 
 @torch.library.custom_op("nvfp4train::quant_linear_dy", mutates_args=())
-def quant_linear_dy(dy: torch.Tensor, layer_id: int, recipe_key: str) -> list[torch.Tensor]:
+def quant_linear_dy(dy: torch.Tensor, layer_id: int, recipe_key: str, backend_name: str) -> list[torch.Tensor]:
     """Both gradient operands of a layer whose recipe has `operands.dy_pair`, two tensors each
     (`operands.operand_tensors`: NVFP4 dense values + decode scale, FP8 data + block scales), from one
     read of dY where `operands.dgrad_and_wgrad_dy` can (the bits of the two separate quantizations);
@@ -381,7 +396,7 @@ def quant_linear_dy(dy: torch.Tensor, layer_id: int, recipe_key: str) -> list[to
     out_f = dy.shape[-1]
     with torch.autocast(dy.device.type, enabled=False):
         dy2d = dy.reshape(-1, out_f)
-        k_d = _k_pad(out_f, recipe.dgrad_dy)
+        k_d = _dgrad_k(out_f, recipe, backend_name)
         k_w = _k_pad(dy2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)
         both = None
         if state.stats is None:
@@ -396,11 +411,11 @@ def quant_linear_dy(dy: torch.Tensor, layer_id: int, recipe_key: str) -> list[to
 
 
 @quant_linear_dy.register_fake
-def _(dy, layer_id, recipe_key):
+def _(dy, layer_id, recipe_key, backend_name):
     recipe = LayerRecipe.from_key(recipe_key)
     out_f = dy.shape[-1]
     tokens = dy.numel() // out_f
-    k_d = _k_pad(out_f, recipe.dgrad_dy)
+    k_d = _dgrad_k(out_f, recipe, backend_name)
     k_w = _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x)
     shapes = [(recipe.dgrad_dy, (tokens, k_d)), (recipe.wgrad_dy, (round_up(out_f, recipe.wgrad_dy.row_block), k_w))]
     out = []
@@ -434,7 +449,7 @@ def _backward(ctx, grads):
     recipe = LayerRecipe.from_key(recipe_key)
     # Both gradient operands from one read of dY when both GEMMs run (a lone Dgrad or Wgrad quantizes
     # only its own, so the other role's SR stream does not advance)
-    dy_q = (quant_linear_dy(dy, layer_id, recipe_key)
+    dy_q = (quant_linear_dy(dy, layer_id, recipe_key, backend_name)
             if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and operands.dy_pair(recipe.dgrad_dy, recipe.wgrad_dy)
             else [])
     if ctx.needs_input_grad[0]:

@@ -312,7 +312,7 @@ def fprop_and_wgrad_x(x2d: torch.Tensor, fprop_spec: OperandSpec, wgrad_spec: Op
     if tensorwise_pair(fprop_spec, wgrad_spec):
         return tensorwise_rowcol(x2d, fprop_spec, k_f, k_w)
     if _fp8_pair(fprop_spec, wgrad_spec) and _fp8_rowcol_fits(x2d, k_f, k_w):
-        row, col = _fp8_rowcol(x2d, fprop_spec)
+        row, col = _fp8_rowcol(x2d, fprop_spec, k_f)
         return (operand_format(fprop_spec).dequantize(row, fprop_spec, tuple(x2d.shape)),
                 Packed(PackedLayout(wgrad_spec, tuple(x2d.t().shape)), col))
     pair = (fprop_spec.format == wgrad_spec.format == "nvfp4" and fprop_spec.rounding == wgrad_spec.rounding == "rne"
@@ -335,12 +335,14 @@ def _fp8_pair(row_spec: OperandSpec, col_spec: OperandSpec) -> bool:
 
 
 def _fp8_rowcol_fits(x2d: torch.Tensor, k_row: int, k_col: int) -> bool:
-    return (x2d.ndim == 2 and x2d.is_contiguous() and x2d.shape[1] == k_row and x2d.shape[0] == k_col
+    """The row copy may be K-padded (the kernel writes the zeros), the column copy not (its K is the tokens)."""
+    return (x2d.ndim == 2 and x2d.is_contiguous() and x2d.shape[1] <= k_row and x2d.shape[0] == k_col
             and k_row % 128 == 0 and k_col % 128 == 0 and x2d.dtype in (torch.float32, torch.bfloat16, torch.float16))
 
 
-def _fp8_rowcol(x2d: torch.Tensor, spec: OperandSpec):
-    return fp8.quantize_blockwise_rowcol(x2d, operand_format(spec).dtype, spec.scale_mode == "pow2", impl=QUANT_IMPL)
+def _fp8_rowcol(x2d: torch.Tensor, spec: OperandSpec, k_row: int):
+    return fp8.quantize_blockwise_rowcol(x2d, operand_format(spec).dtype, spec.scale_mode == "pow2", row_width=k_row,
+                                         impl=QUANT_IMPL)
 
 
 def tensorwise_pair(a: OperandSpec, b: OperandSpec) -> bool:
@@ -404,7 +406,7 @@ def dgrad_and_wgrad_dy(dy2d: torch.Tensor, dgrad_spec: OperandSpec, wgrad_spec: 
     if _fp8_pair(dgrad_spec, wgrad_spec):
         if not _fp8_rowcol_fits(dy2d, k_d, k_w):
             return None
-        row, col = _fp8_rowcol(dy2d, dgrad_spec)
+        row, col = _fp8_rowcol(dy2d, dgrad_spec, k_d)
         fmt = operand_format(dgrad_spec)
         return fmt.dequantize(row, dgrad_spec, tuple(dy2d.shape)), fmt.dequantize(col, wgrad_spec, tuple(dy2d.t().shape))
     if not (dy_pair(dgrad_spec, wgrad_spec) and dy2d.ndim == 2 and dy2d.shape[1] == k_d

@@ -511,11 +511,22 @@ def test_fp8_blockwise_rowcol_same_bits_as_the_two_quantizers(dtype):
     x[:128, 9] *= 1e-30
     x[256 - 64:, 20:30] *= 1e-40
     x[200, 50], x[10, 300] = float("nan"), float("inf")
-    for xx, pow2 in ((x, False), (x, True), (x.bfloat16(), True), (x.half(), False)):
-        what = f"{xx.dtype} pow2={pow2}"
-        (rd, rs), (cd, cs) = fp8.quantize_blockwise_rowcol(xx.to(DEVICE), dtype, pow2, impl="triton")
-        (wrd, wrs), (wcd, wcs) = fp8.quantize_blockwise_rowcol(xx, dtype, pow2, impl="reference")
-        assert rd.dtype == cd.dtype == dtype and cd.shape == (384, 256) and cs.shape == (384, 2)
+    # (x, its row copy's width): features a multiple of 128; ragged (300) with its row copy padded to 384 and
+    # to 512 (a tile of padding only), the Wgrad copy unpadded
+    cases = [(x, False, None), (x, True, None), (x.bfloat16(), True, None), (x.half(), False, None),
+             (x[:, :300], False, 384), (x[:, :300].bfloat16(), True, 512)]
+    for xx, pow2, width in cases:
+        what = f"{xx.dtype} pow2={pow2} {tuple(xx.shape)} row_width={width}"
+        (rd, rs), (cd, cs) = fp8.quantize_blockwise_rowcol(xx.to(DEVICE), dtype, pow2, row_width=width, impl="triton")
+        (wrd, wrs), (wcd, wcs) = fp8.quantize_blockwise_rowcol(xx, dtype, pow2, row_width=width, impl="reference")
+        features = xx.shape[1]
+        width = width or features
+        assert rd.dtype == cd.dtype == dtype and cd.shape == (features, 256) and cs.shape == (features, 2)
+        assert rd.shape == (256, width) and rs.shape == (256, width // 128)
+        want_row = fp8.quantize_blockwise(torch.nn.functional.pad(xx, (0, width - features)), (1, 128), dtype, pow2,
+                                          impl="reference")
+        assert_same(wrd.view(torch.uint8), want_row[0].view(torch.uint8), f"{what} reference row data")
+        assert not wrd[:, features:].view(torch.uint8).any()
         for name, got, want in (("row data", rd, wrd), ("row scales", rs, wrs), ("col data", cd, wcd),
                                 ("col scales", cs, wcs)):
             assert_same(got.view(torch.uint8) if got.dtype == dtype else got,
@@ -791,8 +802,8 @@ def test_kernels_compile_for_sm90_without_approximate_division():
          {"GROUP": 32, "E8M0": True, "HAS_GLOBAL": False, "BLOCK_R": 8, "BLOCK_C": 256}),
         (tk._fp8_blockwise_rowcol_kernel, {"x_ptr": "*bf16", "row_data_ptr": "*u8", "row_scales_ptr": "*fp32",
                                            "col_data_ptr": "*u8", "col_scales_ptr": "*fp32", "n_tokens": "i32",
-                                           "n_features": "i32", "scale_for_inf": "fp32"},
-         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True}),
+                                           "n_features": "i32", "row_width": "i32", "scale_for_inf": "fp32"},
+         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True, "RAGGED": True}),
         (tk._fp8_blockwise_t_kernel, {"x_ptr": "*bf16", "data_ptr": "*u8", "scales_ptr": "*fp32", "n_tokens": "i32",
                                       "n_features": "i32", "scale_for_inf": "fp32"},
          {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": False, "BLOCK_T": 128, "BLOCK_F": 64}),

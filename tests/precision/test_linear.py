@@ -259,6 +259,34 @@ def test_blockwise_k_padding_for_scaled_mm_keeps_the_product(k):
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("in_f,out_f", [(256, 192), (640, 328)])
+def test_scaled_mm_layer_makes_blockwise_operands_at_its_gemm_k(monkeypatch, in_f, out_f):
+    """A 128x128-tiled blockwise layer on backend scaled_mm makes its Fprop and Dgrad operands at K a multiple
+    of TILE_K_MULTIPLE (the kernels write the zero columns; nothing is padded per GEMM). On CPU its GEMMs run
+    emulated, so against the emulated layer: the same operands followed by zero columns; Y, dX and dW within
+    the rounding of a different summation order. Ragged out_f (328): the Dgrad dY pair comes from one padded read as well."""
+    from nvfp4train.precision.backends import TILE_K_MULTIPLE
+
+    policy = load_preset("fp8_blockwise", bf16_first_blocks=0, bf16_last_blocks=0)
+    x, grad = inputs(tokens=256, in_f=in_f, out_f=out_f)
+    ops, outs = {}, {}
+    for backend in ("emulated", "scaled_mm"):
+        spy = GemmSpy()
+        with spy.patch(monkeypatch):
+            outs[backend] = run(make_layer(policy, in_f, out_f, backend=backend), x, grad)
+        ops[backend] = spy.operands()
+    for role in ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w"):
+        a, b = ops["scaled_mm"][role], ops["emulated"][role]
+        assert a.shape[1] % TILE_K_MULTIPLE == 0, (role, a.shape)
+        k = b.shape[1]
+        assert a.shape[0] == b.shape[0] and torch.equal(a[:, :k], b) and not a[:, k:].any(), role
+    for role in ("wgrad_dy", "wgrad_x"):
+        assert torch.equal(ops["scaled_mm"][role], ops["emulated"][role]), role
+    # the products over the longer K: the same sums, in the order the CPU GEMM's blocking for that K takes
+    for got, want in zip(outs["scaled_mm"], outs["emulated"]):
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6)
+
+
 def test_no_grad_forward_saves_nothing_and_matches_the_training_forward():
     layer = make_layer(load_preset("nvfp4_all_layers"))
     x, grad = inputs()
