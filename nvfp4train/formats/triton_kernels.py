@@ -907,12 +907,13 @@ def _fp8_block_scales(amax, scale_for_inf, FP8_MAX: tl.constexpr, POW2: tl.const
 def _fp8_codes(scaled, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, HW_CVT: tl.constexpr):
     """Clamp to the format's max, then RNE to FP8 bits (int32). HW_CVT (sm_89+): the GPU's own conversion
     (cvt.rn.satfinite.{e4m3,e5m2}x2.f32, one instruction for two values: the same RNE with subnormals and
-    -0.0 -> 0x80) instead of _fp8_rne's integer arithmetic; NaN is mapped to 0x7F either way."""
-    scaled = tl.where(scaled > FP8_MAX, FP8_MAX, tl.where(scaled < -FP8_MAX, -FP8_MAX, scaled))
+    -0.0 -> 0x80, and satfinite is the clamp: beyond the max, Inf included, it gives the max) instead of
+    the clamp and _fp8_rne's integer arithmetic; NaN is mapped to 0x7F either way."""
     if HW_CVT:
         fp8 = scaled.to(tl.float8e4nv) if MANT == 3 else scaled.to(tl.float8e5)
         return tl.where(scaled != scaled, 0x7F, fp8.to(tl.uint8, bitcast=True).to(tl.int32))
     else:
+        scaled = tl.where(scaled > FP8_MAX, FP8_MAX, tl.where(scaled < -FP8_MAX, -FP8_MAX, scaled))
         return _fp8_rne(scaled, MANT, BIAS)
 
 
