@@ -17,6 +17,7 @@ peak the chosen backend's GEMMs run at (for MFU).
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, Mapping
 
 import torch
@@ -29,6 +30,8 @@ from . import cublas_gemm, te_backend
 from .hardware import cuda_capability
 from .operands import Quantized, operand_format, pad2d, round_up
 from .policy import OperandSpec, PrecisionPolicy
+
+log = logging.getLogger(__name__)
 
 
 def gemm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -162,6 +165,7 @@ def _tensorwise_gemm(a: Quantized, b: Quantized, out_dtype: torch.dtype = torch.
 # hybrid_350m, hybrid_1b and the paper's configs (d_model, d_inner, ffn_hidden, heads x head_dim) are
 # multiples of 512 already; hybrid_125m (d_model 640) and hybrid_50m (384) pay a padded copy per GEMM.
 TILE_K_MULTIPLE = 4 * 128
+_N_SLICE = {"ok": True}  # whether torch._scaled_mm takes N below the 128x128 tile grid (see _blockwise_gemm)
 
 
 def gemm_k_multiple(backend_name: str, a: OperandSpec, b: OperandSpec) -> int:
@@ -171,17 +175,6 @@ def gemm_k_multiple(backend_name: str, a: OperandSpec, b: OperandSpec) -> int:
     if (backend_name == "scaled_mm" and b.format in ("fp8_e4m3", "fp8_e5m2") and b.tile is not None
             and tuple(b.tile) == (128, 128) and a.format == b.format):
         return TILE_K_MULTIPLE
-    return 1
-
-
-def gemm_n_multiple(backend_name: str, b: OperandSpec) -> int:
-    """The multiple of N (b's rows) that `backend_name`'s GEMM writes its output at: 128 for scaled_mm on a
-    128x128-tiled FP8 b (torch._scaled_mm refuses an N below the tile grid: "Invalid scaling configuration"
-    on torch 2.11, 2026-11-25), else 1. QuantLinear then takes the padded output as it comes and returns a
-    view of its first out_features columns, instead of a cropped copy."""
-    if backend_name == "scaled_mm" and b.format in ("fp8_e4m3", "fp8_e5m2") and b.tile is not None \
-            and tuple(b.tile) == (128, 128):
-        return 128
     return 1
 
 
@@ -211,6 +204,18 @@ def _blockwise_gemm(a: Quantized, b: Quantized, out_dtype: torch.dtype = torch.f
         da, sa_rows = _pad_k(da, sa_rows, k_pad)
         db, sb = _pad_k(b.fp8_data, b.fp8_scales.contiguous(), k_pad)
         sb = sb.t()
+        n16 = round_up(n, 16)
+        if n16 < db.shape[0] and _N_SLICE["ok"]:
+            # N not a multiple of 128 (Mamba's in_proj): the GEMM over W's first n rows (a row slice stays
+            # row-major), scale_b keeping its last partial tile, writes [M, n] as it is; the 128-row GEMM's
+            # output would need a cropped copy. Refused by this torch/cuBLAS: the padded GEMM from then on.
+            try:
+                return torch._scaled_mm(da, db[:n16].t(), scale_a=sa_rows.t().contiguous().t(), scale_b=sb,
+                                        out_dtype=out_dtype)[:m, :n]
+            except RuntimeError as e:
+                _N_SLICE["ok"] = False
+                log.warning("scaled_mm: blockwise GEMM with N=%d < its weight tiles' %d refused (%s); padding N",
+                            n16, db.shape[0], str(e).splitlines()[0])
     else:
         n_pad = round_up(b.fp8_data.shape[0], 16)
         db, sb = _pad_rows(b.fp8_data, n_pad), _pad_rows(b.fp8_scales, n_pad, 1.0).t().contiguous()

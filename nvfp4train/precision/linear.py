@@ -42,7 +42,7 @@ from torch import nn
 from nvfp4train.formats import rounding
 
 from . import operands
-from .backends import Backend, gemm_k_multiple, gemm_n_multiple, get_backend
+from .backends import Backend, gemm_k_multiple, get_backend
 from .operands import round_up
 from .policy import ROLES, LayerRecipe, PrecisionPolicy
 
@@ -59,12 +59,6 @@ def _fprop_k(in_f: int, recipe: LayerRecipe, backend_name: str) -> int:
     once instead of padded again at every GEMM."""
     return round_up(_k_pad(in_f, recipe.fprop_x, recipe.fprop_w),
                     gemm_k_multiple(backend_name, recipe.fprop_x, recipe.fprop_w))
-
-
-def _fprop_n(out_f: int, recipe: LayerRecipe, backend_name: str) -> int:
-    """The width Fprop's Y comes out at: out_features, or the weight's padded rows where the backend's GEMM
-    writes those (`backends.gemm_n_multiple`; the extra columns are zeros, and their gradient too)."""
-    return round_up(out_f, gemm_n_multiple(backend_name, recipe.fprop_w))
 
 
 def _dgrad_k(out_f: int, recipe: LayerRecipe, backend_name: str) -> int:
@@ -278,8 +272,7 @@ def _wgrad_x_shape(recipe: LayerRecipe, in_f: int, tokens) -> tuple:
 def quant_linear_fprop(x: torch.Tensor, weight: torch.Tensor, layer_id: int, recipe_key: str, backend_name: str,
                        out_dtype: torch.dtype, save_x: bool, save_w: bool) -> list[torch.Tensor]:
     """[Y = Q(X) Q(W)ᵀ, *the Wgrad copy of X (packed) if save_x, *the packed W if save_w and Dgrad
-    reuses it]. Y is in `out_dtype`, `_fprop_n` wide (zero columns past out_features); every tensor is new and
-    contiguous."""
+    reuses it]. Y is in `out_dtype`; every tensor is new and contiguous."""
     state, recipe, backend = _state(layer_id), LayerRecipe.from_key(recipe_key), get_backend(backend_name)
     out_f, in_f = weight.shape
     with torch.autocast(x.device.type, enabled=False):
@@ -292,8 +285,7 @@ def quant_linear_fprop(x: torch.Tensor, weight: torch.Tensor, layer_id: int, rec
         both = (operands.fprop_and_wgrad_x(x2d, recipe.fprop_x, recipe.wgrad_x, k_f, k_w, state.rht_signs)
                 if saves_xt and state.stats is None else None)
         x_q = both[0] if both else state.quantize("fprop_x", x2d, recipe.fprop_x, k_f)
-        out_n = _fprop_n(out_f, recipe, backend_name)
-        y = backend.gemm(x_q, w_q.first_rows(out_n), out_dtype).reshape(*x.shape[:-1], out_n)
+        y = backend.gemm(x_q, w_q.first_rows(out_f), out_dtype).reshape(*x.shape[:-1], out_f)
         outputs = [y]
         if save_x and _saves_x_copy(recipe, x.dtype):
             if recipe.wgrad_x.is_bf16:
@@ -311,7 +303,7 @@ def quant_linear_fprop(x: torch.Tensor, weight: torch.Tensor, layer_id: int, rec
 def _(x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w):
     recipe = LayerRecipe.from_key(recipe_key)
     out_f, in_f = weight.shape
-    outputs = [x.new_empty((*x.shape[:-1], _fprop_n(out_f, recipe, backend_name)), dtype=out_dtype)]
+    outputs = [x.new_empty((*x.shape[:-1], out_f), dtype=out_dtype)]
     storage = []
     if save_x and _saves_x_copy(recipe, x.dtype):
         tokens = x.numel() // in_f
@@ -326,14 +318,14 @@ def _(x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w):
 def quant_linear_dgrad(dy: torch.Tensor, weight: torch.Tensor, w_saved: list[torch.Tensor], layer_id: int,
                        recipe_key: str, backend_name: str, x_dtype: torch.dtype,
                        dy_q: list[torch.Tensor]) -> torch.Tensor:
-    """dX = Q(dY) Q(W), K = out_features (dY as wide as Fprop's Y), in dY's dtype then `x_dtype`. `w_saved`: the packed
+    """dX = Q(dY) Q(W), K = out_features, in dY's dtype then `x_dtype`. `w_saved`: the packed
     Fprop W when Dgrad reuses it (used when the weight cache does not hold it). `dy_q`: Q(dY) already
     made by quant_linear_dy (two tensors, `operands.operand_tensors`), or empty: quantized here."""
     state, recipe, backend = _state(layer_id), LayerRecipe.from_key(recipe_key), get_backend(backend_name)
     out_f, in_f = weight.shape
     with torch.autocast(dy.device.type, enabled=False):
-        dy2d = dy.reshape(-1, dy.shape[-1])
-        k_d, k_f = _dgrad_k(dy.shape[-1], recipe, backend_name), _fprop_k(in_f, recipe, backend_name)
+        dy2d = dy.reshape(-1, out_f)
+        k_d, k_f = _dgrad_k(out_f, recipe, backend_name), _fprop_k(in_f, recipe, backend_name)
         if recipe.reuses_fprop_weight:
 
             def build():
@@ -367,10 +359,9 @@ def _(dy, weight, w_saved, layer_id, recipe_key, backend_name, x_dtype, dy_q):
 
 @torch.library.custom_op("nvfp4train::quant_linear_wgrad", mutates_args=())
 def quant_linear_wgrad(dy: torch.Tensor, x_saved: list[torch.Tensor], layer_id: int, recipe_key: str,
-                       backend_name: str, in_features: int, out_features: int, out_dtype: torch.dtype,
+                       backend_name: str, in_features: int, out_dtype: torch.dtype,
                        dy_q: list[torch.Tensor]) -> torch.Tensor:
-    """dW [out_features, in_features] = Q(RHT(dYᵀ)) Q(RHT(Xᵀ))ᵀ, K = tokens, in `out_dtype` (the weight's); dY
-    may be wider than out_features (Fprop's padded Y: its extra rows of dYᵀ are cropped). `x_saved`: what
+    """dW = Q(RHT(dYᵀ)) Q(RHT(Xᵀ))ᵀ, K = tokens, in `out_dtype` (the weight's). `x_saved`: what
     Fprop saved of X (packed Xᵀ, or X in BF16). `dy_q`: Q(RHT(dYᵀ)) already made by quant_linear_dy
     (two tensors, `operands.operand_tensors`), or empty: quantized here."""
     state, recipe, backend = _state(layer_id), LayerRecipe.from_key(recipe_key), get_backend(backend_name)
@@ -386,13 +377,13 @@ def quant_linear_wgrad(dy: torch.Tensor, x_saved: list[torch.Tensor], layer_id: 
         else:
             layout = operands.PackedLayout(recipe.wgrad_x, _wgrad_x_shape(recipe, in_features, tokens))
             xt_q = layout.rebuild(x_saved).dequantize().first_rows(in_features)
-        dw = backend.gemm(dyt_q.first_rows(out_features), xt_q, out_dtype)
+        dw = backend.gemm(dyt_q, xt_q, out_dtype)
     return dw.contiguous()
 
 
 @quant_linear_wgrad.register_fake
-def _(dy, x_saved, layer_id, recipe_key, backend_name, in_features, out_features, out_dtype, dy_q):
-    return dy.new_empty((out_features, in_features), dtype=out_dtype)
+def _(dy, x_saved, layer_id, recipe_key, backend_name, in_features, out_dtype, dy_q):
+    return dy.new_empty((dy.shape[-1], in_features), dtype=out_dtype)
 
 
 @torch.library.custom_op("nvfp4train::quant_linear_dy", mutates_args=())
@@ -466,7 +457,7 @@ def _backward(ctx, grads):
                                 dy_q[:2])
     if ctx.needs_input_grad[1]:
         dw = quant_linear_wgrad(dy, saved[: ctx.n_x], layer_id, recipe_key, backend_name, weight.shape[1],
-                                weight.shape[0], weight.dtype, dy_q[2:])
+                                weight.dtype, dy_q[2:])
     return dx, dw, None, None, None, None, None, None
 
 
@@ -574,10 +565,9 @@ class QuantLinear(nn.Module):
             # squared-ReLU output), the quantizers read 2-byte X, and Dgrad's dX comes back in that
             # dtype, widened by the cast's own backward where the producer wants FP32.
             x = x.to(torch.get_autocast_dtype(x.device.type))
-        y = quant_linear_fprop(x, self.weight, self.layer_id, self.recipe_key, self.backend.name, x.dtype,
-                               save_x, save_w)[0]
-        # Y may come out wider than out_features (zero columns; see _fprop_n): a view, not a cropped copy
-        return y if y.shape[-1] == self.out_features else y[..., : self.out_features]
+        outputs = quant_linear_fprop(x, self.weight, self.layer_id, self.recipe_key, self.backend.name,
+                                     x.dtype, save_x, save_w)
+        return outputs[0]
 
 
 _NAME_IDS = {"in_proj": 0, "out_proj": 1, "qkv": 2, "out": 3, "fc1": 4, "fc2": 5}

@@ -116,30 +116,3 @@ def test_small_hybrid_lm_compiles_in_one_graph_with_eager_bits():
     names = [name for name, _ in model.named_parameters()]
     after_mamba = [i for i, name in enumerate(names) if name.startswith(("blocks.1.", "blocks.2."))]
     assert after_mamba and all(torch.equal(grads_e[i], grads_c[i]) for i in after_mamba)
-
-
-def test_scaled_mm_blockwise_padded_y_compiles_with_eager_bits():
-    """Blockwise FP8 on backend scaled_mm (its GEMMs run emulated on CPU) with 200 out_features, below W's
-    128-row tile grid: Fprop's Y comes out 256 wide and the layer returns a view of 200 columns; the next
-    layer's K (200) is made at 512. Compiled, the ops' fake shapes agree with what they return, and the loss
-    and gradients are eager's bits."""
-    from nvfp4train.precision import QuantLinear
-
-    policy = load_preset("fp8_blockwise", bf16_first_blocks=0, bf16_last_blocks=0)
-
-    def loss_and_grads(compiled: bool):
-        torch.manual_seed(0)
-        model = nn.Sequential(
-            QuantLinear(128, 200, policy=policy, block_index=0, n_blocks=1, name="fc1", backend="scaled_mm"),
-            nn.ReLU(),
-            QuantLinear(200, 128, policy=policy, block_index=0, n_blocks=1, name="fc2", backend="scaled_mm"))
-        forward = torch.compile(model, backend="aot_eager") if compiled else model
-        x = torch.randn(128, 128, generator=torch.Generator().manual_seed(1))
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = forward(x).float().square().mean()
-        loss.backward()
-        return loss.detach(), [p.grad for p in model.parameters()]
-
-    (loss_e, grads_e), (loss_c, grads_c) = loss_and_grads(False), loss_and_grads(True)
-    assert [tuple(g.shape) for g in grads_e] == [(200, 128), (128, 200)]
-    assert torch.equal(loss_e, loss_c) and all(torch.equal(a, b) for a, b in zip(grads_e, grads_c))
