@@ -17,7 +17,6 @@ peak the chosen backend's GEMMs run at (for MFU).
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Any, Mapping
 
 import torch
@@ -30,8 +29,6 @@ from . import cublas_gemm, te_backend
 from .hardware import cuda_capability
 from .operands import Quantized, operand_format, pad2d, round_up
 from .policy import OperandSpec, PrecisionPolicy
-
-log = logging.getLogger(__name__)
 
 
 def gemm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -165,7 +162,6 @@ def _tensorwise_gemm(a: Quantized, b: Quantized, out_dtype: torch.dtype = torch.
 # hybrid_350m, hybrid_1b and the paper's configs (d_model, d_inner, ffn_hidden, heads x head_dim) are
 # multiples of 512 already; hybrid_125m (d_model 640) and hybrid_50m (384) pay a padded copy per GEMM.
 TILE_K_MULTIPLE = 4 * 128
-_N_SLICE = {"ok": True}  # whether torch._scaled_mm takes N below the 128x128 tile grid (see _blockwise_gemm)
 
 
 def gemm_k_multiple(backend_name: str, a: OperandSpec, b: OperandSpec) -> int:
@@ -195,7 +191,9 @@ def _blockwise_gemm(a: Quantized, b: Quantized, out_dtype: torch.dtype = torch.f
     column-major; b given as the transpose of a row-major [N, K], with scale_b [K/128, N]
     column-major (1x128) or the transposed view [K/128, N/128] of the row-major [N/128, K/128] tile
     scales, K padded to a multiple of 512 (128x128; see TILE_K_MULTIPLE).
-    M and N are zero-padded to multiples of 16 (cuBLASLt refuses other shapes)."""
+    M and N are zero-padded to multiples of 16 (cuBLASLt refuses other shapes). With 128x128 tiles N is W's
+    padded rows: on the H100 with torch 2.11 (2026-11-25) a row slice of W down to N (a multiple of 16, scale_b
+    keeping its last partial tile) was refused ("Invalid scaling configuration"), so the output is cropped."""
     m, n = _rows(a), _rows(b)
     m_pad = round_up(a.fp8_data.shape[0], 16)
     da, sa_rows = _pad_rows(a.fp8_data, m_pad), _pad_rows(a.fp8_scales, m_pad, 1.0)
@@ -204,18 +202,6 @@ def _blockwise_gemm(a: Quantized, b: Quantized, out_dtype: torch.dtype = torch.f
         da, sa_rows = _pad_k(da, sa_rows, k_pad)
         db, sb = _pad_k(b.fp8_data, b.fp8_scales.contiguous(), k_pad)
         sb = sb.t()
-        n16 = round_up(n, 16)
-        if n16 < db.shape[0] and _N_SLICE["ok"]:
-            # N not a multiple of 128 (Mamba's in_proj): the GEMM over W's first n rows (a row slice stays
-            # row-major), scale_b keeping its last partial tile, writes [M, n] as it is; the 128-row GEMM's
-            # output would need a cropped copy. Refused by this torch/cuBLAS: the padded GEMM from then on.
-            try:
-                return torch._scaled_mm(da, db[:n16].t(), scale_a=sa_rows.t().contiguous().t(), scale_b=sb,
-                                        out_dtype=out_dtype)[:m, :n]
-            except RuntimeError as e:
-                _N_SLICE["ok"] = False
-                log.warning("scaled_mm: blockwise GEMM with N=%d < its weight tiles' %d refused (%s); padding N",
-                            n16, db.shape[0], str(e).splitlines()[0])
     else:
         n_pad = round_up(b.fp8_data.shape[0], 16)
         db, sb = _pad_rows(b.fp8_data, n_pad), _pad_rows(b.fp8_scales, n_pad, 1.0).t().contiguous()
