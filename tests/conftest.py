@@ -43,13 +43,3 @@ def quick():
     """Overrides for a fast CPU run of the default model and data."""
     return ["train.max_steps=12", "train.log_every=1", "train.eval_sequences=2", "train.progress=false"]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _fresh_compiler_per_module():
-    """Forget what torch.compile traced when a test module ends: dynamo keeps its caches (and its decision to
-    mark shapes dynamic) per code object across tests, so a module that compiled a function with other shapes
-    used to make a later module's compile of it fail (tests/precision/test_compile.py before
-    tests/model/test_model.py::test_torch_compile_matches_eager: "cannot determine truth value of Relational")."""
-    yield
-    if "torch._dynamo" in sys.modules:
-        sys.modules["torch._dynamo"].reset()
