@@ -174,7 +174,7 @@ def gemm_k_multiple(backend_name: str, a: OperandSpec, b: OperandSpec) -> int:
     return 1
 
 
-def _pad_k(data: torch.Tensor, scales: torch.Tensor, k_pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_fp8_k(data: torch.Tensor, scales: torch.Tensor, k_pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 data [R, K] zero-padded to [R, k_pad] and its per-128 scales [R', K/128] padded with ones."""
     k = data.shape[1]
     if k == k_pad:
@@ -199,8 +199,8 @@ def _blockwise_gemm(a: Quantized, b: Quantized, out_dtype: torch.dtype = torch.f
     da, sa_rows = _pad_rows(a.fp8_data, m_pad), _pad_rows(a.fp8_scales, m_pad, 1.0)
     if b.spec.tile == (128, 128):  # rows already a multiple of 128
         k_pad = round_up(da.shape[1], TILE_K_MULTIPLE)
-        da, sa_rows = _pad_k(da, sa_rows, k_pad)
-        db, sb = _pad_k(b.fp8_data, b.fp8_scales.contiguous(), k_pad)
+        da, sa_rows = pad_fp8_k(da, sa_rows, k_pad)
+        db, sb = pad_fp8_k(b.fp8_data, b.fp8_scales.contiguous(), k_pad)
         sb = sb.t()
     else:
         n_pad = round_up(b.fp8_data.shape[0], 16)

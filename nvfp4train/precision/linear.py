@@ -42,7 +42,7 @@ from torch import nn
 from nvfp4train.formats import rounding
 
 from . import operands
-from .backends import Backend, gemm_k_multiple, get_backend
+from .backends import Backend, gemm_k_multiple, get_backend, pad_fp8_k
 from .operands import round_up
 from .policy import ROLES, LayerRecipe, PrecisionPolicy
 
@@ -244,11 +244,7 @@ def _transposed_weight(w_q: operands.Quantized, in_f: int, k_d: int) -> operands
     """Fprop's padded [out_p, in_p] W operand as Dgrad's [in, K = out] operand (K zero-padded to k_d):
     the same bits."""
     if w_q.fp8_scales is not None:  # blockwise FP8, 128x128 tiles: the tiles transposed
-        data, scales = w_q.fp8_data.t(), w_q.fp8_scales.t()
-        pad = k_d - data.shape[1]
-        if pad > 0:  # zero codes; their tiles' scales 1 (any finite scale: the codes are 0)
-            data = operands.pad2d(data.view(torch.uint8), data.shape[0], k_d).view(data.dtype)
-            scales = torch.nn.functional.pad(scales, (0, pad // w_q.spec.tile[1]), value=1.0)
+        data, scales = pad_fp8_k(w_q.fp8_data.t(), w_q.fp8_scales.t(), k_d)
         return operands.Quantized(None, None, data.contiguous(), scales.contiguous(), w_q.spec, rows=in_f)
     wt_values = w_q.values.t()[:in_f]
     k_d = max(k_d, wt_values.shape[1])

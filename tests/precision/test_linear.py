@@ -240,14 +240,14 @@ def test_blockwise_k_padding_for_scaled_mm_keeps_the_product(k):
     """scaled_mm's 1x128 x 128x128 GEMM gets K zero-padded to a multiple of 4 blocks (cuBLASLt reads
     the tile scales in groups of 4; on torch 2.11 other K gave wrong products): padded codes are 0,
     padded scales 1, so both operands dequantize to themselves followed by zero columns."""
-    from nvfp4train.precision.backends import TILE_K_MULTIPLE, _dequantized, _pad_k, _probe_operand
+    from nvfp4train.precision.backends import TILE_K_MULTIPLE, _dequantized, pad_fp8_k, _probe_operand
     from nvfp4train.precision.operands import Quantized
 
     gen = torch.Generator().manual_seed(0)
     x = _probe_operand(256, k, (1, 128), "cpu", gen)
     w = _probe_operand(256, k, (128, 128), "cpu", gen)
     k_pad = -(-k // TILE_K_MULTIPLE) * TILE_K_MULTIPLE
-    padded = [Quantized(None, None, *_pad_k(q.fp8_data, q.fp8_scales, k_pad), q.spec) for q in (x, w)]
+    padded = [Quantized(None, None, *pad_fp8_k(q.fp8_data, q.fp8_scales, k_pad), q.spec) for q in (x, w)]
     for q, p in zip((x, w), padded):
         assert p.fp8_data.shape == (256, k_pad) and p.fp8_scales.shape[1] == k_pad // 128
         dense = _dequantized(p)
