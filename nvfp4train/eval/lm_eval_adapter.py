@@ -29,7 +29,7 @@ import torch
 
 # lm-eval fills its model registry with its own models only while that registry is empty: they are
 # registered first, so that registering ours below leaves `--model hf` and the others usable.
-import lm_eval.models  # noqa: F401,E402
+import lm_eval.models  # noqa: F401
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 

@@ -62,3 +62,22 @@ def test_bf16_autocast_decode_stays_close():
         steps = [decode_step(model, tokens[:, t], cache).float() for t in range(20, 30)]
     diff = max((s - full[:, t]).abs().max().item() for s, t in zip(steps, range(20, 30)))
     assert diff < 0.05 * full.abs().max().item(), diff
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cached_decode_on_cuda(dtype):
+    """On a GPU the prompt goes through the CUDA kernels (mamba-ssm's SSD scan, the causal-conv kernel, the
+    fused norms where installed), the steps through decode.py's recurrence: they still agree."""
+    torch.manual_seed(3)
+    model = build_model({**HYBRID, "mamba_chunk": 64}).cuda().eval()
+    tokens = torch.randint(0, 256, (2, 150), device="cuda")
+    with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+        full = model(tokens).float()
+        logits, cache = prefill(model, tokens[:, :130])
+        worst = (logits.float() - full[:, 129]).abs().max().item()
+        for t in range(130, 150):
+            worst = max(worst, (decode_step(model, tokens[:, t], cache).float() - full[:, t]).abs().max().item())
+    limit = 1e-3 if dtype == torch.float32 else 0.05 * full.abs().max().item()
+    assert worst <= limit, worst
