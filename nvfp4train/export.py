@@ -156,10 +156,9 @@ def _check_out(out: Path, overwrite: bool) -> None:
         return
     if not overwrite:
         raise RunError(f"out={str(out)!r}: already exists; pass overwrite=true to replace it")
-    config = out / "config.json"
     try:
-        is_export = MODEL_TYPE == json.loads(config.read_text()).get("model_type") and \
-            "nvfp4train" in json.loads(config.read_text())
+        config = json.loads((out / "config.json").read_text())
+        is_export = config.get("model_type") == MODEL_TYPE and "nvfp4train" in config
     except (OSError, ValueError, AttributeError):
         is_export = False
     if not is_export:
@@ -186,8 +185,11 @@ def export(run_dir: Path, step: int | None = None, out: Path | None = None, dtyp
     _check_out(out, overwrite)
 
     seq_len = int(run_config.get("train", {}).get("seq_len") or 4096)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # renamed into place when complete
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # renamed into place when complete
+    except OSError as e:
+        raise RunError(f"out={str(out)!r}: cannot write there ({e.strerror})") from None
     try:
         tokenizer_info, eos_id = write_tokenizer(str(run_config.get("data", {}).get("tokenizer", "")), tmp, seq_len)
         state = {k: v.detach().to(DTYPES[dtype]) for k, v in model.state_dict().items()}
