@@ -1,87 +1,242 @@
-"""`python -m nvfp4train.export run_dir=RUN [step=N] [out=DIR] [dtype=float32|bfloat16]`.
+"""`python -m nvfp4train.export run_dir=RUN [step=N] [out=DIR] [dtype=float32|bfloat16] [overwrite=true]`.
 
-Consolidates any checkpoint of a run (one process, DDP, FSDP2's per-rank DCP shards, DeepSpeed ZeRO)
-into one `model.safetensors` plus `config.json`, readable without the training code:
+Writes a Hugging Face model directory from any checkpoint of a run (one process, DDP, FSDP2's per-rank
+DCP shards, DeepSpeed ZeRO), loadable with `transformers` >= 5.15 as `NemotronHForCausalLM`:
 
-    from safetensors.torch import load_file
-    state = load_file("export/model.safetensors")        # {"blocks.0.mixer.in_proj.weight": ...}
-    config = json.load(open("export/config.json"))        # {"model": {...}, "step": ..., ...}
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained("runs/exp/bf16/export/step_00001000")
+    tokenizer = AutoTokenizer.from_pretrained("runs/exp/bf16/export/step_00001000")
 
-`config.json` holds the model config (everything `nvfp4train.model.build_model` needs), the step and
-tokens trained, the training precision and the tokenizer's file name; the tokenizer file is copied
-beside it when it is a `tokenizers` JSON. Only model weights are exported (no optimizer state).
-Options: configs/export.yaml. Bad input ends with one line and exit code 2, with nothing written.
+The directory holds
+  config.json              Nemotron-H's config (model_type `nemotron_h`, `hybrid_override_pattern` with the
+                           run's M / * / - blocks) and, under the key `nvfp4train`, the run's model config,
+                           step, tokens, training precision and source checkpoint;
+  model.safetensors        the weights under Nemotron-H's names (attention's fused qkv split into
+                           q_proj / k_proj / v_proj, MLP fc1 / fc2 as up_proj / down_proj);
+  tokenizer.json, tokenizer_config.json, special_tokens_map.json
+                           the run's `tokenizers` tokenizer with <|endoftext|> as eos, bos and pad token.
+`load_export` reads it back into nvfp4train's own model. Only model weights are exported (no optimizer
+state); the quantized training linears become plain ones (the paper evaluates in BF16).
+
+Models with rotary position embeddings (model.rope=true, e.g. transformer_1p2b) have no Nemotron-H
+equivalent and are refused. Bad input ends with one line and exit code 2, with nothing written; an
+existing export is replaced only with overwrite=true. Options: configs/export.yaml.
 """
 from __future__ import annotations
 
 import json
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
 from nvfp4train.eval.cli import compose, optional_int
-from nvfp4train.eval.weights import RunError, load_run_model
+from nvfp4train.eval.weights import RunError, load_run_model, model_config_for
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ARCHITECTURE = "NemotronHForCausalLM"
+MODEL_TYPE = "nemotron_h"
+# transformers' Nemotron-H clamps dt from below at time_step_min (default 1e-3), which trained models
+# go under (1.6e-4 seen in a 60-step run: logits 5.5e-3 off); nvfp4train never clamps. 0 itself is
+# refused by the config's dt initialization (log of time_step_min), so: a floor no real dt reaches.
+TIME_STEP_MIN = 1e-12
+# Renames of one block's mixer tensors, nvfp4train -> transformers (Mamba's keep their names).
+MIXER_RENAMES = {"out.weight": "o_proj.weight", "fc1.weight": "up_proj.weight", "fc2.weight": "down_proj.weight"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def export(run_dir: Path, step: int | None = None, out: Path | None = None, dtype: str = "float32") -> Path:
-    """Write model.safetensors + config.json for the run's checkpoint; return the output directory."""
+def hf_config(model_config: dict, eos_id: int, max_positions: int, dtype: str) -> dict:
+    """config.json of NemotronHForCausalLM for one of our model configs (rope=false)."""
+    m = model_config
+    d_inner = m["mamba_expand"] * m["d_model"]
+    return {
+        "architectures": [ARCHITECTURE], "model_type": MODEL_TYPE,
+        "vocab_size": m["vocab_size"], "hidden_size": m["d_model"], "intermediate_size": m["ffn_hidden"],
+        "hybrid_override_pattern": m["pattern"],
+        "num_attention_heads": m["n_heads"], "num_key_value_heads": m["n_kv_heads"], "head_dim": m["head_dim"],
+        "attention_bias": False, "mlp_bias": False, "use_bias": False, "mlp_hidden_act": "relu2",
+        "ssm_state_size": m["mamba_state"], "mamba_num_heads": d_inner // m["mamba_head_dim"],
+        "mamba_head_dim": m["mamba_head_dim"], "n_groups": m["mamba_groups"], "expand": m["mamba_expand"],
+        "conv_kernel": m["mamba_conv"], "chunk_size": m["mamba_chunk"], "use_conv_bias": True,
+        "mamba_hidden_act": "silu", "time_step_min": TIME_STEP_MIN,
+        "layer_norm_epsilon": m["norm_eps"], "residual_in_fp32": False, "tie_word_embeddings": False,
+        "initializer_range": m["init_std"], "max_position_embeddings": max_positions,
+        "bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id,
+        "use_cache": True, "dtype": dtype,
+    }
+
+
+def to_hf_state(state: dict[str, torch.Tensor], model_config: dict) -> dict[str, torch.Tensor]:
+    """nvfp4train's state dict -> Nemotron-H's tensor names (qkv split by rows)."""
+    q_rows = model_config["n_heads"] * model_config["head_dim"]
+    kv_rows = model_config["n_kv_heads"] * model_config["head_dim"]
+    out = {}
+    for name, tensor in state.items():
+        if name == "embedding.weight":
+            out["model.embeddings.weight"] = tensor
+        elif name == "final_norm.weight":
+            out["model.norm_f.weight"] = tensor
+        elif name == "lm_head.weight":
+            out["lm_head.weight"] = tensor
+        elif name.startswith("blocks."):
+            _, index, rest = name.split(".", 2)
+            prefix = f"model.layers.{index}."
+            if rest == "mixer.qkv.weight":
+                q, k, v = tensor.split([q_rows, kv_rows, kv_rows], dim=0)
+                out.update({prefix + "mixer.q_proj.weight": q, prefix + "mixer.k_proj.weight": k,
+                            prefix + "mixer.v_proj.weight": v})
+            elif rest.startswith("mixer."):
+                out[prefix + "mixer." + MIXER_RENAMES.get(rest[6:], rest[6:])] = tensor
+            else:
+                out[prefix + rest] = tensor
+        else:
+            raise ValueError(f"no Nemotron-H name for the model tensor {name!r}")
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def from_hf_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of `to_hf_state`."""
+    back = {v: k for k, v in MIXER_RENAMES.items()}
+    out, qkv = {}, {}
+    for name, tensor in state.items():
+        if name == "model.embeddings.weight":
+            out["embedding.weight"] = tensor
+        elif name == "model.norm_f.weight":
+            out["final_norm.weight"] = tensor
+        elif name == "lm_head.weight":
+            out["lm_head.weight"] = tensor
+        else:
+            index, rest = name[len("model.layers."):].split(".", 1)
+            if rest in ("mixer.q_proj.weight", "mixer.k_proj.weight", "mixer.v_proj.weight"):
+                qkv.setdefault(index, {})[rest[6]] = tensor
+            elif rest.startswith("mixer."):
+                out[f"blocks.{index}.mixer." + back.get(rest[6:], rest[6:])] = tensor
+            else:
+                out[f"blocks.{index}.{rest}"] = tensor
+    for index, parts in qkv.items():
+        out[f"blocks.{index}.mixer.qkv.weight"] = torch.cat([parts["q"], parts["k"], parts["v"]])
+    return out
+
+
+def write_tokenizer(tokenizer_setting: str, out: Path, max_length: int) -> tuple[dict, int]:
+    """The run's tokenizer as transformers' fast-tokenizer files; returns (its description for config.json,
+    its end-of-text id).
+
+    The file named by the run's config is loaded as a tokenizer and written anew from the loaded object,
+    never copied: whatever else that path holds does not reach the export."""
+    from nvfp4train.data import load_tokenizer
+    from nvfp4train.data.tokenizer import EOS_TOKEN, HFTokenizer
+
+    try:
+        tokenizer = load_tokenizer(tokenizer_setting)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        raise RunError(f"data.tokenizer={tokenizer_setting!r}: {e}") from None
+    if not isinstance(tokenizer, HFTokenizer):
+        return {"source": tokenizer_setting, "exported": False,
+                "why": "a tiktoken tokenizer: load GPT-2's tokenizer with AutoTokenizer instead"}, tokenizer.eos_id
+    tokenizer._tok.save(str(out / "tokenizer.json"))
+    special = {"bos_token": EOS_TOKEN, "eos_token": EOS_TOKEN, "pad_token": EOS_TOKEN, "unk_token": None}
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", **special, "add_bos_token": False, "add_eos_token": False,
+        "clean_up_tokenization_spaces": False, "model_max_length": max_length}, indent=1) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps(
+        {k: v for k, v in special.items() if v is not None}, indent=1) + "\n")
+    return {"source": tokenizer_setting, "exported": True, "identity": tokenizer.identity}, tokenizer.eos_id
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    """An existing output directory is replaced only when asked, and only if it is an export."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise RunError(f"out={str(out)!r}: exists and is not a directory")
+    if not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise RunError(f"out={str(out)!r}: already exists; pass overwrite=true to replace it")
+    try:
+        config = json.loads((out / "config.json").read_text())
+        is_export = config.get("model_type") == MODEL_TYPE and "nvfp4train" in config
+    except (OSError, ValueError, AttributeError):
+        is_export = False
+    if not is_export:
+        raise RunError(f"out={str(out)!r}: exists and is not an nvfp4train export; not replaced, even with "
+                       "overwrite=true")
+
+
+def export(run_dir: Path, step: int | None = None, out: Path | None = None, dtype: str = "float32",
+           overwrite: bool = False) -> Path:
+    """Write the Hugging Face model directory of the run's checkpoint; return its path."""
     from safetensors.torch import save_file
 
     if dtype not in DTYPES:
         raise RunError(f"dtype={dtype!r}: allowed: {', '.join(DTYPES)}")
+    if not isinstance(overwrite, bool):
+        raise RunError(f"overwrite={overwrite!r}: allowed: true, false")
     model, run_config, ckpt = load_run_model(Path(run_dir), step)
+    model_config = model_config_for(run_config)
+    if model_config.get("rope"):
+        raise RunError(f"{Path(run_dir) / 'config.yaml'}: model.rope=true: a Transformer with rotary embeddings "
+                       "has no Nemotron-H equivalent in transformers; only rope=false models are exported")
     meta = json.loads((ckpt / "meta.json").read_text())
     out = Path(out) if out else Path(run_dir) / "export" / ckpt.name
-    out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(DTYPES[dtype]).contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt", "step": str(meta["step"])})
-    tokenizer = str(run_config.get("data", {}).get("tokenizer", ""))
-    tokenizer_file = None
-    if tokenizer.endswith(".json"):
-        from nvfp4train.data.paths import resolve_path
-        src = resolve_path(tokenizer)
-        if src.is_file():
-            shutil.copyfile(src, out / "tokenizer.json")
-            tokenizer_file = "tokenizer.json"
-    config = {
-        "architecture": "nvfp4train.model.HybridLM",
-        "model": {k: v for k, v in run_config["model"].items() if k != "ssd_backend"},
-        "dtype": dtype, "step": meta["step"], "tokens": meta.get("tokens"),
-        "training_precision": run_config.get("precision", {}).get("name"),
-        "seq_len": run_config.get("train", {}).get("seq_len"),
-        "tokenizer": tokenizer, "tokenizer_file": tokenizer_file,
-        "source_checkpoint": str(ckpt), "engine": meta.get("engine", "torch"),
-        "world_size": meta.get("world_size"),
-    }
-    (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    _check_out(out, overwrite)
+
+    seq_len = int(run_config.get("train", {}).get("seq_len") or 4096)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # renamed into place when complete
+    except OSError as e:
+        raise RunError(f"out={str(out)!r}: cannot write there ({e.strerror})") from None
+    try:
+        tokenizer_info, eos_id = write_tokenizer(str(run_config.get("data", {}).get("tokenizer", "")), tmp, seq_len)
+        state = {k: v.detach().to(DTYPES[dtype]) for k, v in model.state_dict().items()}
+        save_file(to_hf_state(state, model_config), str(tmp / "model.safetensors"),
+                  metadata={"format": "pt", "step": str(meta["step"])})
+        config = hf_config(model_config, eos_id, seq_len, dtype)
+        config["nvfp4train"] = {
+            "model": model_config, "step": meta["step"], "tokens": meta.get("tokens"),
+            "training_precision": run_config.get("precision", {}).get("name"), "seq_len": seq_len,
+            "tokenizer": tokenizer_info, "source_checkpoint": str(ckpt), "engine": meta.get("engine", "torch"),
+            "world_size": meta.get("world_size"),
+        }
+        (tmp / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+        (tmp / "generation_config.json").write_text(json.dumps(
+            {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id}, indent=1) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
 def load_export(path: Path):
-    """The exported model (nvfp4train's HybridLM with plain linears) and its config.json."""
+    """An export read back as nvfp4train's HybridLM (plain linears, FP32) and its config.json."""
     from safetensors.torch import load_file
 
     from nvfp4train.model import build_model
 
     config = json.loads((Path(path) / "config.json").read_text())
-    model = build_model(config["model"])
-    model.load_state_dict({k: v.float() for k, v in load_file(str(Path(path) / "model.safetensors")).items()})
+    model = build_model(config["nvfp4train"]["model"])
+    state = load_file(str(Path(path) / "model.safetensors"))
+    model.load_state_dict({k: v.float() for k, v in from_hf_state(state).items()})
     return model.eval(), config
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = compose("export", list(sys.argv[1:] if argv is None else argv))
-        out = export(Path(cfg["run_dir"]), optional_int("step", cfg["step"]), cfg["out"], cfg["dtype"])
+        out = export(Path(cfg["run_dir"]), optional_int("step", cfg["step"]), cfg["out"], cfg["dtype"],
+                     cfg["overwrite"])
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     config = json.loads((out / "config.json").read_text())
-    print(json.dumps({"out": str(out), "step": config["step"], "dtype": config["dtype"],
+    print(json.dumps({"out": str(out), "step": config["nvfp4train"]["step"], "dtype": config["dtype"],
+                      "architecture": ARCHITECTURE, "tokenizer": config["nvfp4train"]["tokenizer"]["exported"],
                       "bytes": (out / "model.safetensors").stat().st_size}))
     return 0
 

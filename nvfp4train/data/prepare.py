@@ -105,7 +105,7 @@ def _needs(module: str, key: str, what: str):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise ValueError(f"{key}: {what} needs the `datasets` package: pip install 'nvfp4train[hf]'") from None
+        raise ValueError(f"{key}: {what} needs the `datasets` package: pip install 'nvfp4train[datasets]'") from None
 
 
 def _iter_hf_documents(spec: dict, text_field: str, key: str):

@@ -33,9 +33,10 @@ KINDS = ("multiple_choice", "cloze", "exact_match", "loss")
 # ------------------------------------------------------------------------------ log-likelihoods
 @torch.no_grad()
 def loglikelihoods(model, requests: list[tuple[list[int], list[int]]], max_len: int, batch_size: int = 16,
-                   device="cpu") -> list[tuple[float, bool]]:
+                   device="cpu", dtype: torch.dtype = torch.bfloat16) -> list[tuple[float, bool]]:
     """(sum of log p(continuation | context), continuation is greedy) for each (context, continuation)
-    token-id pair. Inputs longer than max_len + 1 tokens lose their oldest context tokens."""
+    token-id pair. Inputs longer than max_len + 1 tokens lose their oldest context tokens. The forward
+    runs under `dtype` autocast (BF16, as the paper evaluates; torch.float32: none)."""
     results: list[tuple[float, bool] | None] = [None] * len(requests)
     # Longest first, so a batch's padding is small and memory peaks at the start (as lm-eval does).
     order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][0]) + len(requests[i][1])))
@@ -55,7 +56,7 @@ def loglikelihoods(model, requests: list[tuple[list[int], list[int]]], max_len: 
         for j, r in enumerate(rows):  # right padding: a causal model's earlier positions never see it
             ids[j, :len(r)] = torch.tensor(r)
         ids = ids.to(device)
-        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        with torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32):
             logits = model(ids[:, :-1])
         logprobs = F.log_softmax(logits.float(), dim=-1)
         for j, i in enumerate(batch):

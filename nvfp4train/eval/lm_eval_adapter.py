@@ -1,101 +1,144 @@
 """lm-evaluation-harness model `nvfp4train`: score a training run's checkpoint on lm-eval's tasks.
 
-    python -m nvfp4train.eval.lm_eval_adapter run --model nvfp4train \
+    python -m nvfp4train.eval.lm_eval_adapter run --model nvfp4train \\
         --model_args run_dir=runs/exp/nvfp4,step=3000 --tasks hellaswag,arc_easy
 
-is lm-eval's own command line (`lm_eval ...`, same arguments) with this model registered; lm-eval does
-not discover model plugins by itself, so a plain `lm_eval --model nvfp4train` works only in a Python
+is lm-eval's own command line (`lm_eval run ...`, same arguments, lm-eval's models included: `--model hf`
+on an export of `python -m nvfp4train.export` works from here too) with this model registered; lm-eval
+does not discover model plugins by itself, so a plain `lm_eval --model nvfp4train` works only in a Python
 process that imported this module first (e.g. `lm_eval.simple_evaluate(model="nvfp4train", ...)` after
 `import nvfp4train.eval.lm_eval_adapter`). Standard benchmarks need a reachable dataset hub; tasks
-defined on local files (`--include_path`) run offline. lm-eval is optional: `pip install 'lm-eval>=0.4'`.
+defined on local files run offline: `--include_path evals/lm_eval` has the offline tasks of
+`python -m nvfp4train.eval` (run from the repository root). Needs lm-eval >= 0.4.10 (its `run` command):
+`pip install 'nvfp4train[lm-eval]'`.
 
-The checkpoint is evaluated in BF16 with plain linears (nvfp4train.eval.load_run_model); log-likelihoods
-come from the same function as `python -m nvfp4train.eval` (nvfp4train.eval.harness.loglikelihoods).
+model_args: run_dir (required), step (default: the latest checkpoint), batch_size (16), device (cuda when
+available, else cpu), max_length (the run's train.seq_len), dtype (bfloat16: BF16 autocast, as the paper
+evaluates; float32: none, which lm-eval's `hf` model on a float32 export matches to ~1e-6 per logit).
+
+Like lm-eval's own models (its TemplateLM): a (context, continuation) pair is encoded whole and split
+where the context's tokens end, trailing spaces of the context go to the continuation, an empty context
+is the end-of-text token. The checkpoint is evaluated with plain linears (nvfp4train.eval.load_run_model);
+log-likelihoods come from the same function as `python -m nvfp4train.eval` (harness.loglikelihoods).
 """
 from __future__ import annotations
 
 import sys
 
 import torch
-from lm_eval.api.model import LM
+
+# lm-eval fills its model registry with its own models only while that registry is empty: they are
+# registered first, so that registering ours below leaves `--model hf` and the others usable.
+import lm_eval.models  # noqa: F401
+from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
 from nvfp4train.eval import harness
-from nvfp4train.eval.weights import load_run_model
+from nvfp4train.eval.weights import RunError, load_run_model
+
+MIN_LM_EVAL = (0, 4, 10)  # the `run` subcommand and the lazily filled model registry
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 @register_model("nvfp4train")
-class NVFP4TrainLM(LM):
-    def __init__(self, run_dir: str, step=None, batch_size=16, device="auto", max_length=None, **_ignored):
+class NVFP4TrainLM(TemplateLM):
+    def __init__(self, run_dir: str, step=None, batch_size=16, device="auto", max_length=None, dtype="bfloat16",
+                 **_ignored):
         super().__init__()
         from nvfp4train.data import load_tokenizer
 
+        if str(dtype) not in DTYPES:
+            raise RunError(f"dtype={dtype!r}: allowed: {', '.join(DTYPES)}")
+        self.dtype = DTYPES[str(dtype)]
         # lm-eval passes device="cuda" by default; like its HF model, fall back to the CPU without one.
         self.device_name = "cuda" if torch.cuda.is_available() and str(device) != "cpu" else "cpu"
         self.model, config, self.checkpoint = load_run_model(run_dir, int(step) if step not in (None, "") else None,
                                                              self.device_name)
-        self.tokenizer = load_tokenizer(config["data"]["tokenizer"])
+        self.nvfp4_tokenizer = load_tokenizer(config["data"]["tokenizer"])
         self.max_length = int(max_length or config["train"]["seq_len"])
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 16  # lm-eval may pass "auto"
 
-    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        # As lm-eval's HF model: spaces at the end of the context belong to the continuation, and an
-        # empty context is the end-of-text token (the document boundary the model was trained with).
-        spaces = len(context) - len(context.rstrip(" "))
-        if spaces:
-            context, continuation = context[:-spaces], context[-spaces:] + continuation
-        ctx = self.tokenizer.encode(context) if context else [self.tokenizer.eos_id]
-        return ctx, self.tokenizer.encode(continuation)
+    @property
+    def eot_token_id(self) -> int:
+        return self.nvfp4_tokenizer.eos_id
 
-    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        pairs = [self._encode_pair(*req.args) for req in requests]
-        return harness.loglikelihoods(self.model, pairs, self.max_length, self.batch_size, self.device_name)
+    def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> list[int]:
+        return self.nvfp4_tokenizer.encode(string)  # our tokenizers add no special tokens
+
+    def tok_decode(self, tokens, **kwargs) -> str:
+        return self.nvfp4_tokenizer.decode(tokens)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        pairs = [(context_enc, continuation_enc) for _, context_enc, continuation_enc in requests]
+        return harness.loglikelihoods(self.model, pairs, self.max_length, self.batch_size, self.device_name,
+                                      self.dtype)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        """Each token scored once, with as much preceding context as fits (lm-eval's rolling windows)."""
+        """Each token scored once, in disjoint windows of max_length predictions that see one token before
+        them (lm-eval's get_rolling_token_windows with context_len=1, as its HF model)."""
         out = []
         for req in requests:
-            tokens = [self.tokenizer.eos_id] + self.tokenizer.encode(req.args[0])
+            tokens = [self.prefix_token_id] + self.tok_encode(req.args[0])
             pairs = [(tokens[:start], tokens[start:start + self.max_length])
                      for start in range(1, len(tokens), self.max_length)]
-            out.append(sum(s for s, _ in harness.loglikelihoods(self.model, pairs, self.max_length,
-                                                                  self.batch_size, self.device_name)))
+            out.append(sum(s for s, _ in harness.loglikelihoods(self.model, pairs, self.max_length, self.batch_size,
+                                                                  self.device_name, self.dtype)))
         return out
 
     @torch.no_grad()
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Greedy decoding until a stop string or max_gen_toks tokens (no KV cache: a small model's
-        full forward per token is fast enough for evaluation)."""
+        """Greedy decoding with the decode cache (nvfp4train.model.decode) until a stop string, the
+        end-of-text token or max_gen_toks tokens; the context keeps its last max_length - max_gen_toks
+        tokens, as lm-eval's HF model."""
+        from nvfp4train.model.decode import decode_step, prefill
+
         out = []
         for req in requests:
             context, gen_kwargs = req.args
             until = gen_kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            tokens = self.tokenizer.encode(context) or [self.tokenizer.eos_id]
+            max_new = int(gen_kwargs.get("max_gen_toks", 256))
+            tokens = (self.tok_encode(context) or [self.eot_token_id])[-max(self.max_length - max_new, 1):]
             generated: list[int] = []
             text = ""
-            for _ in range(int(gen_kwargs.get("max_gen_toks", 256))):
-                ids = torch.tensor([(tokens + generated)[-self.max_length:]], device=self.device_name)
-                with torch.autocast(torch.device(self.device_name).type, dtype=torch.bfloat16):
-                    next_id = int(self.model(ids)[0, -1].argmax())
-                if next_id == self.tokenizer.eos_id:
-                    break
-                generated.append(next_id)
-                text = self.tokenizer.decode(generated)
-                if any(stop in text for stop in until):
-                    break
+            with torch.autocast(torch.device(self.device_name).type, dtype=self.dtype,
+                                enabled=self.dtype != torch.float32):
+                logits, cache = prefill(self.model, torch.tensor([tokens], device=self.device_name))
+                for _ in range(max_new):
+                    next_id = int(logits[0].float().argmax())
+                    if next_id == self.eot_token_id:
+                        break
+                    generated.append(next_id)
+                    text = self.tok_decode(generated)
+                    if any(stop in text for stop in until):
+                        break
+                    logits = decode_step(self.model, torch.tensor([next_id], device=self.device_name), cache)
             for stop in until:
                 text = text.split(stop)[0]
             out.append(text)
         return out
 
 
+def lm_eval_version() -> tuple[int, ...]:
+    from importlib.metadata import version
+
+    return tuple(int(p) for p in version("lm-eval").split(".")[:3] if p.isdigit())
+
+
 def main() -> None:
     """lm-eval's command line, with the `nvfp4train` model registered."""
+    if lm_eval_version() < MIN_LM_EVAL:
+        print(f"error: lm-eval {'.'.join(map(str, lm_eval_version()))} is installed; this command needs lm-eval >= "
+              f"{'.'.join(map(str, MIN_LM_EVAL))}: pip install 'nvfp4train[lm-eval]'", file=sys.stderr)
+        sys.exit(2)
     from lm_eval.__main__ import cli_evaluate
 
     sys.argv[0] = "lm_eval"
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except RunError as e:  # a bad run_dir, step or dtype in --model_args: one line, not a traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -47,9 +47,9 @@ def find_checkpoint(run_dir: Path, step: int | None = None) -> Path:
     if step is None:
         return found[-1]
     for ckpt in found:
-        if int(ckpt.name[len(checkpoint.PREFIX):]) == step:
+        if checkpoint.step_of(ckpt) == step:
             return ckpt
-    steps = ", ".join(str(int(p.name[len(checkpoint.PREFIX):])) for p in found)
+    steps = ", ".join(str(checkpoint.step_of(p)) for p in found)
     raise RunError(f"step={step}: no checkpoint of that step in {root}; available steps: {steps}")
 
 
@@ -66,31 +66,21 @@ def load_state_dict(ckpt: Path, model: HybridLM) -> dict[str, torch.Tensor]:
         return _deepspeed_state_dict(ckpt, model)
     if engine != "torch":
         raise RunError(f"{ckpt / checkpoint.META}: unknown engine {engine!r}; known: torch, deepspeed")
-    import torch.distributed.checkpoint as dcp
-
-    # DCP reshards on load: the shards of any number of FSDP2 ranks fill these full-size tensors.
-    state = {"model": {k: torch.empty_like(v) for k, v in model.state_dict().items()}}
     try:
-        dcp.load(state, storage_reader=checkpoint.SafeFileSystemReader(str(ckpt / "model_optim")),
-                 planner=checkpoint._TensorsOnlyLoadPlanner())
+        return checkpoint.load_model_tensors(ckpt, model.state_dict())
     except checkpoint.CheckpointError as e:
         raise RunError(str(e)) from None
-    except BaseException as e:  # DCP raises CheckpointException (a BaseException) with a traceback text
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
-        lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln] or [str(e).strip()]
-        raise RunError(f"{ckpt / 'model_optim'}: cannot load the model weights ({lines[-1][:300]})") from None
-    return state["model"]
 
 
 def _deepspeed_state_dict(ckpt: Path, model: HybridLM) -> dict[str, torch.Tensor]:
     """ZeRO-1/2 keep the whole (BF16) module in `mp_rank_00_model_states.pt`; read it weights-only."""
     path = ckpt / "deepspeed" / "mp_rank_00_model_states.pt"
     try:
-        from nvfp4train.train.engines import _weights_only_load
-        saved = _weights_only_load(str(path))
-    except ImportError:  # DeepSpeed not installed: its records cannot be named, plain tensors still load
-        saved = checkpoint.load_weights_only(path)
+        try:
+            from nvfp4train.train.engines import load_deepspeed_file
+            saved = load_deepspeed_file(str(path))
+        except ImportError:  # DeepSpeed not installed: its records cannot be named, plain tensors still load
+            saved = checkpoint.load_weights_only(path)
     except checkpoint.CheckpointError as e:
         raise RunError(str(e)) from None
     module = saved.get("module") if isinstance(saved, dict) else None

@@ -260,6 +260,28 @@ def load_model_optim(ckpt: Path, model, optimizer, meta: dict) -> None:
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_sd)
 
 
+def load_model_tensors(ckpt: Path, template: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model weights of a PyTorch-engine checkpoint as full-size tensors shaped like `template`
+    (a model's `state_dict()`), without a process group: DCP reshards on load, so the shards of any
+    number of FSDP2 ranks fill them. The optimizer moments stay on disk. Refusals are one line."""
+    state = {"model": {k: torch.empty_like(v) for k, v in template.items()}}
+    try:
+        with _single_process_quiet():
+            dcp.load(state, storage_reader=SafeFileSystemReader(str(ckpt / "model_optim")),
+                     planner=_TensorsOnlyLoadPlanner())
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as e:  # DCP wraps failures in a traceback text
+        for failure in getattr(e, "failures", {}).values():
+            if isinstance(failure[0], CheckpointError):
+                raise CheckpointError(str(failure[0])) from None
+            if isinstance(failure[0], pickle.UnpicklingError):
+                raise _refused(ckpt / "model_optim", failure[0]) from None
+        lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln] or [str(e).strip()]
+        raise CheckpointError(f"{ckpt / 'model_optim'}: cannot load the model weights ({lines[-1][:300]})") from None
+    return state["model"]
+
+
 # ----------------------------------------------------------------------------------------- writing
 def save(ckpt_root: Path, step: int, engine, rank: int, world_size: int, meta: dict, trainer_state: dict,
          keep_last: int, barrier) -> Path:

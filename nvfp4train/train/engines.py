@@ -237,7 +237,7 @@ class DeepSpeedEngine:
             self.engine, self.optimizer, _, _ = deepspeed.initialize(
                 model=model, model_parameters=groups(model), config=config,
                 dist_init_required=not torch.distributed.is_initialized())
-        self.engine.checkpoint_engine.load = _weights_only_load
+        self.engine.checkpoint_engine.load = load_deepspeed_file
         self.module = self.engine
 
     def train_step(self, micro_batches, lr: float, step: int) -> StepStats:
@@ -283,7 +283,7 @@ class DeepSpeedEngine:
             raise checkpoint.CheckpointError(f"{ckpt_dir}/deepspeed: DeepSpeed could not load it")
 
 
-def _weights_only_load(path: str, map_location=None):
+def load_deepspeed_file(path: str, map_location=None):
     """DeepSpeed's files hold tensors, numbers, strings and four small DeepSpeed records: nothing else
     is unpickled (DeepSpeed's own loader uses weights_only=False); a refusal names the file."""
     from deepspeed.runtime.fp16.loss_scaler import LossScaler

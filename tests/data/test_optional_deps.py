@@ -15,9 +15,9 @@ def test_missing_extras_name_the_install(tmp_path, monkeypatch):
     for module in ("datasets", "pyarrow", "pyarrow.parquet", "wandb"):
         monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
     (tmp_path / "docs.parquet").write_bytes(b"")
-    with pytest.raises(ValueError, match=r"^src: parquet input .* pip install 'nvfp4train\[hf\]'$"):
+    with pytest.raises(ValueError, match=r"^src: parquet input .* pip install 'nvfp4train\[datasets\]'$"):
         list(iter_documents(str(tmp_path / "docs.parquet"), key="src"))
-    with pytest.raises(ValueError, match=r"^src: a \{hf: \.\.\.\} input needs .*nvfp4train\[hf\]'$"):
+    with pytest.raises(ValueError, match=r"^src: a \{hf: \.\.\.\} input needs .*nvfp4train\[datasets\]'$"):
         list(iter_documents({"hf": str(tmp_path)}, key="src"))
     with pytest.raises(ConfigError, match=r"train.wandb.enabled=true needs .*nvfp4train\[wandb\]'$"):
         MetricsLogger(tmp_path, enabled=True).start_wandb(WandbConfig(enabled=True), {}, "e", tmp_path, None)

@@ -1,5 +1,5 @@
-"""`python -m nvfp4train.export`: one safetensors file + config.json from any checkpoint, readable with
-safetensors alone, giving the same model as the checkpoint (round trip)."""
+"""`python -m nvfp4train.export`: a Hugging Face model directory from any checkpoint, with the checkpoint's
+weights under Nemotron-H's names, readable with safetensors alone and back into nvfp4train's model."""
 import json
 import subprocess
 import sys
@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from nvfp4train.eval import load_run_model
-from nvfp4train.export import load_export, main
+from nvfp4train.export import from_hf_state, load_export, main
 from tests.conftest import REPO, cli_env, run_train
 from tests.eval.conftest import TINY
 
@@ -17,28 +17,58 @@ from tests.eval.conftest import TINY
 def assert_round_trip(run_dir, out):
     model, _, ckpt = load_run_model(run_dir)
     state = load_file(str(out / "model.safetensors"))  # safetensors only: no nvfp4train code involved
+    assert "model.embeddings.weight" in state and "lm_head.weight" in state
+    back = from_hf_state(state)
     expected = model.state_dict()
-    assert state.keys() == expected.keys()
+    assert back.keys() == expected.keys()
     for name, tensor in expected.items():
-        assert torch.equal(state[name], tensor), name
+        assert torch.equal(back[name], tensor), name
     config = json.loads((out / "config.json").read_text())
-    assert config["step"] == json.loads((ckpt / "meta.json").read_text())["step"]
+    assert config["nvfp4train"]["step"] == json.loads((ckpt / "meta.json").read_text())["step"]
     exported, _ = load_export(out)
-    ids = torch.randint(0, config["model"]["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, config["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(exported(ids), model(ids))
     return config
 
 
-def test_export_cli_round_trip(tiny_run, tmp_path):
+def test_export_cli_writes_a_hugging_face_directory(tiny_run, tmp_path):
     out = tmp_path / "export"
     proc = subprocess.run([sys.executable, "-m", "nvfp4train.export", f"run_dir={tiny_run}", f"out={out}"],
                           cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["out"] == str(out)
     config = assert_round_trip(tiny_run, out)
-    assert config["model"]["pattern"] == "M-*-M-" and config["dtype"] == "float32"
-    assert (out / "tokenizer.json").is_file() and config["tokenizer_file"] == "tokenizer.json"
+    assert config["model_type"] == "nemotron_h" and config["architectures"] == ["NemotronHForCausalLM"]
+    assert config["hybrid_override_pattern"] == "M-*-M-" and config["dtype"] == "float32"
+    assert config["tie_word_embeddings"] is False and config["time_step_min"] < 1e-9
+    assert config["nvfp4train"]["model"]["pattern"] == "M-*-M-"
+    state = load_file(str(out / "model.safetensors"))
+    assert state["model.layers.2.mixer.q_proj.weight"].shape == (4 * 32, 128)  # hybrid_tiny: 4 heads of 32
+    assert state["model.layers.2.mixer.k_proj.weight"].shape == (2 * 32, 128)
+    assert "model.layers.1.mixer.up_proj.weight" in state and "model.layers.0.mixer.A_log" in state
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert tok_config["eos_token"] == "<|endoftext|>" and config["eos_token_id"] == 0
+    from tokenizers import Tokenizer
+    assert Tokenizer.from_file(str(out / "tokenizer.json")).encode("Hello world").ids  # a tokenizer, rewritten
+
+
+def test_export_refuses_to_overwrite_unless_asked(tiny_run, tmp_path, capsys):
+    out = tmp_path / "export"
+    assert main([f"run_dir={tiny_run}", f"out={out}"]) == 0
+    (out / "model.safetensors").write_bytes(b"older")
+    assert main([f"run_dir={tiny_run}", f"out={out}"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: out='{out}': already exists; pass overwrite=true to replace it"
+    assert (out / "model.safetensors").read_bytes() == b"older"
+    assert main([f"run_dir={tiny_run}", f"out={out}", "overwrite=true"]) == 0
+    assert_round_trip(tiny_run, out)
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    assert main([f"run_dir={tiny_run}", f"out={other}", "overwrite=true"]) == 2
+    assert "is not an nvfp4train export; not replaced" in capsys.readouterr().err
+    assert (other / "keep.txt").read_text() == "mine" and len(list(other.iterdir())) == 1
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary directory left
 
 
 def test_export_bad_input_writes_nothing(tiny_run, tmp_path, capsys):
@@ -46,6 +76,32 @@ def test_export_bad_input_writes_nothing(tiny_run, tmp_path, capsys):
     assert capsys.readouterr().err.strip() == "error: dtype='fp8': allowed: float32, bfloat16"
     assert main([f"run_dir={tmp_path}", f"out={tmp_path / 'x'}"]) == 2
     assert "config.yaml not found" in capsys.readouterr().err
+    assert main([f"run_dir={tiny_run}", f"out={tmp_path / 'x'}", "overwrite=maybe"]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: overwrite")
+    assert not (tmp_path / "x").exists()
+
+
+def test_export_refuses_a_rope_model_in_one_line(tmp_path, capsys):
+    run_dir = tmp_path / "rope"
+    run_train(f"out_dir={run_dir}", "model.rope=true", *TINY)
+    assert main([f"run_dir={run_dir}", f"out={tmp_path / 'x'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "model.rope=true" in err and "no Nemotron-H equivalent" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_export_of_a_tokenizer_path_that_is_no_tokenizer_is_refused(tiny_run, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "checkpoints").symlink_to(tiny_run / "checkpoints")
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"api_key": "do-not-copy"}')
+    config = (tiny_run / "config.yaml").read_text()
+    (run_dir / "config.yaml").write_text(config.replace("tokenizer: data/tokenizer/bpe8k.json",
+                                                        f"tokenizer: {secret}"))
+    assert main([f"run_dir={run_dir}", f"out={tmp_path / 'x'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: data.tokenizer='{secret}':") and "unreadable" in err
     assert not (tmp_path / "x").exists()
 
 
@@ -59,7 +115,7 @@ def test_export_consolidates_fsdp2_shards(tmp_path):
     shards = list((run_dir / "checkpoints" / "step_00000004" / "model_optim").glob("*.distcp"))
     assert len(shards) == 2
     assert main([f"run_dir={run_dir}", f"out={tmp_path / 'export'}"]) == 0
-    assert assert_round_trip(run_dir, tmp_path / "export")["world_size"] == 2
+    assert assert_round_trip(run_dir, tmp_path / "export")["nvfp4train"]["world_size"] == 2
 
 
 @pytest.mark.slow
@@ -68,4 +124,4 @@ def test_export_deepspeed_checkpoint(tmp_path):
     run_dir = tmp_path / "ds"
     run_train(f"out_dir={run_dir}", "train.parallel=deepspeed", *TINY, "train.micro_batch_size=2")
     assert main([f"run_dir={run_dir}", f"out={tmp_path / 'export'}"]) == 0
-    assert assert_round_trip(run_dir, tmp_path / "export")["engine"] == "deepspeed"
+    assert assert_round_trip(run_dir, tmp_path / "export")["nvfp4train"]["engine"] == "deepspeed"
