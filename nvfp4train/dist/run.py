@@ -74,6 +74,7 @@ def failure_line(exc, script: str) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -93,6 +94,8 @@ def main(argv: list[str] | None = None) -> None:
         line, code = failure_line(e, args.training_script)
         print(line, file=sys.stderr)
         sys.exit(code or 1)
+    except SignalException as e:  # SIGTERM/SIGINT to the launcher: torchrun has passed it to the workers
+        sys.exit(128 + int(e.sigval))
 
 
 if __name__ == "__main__":
