@@ -13,8 +13,9 @@ sequences of s tokens on each of N GPUs (G per node):
   reduce-scatter of the FP32 gradients, once a step (no_sync skips it on the other micro-batches): R = 4P
   wire time  t_w = (N-1)/N * (A + R) / B_bus, B_bus the collectives' bus bandwidth: measured inside a
              node (bench_comm.py), the per-GPU network bandwidth across nodes (an assumption, stated)
-  step       t = max(t_c, t_w) + t_exposed, where t_exposed is what prefetching cannot hide: the first
-             block's gather and the last block's reduce-scatter, (N-1)/N * (2P + 4P)/L / B_bus
+  step       t = max(t_c, t_w) + t_exposed, where t_exposed is what prefetching cannot hide: the root
+             unit's gather before the first block (the embedding; FSDP2's root holds embedding, final norm
+             and head) and its reduce-scatter after the last, (N-1)/N * (2 + 4) * P_root / B_bus
   overhead   the 1->2 GPU measurement calibrates a constant per-step overhead (launches, waits on the
              host, the optimizer on a shard): measured 2-GPU step minus the model's, added at every N > 1
 
@@ -41,9 +42,11 @@ REFERENCE = {
 # Parameters, blocks and training FLOPs per token at seq 4096 of the model presets (configs/model/*.yaml;
 # printed by `python benchmarks/scaling_model.py --count` which builds each on the meta device).
 MODELS = {
-    "hybrid_1b": {"params": 984_039_680, "blocks": 26, "flops_per_token": 5.489491968e9},
-    "nemotron_h_8b": {"params": 8_084_075_520, "blocks": 52, "flops_per_token": 46.087667712e9},
-    "nemotron_h_12b": {"params": 12_310_001_152, "blocks": 62, "flops_per_token": 71.171702784e9},
+    "hybrid_1b": {"params": 984_039_680, "blocks": 26, "root_params": 206_047_232, "flops_per_token": 5.489491968e9},
+    "nemotron_h_8b": {"params": 8_084_075_520, "blocks": 52, "root_params": 1_073_745_920,
+                      "flops_per_token": 46.087667712e9},
+    "nemotron_h_12b": {"params": 12_310_001_152, "blocks": 62, "root_params": 1_342_182_400,
+                       "flops_per_token": 71.171702784e9},
 }
 # Assumptions (labelled in every output): the network across nodes, and NVLink's bus bandwidth for the
 # collectives until bench_comm.py measures it on the node.
@@ -58,6 +61,7 @@ class Setup:
     model: str
     params: int
     blocks: int
+    root_params: int           # FSDP2's root unit: embedding, final norm, LM head
     flops_per_token: float
     seq: int
     micro: int                 # sequences per micro-batch on one GPU
@@ -98,7 +102,7 @@ def fsdp2_step(setup: Setup, n_gpus: int, net: Network, reshard: bool, overhead_
     gathered = setup.micro_batches * (2 if reshard else 1) * 2 * p
     reduced = 4 * p
     t_w = frac * (gathered + reduced) / bw
-    t_exposed = frac * (2 * p + 4 * p) / setup.blocks / bw
+    t_exposed = frac * (2 + 4) * setup.root_params / bw
     step = max(t_c, t_w) + t_exposed + overhead_s
     return {"gpus": n_gpus, "compute_s": t_c, "wire_s": t_w, "exposed_s": t_exposed, "overhead_s": overhead_s,
             "step_s": step, "tokens_per_s": n_gpus * tokens / step, "per_gpu_efficiency": t_c / step,
@@ -115,7 +119,7 @@ def hsdp_step(setup: Setup, n_gpus: int, net: Network, reshard: bool, overhead_s
     inner = fsdp2_step(setup, g, net, reshard, overhead_s)
     shard_bytes = 4 * setup.params / g
     t_ar = 2 * (nodes - 1) / nodes * shard_bytes / (net.inter_bus_gbytes * 1e9)
-    exposed = t_ar / setup.blocks
+    exposed = t_ar * setup.root_params / setup.params  # the root's share, reduced last
     step = max(inner["compute_s"], inner["wire_s"] + t_ar) + inner["exposed_s"] + exposed + overhead_s
     tokens = setup.micro * setup.seq * setup.micro_batches
     return {**inner, "gpus": n_gpus, "wire_s": inner["wire_s"] + t_ar, "exposed_s": inner["exposed_s"] + exposed,
@@ -140,7 +144,8 @@ def setup_for(model: str, seq: int = 4096, micro: int | None = None, micro_batch
         source = f"assumed: {REFERENCE['model']}'s measured MFU (tokens/s x {ref['flops_per_token'] / m['flops_per_token']:.3f})"
     if micro is None:
         micro = REFERENCE["micro"] if model == REFERENCE["model"] else 1
-    return Setup(model, m["params"], m["blocks"], m["flops_per_token"], seq, micro, micro_batches, t1, source)
+    return Setup(model, m["params"], m["blocks"], m["root_params"], m["flops_per_token"], seq, micro, micro_batches,
+                 t1, source)
 
 
 def network_from(comm_json: Path | None, inter_gbps: float, gpus_per_node: int) -> Network:
@@ -203,15 +208,20 @@ def slurm_command(model: str, gpus: int, gpus_per_node: int, seq: int = 4096) ->
 
 def count_parameters() -> None:
     """Print MODELS' numbers from the presets (needs torch and the package)."""
+    import sys
+
     import torch
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
     from nvfp4train.model import HybridLM, ModelConfig, flops_per_token
     from nvfp4train.train.config import load_preset
     for name in MODELS:
         cfg = ModelConfig.from_dict(load_preset("model", name))
         with torch.device("meta"):
-            n = sum(p.numel() for p in HybridLM(cfg).parameters())
-        print(f'"{name}": {{"params": {n}, "blocks": {len(cfg.pattern)}, '
+            model = HybridLM(cfg)
+        n = sum(p.numel() for p in model.parameters())
+        root = n - sum(p.numel() for b in model.blocks for p in b.parameters())
+        print(f'"{name}": {{"params": {n}, "blocks": {len(cfg.pattern)}, "root_params": {root}, '
               f'"flops_per_token": {flops_per_token(cfg, 4096)["total"]:.9e}}}')
 
 

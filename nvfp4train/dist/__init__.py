@@ -92,7 +92,7 @@ def resolve_reshard_after_forward(setting: str, n_params: int, info: DistInfo) -
     weights per step instead of 2: measured on 2x H100 with hybrid_1b, 97-108k tokens/s against 142-147k
     unresharded); not resharding holds every block's gathered BF16 weights, 2 bytes a parameter, from
     its forward until its backward. auto pays that memory when it is at most KEEP_GATHERED_MAX_SHARE of
-    the device's (hybrid_1b: 2.6 GB of 80; nemotron_h_8b, 16 GB, reshards)."""
+    the device's (hybrid_1b: 2.0 GB of 80; nemotron_h_8b, 16.2 GB, reshards)."""
     if setting in ("true", "false"):
         return setting == "true", f"train.fsdp_reshard_after_forward={setting}"
     gathered = 2 * n_params

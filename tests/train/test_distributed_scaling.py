@@ -10,7 +10,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import scaling_model as sm  # noqa: E402
 
 NET = sm.Network(intra_bus_gbytes=100.0, inter_bus_gbytes=10.0, gpus_per_node=8, intra_source="t", inter_source="t")
-SETUP = sm.Setup("m", params=10**9, blocks=10, flops_per_token=6e9, seq=1000, micro=2, micro_batches=3,
+SETUP = sm.Setup("m", params=10**9, blocks=10, root_params=10**8, flops_per_token=6e9, seq=1000, micro=2, micro_batches=3,
                  one_gpu_tokens_per_s=6000.0, throughput_source="t")
 
 
@@ -26,7 +26,7 @@ def test_fsdp2_bytes_on_the_wire():
     assert keep["wire_s"] == pytest.approx(0.75 * (3 * 2e9 + 4e9) / 100e9)
     reshard = sm.fsdp2_step(SETUP, 4, NET, reshard=True)
     assert reshard["wire_s"] == pytest.approx(0.75 * (3 * 2 * 2e9 + 4e9) / 100e9)
-    assert keep["exposed_s"] == pytest.approx(0.75 * 6e9 / 10 / 100e9)
+    assert keep["exposed_s"] == pytest.approx(0.75 * 6 * 1e8 / 100e9)  # the root's gather and reduce-scatter
     assert keep["step_s"] == pytest.approx(1.0 + keep["exposed_s"])  # compute-bound: the wire is hidden
 
 
@@ -82,4 +82,7 @@ def test_model_numbers_are_the_presets():
         with torch.device("meta"):
             assert sum(p.numel() for p in HybridLM(cfg).parameters()) == m["params"]
         assert len(cfg.pattern) == m["blocks"]
+        with torch.device("meta"):
+            model = HybridLM(cfg)
+        assert m["params"] - sum(p.numel() for b in model.blocks for p in b.parameters()) == m["root_params"]
         assert flops_per_token(cfg, 4096)["total"] == pytest.approx(m["flops_per_token"])
