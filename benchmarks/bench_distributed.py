@@ -34,7 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 RUNS = {
     "1gpu": (1, []),
     "ddp": (2, ["train.parallel=ddp"]),
+    "ddp_bucket100": (2, ["train.parallel=ddp", "train.ddp_bucket_cap_mb=100"]),
     "fsdp2": (2, ["train.parallel=fsdp2"]),
+    "fsdp2_prefetch2": (2, ["train.parallel=fsdp2", "train.fsdp_prefetch=2"]),
+    "fsdp2_prefetch0": (2, ["train.parallel=fsdp2", "train.fsdp_prefetch=0"]),
     "fsdp2_reshard": (2, ["train.parallel=fsdp2", "train.fsdp_reshard_after_forward=true"]),
     "zero1": (2, ["train.parallel=deepspeed", "train.zero_stage=1"]),
     "zero2": (2, ["train.parallel=deepspeed", "train.zero_stage=2"]),
@@ -98,7 +101,7 @@ def commit() -> str:
     return git_commit(short=True)
 
 
-KEY = ("model", "seq", "batch", "precision", "parallel", "gpus", "reshard_after_forward", "zero_stage")
+KEY = ("model", "seq", "batch", "precision", "parallel", "gpus", "reshard_after_forward", "zero_stage", "run")
 
 
 def merge_rows(path: Path, rows: list[dict]) -> None:

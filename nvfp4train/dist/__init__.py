@@ -105,7 +105,7 @@ def resolve_reshard_after_forward(setting: str, n_params: int, info: DistInfo) -
 
 
 def wrap_model(model: nn.Module, mode: str, info: DistInfo, reshard_after_forward: bool = True,
-               prefetch: int = 1) -> nn.Module:
+               prefetch: int = 1, ddp_bucket_cap_mb: int = 25) -> nn.Module:
     """Wrap for data parallelism. World size 1 runs the bare model (DeepSpeed wraps in its own engine)."""
     if mode not in PARALLEL_MODES:
         raise ConfigError(f"train.parallel={mode!r}: allowed {', '.join(PARALLEL_MODES)}")
@@ -113,7 +113,10 @@ def wrap_model(model: nn.Module, mode: str, info: DistInfo, reshard_after_forwar
         return model
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
-        return DistributedDataParallel(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
+        # Gradients as views of DDP's buckets: no copy into the buckets before each all-reduce, and one
+        # copy of the gradients in memory instead of two.
+        return DistributedDataParallel(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None,
+                                       bucket_cap_mb=ddp_bucket_cap_mb, gradient_as_bucket_view=True)
     return shard_fsdp2(model, reshard_after_forward, prefetch)
 
 

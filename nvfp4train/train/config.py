@@ -111,6 +111,10 @@ class TrainConfig:
     activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
     """Recompute activations in backward to save memory: none | full (every block) | selective (every
     second block, torchtitan's `selective` by layer)."""
+    ddp_bucket_cap_mb: int = bounded(25, ge=1)
+    """train.parallel=ddp: MB of gradients per all-reduce bucket (torch's default 25). Under train.compile
+    the compiled graph is also split at these bucket boundaries (dynamo's DDP optimizer), so larger
+    buckets mean fewer, larger graphs and fewer, later all-reduces."""
     fsdp_reshard_after_forward: FsdpReshard = FsdpReshard.auto
     """train.parallel=fsdp2: true frees each block's gathered weights after its forward and gathers them
     again in backward (ZeRO-3 memory); false keeps them until backward (one all-gather a step fewer,

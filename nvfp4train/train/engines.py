@@ -79,7 +79,7 @@ class TorchEngine:
 
     def __init__(self, model: nn.Module, groups: list[dict], optim_cfg: OptimConfig, parallel: str,
                  info: dist.DistInfo, compile: bool = False, reshard_after_forward: bool | str = True,
-                 cuda_graph: bool = False, fsdp_prefetch: int = 1):
+                 cuda_graph: bool = False, fsdp_prefetch: int = 1, ddp_bucket_cap_mb: int = 25):
         self.model, self.info, self.parallel = model, info, parallel
         self.fsdp = parallel == "fsdp2" and info.world_size > 1
         if self.fsdp:
@@ -89,7 +89,7 @@ class TorchEngine:
             log.info("FSDP2: %s; prefetch %d block(s)", why, fsdp_prefetch)
         # FSDP2 swaps parameters: the optimizer is built after
         self.wrapped = dist.wrap_model(model, parallel, info, reshard_after_forward=bool(reshard_after_forward),
-                                       prefetch=fsdp_prefetch)
+                                       prefetch=fsdp_prefetch, ddp_bucket_cap_mb=ddp_bucket_cap_mb)
         self.reshard_after_forward = bool(reshard_after_forward) if self.fsdp else None
         self.optimizer = build_optimizer(groups(model), optim_cfg, fused=True)
         # The fused AdamW updates weights without bumping their version counters, so a quantized
@@ -345,7 +345,7 @@ def build_engine(model, groups, optim_cfg, train_cfg, info, grad_accum):
     return TorchEngine(model, groups, optim_cfg, train_cfg.parallel, info,
                        compile=resolve_compile(str(train_cfg.compile), info.device),
                        reshard_after_forward=str(train_cfg.fsdp_reshard_after_forward),
-                       fsdp_prefetch=train_cfg.fsdp_prefetch,
+                       fsdp_prefetch=train_cfg.fsdp_prefetch, ddp_bucket_cap_mb=train_cfg.ddp_bucket_cap_mb,
                        cuda_graph=resolve_cuda_graph(str(train_cfg.cuda_graph), model, info, train_cfg.parallel,
                                                      str(train_cfg.activation_checkpointing)))
 
