@@ -2,7 +2,8 @@
 FSDP2 (at its defaults and resharding), DeepSpeed ZeRO-1/2 and NVFP4 under FSDP2, then bench_comm.py.
 
     python benchmarks/bench_distributed.py                       # 2 GPUs, hybrid_1b seq 4096, batch 8, micro 4
-    python benchmarks/bench_distributed.py --runs 1gpu fsdp2 --steps 14
+    python benchmarks/bench_distributed.py --runs 1gpu ddp fsdp2 fsdp2_reshard --no-comm
+    python benchmarks/bench_distributed.py --runs zero1 zero2 nvfp4_fsdp2    # vs 1 GPU: the row of the call above
     python benchmarks/bench_distributed.py --device cpu --model hybrid_tiny --seq 64 --steps 4   # a smoke test
 
 Each run is `python -m nvfp4train.dist.run --standalone --nproc_per_node=N -m nvfp4train.train ...` (the
@@ -112,8 +113,18 @@ def merge_rows(path: Path, rows: list[dict]) -> None:
     path.write_text(json.dumps(sorted(merged.values(), key=lambda r: tuple(str(r.get(k)) for k in KEY)), indent=1) + "\n")
 
 
-def print_table(rows: list[dict]) -> None:
-    base = next((r["tokens_per_s"] for r in rows if r["run"] == "1gpu"), None)
+def earlier_baseline(args) -> float | None:
+    if not args.out.is_file():
+        return None
+    gpu = gpu_name(args.device)
+    for r in json.loads(args.out.read_text()):
+        if (r.get("run") == "1gpu" and r.get("model") == args.model and r.get("seq") == args.seq
+                and r.get("batch") == args.batch and r.get("gpu") == gpu):
+            return r["tokens_per_s"]
+    return None
+
+
+def print_table(rows: list[dict], base: float | None) -> None:
     print(f"\n| run | GPUs | tokens/s | vs 1 GPU | peak GiB | final loss | reshard | s |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -173,6 +184,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         shutil.rmtree(out_dir, ignore_errors=True)
     base = next((r["tokens_per_s"] for r in rows if r.get("run") == "1gpu" and "error" not in r), None)
+    if base is None:  # the one-GPU row of an earlier invocation with the same model, shape and GPU
+        base = earlier_baseline(args)
     done = []
     for r in rows:
         if "error" not in r:
@@ -187,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[{time.perf_counter() - started:5.0f}s] bench_comm: {' '.join(comm[1:])}", flush=True)
         proc = subprocess.run(comm, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
         print(proc.stdout if proc.returncode == 0 else f"    failed: {proc.stderr.strip()[-400:]}")
-    print_table(rows)
+    print_table(rows, base)
     print(f"\n{len(done)} rows merged into {args.out}; total {time.perf_counter() - started:.0f} s")
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)

@@ -45,8 +45,9 @@ def main() -> None:
     try:
         _cli()
     except StoppedBeforeFirstStep as e:  # SIGTERM / SIGUSR1 / Ctrl-C while starting: a clean stop
-        from nvfp4train.dist.errors import launch_rank
-        if launch_rank() == 0:  # torchrun stops the other ranks of a failed job this way: say it once
+        # torchrun stops the other ranks of a failed job this way: say it once. (No import here: the signal
+        # may have interrupted torch's import, and importing it again would crash.)
+        if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) in ("0", ""):
             print(str(e), file=sys.stderr)
         sys.exit(0)
 
