@@ -86,15 +86,15 @@ def main(argv: list[str] | None = None) -> None:
             plan.append((what + ", fp32 gradients", "reduce_scatter", 4 * params, torch.float32))
     if device.type != "cuda":
         plan = [p for p in plan if p[1] == "all_gather"]  # gloo: no reduce_scatter_tensor
+    # torch 2.13 renamed the single-tensor collectives (the old names warn); older torch has only those
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     rows = []
     for what, op, nbytes, dtype in plan:
         elem = torch.tensor([], dtype=dtype).element_size()
         numel = max(n, nbytes // elem // n * n)
         full = torch.empty(numel, dtype=dtype, device=device).normal_()
         shard = torch.empty(numel // n, dtype=dtype, device=device).normal_()
-        # torch 2.13 renamed the single-tensor collectives (the old names warn); older torch has only those
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
         if op == "all_gather":
             def fn(full=full, shard=shard):
                 gather(full, shard)

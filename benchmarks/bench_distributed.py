@@ -125,7 +125,7 @@ def earlier_baseline(args) -> float | None:
 
 
 def print_table(rows: list[dict], base: float | None) -> None:
-    print(f"\n| run | GPUs | tokens/s | vs 1 GPU | peak GiB | final loss | reshard | s |")
+    print("\n| run | GPUs | tokens/s | vs 1 GPU | peak GiB | final loss | reshard | s |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
