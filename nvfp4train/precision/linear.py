@@ -117,11 +117,16 @@ class WeightCache:
 
     def __init__(self):
         self.enabled = False  # set by PrecisionController: it owns the invalidation schedule
+        # FSDP2 gathers the weight into fresh storage at every forward (and, resharded, again in
+        # backward): with the storage in the stamp each micro-batch would quantize again. The engine
+        # that wraps the model in FSDP2 turns this on, its optimizer-step hook clearing the entries.
+        self.until_cleared = False
         self._stamp: tuple | None = None
         self._entries: dict[tuple, Any] = {}
 
-    @staticmethod
-    def _stamp_of(weight: torch.Tensor) -> tuple:
+    def _stamp_of(self, weight: torch.Tensor) -> tuple:
+        if self.until_cleared:
+            return (tuple(weight.shape), weight.dtype, weight.device)
         return (weight._version, weight.data_ptr(), tuple(weight.shape), weight.dtype, weight.device)
 
     def get(self, key: tuple, weight: torch.Tensor, build, training: bool = True):
@@ -518,6 +523,12 @@ class QuantLinear(nn.Module):
     @cache_weights.setter
     def cache_weights(self, enabled: bool) -> None:
         self._state.weights.enabled = bool(enabled)
+        self._state.weights.clear()
+
+    def keep_weight_cache_until_cleared(self) -> None:
+        """Key the cached weight operands on the step alone, not on the weight's storage: for a weight
+        that FSDP2 gathers afresh at every use, unchanged until the next `invalidate_weight_cache`."""
+        self._state.weights.until_cleared = True
         self._state.weights.clear()
 
     def invalidate_weight_cache(self) -> None:

@@ -21,6 +21,7 @@ if __name__ == "__main__":
 def _main(cfg) -> None:
     if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) != 0:
         logging.getLogger().setLevel(logging.WARNING)  # one copy of the start-up log lines, from rank 0
+    from nvfp4train.dist.errors import fail
     from nvfp4train.train.checkpoint import CheckpointError
     from nvfp4train.train.config import ConfigError, RunConfig
     from nvfp4train.train.guards import TrainingHalted
@@ -30,11 +31,9 @@ def _main(cfg) -> None:
         run_cfg = RunConfig.from_omegaconf(cfg)
         summary = run(run_cfg)
     except (ConfigError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(e), 2)  # one line from rank 0 (and in torchrun's error file): dist/errors.py
     except TrainingHalted as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(3)
+        fail(str(e), 3)
     if summary.get("note"):
         if summary["rank"] == 0:
             print(summary["note"])
@@ -46,7 +45,10 @@ def main() -> None:
     try:
         _cli()
     except StoppedBeforeFirstStep as e:  # SIGTERM / SIGUSR1 / Ctrl-C while starting: a clean stop
-        print(str(e), file=sys.stderr)
+        # torchrun stops the other ranks of a failed job this way: say it once. (No import here: the signal
+        # may have interrupted torch's import, and importing it again would crash.)
+        if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) in ("0", ""):
+            print(str(e), file=sys.stderr)
         sys.exit(0)
 
 
@@ -56,6 +58,7 @@ def _cli() -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from nvfp4train.dist.errors import fail
     from nvfp4train.train.config import CONFIG_DIR, ConfigError, check_overrides, compose, register_defaults
 
     args = get_args_parser().parse_args()
@@ -64,11 +67,9 @@ def _cli() -> None:
         if not args.multirun:  # one job: compose it here so that what Hydra would reject is one line too
             compose(args.overrides)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(e), 2)  # under torchrun: every rank refuses alike, before any process group; rank 0 says it
     except (HydraException, OmegaConfBaseException) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(e), 2)
     register_defaults()
     hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(_main)()
     from nvfp4train import dist

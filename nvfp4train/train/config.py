@@ -45,6 +45,7 @@ Compile = StrEnum("Compile", "auto true false")
 CudaGraph = StrEnum("CudaGraph", "auto true false")
 ActivationCheckpointing = StrEnum("ActivationCheckpointing", "none full selective")
 WandbMode = StrEnum("WandbMode", "auto online offline")
+FsdpReshard = StrEnum("FsdpReshard", "auto true false")
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class TrainConfig:
     eval_every: int = bounded(0, ge=0)
     """Held-out validation loss every N steps (0: only at the end)."""
     eval_sequences: int = bounded(16, ge=0)
-    """Validation sequences per domain."""
+    """Validation sequences per domain; 0: no held-out evaluation (as Megatron's --eval-iters 0)."""
     save_every: int = bounded(0, ge=0)
     """Checkpoint every N steps (0: only the final one)."""
     keep_last: int = bounded(3, ge=1)
@@ -110,9 +111,19 @@ class TrainConfig:
     activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
     """Recompute activations in backward to save memory: none | full (every block) | selective (every
     second block, torchtitan's `selective` by layer)."""
-    fsdp_reshard_after_forward: bool = True
-    """train.parallel=fsdp2: free each block's gathered weights after its forward and gather them again in
-    backward (ZeRO-3 memory); false keeps them until backward (fewer all-gathers, more memory)."""
+    ddp_bucket_cap_mb: int = bounded(25, ge=1)
+    """train.parallel=ddp: MB of gradients per all-reduce bucket (torch's default 25). Under train.compile
+    the compiled graph is also split at these bucket boundaries (dynamo's DDP optimizer), so larger
+    buckets mean fewer, larger graphs and fewer, later all-reduces."""
+    fsdp_reshard_after_forward: FsdpReshard = FsdpReshard.auto
+    """train.parallel=fsdp2: true frees each block's gathered weights after its forward and gathers them
+    again in backward (ZeRO-3 memory); false keeps them until backward (one all-gather a step fewer,
+    2 bytes a parameter more); auto: false when the model's gathered BF16 weights take at most 1/8 of the
+    device's memory (hybrid_1b on an 80 GB GPU), else true. train.log says which, and why."""
+    fsdp_prefetch: int = bounded(1, ge=0, le=8)
+    """train.parallel=fsdp2: blocks whose weights are all-gathered ahead of use (the next ones in
+    forward, the previous ones in backward); 0 leaves FSDP2's implicit prefetch (issued when the CPU
+    reaches the next block)."""
     preempt_check_every: int = bounded(10, ge=1)
     """With several ranks, agree on a SIGTERM/SIGUSR1/SIGINT every N steps (the all-reduce is a host
     sync; a signal is answered with a checkpoint at most N-1 steps later). One process checks every step."""
@@ -126,7 +137,7 @@ class TrainConfig:
     """Weights & Biases logging."""
 
     def __post_init__(self):
-        for key in ("progress", "compile", "cuda_graph"):
+        for key in ("progress", "compile", "cuda_graph", "fsdp_reshard_after_forward"):
             if isinstance(getattr(self, key), bool):  # YAML and Hydra read true/false as booleans
                 object.__setattr__(self, key, str(getattr(self, key)).lower())
         check(self, "train")

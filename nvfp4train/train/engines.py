@@ -78,11 +78,19 @@ class TorchEngine:
     the same decision from the values when the loop reads them (loop.py)."""
 
     def __init__(self, model: nn.Module, groups: list[dict], optim_cfg: OptimConfig, parallel: str,
-                 info: dist.DistInfo, compile: bool = False, reshard_after_forward: bool = True,
-                 cuda_graph: bool = False):
+                 info: dist.DistInfo, compile: bool = False, reshard_after_forward: bool | str = True,
+                 cuda_graph: bool = False, fsdp_prefetch: int = 1, ddp_bucket_cap_mb: int = 25):
         self.model, self.info, self.parallel = model, info, parallel
+        self.fsdp = parallel == "fsdp2" and info.world_size > 1
+        if self.fsdp:
+            n_params = sum(p.numel() for p in model.parameters())
+            reshard_after_forward, why = dist.resolve_reshard_after_forward(
+                str(reshard_after_forward).lower(), n_params, info)
+            log.info("FSDP2: %s; prefetch %d block(s)", why, fsdp_prefetch)
         # FSDP2 swaps parameters: the optimizer is built after
-        self.wrapped = dist.wrap_model(model, parallel, info, reshard_after_forward=reshard_after_forward)
+        self.wrapped = dist.wrap_model(model, parallel, info, reshard_after_forward=bool(reshard_after_forward),
+                                       prefetch=fsdp_prefetch, ddp_bucket_cap_mb=ddp_bucket_cap_mb)
+        self.reshard_after_forward = bool(reshard_after_forward) if self.fsdp else None
         self.optimizer = build_optimizer(groups(model), optim_cfg, fused=True)
         # The fused AdamW updates weights without bumping their version counters, so a quantized
         # layer's weight cache (precision/linear.py WeightCache) cannot notice the update by itself:
@@ -91,6 +99,9 @@ class TorchEngine:
         quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
         if quantized:
             self.optimizer.register_step_post_hook(lambda *_: invalidate_weight_caches(quantized))
+            if self.fsdp:  # FSDP2 gathers each weight afresh at every use: one quantization a step, not a use
+                for layer in quantized:
+                    layer.keep_weight_cache_until_cleared()
         self.forward = torch.compile(self.wrapped) if compile else self.wrapped
         self.grad_clip = optim_cfg.grad_clip
         # Evaluation runs the uncompiled model: a held-out pass is a few dozen sequences, and through the
@@ -173,15 +184,34 @@ class _LogLines:
         pass
 
 
-def _pin_cuda_arch_list(device: torch.device) -> None:
-    """Name this GPU's arch for DeepSpeed's JIT build of FusedAdam when the user has not.
+def deepspeed_arch_list(current: str | None, capability: tuple[int, int]) -> str:
+    """TORCH_CUDA_ARCH_LIST as DeepSpeed's op builder can parse it: this GPU's arch when unset, and the
+    arch-specific suffixes dropped ("9.0a" -> "9.0", "10.0f" -> "10.0"; "+PTX" kept).
 
-    Without TORCH_CUDA_ARCH_LIST, DeepSpeed's op builder reads torch's own arch list, which for
-    torch 2.11+cu130 holds entries like "9.0a" that it cannot parse (ValueError: invalid literal for
-    int() with base 10: '0a'); measured on 2x H200, ZeRO-1/2 trains with the variable set to "9.0"."""
-    if "TORCH_CUDA_ARCH_LIST" not in os.environ:
-        major, minor = torch.cuda.get_device_capability(device)
-        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
+    DeepSpeed's builder reads the variable (or torch's own arch list, which for torch's CUDA wheels
+    holds "9.0a") with int() on each part and fails on the suffix (ValueError: invalid literal for
+    int() with base 10: '0a') before any op is built. Measured on 2x H200 (docs/results/resume_gpu.md):
+    ZeRO-1/2 train with the variable set to "9.0"."""
+    if not current or not current.strip():
+        return f"{capability[0]}.{capability[1]}"
+    out = []
+    for entry in current.replace(",", ";").replace(" ", ";").split(";"):
+        if not entry:
+            continue
+        arch, ptx = (entry[:-4], "+PTX") if entry.upper().endswith("+PTX") else (entry, "")
+        arch = arch.rstrip("abfABF") if "." in arch else arch
+        if arch + ptx not in out:
+            out.append(arch + ptx)
+    return ";".join(out)
+
+
+def _pin_cuda_arch_list(device: torch.device) -> None:
+    """TORCH_CUDA_ARCH_LIST set to what DeepSpeed can parse, should it build an op (deepspeed_arch_list)."""
+    before = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    after = deepspeed_arch_list(before, torch.cuda.get_device_capability(device))
+    if after != before:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = after
+        log.info("deepspeed: TORCH_CUDA_ARCH_LIST=%s (was %s)", after, before if before is not None else "unset")
 
 
 @contextlib.contextmanager
@@ -210,6 +240,10 @@ class DeepSpeedEngine:
     DeepSpeed owns gradient accumulation, clipping and the optimizer step. A non-finite loss is caught
     before the step boundary: the accumulated gradients are zeroed so the update is a no-op for the
     weights (Adam's moments still decay by beta, as a skipped step in Megatron does not).
+
+    The optimizer is torch's AdamW (DeepSpeed's `torch_adam`), fused on CUDA as the PyTorch engine's
+    is: DeepSpeed's own FusedAdam is compiled on first use (a JIT build needing nvcc and a parsable
+    TORCH_CUDA_ARCH_LIST), which torch's CUDA wheels on Hopper do not give it.
     """
 
     def __init__(self, model: nn.Module, groups, optim_cfg: OptimConfig, zero_stage: int, grad_accum: int,
@@ -229,7 +263,7 @@ class DeepSpeedEngine:
             "gradient_clipping": optim_cfg.grad_clip,
             "optimizer": {"type": "AdamW", "params": {
                 "lr": optim_cfg.lr, "betas": list(optim_cfg.betas), "eps": optim_cfg.eps,
-                "weight_decay": optim_cfg.weight_decay, "torch_adam": on_cpu}},
+                "weight_decay": optim_cfg.weight_decay, "torch_adam": True, **({} if on_cpu else {"fused": True})}},
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
@@ -311,10 +345,11 @@ def build_engine(model, groups, optim_cfg, train_cfg, info, grad_accum):
                                train_cfg.micro_batch_size, info)
     return TorchEngine(model, groups, optim_cfg, train_cfg.parallel, info,
                        compile=resolve_compile(str(train_cfg.compile), info.device),
-                       reshard_after_forward=train_cfg.fsdp_reshard_after_forward,
+                       reshard_after_forward=str(train_cfg.fsdp_reshard_after_forward),
+                       fsdp_prefetch=train_cfg.fsdp_prefetch, ddp_bucket_cap_mb=train_cfg.ddp_bucket_cap_mb,
                        cuda_graph=resolve_cuda_graph(str(train_cfg.cuda_graph), model, info, train_cfg.parallel,
                                                      str(train_cfg.activation_checkpointing)))
 
 
-__all__ = ["StepStats", "TorchEngine", "DeepSpeedEngine", "build_engine", "import_deepspeed", "resolve_compile",
-           "resolve_cuda_graph"]
+__all__ = ["StepStats", "TorchEngine", "DeepSpeedEngine", "build_engine", "deepspeed_arch_list", "import_deepspeed",
+           "resolve_compile", "resolve_cuda_graph"]

@@ -86,7 +86,8 @@ def _build_model_and_data(cfg: RunConfig, info: dist.DistInfo):
                                     micro_batch_size=t.micro_batch_size, rank=info.rank,
                                     world_size=info.world_size, seed=cfg.seed,
                                     total_samples=t.max_steps * t.global_batch_size)
-        val_data = build_val_data(cfg.data, seq_len=t.seq_len, max_sequences_per_domain=t.eval_sequences)
+        val_data = (build_val_data(cfg.data, seq_len=t.seq_len, max_sequences_per_domain=t.eval_sequences)
+                    if t.eval_sequences else {})  # 0: no held-out evaluation
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(f"data: {e}") from None
     if loader.tokenizer.vocab_size > model_cfg.vocab_size:

@@ -1,0 +1,210 @@
+"""Data-parallel training throughput on one node, through the trainer's own command: one GPU, DDP,
+FSDP2 (at its defaults and resharding), DeepSpeed ZeRO-1/2 and NVFP4 under FSDP2, then bench_comm.py.
+
+    python benchmarks/bench_distributed.py                       # 2 GPUs, hybrid_1b seq 4096, batch 8, micro 4
+    python benchmarks/bench_distributed.py --runs 1gpu ddp fsdp2 fsdp2_reshard --no-comm
+    python benchmarks/bench_distributed.py --runs zero1 zero2 nvfp4_fsdp2    # vs 1 GPU: the row of the call above
+    python benchmarks/bench_distributed.py --device cpu --model hybrid_tiny --seq 64 --steps 4   # a smoke test
+
+Each run is `python -m nvfp4train.dist.run --standalone --nproc_per_node=N -m nvfp4train.train ...` (the
+one-GPU run: `python -m nvfp4train.train ...`) with the trainer's defaults (train.compile and
+train.cuda_graph auto: compiled on CUDA, a CUDA graph on one GPU), no evaluation, one after another. From
+each run's metrics.jsonl: tokens/s as the mean of the logged steps after the first half (compilation,
+autotuning and CUDA-graph capture happen before), peak memory (rank 0), the final loss. It prints one
+table and merges a row per run into --out, in the format of docs/results/bench/train.json plus the keys
+parallel, gpus, micro_batch, reshard_after_forward, zero_stage, vs_1gpu, final_loss and command. DeepSpeed
+runs are not compiled (its engine runs the eager model). Transformer Engine layers (precision.backend=te)
+under FSDP2 are not part of it: add `--runs te_fsdp2` where TE is installed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# name -> (GPUs, overrides beyond the common ones)
+RUNS = {
+    "1gpu": (1, []),
+    "ddp": (2, ["train.parallel=ddp"]),
+    "ddp_bucket100": (2, ["train.parallel=ddp", "train.ddp_bucket_cap_mb=100"]),
+    "fsdp2": (2, ["train.parallel=fsdp2"]),
+    "fsdp2_prefetch2": (2, ["train.parallel=fsdp2", "train.fsdp_prefetch=2"]),
+    "fsdp2_prefetch0": (2, ["train.parallel=fsdp2", "train.fsdp_prefetch=0"]),
+    "fsdp2_reshard": (2, ["train.parallel=fsdp2", "train.fsdp_reshard_after_forward=true"]),
+    "zero1": (2, ["train.parallel=deepspeed", "train.zero_stage=1"]),
+    "zero2": (2, ["train.parallel=deepspeed", "train.zero_stage=2"]),
+    "nvfp4_fsdp2": (2, ["train.parallel=fsdp2", "precision=nvfp4"]),
+    "nvfp4_1gpu": (1, ["precision=nvfp4"]),
+    "te_fsdp2": (2, ["train.parallel=fsdp2", "precision=fp8_tensorwise", "precision.backend=te"]),
+}
+DEFAULT_RUNS = ["1gpu", "ddp", "fsdp2", "fsdp2_reshard", "zero1", "zero2", "nvfp4_fsdp2"]
+
+
+def command(name: str, out_dir: Path, args) -> list[str]:
+    gpus, extra = RUNS[name]
+    gpus = args.gpus if gpus > 1 else 1
+    common = [f"model={args.model}", f"train.seq_len={args.seq}", f"train.global_batch_size={args.batch}",
+              f"train.micro_batch_size={args.micro}", f"train.max_steps={args.steps}", "train.log_every=2",
+              "train.eval_sequences=0", "train.progress=false", "train.resume=never", f"train.device={args.device}",
+              f"out_dir={out_dir}"]
+    if gpus == 1:
+        return [sys.executable, "-m", "nvfp4train.train", *common, *extra]
+    return [sys.executable, "-m", "nvfp4train.dist.run", "--standalone", f"--nproc_per_node={gpus}", "-m",
+            "nvfp4train.train", *common, *extra]
+
+
+def summarize(name: str, out_dir: Path, args) -> dict:
+    """The row of one finished run, from its metrics.jsonl and train.log."""
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r and "tokens_per_s" in r]
+    timed = [r for r in steps if r["step"] > args.steps // 2] or steps[-1:]
+    tokens_per_s = sum(r["tokens_per_s"] for r in timed) / len(timed)
+    log = (out_dir / "train.log").read_text() if (out_dir / "train.log").is_file() else ""
+    backend = re.search(r"\| precision \S+ \((\w+)\)", log)
+    reshard = re.search(r"fsdp_reshard_after_forward=(?:auto -> )?(true|false)", log)
+    gpus, extra = RUNS[name]
+    gpus = args.gpus if gpus > 1 else 1
+    parallel = next((o.split("=")[1] for o in extra if o.startswith("train.parallel=")), "single" if gpus == 1 else "ddp")
+    precision = next((o.split("=")[1] for o in extra if o.startswith("precision=")), "bf16")
+    mfu = [r["mfu"] for r in timed if "mfu" in r]
+    return {"model": args.model, "seq": args.seq, "batch": args.batch, "precision": precision,
+            "backend": backend.group(1) if backend else None,
+            "compiled": args.device == "cuda" and parallel != "deepspeed",
+            "cuda_graph": args.device == "cuda" and gpus == 1 and "eager steps" not in log,
+            "step_ms": round(args.batch * args.seq / tokens_per_s * 1e3, 3), "tokens_per_s": round(tokens_per_s, 1),
+            "mfu": round(sum(mfu) / len(mfu), 4) if mfu else None,
+            "peak_gib": round(max((r.get("peak_mem_gib") or 0) for r in steps), 3) if steps else None,
+            "gpu": gpu_name(args.device), "commit": commit(), "parallel": parallel, "gpus": gpus,
+            "micro_batch": args.micro, "reshard_after_forward": (reshard.group(1) == "true") if reshard else None,
+            "zero_stage": next((int(o.split("=")[1]) for o in extra if o.startswith("train.zero_stage=")), None),
+            "final_loss": round(steps[-1]["loss"], 4) if steps else None, "run": name}
+
+
+def gpu_name(device: str) -> str:
+    if device != "cuda":
+        return "cpu"
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    return out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout else "cuda"
+
+
+def commit() -> str:
+    sys.path.insert(0, str(REPO))
+    from nvfp4train.data.paths import git_commit
+    return git_commit(short=True)
+
+
+KEY = ("model", "seq", "batch", "precision", "parallel", "gpus", "reshard_after_forward", "zero_stage", "run")
+
+
+def merge_rows(path: Path, rows: list[dict]) -> None:
+    existing = json.loads(path.read_text()) if path.is_file() else []
+    merged = {tuple(r.get(k) for k in KEY): r for r in existing}
+    merged.update({tuple(r.get(k) for k in KEY): r for r in rows})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(sorted(merged.values(), key=lambda r: tuple(str(r.get(k)) for k in KEY)), indent=1) + "\n")
+
+
+def earlier_baseline(args) -> float | None:
+    if not args.out.is_file():
+        return None
+    gpu = gpu_name(args.device)
+    for r in json.loads(args.out.read_text()):
+        if (r.get("run") == "1gpu" and r.get("model") == args.model and r.get("seq") == args.seq
+                and r.get("batch") == args.batch and r.get("gpu") == gpu):
+            return r["tokens_per_s"]
+    return None
+
+
+def print_table(rows: list[dict], base: float | None) -> None:
+    print("\n| run | GPUs | tokens/s | vs 1 GPU | peak GiB | final loss | reshard | s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['run']} | {r['gpus']} | failed: {r['error']} | | | | | {r['seconds']:.0f} |")
+            continue
+        vs = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
+        reshard = "" if r["reshard_after_forward"] is None else str(r["reshard_after_forward"]).lower()
+        print(f"| {r['run']} | {r['gpus']} | {r['tokens_per_s'] / 1e3:.1f}k | {vs} | {r['peak_gib']} | "
+              f"{r['final_loss']} | {reshard} | {r['seconds']:.0f} |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", nargs="+", default=DEFAULT_RUNS, choices=list(RUNS))
+    ap.add_argument("--model", default="hybrid_1b")
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=8, help="global batch (sequences)")
+    ap.add_argument("--micro", type=int, default=4, help="micro-batch (sequences per GPU per forward)")
+    ap.add_argument("--steps", type=int, default=14)
+    ap.add_argument("--gpus", type=int, default=2, help="GPUs of the multi-GPU runs")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--timeout", type=float, default=420, help="seconds per run")
+    ap.add_argument("--no-comm", action="store_true", help="skip bench_comm.py")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="run directories (default: a temporary one in /dev/shm when present: the final "
+                         "checkpoint of a 1B model is 16 GB); removed after each run")
+    ap.add_argument("--out", type=Path, default=REPO / "docs/results/bench/distributed.json")
+    ap.add_argument("--comm-out", type=Path, default=REPO / "docs/results/bench/comm.json")
+    args = ap.parse_args(argv)
+
+    shm = Path("/dev/shm")
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench_distributed_", dir=shm if shm.is_dir() else None))
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    rows, started = [], time.perf_counter()
+    for name in args.runs:
+        out_dir = work / name
+        shutil.rmtree(out_dir, ignore_errors=True)
+        cmd = command(name, out_dir, args)
+        print(f"[{time.perf_counter() - started:5.0f}s] {name}: {' '.join(cmd[1:])}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
+            failed = proc.returncode != 0
+            why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1][:200] if failed else ""
+        except subprocess.TimeoutExpired:
+            failed, why = True, f"timed out after {args.timeout:.0f} s"
+        seconds = time.perf_counter() - t0
+        if failed:
+            row = {"run": name, "gpus": RUNS[name][0], "error": why, "seconds": seconds}
+            print(f"    failed: {why}", flush=True)
+        else:
+            row = {**summarize(name, out_dir, args), "command": " ".join(["python", *cmd[1:-1]]).replace(str(out_dir), "OUT"),
+                   "seconds": seconds}
+            print(f"    {row['tokens_per_s'] / 1e3:.1f}k tokens/s, peak {row['peak_gib']} GiB, "
+                  f"loss {row['final_loss']} ({seconds:.0f} s)", flush=True)
+        rows.append(row)
+        shutil.rmtree(out_dir, ignore_errors=True)
+    base = next((r["tokens_per_s"] for r in rows if r.get("run") == "1gpu" and "error" not in r), None)
+    if base is None:  # the one-GPU row of an earlier invocation with the same model, shape and GPU
+        base = earlier_baseline(args)
+    done = []
+    for r in rows:
+        if "error" not in r:
+            r["vs_1gpu"] = round(r["tokens_per_s"] / base, 3) if base else None
+            done.append({k: v for k, v in r.items() if k != "seconds"})
+    if done:
+        merge_rows(args.out, done)
+    if not args.no_comm:
+        comm = [sys.executable, "-m", "nvfp4train.dist.run", "--standalone", f"--nproc_per_node={args.gpus}",
+                str(REPO / "benchmarks/bench_comm.py"), "--model", args.model, "--device", args.device,
+                "--json", str(args.comm_out)]
+        print(f"[{time.perf_counter() - started:5.0f}s] bench_comm: {' '.join(comm[1:])}", flush=True)
+        proc = subprocess.run(comm, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
+        print(proc.stdout if proc.returncode == 0 else f"    failed: {proc.stderr.strip()[-400:]}")
+    print_table(rows, base)
+    print(f"\n{len(done)} rows merged into {args.out}; total {time.perf_counter() - started:.0f} s")
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
