@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .config import ModelConfig
 from .fused_norm import fused_norm_available, fused_rms_norm
@@ -142,6 +143,13 @@ def apply_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     return (x32 * cos + rotated * sin).to(x.dtype)
 
 
+def attention_backend(is_cuda: bool, deterministic: bool) -> str:
+    """The SDPA backend attention uses: "math" on CUDA in deterministic mode (plain matmuls and softmax,
+    whose backward sums in a fixed order; cuDNN's and flash's backward kernels accumulate in an order that
+    varies from run to run), else "auto" (SDPA picks its fastest kernel)."""
+    return "math" if is_cuda and deterministic else "auto"
+
+
 class Attention(nn.Module):
     """Causal grouped-query self-attention: fused qkv linear -> (RoPE) -> SDPA -> out linear."""
 
@@ -163,7 +171,12 @@ class Attention(nn.Module):
         v = v.view(b, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         if self.rope_theta is not None:
             q, k = apply_rope(q, self.rope_theta), apply_rope(k, self.rope_theta)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        gqa = self.n_kv_heads != self.n_heads
+        if attention_backend(x.is_cuda, torch.are_deterministic_algorithms_enabled()) == "math":
+            with sdpa_kernel(SDPBackend.MATH):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return self.out(y.transpose(1, 2).reshape(b, T, self.n_heads * self.head_dim))
 
 
