@@ -130,7 +130,7 @@ def overrides_for(args, out: Path, precision: str, deterministic: bool, compiled
          # on CPU (trying the script) nothing compiles: Inductor takes minutes there
          f"train.compile={str(compiled and args.device == 'cuda').lower()}",
          f"train.cuda_graph={'auto' if compiled else 'false'}",
-         f"train.device={args.device}", f"seed={args.seed}"]
+         f"train.device={args.device}", f"seed={args.seed}", f"model.ssd_backend={args.ssd_backend}"]
     if args.kill_at and steps > args.kill_at:
         o.append(f"train.save_every={args.kill_at}")  # the same in every run, so the resume case's config matches
     if micro:
@@ -253,6 +253,8 @@ def main() -> int:
     ap.add_argument("--seq-1b", type=int, default=4096)
     ap.add_argument("--batch-1b", type=int, default=8)
     ap.add_argument("--micro-1b", type=int, default=4)
+    ap.add_argument("--ssd-backend", default="auto", choices=("auto", "torch", "triton"),
+                    help="model.ssd_backend of every run (torch: the chunked PyTorch scan, compiled with the model)")
     ap.add_argument("--eval-sequences", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--deadline", type=float, default=420, help="seconds: no case starts after this, and "

@@ -412,20 +412,36 @@ def _causal_conv1d_kernel(x, weight, bias):
     return _load_causal_conv1d()(x, weight.squeeze(1), bias, activation="silu")
 
 
+def conv_backend(is_cuda: bool, deterministic: bool, extension_available: bool, triton_available: bool) -> str:
+    """Which causal conv runs: causal_conv1d's CUDA extension where it imports, except in deterministic mode
+    (its weight-gradient kernel is not audited here; ours writes per-tile partial sums that one torch sum
+    reduces, so it repeats bit for bit: causal_conv.py); else our Triton kernels; else F.conv1d (cuDNN,
+    deterministic when torch.backends.cudnn.deterministic is set, as train.deterministic does)."""
+    if is_cuda and extension_available and not deterministic:
+        return "causal_conv1d"
+    if is_cuda and triton_available:
+        return "triton"
+    return "torch"
+
+
 def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                        use_kernel: bool = True) -> torch.Tensor:
     """SiLU(depthwise causal conv) over time. x [b, T, channels] (channels contiguous; the mixer's slice
     of in_proj's output), weight [channels, 1, k]; the output is [b, T, channels].
 
-    On CUDA: causal_conv1d's CUDA kernel when importable, else our Triton kernels (causal_conv.py,
-    when triton is installed and there is a bias). Otherwise F.conv1d on the input transposed and
-    left-padded by k-1 (so the output has exactly T positions and position t sees only inputs
-    t-k+1..t).
+    On CUDA (conv_backend): causal_conv1d's CUDA kernel when importable (not in deterministic mode), else
+    our Triton kernels (causal_conv.py, when triton is installed and there is a bias). Otherwise F.conv1d
+    on the input transposed and left-padded by k-1 (so the output has exactly T positions and position t
+    sees only inputs t-k+1..t).
     """
     k = weight.shape[-1]
-    if use_kernel and x.is_cuda and causal_conv1d_kernel_available():
+    backend = "torch"
+    if use_kernel and x.is_cuda:
+        backend = conv_backend(True, torch.are_deterministic_algorithms_enabled(), causal_conv1d_kernel_available(),
+                               bias is not None and triton_conv_available())
+    if backend == "causal_conv1d":
         return _causal_conv1d_kernel(x.transpose(1, 2), weight, bias).transpose(1, 2)
-    if use_kernel and x.is_cuda and bias is not None and triton_conv_available():
+    if backend == "triton":
         from .causal_conv import causal_conv1d_silu_triton
 
         return causal_conv1d_silu_triton(x, weight, bias)

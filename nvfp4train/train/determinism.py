@@ -15,6 +15,7 @@ not leak into each other):
 - Mamba's SSD (model/ssd.py): mamba-ssm's Triton kernels in their own deterministic mode (per-program
   partial sums reduced in a fixed order instead of atomics), each kernel pinned to one configuration
   instead of the one autotuning picks by timing; the chunked PyTorch scan where mamba-ssm is missing.
+- the Mamba conv: our Triton kernels, never causal_conv1d's CUDA extension (its backward is not audited).
 Our own kernels are deterministic as they stand: the causal conv's backward writes per-tile partial
 sums that one torch sum reduces (model/causal_conv.py), the quantizers' amax is a maximum (order-free)
 and stochastic rounding draws Philox bits by element index (formats/). docs/determinism.md has the cost.
@@ -104,4 +105,5 @@ def describe() -> str:
             f"{CUBLAS_ENV}={os.environ.get(CUBLAS_ENV, 'unset')}, cudnn.deterministic="
             f"{torch.backends.cudnn.deterministic}, inductor deterministic="
             f"{inductor.deterministic if inductor is not None else 'n/a (torch too old)'}, attention: math SDPA, "
-            "SSD: mamba-ssm Triton in its deterministic mode with pinned configs (PyTorch scan without mamba-ssm)")
+            "SSD: mamba-ssm Triton in its deterministic mode with pinned configs (PyTorch scan without mamba-ssm), "
+            "conv: our Triton kernels")

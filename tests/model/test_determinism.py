@@ -120,6 +120,16 @@ def test_an_ssd_backend_that_cannot_run_is_one_line(backend, cuda, det_mode, mes
         ssd.resolve_ssd_backend(backend, cuda, True, True, det_mode)
 
 
+@pytest.mark.parametrize("cuda, det, extension, triton_ok, expected", [
+    (True, False, True, True, "causal_conv1d"),
+    (True, True, True, True, "triton"),         # the extension's backward is not audited: our kernels
+    (True, True, False, False, "torch"),         # F.conv1d: cuDNN, deterministic with cudnn.deterministic
+    (False, True, True, True, "torch"),
+])
+def test_the_conv_backend_resolves(cuda, det, extension, triton_ok, expected):
+    assert ssd.conv_backend(cuda, det, extension, triton_ok) == expected
+
+
 def test_the_math_attention_path_gives_sdpa_s_result(small_cfg_dict, monkeypatch):
     from nvfp4train.model.config import ModelConfig
 
