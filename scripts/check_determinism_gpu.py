@@ -8,7 +8,8 @@ Then the untimed cases run side by side: the eager pairs; DDP on both GPUs (the 
 other); and the resume case, which kills a run with SIGKILL as soon as its checkpoint at --kill-at is
 complete, resumes it (train.resume=auto) and compares the resumed steps with the uninterrupted run A of the
 BF16 graph case. Last the same compiled pairs without the flag, timed alone: the baseline of the cost
-column (which also shows that those runs differ).
+column (which also shows that those runs differ), and between them the BF16 pair with the flag and
+FlexAttention in place of math SDPA (NVFP4TRAIN_DETERMINISTIC_ATTENTION=flex).
 `--cases cost_1b` adds hybrid_1b with and without the flag (tokens/s only), alone on GPU 0 at the end.
 
     python scripts/check_determinism_gpu.py                       # every case, hybrid_repro seq 1024 x 32
@@ -32,8 +33,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = ("graph", "eager", "baseline", "ddp", "resume", "cost_1b")
-DEFAULT_CASES = ("graph", "eager", "baseline", "ddp", "resume")
+CASES = ("graph", "eager", "baseline", "ddp", "resume", "flex", "cost_1b")
+DEFAULT_CASES = ("graph", "eager", "baseline", "ddp", "resume", "flex")
 
 
 class Clock:
@@ -139,7 +140,7 @@ def overrides_for(args, out: Path, precision: str, deterministic: bool, compiled
 
 
 def run_pair(args, clock: Clock, name: str, precision: str, deterministic: bool, compiled: bool,
-             steps: int) -> dict:
+             steps: int, attention: str = "math") -> dict:
     """Run A on GPU 0 and run B on GPU 1 at once (one after the other on CPU), each with its own caches."""
     case = args.out / name
     row = {"case": name, "gpus": "1+1" if args.parallel else "1", "precision": precision, "deterministic": deterministic,
@@ -148,7 +149,9 @@ def run_pair(args, clock: Clock, name: str, precision: str, deterministic: bool,
     for run, gpu in (("A", "0"), ("B", "1" if args.parallel else "0")):
         cache = case / f"cache_{run}" if deterministic else None  # the non-deterministic baseline keeps the shared one
         cmd = train_cmd(1, overrides_for(args, case / run, precision, deterministic, compiled, steps))
-        proc = start(cmd, env_for(gpu if args.device == "cuda" else "", cache), case / f"{run}.log")
+        env = env_for(gpu if args.device == "cuda" else "", cache)
+        env["NVFP4TRAIN_DETERMINISTIC_ATTENTION"] = attention
+        proc = start(cmd, env, case / f"{run}.log")
         if not args.parallel:  # one GPU (or the CPU): one run after the other
             finish([proc], clock.left())
         procs.append(proc)
@@ -219,6 +222,7 @@ def run_cost_1b(args, clock: Clock) -> list[dict]:
 def table(rows: list[dict]) -> str:
     by_case = {r["case"]: r for r in rows}
     baseline_of = {f"{p}_graph_det": f"{p}_graph_nondet" for p in ("bf16", "nvfp4")}
+    baseline_of["bf16_graph_det_flex"] = "bf16_graph_nondet"
     baseline_of["cost_hybrid_1b_bf16_det"] = "cost_hybrid_1b_bf16_nondet"
     header = ("| case | GPUs | steps compared | first differing step | max abs dloss | final val A = B | "
               "tokens/s | non-det tokens/s | cost | exit |")
@@ -240,7 +244,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), choices=CASES,
                     help="graph: BF16 and NVFP4 compiled with the CUDA graph; eager: both eager; baseline: "
-                         "both compiled without the flag (the cost's reference); ddp; resume (needs graph); cost_1b (hybrid_1b "
+                         "both compiled without the flag (the cost's reference); ddp; resume (needs graph); flex: BF16 compiled "
+                         "with FlexAttention instead of math SDPA; cost_1b (hybrid_1b "
                          "with and without the flag: not in the default set)")
     ap.add_argument("--model", default="hybrid_repro")
     ap.add_argument("--seq", type=int, default=1024)
@@ -293,9 +298,9 @@ def main() -> int:
 
     # 1. the timed pairs, one case at a time (the cost column compares their tokens/s)
     def timed_pairs(pairs):
-        for name, precision, det in pairs:
+        for name, precision, det, *attention in pairs:
             if due(name):
-                rows.append(run_pair(args, clock, name, precision, det, True, args.steps))
+                rows.append(run_pair(args, clock, name, precision, det, True, args.steps, *attention))
                 print(json.dumps(rows[-1]), flush=True)
 
     if "graph" in args.cases:
@@ -335,7 +340,11 @@ def main() -> int:
     # 3. the baseline pairs without the flag (timed: the cost column), last so that a short --deadline loses
     #    only the cost; then hybrid_1b
     if "baseline" in args.cases:
-        timed_pairs([("bf16_graph_nondet", "bf16", False), ("nvfp4_graph_nondet", "nvfp4", False)])
+        timed_pairs([("bf16_graph_nondet", "bf16", False)])
+    if "flex" in args.cases:  # the compiled model's attention as FlexAttention instead of math SDPA
+        timed_pairs([("bf16_graph_det_flex", "bf16", True, "flex")])
+    if "baseline" in args.cases:
+        timed_pairs([("nvfp4_graph_nondet", "nvfp4", False)])
     if "cost_1b" in args.cases and due("cost_hybrid_1b"):
         rows += run_cost_1b(args, clock)
     (args.out / "determinism.json").write_text(json.dumps(rows, indent=1))

@@ -9,9 +9,10 @@ not leak into each other):
 - `CUBLAS_WORKSPACE_CONFIG=:4096:8` (cuBLAS's deterministic workspace; it must be in the environment
   before the process's first cuBLAS call, so it is set before CUDA starts, or the run refuses);
 - cuDNN deterministic, without benchmark mode;
-- attention through PyTorch's math SDPA only (model/blocks.py): cuDNN's and flash's backward kernels
+- attention through PyTorch's math SDPA (model/blocks.py): cuDNN's and flash's backward kernels
   accumulate in an order that varies; the fused backends are also switched off process-wide, so that
-  no compiled pattern can reach them;
+  no compiled pattern can reach them. NVFP4TRAIN_DETERMINISTIC_ATTENTION=flex takes FlexAttention
+  instead where the model is compiled (Inductor's template: its backward has no atomics);
 - Mamba's SSD (model/ssd.py): mamba-ssm's Triton kernels in their own deterministic mode (per-program
   partial sums reduced in a fixed order instead of atomics), each kernel pinned to one configuration
   instead of the one autotuning picks by timing; the chunked PyTorch scan where mamba-ssm is missing.
@@ -56,6 +57,15 @@ def deterministic_mode(enabled: bool):
     if not enabled:
         yield
         return
+    from nvfp4train.model.blocks import (
+        DETERMINISTIC_ATTENTION_CHOICES,
+        DETERMINISTIC_ATTENTION_ENV,
+    )
+
+    attention = os.environ.get(DETERMINISTIC_ATTENTION_ENV, "math")
+    if attention not in DETERMINISTIC_ATTENTION_CHOICES:
+        raise ConfigError(f"{DETERMINISTIC_ATTENTION_ENV}={attention}: allowed "
+                          f"{', '.join(DETERMINISTIC_ATTENTION_CHOICES)} (the attention of train.deterministic=true)")
     _set_cublas_workspace()
     saved = {
         "algorithms": torch.are_deterministic_algorithms_enabled(),
@@ -104,6 +114,7 @@ def describe() -> str:
     return (f"torch deterministic algorithms {'on' if torch.are_deterministic_algorithms_enabled() else 'off'}, "
             f"{CUBLAS_ENV}={os.environ.get(CUBLAS_ENV, 'unset')}, cudnn.deterministic="
             f"{torch.backends.cudnn.deterministic}, inductor deterministic="
-            f"{inductor.deterministic if inductor is not None else 'n/a (torch too old)'}, attention: math SDPA, "
+            f"{inductor.deterministic if inductor is not None else 'n/a (torch too old)'}, attention: "
+            f"{os.environ.get('NVFP4TRAIN_DETERMINISTIC_ATTENTION', 'math')} (math SDPA where eager), "
             "SSD: mamba-ssm Triton in its deterministic mode with pinned configs (PyTorch scan without mamba-ssm), "
             "conv: our Triton kernels")

@@ -110,3 +110,17 @@ def test_two_runs_are_bitwise_equal(tmp_path):
     rows = json.loads((tmp_path / "check" / "determinism.json").read_text())
     for row in rows:
         assert row["first_diff"] is None and row["compared"] > 0, row
+
+
+def test_compiled_flex_attention_repeats_bitwise_and_matches_sdpa():
+    """FlexAttention (NVFP4TRAIN_DETERMINISTIC_ATTENTION=flex) as the compiled model runs it: twice the same bits."""
+    torch.manual_seed(0)
+    q = torch.randn(8, 8, 1024, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(8, 2, 1024, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    flex = torch.compile(lambda q, k, v: blocks.flex_causal_attention(q, k, v, gqa=True))
+    with deterministic_mode(True):
+        first, second = _twice(flex, q, k, v)
+    _assert_bitwise(first, second)
+    expected = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
+                                                                enable_gqa=True)
+    assert ((first[0].float() - expected).norm() / expected.norm()).item() < 1e-2

@@ -83,9 +83,8 @@ def test_a_cublas_workspace_it_cannot_set_is_refused_in_one_line(monkeypatch, va
     else:
         monkeypatch.setenv(determinism.CUBLAS_ENV, value)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: cuda_started)
-    with pytest.raises(ConfigError, match=r"CUBLAS_WORKSPACE_CONFIG=:4096:8") as e:
-        with determinism.deterministic_mode(True):
-            pass
+    with pytest.raises(ConfigError, match=r"CUBLAS_WORKSPACE_CONFIG=:4096:8") as e, determinism.deterministic_mode(True):
+        pass
     assert "\n" not in str(e.value)
     assert not torch.are_deterministic_algorithms_enabled()
 
@@ -93,8 +92,29 @@ def test_a_cublas_workspace_it_cannot_set_is_refused_in_one_line(monkeypatch, va
 # ------------------------------------------------------------------------------- which kernels run
 def test_attention_takes_math_sdpa_on_cuda_in_deterministic_mode():
     assert blocks.attention_backend(is_cuda=True, deterministic=True) == "math"
+    assert blocks.attention_backend(is_cuda=True, deterministic=True, compiling=True) == "math"
     assert blocks.attention_backend(is_cuda=True, deterministic=False) == "auto"
     assert blocks.attention_backend(is_cuda=False, deterministic=True) == "auto"
+    # FlexAttention when asked for, and only where it is compiled
+    assert blocks.attention_backend(True, True, compiling=True, choice="flex") == "flex"
+    assert blocks.attention_backend(True, True, compiling=False, choice="flex") == "math"
+    assert blocks.attention_backend(True, False, compiling=True, choice="flex") == "auto"
+
+
+def test_flex_causal_attention_is_causal_sdpa():
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 40, 16)
+    k, v = torch.randn(2, 2, 40, 16), torch.randn(2, 2, 40, 16)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(blocks.flex_causal_attention(q, k, v, gqa=True), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_an_unknown_deterministic_attention_is_refused_in_one_line(monkeypatch, no_cublas_env):
+    monkeypatch.setenv(blocks.DETERMINISTIC_ATTENTION_ENV, "fast")
+    with pytest.raises(ConfigError, match="NVFP4TRAIN_DETERMINISTIC_ATTENTION=fast: allowed math, flex"), \
+            determinism.deterministic_mode(True):
+        pass
+    assert not torch.are_deterministic_algorithms_enabled()
 
 
 @pytest.mark.parametrize("backend, cuda, det, available, det_mode, expected", [
@@ -138,7 +158,7 @@ def test_the_math_attention_path_gives_sdpa_s_result(small_cfg_dict, monkeypatch
     x = torch.randn(2, 12, small_cfg_dict["d_model"], requires_grad=True)
     y_auto = attn(x)
     seen = []
-    monkeypatch.setattr(blocks, "attention_backend", lambda is_cuda, deterministic: seen.append(1) or "math")
+    monkeypatch.setattr(blocks, "attention_backend", lambda *args: seen.append(1) or "math")
     y_math = attn(x)
     assert seen and torch.allclose(y_math, y_auto, atol=1e-6)
     y_math.sum().backward()
