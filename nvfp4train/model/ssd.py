@@ -29,12 +29,14 @@ CUDA (torch's CUDA cumsum has no deterministic kernel and raises in that mode).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
 import math
 import sys
 import types
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -268,7 +270,30 @@ def _match_triton_determinism() -> None:
     wanted = torch.are_deterministic_algorithms_enabled()
     if _PINNED_STATE is not wanted:
         pin_triton_configs([import_mamba_triton(name) for name in SSD_TRITON_MODULES], wanted)
+        switch = sys.modules.get("mamba_ssm.utils.determinism")
+        if switch is not None:  # its own flag, whatever MAMBA_DETERMINISTIC says; None: follow torch's again
+            switch.set_deterministic_mode(True if wanted else None)
         _PINNED_STATE = wanted
+
+
+@contextlib.contextmanager
+def _mamba_backward_cumsums_allowed():
+    """mamba-ssm's SSD backward calls torch.cumsum on CUDA tensors (over each chunk's positions), and torch's
+    deterministic mode refuses every floating-point CUDA cumsum (it has no kernel it vouches for). Along the
+    innermost dimension of a tensor of many rows, as here, torch scans each row in a fixed order, and the GPU
+    check (scripts/check_determinism_gpu.py) repeats the whole backward bit for bit. For the length of that
+    call only, deterministic mode is warn-only and that one warning is silenced; any other op it would flag
+    still warns."""
+    if not torch.are_deterministic_algorithms_enabled() or torch.is_deterministic_algorithms_warn_only_enabled():
+        yield
+        return
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="cumsum_cuda_kernel does not have a deterministic")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(True)
 
 
 @functools.cache
@@ -317,8 +342,9 @@ def _ssd_scan_triton_backward(dout: torch.Tensor, x: torch.Tensor, dt: torch.Ten
                               out: torch.Tensor, chunk_size: int) -> list[torch.Tensor]:
     _match_triton_determinism()
     bwd = sys.modules["mamba_ssm.ops.triton.ssd_combined"]._mamba_chunk_scan_combined_bwd
-    dx, ddt, dA, dB, dC, dD, _, ddt_bias, _ = bwd(dout.contiguous(), x, dt, A, B, C, out, chunk_size, D=D,
-                                                  dt_bias=dt_bias, dt_softplus=True)
+    with _mamba_backward_cumsums_allowed():
+        dx, ddt, dA, dB, dC, dD, _, ddt_bias, _ = bwd(dout.contiguous(), x, dt, A, B, C, out, chunk_size, D=D,
+                                                      dt_bias=dt_bias, dt_softplus=True)
     return [g.contiguous() for g in (dx, ddt, dA, dB, dC, dD, ddt_bias)]
 
 

@@ -236,3 +236,16 @@ def test_a_default_run_records_that_it_was_not_deterministic(tmp_path):
     assert read_metrics(tmp_path)[0]["deterministic"] is False
     assert json.loads(json.dumps(yaml.safe_load((tmp_path / "config.yaml").read_text())))["train"][
         "deterministic"] is False
+
+
+def test_mamba_s_backward_cumsums_are_let_through_only_for_that_call():
+    with ssd._mamba_backward_cumsums_allowed():  # outside deterministic mode: nothing changes
+        assert not torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with ssd._mamba_backward_cumsums_allowed():
+            assert torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
