@@ -4,15 +4,15 @@ Each pair case runs one command twice at once, run A on GPU 0 and run B on GPU 1
 bits are comparable), each deterministic process with its own fresh Triton and Inductor caches (so that
 neither reuses the other's autotuning), and compares the loss and gradient norm of every step bit for bit.
 First the timed pairs run one case at a time: BF16 and NVFP4 compiled with the CUDA graph, with the flag.
-Then the untimed cases run side by side: the eager pairs; DDP on both GPUs (the command twice, one after the
-other); and the resume case, which kills a run with SIGKILL as soon as its checkpoint at --kill-at is
+Then the untimed cases run side by side: the eager pairs; DDP on both GPUs (eager unless --ddp-compile; the
+command twice, one after the other); and the resume case, which kills a run with SIGKILL as soon as its checkpoint at --kill-at is
 complete, resumes it (train.resume=auto) and compares the resumed steps with the uninterrupted run A of the
 BF16 graph case. Last the same compiled pairs without the flag, timed alone: the baseline of the cost
 column (which also shows that those runs differ), and between them the BF16 pair with the flag and
 FlexAttention in place of math SDPA (NVFP4TRAIN_DETERMINISTIC_ATTENTION=flex).
 `--cases cost_1b` adds hybrid_1b with and without the flag (tokens/s only), alone on GPU 0 at the end.
 
-    python scripts/check_determinism_gpu.py                       # every case, hybrid_repro seq 1024 x 32
+    python scripts/check_determinism_gpu.py                       # the default cases, hybrid_repro seq 1024 x 32
     python scripts/check_determinism_gpu.py --steps 100 --eager-steps 30 --cases graph eager resume
     python scripts/check_determinism_gpu.py --device cpu --steps 3 --model hybrid_tiny --seq 64 --batch 4
         (tries the script on a CPU machine, without compiling)
@@ -163,12 +163,12 @@ def run_pair(args, clock: Clock, name: str, precision: str, deterministic: bool,
 
 
 def run_ddp(args, clock: Clock) -> dict:
-    case = args.out / "ddp_bf16_compiled_det"
-    row = {"case": case.name, "gpus": "2 (DDP)", "precision": "bf16", "deterministic": True, "compiled": True,
-           "steps": args.ddp_steps}
+    case = args.out / f"ddp_bf16_{'compiled' if args.ddp_compile else 'eager'}_det"
+    row = {"case": case.name, "gpus": "2 (DDP)", "precision": "bf16", "deterministic": True,
+           "compiled": args.ddp_compile, "steps": args.ddp_steps}
     codes = []
     for run in ("A", "B"):
-        cmd = train_cmd(2, overrides_for(args, case / run, "bf16", True, True, args.ddp_steps,
+        cmd = train_cmd(2, overrides_for(args, case / run, "bf16", True, args.ddp_compile, args.ddp_steps,
                                          micro=args.batch // 2))
         codes += finish([start(cmd, env_for("0,1" if args.device == "cuda" else "", case / f"cache_{run}"),
                                case / f"{run}.log")], clock.left())
@@ -253,6 +253,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=300, help="steps of the compiled pairs and the resume case")
     ap.add_argument("--eager-steps", type=int, default=100)
     ap.add_argument("--ddp-steps", type=int, default=100)
+    ap.add_argument("--ddp-compile", action="store_true", help="compile the DDP runs (eager by default: each of "
+                                                                  "the two runs one after the other would compile)")
     ap.add_argument("--kill-at", type=int, default=50, help="the resume case's checkpoint (train.save_every)")
     ap.add_argument("--steps-1b", type=int, default=30)
     ap.add_argument("--seq-1b", type=int, default=4096)
@@ -312,7 +314,7 @@ def main() -> int:
             name = f"{precision}_eager_det"
             jobs.append((name, lambda p=precision, n=name: [run_pair(args, clock, n, p, True, False, args.eager_steps)]))
     if "ddp" in args.cases:
-        jobs.append(("ddp_bf16_compiled_det", lambda: [run_ddp(args, clock)]))
+        jobs.append(("ddp_bf16_det", lambda: [run_ddp(args, clock)]))
     if "resume" in args.cases:
         reference = args.out / "bf16_graph_det" / "A"
         skipped = {"case": "resume_bf16_graph_det", "gpus": "1", "precision": "bf16", "deterministic": True,
