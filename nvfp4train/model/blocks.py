@@ -9,11 +9,13 @@ and batched matmuls) stays in high precision here.
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .config import ModelConfig
 from .fused_norm import fused_norm_available, fused_rms_norm
@@ -142,6 +144,42 @@ def apply_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     return (x32 * cos + rotated * sin).to(x.dtype)
 
 
+# Deterministic attention: "math" (default: SDPA's math backend, eager and compiled) or "flex" (FlexAttention
+# when the model is compiled: Inductor's template, whose backward loops over blocks without atomics; math
+# when eager). Read once; train/determinism.py refuses another value in one line.
+DETERMINISTIC_ATTENTION_ENV = "NVFP4TRAIN_DETERMINISTIC_ATTENTION"
+DETERMINISTIC_ATTENTION_CHOICES = ("math", "flex")
+
+
+def attention_backend(is_cuda: bool, deterministic: bool, compiling: bool = False, choice: str = "math") -> str:
+    """The attention kernel: on CUDA in deterministic mode "math" (SDPA's math backend: plain matmuls and a
+    softmax, whose backward sums in a fixed order; cuDNN's and flash's backward kernels accumulate in an order
+    that varies from run to run) or, with choice="flex" under torch.compile, "flex"; else "auto" (SDPA picks
+    its fastest kernel)."""
+    if not (is_cuda and deterministic):
+        return "auto"
+    return "flex" if choice == "flex" and compiling else "math"
+
+
+@torch.compiler.assume_constant_result
+def _deterministic_attention_choice() -> str:
+    return os.environ.get(DETERMINISTIC_ATTENTION_ENV, "math")
+
+
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def flex_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> torch.Tensor:
+    """Causal attention with FlexAttention (q [b, heads, T, d], k and v [b, kv_heads, T, d]); the block mask
+    skips the blocks above the diagonal."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    T = q.shape[-2]
+    mask = create_block_mask(_causal, None, None, T, T, device=q.device)
+    return flex_attention(q, k, v, block_mask=mask, enable_gqa=gqa)
+
+
 class Attention(nn.Module):
     """Causal grouped-query self-attention: fused qkv linear -> (RoPE) -> SDPA -> out linear."""
 
@@ -163,7 +201,16 @@ class Attention(nn.Module):
         v = v.view(b, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         if self.rope_theta is not None:
             q, k = apply_rope(q, self.rope_theta), apply_rope(k, self.rope_theta)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        gqa = self.n_kv_heads != self.n_heads
+        backend = attention_backend(x.is_cuda, torch.are_deterministic_algorithms_enabled(),
+                                    torch.compiler.is_compiling(), _deterministic_attention_choice())
+        if backend == "flex":
+            y = flex_causal_attention(q, k, v, gqa)
+        elif backend == "math":
+            with sdpa_kernel(SDPBackend.MATH):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return self.out(y.transpose(1, 2).reshape(b, T, self.n_heads * self.head_dim))
 
 

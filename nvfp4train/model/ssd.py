@@ -17,19 +17,53 @@ within a chunk the output is a masked (causal, decaying) attention-like product;
 a small recurrence on the chunk-final states carries the past. Every contraction below is a
 two-operand einsum that maps to one batched matmul, so `torch.utils.flop_counter` sees exactly
 the FLOPs that `flops.py` predicts.
+
+Deterministic mode (`torch.use_deterministic_algorithms(True)`, which `train.deterministic=true` sets):
+"auto" runs mamba-ssm's Triton kernels in mamba-ssm's own deterministic mode (it reads torch's flag: its
+backward writes per-program partial sums that are reduced in a fixed order, where it otherwise
+accumulates with atomics), each of its autotuned kernels pinned to one configuration (`pin_triton_configs`):
+autotuning by timing can pick different block sizes, so different summation orders, in two processes.
+Without mamba-ssm the chunked PyTorch scan runs, with its cumulative sums as fixed-order log-step scans on
+CUDA (torch's CUDA cumsum has no deterministic kernel and raises in that mode).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import importlib.util
 import math
 import sys
 import types
+import warnings
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+
+
+def deterministic_scan_needed(x: torch.Tensor) -> bool:
+    """Whether cumulative sums of `x` must avoid torch.cumsum: a CUDA tensor in deterministic mode."""
+    return x.is_cuda and torch.are_deterministic_algorithms_enabled()
+
+
+def log_step_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Inclusive cumulative sum along `dim` by ceil(log2(n)) shifted adds (Hillis-Steele): every output is
+    summed in the same order on every run, from element-wise kernels only (eager and compiled alike).
+    Rounds differently from a sequential cumsum (a pairwise-like tree: no worse)."""
+    dim = dim % x.dim()
+    n, shift = x.shape[dim], 1
+    while shift < n:
+        shifted = x.narrow(dim, 0, n - shift)
+        pad = [0, 0] * (x.dim() - 1 - dim) + [shift, 0]  # F.pad lists dims from the last one
+        x = x + F.pad(shifted, pad)
+        shift *= 2
+    return x
+
+
+def _cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return log_step_cumsum(x, dim) if deterministic_scan_needed(x) else x.cumsum(dim=dim)
 
 
 def _segsum(a: torch.Tensor) -> torch.Tensor:
@@ -41,7 +75,7 @@ def _segsum(a: torch.Tensor) -> torch.Tensor:
     L = a.size(-1)
     ones = torch.ones(L, L, dtype=torch.bool, device=a.device)
     a_cols = a.unsqueeze(-1).expand(*a.shape, L)  # [..., k, j] = a[k]
-    summed = a_cols.masked_fill(~ones.tril(-1), 0.0).cumsum(dim=-2)  # sum over j < k <= i
+    summed = _cumsum(a_cols.masked_fill(~ones.tril(-1), 0.0), dim=-2)  # sum over j < k <= i
     return summed.masked_fill(~ones.tril(0), -math.inf)
 
 
@@ -82,7 +116,7 @@ def ssd_chunked_torch(
         B = B.reshape(b, n_chunks, Q, g, n)
         C = C.reshape(b, n_chunks, Q, g, n)
         a = log_decay.reshape(b, n_chunks, Q, g, r).permute(0, 1, 3, 4, 2)  # [b,c,g,r,Q]
-        a_cum = a.cumsum(dim=-1)
+        a_cum = _cumsum(a, dim=-1)
 
         # 1. Within each chunk: y_l = sum_{s <= l} (C_l . B_s) exp(a_cum_l - a_cum_s) xdt_s.
         CB = torch.einsum("bclgn,bcsgn->bcgls", C, B)  # shared by the r heads of a group
@@ -184,6 +218,95 @@ def load_triton_ssd() -> Callable:
     return _TRITON_SSD
 
 
+# mamba-ssm's modules whose kernels `mamba_chunk_scan_combined` runs (all of them autotuned by timing)
+SSD_TRITON_MODULES = ("ssd_bmm", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk_scan", "ssd_combined")
+_PINNED: dict = {}  # Autotuner -> its own list of configs, while pinned
+
+
+def _config_cost(config) -> int:
+    """A configuration's size: the product of its block sizes times its pipeline stages (the smallest is
+    the one mamba-ssm's deterministic mode keeps when it decides at import)."""
+    size = 1
+    for key, value in config.kwargs.items():
+        if key.startswith("BLOCK_SIZE_"):
+            size *= value
+    return size * (config.num_stages or 1)
+
+
+def pin_triton_configs(modules, pinned: bool) -> int:
+    """Pin every Triton autotuner in `modules` to one configuration (the smallest, the first of equals: the
+    same in every process), or give each back its own list. Returns how many autotuners changed.
+
+    mamba-ssm decides between autotuning and one configuration when its modules are imported (with
+    TRITON_CACHE_AUTOTUNING=1, which train/kernel_cache.py sets, it keeps autotuning even in its deterministic
+    mode, and two fresh processes can time their way to different block sizes). Pinning here holds whatever
+    was imported first, and a choice cached from an earlier call is dropped."""
+    from triton.runtime.autotuner import Autotuner
+
+    changed = 0
+    for module in modules:
+        for kernel in vars(module).values():
+            if not isinstance(kernel, Autotuner):
+                continue
+            if pinned and kernel not in _PINNED and len(kernel.configs) > 1:
+                _PINNED[kernel] = kernel.configs
+                kernel.configs = [min(kernel.configs, key=_config_cost)]
+            elif not pinned and kernel in _PINNED:
+                kernel.configs = _PINNED.pop(kernel)
+            else:
+                continue
+            kernel.cache.clear()
+            changed += 1
+    return changed
+
+
+_PINNED_STATE: Optional[bool] = None
+
+
+def _match_triton_determinism() -> None:
+    """Pin mamba-ssm's SSD kernels while torch's deterministic mode is on, unpin them when it is off (runs
+    inside the custom ops below, so eagerly at every call: a comparison once the state matches)."""
+    global _PINNED_STATE
+    wanted = torch.are_deterministic_algorithms_enabled()
+    if _PINNED_STATE is not wanted:
+        pin_triton_configs([import_mamba_triton(name) for name in SSD_TRITON_MODULES], wanted)
+        switch = sys.modules.get("mamba_ssm.utils.determinism")
+        if switch is not None:  # its own flag, whatever MAMBA_DETERMINISTIC says; None: follow torch's again
+            switch.set_deterministic_mode(True if wanted else None)
+        _PINNED_STATE = wanted
+
+
+@contextlib.contextmanager
+def _mamba_backward_cumsums_allowed():
+    """mamba-ssm's SSD backward calls torch.cumsum on CUDA tensors (over each chunk's positions), and torch's
+    deterministic mode refuses every floating-point CUDA cumsum (it has no kernel it vouches for). Along the
+    innermost dimension of a tensor of many rows, as here, torch scans each row in a fixed order, and the GPU
+    check (scripts/check_determinism_gpu.py) repeats the whole backward bit for bit. For the length of that
+    call only, deterministic mode is warn-only and that one warning is silenced; any other op it would flag
+    still warns."""
+    if not torch.are_deterministic_algorithms_enabled() or torch.is_deterministic_algorithms_warn_only_enabled():
+        yield
+        return
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="cumsum_cuda_kernel does not have a deterministic")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(True)
+
+
+@functools.cache
+def triton_ssd_deterministic_mode() -> bool:
+    """Whether the installed mamba-ssm has a deterministic mode (2.3+: `mamba_ssm.utils.determinism`,
+    which follows torch.are_deterministic_algorithms_enabled())."""
+    try:
+        load_triton_ssd()  # its modules import mamba_ssm.utils.determinism where there is one
+    except ImportError:
+        return False
+    return "mamba_ssm.utils.determinism" in sys.modules
+
+
 @torch.compiler.assume_constant_result  # evaluated once when compiling, not traced
 def triton_ssd_available() -> bool:
     try:
@@ -201,6 +324,7 @@ def triton_ssd_available() -> bool:
 def _ssd_scan_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                      D: torch.Tensor, dt_bias: torch.Tensor, chunk_size: int) -> torch.Tensor:
     load_triton_ssd()
+    _match_triton_determinism()
     fwd = sys.modules["mamba_ssm.ops.triton.ssd_combined"]._mamba_chunk_scan_combined_fwd
     return fwd(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias, dt_softplus=True)[0].contiguous()
 
@@ -216,9 +340,11 @@ def _(x, dt, A, B, C, D, dt_bias, chunk_size):
 def _ssd_scan_triton_backward(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
                               B: torch.Tensor, C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor,
                               out: torch.Tensor, chunk_size: int) -> list[torch.Tensor]:
+    _match_triton_determinism()
     bwd = sys.modules["mamba_ssm.ops.triton.ssd_combined"]._mamba_chunk_scan_combined_bwd
-    dx, ddt, dA, dB, dC, dD, _, ddt_bias, _ = bwd(dout.contiguous(), x, dt, A, B, C, out, chunk_size, D=D,
-                                                  dt_bias=dt_bias, dt_softplus=True)
+    with _mamba_backward_cumsums_allowed():
+        dx, ddt, dA, dB, dC, dD, _, ddt_bias, _ = bwd(dout.contiguous(), x, dt, A, B, C, out, chunk_size, D=D,
+                                                      dt_bias=dt_bias, dt_softplus=True)
     return [g.contiguous() for g in (dx, ddt, dA, dB, dC, dD, ddt_bias)]
 
 
@@ -246,17 +372,41 @@ def ssd_chunked_triton(x, dt, A, B, C, D, dt_bias, chunk_size: int) -> torch.Ten
     return _ssd_scan_triton(x, dt, A, B, C, D, dt_bias, chunk_size)
 
 
-def ssd_scan(x, dt, A, B, C, D, dt_bias, chunk_size: int, backend: str = "auto") -> torch.Tensor:
-    """Dispatch to a backend: "torch", "triton" (CUDA tensors only) or "auto"."""
+@torch.compiler.assume_constant_result
+def _triton_ssd_deterministic() -> bool:
+    return triton_ssd_deterministic_mode()
+
+
+def resolve_ssd_backend(backend: str, is_cuda: bool, deterministic: bool, triton_available: bool,
+                        triton_deterministic: bool) -> str:
+    """The scan that runs: "auto" takes mamba-ssm's Triton kernels on CUDA when they are installed (in
+    deterministic mode only a mamba-ssm that has one), else the PyTorch scan. ValueError in one line for
+    what cannot run."""
     if backend == "auto":
-        backend = "triton" if x.is_cuda and triton_ssd_available() else "torch"
+        use_triton = is_cuda and triton_available and (triton_deterministic or not deterministic)
+        return "triton" if use_triton else "torch"
+    if backend == "triton":
+        if not is_cuda:
+            raise ValueError("ssd_backend='triton' needs CUDA tensors; use 'torch' or 'auto' on CPU")
+        if deterministic and not triton_deterministic:
+            raise ValueError("ssd_backend='triton' in deterministic mode needs mamba-ssm >= 2.3 (its deterministic "
+                             "backward); use model.ssd_backend=auto or torch")
+        return "triton"
+    if backend == "torch":
+        return "torch"
+    raise ValueError(f"ssd_backend: {backend!r} is not one of auto, torch, triton")
+
+
+def ssd_scan(x, dt, A, B, C, D, dt_bias, chunk_size: int, backend: str = "auto") -> torch.Tensor:
+    """Dispatch to a backend: "torch", "triton" (CUDA tensors only) or "auto" (resolve_ssd_backend)."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    use_triton_check = x.is_cuda and backend != "torch"
+    backend = resolve_ssd_backend(backend, x.is_cuda, deterministic,
+                                  triton_ssd_available() if use_triton_check else False,
+                                  _triton_ssd_deterministic() if use_triton_check and deterministic else False)
     if backend == "torch":
         return ssd_chunked_torch(x, dt, A, B, C, D, dt_bias, chunk_size)
-    if backend == "triton":
-        if not x.is_cuda:
-            raise ValueError("ssd_backend='triton' needs CUDA tensors; use 'torch' or 'auto' on CPU")
-        return ssd_chunked_triton(x, dt, A, B, C, D, dt_bias, chunk_size)
-    raise ValueError(f"ssd_backend: {backend!r} is not one of auto, torch, triton")
+    return ssd_chunked_triton(x, dt, A, B, C, D, dt_bias, chunk_size)
 
 
 # ---- depthwise causal conv1d ----------------------------------------------------------------
@@ -288,20 +438,36 @@ def _causal_conv1d_kernel(x, weight, bias):
     return _load_causal_conv1d()(x, weight.squeeze(1), bias, activation="silu")
 
 
+def conv_backend(is_cuda: bool, deterministic: bool, extension_available: bool, triton_available: bool) -> str:
+    """Which causal conv runs: causal_conv1d's CUDA extension where it imports, except in deterministic mode
+    (its weight-gradient kernel is not audited here; ours writes per-tile partial sums that one torch sum
+    reduces, so it repeats bit for bit: causal_conv.py); else our Triton kernels; else F.conv1d (cuDNN,
+    deterministic when torch.backends.cudnn.deterministic is set, as train.deterministic does)."""
+    if is_cuda and extension_available and not deterministic:
+        return "causal_conv1d"
+    if is_cuda and triton_available:
+        return "triton"
+    return "torch"
+
+
 def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                        use_kernel: bool = True) -> torch.Tensor:
     """SiLU(depthwise causal conv) over time. x [b, T, channels] (channels contiguous; the mixer's slice
     of in_proj's output), weight [channels, 1, k]; the output is [b, T, channels].
 
-    On CUDA: causal_conv1d's CUDA kernel when importable, else our Triton kernels (causal_conv.py,
-    when triton is installed and there is a bias). Otherwise F.conv1d on the input transposed and
-    left-padded by k-1 (so the output has exactly T positions and position t sees only inputs
-    t-k+1..t).
+    On CUDA (conv_backend): causal_conv1d's CUDA kernel when importable (not in deterministic mode), else
+    our Triton kernels (causal_conv.py, when triton is installed and there is a bias). Otherwise F.conv1d
+    on the input transposed and left-padded by k-1 (so the output has exactly T positions and position t
+    sees only inputs t-k+1..t).
     """
     k = weight.shape[-1]
-    if use_kernel and x.is_cuda and causal_conv1d_kernel_available():
+    backend = "torch"
+    if use_kernel and x.is_cuda:
+        backend = conv_backend(True, torch.are_deterministic_algorithms_enabled(), causal_conv1d_kernel_available(),
+                               bias is not None and triton_conv_available())
+    if backend == "causal_conv1d":
         return _causal_conv1d_kernel(x.transpose(1, 2), weight, bias).transpose(1, 2)
-    if use_kernel and x.is_cuda and bias is not None and triton_conv_available():
+    if backend == "triton":
         from .causal_conv import causal_conv1d_silu_triton
 
         return causal_conv1d_silu_triton(x, weight, bias)

@@ -108,6 +108,11 @@ class TrainConfig:
     auto (single-process CUDA runs without activation checkpointing or the te backend) | true (refuses a
     run where it cannot) | false. Removes the host's launch overhead, which bounds the emulated
     low-precision steps of small models; the same numerics as eager steps."""
+    deterministic: bool = False
+    """Bitwise-reproducible training on a GPU: the same config and seed give the same losses and weights on
+    the same GPU model and software (torch's deterministic mode, cuBLAS's deterministic workspace, math
+    attention, mamba-ssm's deterministic SSD with pinned kernel configs; train/determinism.py). Costs speed
+    (docs/determinism.md); CPU runs are reproducible without it."""
     activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
     """Recompute activations in backward to save memory: none | full (every block) | selective (every
     second block, torchtitan's `selective` by layer)."""

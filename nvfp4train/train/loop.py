@@ -51,7 +51,7 @@ from nvfp4train.model.mfu import peak_flops
 from nvfp4train.model.ssd import triton_ssd_available
 from nvfp4train.optim import lr_at
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory, gemm_peak_kind
-from nvfp4train.train import checkpoint, resume_policy, rundir
+from nvfp4train.train import checkpoint, determinism, resume_policy, rundir
 from nvfp4train.train.config import ConfigError, RunConfig, resolve_micro_batch
 from nvfp4train.train.engines import StepStats, build_engine, import_deepspeed
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
@@ -278,7 +278,8 @@ class Trainer:
             self.bar.write(f"model {self.model_cfg.name}: {n_params / 1e6:.2f}M params | precision "
                            f"{cfg.precision.get('name', '?')} ({self.controller.backend_name}) | {parallel} "
                            f"x{info.world_size} on {info.device.type} | {t.max_steps} steps x "
-                           f"{self.tokens_per_step} tokens | {where}")
+                           f"{self.tokens_per_step} tokens | {where}"
+                           f"{' | deterministic' if t.deterministic else ''}")
             for note in self.resume_notes:
                 self.bar.write(note)
             if self.abandoned:
@@ -361,8 +362,10 @@ class Trainer:
             if self.peak is not None:
                 record["mfu"] = self.flops_per_token * r.tokens_per_s / self.info.world_size / self.peak[0]
             record["peak_mem_gib"] = _peak_memory_gib(self.info.device)
-            if r.step == self.start_step + 1 and self.time_to_first_step is not None:
-                record["time_to_first_step_s"] = self.time_to_first_step
+            if r.step == self.start_step + 1:
+                record["deterministic"] = t.deterministic  # so that a report can say how its runs were made
+                if self.time_to_first_step is not None:
+                    record["time_to_first_step_s"] = self.time_to_first_step
             if self.checkpoint_seconds is not None:  # the latest checkpoint's save time, reported once
                 record["checkpoint_time_s"], self.checkpoint_seconds = self.checkpoint_seconds, None
             record.update(self.loader.stats())  # keys already start with "data/"
@@ -499,7 +502,8 @@ def run(cfg: RunConfig) -> dict:
     stop = StopSignal.install()  # train/__main__.py installs it before its imports; a caller of run() here
     log_file = _LogFile()
     try:
-        return _run(cfg, stop)
+        with determinism.deterministic_mode(cfg.train.deterministic):  # before CUDA starts (cuBLAS's workspace)
+            return _run(cfg, stop)
     finally:
         log_file.close()
         stop.restore()
