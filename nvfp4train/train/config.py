@@ -45,6 +45,7 @@ Compile = StrEnum("Compile", "auto true false")
 CudaGraph = StrEnum("CudaGraph", "auto true false")
 ActivationCheckpointing = StrEnum("ActivationCheckpointing", "none full selective")
 WandbMode = StrEnum("WandbMode", "auto online offline")
+EvalPrecision = StrEnum("EvalPrecision", "train bf16")
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,9 @@ class TrainConfig:
     """Held-out validation loss every N steps (0: only at the end)."""
     eval_sequences: int = bounded(16, ge=0)
     """Validation sequences per domain."""
+    eval_precision: EvalPrecision = EvalPrecision.train
+    """The GEMMs of the in-training validation: train (the run's own precision at that step) | bf16 (every
+    linear in BF16, as the evaluation of a final checkpoint)."""
     save_every: int = bounded(0, ge=0)
     """Checkpoint every N steps (0: only the final one)."""
     keep_last: int = bounded(3, ge=1)
