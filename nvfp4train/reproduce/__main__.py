@@ -169,7 +169,7 @@ def parse_args(argv):
     p.add_argument("--gpus", help="local: GPU indices to use, e.g. 0,1 (default: every visible GPU)")
     p.add_argument("--device", choices=["cuda", "cpu"], help="local: default cuda where available, else cpu")
     p.add_argument("--retry-failed", action="store_true", help="local: run failed runs again (resuming)")
-    p.add_argument("--sbatch", action="append", help="slurm: an extra #SBATCH option, e.g. --partition=gpu")
+    p.add_argument("--sbatch", action="append", help="slurm: an extra #SBATCH option, e.g. partition=gpu or --sbatch=--account=abc (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="show what would run / render the array, start nothing")
 
     p = verbs.add_parser("run-one", help="(SLURM array task) one run of a rendered array")

@@ -237,7 +237,8 @@ def render_slurm(experiment: str, runs: list[Run], runs_dir: Path, experiments_d
         text = text.replace(key, value)
     if extra_sbatch:
         head, _, rest = text.partition("\n")
-        text = head + "\n" + "".join(f"#SBATCH {line}\n" for line in extra_sbatch) + rest
+        text = head + "\n" + "".join(f"#SBATCH {'' if line.startswith('-') else '--'}{line}\n"
+                                     for line in extra_sbatch) + rest
     path = where / "array.sbatch"
     path.write_text(text)
     return path, text
