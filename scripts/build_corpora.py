@@ -41,7 +41,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the package, from a plain checkout
-from nvfp4train.data import mathgen  # noqa: E402
+from nvfp4train.data import mathgen
 
 REPO = Path(__file__).resolve().parents[1]
 SDISTS = {
@@ -204,7 +204,7 @@ def foldoc_works(workdir: Path) -> list[tuple[str, str]]:
             continue
         seen.add((start, size))
         body = data[start:start + size].decode("utf-8", errors="replace")
-        text = "\n".join(l[3:] if l.startswith("   ") else l for l in body.splitlines()).strip()
+        text = "\n".join(l.removeprefix("   ") for l in body.splitlines()).strip()
         if len(text) > 40:
             works.append((f"foldoc/{head}", text))
     return works

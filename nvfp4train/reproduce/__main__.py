@@ -22,8 +22,21 @@ import signal
 import sys
 from pathlib import Path
 
-from nvfp4train.reproduce.experiments import EXPERIMENTS_DIR, UsageError, experiment_names, load_experiment
-from nvfp4train.reproduce.plan import DEFAULT_RUNS_DIR, data_passes, describe, last_record, plan_experiment, run_state, shell
+from nvfp4train.reproduce.experiments import (
+    EXPERIMENTS_DIR,
+    UsageError,
+    experiment_names,
+    load_experiment,
+)
+from nvfp4train.reproduce.plan import (
+    DEFAULT_RUNS_DIR,
+    data_passes,
+    describe,
+    last_record,
+    plan_experiment,
+    run_state,
+    shell,
+)
 
 
 def cuda_device() -> str:
@@ -58,7 +71,7 @@ def cmd_run(args) -> int:
     exp = load_experiment(args.experiment, args.experiments_dir)
     if args.executor == "slurm":
         runs = select(args, exp, "cuda")
-        path, text = executors.render_slurm(exp.name, runs, Path(args.runs_dir), args.experiments_dir,
+        path, _ = executors.render_slurm(exp.name, runs, Path(args.runs_dir), args.experiments_dir,
                                             args.gpus_per_run, extra_sbatch=args.sbatch)
         print(f"{path}: job array of {len(runs)} task(s), {args.gpus_per_run} GPU(s) each")
         for i, run in enumerate(runs):

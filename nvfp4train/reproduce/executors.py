@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from nvfp4train.reproduce.experiments import UsageError
-from nvfp4train.reproduce.plan import Run, read_json, run_state, shell
+from nvfp4train.reproduce.plan import Run, read_json, shell
 
 REPO = Path(__file__).resolve().parents[2]
 SLURM_TEMPLATE = REPO / "slurm" / "reproduce_array.sbatch"

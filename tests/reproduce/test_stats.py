@@ -80,7 +80,7 @@ def test_unequal_seeds_pair_only_the_common_ones():
 
 
 def test_window_and_token_ratio():
-    curve = {float(t): float(t) for t in range(0, 11)}
+    curve = {float(t): float(t) for t in range(11)}
     assert stats.window_mean(curve, 10, (0.2, 0.8)) == pytest.approx(5.5)   # 3..8
     assert stats.window_mean(curve, 10, (0.8, 1.0)) == pytest.approx(9.5)   # 9, 10
     base = {0.0: 10.0, 100.0: 5.0, 200.0: 4.0}
