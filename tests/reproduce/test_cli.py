@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, cli_env
 
 TINY = """
@@ -37,6 +39,7 @@ def reproduce(*args, experiments: Path | None = None, timeout: float = 600) -> s
                           env=cli_env(OMP_NUM_THREADS=1), capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # 4 runs, a resume and their evaluations: minutes on 2 shared CPU cores
 def test_plan_run_interrupt_resume_status_report(tmp_path):
     experiments = tmp_path / "experiments"
     experiments.mkdir()
