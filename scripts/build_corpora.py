@@ -248,10 +248,13 @@ def flat(tree, prefix=""):
             yield prefix + key, value
 
 per_module, per_doc = int(sys.argv[1]), 16
+shard, n_shards = int(sys.argv[2]), int(sys.argv[3])  # this process generates the modules index % n_shards == shard
 regimes = {"train": (modules.train(lambda r: r), per_module),
            "val": (modules.test(), max(per_doc, per_module // 20))}
 for split, (tree, count) in regimes.items():
     for index, (name, module) in enumerate(flat(tree)):
+        if index % n_shards != shard:
+            continue
         random.seed(index); np.random.seed(index)
         try:
             pairs = []
@@ -263,13 +266,24 @@ for split, (tree, count) in regimes.items():
             continue
         for start in range(0, len(pairs), per_doc):
             text = "\n\n".join(pairs[start:start + per_doc])
-            print(json.dumps({"split": split, "id": f"math/{split}/{name}#{start // per_doc}", "text": text}))
+            print(json.dumps({"split": split, "index": index, "id": f"math/{split}/{name}#{start // per_doc}",
+                              "text": text}))
 """
 
 
-def math_split_works(workdir: Path, per_module: int):
-    """Generated Q/A pairs: train from the generator's train regime, val from its interpolate regime."""
-    rows = mathgen.run(workdir, MATH_GENERATOR, str(per_module))
+def math_split_works(workdir: Path, per_module: int, jobs: int | None = None):
+    """Generated Q/A pairs: train from the generator's train regime, val from its interpolate regime. The
+    modules are shared among `jobs` processes (default: every core); each module seeds its own generator,
+    so the output does not depend on how many."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    mathgen.run(workdir, "pass", "0")  # installs the generator's packages once, before the processes start
+    with ThreadPoolExecutor(jobs) as pool:
+        parts = list(pool.map(lambda k: mathgen.run(workdir, MATH_GENERATOR, str(per_module), str(k), str(jobs)),
+                              range(jobs)))
+    order = {"train": 0, "val": 1}
+    rows = sorted((r for part in parts for r in part), key=lambda r: (order[r["split"]], r["index"]))
     train = [(r["id"], r["text"]) for r in rows if r["split"] == "train"]
     val = [(r["id"], r["text"]) for r in rows if r["split"] == "val"]
     return train, val

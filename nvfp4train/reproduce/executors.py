@@ -73,8 +73,9 @@ class RunProcess:
     """Train (resuming what is there), then evaluate, then write run.json. stop() passes one SIGTERM to
     the process running now: the trainer checkpoints and exits; nothing further starts."""
 
-    def __init__(self, run: Run, commit: str, gpus: str | None, gpus_per_run: int = 1, log=None):
+    def __init__(self, run: Run, commit: str, gpus: str | None, gpus_per_run: int = 1, log=None, runs_at_once: int = 1):
         self.run, self.commit, self.gpus, self.gpus_per_run = run, commit, gpus, gpus_per_run
+        self.runs_at_once = runs_at_once
         self.log = log or (lambda line: print(line, flush=True))
         self.proc: subprocess.Popen | None = None
         self.stopping = False
@@ -89,6 +90,8 @@ class RunProcess:
 
     def _call(self, command: list[str], console) -> int:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if "OMP_NUM_THREADS" not in env:  # the cores shared among the runs at once (the data loader is light)
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.runs_at_once))
         if self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus
         console.write(f"$ {shell(command)}\n")
@@ -195,7 +198,7 @@ def run_local(runs: list[Run], slots: list[str | None], commit: str, gpus_per_ru
                 if not queue:
                     return
                 run = queue.pop(0)
-                rp = RunProcess(run, commit, slot, gpus_per_run)
+                rp = RunProcess(run, commit, slot, gpus_per_run, runs_at_once=len(slots))
                 active.append(rp)
             print(f"{run.key}: start on {'cpu' if slot is None else 'GPU ' + slot}", flush=True)
             results[run.key] = rp.execute()
