@@ -41,7 +41,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the package, from a plain checkout
-from nvfp4train.data import mathgen
+from nvfp4train.data import mathgen  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SDISTS = {

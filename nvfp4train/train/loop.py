@@ -51,12 +51,7 @@ from nvfp4train.model import HybridLM, ModelConfig, flops_per_token, param_group
 from nvfp4train.model.mfu import peak_flops
 from nvfp4train.model.ssd import triton_ssd_available
 from nvfp4train.optim import lr_at
-from nvfp4train.precision import (
-    PrecisionController,
-    PrecisionPolicy,
-    build_linear_factory,
-    gemm_peak_kind,
-)
+from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory, gemm_peak_kind
 from nvfp4train.train import checkpoint, resume_policy, rundir
 from nvfp4train.train.config import ConfigError, RunConfig, resolve_micro_batch
 from nvfp4train.train.engines import StepStats, build_engine, import_deepspeed
@@ -494,7 +489,7 @@ class _LogFile:
     progress and warnings (configs/train.yaml sets the console handler to WARNING). Records before out_dir
     exists wait in memory."""
 
-    active: _LogFile | None = None
+    active: "_LogFile | None" = None
 
     def __init__(self):
         self.buffer = logging.handlers.MemoryHandler(capacity=1 << 20, flushLevel=logging.CRITICAL + 1)
