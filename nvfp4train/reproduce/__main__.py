@@ -103,7 +103,8 @@ def cmd_run(args) -> int:
     print(f"data: passes over each source per run: {', '.join(f'{k} {v:.1f}' for k, v in passes.items())}")
     where = "the CPU, one run at a time" if device == "cpu" else f"GPU(s) {','.join(gpus)}, {len(slots)} at a time"
     print(f"{len(todo)} run(s) on {where}")
-    unfinished = executors.run_local(todo, slots, git_commit(short=True), args.gpus_per_run if device == "cuda" else 1)
+    commit = args.commit or git_commit(short=True)
+    unfinished = executors.run_local(todo, slots, commit, args.gpus_per_run if device == "cuda" else 1)
     return 1 if unfinished else 0
 
 
@@ -182,6 +183,8 @@ def parse_args(argv):
     p.add_argument("--gpus", help="local: GPU indices to use, e.g. 0,1 (default: every visible GPU)")
     p.add_argument("--device", choices=["cuda", "cpu"], help="local: default cuda where available, else cpu")
     p.add_argument("--retry-failed", action="store_true", help="local: run failed runs again (resuming)")
+    p.add_argument("--commit", help="local: the commit to record in run.json (default: git rev-parse HEAD of this "
+                   "checkout; a copy of the tree without .git records 'unknown')")
     p.add_argument("--sbatch", action="append", help="slurm: an extra #SBATCH option, e.g. partition=gpu or --sbatch=--account=abc (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="show what would run / render the array, start nothing")
 

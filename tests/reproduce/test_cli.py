@@ -168,3 +168,46 @@ def test_report_of_the_committed_runs(tmp_path):
     assert "(n=3, SD" in row and "reproduced" in row
     assert "BF16 evaluation of the final checkpoint (eval.json" in section
     assert "mixed GPUs: NVIDIA H100 80GB HBM3, NVIDIA H200" in text
+
+
+@pytest.mark.slow  # a preempted task and its requeued continuation: a few minutes on 2 shared CPU cores
+def test_slurm_array_task_preempted_requeued_and_resumed(tmp_path):
+    """One task of the rendered array under SLURM's preemption signal: SIGUSR1 to the batch shell ->
+    the trainer checkpoints, run.json says interrupted, `scontrol requeue <job>` once, exit 0; the
+    requeued task (the same script again) resumes and finishes. scontrol is a stand-in on PATH; the
+    batch shell, the task and the trainer are real (on the CPU)."""
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "tiny.yaml").write_text(TINY.replace("base: [", "base: [train.device=cpu, "))
+    runs = tmp_path / "runs"
+    rendered = reproduce("run", "tiny", "--executor", "slurm", "--dry-run", "--runs-dir", str(runs), "--arms", "nvfp4",
+                         "--seeds", "2", experiments=experiments)
+    assert rendered.returncode == 0, rendered.stderr
+    script = runs / "tiny" / "slurm" / "array.sbatch"
+    calls, bin_dir = tmp_path / "scontrol_calls", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f"#!/bin/bash\necho \"$@\" >> {calls}\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    env = cli_env(SLURM_JOB_ID=4242, SLURM_ARRAY_TASK_ID=0, OMP_NUM_THREADS=1,
+                  PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]]))
+    run_dir = runs / "tiny" / "nvfp4" / "seed2"
+    proc = subprocess.Popen(["bash", str(script)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.is_file() and sum(1 for line in metrics.read_text().splitlines() if '"loss"' in line) >= 5:
+            break
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGUSR1)  # the batch shell only, as --signal=B: does
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, out[-3000:]
+    assert [line for line in calls.read_text().splitlines() if line.startswith("requeue")] == ["requeue 4242"]
+    assert json.loads((run_dir / "run.json").read_text())["state"] == "interrupted"
+    assert list((run_dir / "checkpoints").glob("step_*"))
+    again = subprocess.run(["bash", str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["state"] == "done" and info["attempts"] == 2 and info["eval_rc"] == 0, info
+    assert calls.read_text().count("requeue") == 1
