@@ -44,7 +44,7 @@ from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_lin
 from nvfp4train.schema import ConfigError
 from nvfp4train.train.config import load_preset
 from nvfp4train.train.engines import TorchEngine, resolve_compile, resolve_cuda_graph
-from nvfp4train.train.kernel_cache import persistent_kernel_caches
+from nvfp4train.train.loop import persistent_kernel_caches
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = ("model", "seq", "precision", "backend", "compiled", "cuda_graph")  # one row per key in the JSON file

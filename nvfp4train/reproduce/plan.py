@@ -1,0 +1,221 @@
+"""The runs of an experiment (arm x seed), each with its exact training and evaluation commands, and
+what state its out_dir is in.
+
+A run lives in <runs-dir>/<experiment>/<arm>/seed<k>/ (the trainer's out_dir). Besides the trainer's
+files (config.yaml, metrics.jsonl, checkpoints/) and the evaluator's eval.json, the executor writes
+run.json when an attempt ends: its state (done | failed | interrupted), the exit codes, the commit, GPU
+model, torch version, whether the run was deterministic, and the wall time summed over the attempts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nvfp4train.reproduce.experiments import Experiment, UsageError
+
+DEFAULT_RUNS_DIR = Path("runs/repro")
+WHOLE_SPLIT = 1_000_000   # heldout_sequences for the final evaluation: every validation sequence there is
+
+
+@dataclass
+class Run:
+    experiment: str
+    arm: str
+    seed: int
+    out_dir: Path
+    train_overrides: list[str]
+    eval_args: list[str] | None
+    max_steps: int
+    tokens: int
+    precision: str
+    device: str = "cuda"            # cuda | cpu
+    info: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.experiment}/{self.arm}/seed{self.seed}"
+
+    def train_command(self, gpus_per_run: int = 1) -> list[str]:
+        if gpus_per_run > 1:
+            return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus_per_run}",
+                    "-m", "nvfp4train.train", *self.train_overrides]
+        return [sys.executable, "-m", "nvfp4train.train", *self.train_overrides]
+
+    def eval_command(self) -> list[str] | None:
+        if self.eval_args is None:
+            return None
+        return [sys.executable, "-m", "nvfp4train.eval", f"run_dir={self.out_dir}", *self.eval_args]
+
+    def final_checkpoint(self) -> Path:
+        return self.out_dir / "checkpoints" / f"step_{self.max_steps:08d}"
+
+
+def shell(command: list[str]) -> str:
+    """A command as a user types it (`python` for this interpreter)."""
+    words = ["python" if i == 0 and w == sys.executable else w for i, w in enumerate(command)]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def compose_arm(overrides: list[str]) -> dict:
+    """The resolved run config of `python -m nvfp4train.train OVERRIDES`, checked as the trainer checks it."""
+    from omegaconf import OmegaConf
+
+    from nvfp4train.train.config import ConfigError, RunConfig, compose
+
+    try:
+        cfg = compose(list(overrides))
+        RunConfig.from_omegaconf(cfg)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    except Exception as e:  # Hydra's and OmegaConf's own errors
+        raise UsageError(" ".join(str(e).split())) from None
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def plan_experiment(exp: Experiment, runs_dir: Path = DEFAULT_RUNS_DIR, arms: list[str] | None = None,
+                    seeds: list[int] | None = None, device: str = "cuda") -> list[Run]:
+    """Every run of `exp` (its own arms, not the borrowed ones), optionally only some arms or seeds."""
+    for arm in arms or []:
+        if arm not in exp.arms:
+            raise UsageError(f"--arms {arm}: not an arm of {exp.name}; allowed: {', '.join(exp.arms)}")
+    runs = []
+    extra = ["train.device=cpu"] if device == "cpu" else []
+    for arm_name in arms or list(exp.arms):
+        arm = exp.arms[arm_name]
+        cfg = compose_arm(list(exp.base) + list(arm.overrides) + extra)
+        t = cfg["train"]
+        per_step = int(t["global_batch_size"]) * int(t["seq_len"])
+        steps = max(1, round(exp.tokens / per_step))
+        every = [f"train.eval_every={max(1, round(steps / exp.eval_points))}"] if exp.eval_points else []
+        for seed in arm.seeds:
+            if seeds is not None and seed not in seeds:
+                continue
+            out_dir = Path(runs_dir) / exp.name / arm_name / f"seed{seed}"
+            overrides = list(exp.base) + list(arm.overrides) + extra + every + [
+                f"train.max_steps={steps}", f"seed={seed}", f"experiment={exp.name}", f"out_dir={out_dir}",
+                "train.progress=false"]
+            eval_args = None if exp.eval is None else list(exp.eval) + (["device=cpu"] if device == "cpu" else [])
+            runs.append(Run(exp.name, arm_name, seed, out_dir, overrides, eval_args, steps, steps * per_step,
+                            str(cfg["precision"].get("name") or cfg["precision"].get("format")), device,
+                            {"model": cfg["model"], "data": cfg["data"], "per_step": per_step}))
+    if seeds is not None and not runs:
+        raise UsageError(f"--seeds {','.join(map(str, seeds))}: no arm of {exp.name} runs these seeds "
+                         f"(its seeds: {', '.join(map(str, exp.seeds))})")
+    return runs
+
+
+# ------------------------------------------------------------------------------------------- state
+def read_json(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def last_record(out_dir: Path) -> dict | None:
+    """The last metrics record with a training loss."""
+    path = out_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 200_000))
+        lines = f.read().decode(errors="replace").splitlines()
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("loss") is not None:
+            return record
+    return None
+
+
+def run_state(out_dir: Path) -> str:
+    """pending (nothing there) | running (an executor holds it) | done | failed | interrupted (will resume)."""
+    out_dir = Path(out_dir)
+    marker = read_json(out_dir / "executor.json")
+    if marker and marker.get("host") == os.uname().nodename and pid_alive(marker.get("pid")):
+        return "running"
+    info = read_json(out_dir / "run.json")
+    if info is not None:
+        state = info.get("state")
+        if state is None:  # run.json of runs recorded before states existed: finished or failed
+            return "done" if info.get("train_rc") == 0 else "failed"
+        if state in ("done", "failed"):
+            return state
+    if (out_dir / "metrics.jsonl").is_file() or (out_dir / "checkpoints").is_dir():
+        return "interrupted"
+    return "pending"
+
+
+def pid_alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (TypeError, ValueError, ProcessLookupError, PermissionError):
+        return False
+    try:  # a zombie counts as gone
+        return Path(f"/proc/{int(pid)}/stat").read_text().split(") ")[-1][0] != "Z"
+    except OSError:
+        return True
+
+
+# ------------------------------------------------------------------------------------- data passes
+def data_passes(data_cfg: dict, tokens: int, prepare: bool = False) -> dict[str, float] | None:
+    """Passes over each source's training tokens that `tokens` of training make (by the phase weights).
+    prepare: tokenize raw sources first (cached, locked: what a run would do); else None unless every
+    source is already prepared token shards."""
+    from nvfp4train.data.config import parse_data_config
+    from nvfp4train.data.prepare import prepare_all
+    from nvfp4train.data.shards import read_manifest
+
+    data = parse_data_config(data_cfg)
+    if prepare:
+        try:
+            dirs = prepare_all(data_cfg, splits=("train",), progress=False)
+        except (ValueError, FileNotFoundError) as e:
+            raise UsageError(f"data {data.name}: {e}") from None
+        available = {key.split("/")[0]: read_manifest(d)["n_tokens"] for key, d in dirs.items()}
+    else:
+        available = {}
+        for name, src in data.sources.items():
+            if not src.shards or not (Path(src.shards) / "manifest.json").is_file():
+                return None
+            available[name] = read_manifest(Path(src.shards))["n_tokens"]
+    drawn = dict.fromkeys(data.sources, 0.0)
+    starts = [float(p.start) for p in data.phases] + [1.0]
+    for i, phase in enumerate(data.phases):
+        for name, weight in phase.weights.items():
+            drawn[name] += float(weight) * (starts[i + 1] - starts[i]) * tokens
+    return {name: drawn[name] / available[name] for name in drawn if available.get(name)}
+
+
+def model_params(model_cfg: dict) -> tuple[int, int]:
+    """(all parameters, without embedding and LM head), counted on the meta device."""
+    from nvfp4train.model import ModelConfig
+    from nvfp4train.summary import summarize
+
+    s = summarize(ModelConfig.from_dict(model_cfg), 1)
+    return s["params"], s["params_non_embedding"]
+
+
+def describe(exp: Experiment, runs: list[Run]) -> list[str]:
+    """The plan's header: model size, tokens per parameter, passes over the data."""
+    if not runs:
+        return [f"{exp.name}: no runs selected"]
+    first = runs[0]
+    params, non_embedding = model_params(first.info["model"])
+    passes = data_passes(first.info["data"], first.tokens)
+    where = ("passes over each source " + ", ".join(f"{k} {v:.1f}" for k, v in passes.items()) if passes else
+             "passes over the data: unknown until the token shards are prepared")
+    return [f"{exp.name} (tier {exp.tier}): {exp.description}",
+            f"  model {first.info['model']['name']}: {params / 1e6:.2f}M parameters, {non_embedding / 1e6:.2f}M "
+            f"without embedding and LM head; {first.tokens:,} tokens per run ({first.max_steps} steps x "
+            f"{first.info['per_step']:,}) = {first.tokens / non_embedding:.1f} tokens per non-embedding parameter; "
+            f"{where}",
+            f"  baseline {exp.baseline}" + (f"; compared with borrowed arms {', '.join(f'{a} ({e})' for a, e in exp.borrow.items())}"
+                                            if exp.borrow else "")]

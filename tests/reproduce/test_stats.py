@@ -1,0 +1,145 @@
+"""stats.py: the t distribution against tables (and scipy where installed), seed counts, and verdicts of
+synthetic paired runs with known gaps and noise; report.py on synthetic run dirs (unequal seeds, one
+seed, mismatched commits)."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import yaml
+
+from nvfp4train.reproduce import report, stats
+from nvfp4train.reproduce.experiments import load_experiment
+
+# Student's t quantiles from a printed table (two-sided 95%, one-sided 80%)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 29: 2.045, 120: 1.980}
+T80 = {1: 1.376, 2: 1.061, 4: 0.941, 9: 0.883}
+
+
+def test_t_quantile_matches_the_table_and_scipy():
+    for df, q in T975.items():
+        assert stats.t_quantile(0.975, df) == pytest.approx(q, abs=1e-3)
+    for df, q in T80.items():
+        assert stats.t_quantile(0.8, df) == pytest.approx(q, abs=1e-3)
+    assert stats.t_quantile(0.025, 4) == pytest.approx(-2.776, abs=1e-3)
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 3, 7, 30, 200):
+        for p in (0.6, 0.8, 0.975, 0.999):
+            assert stats.t_quantile(p, df) == pytest.approx(scipy_stats.t.ppf(p, df), rel=1e-8)
+
+
+def test_seeds_needed_as_the_campaign_issue_counts_them():
+    # a paired t-test at alpha 0.05, power 0.8: 0.35% at SD 0.1% -> 3 seeds, 0.2% -> 5, 0.1% -> 10, 0.75 at 0.5 -> 6
+    assert [stats.seeds_needed(e, s) for e, s in ((0.35, 0.1), (0.2, 0.1), (0.1, 0.1), (0.75, 0.5))] == [3, 5, 10, 6]
+    assert stats.seeds_needed(0.0, 0.1) is None
+
+
+def synthetic(gap_pct: float, sd_pct: float, seeds, points: int = 50, seed: int = 0):
+    """Per seed: a baseline loss curve and an arm curve `gap_pct` % above it, plus per-seed N(0, sd) noise
+    of the gap (the seed-to-seed variation of a paired gap) and a little per-point noise."""
+    rng = random.Random(seed)
+    base, arm = {}, {}
+    for s in seeds:
+        offset = rng.gauss(0.0, sd_pct)
+        b = {t * 1000.0: 5.0 - 2.0 * t / points + rng.gauss(0, 0.01) for t in range(1, points + 1)}
+        a = {t: v * (1 + (gap_pct + offset + rng.gauss(0, sd_pct / 10)) / 100) for t, v in b.items()}
+        base[s], arm[s] = b, a
+    return arm, base, points * 1000.0
+
+
+@pytest.mark.parametrize("gap, sd, seeds, claim, expected", [
+    (0.35, 0.05, [1, 2, 3, 4, 5], stats.Claim("worse"), stats.REPRODUCED),          # resolved
+    (0.35, 0.05, [1, 2, 3, 4, 5], stats.Claim("below", 1.0), stats.REPRODUCED),
+    (0.05, 0.5, [1, 2, 3], stats.Claim("worse"), stats.UNRESOLVED),                 # noise >> gap
+    (-0.4, 0.05, [1, 2, 3, 4], stats.Claim("worse"), stats.CONTRADICTED),           # the other side
+    (1.8, 0.05, [1, 2, 3, 4], stats.Claim("below", 1.0), stats.CONTRADICTED),       # above the bound
+    (0.01, 0.02, [1, 2, 3, 4, 5, 6], stats.Claim("equal", 0.2), stats.REPRODUCED),
+    (0.35, 0.05, [7], stats.Claim("worse"), stats.UNRESOLVED),                      # one seed
+])
+def test_verdicts_of_synthetic_runs(gap, sd, seeds, claim, expected):
+    arm, base, total = synthetic(gap, sd, seeds)
+    interval, per_seed = stats.paired_window_gap(arm, base, total, stats.STABLE)
+    assert sorted(per_seed) == sorted(seeds)
+    v = stats.verdict(interval, claim)
+    assert v.verdict == expected, (interval, v)
+    if len(seeds) == 1:
+        assert interval.lo is None and "one seed" in v.text()
+    else:
+        assert interval.lo < interval.mean < interval.hi and interval.n == len(seeds)
+    if expected == stats.UNRESOLVED and len(seeds) > 1:
+        assert v.seeds_needed is None or v.seeds_needed > len(seeds)
+
+
+def test_unequal_seeds_pair_only_the_common_ones():
+    arm, base, total = synthetic(0.3, 0.02, [1, 2, 3, 4, 5, 6])
+    arm = {s: arm[s] for s in (2, 4, 5)}
+    interval, per_seed = stats.paired_window_gap(arm, base, total, stats.STABLE)
+    assert sorted(per_seed) == [2, 4, 5] and interval.n == 3
+    assert stats.verdict(interval, stats.Claim("worse")).verdict == stats.REPRODUCED
+
+
+def test_window_and_token_ratio():
+    curve = {float(t): float(t) for t in range(11)}
+    assert stats.window_mean(curve, 10, (0.2, 0.8)) == pytest.approx(5.5)   # 3..8
+    assert stats.window_mean(curve, 10, (0.8, 1.0)) == pytest.approx(9.5)   # 9, 10
+    base = {0.0: 10.0, 100.0: 5.0, 200.0: 4.0}
+    assert stats.tokens_to_reach(base, 4.5) == pytest.approx(150.0)
+    assert stats.token_ratio(4.5, 200.0, base) == pytest.approx(200 / 150)
+    assert stats.token_ratio(3.0, 200.0, base) is None
+
+
+# ------------------------------------------------------------------------------ report on synthetic runs
+EXPERIMENT = """
+description: synthetic
+tier: A
+tokens: 5000
+seeds: [1, 2, 3]
+baseline: fp8_blockwise
+base: [model=hybrid_tiny]
+arms:
+  fp8_blockwise: [precision=fp8_blockwise]
+  nvfp4: [precision=nvfp4]
+"""
+
+
+def write_run(root, arm, seed, gap_pct, commit="abc", gpu="NVIDIA H100"):
+    d = root / "synth" / arm / f"seed{seed}"
+    d.mkdir(parents=True)
+    cfg = {"train": {"max_steps": 50, "global_batch_size": 10, "seq_len": 10, "eval_sequences": 64,
+                     "eval_precision": "bf16"}, "model": {"name": "hybrid_tiny"}}
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    rng = random.Random(seed)
+    lines = []
+    for step in range(1, 51):
+        base = 5.0 - step / 25 + rng.gauss(0, 0.01)
+        loss = base * (1 + gap_pct / 100)
+        lines.append(json.dumps({"step": step, "tokens": step * 100, "loss": loss, "val/mean": loss + 0.1}))
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (d / "run.json").write_text(json.dumps({"state": "done", "train_rc": 0, "commit": commit, "gpu": gpu}))
+    (d / "eval.json").write_text(json.dumps({"heldout_mean_loss": 3.0 * (1 + gap_pct / 100), "max_len": 10,
+                                             "heldout": {"a": {"tokens": 640}}}))
+
+
+def test_report_rows_flags_and_labels(tmp_path):
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "synth.yaml").write_text(EXPERIMENT)
+    runs = tmp_path / "runs"
+    for seed, noise in ((1, 0.0), (2, 0.02), (3, -0.02)):
+        write_run(runs, "fp8_blockwise", seed, 0.0)
+        write_run(runs, "nvfp4", seed, 0.4 + noise, commit="abc" if seed < 3 else "def")
+    write_run(runs, "fp8_blockwise", 4, 0.0)   # a baseline seed without its pair: left out of the pairing
+    exp = load_experiment("synth", experiments)
+    loaded = report.load_runs([runs])
+    interval, per_seed = report.compare(report.arm_runs(loaded, exp, "nvfp4"),
+                                        report.arm_runs(loaded, exp, "fp8_blockwise"), "val_stable")
+    assert sorted(per_seed) == [1, 2, 3] and interval.lo > 0
+    rows = report.claim_rows(exp, loaded)
+    val_row = next(r for r in rows if "stable" in r[1] and "validation" in r[1])
+    assert "in-training validation (BF16, 64 seq/source)" in val_row[1]
+    assert val_row[4].startswith("reproduced") and "mixed commits: abc, def" in val_row[5]
+    eval_row = next(r for r in rows if "eval.json" in r[1])
+    assert "BF16 evaluation of the final checkpoint (eval.json, 64 sequences)" in eval_row[1]
+    path = report.write_report([runs], tmp_path / "out", experiments, figures=False)
+    assert "## Tier A" in path.read_text() and "reproduced" in path.read_text()
