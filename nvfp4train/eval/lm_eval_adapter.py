@@ -17,8 +17,15 @@ from __future__ import annotations
 import sys
 
 import torch
-from lm_eval.api.model import LM
-from lm_eval.api.registry import register_model
+
+try:  # this module is lm-eval's model plugin: without lm-eval there is nothing to register
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+except ImportError as e:
+    _MISSING = f"the lm-eval adapter needs the lm-eval package ({e.msg}): pip install 'nvfp4train[lm-eval]'"
+    if __name__ == "__main__":  # python -m nvfp4train.eval.lm_eval_adapter: one line, not a traceback
+        sys.exit(f"error: {_MISSING}")
+    raise ImportError(_MISSING, name=e.name) from None
 
 from nvfp4train.eval import harness
 from nvfp4train.eval.weights import load_run_model
