@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from nvfp4train.eval import harness
-from nvfp4train.eval.cli import compose, optional_int, pick_device
+from nvfp4train.eval.cli import compose, help_requested, optional_int, pick_device, usage
 from nvfp4train.eval.weights import RunError, load_run_model
 
 
@@ -72,8 +72,12 @@ def summary(result: dict, path: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if help_requested(argv):
+        print(usage("eval", __doc__))
+        return 0
     try:
-        cfg = compose("eval", list(sys.argv[1:] if argv is None else argv))
+        cfg = compose("eval", argv)
         result, path = evaluate(cfg)
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -35,11 +35,10 @@ def _main(cfg) -> None:
     except TrainingHalted as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(3)
-    if summary.get("note"):
-        if summary["rank"] == 0:
-            print(summary["note"])
-    elif summary["checkpoint"] and summary["rank"] == 0:
-        print(f"done: step {summary['step']}, loss {summary['loss']:.4f}, checkpoint {summary['checkpoint']}")
+    if summary.get("note") and summary["rank"] == 0:
+        print(summary["note"])
+    if summary.get("exit_code"):  # Ctrl-C: 130, so that `train && eval` stops (loop.py printed the line)
+        sys.exit(summary["exit_code"])
 
 
 def main() -> None:
@@ -47,7 +46,7 @@ def main() -> None:
         _cli()
     except StoppedBeforeFirstStep as e:  # SIGTERM / SIGUSR1 / Ctrl-C while starting: a clean stop
         print(str(e), file=sys.stderr)
-        sys.exit(0)
+        sys.exit(e.exit_code)  # 0 for a preemption (SLURM requeues), 130 for Ctrl-C
 
 
 USAGE = """\
@@ -69,7 +68,7 @@ nvfp4train/train/config.py, nvfp4train/optim, nvfp4train/data/config.py):
   train.eval_every=0          held-out loss every N steps (0: at the end);  train.eval_sequences=64
   train.save_every=0          checkpoint every N steps (0: at the end);  train.resume=auto|never|DIR
   train.device=auto           auto|cpu|cuda;  train.parallel=ddp|fsdp2|deepspeed (several ranks)
-  optim.lr=...                peak learning rate (optim.* : OptimConfig)
+  optim.lr=3e-3               peak learning rate (optim.*: OptimConfig in nvfp4train/optim/adamw.py)
   train.wandb.enabled=true    log to Weights & Biases too (pip install 'nvfp4train[wandb]')
 
 your own data:  data=own data.sources.own.train=[a.jsonl,b.txt] data.sources.own.val=held.jsonl  (docs/data.md)

@@ -37,6 +37,7 @@ import logging.handlers
 import math
 import os
 import resource
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +58,7 @@ from nvfp4train.train.engines import StepStats, build_engine, import_deepspeed
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
 from nvfp4train.train.kernel_cache import persistent_kernel_caches
 from nvfp4train.train.metrics import MetricsLogger, ProgressBar
-from nvfp4train.train.stop import StopSignal
+from nvfp4train.train.stop import StopSignal, exit_code
 
 
 # ----------------------------------------------------------------------------------------- build
@@ -370,7 +371,12 @@ class Trainer:
                 record["precision_switch"] = r.precision_switch
         if (t.eval_every and r.step % t.eval_every == 0) or is_last:
             record = record or {"step": r.step, "tokens": r.step * self.tokens_per_step}
-            record.update(evaluate(self.engine.module, self.val_data, t.micro_batch_size, self.info.device))
+            held_out = evaluate(self.engine.module, self.val_data, t.micro_batch_size, self.info.device)
+            record.update(held_out)
+            if is_main:  # train.log (INFO: not the terminal)
+                logging.getLogger(__name__).info(
+                    f"held-out loss at step {r.step} (in training, training precision, up to {t.eval_sequences} "
+                    "sequences per source): " + ", ".join(f"{k[4:]} {v:.4f}" for k, v in held_out.items()))
         if record is not None:
             self.logger.log(record)
 
@@ -536,12 +542,18 @@ def _run(cfg: RunConfig, stop: StopSignal) -> dict:
             if trainer.save_due() or preempted:
                 last_ckpt = trainer.save(final=preempted or trainer.step == cfg.train.max_steps) or last_ckpt
             if preempted:
-                if info.is_main:
-                    trainer.bar.write(f"received {stop.name}: checkpoint {last_ckpt} saved at step "
-                                      f"{trainer.step}; exiting so the job can be requeued (the same command resumes)")
                 break
+        if info.is_main:  # the last line of the terminal and of train.log
+            if stop.received == signal.SIGINT:
+                trainer.bar.write(f"interrupted at step {trainer.step} of {cfg.train.max_steps}: checkpoint "
+                                  f"{last_ckpt} saved; run the same command to resume")
+            elif stop.received is not None:
+                trainer.bar.write(f"received {stop.name}: checkpoint {last_ckpt} saved at step {trainer.step}; "
+                                  "exiting so the job can be requeued (the same command resumes)")
+            elif last_ckpt:
+                trainer.bar.write(f"done: step {trainer.step}, loss {loss:.4f}, checkpoint {last_ckpt}")
     finally:
         trainer.close()
     dist.barrier(info)
     return {"step": trainer.step, "loss": loss, "checkpoint": str(last_ckpt) if last_ckpt else None,
-            "out_dir": str(cfg.out_dir), "rank": info.rank}
+            "out_dir": str(cfg.out_dir), "rank": info.rank, "exit_code": exit_code(stop.received)}
