@@ -9,6 +9,7 @@ Every refusal is a `RunError` with one line naming the file and what is wrong.
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -71,8 +72,10 @@ def load_state_dict(ckpt: Path, model: HybridLM) -> dict[str, torch.Tensor]:
     # DCP reshards on load: the shards of any number of FSDP2 ranks fill these full-size tensors.
     state = {"model": {k: torch.empty_like(v) for k, v in model.state_dict().items()}}
     try:
-        dcp.load(state, storage_reader=checkpoint.SafeFileSystemReader(str(ckpt / "model_optim")),
-                 planner=checkpoint._TensorsOnlyLoadPlanner())
+        with warnings.catch_warnings():  # one process loading is the intent here, not a misconfiguration
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=checkpoint.SafeFileSystemReader(str(ckpt / "model_optim")),
+                     planner=checkpoint._TensorsOnlyLoadPlanner())
     except checkpoint.CheckpointError as e:
         raise RunError(str(e)) from None
     except BaseException as e:  # DCP raises CheckpointException (a BaseException) with a traceback text

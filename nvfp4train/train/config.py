@@ -82,8 +82,9 @@ class TrainConfig:
     """Write a metrics line every N steps."""
     eval_every: int = bounded(0, ge=0)
     """Held-out validation loss every N steps (0: only at the end)."""
-    eval_sequences: int = bounded(16, ge=0)
-    """Validation sequences per domain."""
+    eval_sequences: int = bounded(64, ge=0)
+    """Held-out sequences per data source (of seq_len + 1 tokens; fewer if the source's val split is shorter):
+    the same default as `python -m nvfp4train.eval`'s heldout_sequences, so both measure the same set."""
     save_every: int = bounded(0, ge=0)
     """Checkpoint every N steps (0: only the final one)."""
     keep_last: int = bounded(3, ge=1)
