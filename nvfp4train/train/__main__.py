@@ -1,6 +1,6 @@
 """`python -m nvfp4train.train [group=option ...] [key=value ...]`: pretrain from Hydra configs.
 
-Also works under `torchrun --nproc_per_node=N -m nvfp4train.train ...` and SLURM's `srun`, and with
+Also works under `torchrun --standalone --nproc_per_node=N -m nvfp4train.train ...` and SLURM's `srun`, and with
 Hydra's own flags (`--cfg job`, `-m` sweeps). A bad key or value ends with one line naming it and
 what is allowed, and exit code 2, before anything is written: the overrides are checked against the
 config dataclasses (and, for one run, composed) before Hydra runs the job.

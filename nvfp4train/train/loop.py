@@ -454,12 +454,13 @@ def cpu_threads() -> str:
     Returns the banner's note."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if os.environ.get("OMP_NUM_THREADS"):
-        return f" ({torch.get_num_threads()} threads: OMP_NUM_THREADS)"
+        n = torch.get_num_threads()
+        return f" ({n} thread{'s' if n > 1 else ''}: OMP_NUM_THREADS)"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     threads = max(1, min(cores, cores - round(load)))
     torch.set_num_threads(threads)
     if threads == cores:
-        return f" ({threads} threads)"
+        return f" ({threads} thread{'s' if threads > 1 else ''})"
     return f" ({threads} of {cores} cores: load average {load:.1f}; OMP_NUM_THREADS=N to choose)"
 
 
