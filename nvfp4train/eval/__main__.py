@@ -55,7 +55,7 @@ def evaluate(cfg: dict) -> tuple[dict, Path]:
     result = {
         "run_dir": str(run_dir), "checkpoint": str(ckpt), "step": int(meta["step"]), "tokens": meta.get("tokens"),
         "precision": run_config.get("precision", {}).get("name"), "eval_precision": "bf16",
-        "max_len": seq_len, "heldout": heldout,
+        "max_len": seq_len, "heldout_sequences": cfg["heldout_sequences"], "heldout": heldout,
         "heldout_mean_loss": sum(v["loss"] for v in heldout.values()) / len(heldout),
         "tasks": tasks, "seconds": round(time.perf_counter() - t0, 2),
     }
