@@ -53,14 +53,14 @@ def _tokens_axis(ax) -> None:
     ax.set_xlabel("tokens")
 
 
-def _log_axis(ax, values, axis: str = "y") -> None:
+def _log_axis(ax, values, axis: str = "y") -> bool:
     """A log axis whose ticks are plain numbers (2, 3, 5, 0.5), several of them even over less than a
     decade; a linear one when the values span less than a factor of 3 (a log axis would show one tick)."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
     finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
     if not finite or max(finite) / min(finite) < 3:
-        return
+        return False
     lo, hi = min(finite), max(finite)
     getattr(ax, f"set_{axis}scale")("log")
     ticks = []
@@ -73,6 +73,7 @@ def _log_axis(ax, values, axis: str = "y") -> None:
     target.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     target.set_minor_locator(NullLocator())
     target.set_minor_formatter(NullFormatter())
+    return True
 
 
 def _mark(ax, markers, with_labels: bool) -> None:
@@ -137,7 +138,7 @@ def write_figures(result: dict, out: Path) -> list[str]:
             if finite:
                 for ax in (ax_all, ax_late):
                     ax.scatter(*zip(*finite), color=colors[label], marker="x", s=40, zorder=4)
-    _log_axis(ax_all, [v for c in curves.values() for v in c["train_loss_max"] + c["train_loss_min"]])
+    log = _log_axis(ax_all, [v for c in curves.values() for v in c["train_loss_max"] + c["train_loss_min"]])
     finite_late = [v for v in late_values if v is not None and math.isfinite(v)]
     if end > 0 and finite_late:
         lo, hi = min(finite_late), max(finite_late)
@@ -148,7 +149,7 @@ def write_figures(result: dict, out: Path) -> list[str]:
         _mark(ax, result["markers"], with_labels=True)
         _tokens_axis(ax)
         ax.set_ylabel("loss")
-    ax_all.set_title("The whole run (log scale)", fontsize=10)
+    ax_all.set_title("The whole run" + (" (log scale)" if log else ""), fontsize=10)
     ax_late.set_title("The second half", fontsize=10)
     title = "Loss against tokens" + ("; x: a loss spike or a skipped step" if any_events else "")
     fig.suptitle(title)
