@@ -32,7 +32,7 @@ def test_train_help_is_a_short_usage_text():
     out = proc.stdout
     assert out.startswith("usage: python -m nvfp4train.train") and len(out.splitlines()) < 40
     assert "powered by Hydra" not in out and "== Config ==" not in out
-    groups = dict(re.findall(r"^  (\w+): +(.+)$", out, flags=re.M))
+    groups = dict(re.findall(r"^  (\w+): +(.+)$", out, flags=re.MULTILINE))
     assert set(groups) == {"model", "precision", "data"}           # no `reproduce` group: it is refused
     assert "hybrid_tiny" in groups["model"] and "nvfp4" in groups["precision"] and "own" in groups["data"]
     assert "--cfg job" in out and "train.max_steps" in out and "--standalone" in out
@@ -72,7 +72,8 @@ def own_run(tmp_path_factory):
     import gzip
 
     cwd = tmp_path_factory.mktemp("own")
-    docs = [json.loads(line)["text"] for line in gzip.open(REPO / "data/bundled/literature.val.jsonl.gz", "rt")]
+    with gzip.open(REPO / "data/bundled/literature.val.jsonl.gz", "rt") as f:
+        docs = [json.loads(line)["text"] for line in f]
     paragraphs = [p for d in docs for p in d.split("\n\n") if len(p) > 200][:60]
     (cwd / "notes.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs[:30]))
     (cwd / "book.txt").write_text("\n\n".join(paragraphs[30:50]))
@@ -84,7 +85,7 @@ def own_run(tmp_path_factory):
 
 
 def test_own_data_trains_and_holds_out_only_its_source(own_run):
-    cwd, out, proc = own_run
+    _, out, proc = own_run
     last = read_metrics(out)[-1]
     assert last["step"] == 3 and sorted(k for k in last if k.startswith("val/")) == ["val/mean", "val/own"]
     assert proc.stdout.strip().splitlines()[-1].startswith("done: step 3, loss ")
