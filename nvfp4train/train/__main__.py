@@ -127,7 +127,9 @@ def _cli() -> None:
     try:
         check_overrides(args.overrides)
         if not args.multirun:  # one job: compose it here so that what Hydra would reject is one line too
-            _check_composed(compose(args.overrides))
+            composed = compose(args.overrides)
+            if not args.cfg:  # --cfg job shows a config with its `???` still open
+                _check_composed(composed)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
