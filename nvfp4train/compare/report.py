@@ -25,7 +25,7 @@ def clean(value):
 
 
 # ------------------------------------------------------------------------------------- figures
-MATPLOTLIB_MISSING = ("no figures: drawing them needs matplotlib: pip install 'nvfp4train[eval]' "
+MATPLOTLIB_MISSING = ("no figures: drawing them needs matplotlib: pip install 'nvfp4train[plots]' "
                       "(compare.md and compare.json are written; --no-plots skips figures)")
 
 

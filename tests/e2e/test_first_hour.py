@@ -119,7 +119,7 @@ def test_compare_without_matplotlib_writes_the_tables_and_says_so_once(own_run, 
         runpy.run_module("nvfp4train.compare", run_name="__main__", alter_sys=True)
     """, "nvfp4train.compare", str(out), "--out", str(tmp_path / "cmp"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.strip() == ("no figures: drawing them needs matplotlib: pip install 'nvfp4train[eval]' "
+    assert proc.stderr.strip() == ("no figures: drawing them needs matplotlib: pip install 'nvfp4train[plots]' "
                                    "(compare.md and compare.json are written; --no-plots skips figures)")
     assert sorted(p.name for p in (tmp_path / "cmp").iterdir()) == ["compare.json", "compare.md"]
 
