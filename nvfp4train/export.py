@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from nvfp4train.eval.cli import compose, optional_int
+from nvfp4train.eval.cli import compose, help_requested, optional_int, usage
 from nvfp4train.eval.weights import RunError, load_run_model, model_config_for
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -227,8 +227,12 @@ def load_export(path: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if help_requested(argv):
+        print(usage("export", __doc__))
+        return 0
     try:
-        cfg = compose("export", list(sys.argv[1:] if argv is None else argv))
+        cfg = compose("export", argv)
         out = export(Path(cfg["run_dir"]), optional_int("step", cfg["step"]), cfg["out"], cfg["dtype"],
                      cfg["overwrite"])
     except RunError as e:

@@ -68,6 +68,7 @@ def summarize(cfg: ModelConfig, seq_len: int) -> dict:
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
+        print("usage: python -m nvfp4train.summary [model=NAME] [model.KEY=VALUE ...] [train.seq_len=N]\n")
         print(__doc__.strip())
         return 0
     try:

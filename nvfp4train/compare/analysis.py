@@ -143,8 +143,10 @@ def eval_table(arms: list[Arm]) -> dict:
         for e in evals:
             for task, v in e.get("tasks", {}).items():
                 values.setdefault(f"{task} ({v['primary']})", []).append(v[v["primary"]])
+            n = e.get("heldout_sequences")  # eval.json of this version on: say which held-out set it is
             for source, v in e.get("heldout", {}).items():
-                values.setdefault(f"held-out {source} (loss)", []).append(v["loss"])
+                values.setdefault(f"held-out {source} (loss; BF16 evaluation{f', {n} sequences' if n else ''})",
+                                  []).append(v["loss"])
         for name, vals in values.items():
             rows.setdefault(name, {})[arm.label] = {"mean": float(np.mean(vals)), "seeds": len(vals)}
     return rows
@@ -161,7 +163,8 @@ def compare(arms: list[Arm], baseline: Arm, milestones: list[dict], window_fract
     for arm in arms:
         c = curves[arm.label]
         out["arms"].append({"label": arm.label, "runs": [r.source for r in arm.runs], "seeds": len(arm.runs),
-                            "key": arm.key})
+                            "key": arm.key,  # held-out sequences per source of the in-training evaluation
+                            "eval_sequences": (arm.runs[0].config.get("train") or {}).get("eval_sequences")})
         rel = relative_curve(c, base)
         out["curves"][arm.label] = {
             "train_tokens": c["tokens"].tolist(), "train_loss_mean": c["mean"].tolist(),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 
@@ -24,19 +25,81 @@ def clean(value):
 
 
 # ------------------------------------------------------------------------------------- figures
+MATPLOTLIB_MISSING = ("no figures: drawing them needs matplotlib: pip install 'nvfp4train[plots]' "
+                      "(compare.md and compare.json are written; --no-plots skips figures)")
+
+
+def can_draw() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _tokens_label(value: float, _pos=None) -> str:
+    """Tokens as a reader says them: 0, 500k, 2.5M, 1.2B (no `1e7` offset under the axis)."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _tokens_axis(ax) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(_tokens_label))
+    ax.set_xlabel("tokens")
+
+
+def _log_axis(ax, values, axis: str = "y") -> bool:
+    """A log axis whose ticks are plain numbers (2, 3, 5, 0.5), several of them even over less than a
+    decade; a linear one when the values span less than a factor of 3 (a log axis would show one tick)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+
+    finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    if not finite or max(finite) / min(finite) < 3:
+        return False
+    lo, hi = min(finite), max(finite)
+    getattr(ax, f"set_{axis}scale")("log")
+    ticks = []
+    for exp in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1):
+        for m in (1, 1.5, 2, 3, 4, 5, 6, 8) if hi / lo < 20 else (1, 2, 5):
+            ticks.append(m * 10.0 ** exp)
+    shown = [t for t in ticks if lo / 1.1 <= t <= hi * 1.1]
+    target = getattr(ax, f"{axis}axis")
+    target.set_major_locator(FixedLocator(shown))
+    target.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    target.set_minor_locator(NullLocator())
+    target.set_minor_formatter(NullFormatter())
+    return True
+
+
 def _mark(ax, markers, with_labels: bool) -> None:
+    """Data-phase switches, the LR-decay start and precision switches as vertical lines; their names on
+    a second x axis above the plot (inside it they were clipped or hid the curves)."""
     styles = {"phase": ("tab:gray", ":"), "decay": ("tab:red", "--"), "switch": ("tab:purple", "-.")}
-    for m in markers:
-        if m["kind"] in styles:
-            color, ls = styles[m["kind"]]
-            ax.axvline(m["tokens"], color=color, ls=ls, lw=1)
-            if with_labels:
-                ax.text(m["tokens"], 1.0, " " + m["label"], transform=ax.get_xaxis_transform(), rotation=90,
-                        va="top", ha="right", fontsize=7, color=color)
+    shown = [m for m in markers if m["kind"] in styles]
+    for m in shown:
+        color, ls = styles[m["kind"]]
+        ax.axvline(m["tokens"], color=color, ls=ls, lw=1)
+    if with_labels and shown:
+        top = ax.secondary_xaxis("top")
+        top.set_xticks([m["tokens"] for m in shown])
+        top.set_xticklabels([m["label"] for m in shown], fontsize=7, rotation=20, ha="left")
+        for label, m in zip(top.get_xticklabels(), shown):
+            label.set_color(styles[m["kind"]][0])
 
 
 def _nan(values):
     return [math.nan if v is None else v for v in values]
+
+
+def _heldout_label(arm: dict) -> str:
+    n = arm.get("eval_sequences")
+    return f"held-out: in training, training precision, {n} sequences per source" if n else \
+        "held-out: in training, training precision"
 
 
 def write_figures(result: dict, out: Path) -> list[str]:
@@ -46,58 +109,102 @@ def write_figures(result: dict, out: Path) -> list[str]:
 
     written = []
     colors = {a["label"]: f"C{i}" for i, a in enumerate(result["arms"])}
+    arms = {a["label"]: a for a in result["arms"]}
+    curves = result["curves"]
+    any_events = any(events for c in curves.values() for events in c["events"].values())
+    end = max((t for c in curves.values() for t in c["train_tokens"]), default=0.0)
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for label, c in result["curves"].items():
+    # Loss: the whole run on a log axis (left), and its second half on a linear one (right), where arms
+    # that differ by a percent are told apart; held-out losses as points, offset a little per arm.
+    fig, (ax_all, ax_late) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1, 1]})
+    late_values, heldout_labels = [], set()
+    for i, (label, c) in enumerate(curves.items()):
         t = c["train_tokens"]
-        ax.plot(t, _nan(c["train_loss_mean"]), color=colors[label], label=f"{label} (train, smoothed)")
-        ax.fill_between(t, _nan(c["train_loss_min"]), _nan(c["train_loss_max"]), color=colors[label], alpha=0.2)
-        for i, points in enumerate(c["heldout_points"].values()):
+        for ax in (ax_all, ax_late):
+            ax.plot(t, _nan(c["train_loss_mean"]), color=colors[label], label=label)
+            ax.fill_between(t, _nan(c["train_loss_min"]), _nan(c["train_loss_max"]), color=colors[label], alpha=0.2)
+        late_values += [v for x, v in zip(t, c["train_loss_max"]) if x >= end / 2 and v is not None]
+        late_values += [v for x, v in zip(t, c["train_loss_min"]) if x >= end / 2 and v is not None]
+        for points in c["heldout_points"].values():
             if points:
-                ax.scatter(*zip(*points), color=colors[label], marker="o", edgecolor="black", zorder=3,
-                           label=f"{label} (held-out)" if i == 0 else None)
+                xs = [x + (i - (len(curves) - 1) / 2) * 0.006 * end for x, _ in points]
+                ys = [y for _, y in points]
+                late_values += [y for x, y in points if x >= end / 2]
+                for ax in (ax_all, ax_late):
+                    ax.scatter(xs, ys, color=colors[label], marker="o", edgecolor="black", s=28, zorder=3)
+                heldout_labels.add(_heldout_label(arms[label]))
         for events in c["events"].values():  # loss spikes and skipped (non-finite) steps
-            finite = [(t, loss) for t, loss, _ in events if loss is not None and math.isfinite(loss)]
+            finite = [(x, loss) for x, loss, _ in events if loss is not None and math.isfinite(loss)]
             if finite:
-                ax.scatter(*zip(*finite), color=colors[label], marker="x", s=40, zorder=4)
-    _mark(ax, result["markers"], with_labels=True)
-    ax.set(xlabel="tokens", ylabel="loss", title="Loss against tokens (x: loss spike or skipped step)")
-    ax.legend(fontsize=8)
+                for ax in (ax_all, ax_late):
+                    ax.scatter(*zip(*finite), color=colors[label], marker="x", s=40, zorder=4)
+    log = _log_axis(ax_all, [v for c in curves.values() for v in c["train_loss_max"] + c["train_loss_min"]])
+    finite_late = [v for v in late_values if v is not None and math.isfinite(v)]
+    if end > 0 and finite_late:
+        lo, hi = min(finite_late), max(finite_late)
+        pad = max((hi - lo) * 0.08, 1e-3)
+        ax_late.set_xlim(end / 2 - 0.02 * end, end * 1.03)
+        ax_late.set_ylim(lo - pad, hi + pad)
+    for ax in (ax_all, ax_late):
+        _mark(ax, result["markers"], with_labels=True)
+        _tokens_axis(ax)
+        ax.set_ylabel("loss")
+    ax_all.set_title("The whole run" + (" (log scale)" if log else ""), fontsize=10)
+    ax_late.set_title("The second half", fontsize=10)
+    title = "Loss against tokens" + ("; x: a loss spike or a skipped step" if any_events else "")
+    fig.suptitle(title)
+    from matplotlib.lines import Line2D
+
+    handles, _ = ax_all.get_legend_handles_labels()
+    handles = handles + [Line2D([], [], ls="", marker="o", color="white", markeredgecolor="black", label=text)
+                         for text in sorted(heldout_labels)]
+    handles.append(Line2D([], [], color="gray", alpha=0.4, lw=6,
+                          label="training loss, smoothed; band: min-max over seeds"))
+    ax_all.legend(handles=handles, fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(out / "loss.png", dpi=120)
     written.append("loss.png")
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 4.8))
     ax.axhline(0, color="black", lw=0.8)
-    for label, c in result["curves"].items():
+    for label, c in curves.items():
         if label == result["baseline"]:
             continue
         t = c["relative_tokens"]
         ax.plot(t, _nan(c["relative_pct_mean"]), color=colors[label], label=label)
         ax.fill_between(t, _nan(c["relative_pct_min"]), _nan(c["relative_pct_max"]), color=colors[label], alpha=0.2)
     _mark(ax, result["markers"], with_labels=True)
-    ax.set(xlabel="tokens", ylabel=f"relative difference to {result['baseline']} (%)",
-           title="(arm - baseline) / baseline, training loss, smoothed")
-    ax.legend(fontsize=8)
+    _tokens_axis(ax)
+    ax.set(ylabel=f"relative difference to {result['baseline']} (%)",
+           title="(arm - baseline) / baseline: training loss, smoothed (band: min-max over seeds)")
+    if len(curves) > 1:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "relative_loss.png", dpi=120)
     written.append("relative_loss.png")
     plt.close(fig)
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for label, c in result["curves"].items():
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.3))
+    grad_values = []
+    for label, c in curves.items():
         for i, points in enumerate(c["grad_norm"].values()):
             if points:
                 ax1.plot(*zip(*points), color=colors[label], lw=1, label=label if i == 0 else None)
+                grad_values += [y for _, y in points]
         for i, points in enumerate(c["tokens_per_s"].values()):
             if points:
                 ax2.plot(*zip(*points), color=colors[label], lw=1, label=label if i == 0 else None)
     _mark(ax1, result["markers"], with_labels=False)
-    ax1.set(xlabel="tokens", ylabel="gradient norm (before clipping)", title="Gradient norm", yscale="log")
-    ax2.set(xlabel="tokens", ylabel="tokens/s", title="Throughput")
-    ax1.legend(fontsize=8)
-    ax2.legend(fontsize=8)
+    _log_axis(ax1, grad_values)
+    from matplotlib.ticker import FuncFormatter
+
+    ax2.yaxis.set_major_formatter(FuncFormatter(_tokens_label))
+    for ax in (ax1, ax2):
+        _tokens_axis(ax)
+        ax.legend(fontsize=8)
+    ax1.set(ylabel="gradient norm (before clipping)", title="Gradient norm")
+    ax2.set(ylabel="tokens/s", title="Throughput")
     fig.tight_layout()
     fig.savefig(out / "stability.png", dpi=120)
     written.append("stability.png")
@@ -130,7 +237,10 @@ def markdown(result: dict, figures: list[str]) -> str:
     held = {k: v for k, v in result["heldout"].items() if v}
     if held:
         sources = sorted(set().union(*(v["loss"] for v in held.values())))
-        lines += ["", "## Held-out loss (last evaluation all seeds share)", ""]
+        counts = sorted({str(a.get("eval_sequences")) for a in result["arms"] if a.get("eval_sequences")})
+        what = f", {' / '.join(counts)} sequences per source" if counts else ""
+        lines += ["", f"## Held-out loss (in training, training precision{what}; the last evaluation all seeds share)",
+                  ""]
         rows = []
         for label, v in held.items():
             rel = v.get("relative_pct", {})
@@ -157,8 +267,13 @@ def markdown(result: dict, figures: list[str]) -> str:
 
 
 def write(result: dict, out: Path, figures: bool = True) -> list[str]:
+    """compare.json, compare.md and (with matplotlib installed) the figures. Without matplotlib the
+    figures are left out with one line on stderr, so a plain install still compares."""
     out.mkdir(parents=True, exist_ok=True)
     result = clean(result)
+    if figures and not can_draw():
+        print(MATPLOTLIB_MISSING, file=sys.stderr)
+        figures = False
     written = write_figures(result, out) if figures else []
     (out / "compare.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "compare.md").write_text(markdown(result, written))

@@ -384,7 +384,8 @@ def prepare_all(data_cfg, *, num_proc: int | None = None, progress: bool | None 
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m nvfp4train.data.prepare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", nargs="+", help="files, globs or directories of documents")
     parser.add_argument("--hf", help="a `datasets` dataset: a hub name (needs a reachable hub), a directory written "
                         "by save_to_disk or of data files, or a builder (json, parquet) with --data-files")

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from nvfp4train.eval import harness
-from nvfp4train.eval.cli import compose, optional_int, pick_device
+from nvfp4train.eval.cli import compose, help_requested, optional_int, pick_device, usage
 from nvfp4train.eval.weights import RunError, load_run_model
 
 
@@ -55,7 +55,7 @@ def evaluate(cfg: dict) -> tuple[dict, Path]:
     result = {
         "run_dir": str(run_dir), "checkpoint": str(ckpt), "step": int(meta["step"]), "tokens": meta.get("tokens"),
         "precision": run_config.get("precision", {}).get("name"), "eval_precision": "bf16",
-        "max_len": seq_len, "heldout": heldout,
+        "max_len": seq_len, "heldout_sequences": cfg["heldout_sequences"], "heldout": heldout,
         "heldout_mean_loss": sum(v["loss"] for v in heldout.values()) / len(heldout),
         "tasks": tasks, "seconds": round(time.perf_counter() - t0, 2),
     }
@@ -72,8 +72,12 @@ def summary(result: dict, path: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if help_requested(argv):
+        print(usage("eval", __doc__))
+        return 0
     try:
-        cfg = compose("eval", list(sys.argv[1:] if argv is None else argv))
+        cfg = compose("eval", argv)
         result, path = evaluate(cfg)
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -11,6 +11,29 @@ from nvfp4train.eval.weights import RunError
 from nvfp4train.train.config import CONFIG_DIR  # configs/ of the checkout, or the copy a wheel carries
 
 
+def help_requested(argv: list[str]) -> bool:
+    return any(arg in ("-h", "--help") for arg in argv)
+
+
+def usage(name: str, doc: str) -> str:
+    """`--help` of `python -m nvfp4train.<name>`: its usage line, what it does (the module docstring
+    after its first line) and its options, read from configs/<name>.yaml (defaults and comments)."""
+    lines = (CONFIG_DIR / f"{name}.yaml").read_text().splitlines()
+    command = re.match(r"#\s*`([^`]+)`:?\s*(.*)", lines[0])
+    out = [f"usage: {command.group(1) if command else f'python -m nvfp4train.{name} key=value ...'}", ""]
+    if command and command.group(2):
+        out += [command.group(2)[0].upper() + command.group(2)[1:], ""]
+    out += doc.strip().split("\n", 1)[1].strip().splitlines() if "\n" in doc.strip() else []
+    out += ["", f"options (key=value; configs/{name}.yaml):"]
+    for line in lines[1:]:
+        m = re.match(r"([A-Za-z_]\w*):\s*(.*?)\s*(?:#\s*(.*))?$", line)
+        if m:
+            key, value, comment = m.groups()
+            value = "(required)" if value == "???" else value
+            out.append(f"  {key + '=' + value:<26} {comment or ''}".rstrip())
+    return "\n".join(out)
+
+
 def compose(name: str, argv: list[str]) -> dict:
     """`configs/<name>.yaml` with the overrides applied -> a plain dict; bad input raises RunError."""
     from hydra import compose as hydra_compose, initialize_config_dir

@@ -27,11 +27,17 @@ import sys
 
 import torch
 
-# lm-eval fills its model registry with its own models only while that registry is empty: they are
-# registered first, so that registering ours below leaves `--model hf` and the others usable.
-import lm_eval.models  # noqa: F401
-from lm_eval.api.model import TemplateLM
-from lm_eval.api.registry import register_model
+try:  # this module is lm-eval's model plugin: without lm-eval there is nothing to register
+    # lm-eval fills its model registry with its own models only while that registry is empty: they are
+    # registered first, so that registering ours below leaves `--model hf` and the others usable.
+    import lm_eval.models  # noqa: F401
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+except ImportError as e:
+    _MISSING = f"the lm-eval adapter needs the lm-eval package ({e.msg}): pip install 'nvfp4train[lm-eval]'"
+    if __name__ == "__main__":  # python -m nvfp4train.eval.lm_eval_adapter: one line, not a traceback
+        sys.exit(f"error: {_MISSING}")
+    raise ImportError(_MISSING, name=e.name) from None
 
 from nvfp4train.eval import harness
 from nvfp4train.eval.weights import RunError, load_run_model

@@ -13,7 +13,6 @@ import math
 from typing import Optional
 
 import torch
-import triton
 
 from .ssd import import_mamba_triton
 
@@ -74,7 +73,7 @@ def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z
     arguments but more programs (and so more partial weight-gradient rows, summed in FP32 at the end)."""
     M, N = x.shape
     ngroups = N // group_size
-    block_n = triton.next_power_of_2(group_size)
+    block_n = 1 << max(group_size - 1, 0).bit_length()  # triton.next_power_of_2, without importing triton
     if block_n > 65536 // x.element_size():
         raise RuntimeError(f"fused RMSNorm: group size {group_size} over the kernel's 64 KB row limit")
     num_warps = min(max(block_n // 256, 1), 8)

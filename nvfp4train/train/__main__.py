@@ -1,6 +1,6 @@
 """`python -m nvfp4train.train [group=option ...] [key=value ...]`: pretrain from Hydra configs.
 
-Also works under `torchrun --nproc_per_node=N -m nvfp4train.train ...` and SLURM's `srun`, and with
+Also works under `torchrun --standalone --nproc_per_node=N -m nvfp4train.train ...` and SLURM's `srun`, and with
 Hydra's own flags (`--cfg job`, `-m` sweeps). A bad key or value ends with one line naming it and
 what is allowed, and exit code 2, before anything is written: the overrides are checked against the
 config dataclasses (and, for one run, composed) before Hydra runs the job.
@@ -34,11 +34,10 @@ def _main(cfg) -> None:
         fail(str(e), 2)  # one line from rank 0 (and in torchrun's error file): dist/errors.py
     except TrainingHalted as e:
         fail(str(e), 3)
-    if summary.get("note"):
-        if summary["rank"] == 0:
-            print(summary["note"])
-    elif summary["checkpoint"] and summary["rank"] == 0:
-        print(f"done: step {summary['step']}, loss {summary['loss']:.4f}, checkpoint {summary['checkpoint']}")
+    if summary.get("note") and summary["rank"] == 0:
+        print(summary["note"])
+    if summary.get("exit_code"):  # Ctrl-C: 130, so that `train && eval` stops (loop.py printed the line)
+        sys.exit(summary["exit_code"])
 
 
 def main() -> None:
@@ -49,7 +48,70 @@ def main() -> None:
         # may have interrupted torch's import, and importing it again would crash.)
         if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) in ("0", ""):
             print(str(e), file=sys.stderr)
-        sys.exit(0)
+        sys.exit(e.exit_code)  # 0 for a preemption (SLURM requeues), 130 for Ctrl-C
+
+
+USAGE = """\
+usage: python -m nvfp4train.train [group=option ...] [key=value ...] [--cfg job]
+
+Pretrain a hybrid Mamba-Transformer from Hydra configs (configs/train.yaml and its groups). Without
+arguments: the tiny CPU model on the bundled corpus in BF16, written to runs/default/ (a few minutes on
+2 cores). Run the same command again to resume from its latest checkpoint; Ctrl-C saves one first.
+
+config groups (group=option):
+{groups}
+
+main keys (key=value; every key with its default and meaning: `--cfg job`, and the dataclasses in
+nvfp4train/train/config.py, nvfp4train/optim, nvfp4train/data/config.py):
+  out_dir=runs/default        where metrics.jsonl, train.log, config.yaml and checkpoints/ go
+  seed=1234                   initial weights, data order, stochastic rounding
+  train.max_steps=300         optimizer steps
+  train.global_batch_size=16  sequences per step over all ranks;  train.seq_len=128  tokens per sequence
+  train.eval_every=0          held-out loss every N steps (0: at the end);  train.eval_sequences=64
+  train.save_every=0          checkpoint every N steps (0: at the end);  train.resume=auto|never|DIR
+  train.device=auto           auto|cpu|cuda;  train.parallel=ddp|fsdp2|deepspeed (several ranks)
+  optim.lr=3e-3               peak learning rate (optim.*: OptimConfig in nvfp4train/optim/adamw.py)
+  train.wandb.enabled=true    log to Weights & Biases too (pip install 'nvfp4train[wandb]')
+
+your own data:  data=own data.sources.own.train=[a.jsonl,b.txt] data.sources.own.val=held.jsonl  (docs/data.md)
+several GPUs:   torchrun --standalone --nproc_per_node=8 -m nvfp4train.train ...  (docs/gpu.md, docs/slurm.md)
+the paper's experiments: python -m nvfp4train.reproduce --help
+--cfg job prints the composed config and exits; --hydra-help: Hydra's own flags (e.g. -m for sweeps).\
+"""
+
+
+def usage() -> str:
+    from nvfp4train.train.config import group_options
+
+    groups = []
+    for group in ("model", "precision", "data"):
+        options = [o for o in group_options(group) if not o.startswith("_")]
+        groups.append(f"  {group + ':':<11}" + ", ".join(options))
+    return USAGE.format(groups="\n".join(groups))
+
+
+def _check_composed(cfg) -> None:
+    """A `???` left in the composed config (configs/data/own.yaml's files) is one line naming the key."""
+    from omegaconf import OmegaConf
+
+    from nvfp4train.train.config import ConfigError
+
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"{missing[0]}: required, no default (e.g. {missing[0]}=data/mine.jsonl; see docs/data.md)"
+                          if missing[0].startswith("data.") else f"{missing[0]}: required, no default")
+
+
+def _explain(message: str) -> str:
+    """Hydra's "Could not override 'data.sources.NAME...'" for a source the data config lacks: say how to
+    train on one's own files instead of suggesting `+key`, which would add it to the bundled blend."""
+    import re
+
+    m = re.match(r"Could not override '(data\.sources\.([^.']+)[^']*)'", message)
+    if m:
+        return (f"{m.group(1)}: the data config has no source {m.group(2)!r}; to train on your own files: "
+                "data=own data.sources.own.train=[a.jsonl,b.txt] data.sources.own.val=held.jsonl (docs/data.md)")
+    return message
 
 
 def _cli() -> None:
@@ -62,14 +124,19 @@ def _cli() -> None:
     from nvfp4train.train.config import CONFIG_DIR, ConfigError, check_overrides, compose, register_defaults
 
     args = get_args_parser().parse_args()
+    if args.help:  # ours, not Hydra's "powered by Hydra" and the whole config (`--cfg job` prints that)
+        print(usage())
+        sys.exit(0)
     try:
         check_overrides(args.overrides)
         if not args.multirun:  # one job: compose it here so that what Hydra would reject is one line too
-            compose(args.overrides)
+            composed = compose(args.overrides)
+            if not args.cfg:  # --cfg job shows a config with its `???` still open
+                _check_composed(composed)
     except ConfigError as e:
         fail(str(e), 2)  # under torchrun: every rank refuses alike, before any process group; rank 0 says it
     except (HydraException, OmegaConfBaseException) as e:
-        fail(str(e), 2)
+        fail(_explain(" ".join(str(e).split())), 2)
     register_defaults()
     hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(_main)()
     from nvfp4train import dist

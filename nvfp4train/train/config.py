@@ -84,8 +84,10 @@ class TrainConfig:
     """Write a metrics line every N steps."""
     eval_every: int = bounded(0, ge=0)
     """Held-out validation loss every N steps (0: only at the end)."""
-    eval_sequences: int = bounded(16, ge=0)
-    """Validation sequences per domain; 0: no held-out evaluation (as Megatron's --eval-iters 0)."""
+    eval_sequences: int = bounded(64, ge=0)
+    """Held-out sequences per data source (of seq_len + 1 tokens; fewer if the source's val split is shorter):
+    the same default as `python -m nvfp4train.eval`'s heldout_sequences, so both measure the same set;
+    0: no held-out evaluation (as Megatron's --eval-iters 0)."""
     eval_precision: EvalPrecision = EvalPrecision.train
     """The GEMMs of the in-training validation: train (the run's own precision at that step) | bf16 (every
     linear in BF16, as the evaluation of a final checkpoint)."""

@@ -38,6 +38,7 @@ import logging.handlers
 import math
 import os
 import resource
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +58,7 @@ from nvfp4train.train.config import ConfigError, RunConfig, resolve_micro_batch
 from nvfp4train.train.engines import StepStats, build_engine, import_deepspeed
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
 from nvfp4train.train.metrics import MetricsLogger, ProgressBar
-from nvfp4train.train.stop import StopSignal
+from nvfp4train.train.stop import StopSignal, exit_code
 
 
 def persistent_kernel_caches() -> str:
@@ -209,6 +210,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig):
         self.started = time.perf_counter()  # time to first step is counted from here
         self.info = info = dist.init_distributed(cfg.train.device)
+        self.threads_note = cpu_threads() if info.device.type == "cpu" else ""
         self.kernel_cache = persistent_kernel_caches() if info.device.type == "cuda" else None
         # the micro-batch depends on the world size, known only now; config.yaml records the value used
         cfg = dataclasses.replace(cfg, train=resolve_micro_batch(cfg.train, info.world_size))
@@ -313,7 +315,7 @@ class Trainer:
             parallel = t.parallel if info.world_size > 1 or t.parallel == "deepspeed" else "single"
             self.bar.write(f"model {self.model_cfg.name}: {n_params / 1e6:.2f}M params | precision "
                            f"{cfg.precision.get('name', '?')} ({self.controller.backend_name}) | {parallel} "
-                           f"x{info.world_size} on {info.device.type} | {t.max_steps} steps x "
+                           f"x{info.world_size} on {info.device.type}{self.threads_note} | {t.max_steps} steps x "
                            f"{self.tokens_per_step} tokens | {where}"
                            f"{' | deterministic' if t.deterministic else ''}")
             for note in self.resume_notes:
@@ -411,7 +413,13 @@ class Trainer:
         if (t.eval_every and r.step % t.eval_every == 0) or is_last:
             record = record or {"step": r.step, "tokens": r.step * self.tokens_per_step}
             bf16_layers = self.controller.layers if t.eval_precision == "bf16" else ()
-            record.update(evaluate(self.engine.module, self.val_data, t.micro_batch_size, self.info.device, bf16_layers))
+            held_out = evaluate(self.engine.module, self.val_data, t.micro_batch_size, self.info.device, bf16_layers)
+            record.update(held_out)
+            if is_main and held_out:  # train.log (INFO: not the terminal)
+                precision = "BF16" if t.eval_precision == "bf16" else "training precision"
+                logging.getLogger(__name__).info(
+                    f"held-out loss at step {r.step} (in training, {precision}, up to {t.eval_sequences} "
+                    "sequences per source): " + ", ".join(f"{k[4:]} {v:.4f}" for k, v in held_out.items()))
         if record is not None:
             self.logger.log(record)
 
@@ -477,6 +485,25 @@ class Trainer:
         done = checkpoint.list_checkpoints(self.ckpt_root)
         return (f"the latest checkpoint ({done[-1]}) is kept: resume from it with train.resume={done[-1]}"
                 if done else "no checkpoint was written")
+
+
+def cpu_threads() -> str:
+    """Pick torch's CPU threads unless OMP_NUM_THREADS (or torchrun, which sets it) did: the cores this
+    process may use that other processes are not busy on (cores - the 1-minute load average, at least 1).
+    torch's default (every core) collapses on a shared machine: the default run on 2 cores with other jobs
+    running (load average ~10) made ~250 tokens/s with 2 threads and ~900 with 1; on an idle
+    machine it keeps every core. The thread count does not change the numbers (same losses, bitwise).
+    Returns the banner's note."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if os.environ.get("OMP_NUM_THREADS"):
+        n = torch.get_num_threads()
+        return f" ({n} thread{'s' if n > 1 else ''}: OMP_NUM_THREADS)"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    threads = max(1, min(cores, cores - round(load)))
+    torch.set_num_threads(threads)
+    if threads == cores:
+        return f" ({threads} thread{'s' if threads > 1 else ''})"
+    return f" ({threads} of {cores} cores: load average {load:.1f}; OMP_NUM_THREADS=N to choose)"
 
 
 def _peak_memory_gib(device: torch.device) -> float:
@@ -578,12 +605,18 @@ def _run(cfg: RunConfig, stop: StopSignal) -> dict:
             if trainer.save_due() or preempted:
                 last_ckpt = trainer.save(final=preempted or trainer.step == cfg.train.max_steps) or last_ckpt
             if preempted:
-                if info.is_main:
-                    trainer.bar.write(f"received {stop.name}: checkpoint {last_ckpt} saved at step "
-                                      f"{trainer.step}; exiting so the job can be requeued (the same command resumes)")
                 break
+        if info.is_main:  # the last line of the terminal and of train.log
+            if stop.received == signal.SIGINT:
+                trainer.bar.write(f"interrupted at step {trainer.step} of {cfg.train.max_steps}: checkpoint "
+                                  f"{last_ckpt} saved; run the same command to resume")
+            elif stop.received is not None:
+                trainer.bar.write(f"received {stop.name}: checkpoint {last_ckpt} saved at step {trainer.step}; "
+                                  "exiting so the job can be requeued (the same command resumes)")
+            elif last_ckpt:
+                trainer.bar.write(f"done: step {trainer.step}, loss {loss:.4f}, checkpoint {last_ckpt}")
     finally:
         trainer.close()
     dist.barrier(info)
     return {"step": trainer.step, "loss": loss, "checkpoint": str(last_ckpt) if last_ckpt else None,
-            "out_dir": str(cfg.out_dir), "rank": info.rank}
+            "out_dir": str(cfg.out_dir), "rank": info.rank, "exit_code": exit_code(stop.received)}

@@ -112,11 +112,14 @@ class ProgressBar:
             self._bar = tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)
 
     def update(self, step: int, loss: float, tokens_per_s: float) -> None:
+        line = f"step {step} loss {loss:.4f} {tokens_per_s:,.0f} tok/s"
         if self._bar is not None:
-            self._bar.set_postfix_str(f"step {step} loss {loss:.4f} {tokens_per_s:,.0f} tok/s", refresh=False)
+            self._bar.set_postfix_str(line, refresh=False)
             self._bar.update(1)
         elif self.enabled and step % self.log_every == 0:  # logs (SLURM, CI) get a plain line instead
-            print(f"step {step} loss {loss:.4f} {tokens_per_s:,.0f} tok/s", flush=True)
+            print(line, flush=True)
+        if self.enabled and step % self.log_every == 0:  # train.log gets it either way (INFO: not the terminal)
+            logging.getLogger("nvfp4train.train").info(line)
 
     def write(self, message: str) -> None:
         logging.getLogger("nvfp4train.train").info(message)  # train.log gets the terminal's lines too

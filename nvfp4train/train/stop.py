@@ -1,5 +1,8 @@
 """Stop signals: SIGTERM / SIGUSR1 (SLURM preemption) and SIGINT (Ctrl-C) end a run with a checkpoint.
 
+The exit status tells them apart: a preemption exits 0 (SLURM requeues the job, and the same command
+resumes), Ctrl-C exits 130 like any interrupted command, so that `train && eval` stops there.
+
 Imports nothing heavy, so `python -m nvfp4train.train` installs the handlers before it imports torch: a
 signal during start-up (imports, data preparation, model build, resume) ends the process with one line
 instead of a traceback or a silent kill. Until the first step the handler raises StoppedBeforeFirstStep
@@ -15,6 +18,19 @@ import signal
 
 class StoppedBeforeFirstStep(BaseException):
     """A stop signal arrived while the run was starting: there is nothing new to save."""
+
+    def __init__(self, message: str, signum: int | None = None):
+        super().__init__(message)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code(self.signum)
+
+
+def exit_code(signum: int | None) -> int:
+    """130 after Ctrl-C (128 + SIGINT, what a shell reports), 0 after a preemption signal (requeue)."""
+    return 128 + signal.SIGINT if signum == signal.SIGINT else 0
 
 
 class StopSignal:
@@ -38,7 +54,8 @@ class StopSignal:
         return signal.Signals(self.received).name if self.received else "none"
 
     def stopped(self) -> StoppedBeforeFirstStep:
-        return StoppedBeforeFirstStep(f"received {self.name} before the first step: stopped, nothing to save")
+        return StoppedBeforeFirstStep(f"received {self.name} before the first step: stopped, nothing to save",
+                                      self.received)
 
     def _handle(self, signum, frame):
         if signum == signal.SIGINT and self.received == signal.SIGINT:

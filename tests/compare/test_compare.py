@@ -71,7 +71,7 @@ def test_short_runs_missing_steps_recorded_extras_and_eval_table(runs, tmp_path)
     arm = tmp_path / "arm"
     shutil.copytree(runs["arm"], arm, ignore=shutil.ignore_patterns("checkpoints"))
     (arm / "eval.json").write_text(json.dumps({"tasks": {"t": {"primary": "acc", "acc": 0.75}},
-                                               "heldout": {"code": {"loss": 5.0}}}))
+                                               "heldout": {"code": {"loss": 5.0}}, "heldout_sequences": 64}))
     out = tmp_path / "out"
     assert main([str(runs["base_s1"]), str(short), str(arm), "--out", str(out), "--no-plots"]) == 0
     result = json.loads((out / "compare.json").read_text())
@@ -83,7 +83,8 @@ def test_short_runs_missing_steps_recorded_extras_and_eval_table(runs, tmp_path)
     assert [e[2] for e in curve["events"]["short"]] == ["skipped", "spike"]
     assert all(v is not None for v in curve["train_loss_mean"])  # the NaN of the skipped step stays out
     assert result["eval"] == {"t (acc)": {"optim.lr=0.001": {"mean": 0.75, "seeds": 1}},
-                              "held-out code (loss)": {"optim.lr=0.001": {"mean": 5.0, "seeds": 1}}}
+                              "held-out code (loss; BF16 evaluation, 64 sequences)":
+                                  {"optim.lr=0.001": {"mean": 5.0, "seeds": 1}}}
     assert "| t (acc) | — | 0.7500 |" in (out / "compare.md").read_text()
 
 

@@ -1,7 +1,9 @@
 """Every command line in README.md's fenced bash blocks runs as written (with few steps).
 
 Each line (and each part of an `a && b` chain) is classified: installs and the test suite itself are
-skipped with the reason; `python -m nvfp4train.*` and `torchrun` (2 CPU ranks) run in a scratch directory
+skipped here, because CI (.ci/run) runs README's first two lines as written, each in a fresh virtual
+environment: the plain install and the main job (which must train to its last step with a falling loss),
+then the test install and this suite; test_ci_runs_the_first_two_lines_as_written checks that it does; `python -m nvfp4train.*` and `torchrun` (2 CPU ranks) run in a scratch directory
 with `train.max_steps=2`; `sbatch` lines run as `DRY_RUN=1 bash slurm/...` on an 8-GPU node of the
 requested node count, and the rendered job's config must validate at that world size. The runs that the
 compare / eval / export examples read (runs/exp/*) are trained first, tiny, in the same scratch directory.
@@ -36,9 +38,9 @@ def classify(cmd: str) -> tuple[str, str]:
     prog = words[len(env):]
     if prog[:2] == ["python3", "-m"] and prog[2] == "venv" or prog[0] in (".", "source", "pip") \
             or "pip" in prog[:1] or "install" in prog[:2]:
-        return "skip", "installs packages"
+        return "skip", "installs packages (README's first two lines: .ci/run runs them as written in CI)"
     if prog[:3] == ["python", "-m", "pytest"]:
-        return "skip", "the whole test suite (CI runs it)"
+        return "skip", "the whole test suite (.ci/run runs it in CI)"
     if prog[0] == "sbatch":
         return "sbatch", ""
     if prog[0] == "torchrun" or prog[:2] == ["python", "-m"] and prog[2].startswith("nvfp4train"):
@@ -56,6 +58,19 @@ def test_readme_starts_with_install_and_the_test_suite():
     first = re.search(r"```bash\n(.*?)```", text, flags=re.S).group(1).splitlines()
     assert first[0].endswith("&& python -m nvfp4train.train") and "python -m pytest" in first[1]
     assert any(classify(c)[0] != "skip" for c in COMMANDS)
+
+
+def test_ci_runs_the_first_two_lines_as_written():
+    """.ci/run takes README's first two lines verbatim (it runs the first, the main job, in its own fresh
+    environment and checks its loss falls, then the second): the lines it would run are README's."""
+    text = (REPO / "README.md").read_text()
+    first = re.search(r"```bash\n(.*?)```", text, flags=re.S).group(1).splitlines()
+    proc = subprocess.run(["bash", str(REPO / ".ci" / "run"), "--print"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == first[:2]
+    script = (REPO / ".ci" / "run").read_text()
+    assert 'bash -c "$main_cmd"' in script and 'bash -c "$test_cmd"' in script
+    assert "metrics.jsonl" in script and "rm -rf .venv" in script
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """Ctrl-C and signals during start-up: a run never ends in a traceback or loses its steps.
 
-SIGINT checkpoints like SIGTERM (one line, exit 0); a second Ctrl-C exits at once (130); a signal that
+SIGINT checkpoints like SIGTERM but exits 130 (so `train && eval` stops there) with "interrupted at step
+N of M"; SIGTERM/SIGUSR1 exit 0 (SLURM requeues); a second Ctrl-C exits at once (130); a signal that
 arrives while the run is starting ends it with one line; a finished run run again says there was nothing
 to do; the default micro-batch follows the world size."""
 import signal
@@ -35,11 +36,15 @@ def test_ctrl_c_checkpoints_and_exits_with_one_line(tmp_path):
     _wait_for_steps(out, proc)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0, stderr
+    assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
-    assert "received SIGINT: checkpoint" in stdout
     (ckpt,) = sorted((out / "checkpoints").glob("step_*"))
-    assert [r for r in read_metrics(out) if "loss" in r][-1]["step"] == int(ckpt.name[5:])
+    step = int(ckpt.name[5:])
+    last = stdout.strip().splitlines()[-1]
+    assert last == f"interrupted at step {step} of 5000: checkpoint {ckpt} saved; run the same command to resume"
+    assert "requeue" not in stdout and "done:" not in stdout
+    assert [r for r in read_metrics(out) if "loss" in r][-1]["step"] == step
+    assert (out / "train.log").read_text().strip().endswith(last)
 
 
 def test_second_ctrl_c_exits_at_once(tmp_path):
@@ -61,7 +66,7 @@ def test_signal_during_start_up_stops_with_one_line(tmp_path, sig):
     time.sleep(1.0)  # the handler is installed before torch is imported, and the first step is seconds away
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0, (stdout, stderr)
+    assert proc.returncode == (130 if sig == signal.SIGINT else 0), (stdout, stderr)
     assert stderr.strip() == f"received {sig.name} before the first step: stopped, nothing to save"
     assert not (out / "checkpoints").exists()
 
