@@ -24,6 +24,7 @@ import json
 import multiprocessing as mp
 import os
 import re
+import shutil
 import sys
 import zlib
 from pathlib import Path
@@ -453,13 +454,44 @@ def main(argv=None) -> None:
     parser.add_argument("--docs-per-shard", type=int, default=100_000)
     parser.add_argument("--config", help="a data config yaml: prepare every source (train and val) it names")
     args = parser.parse_args(argv)
+    def fail(message: str):
+        print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+        sys.exit(2)
+
+    for flag, value in (("--num-proc", args.num_proc), ("--docs-per-shard", args.docs_per_shard)):
+        if value < 1:
+            fail(f"{flag} {value}: expected an integer >= 1")
+    if not args.config and (not args.out or not (args.input or args.hf)):
+        fail("give --out and --input (or --hf), or --config (see --help)")
+    out = resolve_path(args.out) if args.out else None
+    if out is not None:
+        blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            fail(f"--out {args.out}: {blocker} is a file, not a directory")
+    made = [p for p in (out, out.parent / f".{out.name}.lock") if not p.exists()] if out else []
+    try:
+        _main(args)
+    except (ValueError, OSError, yaml.YAMLError) as e:
+        for path in made:  # leave nothing behind of a build that failed before finishing any shard
+            if path.is_dir() and not (path / PROGRESS).exists():
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.is_file():
+                path.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno is not None:  # the system's words, with the file they are about
+            e = f"{e.filename or args.out}: cannot {'read' if e.errno == 2 else 'write'} ({e.strerror})"
+        elif isinstance(e, yaml.YAMLError):
+            e = f"--config {args.config}: not valid YAML ({str(e).splitlines()[0]})"
+        fail(e)
+
+
+def _main(args) -> None:
     if args.config:
         cfg = yaml.safe_load(resolve_path(args.config).read_text())
+        if not isinstance(cfg, dict):
+            raise ValueError(f"--config {args.config}: not a data config (a YAML mapping with `sources`)")
         for name, split_dir in prepare_all(cfg, num_proc=args.num_proc, progress=True).items():
             print(f"{name}: {split_dir}")
         return
-    if not args.out or not (args.input or args.hf):
-        parser.error("give --out and --input (or --hf), or --config")
     spec = args.input
     if args.hf:
         spec = {"hf": args.hf, "name": args.hf_config, "split": args.split}
