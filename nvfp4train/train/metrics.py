@@ -163,6 +163,13 @@ class RunLogHandler(logging.FileHandler):
         elif self.failed is None:
             self.failed = write_failed(Path(self.baseFilename), error)
 
+    def close(self) -> None:
+        try:  # what the full disk did not take is lost; the failure was (or is now) reported once
+            super().close()
+        except OSError as e:
+            if self.failed is None:
+                self.failed = write_failed(Path(self.baseFilename), e)
+
 
 def _terminal_columns() -> int:
     """Width of the terminal stderr writes to; 0 when it has none (a pipe, or a pty that reports 0x0)."""
