@@ -198,7 +198,7 @@ def prune(ckpt_root: Path, keep_last: int, newest: int) -> None:
 # What every meta.json holds (save() writes more: the run's config, the W&B id, the optimizer's groups).
 META_FIELDS = {"step": int, "world_size": int, "model_config": dict}
 # Fields save() may write, checked when present (a hand-edited or foreign meta.json is one line, not a traceback).
-OPTIONAL_META_FIELDS = {"tokens": (int,), "wandb_id": (str, type(None)), "experiment": (str, type(None)),
+OPTIONAL_META_FIELDS = {"tokens": (int,), "wandb_id": (str, type(None)),
                         "run_config": (dict,), "engine": (str,), "param_groups": (list,), "healthy": (bool,)}
 # What every rank file holds (the trainer's save() writes it): the state each part restores from.
 RANK_FIELDS = {"loader": dict, "precision": dict, "guard": dict, "spikes": dict, "rng_cpu": torch.Tensor}
