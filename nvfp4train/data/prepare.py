@@ -199,10 +199,11 @@ def inputs_fingerprint(spec, text_field: str, fmt: str | None, key: str) -> dict
 
 
 # ----------------------------------------------------------------------------- tokenizing
-# Memory: a `tokenizers` encoding holds far more than the ids (token strings, offsets, masks); encoding a
-# 50 MB document in one call needed 8.2 GB. Documents are therefore encoded in pieces of at most
-# PIECE_CHARS characters and batches hold at most BATCH_CHARS characters, so a worker's memory is bounded
-# whatever the size of one document; each piece's ids become a compact array at once.
+# Memory: a `tokenizers` encoding holds far more than the ids (token strings, offsets, masks): a 4 MB
+# document encoded in one call peaked at 1.3 GB resident (tests/data/test_prepare_memory.py). Documents
+# are therefore encoded in pieces of at most PIECE_CHARS characters and batches hold at most BATCH_CHARS
+# characters, so a worker's memory is bounded whatever the size of one document; each piece's ids become
+# a compact array at once.
 PIECE_CHARS = 1 << 18
 BATCH_CHARS = 1 << 20
 # Where a long document is cut: just before a whitespace character that is followed by a non-space one.
