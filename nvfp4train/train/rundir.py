@@ -149,7 +149,7 @@ def check_out_dir_place(out_dir: Path, data_cache: Path | None) -> None:
 
 # What a run (and the tools that add to its directory) writes in out_dir: all that train.overwrite=true moves.
 RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "metrics.jsonl.damaged", "train.log", "checkpoints", "wandb",
-               "eval.json")
+               "eval.json", "run.json", "executor.json")  # the last two: python -m nvfp4train.reproduce's record
 
 
 def _is_run_entry(name: str) -> bool:
