@@ -27,6 +27,8 @@ KIND_NAMES = {"M": "mamba", "*": "attention", "-": "mlp"}
 def load_model_config(overrides: list[str]) -> tuple[ModelConfig, int]:
     """Compose a ModelConfig from `model=NAME`, `model.KEY=VALUE` and `seq_len=N` overrides."""
     from omegaconf import OmegaConf  # config composition lives here, not in nvfp4train.model
+    from omegaconf.errors import OmegaConfBaseException
+    import yaml
 
     from nvfp4train.train.config import TrainConfig
 
@@ -38,7 +40,9 @@ def load_model_config(overrides: list[str]) -> tuple[ModelConfig, int]:
         if key == "model":
             name = value
         elif key in ("seq_len", "train.seq_len"):
-            seq_len = int(value)
+            seq_len = int(value) if value.strip().isdigit() else 0
+            if seq_len < 1:
+                raise ValueError(f"{key}={value}: expected a positive integer")
         elif key.startswith("model."):
             field_overrides.append(item[len("model."):])
         else:
@@ -47,7 +51,11 @@ def load_model_config(overrides: list[str]) -> tuple[ModelConfig, int]:
     if not path.is_file():
         presets = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
         raise ValueError(f"model={name}: no file {path}; available presets: {', '.join(presets)}")
-    merged = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(field_overrides))
+    try:
+        merged = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(field_overrides))
+    except (OmegaConfBaseException, yaml.YAMLError) as e:  # a value that is not YAML (`model.d_model=[1`), a preset that is not either
+        raise ValueError(f"{', '.join(field_overrides) or path}: not valid YAML "
+                         f"({' '.join(str(e).splitlines()[0].split())[:200]})") from None
     return ModelConfig.from_dict(OmegaConf.to_container(merged, resolve=True)), seq_len
 
 

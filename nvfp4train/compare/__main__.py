@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -56,6 +57,10 @@ def run(args) -> dict:
     if args.baseline and identity(args.baseline) not in map(identity, sources):
         sources.insert(0, args.baseline)
     runs = [load_run(s) for s in sources]
+    for r in runs:  # said, not silently cut: the curves hold every intact record around a damaged line
+        if r.skipped:
+            print(f"warning: {len(r.skipped)} damaged metrics line(s) skipped: {', '.join(r.skipped[:5])}"
+                  f"{' ...' if len(r.skipped) > 5 else ''}", file=sys.stderr)
     if not args.allow_mismatch:
         check_comparable(runs)
     group_by = [k.strip() for k in args.group_by.split(",") if k.strip()] if args.group_by else None
@@ -81,9 +86,14 @@ def run(args) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    made_out = not args.out.exists()
     try:
         summary = run(args)
-    except RunError as e:
+    except (RunError, OSError) as e:
+        if isinstance(e, OSError):  # --out is a file, read-only, on a full disk
+            e = f"--out {args.out}: cannot write there ({e.strerror or e}: {e.filename or args.out})"
+        if made_out and args.out.is_dir():  # nothing left behind of a comparison that failed
+            shutil.rmtree(args.out, ignore_errors=True)
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(Path(args.out, "compare.md").read_text())

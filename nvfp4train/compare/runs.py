@@ -30,6 +30,7 @@ class Run:
     records: list[dict]
     eval: dict | None = None
     flat: dict = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # damaged metrics lines left out, "<file>:<line>"
 
     def __post_init__(self):
         self.flat = flatten(self.config)
@@ -49,21 +50,81 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 
 def load_local(path: Path) -> Run:
     path = Path(path)
-    config = read_run_config(path)
+    try:
+        config = read_run_config(path)
+    except (UnicodeDecodeError, OSError) as e:
+        raise RunError(f"{path / 'config.yaml'}: unreadable ({getattr(e, 'strerror', None) or e.__class__.__name__}); "
+                       "not a training run's config") from None
     metrics = path / "metrics.jsonl"
     if not metrics.is_file():
         raise RunError(f"{metrics} not found: the run has logged no metrics yet")
-    records = []
-    for line in metrics.read_text().splitlines():
+    records, skipped = [], []
+    try:
+        text = metrics.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise RunError(f"{metrics}: unreadable ({e.strerror or e})") from None
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a torn last line of a run that was killed mid-write
-    if not any("loss" in r for r in records):
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        # a damaged line (torn by a kill, edited) costs only itself; the records after it still count
+        if not _is_record(record):
+            skipped.append(f"{metrics}:{number}")
+            continue
+        records.append(record)
+    if not any(isinstance(r.get("loss"), (int, float)) for r in records):
         raise RunError(f"{metrics}: no record with a training loss")
     eval_path = path / "eval.json"
-    evaluation = json.loads(eval_path.read_text()) if eval_path.is_file() else None
-    return Run(name=path.resolve().name, source=str(path), config=config, records=records, eval=evaluation)
+    evaluation = None
+    if eval_path.is_file():
+        try:
+            evaluation = json.loads(eval_path.read_text())
+        except (OSError, ValueError) as e:
+            raise RunError(f"{eval_path}: not a JSON file ({e}); run python -m nvfp4train.eval again or remove it") \
+                from None
+        _check_eval(eval_path, evaluation)
+    return Run(name=path.resolve().name, source=str(path), config=config, records=records, eval=evaluation,
+               skipped=skipped)
+
+
+# The one metrics field that holds text; every other value of a record is a number, a bool or null.
+TEXT_FIELDS = ("precision_switch",)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_record(record) -> bool:
+    """A metrics.jsonl record as the trainer writes it: an integer step, integer tokens, numbers elsewhere."""
+    if not isinstance(record, dict) or not isinstance(record.get("step"), int) or isinstance(record["step"], bool):
+        return False
+    if "tokens" in record and not (isinstance(record["tokens"], int) and not isinstance(record["tokens"], bool)):
+        return False
+    return all(v is None or isinstance(v, (int, float)) or (k in TEXT_FIELDS and isinstance(v, str))
+               for k, v in record.items())
+
+
+def _check_eval(path: Path, evaluation) -> None:
+    """eval.json as `python -m nvfp4train.eval` writes it, in the parts the comparison tabulates."""
+    def refuse(what: str):
+        raise RunError(f"{path}: {what}; not an evaluation written by python -m nvfp4train.eval (run it again "
+                       "or remove the file)")
+
+    if not isinstance(evaluation, dict):
+        refuse(f"holds a {type(evaluation).__name__}, not a JSON object")
+    for section in ("tasks", "heldout"):
+        if not isinstance(evaluation.get(section, {}), dict):
+            refuse(f"field {section!r} is not a mapping")
+    for task, v in evaluation.get("tasks", {}).items():
+        if not (isinstance(v, dict) and isinstance(v.get("primary"), str) and _is_number(v.get(v["primary"]))):
+            refuse(f"tasks.{task} has no number under its `primary` metric")
+    for source, v in evaluation.get("heldout", {}).items():
+        if not (isinstance(v, dict) and _is_number(v.get("loss"))):
+            refuse(f"heldout.{source} has no numeric `loss`")
 
 
 def import_wandb(what: str):

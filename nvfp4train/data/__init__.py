@@ -8,9 +8,17 @@
 """
 from .config import DataConfig, Phase, SourceConfig, parse_data_config
 from .loader import BlendedTrainLoader, build_train_loader, build_val_data
-from .prepare import prepare_all, prepare_split
 from .shards import TokenShards
 from .tokenizer import load_tokenizer
+
+
+def __getattr__(name: str):
+    # prepare is imported when first used, so `python -m nvfp4train.data.prepare` runs a module that
+    # was not imported already (runpy warns about that on every run otherwise)
+    if name in ("prepare_all", "prepare_split"):
+        from . import prepare
+        return getattr(prepare, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "load_tokenizer", "build_train_loader", "build_val_data", "BlendedTrainLoader", "prepare_all",

@@ -23,7 +23,6 @@ import torch
 
 from .blend import BlendSchedule, replan_starts
 from .config import DataConfig, parse_data_config
-from .prepare import prepare_all
 from .shards import TokenShards
 from .tokenizer import load_tokenizer
 
@@ -232,6 +231,8 @@ def build_train_loader(data_cfg: dict, *, seq_len: int, global_batch_size: int, 
     cfg = parse_data_config(data_cfg)
     tokenizer = load_tokenizer(cfg.tokenizer)
     used = [name for name in cfg.sources if any(name in p.weights for p in cfg.phases)]
+    from .prepare import prepare_all  # here, not at import: see __init__.py
+
     dirs = prepare_all(cfg, splits=("train",), names=used)
     streams = {name: SourceStream(name, TokenShards(dirs[f"{name}/train"], expected_tokenizer=tokenizer.identity,
                                                     verify_checksums=cfg.verify_checksums), seq_len, seed)
@@ -249,6 +250,8 @@ def build_val_data(data_cfg: dict, *, seq_len: int, max_sequences_per_domain: in
     max_sequences_per_domain = _check_int("max_sequences_per_domain", max_sequences_per_domain, 1)
     cfg = parse_data_config(data_cfg)
     tokenizer = load_tokenizer(cfg.tokenizer)
+    from .prepare import prepare_all
+
     dirs = prepare_all(cfg, splits=("val",))
     if not dirs:
         raise ValueError("no data.sources.<name>.val (or val_shards) configured: nothing to validate on")

@@ -23,6 +23,8 @@ import gzip
 import json
 import multiprocessing as mp
 import os
+import re
+import shutil
 import sys
 import zlib
 from pathlib import Path
@@ -197,6 +199,55 @@ def inputs_fingerprint(spec, text_field: str, fmt: str | None, key: str) -> dict
 
 
 # ----------------------------------------------------------------------------- tokenizing
+# Memory: a `tokenizers` encoding holds far more than the ids (token strings, offsets, masks): a 4 MB
+# document encoded in one call peaked at 1.3 GB resident (tests/data/test_prepare_memory.py). Documents
+# are therefore encoded in pieces of at most PIECE_CHARS characters and batches hold at most BATCH_CHARS
+# characters, so a worker's memory is bounded whatever the size of one document; each piece's ids become
+# a compact array at once.
+PIECE_CHARS = 1 << 18
+BATCH_CHARS = 1 << 20
+# Where a long document is cut: just before a whitespace character that is followed by a non-space one.
+# The GPT-2 pre-tokenizer regex (byte-level BPE: the bundled bpe8k and gpt2) always ends a pre-token
+# there (`\s+(?!\S)` leaves the run's last whitespace character to the next pre-token), and BPE never
+# merges across pre-tokens, so the pieces' tokens are exactly the whole document's. A newline is
+# preferred; a piece with no such place at all (one 256 Ki-character "word") is cut at its length, and
+# only there may the tokens differ from encoding the document whole.
+_CUT_AT_LINE = re.compile(r"\n(?=\S)")
+_CUT_AT_SPACE = re.compile(r"\s(?=\S)")
+
+
+def split_document(text: str, piece_chars: int = PIECE_CHARS) -> list[str]:
+    """`text` in pieces of at most `piece_chars` characters, cut where the pre-tokenizer splits anyway."""
+    pieces, start = [], 0
+    while len(text) - start > piece_chars:
+        lo, hi = start + piece_chars // 2, start + piece_chars  # a cut in the piece's second half
+        cut = None
+        for pattern in (_CUT_AT_LINE, _CUT_AT_SPACE):
+            for m in pattern.finditer(text, lo, hi):  # m.start() + 1 <= hi: the look-ahead stays in text
+                cut = m.start()
+            if cut is not None:
+                break
+        cut = cut if cut is not None and cut > start else hi
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
+def encode_documents(tok, texts: list[str], piece_chars: int = PIECE_CHARS) -> list[np.ndarray]:
+    """Token ids of each document as an int64 array; a document longer than `piece_chars` is encoded
+    piece by piece (split_document), so memory stays bounded."""
+    out: list[np.ndarray | None] = [None] * len(texts)
+    short = [i for i, text in enumerate(texts) if len(text) <= piece_chars]
+    for i, ids in zip(short, tok.encode_batch([texts[i] for i in short]) if short else []):
+        out[i] = np.asarray(ids, dtype=np.int64)
+    for i, text in enumerate(texts):
+        if out[i] is None:
+            parts = [np.asarray(tok.encode(piece), dtype=np.int64) for piece in split_document(text, piece_chars)]
+            out[i] = np.concatenate(parts)
+    return out
+
+
 _worker_tokenizer = None
 
 
@@ -206,17 +257,22 @@ def _init_worker(tokenizer_name: str) -> None:
     _worker_tokenizer = load_tokenizer(tokenizer_name)
 
 
-def _encode_batch(texts: list[str]) -> list[list[int]]:
-    return _worker_tokenizer.encode_batch(texts)
+def _encode_batch(texts: list[str]) -> list[np.ndarray]:
+    return encode_documents(_worker_tokenizer, texts)
 
 
-def _batches(docs, size):
-    batch = []
+def _batches(docs, size, max_chars: int = BATCH_CHARS):
+    """Lists of at most `size` documents and (unless one document is longer) `max_chars` characters."""
+    batch, chars = [], 0
     for doc in docs:
+        if batch and chars + len(doc) > max_chars:
+            yield batch
+            batch, chars = [], 0
         batch.append(doc)
+        chars += len(doc)
         if len(batch) == size:
             yield batch
-            batch = []
+            batch, chars = [], 0
     if batch:
         yield batch
 
@@ -288,7 +344,7 @@ def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num
         pool = mp.get_context("fork").Pool(num_proc, initializer=_init_worker, initargs=(tokenizer_name,))
         encoded_batches = pool.imap(_encode_batch, _batches(docs, min(BATCH_DOCS, docs_per_shard)))
     else:
-        encoded_batches = map(tok.encode_batch, _batches(docs, min(BATCH_DOCS, docs_per_shard)))
+        encoded_batches = (encode_documents(tok, batch) for batch in _batches(docs, min(BATCH_DOCS, docs_per_shard)))
 
     chunks, offsets, n_input = [], [0], 0
 
@@ -313,12 +369,12 @@ def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num
         for batch in encoded_batches:
             for ids in batch:
                 n_input += 1
-                if ids:                    # empty documents carry no text: skip them
-                    ids = np.asarray(ids + [tok.eos_id], dtype=np.int64)
+                if ids.size:               # empty documents carry no text: skip them
                     if ids.max() >= tok.vocab_size:
                         raise ValueError(f"token id {ids.max()} >= vocab size {tok.vocab_size}")
-                    chunks.append(ids)
-                    offsets.append(offsets[-1] + ids.size)
+                    chunks.append(ids.astype(dtype))  # the shard's dtype: 2 bytes a token while the shard grows
+                    chunks.append(np.array([tok.eos_id], dtype))
+                    offsets.append(offsets[-1] + ids.size + 1)
                 if n_input == docs_per_shard:
                     flush()
             bar.update(len(batch))
@@ -400,13 +456,44 @@ def main(argv=None) -> None:
     parser.add_argument("--docs-per-shard", type=int, default=100_000)
     parser.add_argument("--config", help="a data config yaml: prepare every source (train and val) it names")
     args = parser.parse_args(argv)
+    def fail(message: str):
+        print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+        sys.exit(2)
+
+    for flag, value in (("--num-proc", args.num_proc), ("--docs-per-shard", args.docs_per_shard)):
+        if value < 1:
+            fail(f"{flag} {value}: expected an integer >= 1")
+    if not args.config and (not args.out or not (args.input or args.hf)):
+        fail("give --out and --input (or --hf), or --config (see --help)")
+    out = resolve_path(args.out) if args.out else None
+    if out is not None:
+        blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            fail(f"--out {args.out}: {blocker} is a file, not a directory")
+    made = [p for p in (out, out.parent / f".{out.name}.lock") if not p.exists()] if out else []
+    try:
+        _main(args)
+    except (ValueError, OSError, yaml.YAMLError) as e:
+        for path in made:  # leave nothing behind of a build that failed before finishing any shard
+            if path.is_dir() and not (path / PROGRESS).exists():
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.is_file():
+                path.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno is not None:  # the system's words, with the file they are about
+            e = f"{e.filename or args.out}: cannot {'read' if e.errno == 2 else 'write'} ({e.strerror})"
+        elif isinstance(e, yaml.YAMLError):
+            e = f"--config {args.config}: not valid YAML ({str(e).splitlines()[0]})"
+        fail(e)
+
+
+def _main(args) -> None:
     if args.config:
         cfg = yaml.safe_load(resolve_path(args.config).read_text())
+        if not isinstance(cfg, dict):
+            raise ValueError(f"--config {args.config}: not a data config (a YAML mapping with `sources`)")
         for name, split_dir in prepare_all(cfg, num_proc=args.num_proc, progress=True).items():
             print(f"{name}: {split_dir}")
         return
-    if not args.out or not (args.input or args.hf):
-        parser.error("give --out and --input (or --hf), or --config")
     spec = args.input
     if args.hf:
         spec = {"hf": args.hf, "name": args.hf_config, "split": args.split}

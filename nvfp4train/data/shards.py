@@ -47,7 +47,19 @@ def read_manifest(split_dir: Path) -> dict:
     _check_fields(path, "", manifest, MANIFEST_FIELDS)
     for i, shard in enumerate(manifest["shards"]):
         _check_fields(path, f"shards[{i}].", shard, SHARD_FIELDS)
+        for name in ("file", "index"):
+            _check_inside(path, f"shards[{i}].{name}", shard[name])
     return manifest
+
+
+def _check_inside(path: Path, where: str, name: str) -> None:
+    """A manifest names its shard files relative to its own directory, as prepare.py writes them: an
+    absolute path, `..` or a link out of the directory would make any file on the machine training data."""
+    split_dir = path.parent.resolve()
+    target = (split_dir / name).resolve()
+    if Path(name).is_absolute() or ".." in Path(name).parts or not target.is_relative_to(split_dir):
+        raise ValueError(f"{path}: field {where} is {name!r}, which is not a file inside {path.parent}; "
+                         "a manifest names only its own shard files; prepare the shards again")
 
 
 # What the reader needs of a manifest (written by prepare.py), and of each of its shards.

@@ -54,3 +54,21 @@ def build_optimizer(param_groups: list[dict], cfg: OptimConfig, fused: bool = Fa
     # foreach and fused are the fast paths on CPU and GPU; both are bit-reproducible run to run.
     return torch.optim.AdamW(param_groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                              weight_decay=cfg.weight_decay, **({"fused": True} if fused else {"foreach": True}))
+
+
+HYPERPARAMETERS = ("betas", "eps", "weight_decay")
+
+
+def get_hyperparameters(optimizer) -> list[dict]:
+    """Each group's betas, eps and weight_decay (the learning rate is set every step from the schedule)."""
+    return [{k: group[k] for k in HYPERPARAMETERS if k in group} for group in optimizer.param_groups]
+
+
+def set_hyperparameters(optimizer, values: list[dict]) -> None:
+    """Put back what get_hyperparameters read: after loading a checkpoint, whose groups carry the values
+    it was trained with, the run continues with those of its own config (a resume may change optim.*)."""
+    groups = optimizer.param_groups
+    if len(groups) != len(values):
+        raise ValueError(f"the optimizer has {len(groups)} parameter groups after loading, {len(values)} before")
+    for group, saved in zip(groups, values):
+        group.update(saved)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import math
 import pickle
 import re
 import shutil
@@ -160,14 +162,34 @@ def remove_leftovers(ckpt_root: Path) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
+def is_healthy(ckpt: Path) -> bool:
+    """False for a checkpoint written after a loss spike or a skipped step (meta.json `healthy`, set by the
+    trainer): its weights may be on the way to divergence. Checkpoints without the field count as healthy."""
+    try:
+        return json.loads((ckpt / META).read_text()).get("healthy", True) is not False
+    except (OSError, ValueError, AttributeError):
+        return True
+
+
+def last_healthy(checkpoints: list[Path]) -> Path | None:
+    return next((p for p in reversed(checkpoints) if is_healthy(p)), None)
+
+
 def prune(ckpt_root: Path, keep_last: int, newest: int) -> None:
-    """Delete all but the `keep_last` newest checkpoints up to step `newest` (the one just written).
+    """Delete all but the `keep_last` newest checkpoints up to step `newest` (the one just written), and
+    the newest healthy one: when the loss spikes or diverges, the checkpoints written since then may all be
+    poisoned, and the last one before it is where a resume should start.
 
     A checkpoint is renamed to `<name>.deleting` before it is removed, so a kill during the removal
     never leaves a half-deleted directory that still looks complete; leftovers are removed here."""
     remove_leftovers(ckpt_root)
     timeline = [p for p in list_checkpoints(ckpt_root) if step_of(p) <= newest]
-    for old in timeline[:-keep_last]:
+    kept = timeline[-keep_last:]
+    if kept and not any(is_healthy(p) for p in kept):
+        kept.append(last_healthy(timeline))
+    for old in timeline:
+        if old in kept:
+            continue
         doomed = old.with_name(old.name + ".deleting")
         old.rename(doomed)
         shutil.rmtree(doomed, ignore_errors=True)
@@ -175,6 +197,9 @@ def prune(ckpt_root: Path, keep_last: int, newest: int) -> None:
 
 # What every meta.json holds (save() writes more: the run's config, the W&B id, the optimizer's groups).
 META_FIELDS = {"step": int, "world_size": int, "model_config": dict}
+# Fields save() may write, checked when present (a hand-edited or foreign meta.json is one line, not a traceback).
+OPTIONAL_META_FIELDS = {"tokens": (int,), "wandb_id": (str, type(None)),
+                        "run_config": (dict,), "engine": (str,), "param_groups": (list,), "healthy": (bool,)}
 # What every rank file holds (the trainer's save() writes it): the state each part restores from.
 RANK_FIELDS = {"loader": dict, "precision": dict, "guard": dict, "spikes": dict, "rng_cpu": torch.Tensor}
 
@@ -191,6 +216,15 @@ def read_meta(ckpt: Path) -> dict:
     if meta["step"] < 0 or meta["world_size"] < 1:
         raise CheckpointError(f"{path}: step={meta['step']}, world_size={meta['world_size']} are not a checkpoint's; "
                               "not loaded")
+    for name, kinds in OPTIONAL_META_FIELDS.items():
+        if name in meta and (not isinstance(meta[name], kinds) or isinstance(meta[name], bool) and bool not in kinds):
+            allowed = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+            raise CheckpointError(f"{path}: field {name!r} is a {type(meta[name]).__name__}, expected {allowed}; "
+                                  "not loaded")
+    if ckpt.name.startswith(PREFIX) and ckpt.name[len(PREFIX):].isdigit() and step_of(ckpt) != meta["step"]:
+        raise CheckpointError(f"{path}: records step {meta['step']}, but the directory is named for step "
+                              f"{step_of(ckpt)}: renamed or hand-edited, so it is not loaded; move it out of "
+                              f"{ckpt.parent} or pass train.resume=<another checkpoint>")
     return meta
 
 
@@ -241,11 +275,15 @@ def load_model_optim(ckpt: Path, model, optimizer, meta: dict) -> None:
     if meta.get("engine", "torch") != "torch":
         raise CheckpointError(f"{ckpt} was written by the {meta['engine']} engine; use train.parallel=deepspeed")
     model_sd, optim_sd = get_state_dict(model, optimizer)
+    if "param_groups" not in meta:
+        raise CheckpointError(f"{ckpt / META}: field 'param_groups' missing; not loaded")
+    check_param_groups(ckpt / META, meta["param_groups"], optim_sd["param_groups"])
     state = {"model": model_sd, "optim": optim_sd["state"]}
+    reader = SafeFileSystemReader(str(ckpt / "model_optim"))
+    reader.read_metadata()  # refused here in one line: inside dcp.load it is logged with two tracebacks first
     try:
-        with _single_process_quiet():
-            dcp.load(state, storage_reader=SafeFileSystemReader(str(ckpt / "model_optim")),
-                     planner=_TensorsOnlyLoadPlanner())
+        with _single_process_quiet(), _dcp_metadata_warnings_quiet():
+            dcp.load(state, storage_reader=reader, planner=_TensorsOnlyLoadPlanner())
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures in a traceback text
@@ -256,7 +294,9 @@ def load_model_optim(ckpt: Path, model, optimizer, meta: dict) -> None:
                 raise _refused(ckpt / "model_optim", failure[0]) from None
         lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln] or [str(e)]
         raise CheckpointError(f"{ckpt / 'model_optim'}: cannot load ({lines[-1][:400]})") from None
-    optim_sd = {"state": state["optim"], "param_groups": _groups_from_json(meta["param_groups"])}
+    # The moments and step counts come from the checkpoint; the hyperparameters (betas, eps, weight_decay)
+    # stay those of this run's config, which a resume may change (train/resume_policy.py: optim).
+    optim_sd = {"state": state["optim"], "param_groups": optim_sd["param_groups"]}
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_sd)
 
 
@@ -265,10 +305,11 @@ def load_model_tensors(ckpt: Path, template: dict[str, torch.Tensor]) -> dict[st
     (a model's `state_dict()`), without a process group: DCP reshards on load, so the shards of any
     number of FSDP2 ranks fill them. The optimizer moments stay on disk. Refusals are one line."""
     state = {"model": {k: torch.empty_like(v) for k, v in template.items()}}
+    reader = SafeFileSystemReader(str(ckpt / "model_optim"))
+    reader.read_metadata()  # refused here in one line: inside dcp.load it is logged with two tracebacks first
     try:
-        with _single_process_quiet():
-            dcp.load(state, storage_reader=SafeFileSystemReader(str(ckpt / "model_optim")),
-                     planner=_TensorsOnlyLoadPlanner())
+        with _single_process_quiet(), _dcp_metadata_warnings_quiet():
+            dcp.load(state, storage_reader=reader, planner=_TensorsOnlyLoadPlanner())
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as e:  # DCP wraps failures in a traceback text
@@ -280,6 +321,46 @@ def load_model_tensors(ckpt: Path, template: dict[str, torch.Tensor]) -> dict[st
         lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln] or [str(e).strip()]
         raise CheckpointError(f"{ckpt / 'model_optim'}: cannot load the model weights ({lines[-1][:300]})") from None
     return state["model"]
+
+
+@contextlib.contextmanager
+def _dcp_metadata_warnings_quiet():
+    """dcp.load logs a failed metadata read with its traceback on the root logger before raising; the
+    refusal that follows is the one line the user needs (a second guard behind the read above)."""
+    def drop(record: logging.LogRecord) -> bool:
+        return "metadata is not found" not in str(record.msg)
+    root = logging.getLogger()
+    root.addFilter(drop)
+    try:
+        yield
+    finally:
+        root.removeFilter(drop)
+
+
+def check_param_groups(path: Path, saved, current: list[dict]) -> None:
+    """The optimizer groups meta.json records must be this model's, as save() wrote them: the same groups
+    of the same parameters, and hyperparameters AdamW accepts. One line naming the field otherwise."""
+    def refuse(where: str, what: str):
+        raise CheckpointError(f"{path}: param_groups{where} {what}; not loaded (written by another model or "
+                              "edited by hand)")
+
+    if not isinstance(saved, list) or not all(isinstance(g, dict) for g in saved):
+        refuse("", "is not a list of groups")
+    if len(saved) != len(current):
+        refuse("", f"has {len(saved)} group(s), this model's optimizer has {len(current)}")
+    for i, (group, ours) in enumerate(zip(saved, current)):
+        if group.get("params") != list(ours["params"]):
+            refuse(f"[{i}].params", f"differs from this model's group {i} ({ours.get('group', '')}: "
+                   f"{len(ours['params'])} parameters)")
+        for key, ok, allowed in (("lr", lambda v: v >= 0, ">= 0"), ("eps", lambda v: v > 0, "> 0"),
+                                 ("weight_decay", lambda v: v >= 0, ">= 0")):
+            v = group.get(key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not ok(v):
+                refuse(f"[{i}].{key}", f"is {v!r}, expected a finite number {allowed}")
+        betas = group.get("betas")
+        if not (isinstance(betas, list) and len(betas) == 2 and all(
+                isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
+            refuse(f"[{i}].betas", f"is {betas!r}, expected two numbers in [0, 1)")
 
 
 # ----------------------------------------------------------------------------------------- writing
@@ -363,5 +444,3 @@ def _groups_to_json(groups: list[dict]) -> list[dict]:
     return out
 
 
-def _groups_from_json(groups: list[dict]) -> list[dict]:
-    return [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in groups]

@@ -48,16 +48,18 @@ from omegaconf import OmegaConf
 
 from nvfp4train import dist
 from nvfp4train.data import build_train_loader, build_val_data
+from nvfp4train.data.paths import resolve_path
 from nvfp4train.model import HybridLM, ModelConfig, flops_per_token, param_groups
 from nvfp4train.model.mfu import peak_flops
 from nvfp4train.model.ssd import triton_ssd_available
 from nvfp4train.optim import lr_at
+from nvfp4train.optim.adamw import get_hyperparameters, set_hyperparameters
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory, gemm_peak_kind
 from nvfp4train.train import checkpoint, determinism, resume_policy, rundir
 from nvfp4train.train.config import ConfigError, RunConfig, resolve_micro_batch
 from nvfp4train.train.engines import StepStats, build_engine, import_deepspeed
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
-from nvfp4train.train.metrics import MetricsLogger, ProgressBar
+from nvfp4train.train.metrics import MetricsLogger, ProgressBar, RunLogHandler, require_wandb
 from nvfp4train.train.stop import StopSignal, exit_code
 
 
@@ -81,6 +83,13 @@ def _check_out_dir(out_dir: Path) -> None:
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"out_dir={str(out_dir)!r}: not writable ({existing} is not a writable directory)")
+
+
+def _data_cache_dir(data: dict) -> Path | None:
+    try:
+        return resolve_path(data.get("cache_dir") or "data/cache", cache=True)
+    except (TypeError, ValueError):
+        return None  # the data config's own check names the key
 
 
 def _build_model_and_data(cfg: RunConfig, info: dist.DistInfo):
@@ -216,6 +225,12 @@ class Trainer:
         cfg = dataclasses.replace(cfg, train=resolve_micro_batch(cfg.train, info.world_size))
         self.cfg, t = cfg, cfg.train
         _check_out_dir(cfg.out_dir)
+        # refusals that must come before out_dir, its lock or any file in it exist
+        rundir.check_out_dir_place(cfg.out_dir, _data_cache_dir(cfg.data))
+        if t.resume not in ("auto", "never"):
+            checkpoint.read_meta(Path(t.resume))  # not a checkpoint at all: one line, nothing written
+        if t.wandb.enabled:
+            require_wandb()
         if t.parallel == "deepspeed":
             import_deepspeed()  # before out_dir exists: a missing DeepSpeed is a refusal, not a half-made run
         self.model_cfg, self.model, self.controller, self.loader, self.val_data = _build_model_and_data(cfg, info)
@@ -247,6 +262,7 @@ class Trainer:
         self.checkpoint_seconds: float | None = None  # how long the latest save took, until it is logged
         self.wandb_id: str | None = None
         self.resume_notes: list[str] = []   # the changes this resume makes to the run (resume_policy)
+        self.unhealthy_since_save = False   # a loss spike or skipped step since the last checkpoint
         self.logger = MetricsLogger(cfg.out_dir, enabled=info.is_main)
         self.bar: ProgressBar | None = None
         self.log_file = _LogFile.active or _LogFile()
@@ -269,7 +285,10 @@ class Trainer:
         if self.resumed_from is None:
             return
         self.resume_notes = resume_policy.check(self._resumed_run_config(), self.cfg.to_dict(), self.resumed_from)
+        # betas, eps and weight_decay are this run's config: the checkpoint brings the moments, not these
+        hyperparameters = get_hyperparameters(self.engine.optimizer)
         meta, state = checkpoint.load(self.resumed_from, self.engine, self.info.rank, self.cfg.model)
+        set_hyperparameters(self.engine.optimizer, hyperparameters)
         self.step = self.start_step = int(meta["step"])
         if t.resume != "auto":  # an older checkpoint starts a new timeline from its step
             self.abandoned = self._on_main(lambda: rundir.abandon_later(self.ckpt_root, self.start_step))
@@ -278,12 +297,18 @@ class Trainer:
             self.loader.load_state_dict(state["loader"])
         except ValueError as e:
             raise checkpoint.CheckpointError(f"{self.resumed_from}: {e}") from None
-        self.controller.load_state_dict(state["precision"])
-        self.guard.load_state_dict(state["guard"])
-        self.spikes.load_state_dict(state["spikes"])
-        torch.set_rng_state(state["rng_cpu"])
+        parts = [("loader", self.loader.load_state_dict), ("precision", self.controller.load_state_dict),
+                 ("guard", self.guard.load_state_dict), ("spikes", self.spikes.load_state_dict),
+                 ("rng_cpu", torch.set_rng_state)]
         if self.info.device.type == "cuda" and "rng_cuda" in state:
-            torch.cuda.set_rng_state(state["rng_cuda"])
+            parts.append(("rng_cuda", torch.cuda.set_rng_state))
+        for name, restore in parts:  # a crafted or damaged field is one line naming it, not a traceback
+            try:
+                restore(state[name])
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as e:
+                rank_file = self.resumed_from / f"rank_{self.info.rank:05d}.pt"
+                raise checkpoint.CheckpointError(f"{rank_file}: field {name!r} cannot be restored "
+                                                 f"({type(e).__name__}: {str(e)[:200]}); not loaded") from None
 
     def _resumed_run_config(self) -> dict:
         """The config of the run being resumed: from the checkpoint's meta.json, or (checkpoints written
@@ -298,14 +323,12 @@ class Trainer:
         """config.yaml (the previous one kept as config.step_<N>.yaml when a resume changes it),
         metrics.jsonl (cut back to the resumed step), W&B, progress bar and banner."""
         cfg, t, info = self.cfg, self.cfg.train, self.info
-        if info.is_main:
-            path, text = cfg.out_dir / "config.yaml", OmegaConf.to_yaml(cfg.to_dict())
-            if self.resumed_from is not None and path.is_file() and path.read_text() != text:
-                path.rename(cfg.out_dir / f"config.step_{self.start_step:08d}.yaml")
-            path.write_text(text)
+        if info.is_main:  # written whole or not at all; a resume keeps the previous one (rundir.save_config)
+            rundir.save_config(cfg.out_dir, OmegaConf.to_yaml(cfg.to_dict()),
+                               self.start_step if self.resumed_from is not None else None)
             self.log_file.open(cfg.out_dir / "train.log")
-        self.logger.open(resume_step=self.start_step if self.resumed_from is not None else None,
-                         dropped_to=self.abandoned / "metrics.jsonl" if self.abandoned else None)
+        self.resume_notes += self.logger.open(resume_step=self.start_step if self.resumed_from is not None else None,
+                                              dropped_to=self.abandoned / "metrics.jsonl" if self.abandoned else None)
         self.wandb_id = self.logger.start_wandb(t.wandb, cfg.to_dict(), cfg.experiment, cfg.out_dir, self.wandb_id)
         self.bar = ProgressBar(t.progress, info.is_main, total=t.max_steps, initial=self.start_step,
                                log_every=t.log_every)
@@ -371,6 +394,8 @@ class Trainer:
             results.append(StepResult(step=step, lr=lr, loss=loss, grad_norm=grad_norm, applied=applied,
                                       spike=self.spikes.update(loss), seconds=seconds, tokens_per_s=tokens_per_s,
                                       precision_switch=switch))
+            if results[-1].spike or not applied:  # the next checkpoint is not one to fall back on
+                self.unhealthy_since_save = True
         self.pending = []
         return results
 
@@ -421,7 +446,13 @@ class Trainer:
                     f"held-out loss at step {r.step} (in training, {precision}, up to {t.eval_sequences} "
                     "sequences per source): " + ", ".join(f"{k[4:]} {v:.4f}" for k, v in held_out.items()))
         if record is not None:
-            self.logger.log(record)
+            try:
+                self.logger.log(record)
+            except rundir.RunWriteError as e:
+                raise rundir.RunWriteError(f"{e}; step {r.step}: {self._latest_checkpoint_note()}") from None
+        failed = self.log_file.file is not None and self.log_file.file.failed
+        if failed:  # train.log could not be written: stop now, with one line, rather than run on unrecorded
+            raise rundir.RunWriteError(f"{failed}; step {r.step}: {self._latest_checkpoint_note()}")
 
     # ------------------------------------------------------------------------------ checkpoint
     def save_due(self) -> bool:
@@ -455,11 +486,13 @@ class Trainer:
         if self.info.device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state()
         meta = {"model_config": self.cfg.model, "tokens": self.step * self.tokens_per_step,
-                "wandb_id": self.wandb_id, "experiment": self.cfg.experiment, "run_config": self.cfg.to_dict()}
+                "wandb_id": self.wandb_id, "experiment": self.cfg.experiment, "run_config": self.cfg.to_dict(),
+                "healthy": not self.unhealthy_since_save}  # pruning keeps the last healthy one (checkpoint.prune)
         t0 = time.perf_counter()
         path = checkpoint.save(self.ckpt_root, self.step, self.engine, self.info.rank, self.info.world_size, meta,
                                state, self.cfg.train.keep_last, barrier=lambda: dist.barrier(self.info))
         self.checkpoint_seconds = time.perf_counter() - t0  # reported with the next metrics record
+        self.unhealthy_since_save = False
         return path
 
     def close(self) -> None:
@@ -483,6 +516,11 @@ class Trainer:
 
     def _latest_checkpoint_note(self) -> str:
         done = checkpoint.list_checkpoints(self.ckpt_root)
+        good = checkpoint.last_healthy(done)
+        if good is not None and good != done[-1]:  # the later ones were written after a loss spike
+            later = [p.name for p in done if checkpoint.step_of(p) > checkpoint.step_of(good)]
+            return (f"the checkpoints after {good.name} ({', '.join(later)}) were written after a loss spike or "
+                    f"skipped steps; the last one before it is kept: resume from it with train.resume={good}")
         return (f"the latest checkpoint ({done[-1]}) is kept: resume from it with train.resume={done[-1]}"
                 if done else "no checkpoint was written")
 
@@ -524,7 +562,7 @@ class _LogFile:
 
     def __init__(self):
         self.buffer = logging.handlers.MemoryHandler(capacity=1 << 20, flushLevel=logging.CRITICAL + 1)
-        self.file: logging.Handler | None = None
+        self.file: RunLogHandler | None = None
         root = logging.getLogger()
         root.addHandler(self.buffer)
         self.root_level = root.level
@@ -532,7 +570,7 @@ class _LogFile:
         _LogFile.active = self
 
     def open(self, path: Path) -> None:
-        self.file = logging.FileHandler(path, mode="a")
+        self.file = RunLogHandler(path)
         self.file.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
         self.buffer.setTarget(self.file)
         self.buffer.flush()

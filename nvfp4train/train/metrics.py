@@ -1,7 +1,11 @@
 """Where numbers go: metrics.jsonl (always), W&B (when enabled), and a progress bar.
 
 metrics.jsonl gets one JSON object per logged step; on resume it is truncated to the steps before the
-checkpoint, so a resumed run's file reads like one uninterrupted run. It is strict JSON: a non-finite
+checkpoint, so a resumed run's file reads like one uninterrupted run. A damaged line (a torn write, a
+hand edit) costs only itself: the intact records around it are kept, the damaged line is moved to
+metrics.jsonl.damaged and the resume says so in one line. The file is rewritten atomically on resume,
+and a record that cannot be written whole (disk full) is cut off again, so the file never ends in a
+torn line; the run then stops with one line (rundir.RunWriteError). It is strict JSON: a non-finite
 number (the loss of a step the guard skipped, flagged `step_skipped`) is written as null, since jq and
 JavaScript reject NaN. A resumed run continues the same W&B run (its id is stored in the checkpoint)
 in the same group.
@@ -16,6 +20,43 @@ import sys
 from pathlib import Path
 
 from nvfp4train.train.config import ConfigError, WandbConfig
+from nvfp4train.train.rundir import write_atomic, write_failed
+
+DAMAGED_SUFFIX = ".damaged"
+
+
+def parse_record(line: str) -> dict | None:
+    """One metrics.jsonl line as a record (a JSON object with an integer `step`), or None if damaged."""
+    try:
+        record = json.loads(line)
+    except ValueError:  # JSONDecodeError, and a line cut inside a multi-byte character
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("step"), int) or isinstance(record["step"], bool):
+        return None
+    return record
+
+
+def read_records(path: Path) -> tuple[list[tuple[str, dict]], list[tuple[int, str]]]:
+    """([(line, record)] of the intact lines, [(line number, line)] of the damaged ones), in file order."""
+    intact, damaged = [], []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        record = parse_record(line)
+        if record is None:
+            damaged.append((number, line))
+        else:
+            intact.append((line, record))
+    return intact, damaged
+
+
+def require_wandb():
+    """The wandb module, or one line saying how to get it (checked before out_dir is written)."""
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError("train.wandb.enabled=true needs the wandb package: pip install 'nvfp4train[wandb]'") from None
+    return wandb
 
 
 class MetricsLogger:
@@ -25,35 +66,42 @@ class MetricsLogger:
         self._file = None
         self._wandb_run = None
 
-    def open(self, resume_step: int | None, dropped_to: Path | None = None) -> None:
+    def open(self, resume_step: int | None, dropped_to: Path | None = None) -> list[str]:
         """Start the file; on resume keep only records of steps <= resume_step. The later records go to
-        `dropped_to` when given (a resume from an older checkpoint abandons a timeline, not its history)."""
+        `dropped_to` when given (a resume from an older checkpoint abandons a timeline, not its history).
+        Returns the lines to log about it (damaged lines set aside)."""
         if not self.enabled:
-            return
-        kept, dropped = [], []
+            return []
+        kept, dropped, notes = [], [], []
         if resume_step is not None and self.path.exists():
-            for line in self.path.read_text().splitlines():
+            intact, damaged = read_records(self.path)
+            for line, record in intact:
+                (kept if record["step"] <= resume_step else dropped).append(line)
+            if damaged:
+                quarantine = self.path.with_name(self.path.name + DAMAGED_SUFFIX)
                 try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    break  # a torn last line from a killed run
-                (kept if record.get("step", math.inf) <= resume_step else dropped).append(line)
+                    with open(quarantine, "a", encoding="utf-8") as f:
+                        f.write("".join(f"{self.path.name}:{n}: {line}\n" for n, line in damaged))
+                except OSError as e:
+                    raise write_failed(quarantine, e) from None
+                where = ", ".join(str(n) for n, _ in damaged[:5]) + (" ..." if len(damaged) > 5 else "")
+                notes.append(f"{self.path}: {len(damaged)} damaged line(s) skipped (line {where}), moved to "
+                             f"{quarantine}; the {len(intact)} intact records are kept")
         if dropped and dropped_to is not None:
-            dropped_to.write_text("".join(line + "\n" for line in dropped))
-        self._file = open(self.path, "w")
-        for line in kept:
-            self._file.write(line + "\n")
-        self._file.flush()
+            write_atomic(dropped_to, "".join(line + "\n" for line in dropped))
+        write_atomic(self.path, "".join(line + "\n" for line in kept))
+        try:
+            self._file = open(self.path, "ab", buffering=0)
+        except OSError as e:
+            raise write_failed(self.path, e) from None
+        return notes
 
     def start_wandb(self, cfg: WandbConfig, run_config: dict, experiment: str, out_dir: Path,
                     run_id: str | None) -> str | None:
         """Start (or continue) the W&B run; return its id for the checkpoint."""
         if not (self.enabled and cfg.enabled):
             return run_id
-        try:
-            import wandb
-        except ImportError:
-            raise ConfigError("train.wandb.enabled=true needs the wandb package: pip install 'nvfp4train[wandb]'") from None
+        wandb = require_wandb()
 
         mode = cfg.mode
         if mode == "auto":  # wandb.init fails at once without a key in online mode: go offline instead
@@ -73,8 +121,17 @@ class MetricsLogger:
         if not self.enabled:
             return
         finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
-        self._file.write(json.dumps(finite, allow_nan=False) + "\n")
-        self._file.flush()
+        data = memoryview((json.dumps(finite, allow_nan=False) + "\n").encode())
+        start = self._file.tell()
+        try:
+            while data:
+                data = data[self._file.write(data):]
+        except OSError as e:
+            try:  # no torn line: cut the partial record off again (shrinking needs no space)
+                self._file.truncate(start)
+            except OSError:
+                pass
+            raise write_failed(self.path, e) from None
         if self._wandb_run is not None:
             self._wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
 
@@ -85,6 +142,33 @@ class MetricsLogger:
         if self._wandb_run is not None:
             self._wandb_run.finish()
             self._wandb_run = None
+
+
+class RunLogHandler(logging.FileHandler):
+    """out_dir/train.log. A failed write (disk full) does not print logging's traceback for every later
+    record: the handler stops writing and keeps the error, which the trainer reports as one line."""
+
+    def __init__(self, path: Path):
+        super().__init__(path, mode="a", encoding="utf-8")
+        self.failed: Exception | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failed is None:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handleError(record)
+        elif self.failed is None:
+            self.failed = write_failed(Path(self.baseFilename), error)
+
+    def close(self) -> None:
+        try:  # what the full disk did not take is lost; the failure was (or is now) reported once
+            super().close()
+        except OSError as e:
+            if self.failed is None:
+                self.failed = write_failed(Path(self.baseFilename), e)
 
 
 def _terminal_columns() -> int:

@@ -9,6 +9,12 @@
     abandon_later(ckpt_root, step) resuming from an older checkpoint starts a new timeline: the later
                                    checkpoints move to `checkpoints/abandoned/` (kept, never resumed
                                    from or pruned by accident), so "latest" always means this timeline's
+    write_atomic(path, data)       the run's small files (config.yaml, metrics.jsonl when cut back on
+                                   resume) are written to a temporary file, fsynced and renamed into
+                                   place: a full disk leaves the previous file whole, never an empty one
+    save_config(out_dir, text, step)
+                                   config.yaml, keeping a resumed run's previous one as
+                                   config.step_<N>.yaml (never overwriting one kept earlier)
 Only the main rank calls these; the caller shares the outcome with the other ranks.
 """
 from __future__ import annotations
@@ -28,6 +34,52 @@ ABANDONED = "abandoned"
 
 class RunDirError(ConfigError):
     """The run directory cannot be used as asked; the message names it and what to do (exit 2)."""
+
+
+class RunWriteError(RunDirError):
+    """A file of the run could not be written (disk full, quota, file-size limit): one line naming it."""
+
+
+def write_failed(path: Path, e: OSError) -> RunWriteError:
+    why = e.strerror or type(e).__name__
+    return RunWriteError(f"{path}: cannot write ({why}: the disk is full, or a quota or file-size limit is reached)")
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Replace `path` with `data` whole or not at all: a temporary file beside it, fsynced, renamed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_failed(path, e) from None
+
+
+def save_config(out_dir: Path, text: str, resumed_step: int | None) -> Path | None:
+    """Write config.yaml; on a resume that changes it, keep the previous one as config.step_<N>.yaml (or
+    config.step_<N>~k.yaml when that name is taken: a kept config is never overwritten). Return where the
+    previous one went. The new file is written before the old one moves, so a failed write changes nothing."""
+    path = Path(out_dir) / "config.yaml"
+    try:
+        old = path.read_text() if resumed_step is not None and path.is_file() else None
+    except (OSError, UnicodeDecodeError):
+        old = None
+    if old == text:
+        return None
+    write_atomic(path.with_name("config.yaml.new"), text)
+    kept = None
+    if old and old.strip():  # an empty config.yaml (a failed write of an older version) is not worth keeping
+        kept, n = path.with_name(f"config.step_{resumed_step:08d}.yaml"), 1
+        while kept.exists() and kept.read_bytes() != old.encode():
+            kept, n = path.with_name(f"config.step_{resumed_step:08d}~{n}.yaml"), n + 1
+        os.replace(path, kept)  # a rename: needs no space
+    os.replace(path.with_name("config.yaml.new"), path)
+    return kept
 
 
 class RunDirLock:
@@ -77,11 +129,39 @@ def describe_run(out_dir: Path) -> str | None:
     return ", ".join(parts) or None
 
 
+def check_out_dir_place(out_dir: Path, data_cache: Path | None) -> None:
+    """Refuse an out_dir inside another run's checkpoints (pruning and resume would treat the new run's
+    files as that run's), or the data cache itself or a directory in it (the cache is rebuilt at will)."""
+    here = Path(out_dir).resolve()
+    for place in (here, *here.parents):
+        if place.name == "checkpoints" and describe_run(place.parent) is not None:
+            raise RunDirError(f"out_dir={str(out_dir)!r} is inside the checkpoints of the run in {place.parent}; "
+                              "choose a directory of its own")
+        if place.name.startswith(checkpoint.PREFIX) and (place / checkpoint.META).is_file():
+            raise RunDirError(f"out_dir={str(out_dir)!r} is inside the checkpoint {place}; choose a directory of "
+                              "its own")
+    if data_cache is not None:
+        cache = Path(data_cache).resolve()
+        if here == cache or cache in here.parents:
+            raise RunDirError(f"out_dir={str(out_dir)!r} is {'in ' if here != cache else ''}the data cache "
+                              f"(data.cache_dir: {cache}); choose a directory of its own")
+
+
+# What a run (and the tools that add to its directory) writes in out_dir: all that train.overwrite=true moves.
+RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "metrics.jsonl.damaged", "train.log", "checkpoints", "wandb",
+               "eval.json", "run.json", "executor.json")  # the last two: python -m nvfp4train.reproduce's record
+
+
+def _is_run_entry(name: str) -> bool:
+    return name in RUN_ENTRIES or (name.startswith("config.step_") and name.endswith(".yaml"))
+
+
 def check_fresh_start(out_dir: Path, overwrite: bool) -> Path | None:
-    """Before a run starts from scratch in `out_dir`: refuse if a run is there, or move it aside.
+    """Before a run starts from scratch in `out_dir`: refuse if a run is there, or move it aside (the
+    run's own files only: a directory shared with other files, `out_dir=.` say, keeps them in place).
 
     Returns where the old run went (None if there was none)."""
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).absolute()
     held = describe_run(out_dir)
     if held is None:
         return None
@@ -95,7 +175,7 @@ def check_fresh_start(out_dir: Path, overwrite: bool) -> Path | None:
         aside, n = out_dir.with_name(f"{out_dir.name}.replaced-{stamp}~{n}"), n + 1
     aside.mkdir()
     for entry in out_dir.iterdir():
-        if entry.name != LOCK:  # the lock stays: this run holds it
+        if _is_run_entry(entry.name):  # the lock stays (this run holds it), and so does what is not the run's
             entry.rename(aside / entry.name)
     return aside
 
