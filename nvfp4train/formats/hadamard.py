@@ -13,7 +13,7 @@ Signs:
 * an int: ``random_signs(d, seed)``;
 * a tensor of ±1 of length d.
 
-Arithmetic (one definition for every device and for the Triton kernel in triton_kernels.py):
+Arithmetic (one definition for every device and for the Triton kernel in kernels/):
 
     y_j = round_to_x.dtype( (..((x_0 m_0j + x_1 m_1j) + x_2 m_2j) + ..) + x_{d-1} m_{d-1,j} )
 

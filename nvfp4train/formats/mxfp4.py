@@ -17,7 +17,7 @@ golden vectors do not hit that edge and agree).
 Elements: ``e2m1(clamp(x / X, -6, 6))`` with RNE or SR. Non-finite: a block holding NaN/±Inf gets
 the E8M0 NaN scale (0xFF) and dequantizes to NaN; other blocks are unaffected (no global scale).
 
-``impl``: "reference" (the PyTorch code here), "triton" (triton_kernels.py, the same bits; SR from
+``impl``: "reference" (the PyTorch code here), "triton" (kernels/, the same bits; SR from
 Philox) or "auto" (Triton for CUDA tensors); see impl.py.
 
 The Wgrad operand (``rht_quantize_t`` / ``rht_fake_quantize_t``): MXFP4 of ``hadamard.rht(x.T, 32)``
@@ -68,9 +68,9 @@ class MXFP4Tensor:
         """Decode to ``dtype`` (``apply_global_scale`` is accepted for symmetry; there is none). On CUDA
         one Triton pass (the same bits)."""
         if use_triton(self.codes, impl, "mxfp4.MXFP4Tensor.dequantize"):
-            from . import triton_kernels
+            from . import kernels
 
-            return triton_kernels.e2m1_dequantize(self.codes, self.scales, None, self.shape, BLOCK, e8m0=True,
+            return kernels.dequant.e2m1(self.codes, self.scales, None, self.shape, BLOCK, e8m0=True,
                                                   dtype=dtype)
         # Undo decode_scaled's 2^-14 first (folding it into 2^e could overflow for e > 113).
         values = e2m1.decode_scaled(self.codes).to(torch.float32).mul_(1.0 / e2m1.FP16_FROM_E2M1)
@@ -178,9 +178,9 @@ def quantize(
     """Quantize ``x`` (blocks of 32 along dim -1) to packed MXFP4."""
     scale_rule = _check(x, rounding, scale_rule)
     if use_triton(x, impl, "mxfp4.quantize"):
-        from . import triton_kernels
+        from . import kernels
 
-        codes, bits = triton_kernels.mxfp4(x, scale_rule, rounding, dense=False, generator=generator)
+        codes, bits = kernels.mxfp4.quantize(x, scale_rule, rounding, dense=False, generator=generator)
     else:
         codes, bits = _quantize_impl(x, rounding, scale_rule, _draw_random_bits(x, rounding, generator))
     return MXFP4Tensor(
@@ -204,9 +204,9 @@ def fake_quantize(
     for bit to ``quantize(...).dequantize(out_dtype)``. Exact in bf16 (E2M1 x 2^e)."""
     scale_rule = _check(x, rounding, scale_rule)
     if use_triton(x, impl, "mxfp4.fake_quantize"):
-        from . import triton_kernels
+        from . import kernels
 
-        values = triton_kernels.mxfp4(
+        values = kernels.mxfp4.quantize(
             x, scale_rule, rounding, dense=True, generator=generator, out_dtype=out_dtype or x.dtype
         )
     else:
@@ -233,7 +233,7 @@ def rht_quantize_t(
     generator)`` (which is what impl="reference" runs); the Triton kernel reads x row-major and
     never materializes the transpose or the transform. SR bits follow the [features, tokens]
     layout. ``blocks``: the Triton kernel's (groups of 32 tokens, features[, warps]) per program
-    (triton_kernels.rht_blocks; a speed knob, the bits do not depend on it)."""
+    (kernels.rht.program_blocks; a speed knob, the bits do not depend on it)."""
     hadamard.check_wgrad_input(x, BLOCK, "mxfp4.rht_quantize_t")
     e2m1.check_rounding(rounding)
     scale_rule = canonical_scale_rule(scale_rule)
@@ -241,9 +241,9 @@ def rht_quantize_t(
     if not use_triton(x, impl, "mxfp4.rht_quantize_t"):
         return quantize(hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator,
                         impl="reference")
-    from . import triton_kernels
+    from . import kernels
 
-    codes, bits = triton_kernels.rht_mxfp4_t(x, signs, scale_rule, rounding, dense=False, generator=generator,
+    codes, bits = kernels.rht.mxfp4_t(x, signs, scale_rule, rounding, dense=False, generator=generator,
                                              blocks=blocks)
     return MXFP4Tensor(codes, bits.view(torch.float8_e8m0fnu), torch.Size(x.shape[::-1]), scale_rule)
 
@@ -268,8 +268,8 @@ def rht_fake_quantize_t(
     if not use_triton(x, impl, "mxfp4.rht_fake_quantize_t"):
         return fake_quantize(hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator,
                              out_dtype, impl="reference")
-    from . import triton_kernels
+    from . import kernels
 
-    values = triton_kernels.rht_mxfp4_t(x, signs, scale_rule, rounding, dense=True, generator=generator,
+    values = kernels.rht.mxfp4_t(x, signs, scale_rule, rounding, dense=True, generator=generator,
                                         out_dtype=out_dtype or x.dtype, blocks=blocks)
     return values, torch.ones((), dtype=torch.float32, device=x.device)

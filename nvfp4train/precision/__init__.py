@@ -12,7 +12,7 @@ from .backends import gemm_peak_kind
 from .controller import PrecisionController, build_linear_factory
 from .linear import QuantLinear
 from .memory import saved_activation_bytes, saved_bytes_report
-from .policy import ROLES, LayerRecipe, OperandSpec, PrecisionPolicy, SwitchConfig
+from .recipe import ROLES, LayerRecipe, OperandSpec, PrecisionPolicy, SwitchConfig
 
 __all__ = [
     "PrecisionPolicy", "build_linear_factory", "PrecisionController", "QuantLinear", "LayerRecipe",

@@ -28,7 +28,7 @@ from nvfp4train.schema import ConfigError
 from . import cublas_gemm, te_backend
 from .hardware import cuda_capability
 from .operands import Quantized, operand_format, pad2d, round_up
-from .policy import OperandSpec, PrecisionPolicy
+from .recipe import OperandSpec, PrecisionPolicy
 
 
 def gemm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -52,9 +52,9 @@ def scale_and_cast(out: torch.Tensor, a: torch.Tensor | None, b: torch.Tensor | 
     if out.is_cuda and out.dtype == torch.float32 and out.is_contiguous() and (a is not None or b is not None
                                                                                or dtype != torch.float32):
         if triton_available() and not torch.compiler.is_compiling():
-            from nvfp4train.formats import triton_kernels  # imports triton: only where it runs
+            from nvfp4train.formats import kernels  # imports triton: only where it runs
 
-            return triton_kernels.scale_and_cast(out, a, b, dtype)
+            return kernels.dequant.scale_and_cast(out, a, b, dtype)
     if a is not None:
         out = out * a
     if b is not None:

@@ -28,7 +28,7 @@ import torch
 
 from nvfp4train.formats import fp8, hadamard, mxfp4, nvfp4
 
-from .policy import OperandSpec
+from .recipe import OperandSpec
 
 
 # Which implementation of nvfp4train.formats quantizes operands: "auto" runs the fused Triton
@@ -412,16 +412,10 @@ def dgrad_and_wgrad_dy(dy2d: torch.Tensor, dgrad_spec: OperandSpec, wgrad_spec: 
     if not (dy_pair(dgrad_spec, wgrad_spec) and dy2d.ndim == 2 and dy2d.shape[1] == k_d
             and _fused_wgrad_rht(dy2d.t(), wgrad_spec, k_w) and use_triton(dy2d, QUANT_IMPL, "dgrad_and_wgrad_dy")):
         return None
-    from nvfp4train.formats import triton_kernels  # triton is installed: use_triton said so
-
-    seeds = None
-    if dgrad_spec.rounding == "sr":  # [columnwise, rowwise], the order rht_nvfp4_t takes
-        seeds = torch.cat([triton_kernels.philox_seed(dy2d, wgrad_generator),
-                           triton_kernels.philox_seed(dy2d, dgrad_generator)])
-    row, col = triton_kernels.rht_nvfp4_t(dy2d, hadamard.resolve_signs(nvfp4.BLOCK, rht_signs), dgrad_spec.rounding,
-                                          dense=True, rowwise=True, rowwise_dense=True, out_dtype=torch.bfloat16,
-                                          seeds=seeds)
-    return Quantized(row[0], row[2]), Quantized(col[0], col[2])
+    row, col = nvfp4.quantize_rowwise_and_rht_t(dy2d, dgrad_spec.rounding, dgrad_generator, rht_signs,
+                                                rowwise_dense=True, columnwise_dense=True, out_dtype=torch.bfloat16,
+                                                impl="triton", columnwise_generator=wgrad_generator)
+    return Quantized(*row), Quantized(*col)
 
 
 def packed_shapes(spec: OperandSpec, shape: tuple[int, int]) -> list[tuple[tuple[int, ...], torch.dtype]]:

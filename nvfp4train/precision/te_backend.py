@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from . import hardware
-from .policy import PrecisionPolicy
+from .recipe import PrecisionPolicy
 
 TE_DIM_MULTIPLE = 16  # TE's FP8 GEMMs: K and N multiples of 16, tokens of 8 (16 here: one rule)
 

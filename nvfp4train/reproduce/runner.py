@@ -146,7 +146,7 @@ def check_gib_per_run(source: Path, table) -> None:
     """gib_per_run: {FORMAT: GiB, ..., default: GiB}, what one run takes of its GPU's memory, by precision format."""
     if table is None:
         return
-    from nvfp4train.precision.policy import FORMATS
+    from nvfp4train.precision.recipe import FORMATS
 
     allowed = (*FORMATS, "default")
     if not isinstance(table, dict):

@@ -31,8 +31,8 @@ import logging
 import torch
 import torch.nn as nn
 
-from nvfp4train.precision.linear import QuantLinear, invalidate_weight_caches
-from nvfp4train.precision.policy import ROLES
+from nvfp4train.precision.controller import drop_weight_caches
+from nvfp4train.precision.linear import QuantLinear
 from nvfp4train.precision.te_backend import TELinear
 
 log = logging.getLogger(__name__)
@@ -102,13 +102,7 @@ class StepGraph:
     # ------------------------------------------------------------------ capture
     def _sr_generators(self) -> list[torch.Generator]:
         """Every SR generator the current recipes draw from, created now if a layer has not yet."""
-        gens = []
-        for layer in self.layers:
-            if layer.quantized:
-                for role in ROLES:
-                    if getattr(layer.recipe, role).rounding == "sr":
-                        gens.append(layer.sr.generator(role, self.device))
-        return gens
+        return [gen for layer in self.layers for gen in layer.sr_generators(self.device)]
 
     def _key(self, micro_batches) -> tuple:
         """What the captured graph depends on besides tensor contents: batch shapes, the layers' recipes
@@ -125,7 +119,7 @@ class StepGraph:
                 p.grad = torch.zeros_like(p)
         grads = [p.grad for p in self.params]
         generators = self._sr_generators()
-        invalidate_weight_caches(self.layers)
+        drop_weight_caches(self.layers)
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # the eager steps' cached blocks, for the graph's pool
         graph = torch.cuda.CUDAGraph()
@@ -144,7 +138,7 @@ class StepGraph:
             raise RuntimeError(f"train.cuda_graph: capturing the training step as a CUDA graph failed "
                                f"({type(e).__name__}: {e}); run with train.cuda_graph=false") from e
         finally:
-            invalidate_weight_caches(self.layers)
+            drop_weight_caches(self.layers)
         self.graph, self.loss_sum, self.key = graph, loss_sum, key
         self.captures += 1
         log.info("cuda graph: captured the step (%d micro-batch%s, %d SR generators; capture #%d)",

@@ -1,4 +1,4 @@
-"""The Triton quantizers (formats/triton_kernels.py) give the PyTorch reference's bits.
+"""The Triton quantizers (formats/kernels/) give the PyTorch reference's bits.
 
 Two ways this module runs:
 * on a GPU: ``pytest -m gpu tests/formats/test_triton.py`` runs every check on CUDA tensors;
@@ -152,15 +152,15 @@ def test_nvfp4_rne_same_bits_as_the_reference(tile, dtype):
 @kernel_test
 @pytest.mark.parametrize("tile", [(1, 16), (16, 16)])
 def test_nvfp4_sr_with_the_same_random_bits_same_bits(tile):
-    from nvfp4train.formats import triton_kernels
+    from nvfp4train.formats import kernels
 
     x = edge_inputs()[0].to(torch.bfloat16)
     bits = random_bits_like(x, sr_generator(7))
     want = reference_nvfp4(x, tile, "sr", sr_generator(7))
-    got = triton_kernels.nvfp4(x.to(DEVICE), tile[0], "sr", dense=False, random_bits=bits.to(DEVICE))
+    got = kernels.nvfp4.quantize(x.to(DEVICE), tile[0], "sr", dense=False, random_bits=bits.to(DEVICE))
     for name, g, w in zip(("codes", "scales", "amax", "s_dec"), got, want):
         assert_same(g, w, name)
-    values, _, _ = triton_kernels.nvfp4(x.to(DEVICE), tile[0], "sr", dense=True, random_bits=bits.to(DEVICE),
+    values, _, _ = kernels.nvfp4.quantize(x.to(DEVICE), tile[0], "sr", dense=True, random_bits=bits.to(DEVICE),
                                         out_dtype=torch.float32)
     ref, _ = nvfp4.fake_quantize(x, tile, "sr", sr_generator(7), out_dtype=torch.float32, impl="reference")
     assert_same(values, ref, "values")
@@ -417,7 +417,7 @@ def test_philox_sr_is_unbiased():
 @pytest.mark.parametrize("scale_rule", ["rceil", "floor"])
 @pytest.mark.parametrize("rounding", ["rne", "sr"])
 def test_mxfp4_same_bits_as_the_reference(scale_rule, rounding):
-    from nvfp4train.formats import triton_kernels
+    from nvfp4train.formats import kernels
 
     inputs = edge_inputs()
     nonfinite = inputs[0].clone()
@@ -426,11 +426,11 @@ def test_mxfp4_same_bits_as_the_reference(scale_rule, rounding):
     for i, x in enumerate(inputs + [nonfinite, tiny, inputs[1].bfloat16()]):
         bits = random_bits_like(x, sr_generator(i)) if rounding == "sr" else None
         ref = mxfp4.quantize(x, rounding, scale_rule, sr_generator(i), impl="reference")
-        codes, scales = triton_kernels.mxfp4(x.to(DEVICE), scale_rule, rounding, dense=False,
+        codes, scales = kernels.mxfp4.quantize(x.to(DEVICE), scale_rule, rounding, dense=False,
                                              random_bits=None if bits is None else bits.to(DEVICE))
         assert_same(codes, ref.codes, f"input {i} codes")
         assert_same(scales, ref.scales.view(torch.uint8), f"input {i} scales")
-        values = triton_kernels.mxfp4(x.to(DEVICE), scale_rule, rounding, dense=True, out_dtype=torch.float32,
+        values = kernels.mxfp4.quantize(x.to(DEVICE), scale_rule, rounding, dense=True, out_dtype=torch.float32,
                                       random_bits=None if bits is None else bits.to(DEVICE))
         ref_values, _ = mxfp4.fake_quantize(x, rounding, scale_rule, sr_generator(i), out_dtype=torch.float32,
                                             impl="reference")
@@ -588,7 +588,7 @@ def test_fp8_tensorwise_rowcol_same_bits_as_quantizing_x_and_its_transpose(dtype
 def test_gemm_epilogue_scale_and_cast_same_bits_as_eager():
     """The emulated GEMM's epilogue in one pass: ((out * a) * b).to(dtype) as eager rounds it (each
     product in FP32, then the cast), with either factor absent, for overflow, subnormals and NaN."""
-    from nvfp4train.formats import triton_kernels
+    from nvfp4train.formats import kernels
     from nvfp4train.precision.backends import scale_and_cast
 
     gen = torch.Generator().manual_seed(3)
@@ -598,7 +598,7 @@ def test_gemm_epilogue_scale_and_cast_same_bits_as_eager():
     for fa, fb in ((a, b), (a, None), (None, b), (None, None)):
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             want = scale_and_cast(out, fa, fb, dtype)  # CPU: eager
-            got = triton_kernels.scale_and_cast(out.to(DEVICE), None if fa is None else fa.to(DEVICE),
+            got = kernels.dequant.scale_and_cast(out.to(DEVICE), None if fa is None else fa.to(DEVICE),
                                                 None if fb is None else fb.to(DEVICE), dtype)
             assert_same(got, want, f"a={fa is not None} b={fb is not None} {dtype}")
 
@@ -635,7 +635,7 @@ def test_nvfp4_and_mxfp4_dequantize_same_bits_as_the_reference():
 @kernel_test
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rht_quantize_t_same_bits_as_rht_then_quantize(dtype):
-    from nvfp4train.formats import triton_kernels
+    from nvfp4train.formats import kernels
 
     gen = torch.Generator().manual_seed(1)
     for n_tokens, n_features in ((64, 48), (32, 80)):  # 4 groups of 16 tokens per program, and the 1-group fallback
@@ -659,7 +659,7 @@ def test_rht_quantize_t_same_bits_as_rht_then_quantize(dtype):
         # SR with the reference's bits (drawn in the [features, tokens] layout), and other signs.
         signs = hadamard.random_signs(16, 5)
         bits = random_bits_like(torch.empty(n_features, n_tokens), sr_generator(2))
-        got = triton_kernels.rht_nvfp4_t(x.to(DEVICE), signs, "sr", dense=False, random_bits=bits.to(DEVICE))
+        got = kernels.rht.nvfp4_t(x.to(DEVICE), signs, "sr", dense=False, random_bits=bits.to(DEVICE))
         want = nvfp4.rht_quantize_t(x, "sr", sr_generator(2), signs, impl="reference")
         assert_same(got[0], want.codes, "sr codes")
         assert_same(got[1], want.scales.view(torch.uint8), "sr scales")
@@ -679,7 +679,7 @@ def test_rht_quantize_t_philox_sr_matches_its_dense_twin_and_non_finite_policy()
 @kernel_test
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_mxfp4_rht_quantize_t_same_bits_as_rht_then_quantize(dtype):
-    from nvfp4train.formats import triton_kernels
+    from nvfp4train.formats import kernels
 
     gen = torch.Generator().manual_seed(7)
     # 64 tokens: the default 4 groups of 32 per program halved to 2; 96 tokens, blocks=(4, 32): halved to 1 group
@@ -706,12 +706,12 @@ def test_mxfp4_rht_quantize_t_same_bits_as_rht_then_quantize(dtype):
         # SR with the reference's bits (drawn in the [features, tokens] layout), and other signs.
         signs = hadamard.random_signs(32, 5)
         bits = random_bits_like(torch.empty(n_features, n_tokens), sr_generator(2))
-        got = triton_kernels.rht_mxfp4_t(x.to(DEVICE), signs, "rceil", "sr", dense=False, random_bits=bits.to(DEVICE),
+        got = kernels.rht.mxfp4_t(x.to(DEVICE), signs, "rceil", "sr", dense=False, random_bits=bits.to(DEVICE),
                                          blocks=blocks)
         want = mxfp4.rht_quantize_t(x, "sr", sr_generator(2), signs, impl="reference")
         assert_same(got[0], want.codes, "sr codes")
         assert_same(got[1], want.scales.view(torch.uint8), "sr scales")
-        values = triton_kernels.rht_mxfp4_t(x.to(DEVICE), signs, "rceil", "sr", dense=True, random_bits=bits.to(DEVICE),
+        values = kernels.rht.mxfp4_t(x.to(DEVICE), signs, "rceil", "sr", dense=True, random_bits=bits.to(DEVICE),
                                             out_dtype=torch.float32, blocks=blocks)
         assert_same(values, want.dequantize(), "sr values")
 
@@ -734,17 +734,17 @@ def test_mxfp4_rht_quantize_t_philox_sr_and_non_finite_blocks():
 
 def test_rht_blocks_are_powers_of_two_and_groups_divide_the_tokens():
     pytest.importorskip("triton")
-    from nvfp4train.formats import triton_kernels
+    from nvfp4train.formats import kernels
 
-    default = (triton_kernels.RHT_GROUPS, triton_kernels.RHT_BLOCK_F)
-    assert triton_kernels.rht_blocks(256, 32) == (*default, default[0] * default[1] // 64)  # a warp per 64 pairs
-    assert triton_kernels.rht_blocks(96, 32, (8, 128)) == (1, 128, 2)  # 3 groups of 32: halved down to 1
-    assert triton_kernels.rht_blocks(192, 16, (8, 32)) == (4, 32, 2)
-    assert triton_kernels.rht_blocks(192, 16, (8, 32, 8)) == (4, 32, 8)  # warps as given
-    assert triton_kernels.rht_blocks(16, 16, (1, 16)) == (1, 16, 1)  # at least one warp
+    default = (kernels.rht.RHT_GROUPS, kernels.rht.RHT_BLOCK_F)
+    assert kernels.rht.program_blocks(256, 32) == (*default, default[0] * default[1] // 64)  # a warp per 64 pairs
+    assert kernels.rht.program_blocks(96, 32, (8, 128)) == (1, 128, 2)  # 3 groups of 32: halved down to 1
+    assert kernels.rht.program_blocks(192, 16, (8, 32)) == (4, 32, 2)
+    assert kernels.rht.program_blocks(192, 16, (8, 32, 8)) == (4, 32, 8)  # warps as given
+    assert kernels.rht.program_blocks(16, 16, (1, 16)) == (1, 16, 1)  # at least one warp
     for bad in ((3, 64), (4, 64, 3), (4, 64, 8, 1)):
         with pytest.raises(ValueError, match="rht blocks"):
-            triton_kernels.rht_blocks(256, 32, bad)
+            kernels.rht.program_blocks(256, 32, bad)
 
 
 @pytest.mark.slow  # ~25 s with an empty Triton cache
@@ -754,88 +754,77 @@ def test_kernels_compile_for_sm90_without_approximate_division():
     with div.rn (no div.full / div.approx, which would change the scales) and fuses multiply-adds only
     where the products are exact. Catches GPU-only front-end errors in CI without a GPU."""
     pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile as triton_compile
+    from nvfp4train.formats import kernels
+    from nvfp4train.formats.kernels.sm90 import IO_ARGS as common, NVFP4_ARGS as nvfp4_args, RHT_ARGS as rht_args
+    from nvfp4train.formats.kernels.sm90 import compile_sm90
 
-    from nvfp4train.formats import triton_kernels as tk
-
-    common = {"x_ptr": "*bf16", "bits_ptr": "*i32", "seed_ptr": "*i64", "codes_ptr": "*u8", "scales_ptr": "*u8",
-              "values_ptr": "*bf16"}
-    nvfp4_args = {**common, "amax_ptr": "*fp32", "s_dec_ptr": "*fp32", "rows": "i32", "cols": "i32"}
-    rht_args = {**common, "amax_ptr": "*fp32", "s_dec_ptr": "*fp32", "n_tokens": "i32", "n_features": "i32",
-                "row_amax_ptr": "*fp32", "row_seed_ptr": "*i64", "row_codes_ptr": "*u8", "row_scales_ptr": "*u8",
-                "row_values_ptr": "*bf16", "row_s_dec_ptr": "*fp32"}
-    blocks = {"BLOCK_R": tk.BLOCK_ROWS, "BLOCK_C": tk.BLOCK_COLS}
-    rht_blocks = {"SIGN_MASK": 0xB7E8, "GROUPS": tk.RHT_GROUPS, "BLOCK_F": tk.RHT_BLOCK_F}
+    blocks = {"BLOCK_R": kernels.common.BLOCK_ROWS, "BLOCK_C": kernels.common.BLOCK_COLS}
+    rht_blocks = {"SIGN_MASK": 0xB7E8, "GROUPS": kernels.rht.RHT_GROUPS, "BLOCK_F": kernels.rht.RHT_BLOCK_F}
     # Each code path once (compiling takes ~1-2 s a variant).
     variants = [
-        (tk._abs_max_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32", "n": "i32"}, {"BLOCK": tk.AMAX_BLOCK}),
-        (tk._nvfp4_kernel, nvfp4_args, {"TILE_ROWS": 16, "ROUNDING": tk.RNE, "DENSE": False, **blocks}),
-        (tk._nvfp4_kernel, nvfp4_args, {"TILE_ROWS": 1, "ROUNDING": tk.SR_BITS, "DENSE": True, **blocks}),
-        (tk._nvfp4_kernel, nvfp4_args, {"TILE_ROWS": 1, "ROUNDING": tk.SR_PHILOX, "DENSE": False, **blocks}),
-        (tk._mxfp4_kernel, {**common, "rows": "i32", "cols": "i32"},
-         {"SCALE_RULE": 0, "ROUNDING": tk.SR_PHILOX, "DENSE": True, **blocks}),
-        (tk._mxfp4_kernel, {**common, "rows": "i32", "cols": "i32"},
-         {"SCALE_RULE": 1, "ROUNDING": tk.RNE, "DENSE": False, **blocks}),
-        (tk._fp8_blockwise_kernel, {"x_ptr": "*bf16", "data_ptr": "*u8", "scales_ptr": "*fp32", "values_ptr": "*u8",
+        (kernels.amax._abs_max_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32", "n": "i32"}, {"BLOCK": kernels.amax.AMAX_BLOCK}),
+        (kernels.nvfp4._nvfp4_kernel, nvfp4_args, {"TILE_ROWS": 16, "ROUNDING": kernels.rounding.RNE, "DENSE": False, **blocks}),
+        (kernels.nvfp4._nvfp4_kernel, nvfp4_args, {"TILE_ROWS": 1, "ROUNDING": kernels.rounding.SR_BITS, "DENSE": True, **blocks}),
+        (kernels.nvfp4._nvfp4_kernel, nvfp4_args, {"TILE_ROWS": 1, "ROUNDING": kernels.rounding.SR_PHILOX, "DENSE": False, **blocks}),
+        (kernels.mxfp4._mxfp4_kernel, {**common, "rows": "i32", "cols": "i32"},
+         {"SCALE_RULE": 0, "ROUNDING": kernels.rounding.SR_PHILOX, "DENSE": True, **blocks}),
+        (kernels.mxfp4._mxfp4_kernel, {**common, "rows": "i32", "cols": "i32"},
+         {"SCALE_RULE": 1, "ROUNDING": kernels.rounding.RNE, "DENSE": False, **blocks}),
+        (kernels.fp8._fp8_blockwise_kernel, {"x_ptr": "*bf16", "data_ptr": "*u8", "scales_ptr": "*fp32", "values_ptr": "*u8",
                                     "rows": "i32", "cols": "i32", "scale_for_inf": "fp32"},
          {"TILE_R": 128, "FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True, "DENSE": False,
           "BLOCK_R": 128, "BLOCK_C": 128}),
-        (tk._fp8_blockwise_kernel, {"x_ptr": "*fp32", "data_ptr": "*bf16", "scales_ptr": "*bf16",
+        (kernels.fp8._fp8_blockwise_kernel, {"x_ptr": "*fp32", "data_ptr": "*bf16", "scales_ptr": "*bf16",
                                     "values_ptr": "*bf16", "rows": "i32", "cols": "i32", "scale_for_inf": "fp32"},
          {"TILE_R": 1, "FP8_MAX": 57344.0, "MANT": 2, "BIAS": 15, "POW2": False, "HW_CVT": False, "DENSE": True,
           "BLOCK_R": 8, "BLOCK_C": 256}),
-        (tk._fp8_tensorwise_kernel, {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8", "decode_ptr": "*fp32",
+        (kernels.fp8._fp8_tensorwise_kernel, {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8", "decode_ptr": "*fp32",
                                      "n": "i32"},
-         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False, "HW_CVT": True, "BLOCK": tk.TENSORWISE_BLOCK}),
-        (tk._fp8_tensorwise_rowcol_kernel, {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8",
+         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False, "HW_CVT": True, "BLOCK": kernels.fp8.TENSORWISE_BLOCK}),
+        (kernels.fp8._fp8_tensorwise_rowcol_kernel, {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8",
                                             "data_t_ptr": "*u8", "decode_ptr": "*fp32", "rows": "i32", "cols": "i32"},
          {"FP8_MAX": 57344.0, "MANT": 2, "BIAS": 15, "POW2": False, "HW_CVT": True,
-          "BLOCK": tk.TENSORWISE_TILE}),
-        (tk._scale_and_cast_kernel, {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32"},
-         {"HAS_A": True, "HAS_B": True, "BLOCK": tk.SCALE_CAST_BLOCK}),
-        (tk._e2m1_dequantize_kernel, {"codes_ptr": "*u8", "scales_ptr": "*u8", "global_ptr": "*fp32",
+          "BLOCK": kernels.fp8.TENSORWISE_TILE}),
+        (kernels.dequant._scale_and_cast_kernel, {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32"},
+         {"HAS_A": True, "HAS_B": True, "BLOCK": kernels.dequant.SCALE_CAST_BLOCK}),
+        (kernels.dequant._e2m1_dequantize_kernel, {"codes_ptr": "*u8", "scales_ptr": "*u8", "global_ptr": "*fp32",
                                       "values_ptr": "*bf16", "rows": "i32", "cols": "i32"},
          {"GROUP": 16, "E8M0": False, "HAS_GLOBAL": True, "BLOCK_R": 8, "BLOCK_C": 256}),
-        (tk._e2m1_dequantize_kernel, {"codes_ptr": "*u8", "scales_ptr": "*u8", "global_ptr": "*fp32",
+        (kernels.dequant._e2m1_dequantize_kernel, {"codes_ptr": "*u8", "scales_ptr": "*u8", "global_ptr": "*fp32",
                                       "values_ptr": "*fp32", "rows": "i32", "cols": "i32"},
          {"GROUP": 32, "E8M0": True, "HAS_GLOBAL": False, "BLOCK_R": 8, "BLOCK_C": 256}),
-        (tk._fp8_blockwise_rowcol_kernel, {"x_ptr": "*bf16", "row_data_ptr": "*u8", "row_scales_ptr": "*fp32",
+        (kernels.fp8._fp8_blockwise_rowcol_kernel, {"x_ptr": "*bf16", "row_data_ptr": "*u8", "row_scales_ptr": "*fp32",
                                            "col_data_ptr": "*u8", "col_scales_ptr": "*fp32", "n_tokens": "i32",
                                            "n_features": "i32", "row_width": "i32", "scale_for_inf": "fp32"},
          {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True, "RAGGED": True}),
-        (tk._fp8_blockwise_t_kernel, {"x_ptr": "*bf16", "data_ptr": "*u8", "scales_ptr": "*fp32", "n_tokens": "i32",
+        (kernels.fp8._fp8_blockwise_t_kernel, {"x_ptr": "*bf16", "data_ptr": "*u8", "scales_ptr": "*fp32", "n_tokens": "i32",
                                       "n_features": "i32", "scale_for_inf": "fp32"},
          {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": False, "BLOCK_T": 128, "BLOCK_F": 64}),
-        (tk._fp8_dequantize_blockwise_kernel, {"data_ptr": "*u8", "scales_ptr": "*fp32", "values_ptr": "*bf16",
+        (kernels.dequant._fp8_dequantize_blockwise_kernel, {"data_ptr": "*u8", "scales_ptr": "*fp32", "values_ptr": "*bf16",
                                                "rows": "i32", "cols": "i32"},
          {"TILE_R": 128, "MANT": 3, "BIAS": 7, "BLOCK_R": 8, "BLOCK_C": 256}),
-        (tk._rht_abs_max_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i32",
+        (kernels.rht._rht_abs_max_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i32",
                                   "n_features": "i32"}, {"ROWWISE": True, **rht_blocks}),
-        (tk._rht_abs_max_kernel, {"x_ptr": "*fp32", "partial_ptr": "*i32", "row_partial_ptr": "*i32",
+        (kernels.rht._rht_abs_max_kernel, {"x_ptr": "*fp32", "partial_ptr": "*i32", "row_partial_ptr": "*i32",
                                   "n_features": "i32"}, {"ROWWISE": False, **rht_blocks}),
-        (tk._rht_nvfp4_kernel, rht_args,
-         {"ROUNDING": tk.RNE, "DENSE": False, "ROWWISE": False, "ROW_DENSE": False, "HW_BF16": False, **rht_blocks}),
-        (tk._rht_nvfp4_kernel, rht_args,
-         {"ROUNDING": tk.SR_PHILOX, "DENSE": True, "ROWWISE": True, "ROW_DENSE": False, "HW_BF16": True,
+        (kernels.rht._rht_nvfp4_kernel, rht_args,
+         {"ROUNDING": kernels.rounding.RNE, "DENSE": False, "ROWWISE": False, "ROW_DENSE": False, "HW_BF16": False, **rht_blocks}),
+        (kernels.rht._rht_nvfp4_kernel, rht_args,
+         {"ROUNDING": kernels.rounding.SR_PHILOX, "DENSE": True, "ROWWISE": True, "ROW_DENSE": False, "HW_BF16": True,
           **rht_blocks}),
         # rht_blocks' warps: the same tile on 8 warps (a (group, feature) column a thread)
-        (tk._rht_nvfp4_kernel, rht_args,
-         {"ROUNDING": tk.SR_PHILOX, "DENSE": True, "ROWWISE": False, "ROW_DENSE": False, "HW_BF16": True,
+        (kernels.rht._rht_nvfp4_kernel, rht_args,
+         {"ROUNDING": kernels.rounding.SR_PHILOX, "DENSE": True, "ROWWISE": False, "ROW_DENSE": False, "HW_BF16": True,
           **rht_blocks}, {"num_warps": 8}),
-        (tk._rht_mxfp4_kernel, {**common, "n_tokens": "i32", "n_features": "i32"},
-         {**rht_blocks, "SIGN_MASK": 0xB7E8C3A1, "SCALE_RULE": 0, "ROUNDING": tk.RNE, "DENSE": False,
+        (kernels.rht._rht_mxfp4_kernel, {**common, "n_tokens": "i32", "n_features": "i32"},
+         {**rht_blocks, "SIGN_MASK": 0xB7E8C3A1, "SCALE_RULE": 0, "ROUNDING": kernels.rounding.RNE, "DENSE": False,
           "HW_BF16": True}),
-        (tk._rht_mxfp4_kernel, {**common, "n_tokens": "i32", "n_features": "i32"},
-         {**rht_blocks, "SIGN_MASK": 0xB7E8C3A1, "SCALE_RULE": 1, "ROUNDING": tk.SR_PHILOX, "DENSE": True,
+        (kernels.rht._rht_mxfp4_kernel, {**common, "n_tokens": "i32", "n_features": "i32"},
+         {**rht_blocks, "SIGN_MASK": 0xB7E8C3A1, "SCALE_RULE": 1, "ROUNDING": kernels.rounding.SR_PHILOX, "DENSE": True,
           "HW_BF16": False}),
     ]
     for kernel, signature, constexprs, *options in variants:
-        signature = {**{k: "constexpr" for k in constexprs}, **signature}
-        signature = {name: signature[name] for name in kernel.arg_names}
-        compiled = triton_compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                                  target=GPUTarget("cuda", 90, 32),
-                                  options={"enable_fp_fusion": False, **dict(*options)})
+        compiled = compile_sm90(kernel, signature, constexprs, **dict(*options))
         ptx = compiled.asm["ptx"]
         assert "div.full" not in ptx and "div.approx" not in ptx, (kernel, constexprs)
         # FP8 codes from the GPU's own RNE conversion of FP32 (never through FP16: a second rounding)
@@ -848,9 +837,9 @@ def test_kernels_compile_for_sm90_without_approximate_division():
             assert ("cvt.rn.bf16.f32" in ptx) == constexprs["HW_BF16"], (kernel, constexprs)
         # Fused multiply-adds only where the products are exact: the 16-point RHT of a bf16 input
         # (_rht_tokens' EXACT_PRODUCTS); never on FP32 inputs nor in the 32-point RHT, whose products round.
-        exact_products = kernel in (tk._rht_abs_max_kernel, tk._rht_nvfp4_kernel) and signature["x_ptr"] == "*bf16"
+        exact_products = kernel in (kernels.rht._rht_abs_max_kernel, kernels.rht._rht_nvfp4_kernel) and signature["x_ptr"] == "*bf16"
         assert ("fma.rn.f32" in ptx) == exact_products, (kernel, signature["x_ptr"], constexprs)
-        if kernel in (tk._rht_abs_max_kernel, tk._rht_nvfp4_kernel, tk._rht_mxfp4_kernel):
+        if kernel in (kernels.rht._rht_abs_max_kernel, kernels.rht._rht_nvfp4_kernel, kernels.rht._rht_mxfp4_kernel):
             # The transform stays in each thread's registers: shared memory re-lays out at most the
             # stored tiles (codes and scales), not every loaded token row (16 re-layouts a program
             # before); the rowwise copy's 2-D tile adds its own (its stores, and its Philox bytes: a
@@ -862,7 +851,7 @@ def test_kernels_compile_for_sm90_without_approximate_division():
 
 # ------------------------------------------------------------------------------ operands' routing
 def wgrad_route_cases():
-    from nvfp4train.precision.policy import OperandSpec
+    from nvfp4train.precision.recipe import OperandSpec
 
     x2d = torch.randn(64, 48, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)  # [tokens, in]
     return x2d, [spec for rounding in ("rne", "sr") for spec in (
@@ -1022,7 +1011,7 @@ def test_quant_linear_fp8_blockwise_operands_from_one_read(monkeypatch):
 @kernel_test
 @pytest.mark.parametrize("rowwise_dense, columnwise_dense", [(False, False), (True, False), (True, True)])
 def test_rowwise_and_rht_t_from_one_read_equal_the_separate_quantizers(rowwise_dense, columnwise_dense):
-    from nvfp4train.formats import triton_kernels
+    from nvfp4train.formats import kernels
 
     gen = torch.Generator().manual_seed(6)
     x = torch.randn(64, 80, generator=gen)
@@ -1042,11 +1031,11 @@ def test_rowwise_and_rht_t_from_one_read_equal_the_separate_quantizers(rowwise_d
             assert_same(a, b, f"{name} part {i}")
     # SR: each copy draws from its own Philox seed, the bits the separate kernels draw from it.
     seeds = torch.tensor([11, 12], device=DEVICE)
-    (row_values, _, _), (col_codes, _, _, _) = triton_kernels.rht_nvfp4_t(
+    (row_values, _, _), (col_codes, _, _, _) = kernels.rht.nvfp4_t(
         x.to(DEVICE), hadamard.resolve_signs(16), "sr", dense=False, rowwise=True, rowwise_dense=True,
         out_dtype=torch.float32, seeds=seeds)
-    alone_row, _, _ = triton_kernels.nvfp4(x.to(DEVICE), 1, "sr", dense=True, seed=seeds[1:], out_dtype=torch.float32)
-    alone_col = triton_kernels.rht_nvfp4_t(x.to(DEVICE), hadamard.resolve_signs(16), "sr", dense=False,
+    alone_row, _, _ = kernels.nvfp4.quantize(x.to(DEVICE), 1, "sr", dense=True, seed=seeds[1:], out_dtype=torch.float32)
+    alone_col = kernels.rht.nvfp4_t(x.to(DEVICE), hadamard.resolve_signs(16), "sr", dense=False,
                                            seeds=seeds[:1])
     assert_same(row_values, alone_row.cpu(), "sr rowwise")
     assert_same(col_codes, alone_col[0].cpu(), "sr columnwise")

@@ -2,7 +2,7 @@
 import pytest
 
 from nvfp4train.precision import ROLES, PrecisionPolicy
-from nvfp4train.precision.policy import FORWARD_ROLES, BACKWARD_ROLES
+from nvfp4train.precision.recipe import FORWARD_ROLES, BACKWARD_ROLES
 
 from .helpers import ABLATION_CHANGES, PRESETS, load_preset
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from nvfp4train.precision import PrecisionController, build_linear_factory, operands
-from nvfp4train.precision.linear import LayerState
+from nvfp4train.precision.ops import LayerState
 
 from .helpers import load_preset
 

@@ -1,4 +1,4 @@
-"""Precision policies: which format each operand of each linear-layer GEMM uses.
+"""The precision policy and the per-layer recipes it resolves to, as frozen objects: which format each operand of each linear-layer GEMM uses.
 
 A linear layer Y = X Wᵀ runs three GEMMs, each with two operands (arXiv 2509.25149 §4, Fig. 5):
 
@@ -17,7 +17,6 @@ BF16 first/last blocks, and a mid-run switch to BF16 (full|forward_only|backward
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -87,16 +86,6 @@ class OperandSpec:
     def row_block(self) -> int:
         return self.tile[0] if self.tile is not None else 1
 
-    def key(self) -> str:
-        """The spec as a short string, e.g. "nvfp4,16x16,rne,0," (`OperandSpec.from_key` inverts it)."""
-        tile = "-" if self.tile is None else f"{self.tile[0]}x{self.tile[1]}"
-        return f"{self.format},{tile},{self.rounding},{self.rht_dim},{self.scale_mode}"
-
-    @staticmethod
-    def from_key(key: str) -> "OperandSpec":
-        fmt, tile, rounding, rht_dim, scale_mode = key.split(",")
-        return OperandSpec(fmt, None if tile == "-" else _tile(tile), rounding, int(rht_dim), scale_mode)
-
     def describe(self) -> str:
         if self.is_bf16:
             return "bf16"
@@ -140,16 +129,6 @@ class LayerRecipe:
 
     def describe(self) -> dict[str, str]:
         return {r: getattr(self, r).describe() for r in ROLES}
-
-    def key(self) -> str:
-        """The recipe as one string, the form the quantized linear's custom ops take (they cannot take
-        Python objects); `LayerRecipe.from_key` inverts it."""
-        return ";".join(getattr(self, r).key() for r in ROLES)
-
-    @staticmethod
-    @functools.cache
-    def from_key(key: str) -> "LayerRecipe":
-        return LayerRecipe(*(OperandSpec.from_key(k) for k in key.split(";")))
 
 
 @dataclass(frozen=True)
