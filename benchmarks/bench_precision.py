@@ -1,8 +1,8 @@
 """Time quantized linears (forward + backward) per precision preset against BF16.
 
-    python scripts/bench_precision.py                       # one layer; CPU, small shapes
-    python scripts/bench_precision.py --device cuda --tokens 16384 --in-features 4096 --out-features 4096
-    python scripts/bench_precision.py --mlp                 # GPU: 4 x (2048 -> 8192 -> 2048), 16384 tokens
+    python -m benchmarks.bench_precision                       # one layer; CPU, small shapes
+    python -m benchmarks.bench_precision --device cuda --tokens 16384 --in-features 4096 --out-features 4096
+    python -m benchmarks.bench_precision --mlp                 # GPU: 4 x (2048 -> 8192 -> 2048), 16384 tokens
 
 One layer (default): median ms per forward+backward under BF16 autocast, the slowdown against
 nn.Linear on the same shapes, the backend the preset resolves to here, and the saved-activation
@@ -19,14 +19,12 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nvfp4train.precision import PrecisionPolicy, build_linear_factory, saved_activation_bytes  # noqa: E402
+from nvfp4train.precision import PrecisionPolicy, build_linear_factory, saved_activation_bytes
 
 PRESETS = ("bf16", "fp8_tensorwise", "fp8_blockwise", "nvfp4", "nvfp4_no_rht", "nvfp4_no_2d", "mxfp4")
 

@@ -1,7 +1,7 @@
 """Training throughput per model x sequence length x precision, through the trainer's own step.
 
-    python scripts/bench_train.py --models hybrid_350m hybrid_1b --seqs 2048 4096 --batch 8
-    python scripts/bench_train.py --device cpu --models hybrid_tiny --seqs 64 --batch 2 --steps 2   # smoke test
+    python -m benchmarks.bench_train --models hybrid_350m hybrid_1b --seqs 2048 4096 --batch 8
+    python -m benchmarks.bench_train --device cpu --models hybrid_tiny --seqs 64 --batch 2 --steps 2   # smoke test
 
 Each row builds the model and precision policy as the trainer does and times `engines.TorchEngine.train_step`
 (fused chunked cross-entropy, device-side skip of non-finite steps, AdamW, the trainer's train.compile
@@ -21,7 +21,7 @@ is skipped with its reason). `--profile DIR` profiles one more step per row afte
 prints device time by kind of kernel (GEMM, our quantizers, Mamba scan, copies, ...) and the top kernels,
 each under the ops that launched it (op, input shapes, enclosing ops such as our custom ops; with
 `--cuda-graph false`, since a replayed graph hides them), with a chrome trace per row in DIR:
-    python scripts/bench_train.py --models hybrid_350m --seqs 2048 --batch 8 --precisions bf16 nvfp4 --profile /tmp/prof
+    python -m benchmarks.bench_train --models hybrid_350m --seqs 2048 --batch 8 --precisions bf16 nvfp4 --profile /tmp/prof
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def torchao_block_filter(precision: str, n_blocks: int):
 
 
 # What a profiled step's device time is spent on, by kernel name (first match wins; lower-case substrings).
-# Triton quantizer kernels are ours (formats/triton_kernels.py: _nvfp4_*, _mxfp4_*, _rht_*, _fp8_*,
+# Triton quantizer kernels are ours (formats/kernels/: _nvfp4_*, _mxfp4_*, _rht_*, _fp8_*,
 # _abs_max_*); the Mamba scan's are mamba-ssm's SSD kernels; GEMMs are cuBLAS/CUTLASS (nvjet, sm90_xmma,
 # cutlass, gemm) or torch._scaled_mm's.
 KERNEL_KINDS = (

@@ -1,8 +1,8 @@
 """Time the Mamba mixer's non-GEMM kernels of ours at a model's shapes, beside a device copy (CUDA only).
 
-    python scripts/bench_mixer.py                          # hybrid_1b, 4 x 4096 tokens
-    python scripts/bench_mixer.py --model hybrid_350m --batch 8 --seq 2048
-    python scripts/bench_mixer.py --conv-rows 32,256,2 64,256,2 64,512,4 --norm-warps 4 16 32 64
+    python -m benchmarks.bench_mixer                          # hybrid_1b, 4 x 4096 tokens
+    python -m benchmarks.bench_mixer --model hybrid_350m --batch 8 --seq 2048
+    python -m benchmarks.bench_mixer --conv-rows 32,256,2 64,256,2 64,512,4 --norm-warps 4 16 32 64
 
 Rows:
 - causal conv1d + SiLU forward and backward (model/causal_conv.py), K = 4: the tile kernels (what K != 4
@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 
 def bench(fn, repeats: int = 50) -> float:

@@ -1,8 +1,8 @@
 """Bandwidth of the nvfp4train.formats quantizers, reference vs Triton, beside a device copy.
 
-    python scripts/bench_quant.py                              # CUDA: 8192x8192 and 16384x4096 bf16
-    python scripts/bench_quant.py --device cpu --shapes 64x256 --repeats 2 --out /tmp/quant.json
-    python scripts/bench_quant.py --rht-blocks 4,64 4,64,8 2,128   # sweep the fused RHT kernels' blocks
+    python -m benchmarks.bench_quant                              # CUDA: 8192x8192 and 16384x4096 bf16
+    python -m benchmarks.bench_quant --device cpu --shapes 64x256 --repeats 2 --out /tmp/quant.json
+    python -m benchmarks.bench_quant --rht-blocks 4,64 4,64,8 2,128   # sweep the fused RHT kernels' blocks
 
 GB/s counts the bytes a quantizer must move: its input read once plus its outputs written (packed
 codes + scales for ``quantize``, the dense values for ``fake_quantize``). The copy column is
@@ -34,10 +34,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from nvfp4train.data.paths import git_commit  # noqa: E402
-from nvfp4train.formats import fp8, mxfp4, nvfp4, sr_generator  # noqa: E402
+from nvfp4train.data.paths import git_commit
+from nvfp4train.formats import fp8, mxfp4, nvfp4, sr_generator
 
 DEFAULT_OUT = ROOT / "docs" / "results" / "bench" / "quant.json"
 IMPLS = ("reference", "triton")

@@ -1,7 +1,7 @@
 """Loader throughput from one core over memory-mapped shards (the target: at least 1M tokens/s).
 
-    python scripts/bench_loader.py                       # the bundled corpus, seq_len 2048
-    python scripts/bench_loader.py --config configs/data/corpora.yaml --seq-len 4096 --micro-batch 8
+    python -m benchmarks.bench_loader                       # the bundled corpus, seq_len 2048
+    python -m benchmarks.bench_loader --config configs/data/corpora.yaml --seq-len 4096 --micro-batch 8
 
 Counts the tokens of the (x, y) micro-batches the trainer would receive (micro_batch * seq_len per call),
 including the blend schedule, the per-step plan and the copy into torch tensors. Torch and numpy are
@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import yaml  # noqa: E402
+import torch
+import yaml
 
-from nvfp4train.data import build_train_loader  # noqa: E402
-from nvfp4train.data.paths import resolve_path  # noqa: E402
+from nvfp4train.data import build_train_loader
+from nvfp4train.data.paths import resolve_path
 
 
 def main(argv=None) -> None:

@@ -1,6 +1,6 @@
-"""GPU checks of the precision backends (run on an H100/H200; exits non-zero on a mismatch).
+"""GPU checks of the precision backends (marked gpu: skipped without CUDA).
 
-    python scripts/check_precision_gpu.py            # prints a table
+    python -m pytest -q -m gpu tests/gpu/test_precision_gpu.py
 
 1. CUDA == CPU, bit for bit, for the quantized operands of RNE paths (emulated backend): every
    operand the three GEMMs see, per role, RHT'd ones included (formats transforms BF16 inputs
@@ -16,16 +16,13 @@
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nvfp4train.precision import ROLES, PrecisionPolicy, QuantLinear
+from nvfp4train.precision.backends import SCALED_MM, TE, EmulatedBackend
 
-from nvfp4train.precision import ROLES, PrecisionPolicy, QuantLinear  # noqa: E402
-from nvfp4train.precision.backends import SCALED_MM, TE, EmulatedBackend  # noqa: E402
-
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def preset(name: str, **overrides) -> PrecisionPolicy:
@@ -34,7 +31,7 @@ def preset(name: str, **overrides) -> PrecisionPolicy:
     return PrecisionPolicy.from_dict({**load_preset("precision", name), **overrides})
 
 
-DEVICE = "cuda"  # the device compared against the CPU (a CPU smoke run of this script sets "cpu")
+DEVICE = "cuda"  # the device compared against the CPU
 
 
 def all_quantized(name: str, **overrides) -> PrecisionPolicy:
@@ -215,26 +212,12 @@ def check_te(rows):
             rows.append((f"te vs emulated {name}", label, err, limit, err <= limit))
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
-        print("check_precision_gpu: no CUDA GPU here")
-        return 2
-    print(f"device: {torch.cuda.get_device_name()} sm_{''.join(map(str, torch.cuda.get_device_capability()))}, torch {torch.__version__}")
-    rows: list[tuple] = []
-    for check in (check_cuda_equals_cpu, check_emulated_gemm_exact, check_scaled_mm, check_auto_picks_scaled_mm,
-                  check_compiled_equals_eager, check_te):
-        try:
-            check(rows)
-        except Exception as exc:  # report and keep going: one table for everything
-            rows.append((check.__name__, f"error: {type(exc).__name__}: {exc}", float("nan"), 0.0, False))
-    width = max(len(r[0]) for r in rows)
-    print(f"{'check':<{width}}  {'item':<24} {'value':>10} {'limit':>10}  ok")
-    for check, item, value, limit, ok in rows:
-        print(f"{check:<{width}}  {item:<24} {value:>10.3g} {limit:>10.3g}  {'ok' if ok else 'MISMATCH'}")
-    bad = [r for r in rows if not r[4]]
-    print(f"{len(rows) - len(bad)} passed, {len(bad)} failed")
-    return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+@pytest.mark.parametrize("check", [check_cuda_equals_cpu, check_emulated_gemm_exact, check_scaled_mm,
+                                   check_auto_picks_scaled_mm, check_compiled_equals_eager, check_te],
+                         ids=lambda check: check.__name__)
+def test_gpu_check(check):
+    """Each check appends rows (check, item, value, limit, ok): all must be ok."""
+    rows = []
+    check(rows)
+    bad = [row for row in rows if not row[4]]
+    assert rows and not bad, bad
