@@ -8,7 +8,6 @@ Scale rules (``scale_rule``), named as torchao's ``ScaleCalculationMode`` names 
   (2^(ceil(log2 amax_b) - 2)) that gives another scale for about 4 blocks in 10.
 * "floor" (OCP MX v1.0, torchao FLOOR): X = 2^(floor(log2(amax_b)) - 2); the block amax lands in
   [4, 8) and values above 6 clip to 6.
-"ceil" is this project's former name for "rceil" and still means it (``canonical_scale_rule``).
 Exponents are clamped to E8M0's [-127, 127]; an all-zero block gets 2^-127 (as TE's reference).
 The rceil exponent is computed exactly from the FP32 bits of amax_b / 6 (TE's reference uses
 ``ceil(torch.log2(.))``, which can round an amax just above 6 * 2^k down to k and clip; the
@@ -37,8 +36,6 @@ from .rounding import random_bits_like
 
 BLOCK = 32
 SCALE_RULES = ("rceil", "floor")
-# Former spellings, still accepted: "ceil" was this project's name for RCEIL (not torchao's CEIL).
-SCALE_RULE_ALIASES = {"ceil": "rceil"}
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 E8M0_NAN = 255
 
@@ -86,20 +83,16 @@ def scale_from_e8m0(scales: torch.Tensor) -> torch.Tensor:
     return torch.where(bits == E8M0_NAN, torch.full_like(value, float("nan")), value)
 
 
-def canonical_scale_rule(scale_rule: str) -> str:
-    """``scale_rule`` by its current name ("ceil" -> "rceil"); ValueError naming the allowed rules."""
-    rule = SCALE_RULE_ALIASES.get(scale_rule, scale_rule)
-    if rule not in SCALE_RULES:
-        raise ValueError(
-            f"mxfp4: scale_rule={scale_rule!r} is not supported; allowed: {SCALE_RULES} "
-            f"(also the former names {SCALE_RULE_ALIASES})"
-        )
-    return rule
+def check_scale_rule(scale_rule: str) -> str:
+    """``scale_rule``, or ValueError in one line naming the allowed rules."""
+    if scale_rule not in SCALE_RULES:
+        raise ValueError(f"mxfp4: scale_rule={scale_rule!r} is not supported; allowed: {SCALE_RULES}")
+    return scale_rule
 
 
 def scale_exponent(block_amax: torch.Tensor, scale_rule: str) -> torch.Tensor:
     """Unbiased E8M0 exponent (int32, in [-127, 127]) of each block's decode scale."""
-    scale_rule = canonical_scale_rule(scale_rule)
+    scale_rule = check_scale_rule(scale_rule)
     if scale_rule == "rceil":
         v = block_amax / e2m1.E2M1_MAX
         mantissa, exponent = torch.frexp(v)  # v = mantissa * 2^exponent, mantissa in [0.5, 1)
@@ -125,7 +118,7 @@ def _check(x: torch.Tensor, rounding: str, scale_rule: str) -> str:
             f"mxfp4: the last dim of shape {tuple(x.shape)} must be a non-zero multiple of {BLOCK} (no padding is done)"
         )
     e2m1.check_rounding(rounding)
-    return canonical_scale_rule(scale_rule)
+    return check_scale_rule(scale_rule)
 
 
 def _draw_random_bits(x: torch.Tensor, rounding: str, generator):
@@ -236,7 +229,7 @@ def rht_quantize_t(
     (kernels.rht.program_blocks; a speed knob, the bits do not depend on it)."""
     hadamard.check_wgrad_input(x, BLOCK, "mxfp4.rht_quantize_t")
     e2m1.check_rounding(rounding)
-    scale_rule = canonical_scale_rule(scale_rule)
+    scale_rule = check_scale_rule(scale_rule)
     signs = hadamard.resolve_signs(BLOCK, signs)
     if not use_triton(x, impl, "mxfp4.rht_quantize_t"):
         return quantize(hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator,
@@ -263,7 +256,7 @@ def rht_fake_quantize_t(
     (see ``rht_quantize_t``)."""
     hadamard.check_wgrad_input(x, BLOCK, "mxfp4.rht_fake_quantize_t")
     e2m1.check_rounding(rounding)
-    scale_rule = canonical_scale_rule(scale_rule)
+    scale_rule = check_scale_rule(scale_rule)
     signs = hadamard.resolve_signs(BLOCK, signs)
     if not use_triton(x, impl, "mxfp4.rht_fake_quantize_t"):
         return fake_quantize(hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator,

@@ -37,8 +37,8 @@ Rht = StrEnum("Rht", "wgrad all none")
 Sr = StrEnum("Sr", "grads all none")
 SwitchMode = StrEnum("SwitchMode", "full forward_only backward_only")
 # MXFP4 block-scale rules, named as torchao names them (formats/mxfp4.py): "rceil" rounds the scale
-# up (the paper's rule), "floor" is OCP MX. "ceil" is the former name of "rceil" and means it.
-Mxfp4ScaleRule = StrEnum("Mxfp4ScaleRule", " ".join(mxfp4.SCALE_RULES + tuple(mxfp4.SCALE_RULE_ALIASES)))
+# up (the paper's rule), "floor" is OCP MX.
+Mxfp4ScaleRule = StrEnum("Mxfp4ScaleRule", " ".join(mxfp4.SCALE_RULES))
 FORMATS, BACKENDS, RHT_CHOICES, SR_CHOICES = tuple(Format), tuple(Backend), tuple(Rht), tuple(Sr)
 SWITCH_MODES, MXFP4_SCALE_RULES = tuple(SwitchMode), tuple(Mxfp4ScaleRule)
 
@@ -168,7 +168,7 @@ class PrecisionPolicy:
     sr: Sr = Sr.none
     """Stochastic rounding on the gradients (grads), on every operand (all), or none (round to nearest even)."""
     mxfp4_scale_rule: Mxfp4ScaleRule = Mxfp4ScaleRule.rceil
-    """MXFP4 E8M0 scale rounding: rceil (round up, the paper's App. B.4; torchao RCEIL; "ceil" is its former name) or floor (OCP)."""
+    """MXFP4 E8M0 scale rounding: rceil (round up, the paper's App. B.4; torchao RCEIL) or floor (OCP)."""
     fp8_pow2_scales: bool = True
     """fp8_blockwise: power-of-two FP32 scales (DeepSeek-V3, TE Float8BlockScaling)."""
     bf16_first_blocks: int = bounded(0, ge=0)
@@ -258,7 +258,7 @@ class PrecisionPolicy:
         sr_grads = "sr" if self.sr in ("grads", "all") else "rne"
         sr_other = "sr" if self.sr == "all" else "rne"
         act = (1, block)
-        mode = {"mxfp4": mxfp4.canonical_scale_rule(self.mxfp4_scale_rule),
+        mode = {"mxfp4": mxfp4.check_scale_rule(self.mxfp4_scale_rule),
                 "fp8_blockwise": "pow2" if self.fp8_pow2_scales else "fp32"}.get(fmt, "")
 
         def spec(tile, rounding, rht):
