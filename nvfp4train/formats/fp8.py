@@ -81,8 +81,9 @@ def encode_scale_from_amax(
     return torch.where(torch.isfinite(amax), scale, torch.full_like(scale, float("nan")))
 
 
-def quantize_tensorwise(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False,
-                        impl: str = "auto"):
+def quantize_tensorwise(
+    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False, impl: str = "auto"
+):
     """``(data_fp8, decode_scale)``: per-tensor current scaling; decode_scale is FP32 0-d."""
     _check_input(x)
     _check_fp8_dtype(dtype)
@@ -96,8 +97,9 @@ def quantize_tensorwise(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3f
     return xf.mul_(encode).clamp_(-limit, limit).to(dtype), torch.reciprocal(encode)
 
 
-def quantize_tensorwise_rowcol(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False,
-                               *, impl: str = "auto"):
+def quantize_tensorwise_rowcol(
+    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False, *, impl: str = "auto"
+):
     """``((data, decode_scale), (data_t, decode_scale))``: ``quantize_tensorwise(x)`` and, for the GEMM
     that needs x transposed (Wgrad's K = tokens), ``data_t`` [cols, rows] contiguous, the bits
     ``quantize_tensorwise(x.t())`` gives: a per-tensor scale commutes with the transpose (the amax of
@@ -194,8 +196,10 @@ def quantize_blockwise_t(
     _check_input(x)
     _check_fp8_dtype(dtype)
     if x.ndim != 2 or x.shape[0] % 128:
-        raise ValueError(f"fp8.quantize_blockwise_t: x must be 2-D [tokens, features] with tokens a multiple of "
-                         f"128, got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"fp8.quantize_blockwise_t: x must be 2-D [tokens, features] with tokens a multiple of "
+            f"128, got shape {tuple(x.shape)}"
+        )
     if use_triton(x, impl, "fp8.quantize_blockwise_t"):
         from . import kernels
 
@@ -205,8 +209,12 @@ def quantize_blockwise_t(
 
 
 def quantize_blockwise_rowcol(
-    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False, *,
-    row_width: int | None = None, impl: str = "auto"
+    x: torch.Tensor,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    pow2_scales: bool = False,
+    *,
+    row_width: int | None = None,
+    impl: str = "auto",
 ):
     """``(quantize_blockwise(x zero-padded to [tokens, row_width], (1, 128)), quantize_blockwise_t(x))`` of x
     [tokens, features], tokens a multiple of 128: the two copies the FP8 blockwise recipe takes of an
@@ -216,21 +224,27 @@ def quantize_blockwise_rowcol(
     _check_input(x)
     _check_fp8_dtype(dtype)
     if x.ndim != 2 or x.shape[0] % 128:
-        raise ValueError(f"fp8.quantize_blockwise_rowcol: x must be 2-D [tokens, features] with tokens a multiple "
-                         f"of 128, got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"fp8.quantize_blockwise_rowcol: x must be 2-D [tokens, features] with tokens a multiple "
+            f"of 128, got shape {tuple(x.shape)}"
+        )
     n_features = x.shape[1]
     row_width = -(-n_features // 128) * 128 if row_width is None else row_width
     if row_width % 128 or row_width < n_features:
-        raise ValueError(f"fp8.quantize_blockwise_rowcol: row_width={row_width} must be a multiple of 128 and at "
-                         f"least the {n_features} features")
+        raise ValueError(
+            f"fp8.quantize_blockwise_rowcol: row_width={row_width} must be a multiple of 128 and at "
+            f"least the {n_features} features"
+        )
     if use_triton(x, impl, "fp8.quantize_blockwise_rowcol"):
         from . import kernels
 
         (rd, rs), (cd, cs) = kernels.fp8.blockwise_rowcol(x, dtype, pow2_scales, row_width)
         return (rd.view(dtype), rs), (cd.view(dtype), cs)
     padded = torch.nn.functional.pad(x, (0, row_width - n_features))
-    return (quantize_blockwise(padded, (1, 128), dtype, pow2_scales, impl="reference"),
-            quantize_blockwise_t(x, dtype, pow2_scales, impl="reference"))
+    return (
+        quantize_blockwise(padded, (1, 128), dtype, pow2_scales, impl="reference"),
+        quantize_blockwise_t(x, dtype, pow2_scales, impl="reference"),
+    )
 
 
 def dequantize_blockwise(

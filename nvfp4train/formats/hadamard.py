@@ -104,8 +104,9 @@ def check_wgrad_input(x: torch.Tensor, d: int, who: str) -> None:
     if not isinstance(x, torch.Tensor) or x.dtype not in dtypes:
         raise TypeError(f"{who}: x must be a torch.Tensor of {dtypes}, got {getattr(x, 'dtype', type(x))}")
     if x.ndim != 2 or x.shape[0] % d != 0 or x.numel() == 0:
-        raise ValueError(f"{who}: x must be 2-D [tokens, features] with tokens a multiple of {d}, "
-                         f"got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{who}: x must be 2-D [tokens, features] with tokens a multiple of {d}, got shape {tuple(x.shape)}"
+        )
 
 
 def rht(x: torch.Tensor, d: int = 16, signs=None) -> torch.Tensor:

@@ -60,15 +60,15 @@ class MXFP4Tensor:
     def unpacked_codes(self) -> torch.Tensor:
         return e2m1.unpack(self.codes)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True, *,
-                   impl: str = "auto") -> torch.Tensor:
+    def dequantize(
+        self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True, *, impl: str = "auto"
+    ) -> torch.Tensor:
         """Decode to ``dtype`` (``apply_global_scale`` is accepted for symmetry; there is none). On CUDA
         one Triton pass (the same bits)."""
         if use_triton(self.codes, impl, "mxfp4.MXFP4Tensor.dequantize"):
             from . import kernels
 
-            return kernels.dequant.e2m1(self.codes, self.scales, None, self.shape, BLOCK, e8m0=True,
-                                                  dtype=dtype)
+            return kernels.dequant.e2m1(self.codes, self.scales, None, self.shape, BLOCK, e8m0=True, dtype=dtype)
         # Undo decode_scaled's 2^-14 first (folding it into 2^e could overflow for e > 113).
         values = e2m1.decode_scaled(self.codes).to(torch.float32).mul_(1.0 / e2m1.FP16_FROM_E2M1)
         values = values.unflatten(-1, (-1, BLOCK)).mul_(scale_from_e8m0(self.scales).unsqueeze(-1))
@@ -232,12 +232,12 @@ def rht_quantize_t(
     scale_rule = check_scale_rule(scale_rule)
     signs = hadamard.resolve_signs(BLOCK, signs)
     if not use_triton(x, impl, "mxfp4.rht_quantize_t"):
-        return quantize(hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator,
-                        impl="reference")
+        return quantize(
+            hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator, impl="reference"
+        )
     from . import kernels
 
-    codes, bits = kernels.rht.mxfp4_t(x, signs, scale_rule, rounding, dense=False, generator=generator,
-                                             blocks=blocks)
+    codes, bits = kernels.rht.mxfp4_t(x, signs, scale_rule, rounding, dense=False, generator=generator, blocks=blocks)
     return MXFP4Tensor(codes, bits.view(torch.float8_e8m0fnu), torch.Size(x.shape[::-1]), scale_rule)
 
 
@@ -259,10 +259,12 @@ def rht_fake_quantize_t(
     scale_rule = check_scale_rule(scale_rule)
     signs = hadamard.resolve_signs(BLOCK, signs)
     if not use_triton(x, impl, "mxfp4.rht_fake_quantize_t"):
-        return fake_quantize(hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator,
-                             out_dtype, impl="reference")
+        return fake_quantize(
+            hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator, out_dtype, impl="reference"
+        )
     from . import kernels
 
-    values = kernels.rht.mxfp4_t(x, signs, scale_rule, rounding, dense=True, generator=generator,
-                                        out_dtype=out_dtype or x.dtype, blocks=blocks)
+    values = kernels.rht.mxfp4_t(
+        x, signs, scale_rule, rounding, dense=True, generator=generator, out_dtype=out_dtype or x.dtype, blocks=blocks
+    )
     return values, torch.ones((), dtype=torch.float32, device=x.device)

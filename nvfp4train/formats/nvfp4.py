@@ -72,17 +72,24 @@ class NVFP4Tensor:
         """One 4-bit code per uint8, logical shape."""
         return e2m1.unpack(self.codes)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True, *,
-                   impl: str = "auto") -> torch.Tensor:
+    def dequantize(
+        self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True, *, impl: str = "auto"
+    ) -> torch.Tensor:
         """Decode to ``dtype``. ``apply_global_scale=False`` returns ``e2m1 * fp32(scale_b)``
         only (exact in BF16; apply ``global_decode_scale`` after the matmul). On CUDA one Triton pass
         (the same bits)."""
         if use_triton(self.codes, impl, "nvfp4.NVFP4Tensor.dequantize"):
             from . import kernels
 
-            return kernels.dequant.e2m1(self.codes, self.scales,
-                                                  self.global_decode_scale if apply_global_scale else None,
-                                                  self.shape, BLOCK, e8m0=False, dtype=dtype)
+            return kernels.dequant.e2m1(
+                self.codes,
+                self.scales,
+                self.global_decode_scale if apply_global_scale else None,
+                self.shape,
+                BLOCK,
+                e8m0=False,
+                dtype=dtype,
+            )
         # (e2m1 * 2^-14) * (scale_b * 2^14): both factors exact, so the product is e2m1 * scale_b
         # exactly, as decode(codes) * scale_b would give (see e2m1.decode_scaled).
         scaled = e2m1.decode_scaled(self.codes).unflatten(-1, (-1, BLOCK))
@@ -275,8 +282,9 @@ def rht_quantize_t(
         return quantize(hadamard.rht(x.t(), BLOCK, signs), (1, BLOCK), rounding, generator, impl="reference")
     from . import kernels
 
-    codes, scales, amax, s_dec = kernels.rht.nvfp4_t(x, signs, rounding, dense=False, generator=generator,
-                                                             blocks=blocks)
+    codes, scales, amax, s_dec = kernels.rht.nvfp4_t(
+        x, signs, rounding, dense=False, generator=generator, blocks=blocks
+    )
     return NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), amax, s_dec, torch.Size(x.shape[::-1]), (1, BLOCK))
 
 
@@ -296,12 +304,14 @@ def rht_fake_quantize_t(
     e2m1.check_rounding(rounding)
     signs = hadamard.resolve_signs(BLOCK, signs)
     if not use_triton(x, impl, "nvfp4.rht_fake_quantize_t"):
-        return fake_quantize(hadamard.rht(x.t(), BLOCK, signs), (1, BLOCK), rounding, generator, out_dtype,
-                             impl="reference")
+        return fake_quantize(
+            hadamard.rht(x.t(), BLOCK, signs), (1, BLOCK), rounding, generator, out_dtype, impl="reference"
+        )
     from . import kernels
 
-    values, _, s_dec = kernels.rht.nvfp4_t(x, signs, rounding, dense=True, generator=generator,
-                                                  out_dtype=out_dtype or x.dtype, blocks=blocks)
+    values, _, s_dec = kernels.rht.nvfp4_t(
+        x, signs, rounding, dense=True, generator=generator, out_dtype=out_dtype or x.dtype, blocks=blocks
+    )
     return values, s_dec
 
 
@@ -348,11 +358,21 @@ def quantize_rowwise_and_rht_t(
 
     seeds = None
     if rounding == "sr" and columnwise_generator is not None:  # [columnwise, rowwise], the kernel's order
-        seeds = torch.cat([kernels.rounding.philox_seed(x, columnwise_generator),
-                           kernels.rounding.philox_seed(x, generator)])
-    row, col = kernels.rht.nvfp4_t(x, signs, rounding, dense=columnwise_dense, generator=generator,
-                                   out_dtype=out_dtype, rowwise=True, rowwise_dense=rowwise_dense, blocks=blocks,
-                                   seeds=seeds)
+        seeds = torch.cat(
+            [kernels.rounding.philox_seed(x, columnwise_generator), kernels.rounding.philox_seed(x, generator)]
+        )
+    row, col = kernels.rht.nvfp4_t(
+        x,
+        signs,
+        rounding,
+        dense=columnwise_dense,
+        generator=generator,
+        out_dtype=out_dtype,
+        rowwise=True,
+        rowwise_dense=rowwise_dense,
+        blocks=blocks,
+        seeds=seeds,
+    )
     if rowwise_dense:
         rowwise = (row[0], row[2])
     else:
@@ -361,5 +381,6 @@ def quantize_rowwise_and_rht_t(
     if columnwise_dense:
         return rowwise, (col[0], col[2])
     codes, scales, amax, s_dec = col
-    return rowwise, NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), amax, s_dec, torch.Size(x.shape[::-1]),
-                                (1, BLOCK))
+    return rowwise, NVFP4Tensor(
+        codes, scales.view(torch.float8_e4m3fn), amax, s_dec, torch.Size(x.shape[::-1]), (1, BLOCK)
+    )

@@ -8,6 +8,7 @@
 
 Imports `nvfp4train.formats` only; Transformer Engine is imported lazily by the `te` backend.
 """
+
 from .backends import gemm_peak_kind
 from .controller import PrecisionController, build_linear_factory
 from .linear import QuantLinear
@@ -15,6 +16,15 @@ from .memory import saved_activation_bytes, saved_bytes_report
 from .recipe import ROLES, LayerRecipe, OperandSpec, PrecisionPolicy, SwitchConfig
 
 __all__ = [
-    "PrecisionPolicy", "build_linear_factory", "PrecisionController", "QuantLinear", "LayerRecipe",
-    "OperandSpec", "SwitchConfig", "ROLES", "saved_activation_bytes", "saved_bytes_report", "gemm_peak_kind",
+    "PrecisionPolicy",
+    "build_linear_factory",
+    "PrecisionController",
+    "QuantLinear",
+    "LayerRecipe",
+    "OperandSpec",
+    "SwitchConfig",
+    "ROLES",
+    "saved_activation_bytes",
+    "saved_bytes_report",
+    "gemm_peak_kind",
 ]

@@ -1,28 +1,31 @@
 """The linear factory the model calls, and the controller the trainer drives.
 
-    factory = build_linear_factory(policy, n_blocks, seed)
-    layer = factory(in_features, out_features, block_index=3, name="fc1")   # QuantLinear / TELinear
-    ctl = PrecisionController(policy, model)
-    msg = ctl.on_step(tokens_fraction)   # schedule switch + telemetry gating, once per step
-    ctl.weights_changed()                # after optimizer.step(): drop the cached quantized weights
-    stats = ctl.quant_stats()            # {"quant/block3.fc1/wgrad_dy/rel_err": ..., ...}
-    torch.save(ctl.state_dict(), f)      # switch state + SR generator states (weights_only-loadable)
+factory = build_linear_factory(policy, n_blocks, seed)
+layer = factory(in_features, out_features, block_index=3, name="fc1")   # QuantLinear / TELinear
+ctl = PrecisionController(policy, model)
+msg = ctl.on_step(tokens_fraction)   # schedule switch + telemetry gating, once per step
+ctl.weights_changed()                # after optimizer.step(): drop the cached quantized weights
+stats = ctl.quant_stats()            # {"quant/block3.fc1/wgrad_dy/rel_err": ..., ...}
+torch.save(ctl.state_dict(), f)      # switch state + SR generator states (weights_only-loadable)
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
-from .backends import TE, resolve_backend
 from nvfp4train.model.blocks import LINEAR_NAMES
 
+from .backends import TE, resolve_backend
 from .linear import QuantLinear
 from .recipe import PrecisionPolicy
 from .te_backend import TELinear
 
 log = logging.getLogger(__name__)
+
 
 def build_linear_factory(policy: PrecisionPolicy, n_blocks: int, seed: int) -> Callable[..., nn.Module]:
     """The model's `linear_factory(in_features, out_features, *, block_index, name) -> nn.Module`.
@@ -117,8 +120,10 @@ class PrecisionController:
         if not self.switched and self.policy.switch_due(tokens_fraction):
             self._apply_switch(True)
             self.switched_at = float(tokens_fraction)
-            return (f"precision: switched {self.policy.switch.mode} to BF16 at tokens fraction "
-                    f"{tokens_fraction:.4f} (scheduled at {self.policy.switch.at_fraction})")
+            return (
+                f"precision: switched {self.policy.switch.mode} to BF16 at tokens fraction "
+                f"{tokens_fraction:.4f} (scheduled at {self.policy.switch.at_fraction})"
+            )
         return None
 
     def weights_changed(self) -> None:

@@ -21,6 +21,7 @@ signs, telemetry, weight cache) by an int id. Quantized weight operands are cach
 controller's invalidations (`WeightCache`; `controller.drop_weight_caches` is the one caller of `clear` from
 outside the layer): one quantization per optimizer step, not one per micro-batch and per GEMM.
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,8 +64,13 @@ class SRStreams:
                     gen.set_state(pending)
                 except (RuntimeError, ValueError):
                     # A CPU generator state does not fit a CUDA generator (or vice versa).
-                    log.warning("%s/%s: saved SR generator state does not fit a %s generator; "
-                                "continuing from the seeded stream", self.label, role, device.type)
+                    log.warning(
+                        "%s/%s: saved SR generator state does not fit a %s generator; "
+                        "continuing from the seeded stream",
+                        self.label,
+                        role,
+                        device.type,
+                    )
             self._generators[role] = gen
         return gen
 
@@ -133,9 +139,21 @@ class QuantLinear(nn.Module):
     nn.Linear, autocast included). The layer keeps its two `LayerRecipe`s (before and after the
     schedule's switch to BF16), not the policy."""
 
-    def __init__(self, in_features: int, out_features: int, *, policy: PrecisionPolicy, block_index: int,
-                 n_blocks: int, name: str, seed: int = 0, backend: Backend | str = "emulated", rht_signs=None,
-                 device=None, dtype=torch.float32):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        policy: PrecisionPolicy,
+        block_index: int,
+        n_blocks: int,
+        name: str,
+        seed: int = 0,
+        backend: Backend | str = "emulated",
+        rht_signs=None,
+        device=None,
+        dtype=torch.float32,
+    ):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
@@ -152,8 +170,9 @@ class QuantLinear(nn.Module):
         self._state = ops.LayerState(self.sr, rht_signs, self.weight_cache)
         self.layer_id = self._state.id  # what the custom ops get
         self._stats: dict[str, list[float]] = defaultdict(list)
-        self.recipes = {switched: policy.layer_recipe(block_index, n_blocks, switched=switched)
-                        for switched in (False, True)}
+        self.recipes = {
+            switched: policy.layer_recipe(block_index, n_blocks, switched=switched) for switched in (False, True)
+        }
         self.switched = False
         self.recipe = self.recipes[False]
 
@@ -195,7 +214,10 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         kind = "bf16" if self.recipe.all_bf16 else self.format
-        return f"{self.in_features}, {self.out_features}, {self.label}, {kind}, backend={self.backend.name}, switched={self.switched}"
+        return (
+            f"{self.in_features}, {self.out_features}, {self.label}, {kind}, backend={self.backend.name}, "
+            f"switched={self.switched}"
+        )
 
     # ------------------------------------------------------------------ schedule
     def set_switched(self, switched: bool) -> None:
@@ -237,6 +259,7 @@ class QuantLinear(nn.Module):
             # squared-ReLU output), the quantizers read 2-byte X, and Dgrad's dX comes back in that
             # dtype, widened by the cast's own backward where the producer wants FP32.
             x = x.to(torch.get_autocast_dtype(x.device.type))
-        outputs = ops.quant_linear_fprop(x, self.weight, self.layer_id, self.recipe_key, self.backend.name,
-                                         x.dtype, save_x, save_w)
+        outputs = ops.quant_linear_fprop(
+            x, self.weight, self.layer_id, self.recipe_key, self.backend.name, x.dtype, save_x, save_w
+        )
         return outputs[0]

@@ -16,6 +16,7 @@ Custom ops take tensors, numbers and strings only. Two things cross that line he
 SR generators advance inside the ops, at run time, in the same order eager runs them, so a compiled model
 draws the same bits as an eager one and the generator states stay what `state_dict` saves.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,8 +41,9 @@ def encode_operand(spec: OperandSpec) -> str:
 
 def decode_operand(key: str) -> OperandSpec:
     fmt, tile, rounding, rht_dim, scale_mode = key.split(",")
-    return OperandSpec(fmt, None if tile == "-" else tuple(int(v) for v in tile.split("x")), rounding, int(rht_dim),
-                       scale_mode)
+    return OperandSpec(
+        fmt, None if tile == "-" else tuple(int(v) for v in tile.split("x")), rounding, int(rht_dim), scale_mode
+    )
 
 
 def encode_recipe(recipe: LayerRecipe) -> str:
@@ -63,15 +65,15 @@ def _fprop_k(in_f: int, recipe: LayerRecipe, backend_name: str) -> int:
     """Fprop's K (in_features padded): a multiple of both operands' blocks, and of the K multiple the
     backend's GEMM wants of these operands (`backends.gemm_k_multiple`), so they are made at that width
     once instead of padded again at every GEMM."""
-    return round_up(_k_pad(in_f, recipe.fprop_x, recipe.fprop_w),
-                    gemm_k_multiple(backend_name, recipe.fprop_x, recipe.fprop_w))
+    return round_up(
+        _k_pad(in_f, recipe.fprop_x, recipe.fprop_w), gemm_k_multiple(backend_name, recipe.fprop_x, recipe.fprop_w)
+    )
 
 
 def _dgrad_k(out_f: int, recipe: LayerRecipe, backend_name: str) -> int:
     """Dgrad's K (out_features padded), as `_fprop_k`. A reused Fprop weight brings its own K padding."""
     specs = (recipe.dgrad_dy,) if recipe.reuses_fprop_weight else (recipe.dgrad_dy, recipe.dgrad_w)
     return round_up(_k_pad(out_f, *specs), gemm_k_multiple(backend_name, recipe.dgrad_dy, recipe.dgrad_w))
-
 
 
 class LayerState:
@@ -113,7 +115,7 @@ class LayerState:
         return None if both is None else (both[0], both[1].dequantize())
 
 
-_STATES: "weakref.WeakValueDictionary[int, LayerState]" = weakref.WeakValueDictionary()
+_STATES: weakref.WeakValueDictionary[int, LayerState] = weakref.WeakValueDictionary()
 _STATE_IDS = itertools.count()
 
 
@@ -124,7 +126,6 @@ def _state(layer_id: int) -> LayerState:
         raise RuntimeError(f"quantized linear: no live layer has id {layer_id} (was the layer deleted?)") from None
 
 
-
 # ---------------------------------------------------------------------------------- the GEMMs
 # Three custom ops, one per GEMM, so torch.compile traces a model around them without a graph
 # break (each is one opaque node; dynamo never runs its Python). They take the recipe as a string
@@ -132,8 +133,10 @@ def _state(layer_id: int) -> LayerState:
 # advance inside the ops, at run time, in the same order eager runs them, so a compiled model
 # draws the same bits as an eager one and the generator states stay what `state_dict` saves.
 
-def _fprop_weight(state: LayerState, weight: torch.Tensor, recipe: LayerRecipe, backend: Backend, k_f: int,
-                  training: bool):
+
+def _fprop_weight(
+    state: LayerState, weight: torch.Tensor, recipe: LayerRecipe, backend: Backend, k_f: int, training: bool
+):
     """(W operand of Fprop, its packed form when Dgrad reuses it, Dgrad's Wᵀ operand when the same cast made
     it), cached per weight version."""
     spec = recipe.fprop_w
@@ -147,8 +150,7 @@ def _fprop_weight(state: LayerState, weight: torch.Tensor, recipe: LayerRecipe, 
             # Per-tensor FP8: Dgrad's Wᵀ is W's codes transposed. One cast writes both; Dgrad finds its
             # operand in this cache entry (without the cache it quantizes Wᵀ itself).
             out_f = weight.shape[0]
-            both = state.quantize_with_transpose("fprop_w", weight, spec, k_f,
-                                                 _dgrad_k(out_f, recipe, backend.name))
+            both = state.quantize_with_transpose("fprop_w", weight, spec, k_f, _dgrad_k(out_f, recipe, backend.name))
             if both is not None:
                 return both[0], None, both[1]
         return state.quantize("fprop_w", weight, spec, k_f), None, None
@@ -183,8 +185,16 @@ def _wgrad_x_shape(recipe: LayerRecipe, in_f: int, tokens) -> tuple:
 
 
 @torch.library.custom_op("nvfp4train::quant_linear_fprop", mutates_args=())
-def quant_linear_fprop(x: torch.Tensor, weight: torch.Tensor, layer_id: int, recipe_key: str, backend_name: str,
-                       out_dtype: torch.dtype, save_x: bool, save_w: bool) -> list[torch.Tensor]:
+def quant_linear_fprop(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    layer_id: int,
+    recipe_key: str,
+    backend_name: str,
+    out_dtype: torch.dtype,
+    save_x: bool,
+    save_w: bool,
+) -> list[torch.Tensor]:
     """[Y = Q(X) Q(W)ᵀ, *the Wgrad copy of X (packed) if save_x, *the packed W if save_w and Dgrad
     reuses it]. Y is in `out_dtype`; every tensor is new and contiguous."""
     state, recipe, backend = _state(layer_id), decode_recipe(recipe_key), get_backend(backend_name)
@@ -196,8 +206,11 @@ def quant_linear_fprop(x: torch.Tensor, weight: torch.Tensor, layer_id: int, rec
         saves_xt = save_x and _saves_x_copy(recipe, x.dtype) and not recipe.wgrad_x.is_bf16
         k_w = _k_pad(x2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)
         # Fprop's X and the Wgrad Xᵀ from one read of X where the recipe allows (telemetry wants each alone)
-        both = (operands.fprop_and_wgrad_x(x2d, recipe.fprop_x, recipe.wgrad_x, k_f, k_w, state.rht_signs)
-                if saves_xt and state.stats is None else None)
+        both = (
+            operands.fprop_and_wgrad_x(x2d, recipe.fprop_x, recipe.wgrad_x, k_f, k_w, state.rht_signs)
+            if saves_xt and state.stats is None
+            else None
+        )
         x_q = both[0] if both else state.quantize("fprop_x", x2d, recipe.fprop_x, k_f)
         y = backend.gemm(x_q, w_q.first_rows(out_f), out_dtype).reshape(*x.shape[:-1], out_f)
         outputs = [y]
@@ -229,9 +242,16 @@ def _(x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w):
 
 
 @torch.library.custom_op("nvfp4train::quant_linear_dgrad", mutates_args=())
-def quant_linear_dgrad(dy: torch.Tensor, weight: torch.Tensor, w_saved: list[torch.Tensor], layer_id: int,
-                       recipe_key: str, backend_name: str, x_dtype: torch.dtype,
-                       dy_q: list[torch.Tensor]) -> torch.Tensor:
+def quant_linear_dgrad(
+    dy: torch.Tensor,
+    weight: torch.Tensor,
+    w_saved: list[torch.Tensor],
+    layer_id: int,
+    recipe_key: str,
+    backend_name: str,
+    x_dtype: torch.dtype,
+    dy_q: list[torch.Tensor],
+) -> torch.Tensor:
     """dX = Q(dY) Q(W), K = out_features, in dY's dtype then `x_dtype`. `w_saved`: the packed
     Fprop W when Dgrad reuses it (used when the weight cache does not hold it). `dy_q`: Q(dY) already
     made by quant_linear_dy (two tensors, `operands.operand_tensors`), or empty: quantized here."""
@@ -251,17 +271,22 @@ def quant_linear_dgrad(dy: torch.Tensor, weight: torch.Tensor, w_saved: list[tor
                     w_q = layout.rebuild(w_saved).dequantize()
                 return _transposed_weight(w_q, in_f, k_d)
         else:
+
             def build():
                 cached = state.weights.peek(("fprop", recipe_key, backend.name, k_f), weight)
                 if cached is not None and cached[2] is not None:  # Wᵀ from Fprop's cast (per-tensor FP8)
                     return cached[2]
                 return state.quantize("dgrad_w", weight.t(), recipe.dgrad_w, k_d).first_rows(in_f)
+
         if recipe.dgrad_w.rounding == "sr":
             wt_q = build()
         else:
             wt_q = state.weights.get(("dgrad", recipe_key, backend.name, k_d), weight, build)
-        dy_op = operands.ready_operand(dy_q, recipe.dgrad_dy) if dy_q else state.quantize("dgrad_dy", dy2d,
-                                                                                          recipe.dgrad_dy, k_d)
+        dy_op = (
+            operands.ready_operand(dy_q, recipe.dgrad_dy)
+            if dy_q
+            else state.quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d)
+        )
         dx = backend.gemm(dy_op, wt_q, dy.dtype).to(x_dtype)
     return dx.reshape(*dy.shape[:-1], in_f).contiguous()
 
@@ -272,9 +297,16 @@ def _(dy, weight, w_saved, layer_id, recipe_key, backend_name, x_dtype, dy_q):
 
 
 @torch.library.custom_op("nvfp4train::quant_linear_wgrad", mutates_args=())
-def quant_linear_wgrad(dy: torch.Tensor, x_saved: list[torch.Tensor], layer_id: int, recipe_key: str,
-                       backend_name: str, in_features: int, out_dtype: torch.dtype,
-                       dy_q: list[torch.Tensor]) -> torch.Tensor:
+def quant_linear_wgrad(
+    dy: torch.Tensor,
+    x_saved: list[torch.Tensor],
+    layer_id: int,
+    recipe_key: str,
+    backend_name: str,
+    in_features: int,
+    out_dtype: torch.dtype,
+    dy_q: list[torch.Tensor],
+) -> torch.Tensor:
     """dW = Q(RHT(dYᵀ)) Q(RHT(Xᵀ))ᵀ, K = tokens, in `out_dtype` (the weight's). `x_saved`: what
     Fprop saved of X (packed Xᵀ, or X in BF16). `dy_q`: Q(RHT(dYᵀ)) already made by quant_linear_dy
     (two tensors, `operands.operand_tensors`), or empty: quantized here."""
@@ -284,8 +316,11 @@ def quant_linear_wgrad(dy: torch.Tensor, x_saved: list[torch.Tensor], layer_id: 
         dy2d = dy.reshape(-1, out_f)
         tokens = dy2d.shape[0]
         k_w = _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x)
-        dyt_q = (operands.ready_operand(dy_q, recipe.wgrad_dy) if dy_q
-                 else state.quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w))
+        dyt_q = (
+            operands.ready_operand(dy_q, recipe.wgrad_dy)
+            if dy_q
+            else state.quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w)
+        )
         if recipe.wgrad_x.is_bf16:
             xt_q = state.quantize("wgrad_x", x_saved[0].reshape(-1, in_features).t(), recipe.wgrad_x, k_w)
         else:
@@ -314,14 +349,26 @@ def quant_linear_dy(dy: torch.Tensor, layer_id: int, recipe_key: str, backend_na
         k_w = _k_pad(dy2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)
         both = None
         if state.stats is None:
-            both = operands.dgrad_and_wgrad_dy(dy2d, recipe.dgrad_dy, recipe.wgrad_dy, k_d, k_w, state.rht_signs,
-                                               state.sr_generator("dgrad_dy", recipe.dgrad_dy, dy.device),
-                                               state.sr_generator("wgrad_dy", recipe.wgrad_dy, dy.device))
+            both = operands.dgrad_and_wgrad_dy(
+                dy2d,
+                recipe.dgrad_dy,
+                recipe.wgrad_dy,
+                k_d,
+                k_w,
+                state.rht_signs,
+                state.sr_generator("dgrad_dy", recipe.dgrad_dy, dy.device),
+                state.sr_generator("wgrad_dy", recipe.wgrad_dy, dy.device),
+            )
         if both is None:
-            both = (state.quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d),
-                    state.quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w))
-    return [t.contiguous() for q, spec in zip(both, (recipe.dgrad_dy, recipe.wgrad_dy))
-            for t in operands.operand_tensors(q, spec)]
+            both = (
+                state.quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d),
+                state.quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w),
+            )
+    return [
+        t.contiguous()
+        for q, spec in zip(both, (recipe.dgrad_dy, recipe.wgrad_dy))
+        for t in operands.operand_tensors(q, spec)
+    ]
 
 
 @quant_linear_dy.register_fake
@@ -347,9 +394,9 @@ def _setup_context(ctx, inputs, output):
     n_x = len(output) - 1
     if save_w and recipe.reuses_fprop_weight:
         n_x -= len(operands.packed_shapes(recipe.fprop_w, (1, 1)))
-    x_saved = list(output[1:1 + n_x]) if n_x else ([x] if save_x else [])
+    x_saved = list(output[1 : 1 + n_x]) if n_x else ([x] if save_x else [])
     ctx.mark_non_differentiable(*output[1:])
-    ctx.save_for_backward(weight, *x_saved, *output[1 + n_x:])
+    ctx.save_for_backward(weight, *x_saved, *output[1 + n_x :])
     ctx.n_x = len(x_saved)
     ctx.args = (layer_id, recipe_key, backend_name)
     ctx.x_dtype = x.dtype
@@ -363,15 +410,17 @@ def _backward(ctx, grads):
     recipe = decode_recipe(recipe_key)
     # Both gradient operands from one read of dY when both GEMMs run (a lone Dgrad or Wgrad quantizes
     # only its own, so the other role's SR stream does not advance)
-    dy_q = (quant_linear_dy(dy, layer_id, recipe_key, backend_name)
-            if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and operands.dy_pair(recipe.dgrad_dy, recipe.wgrad_dy)
-            else [])
+    dy_q = (
+        quant_linear_dy(dy, layer_id, recipe_key, backend_name)
+        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and operands.dy_pair(recipe.dgrad_dy, recipe.wgrad_dy)
+        else []
+    )
     if ctx.needs_input_grad[0]:
-        dx = quant_linear_dgrad(dy, weight, saved[ctx.n_x:], layer_id, recipe_key, backend_name, ctx.x_dtype,
-                                dy_q[:2])
+        dx = quant_linear_dgrad(dy, weight, saved[ctx.n_x :], layer_id, recipe_key, backend_name, ctx.x_dtype, dy_q[:2])
     if ctx.needs_input_grad[1]:
-        dw = quant_linear_wgrad(dy, saved[: ctx.n_x], layer_id, recipe_key, backend_name, weight.shape[1],
-                                weight.dtype, dy_q[2:])
+        dw = quant_linear_wgrad(
+            dy, saved[: ctx.n_x], layer_id, recipe_key, backend_name, weight.shape[1], weight.dtype, dy_q[2:]
+        )
     return dx, dw, None, None, None, None, None, None
 
 

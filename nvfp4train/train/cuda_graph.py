@@ -24,6 +24,7 @@ What must hold for a replay to be the eager step, and how it is kept:
 - The first `warmup_steps` steps run eagerly: mamba-ssm's autotuning, Triton compilation, cuBLAS
   workspaces and the lazily created SR generators happen outside a capture.
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,14 +39,17 @@ from nvfp4train.precision.te_backend import TELinear
 log = logging.getLogger(__name__)
 
 
-def cuda_graph_blocker(model: nn.Module, device: torch.device, world_size: int, parallel: str,
-                       activation_checkpointing: str) -> str | None:
+def cuda_graph_blocker(
+    model: nn.Module, device: torch.device, world_size: int, parallel: str, activation_checkpointing: str
+) -> str | None:
     """Why this run cannot capture its step as a CUDA graph, or None when it can."""
     if device.type != "cuda":
         return f"the device is {device.type}, not cuda"
     if world_size > 1 or parallel == "deepspeed":
-        return (f"{world_size} ranks with train.parallel={parallel} (the gradient all-reduce and "
-                f"DeepSpeed's hooks are not captured; single-process runs only)")
+        return (
+            f"{world_size} ranks with train.parallel={parallel} (the gradient all-reduce and "
+            f"DeepSpeed's hooks are not captured; single-process runs only)"
+        )
     if activation_checkpointing != "none":
         return f"train.activation_checkpointing={activation_checkpointing} (recomputation saves RNG states on the host)"
     if any(isinstance(m, TELinear) for m in model.modules()):
@@ -135,11 +139,18 @@ class StepGraph:
                     (loss / n).backward()
                     loss_sum += loss.detach()
         except Exception as e:
-            raise RuntimeError(f"train.cuda_graph: capturing the training step as a CUDA graph failed "
-                               f"({type(e).__name__}: {e}); run with train.cuda_graph=false") from e
+            raise RuntimeError(
+                f"train.cuda_graph: capturing the training step as a CUDA graph failed "
+                f"({type(e).__name__}: {e}); run with train.cuda_graph=false"
+            ) from e
         finally:
             drop_weight_caches(self.layers)
         self.graph, self.loss_sum, self.key = graph, loss_sum, key
         self.captures += 1
-        log.info("cuda graph: captured the step (%d micro-batch%s, %d SR generators; capture #%d)",
-                 n, "" if n == 1 else "es", len(generators), self.captures)
+        log.info(
+            "cuda graph: captured the step (%d micro-batch%s, %d SR generators; capture #%d)",
+            n,
+            "" if n == 1 else "es",
+            len(generators),
+            self.captures,
+        )

@@ -36,24 +36,50 @@ def test_rht_blocks_sweep_times_the_fused_wgrad_kernels_one_row_per_block_shape(
     interpreter: a subprocess, since TRITON_INTERPRET must be set before triton is imported)."""
     pytest.importorskip("triton")
     out = tmp_path / "quant.json"
-    run = subprocess.run([sys.executable, "-m", "benchmarks.bench_quant", "--device", "cpu", "--shapes", "128x128", "--rht-blocks", "2,64",
-                          "2,64,4", "--repeats", "1", "--out", str(out)], cwd=REPO, env=cli_env(), capture_output=True,
-                         text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_quant",
+            "--device",
+            "cpu",
+            "--shapes",
+            "128x128",
+            "--rht-blocks",
+            "2,64",
+            "2,64,4",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert sorted(r["quantizer"] for r in rows) == sorted(
-        f"{fmt}.rht_quantize_t {tile} {rounding} {blocks}" for fmt, tile in (("nvfp4", "1x16"), ("mxfp4", "1x32"))
-        for rounding in ("rne", "sr") for blocks in ("blocks=2x64", "blocks=2x64 warps=4"))
+        f"{fmt}.rht_quantize_t {tile} {rounding} {blocks}"
+        for fmt, tile in (("nvfp4", "1x16"), ("mxfp4", "1x32"))
+        for rounding in ("rne", "sr")
+        for blocks in ("blocks=2x64", "blocks=2x64 warps=4")
+    )
     assert all(r["impl"] == "triton" and r["ms"] > 0 for r in rows)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--rht-blocks", "3,64"], "power of two"),
-    (["--rht-blocks", "4,64,3"], "power of two"),
-    (["--rht-blocks", "4x64"], "GROUPS,FEATURES"),
-    (["--rht-blocks", "4,64,8,2"], "GROUPS,FEATURES"),
-    (["--rht-blocks", "4,64", "--impls", "reference"], "must include triton"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rht-blocks", "3,64"], "power of two"),
+        (["--rht-blocks", "4,64,3"], "power of two"),
+        (["--rht-blocks", "4x64"], "GROUPS,FEATURES"),
+        (["--rht-blocks", "4,64,8,2"], "GROUPS,FEATURES"),
+        (["--rht-blocks", "4,64", "--impls", "reference"], "must include triton"),
+    ],
+)
 def test_bad_rht_blocks_exit_2_with_one_line(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench_quant.main(["--device", "cpu", *args])

@@ -1,6 +1,8 @@
 """benchmarks/bench_train.py on CPU with the tiny model: it runs the trainer's step and merges its rows into
-the JSON file (a re-run replaces the row of the same model x seq x precision x backend x compile and CUDA-graph setting, others stay; older rows without
+the JSON file (a re-run replaces the row of the same model x seq x precision x backend x compile and
+CUDA-graph setting, others stay; older rows without
 `cuda_graph` count as eager steps)."""
+
 import json
 import subprocess
 import sys
@@ -12,14 +14,53 @@ from tests.conftest import REPO, cli_env
 
 def test_bench_train_smoke_and_json_merge(tmp_path):
     out = tmp_path / "train.json"
-    keep = {"model": "hybrid_1b", "seq": 4096, "batch": 8, "precision": "nvfp4", "backend": "emulated",
-            "compiled": False, "step_ms": 1.0, "tokens_per_s": 1.0, "mfu": 0.5, "peak_gib": 1.0, "gpu": "H100", "commit": "abc"}
+    keep = {
+        "model": "hybrid_1b",
+        "seq": 4096,
+        "batch": 8,
+        "precision": "nvfp4",
+        "backend": "emulated",
+        "compiled": False,
+        "step_ms": 1.0,
+        "tokens_per_s": 1.0,
+        "mfu": 0.5,
+        "peak_gib": 1.0,
+        "gpu": "H100",
+        "commit": "abc",
+    }
     stale = {**keep, "model": "hybrid_tiny", "seq": 32, "precision": "bf16", "step_ms": -1.0}
     compiled = {**stale, "compiled": True}  # the same case compiled: another row, kept
     out.write_text(json.dumps([keep, stale, compiled]))
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_train", "--device", "cpu", "--models", "hybrid_tiny",
-                           "--seqs", "32", "--batch", "2", "--steps", "1", "--warmup", "1", "--precisions", "bf16",
-                           "--out", str(out), "--profile", str(tmp_path / "prof")], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_train",
+            "--device",
+            "cpu",
+            "--models",
+            "hybrid_tiny",
+            "--seqs",
+            "32",
+            "--batch",
+            "2",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--precisions",
+            "bf16",
+            "--out",
+            str(out),
+            "--profile",
+            str(tmp_path / "prof"),
+        ],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert keep in rows and compiled in rows and len(rows) == 3

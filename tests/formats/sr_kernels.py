@@ -27,25 +27,33 @@ def philox_rows_kernel(seed_ptr, out_ptr, cols, BLOCK_R: tl.constexpr, BLOCK_C: 
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     c0 = tl.program_id(1) * BLOCK_C
     first = r.to(tl.int64) * cols + c0
-    tl.store(out_ptr + first[:, None] + tl.arange(0, BLOCK_C)[None, :],
-             kernels.rounding.philox_rows(seed_ptr, first, BLOCK_R, BLOCK_C))
+    tl.store(
+        out_ptr + first[:, None] + tl.arange(0, BLOCK_C)[None, :],
+        kernels.rounding.philox_rows(seed_ptr, first, BLOCK_R, BLOCK_C),
+    )
 
 
 @triton.jit
-def rht_random_bits_kernel(seed_ptr, out_ptr, n_tokens, GROUPS: tl.constexpr, D: tl.constexpr,
-                           BLOCK_F: tl.constexpr):
+def rht_random_bits_kernel(seed_ptr, out_ptr, n_tokens, GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_F: tl.constexpr):
     """out [features, n_tokens]: _rht_random_bits' Philox bits, [GROUPS, D, BLOCK_F] tiles stored at
     their output indices f n_tokens + t0 + D g + j."""
     t0 = tl.program_id(0) * GROUPS * D
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-    bits = kernels.rht._rht_random_bits(seed_ptr, seed_ptr, f, f >= 0, t0, n_tokens, kernels.rounding.SR_PHILOX, GROUPS, D, BLOCK_F)
-    n = ((f.to(tl.int64) * n_tokens + t0)[None, None, :] + (tl.arange(0, GROUPS) * D)[:, None, None]
-         + tl.arange(0, D)[None, :, None])
+    bits = kernels.rht._rht_random_bits(
+        seed_ptr, seed_ptr, f, f >= 0, t0, n_tokens, kernels.rounding.SR_PHILOX, GROUPS, D, BLOCK_F
+    )
+    n = (
+        (f.to(tl.int64) * n_tokens + t0)[None, None, :]
+        + (tl.arange(0, GROUPS) * D)[:, None, None]
+        + tl.arange(0, D)[None, :, None]
+    )
     tl.store(out_ptr + n, bits)
 
 
 @triton.jit
-def round_e2m1_kernel(y_ptr, bits_ptr, code_ptr, value_ptr, N: tl.constexpr, ROUNDING: tl.constexpr = kernels.rounding.SR_BITS):
+def round_e2m1_kernel(
+    y_ptr, bits_ptr, code_ptr, value_ptr, N: tl.constexpr, ROUNDING: tl.constexpr = kernels.rounding.SR_BITS
+):
     """_round_e2m1 of y (SR with the given random words, or RNE: bits unused): code = the 4-bit E2M1 code
     from its index (int32), value = its FP32 magnitude with the sign (what dense outputs use)."""
     offs = tl.program_id(0) * N + tl.arange(0, N)

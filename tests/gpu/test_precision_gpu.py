@@ -14,6 +14,7 @@
 5. te (when Transformer Engine is installed and runs the recipe here) against emulated: the same
    recipe, different kernels: agree to within a fraction of the format's error.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -36,14 +37,18 @@ DEVICE = "cuda"  # the device compared against the CPU
 
 def all_quantized(name: str, **overrides) -> PrecisionPolicy:
     """The preset with no BF16 blocks, so a one-block test layer is quantized."""
-    counts = {"bf16_first_blocks": 0, "bf16_last_blocks": 0} if name.startswith("fp8") else \
-             {"bf16_first_fraction": 0.0, "bf16_last_fraction": 0.0}
+    counts = (
+        {"bf16_first_blocks": 0, "bf16_last_blocks": 0}
+        if name.startswith("fp8")
+        else {"bf16_first_fraction": 0.0, "bf16_last_fraction": 0.0}
+    )
     return preset(name, **counts, **overrides)
 
 
 def layer_on(policy, device, backend="emulated", in_f=256, out_f=192, seed=0):
-    layer = QuantLinear(in_f, out_f, policy=policy, block_index=0, n_blocks=1, name="fc1", seed=seed,
-                        backend=backend).to(device)
+    layer = QuantLinear(
+        in_f, out_f, policy=policy, block_index=0, n_blocks=1, name="fc1", seed=seed, backend=backend
+    ).to(device)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         layer.weight.copy_((torch.randn(out_f, in_f, generator=g) * 0.05).to(device))
@@ -89,8 +94,7 @@ def same_values_up_to_k_padding(a: torch.Tensor, b: torch.Tensor) -> bool:
     """The same operand values, where one may carry more zero K columns (scaled_mm makes its blockwise operands
     at the K its GEMM wants, backends.gemm_k_multiple)."""
     k = min(a.shape[1], b.shape[1])
-    return (a.shape[0] == b.shape[0] and torch.equal(a[:, :k], b[:, :k])
-            and not a[:, k:].any() and not b[:, k:].any())
+    return a.shape[0] == b.shape[0] and torch.equal(a[:, :k], b[:, :k]) and not a[:, k:].any() and not b[:, k:].any()
 
 
 def rel(a, b) -> float:
@@ -117,6 +121,7 @@ def check_emulated_gemm_exact(rows):
         def dense(q):
             v = q.values.double()
             return v * q.decode_scale.double() if q.decode_scale is not None else v
+
         y_exact = dense(ops["fprop_x"]) @ dense(ops["fprop_w"])[:192].t()
         rows.append((f"emulated gemm {name}", "Y vs fp64", rel(y, y_exact), 2**-8, rel(y, y_exact) <= 2**-8))
 
@@ -143,7 +148,8 @@ def check_scaled_mm(rows):
             for role in ROLES:
                 a, b = ops_f[role], ops_e[role]
                 same = same_values_up_to_k_padding(a.values, b.values) and (
-                    (a.decode_scale is None and b.decode_scale is None) or torch.equal(a.decode_scale, b.decode_scale))
+                    (a.decode_scale is None and b.decode_scale is None) or torch.equal(a.decode_scale, b.decode_scale)
+                )
                 rows.append((f"{label} tokens={tokens}", f"operand {role}", 0.0 if same else 1.0, 0.0, same))
             for out, a, b, limit in zip(("Y", "dX", "dW"), fp8, emulated, (2**-7, 2**-7, 1e-3)):
                 err = rel(a, b)
@@ -156,10 +162,12 @@ def check_auto_picks_scaled_mm(rows):
     for name in ("fp8_tensorwise", "fp8_blockwise"):
         backend, reason = resolve_backend(all_quantized(name))
         cap = torch.cuda.get_device_capability()
-        expected = {"te", "scaled_mm"} if cap >= (9, 0) or name == "fp8_tensorwise" and cap >= (8, 9) else {"te", "emulated"}
+        expected = (
+            {"te", "scaled_mm"} if cap >= (9, 0) or name == "fp8_tensorwise" and cap >= (8, 9) else {"te", "emulated"}
+        )
         ok = backend.name in expected
         # the whole reason when it failed: the 60-character cut hid why scaled_mm's probe refused
-        rows.append((f"backend=auto {name}", f"{backend.name}: {reason}"[:None if not ok else 60], 0.0, 0.0, ok))
+        rows.append((f"backend=auto {name}", f"{backend.name}: {reason}"[: None if not ok else 60], 0.0, 0.0, ok))
 
 
 def check_compiled_equals_eager(rows):
@@ -178,8 +186,10 @@ def check_compiled_equals_eager(rows):
         results = []
         for compiled in (False, True):
             torch.manual_seed(0)
-            model = nn.Sequential(layer_on(policy, DEVICE, backend.name, 256, 256, seed=3),
-                                  layer_on(policy, DEVICE, backend.name, 256, 192, seed=4))
+            model = nn.Sequential(
+                layer_on(policy, DEVICE, backend.name, 256, 256, seed=3),
+                layer_on(policy, DEVICE, backend.name, 256, 192, seed=4),
+            )
             forward = torch.compile(model) if compiled else model
             xx = x.clone().requires_grad_(True)
             with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -212,9 +222,18 @@ def check_te(rows):
             rows.append((f"te vs emulated {name}", label, err, limit, err <= limit))
 
 
-@pytest.mark.parametrize("check", [check_cuda_equals_cpu, check_emulated_gemm_exact, check_scaled_mm,
-                                   check_auto_picks_scaled_mm, check_compiled_equals_eager, check_te],
-                         ids=lambda check: check.__name__)
+@pytest.mark.parametrize(
+    "check",
+    [
+        check_cuda_equals_cpu,
+        check_emulated_gemm_exact,
+        check_scaled_mm,
+        check_auto_picks_scaled_mm,
+        check_compiled_equals_eager,
+        check_te,
+    ],
+    ids=lambda check: check.__name__,
+)
 def test_gpu_check(check):
     """Each check appends rows (check, item, value, limit, ok): all must be ok."""
     rows = []

@@ -122,8 +122,15 @@ def ssd_inputs(b, T, h, p, g, n, dtype, device, seed=0):
     return [x.to(dtype), dt.to(dtype), A, B.to(dtype), C.to(dtype), D, dt_bias]
 
 
-def check_kernel(table: Table, dtype: torch.dtype, shape: dict, chunk: int, iters: int,
-                 device: torch.device, backends: tuple[str, str]) -> None:
+def check_kernel(
+    table: Table,
+    dtype: torch.dtype,
+    shape: dict,
+    chunk: int,
+    iters: int,
+    device: torch.device,
+    backends: tuple[str, str],
+) -> None:
     base = ssd_inputs(dtype=dtype, device=device, **shape)
     grad_out = torch.randn(shape["b"], shape["T"], shape["h"], shape["p"], device=device).to(dtype)
     results, timings = {}, {}
@@ -144,16 +151,21 @@ def check_kernel(table: Table, dtype: torch.dtype, shape: dict, chunk: int, iter
         timings[key] = time_ms(step, iters, device)
     name = f"SSD kernel {str(dtype).replace('torch.', '')}"
     table.add(name, "y", rel_err(results["triton"][0], results["torch"][0]))
-    for label, g_tr, g_ref in zip(["dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias"], results["triton"][1], results["torch"][1]):
+    for label, g_tr, g_ref in zip(
+        ["dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias"], results["triton"][1], results["torch"][1]
+    ):
         table.add(name, label, rel_err(g_tr, g_ref))
     tokens = shape["b"] * shape["T"]
-    print(f"{name}: fwd+bwd {tokens} tokens, {shape['h']} heads x {shape['p']}, {shape['g']} groups, "
-          f"state {shape['n']}, chunk {chunk}: torch {timings['torch']:.2f} ms, triton {timings['triton']:.2f} ms "
-          f"({timings['torch'] / timings['triton']:.1f}x)")
+    print(
+        f"{name}: fwd+bwd {tokens} tokens, {shape['h']} heads x {shape['p']}, {shape['g']} groups, "
+        f"state {shape['n']}, chunk {chunk}: torch {timings['torch']:.2f} ms, triton {timings['triton']:.2f} ms "
+        f"({timings['torch'] / timings['triton']:.1f}x)"
+    )
 
 
-def check_model(table: Table, model_cfg: dict, batch: int, seq_len: int, iters: int,
-                device: torch.device, backends: tuple[str, str]) -> None:
+def check_model(
+    table: Table, model_cfg: dict, batch: int, seq_len: int, iters: int, device: torch.device, backends: tuple[str, str]
+) -> None:
     torch.manual_seed(0)
     reference = build_model({**model_cfg, "ssd_backend": backends[0]}).to(device)
     kernel = build_model({**model_cfg, "ssd_backend": backends[1]}).to(device)
@@ -161,6 +173,7 @@ def check_model(table: Table, model_cfg: dict, batch: int, seq_len: int, iters: 
     tokens = torch.randint(0, model_cfg["vocab_size"], (batch, seq_len + 1), device=device)
     out, timings = {}, {}
     for name, model in (("torch", reference), ("triton", kernel)):
+
         def step():
             model.zero_grad(set_to_none=True)
             with torch.autocast(device.type, dtype=torch.bfloat16):
@@ -183,8 +196,10 @@ def check_model(table: Table, model_cfg: dict, batch: int, seq_len: int, iters: 
         table.add(label, "grad " + n.replace("blocks.0.mixer.", ""), grad_errs[n])
     table.add(label, f"worst grad: {worst}", grad_errs[worst])
     n_tok = batch * seq_len
-    print(f"{label}: fwd+bwd {n_tok} tokens: torch SSD {timings['torch']:.1f} ms, triton SSD {timings['triton']:.1f} ms "
-          f"({n_tok / timings['triton'] * 1e3:,.0f} tokens/s with triton)")
+    print(
+        f"{label}: fwd+bwd {n_tok} tokens: torch SSD {timings['torch']:.1f} ms, triton SSD {timings['triton']:.1f} ms "
+        f"({n_tok / timings['triton'] * 1e3:,.0f} tokens/s with triton)"
+    )
 
 
 # Shapes: a GPU run's (the kernel at a hybrid_1b-like head layout, T not a multiple of the chunk) and the
@@ -192,10 +207,33 @@ def check_model(table: Table, model_cfg: dict, batch: int, seq_len: int, iters: 
 GPU_SHAPE, GPU_CHUNK = dict(b=8, T=2048, h=32, p=64, g=8, n=128), 128
 CPU_SHAPE, CPU_CHUNK = dict(b=1, T=130, h=4, p=16, g=2, n=16), 64
 # A hybrid_125m-like model with all three block types (T not a multiple of the chunk); the CPU run's is smaller.
-GPU_MODEL = dict(name="check", pattern="M-M*-M-", vocab_size=50304, d_model=640, ffn_hidden=2560, n_heads=10,
-                 n_kv_heads=2, head_dim=64, mamba_groups=4, mamba_state=128, mamba_head_dim=64, mamba_chunk=128)
-CPU_MODEL = {**GPU_MODEL, "vocab_size": 256, "d_model": 64, "ffn_hidden": 128, "n_heads": 2, "n_kv_heads": 1,
-             "head_dim": 32, "mamba_groups": 2, "mamba_state": 16, "mamba_head_dim": 16, "mamba_chunk": 32}
+GPU_MODEL = dict(
+    name="check",
+    pattern="M-M*-M-",
+    vocab_size=50304,
+    d_model=640,
+    ffn_hidden=2560,
+    n_heads=10,
+    n_kv_heads=2,
+    head_dim=64,
+    mamba_groups=4,
+    mamba_state=128,
+    mamba_head_dim=64,
+    mamba_chunk=128,
+)
+CPU_MODEL = {
+    **GPU_MODEL,
+    "vocab_size": 256,
+    "d_model": 64,
+    "ffn_hidden": 128,
+    "n_heads": 2,
+    "n_kv_heads": 1,
+    "head_dim": 32,
+    "mamba_groups": 2,
+    "mamba_state": 16,
+    "mamba_head_dim": 16,
+    "mamba_chunk": 32,
+}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -219,8 +257,9 @@ def assert_within_tolerance(table: Table) -> None:
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_triton_ssd_kernel_matches_the_reference(dtype):
     table = Table()
-    check_kernel(table, DTYPES[dtype], GPU_SHAPE, chunk=GPU_CHUNK, iters=10, device=torch.device("cuda"),
-                 backends=gpu_backends())
+    check_kernel(
+        table, DTYPES[dtype], GPU_SHAPE, chunk=GPU_CHUNK, iters=10, device=torch.device("cuda"), backends=gpu_backends()
+    )
     assert_within_tolerance(table)
 
 

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import to_fp32, launch_options
+from .common import launch_options, to_fp32
 
 AMAX_BLOCK = 8192
 

@@ -62,9 +62,25 @@ def round_e2m1(y, random_bits, ROUNDING: tl.constexpr):
 
 
 @triton.jit
-def round_and_store_rows(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, r, c0, rows,
-                          cols, ROUNDING: tl.constexpr, DENSE: tl.constexpr, GROUP: tl.constexpr,
-                          BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def round_and_store_rows(
+    y,
+    scale,
+    scale_bits,
+    bits_ptr,
+    seed_ptr,
+    codes_ptr,
+    scales_ptr,
+    values_ptr,
+    r,
+    c0,
+    rows,
+    cols,
+    ROUNDING: tl.constexpr,
+    DENSE: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     """The row-wise NVFP4 / MXFP4 kernels' common tail: y [BLOCK_R, BLOCK_C] (rows r, columns c0 ..
     c0 + BLOCK_C of [rows, cols]) already divided by its GROUP-element block scale is rounded onto E2M1
     (RNE, SR with loaded bits, or Philox SR) and stored as dense values (_fake_quantize_impl: grid value x
@@ -84,17 +100,20 @@ def round_and_store_rows(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, sc
     index, grid_magnitude, negative = round_e2m1(y, random_bits, ROUNDING)
 
     if DENSE:
-        magnitude = tl.reshape(tl.reshape(grid_magnitude, (BLOCK_R, NB, GROUP)) * scale[:, :, None],
-                               (BLOCK_R, BLOCK_C))
+        magnitude = tl.reshape(tl.reshape(grid_magnitude, (BLOCK_R, NB, GROUP)) * scale[:, :, None], (BLOCK_R, BLOCK_C))
         store_exact(values_ptr, offs, with_sign(magnitude, negative), mask)
     else:
         code = index | (negative.to(tl.int32) << 3)
         low, high = tl.split(tl.reshape(code, (BLOCK_R, BLOCK_C // 2, 2)))
         c2 = c0 // 2 + tl.arange(0, BLOCK_C // 2)
         mask2 = (r[:, None] < rows) & (c2[None, :] < cols // 2)
-        tl.store(codes_ptr + r[:, None].to(tl.int64) * (cols // 2) + c2[None, :],
-                 (low | (high << 4)).to(tl.uint8), mask=mask2)
+        tl.store(
+            codes_ptr + r[:, None].to(tl.int64) * (cols // 2) + c2[None, :],
+            (low | (high << 4)).to(tl.uint8),
+            mask=mask2,
+        )
         cb = c0 // GROUP + tl.arange(0, NB)
         maskb = (r[:, None] < rows) & (cb[None, :] < cols // GROUP)
-        tl.store(scales_ptr + r[:, None].to(tl.int64) * (cols // GROUP) + cb[None, :], scale_bits.to(tl.uint8),
-                 mask=maskb)
+        tl.store(
+            scales_ptr + r[:, None].to(tl.int64) * (cols // GROUP) + cb[None, :], scale_bits.to(tl.uint8), mask=maskb
+        )

@@ -8,11 +8,11 @@ import triton
 import triton.language as tl
 
 from .. import hadamard
-from .common import hw_bf16, round_to, store_exact, to_fp32, with_sign, launch_options
+from .common import hw_bf16, launch_options, round_to, store_exact, to_fp32, with_sign
 from .e2m1 import round_e2m1
 from .mxfp4 import e8m0_scales
 from .nvfp4 import block_scales, nvfp4_tile
-from .rounding import SR_PHILOX, philox_rows, rounding_args, philox_seed
+from .rounding import SR_PHILOX, philox_rows, philox_seed, rounding_args
 
 # The Wgrad operand of x [tokens, features] is NVFP4 1x16 of hadamard.rht(x.T, 16), or MXFP4 1x32
 # of hadamard.rht(x.T, 32): blocks of D consecutive tokens, transformed and quantized together. A
@@ -34,9 +34,20 @@ _RHT32_ENTRY_BITS = tl.constexpr(_rht_entry_bits(32))  # fp32(1/sqrt(32)): the p
 
 
 @triton.jit
-def _rht_tokens(x_ptr, t0, f, mask_f, n_features, D: tl.constexpr, ENTRY_BITS: tl.constexpr,
-                SIGN_MASK: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr, ROUNDED: tl.constexpr = True,
-                HW_BF16: tl.constexpr = False):
+def _rht_tokens(
+    x_ptr,
+    t0,
+    f,
+    mask_f,
+    n_features,
+    D: tl.constexpr,
+    ENTRY_BITS: tl.constexpr,
+    SIGN_MASK: tl.constexpr,
+    GROUPS: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+    ROUNDED: tl.constexpr = True,
+    HW_BF16: tl.constexpr = False,
+):
     """hadamard.rht(., D) along tokens for tokens t0 .. t0 + D GROUPS and features f: FP32
     [GROUPS, D, BLOCK_F], element (g, j, f) = sum_i x[t0 + D g + i, f] * m[i, j], each product
     rounded to FP32 and summed in index order i (hadamard.rht's loop), then rounded to x's dtype
@@ -96,8 +107,18 @@ def _to_output_rows(v, GROUPS: tl.constexpr, K: tl.constexpr, BLOCK_F: tl.conste
 
 
 @triton.jit
-def _rht_random_bits(bits_ptr, seed_ptr, f, mask_f, t0, n_tokens, ROUNDING: tl.constexpr, GROUPS: tl.constexpr,
-                     D: tl.constexpr, BLOCK_F: tl.constexpr):
+def _rht_random_bits(
+    bits_ptr,
+    seed_ptr,
+    f,
+    mask_f,
+    t0,
+    n_tokens,
+    ROUNDING: tl.constexpr,
+    GROUPS: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+):
     """SR's random bits for the [GROUPS, D, BLOCK_F] tile at tokens t0, indexed in the [features,
     tokens] output: words loaded from ``bits_ptr`` (ROUNDING 1) or Philox bytes from the seed
     (ROUNDING 2; an element's byte depends on its output index only, so these are the bits
@@ -114,24 +135,58 @@ def _rht_random_bits(bits_ptr, seed_ptr, f, mask_f, t0, n_tokens, ROUNDING: tl.c
 
 
 @triton.jit
-def _store_e2m1_t(codes_ptr, scales_ptr, index, negative, scale_bits, f, mask_f, t0, n_tokens,
-                  GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_F: tl.constexpr):
+def _store_e2m1_t(
+    codes_ptr,
+    scales_ptr,
+    index,
+    negative,
+    scale_bits,
+    f,
+    mask_f,
+    t0,
+    n_tokens,
+    GROUPS: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+):
     """Packed codes [features, tokens / 2] and scale bits [features, tokens / D] of the
     [GROUPS, D, BLOCK_F] tile at tokens t0 (e2m1.encode_values + pack: sign in bit 3, the even
     element of a pair in the low nibble)."""
     code = index | (negative.to(tl.int32) << 3)
     nibble_weight = (1 + 15 * tl.arange(0, 2))[None, None, :, None]
     packed = tl.sum(tl.reshape(code, (GROUPS, D // 2, 2, BLOCK_F)) * nibble_weight, axis=2)  # [GROUPS, D/2, BLOCK_F]
-    tl.store(codes_ptr + _output_offsets(f, n_tokens // 2, t0 // 2, GROUPS * D // 2),
-             _to_output_rows(packed, GROUPS, D // 2, BLOCK_F).to(tl.uint8), mask=mask_f[:, None])
-    tl.store(scales_ptr + _output_offsets(f, n_tokens // D, t0 // D, GROUPS),
-             tl.permute(scale_bits, (1, 0)).to(tl.uint8), mask=mask_f[:, None])
+    tl.store(
+        codes_ptr + _output_offsets(f, n_tokens // 2, t0 // 2, GROUPS * D // 2),
+        _to_output_rows(packed, GROUPS, D // 2, BLOCK_F).to(tl.uint8),
+        mask=mask_f[:, None],
+    )
+    tl.store(
+        scales_ptr + _output_offsets(f, n_tokens // D, t0 // D, GROUPS),
+        tl.permute(scale_bits, (1, 0)).to(tl.uint8),
+        mask=mask_f[:, None],
+    )
 
 
 @triton.jit
-def _round_and_store_t(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, f, mask_f, t0,
-                       n_tokens, ROUNDING: tl.constexpr, DENSE: tl.constexpr, GROUPS: tl.constexpr, D: tl.constexpr,
-                       BLOCK_F: tl.constexpr):
+def _round_and_store_t(
+    y,
+    scale,
+    scale_bits,
+    bits_ptr,
+    seed_ptr,
+    codes_ptr,
+    scales_ptr,
+    values_ptr,
+    f,
+    mask_f,
+    t0,
+    n_tokens,
+    ROUNDING: tl.constexpr,
+    DENSE: tl.constexpr,
+    GROUPS: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+):
     """The Wgrad kernels' common tail: y [GROUPS, D, BLOCK_F] already divided by its block scale is
     rounded onto E2M1 (RNE or SR) and stored transposed, as dense values (x scale) or codes + scales."""
     if ROUNDING != 0:
@@ -141,16 +196,27 @@ def _round_and_store_t(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scal
     index, grid_magnitude, negative = round_e2m1(y, random_bits, ROUNDING)
     if DENSE:
         values = with_sign(grid_magnitude * scale[:, None, :], negative)
-        store_exact(values_ptr, _output_offsets(f, n_tokens, t0, GROUPS * D),
-                  _to_output_rows(values, GROUPS, D, BLOCK_F), mask_f[:, None])
+        store_exact(
+            values_ptr,
+            _output_offsets(f, n_tokens, t0, GROUPS * D),
+            _to_output_rows(values, GROUPS, D, BLOCK_F),
+            mask_f[:, None],
+        )
     else:
-        _store_e2m1_t(codes_ptr, scales_ptr, index, negative, scale_bits, f, mask_f, t0, n_tokens, GROUPS, D,
-                      BLOCK_F)
+        _store_e2m1_t(codes_ptr, scales_ptr, index, negative, scale_bits, f, mask_f, t0, n_tokens, GROUPS, D, BLOCK_F)
 
 
 @triton.jit
-def _rht_abs_max_kernel(x_ptr, partial_ptr, row_partial_ptr, n_features, SIGN_MASK: tl.constexpr,
-                        ROWWISE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr):
+def _rht_abs_max_kernel(
+    x_ptr,
+    partial_ptr,
+    row_partial_ptr,
+    n_features,
+    SIGN_MASK: tl.constexpr,
+    ROWWISE: tl.constexpr,
+    GROUPS: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+):
     """Partial maxima of |rht(x.T, 16)| and, with ROWWISE, of |x| (the same tile, read once).
 
     The transform's rounding to x's dtype is applied to the tile's maximum only: rounding to nearest
@@ -159,8 +225,19 @@ def _rht_abs_max_kernel(x_ptr, partial_ptr, row_partial_ptr, n_features, SIGN_MA
     pid_t, pid_f = tl.program_id(0), tl.program_id(1)
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
-    y, x_bits = _rht_tokens(x_ptr, pid_t * GROUPS * 16, f, mask_f, n_features, 16, _RHT16_ENTRY_BITS, SIGN_MASK,
-                            GROUPS, BLOCK_F, ROUNDED=False)
+    y, x_bits = _rht_tokens(
+        x_ptr,
+        pid_t * GROUPS * 16,
+        f,
+        mask_f,
+        n_features,
+        16,
+        _RHT16_ENTRY_BITS,
+        SIGN_MASK,
+        GROUPS,
+        BLOCK_F,
+        ROUNDED=False,
+    )
     bits = tl.max(tl.max(tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1), axis=0)
     rounded = round_to(bits.to(tl.float32, bitcast=True), x_ptr.dtype.element_ty)
     tl.store(partial_ptr + pid_t * tl.num_programs(1) + pid_f, rounded.to(tl.int32, bitcast=True))
@@ -170,11 +247,30 @@ def _rht_abs_max_kernel(x_ptr, partial_ptr, row_partial_ptr, n_features, SIGN_MA
 
 @triton.jit
 def _rht_nvfp4_kernel(
-    x_ptr, amax_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, s_dec_ptr,
-    row_amax_ptr, row_seed_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr, row_s_dec_ptr,
-    n_tokens, n_features,
-    SIGN_MASK: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
-    ROWWISE: tl.constexpr, ROW_DENSE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr, HW_BF16: tl.constexpr,
+    x_ptr,
+    amax_ptr,
+    bits_ptr,
+    seed_ptr,
+    codes_ptr,
+    scales_ptr,
+    values_ptr,
+    s_dec_ptr,
+    row_amax_ptr,
+    row_seed_ptr,
+    row_codes_ptr,
+    row_scales_ptr,
+    row_values_ptr,
+    row_s_dec_ptr,
+    n_tokens,
+    n_features,
+    SIGN_MASK: tl.constexpr,
+    ROUNDING: tl.constexpr,
+    DENSE: tl.constexpr,
+    ROWWISE: tl.constexpr,
+    ROW_DENSE: tl.constexpr,
+    GROUPS: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+    HW_BF16: tl.constexpr,
 ):
     """_nvfp4_kernel's steps (1x16 tile) on the transformed tile, written transposed: output row
     f, columns t0 + 16 g + j. With ROWWISE, also NVFP4 1x16 of x itself (rows t, blocks along
@@ -182,31 +278,76 @@ def _rht_nvfp4_kernel(
     pid_t, pid_f = tl.program_id(0), tl.program_id(1)
     t0 = pid_t * GROUPS * 16
     if ROWWISE:
-        row_s_dec = nvfp4_tile(x_ptr, row_amax_ptr, row_seed_ptr, row_seed_ptr, row_codes_ptr, row_scales_ptr,
-                                row_values_ptr, t0, pid_f * BLOCK_F, n_tokens, n_features, 1, ROUNDING, ROW_DENSE,
-                                GROUPS * 16, BLOCK_F)
+        row_s_dec = nvfp4_tile(
+            x_ptr,
+            row_amax_ptr,
+            row_seed_ptr,
+            row_seed_ptr,
+            row_codes_ptr,
+            row_scales_ptr,
+            row_values_ptr,
+            t0,
+            pid_f * BLOCK_F,
+            n_tokens,
+            n_features,
+            1,
+            ROUNDING,
+            ROW_DENSE,
+            GROUPS * 16,
+            BLOCK_F,
+        )
         if (pid_t == 0) & (pid_f == 0):
             tl.store(row_s_dec_ptr, row_s_dec)
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
-    y, _ = _rht_tokens(x_ptr, t0, f, mask_f, n_features, 16, _RHT16_ENTRY_BITS, SIGN_MASK, GROUPS,
-                       BLOCK_F, HW_BF16=HW_BF16)  # [GROUPS, 16, BLOCK_F]
+    y, _ = _rht_tokens(
+        x_ptr, t0, f, mask_f, n_features, 16, _RHT16_ENTRY_BITS, SIGN_MASK, GROUPS, BLOCK_F, HW_BF16=HW_BF16
+    )  # [GROUPS, 16, BLOCK_F]
 
     amax_b = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1).to(tl.float32, bitcast=True)
     scale_bits, scale, encode, s_dec = block_scales(amax_b, tl.load(amax_ptr))  # [GROUPS, BLOCK_F]
     y = y * encode[:, None, :]
 
-    _round_and_store_t(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, f, mask_f, t0,
-                       n_tokens, ROUNDING, DENSE, GROUPS, 16, BLOCK_F)
+    _round_and_store_t(
+        y,
+        scale,
+        scale_bits,
+        bits_ptr,
+        seed_ptr,
+        codes_ptr,
+        scales_ptr,
+        values_ptr,
+        f,
+        mask_f,
+        t0,
+        n_tokens,
+        ROUNDING,
+        DENSE,
+        GROUPS,
+        16,
+        BLOCK_F,
+    )
     if (pid_t == 0) & (pid_f == 0):
         tl.store(s_dec_ptr, s_dec)
 
 
 @triton.jit
 def _rht_mxfp4_kernel(
-    x_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, n_tokens, n_features,
-    SIGN_MASK: tl.constexpr, SCALE_RULE: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
-    GROUPS: tl.constexpr, BLOCK_F: tl.constexpr, HW_BF16: tl.constexpr,
+    x_ptr,
+    bits_ptr,
+    seed_ptr,
+    codes_ptr,
+    scales_ptr,
+    values_ptr,
+    n_tokens,
+    n_features,
+    SIGN_MASK: tl.constexpr,
+    SCALE_RULE: tl.constexpr,
+    ROUNDING: tl.constexpr,
+    DENSE: tl.constexpr,
+    GROUPS: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+    HW_BF16: tl.constexpr,
 ):
     """_mxfp4_kernel's steps on hadamard.rht(x.T, 32) of a tile of GROUPS x 32 tokens x BLOCK_F
     features, written transposed: output row f, columns t0 + 32 g + j. One pass: no tensor scale."""
@@ -214,15 +355,33 @@ def _rht_mxfp4_kernel(
     t0 = pid_t * GROUPS * 32
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
-    y, _ = _rht_tokens(x_ptr, t0, f, mask_f, n_features, 32, _RHT32_ENTRY_BITS, SIGN_MASK, GROUPS,
-                       BLOCK_F, HW_BF16=HW_BF16)  # [GROUPS, 32, BLOCK_F]
+    y, _ = _rht_tokens(
+        x_ptr, t0, f, mask_f, n_features, 32, _RHT32_ENTRY_BITS, SIGN_MASK, GROUPS, BLOCK_F, HW_BF16=HW_BF16
+    )  # [GROUPS, 32, BLOCK_F]
 
     amax_b = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1).to(tl.float32, bitcast=True)
     scale_bits, scale, inverse = e8m0_scales(amax_b, SCALE_RULE)  # [GROUPS, BLOCK_F]
     y = y * inverse[:, None, :]
 
-    _round_and_store_t(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, f, mask_f, t0,
-                       n_tokens, ROUNDING, DENSE, GROUPS, 32, BLOCK_F)
+    _round_and_store_t(
+        y,
+        scale,
+        scale_bits,
+        bits_ptr,
+        seed_ptr,
+        codes_ptr,
+        scales_ptr,
+        values_ptr,
+        f,
+        mask_f,
+        t0,
+        n_tokens,
+        ROUNDING,
+        DENSE,
+        GROUPS,
+        32,
+        BLOCK_F,
+    )
 
 
 def sign_mask(signs: torch.Tensor) -> int:
@@ -249,8 +408,9 @@ def program_blocks(n_tokens: int, d: int, blocks=None) -> tuple[int, int, int]:
         raise ValueError(f"rht blocks={blocks!r}: (groups, features) or (groups, features, warps)")
     groups, block_f, *warps = blocks if blocks is not None else (RHT_GROUPS, RHT_BLOCK_F)
     if not all(isinstance(v, int) and v >= 1 and v & (v - 1) == 0 for v in (groups, block_f, *warps)):
-        raise ValueError(f"rht blocks={blocks!r}: (groups of {d} tokens, features[, warps]) per program must be "
-                         f"powers of two")
+        raise ValueError(
+            f"rht blocks={blocks!r}: (groups of {d} tokens, features[, warps]) per program must be powers of two"
+        )
     while n_tokens % (groups * d):
         groups //= 2
     return groups, block_f, warps[0] if warps else min(8, max(1, groups * block_f // 64))
@@ -284,8 +444,17 @@ def nvfp4_t(
     groups, block_f, warps = program_blocks(n_tokens, 16, blocks)
     grid = (n_tokens // (groups * 16), triton.cdiv(n_features, block_f))
     partial = torch.empty((2 if rowwise else 1, grid[0] * grid[1]), dtype=torch.int32, device=x.device)
-    _rht_abs_max_kernel[grid](x, partial[0], partial[-1], n_features, SIGN_MASK=mask, ROWWISE=rowwise, GROUPS=groups,
-                              BLOCK_F=block_f, **_rht_launch_options(x, warps))
+    _rht_abs_max_kernel[grid](
+        x,
+        partial[0],
+        partial[-1],
+        n_features,
+        SIGN_MASK=mask,
+        ROWWISE=rowwise,
+        GROUPS=groups,
+        BLOCK_F=block_f,
+        **_rht_launch_options(x, warps),
+    )
     amaxes = partial.amax(dim=1).view(torch.float32)
     amax, row_amax = amaxes[0], amaxes[-1]
     if rowwise and rounding == "sr":
@@ -310,10 +479,31 @@ def nvfp4_t(
             outputs.append((codes, scales, codes, s_dec))
     (codes, scales, values, s_dec), (row_codes, row_scales, row_values, row_s_dec) = outputs
     _rht_nvfp4_kernel[grid](
-        x, amax, bits, seed, codes, scales, values, s_dec,
-        row_amax, row_seed, row_codes, row_scales, row_values, row_s_dec, n_tokens, n_features,
-        SIGN_MASK=mask, ROUNDING=mode, DENSE=dense, ROWWISE=rowwise, ROW_DENSE=rowwise_dense, GROUPS=groups,
-        BLOCK_F=block_f, HW_BF16=hw_bf16(x), **_rht_launch_options(x, warps),
+        x,
+        amax,
+        bits,
+        seed,
+        codes,
+        scales,
+        values,
+        s_dec,
+        row_amax,
+        row_seed,
+        row_codes,
+        row_scales,
+        row_values,
+        row_s_dec,
+        n_tokens,
+        n_features,
+        SIGN_MASK=mask,
+        ROUNDING=mode,
+        DENSE=dense,
+        ROWWISE=rowwise,
+        ROW_DENSE=rowwise_dense,
+        GROUPS=groups,
+        BLOCK_F=block_f,
+        HW_BF16=hw_bf16(x),
+        **_rht_launch_options(x, warps),
     )
     columnwise = (values, amax, s_dec) if dense else (codes, scales, amax, s_dec)
     if not rowwise:
@@ -353,9 +543,21 @@ def mxfp4_t(
         values = codes
     grid = (n_tokens // (groups * 32), triton.cdiv(n_features, block_f))
     _rht_mxfp4_kernel[grid](
-        x, bits, seed, codes, scales, values, n_tokens, n_features,
-        SIGN_MASK=sign_mask(signs), SCALE_RULE={"rceil": 0, "floor": 1}[scale_rule], ROUNDING=mode, DENSE=dense,
-        GROUPS=groups, BLOCK_F=block_f, HW_BF16=hw_bf16(x), **_rht_launch_options(x, warps),
+        x,
+        bits,
+        seed,
+        codes,
+        scales,
+        values,
+        n_tokens,
+        n_features,
+        SIGN_MASK=sign_mask(signs),
+        SCALE_RULE={"rceil": 0, "floor": 1}[scale_rule],
+        ROUNDING=mode,
+        DENSE=dense,
+        GROUPS=groups,
+        BLOCK_F=block_f,
+        HW_BF16=hw_bf16(x),
+        **_rht_launch_options(x, warps),
     )
     return values if dense else (codes, scales)
-

@@ -32,14 +32,36 @@ from . import common, dequant, fp8, nvfp4, rht, rounding
 
 # The non-constexpr arguments of the kernels, by family (pointer element types as a bf16 training step
 # launches them).
-IO_ARGS = {"x_ptr": "*bf16", "bits_ptr": "*i32", "seed_ptr": "*i64", "codes_ptr": "*u8", "scales_ptr": "*u8",
-           "values_ptr": "*bf16"}
+IO_ARGS = {
+    "x_ptr": "*bf16",
+    "bits_ptr": "*i32",
+    "seed_ptr": "*i64",
+    "codes_ptr": "*u8",
+    "scales_ptr": "*u8",
+    "values_ptr": "*bf16",
+}
 NVFP4_ARGS = {**IO_ARGS, "amax_ptr": "*fp32", "s_dec_ptr": "*fp32", "rows": "i32", "cols": "i32"}
-RHT_ARGS = {**IO_ARGS, "amax_ptr": "*fp32", "s_dec_ptr": "*fp32", "n_tokens": "i32", "n_features": "i32",
-            "row_amax_ptr": "*fp32", "row_seed_ptr": "*i64", "row_codes_ptr": "*u8", "row_scales_ptr": "*u8",
-            "row_values_ptr": "*bf16", "row_s_dec_ptr": "*fp32"}
-DEQUANTIZE_ARGS = {"codes_ptr": "*u8", "scales_ptr": "*u8", "global_ptr": "*fp32", "values_ptr": "*bf16",
-                   "rows": "i32", "cols": "i32"}
+RHT_ARGS = {
+    **IO_ARGS,
+    "amax_ptr": "*fp32",
+    "s_dec_ptr": "*fp32",
+    "n_tokens": "i32",
+    "n_features": "i32",
+    "row_amax_ptr": "*fp32",
+    "row_seed_ptr": "*i64",
+    "row_codes_ptr": "*u8",
+    "row_scales_ptr": "*u8",
+    "row_values_ptr": "*bf16",
+    "row_s_dec_ptr": "*fp32",
+}
+DEQUANTIZE_ARGS = {
+    "codes_ptr": "*u8",
+    "scales_ptr": "*u8",
+    "global_ptr": "*fp32",
+    "values_ptr": "*bf16",
+    "rows": "i32",
+    "cols": "i32",
+}
 RHT_BLOCKS = {"SIGN_MASK": 0xB7E8, "GROUPS": rht.RHT_GROUPS, "BLOCK_F": rht.RHT_BLOCK_F}
 
 
@@ -48,16 +70,23 @@ def compile_sm90(kernel, signature: dict[str, str], constexprs: dict, num_warps:
     non-constexpr arguments' types) and ``constexprs``. ``aligned``: specialize pointers as 16-byte aligned
     and i32 sizes as divisible by 16, as Triton's JIT does at run time for our launches."""
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile as triton_compile
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
 
     full = {**{name: "constexpr" for name in constexprs}, **signature}
     full = {name: full[name] for name in kernel.arg_names}
     attrs = {}
     if aligned:
-        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-                 if full[name].startswith("*") or full[name] == "i32"}
-    return triton_compile(ASTSource(fn=kernel, signature=full, constexprs=constexprs, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False, "num_warps": num_warps})
+        attrs = {
+            (i,): [["tt.divisibility", 16]]
+            for i, name in enumerate(kernel.arg_names)
+            if full[name].startswith("*") or full[name] == "i32"
+        }
+    return triton_compile(
+        ASTSource(fn=kernel, signature=full, constexprs=constexprs, attrs=attrs),
+        target=GPUTarget("cuda", 90, 32),
+        options={"enable_fp_fusion": False, "num_warps": num_warps},
+    )
 
 
 @dataclass
@@ -69,12 +98,28 @@ class Variant:
     warps: int = 4
 
 
-IO_ARGS = {"x_ptr": "*bf16", "bits_ptr": "*i32", "seed_ptr": "*i64", "codes_ptr": "*u8", "scales_ptr": "*u8",
-       "values_ptr": "*bf16"}
+IO_ARGS = {
+    "x_ptr": "*bf16",
+    "bits_ptr": "*i32",
+    "seed_ptr": "*i64",
+    "codes_ptr": "*u8",
+    "scales_ptr": "*u8",
+    "values_ptr": "*bf16",
+}
 NVFP4_ARGS = {**IO_ARGS, "amax_ptr": "*fp32", "s_dec_ptr": "*fp32", "rows": "i32", "cols": "i32"}
-RHT_ARGS = {**IO_ARGS, "amax_ptr": "*fp32", "s_dec_ptr": "*fp32", "n_tokens": "i32", "n_features": "i32",
-        "row_amax_ptr": "*fp32", "row_seed_ptr": "*i64", "row_codes_ptr": "*u8", "row_scales_ptr": "*u8",
-        "row_values_ptr": "*bf16", "row_s_dec_ptr": "*fp32"}
+RHT_ARGS = {
+    **IO_ARGS,
+    "amax_ptr": "*fp32",
+    "s_dec_ptr": "*fp32",
+    "n_tokens": "i32",
+    "n_features": "i32",
+    "row_amax_ptr": "*fp32",
+    "row_seed_ptr": "*i64",
+    "row_codes_ptr": "*u8",
+    "row_scales_ptr": "*u8",
+    "row_values_ptr": "*bf16",
+    "row_s_dec_ptr": "*fp32",
+}
 RHT_BLOCKS = {"SIGN_MASK": 0xB7E8, "GROUPS": rht.RHT_GROUPS, "BLOCK_F": rht.RHT_BLOCK_F}
 _HW_BF16 = {"HW_BF16": True}  # as the launchers set it on an H100 (common.hw_bf16)
 _RHT_TILE = rht.RHT_GROUPS * 16 * rht.RHT_BLOCK_F
@@ -82,48 +127,114 @@ _RHT_WARPS = rht.program_blocks(1 << 20, 16)[2]
 
 
 def _rht(mode: int, dense: bool, rowwise: bool, row_dense: bool | None = None) -> Variant:
-    return Variant(rht._rht_nvfp4_kernel, RHT_ARGS, {**RHT_BLOCKS, **_HW_BF16, "ROUNDING": mode, "DENSE": dense,
-                                                "ROWWISE": rowwise,
-                                                "ROW_DENSE": rowwise if row_dense is None else row_dense},
-                   _RHT_TILE, _RHT_WARPS)
+    return Variant(
+        rht._rht_nvfp4_kernel,
+        RHT_ARGS,
+        {
+            **RHT_BLOCKS,
+            **_HW_BF16,
+            "ROUNDING": mode,
+            "DENSE": dense,
+            "ROWWISE": rowwise,
+            "ROW_DENSE": rowwise if row_dense is None else row_dense,
+        },
+        _RHT_TILE,
+        _RHT_WARPS,
+    )
 
 
 # What a bf16 training step launches (operands.py / linear.py), by name.
 VARIANTS = {
     # NVFP4 1x16 along features (Fprop / Dgrad operands on their own), RNE and Philox SR, dense bf16 out
-    "nvfp4_rne": Variant(nvfp4._nvfp4_kernel, NVFP4_ARGS, {"TILE_ROWS": 1, "ROUNDING": rounding.RNE, "DENSE": True,
-                                                    "BLOCK_R": common.BLOCK_ROWS, "BLOCK_C": common.BLOCK_COLS},
-                         common.BLOCK_ROWS * common.BLOCK_COLS),
-    "nvfp4_sr": Variant(nvfp4._nvfp4_kernel, NVFP4_ARGS, {"TILE_ROWS": 1, "ROUNDING": rounding.SR_PHILOX, "DENSE": True,
-                                                   "BLOCK_R": common.BLOCK_ROWS, "BLOCK_C": common.BLOCK_COLS},
-                        common.BLOCK_ROWS * common.BLOCK_COLS),
+    "nvfp4_rne": Variant(
+        nvfp4._nvfp4_kernel,
+        NVFP4_ARGS,
+        {
+            "TILE_ROWS": 1,
+            "ROUNDING": rounding.RNE,
+            "DENSE": True,
+            "BLOCK_R": common.BLOCK_ROWS,
+            "BLOCK_C": common.BLOCK_COLS,
+        },
+        common.BLOCK_ROWS * common.BLOCK_COLS,
+    ),
+    "nvfp4_sr": Variant(
+        nvfp4._nvfp4_kernel,
+        NVFP4_ARGS,
+        {
+            "TILE_ROWS": 1,
+            "ROUNDING": rounding.SR_PHILOX,
+            "DENSE": True,
+            "BLOCK_R": common.BLOCK_ROWS,
+            "BLOCK_C": common.BLOCK_COLS,
+        },
+        common.BLOCK_ROWS * common.BLOCK_COLS,
+    ),
     # the 16-point RHT along tokens, transposed (Wgrad operands); "rowwise": with the 1x16 copy of the same tile
-    "rht_amax_rowwise": Variant(rht._rht_abs_max_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32",
-                                                         "row_partial_ptr": "*i32", "n_features": "i32"},
-                                {**RHT_BLOCKS, "ROWWISE": True}, _RHT_TILE, _RHT_WARPS),
+    "rht_amax_rowwise": Variant(
+        rht._rht_abs_max_kernel,
+        {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i32", "n_features": "i32"},
+        {**RHT_BLOCKS, "ROWWISE": True},
+        _RHT_TILE,
+        _RHT_WARPS,
+    ),
     "rht_rne_packed": _rht(rounding.RNE, dense=False, rowwise=False),
     "rht_rowwise_rne": _rht(rounding.RNE, dense=True, rowwise=True),
-    "rht_rowwise_sr": _rht(rounding.SR_PHILOX, dense=True, rowwise=True),  # dY: Dgrad's and Wgrad's operands, both dense
-    "rht_packed_rowwise_rne": _rht(rounding.RNE, dense=False, rowwise=True, row_dense=True),  # X: Fprop's dense, Wgrad's packed
-    "dequantize_nvfp4": Variant(dequant._e2m1_dequantize_kernel, DEQUANTIZE_ARGS, {"GROUP": 16, "E8M0": False, "HAS_GLOBAL": False,
-                                                                  "BLOCK_R": 8, "BLOCK_C": 256}, 8 * 256),
-    "dequantize_mxfp4": Variant(dequant._e2m1_dequantize_kernel, DEQUANTIZE_ARGS, {"GROUP": 32, "E8M0": True, "HAS_GLOBAL": False,
-                                                                  "BLOCK_R": 8, "BLOCK_C": 256}, 8 * 256),
-    "scale_and_cast": Variant(dequant._scale_and_cast_kernel, {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32",
-                                                          "y_ptr": "*bf16", "n": "i32"},
-                              {"HAS_A": True, "HAS_B": True, "BLOCK": dequant.SCALE_CAST_BLOCK}, dequant.SCALE_CAST_BLOCK),
-    "fp8_tensorwise_rowcol": Variant(fp8._fp8_tensorwise_rowcol_kernel,
-                                     {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8", "data_t_ptr": "*u8",
-                                      "decode_ptr": "*fp32", "rows": "i32", "cols": "i32"},
-                                     {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False, "HW_CVT": True,
-                                      "BLOCK": fp8.TENSORWISE_TILE}, fp8.TENSORWISE_TILE ** 2),
-    "fp8_blockwise_rowcol": Variant(fp8._fp8_blockwise_rowcol_kernel,
-                                    {"x_ptr": "*bf16", "row_data_ptr": "*u8", "row_scales_ptr": "*fp32",
-                                     "col_data_ptr": "*u8", "col_scales_ptr": "*fp32", "n_tokens": "i32",
-                                     "n_features": "i32", "row_width": "i32", "scale_for_inf": "fp32"},
-                                    {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True,
-                                     "RAGGED": False},
-                                    128 * 128, 8),
+    "rht_rowwise_sr": _rht(
+        rounding.SR_PHILOX, dense=True, rowwise=True
+    ),  # dY: Dgrad's and Wgrad's operands, both dense
+    "rht_packed_rowwise_rne": _rht(
+        rounding.RNE, dense=False, rowwise=True, row_dense=True
+    ),  # X: Fprop's dense, Wgrad's packed
+    "dequantize_nvfp4": Variant(
+        dequant._e2m1_dequantize_kernel,
+        DEQUANTIZE_ARGS,
+        {"GROUP": 16, "E8M0": False, "HAS_GLOBAL": False, "BLOCK_R": 8, "BLOCK_C": 256},
+        8 * 256,
+    ),
+    "dequantize_mxfp4": Variant(
+        dequant._e2m1_dequantize_kernel,
+        DEQUANTIZE_ARGS,
+        {"GROUP": 32, "E8M0": True, "HAS_GLOBAL": False, "BLOCK_R": 8, "BLOCK_C": 256},
+        8 * 256,
+    ),
+    "scale_and_cast": Variant(
+        dequant._scale_and_cast_kernel,
+        {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32"},
+        {"HAS_A": True, "HAS_B": True, "BLOCK": dequant.SCALE_CAST_BLOCK},
+        dequant.SCALE_CAST_BLOCK,
+    ),
+    "fp8_tensorwise_rowcol": Variant(
+        fp8._fp8_tensorwise_rowcol_kernel,
+        {
+            "x_ptr": "*bf16",
+            "amax_ptr": "*fp32",
+            "data_ptr": "*u8",
+            "data_t_ptr": "*u8",
+            "decode_ptr": "*fp32",
+            "rows": "i32",
+            "cols": "i32",
+        },
+        {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False, "HW_CVT": True, "BLOCK": fp8.TENSORWISE_TILE},
+        fp8.TENSORWISE_TILE**2,
+    ),
+    "fp8_blockwise_rowcol": Variant(
+        fp8._fp8_blockwise_rowcol_kernel,
+        {
+            "x_ptr": "*bf16",
+            "row_data_ptr": "*u8",
+            "row_scales_ptr": "*fp32",
+            "col_data_ptr": "*u8",
+            "col_scales_ptr": "*fp32",
+            "n_tokens": "i32",
+            "n_features": "i32",
+            "row_width": "i32",
+            "scale_for_inf": "fp32",
+        },
+        {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True, "RAGGED": False},
+        128 * 128,
+        8,
+    ),
 }
 
 
@@ -156,7 +267,9 @@ def main(argv=None) -> list[dict]:
         total = sum(ops.values())
         rows.append({"kernel": name, "sass": total, "per_element": total / per_thread})
         top = " ".join(f"{op} {n}" for op, n in ops.most_common(6))
-        print(f"{name:<24} {variant.warps:>5} {per_thread:>11} {total:>6} {total / per_thread:>9.1f}  {top}", flush=True)
+        print(
+            f"{name:<24} {variant.warps:>5} {per_thread:>11} {total:>6} {total / per_thread:>9.1f}  {top}", flush=True
+        )
     return rows
 
 
