@@ -26,7 +26,7 @@ import weakref
 
 import torch
 
-from . import operands
+from . import operands, pairs
 from .backends import Backend, gemm_k_multiple, get_backend, pad_fp8_k
 from .operands import round_up
 from .recipe import ROLES, LayerRecipe, OperandSpec
@@ -106,12 +106,12 @@ class LayerState:
         return operands.fake_quantize(x, spec, k_pad, self.sr_generator(role, spec, x.device), self.rht_signs)
 
     def quantize_with_transpose(self, role: str, x: torch.Tensor, spec, k_row: int, k_col: int):
-        """(Q(x), Q(xᵀ)) for a per-tensor FP8 spec from one cast (`operands.tensorwise_rowcol`: xᵀ's codes are
+        """(Q(x), Q(xᵀ)) for a per-tensor FP8 spec from one cast (`pairs.tensorwise_rowcol`: xᵀ's codes are
         x's transposed), or None where that does not apply (padding; or telemetry, which wants each operand's
         own statistics: quantize them separately then)."""
         if self.stats is not None:
             return None
-        both = operands.tensorwise_rowcol(x, spec, k_row, k_col)
+        both = pairs.tensorwise_rowcol(x, spec, k_row, k_col)
         return None if both is None else (both[0], both[1].dequantize())
 
 
@@ -146,7 +146,7 @@ def _fprop_weight(
             # Quantize W once into its storage form: Fprop uses it, Dgrad reuses the same bits.
             packed = state.pack("fprop_w", weight, spec, k_f)
             return packed.dequantize(), packed, None
-        if training and state.weights.enabled and operands.tensorwise_pair(spec, recipe.dgrad_w):
+        if training and state.weights.enabled and pairs.tensorwise_pair(spec, recipe.dgrad_w):
             # Per-tensor FP8: Dgrad's Wᵀ is W's codes transposed. One cast writes both; Dgrad finds its
             # operand in this cache entry (without the cache it quantizes Wᵀ itself).
             out_f = weight.shape[0]
@@ -207,7 +207,7 @@ def quant_linear_fprop(
         k_w = _k_pad(x2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)
         # Fprop's X and the Wgrad Xᵀ from one read of X where the recipe allows (telemetry wants each alone)
         both = (
-            operands.fprop_and_wgrad_x(x2d, recipe.fprop_x, recipe.wgrad_x, k_f, k_w, state.rht_signs)
+            pairs.fprop_and_wgrad_x(x2d, recipe.fprop_x, recipe.wgrad_x, k_f, k_w, state.rht_signs)
             if saves_xt and state.stats is None
             else None
         )
@@ -254,7 +254,7 @@ def quant_linear_dgrad(
 ) -> torch.Tensor:
     """dX = Q(dY) Q(W), K = out_features, in dY's dtype then `x_dtype`. `w_saved`: the packed
     Fprop W when Dgrad reuses it (used when the weight cache does not hold it). `dy_q`: Q(dY) already
-    made by quant_linear_dy (two tensors, `operands.operand_tensors`), or empty: quantized here."""
+    made by quant_linear_dy (two tensors, `pairs.operand_tensors`), or empty: quantized here."""
     state, recipe, backend = _state(layer_id), decode_recipe(recipe_key), get_backend(backend_name)
     out_f, in_f = weight.shape
     with torch.autocast(dy.device.type, enabled=False):
@@ -283,7 +283,7 @@ def quant_linear_dgrad(
         else:
             wt_q = state.weights.get(("dgrad", recipe_key, backend.name, k_d), weight, build)
         dy_op = (
-            operands.ready_operand(dy_q, recipe.dgrad_dy)
+            pairs.ready_operand(dy_q, recipe.dgrad_dy)
             if dy_q
             else state.quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d)
         )
@@ -309,7 +309,7 @@ def quant_linear_wgrad(
 ) -> torch.Tensor:
     """dW = Q(RHT(dYᵀ)) Q(RHT(Xᵀ))ᵀ, K = tokens, in `out_dtype` (the weight's). `x_saved`: what
     Fprop saved of X (packed Xᵀ, or X in BF16). `dy_q`: Q(RHT(dYᵀ)) already made by quant_linear_dy
-    (two tensors, `operands.operand_tensors`), or empty: quantized here."""
+    (two tensors, `pairs.operand_tensors`), or empty: quantized here."""
     state, recipe, backend = _state(layer_id), decode_recipe(recipe_key), get_backend(backend_name)
     out_f = dy.shape[-1]
     with torch.autocast(dy.device.type, enabled=False):
@@ -317,7 +317,7 @@ def quant_linear_wgrad(
         tokens = dy2d.shape[0]
         k_w = _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x)
         dyt_q = (
-            operands.ready_operand(dy_q, recipe.wgrad_dy)
+            pairs.ready_operand(dy_q, recipe.wgrad_dy)
             if dy_q
             else state.quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w)
         )
@@ -337,9 +337,9 @@ def _(dy, x_saved, layer_id, recipe_key, backend_name, in_features, out_dtype, d
 
 @torch.library.custom_op("nvfp4train::quant_linear_dy", mutates_args=())
 def quant_linear_dy(dy: torch.Tensor, layer_id: int, recipe_key: str, backend_name: str) -> list[torch.Tensor]:
-    """Both gradient operands of a layer whose recipe has `operands.dy_pair`, two tensors each
-    (`operands.operand_tensors`: NVFP4 dense values + decode scale, FP8 data + block scales), from one
-    read of dY where `operands.dgrad_and_wgrad_dy` can (the bits of the two separate quantizations);
+    """Both gradient operands of a layer whose recipe has `pairs.dy_pair`, two tensors each
+    (`pairs.operand_tensors`: NVFP4 dense values + decode scale, FP8 data + block scales), from one
+    read of dY where `pairs.dgrad_and_wgrad_dy` can (the bits of the two separate quantizations);
     quantized one after the other otherwise, and on steps that record telemetry."""
     state, recipe = _state(layer_id), decode_recipe(recipe_key)
     out_f = dy.shape[-1]
@@ -349,7 +349,7 @@ def quant_linear_dy(dy: torch.Tensor, layer_id: int, recipe_key: str, backend_na
         k_w = _k_pad(dy2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)
         both = None
         if state.stats is None:
-            both = operands.dgrad_and_wgrad_dy(
+            both = pairs.dgrad_and_wgrad_dy(
                 dy2d,
                 recipe.dgrad_dy,
                 recipe.wgrad_dy,
@@ -367,7 +367,7 @@ def quant_linear_dy(dy: torch.Tensor, layer_id: int, recipe_key: str, backend_na
     return [
         t.contiguous()
         for q, spec in zip(both, (recipe.dgrad_dy, recipe.wgrad_dy))
-        for t in operands.operand_tensors(q, spec)
+        for t in pairs.operand_tensors(q, spec)
     ]
 
 
@@ -412,7 +412,7 @@ def _backward(ctx, grads):
     # only its own, so the other role's SR stream does not advance)
     dy_q = (
         quant_linear_dy(dy, layer_id, recipe_key, backend_name)
-        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and operands.dy_pair(recipe.dgrad_dy, recipe.wgrad_dy)
+        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and pairs.dy_pair(recipe.dgrad_dy, recipe.wgrad_dy)
         else []
     )
     if ctx.needs_input_grad[0]:

@@ -35,11 +35,11 @@ def philox_rows_kernel(seed_ptr, out_ptr, cols, BLOCK_R: tl.constexpr, BLOCK_C: 
 
 @triton.jit
 def rht_random_bits_kernel(seed_ptr, out_ptr, n_tokens, GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_F: tl.constexpr):
-    """out [features, n_tokens]: _rht_random_bits' Philox bits, [GROUPS, D, BLOCK_F] tiles stored at
+    """out [features, n_tokens]: e2m1.random_bits_t' Philox bits, [GROUPS, D, BLOCK_F] tiles stored at
     their output indices f n_tokens + t0 + D g + j."""
     t0 = tl.program_id(0) * GROUPS * D
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-    bits = kernels.rht._rht_random_bits(
+    bits = kernels.e2m1.random_bits_t(
         seed_ptr, seed_ptr, f, f >= 0, t0, n_tokens, kernels.rounding.SR_PHILOX, GROUPS, D, BLOCK_F
     )
     n = (

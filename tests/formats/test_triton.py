@@ -294,7 +294,7 @@ def test_philox_sr_rounds_up_with_probability_floor_256_f_over_256():
 @kernel_test
 def test_philox_bytes_depend_on_the_output_index_only():
     """The Philox bits are defined per output index n: byte n % 4 of word (n // 4) % 4 of counter
-    n // 16 (randint4x). _philox_rows (any tile) and _rht_random_bits (the Wgrad kernels' [GROUPS,
+    n // 16 (randint4x). _philox_rows (any tile) and e2m1.random_bits_t (the Wgrad kernels' [GROUPS,
     D, BLOCK_F] tile of the [features, tokens] output) give exactly those bytes."""
     from . import sr_kernels
 
@@ -319,7 +319,7 @@ def test_philox_bytes_depend_on_the_output_index_only():
         got = torch.full((n_features, n_tokens), -1, dtype=torch.int32, device=DEVICE)
         grid = (n_tokens // (groups * d), n_features // block_f)
         sr_kernels.rht_random_bits_kernel[grid](seed, got, n_tokens, GROUPS=groups, D=d, BLOCK_F=block_f)
-        assert_same(got.reshape(-1), want, f"_rht_random_bits {groups}x{d}x{block_f}")
+        assert_same(got.reshape(-1), want, f"e2m1.random_bits_t {groups}x{d}x{block_f}")
 
 
 @kernel_test
@@ -1231,18 +1231,18 @@ def test_quant_linear_nvfp4_fprop_and_wgrad_x_from_one_read(monkeypatch):
     """The paper's recipe quantizes X twice in the forward (1x16 for Fprop; RHT + 1x16 along tokens for
     Wgrad): one kernel reads X once for both; the layer's output and gradients are those of the two
     separate quantizations bit for bit."""
-    from nvfp4train.precision import operands
+    from nvfp4train.precision import operands, pairs
     from tests.precision.helpers import inputs, load_preset, make_layer, run
 
     monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
     policy = load_preset("nvfp4", bf16_first_blocks=0, bf16_last_blocks=0)
     x, grad = inputs(tokens=64, in_f=64, out_f=48)
-    real = operands.fprop_and_wgrad_x
+    real = pairs.fprop_and_wgrad_x
     used = []
-    monkeypatch.setattr(operands, "fprop_and_wgrad_x", lambda *a: used.append(real(*a)) or used[-1])
+    monkeypatch.setattr(pairs, "fprop_and_wgrad_x", lambda *a: used.append(real(*a)) or used[-1])
     one_read = run(make_layer(policy).to(DEVICE), x.to(DEVICE), grad.to(DEVICE))
     assert len(used) == 1 and used[0] is not None
-    monkeypatch.setattr(operands, "fprop_and_wgrad_x", lambda *a: None)
+    monkeypatch.setattr(pairs, "fprop_and_wgrad_x", lambda *a: None)
     separate = run(make_layer(policy).to(DEVICE), x.to(DEVICE), grad.to(DEVICE))
     for name, a, b in zip(("y", "dx", "dw"), one_read, separate):
         assert_same(a, b.cpu(), f"nvfp4 {name}")
@@ -1254,18 +1254,18 @@ def test_quant_linear_nvfp4_dgrad_and_wgrad_dy_from_one_read(monkeypatch, preset
     """The backward's two dY operands (1x16 SR for Dgrad; RHT + 1x16 SR along tokens for Wgrad) from one
     read of dY: the layer's gradients, and the SR streams' states afterwards, are those of the two
     separate quantizations bit for bit (each copy's Philox seed comes from its own role's stream)."""
-    from nvfp4train.precision import operands
+    from nvfp4train.precision import operands, pairs
     from tests.precision.helpers import inputs, load_preset, make_layer, run
 
     monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
     policy = load_preset(preset, bf16_first_blocks=0, bf16_last_blocks=0)
     x, grad = inputs(tokens=64, in_f=64, out_f=48)
-    real = operands.dgrad_and_wgrad_dy
+    real = pairs.dgrad_and_wgrad_dy
     used = []
     results, states = [], []
     for route in ("one read", "separate"):
         monkeypatch.setattr(
-            operands,
+            pairs,
             "dgrad_and_wgrad_dy",
             (lambda *a: used.append(real(*a)) or used[-1]) if route == "one read" else (lambda *a: None),
         )
@@ -1287,13 +1287,13 @@ def test_quant_linear_fp8_blockwise_operands_from_one_read(monkeypatch):
     apply, the Wgrad copies straight into their transposed layout (quantize_blockwise_t): the layer's
     output and gradients equal those of the generic path (Xᵀ and dYᵀ materialized, then quantized) bit
     for bit."""
-    from nvfp4train.precision import operands
+    from nvfp4train.precision import operands, pairs
     from tests.precision.helpers import inputs, load_preset, make_layer, run
 
     monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
     policy = load_preset("fp8_blockwise", bf16_first_blocks=0, bf16_last_blocks=0)
     x, grad = inputs(tokens=256, in_f=128, out_f=256)
-    real_fwd, real_bwd, real_t = operands.fprop_and_wgrad_x, operands.dgrad_and_wgrad_dy, operands._fused_fp8_columnwise
+    real_fwd, real_bwd, real_t = pairs.fprop_and_wgrad_x, pairs.dgrad_and_wgrad_dy, operands._fused_fp8_columnwise
     used = {"fwd": [], "bwd": [], "t": []}
     routes = {
         "one read": (
@@ -1306,8 +1306,8 @@ def test_quant_linear_fp8_blockwise_operands_from_one_read(monkeypatch):
     }
     results = {}
     for name, (fwd, bwd, t) in routes.items():
-        monkeypatch.setattr(operands, "fprop_and_wgrad_x", fwd)
-        monkeypatch.setattr(operands, "dgrad_and_wgrad_dy", bwd)
+        monkeypatch.setattr(pairs, "fprop_and_wgrad_x", fwd)
+        monkeypatch.setattr(pairs, "dgrad_and_wgrad_dy", bwd)
         monkeypatch.setattr(operands, "_fused_fp8_columnwise", t)
         results[name] = run(make_layer(policy, 128, 256).to(DEVICE), x.to(DEVICE), grad.to(DEVICE))
     assert [u is not None for u in used["fwd"] + used["bwd"]] == [True, True] and sum(used["t"]) == 2

@@ -392,7 +392,7 @@ def test_tensorwise_wgrad_x_is_fprops_codes_transposed_bit_for_bit(monkeypatch, 
     """fp8_tensorwise saves Xᵀ as Fprop's FP8 codes transposed, and Wgrad's dYᵀ is Dgrad's, each pair from
     one cast (fp8.quantize_tensorwise_rowcol; no second quantization of a transposed BF16 copy): the saved
     tensors, Y, dX and dW are those of quantizing Xᵀ and dYᵀ themselves, NaN included."""
-    from nvfp4train.precision import operands
+    from nvfp4train.precision import pairs
 
     policy = load_preset("fp8_tensorwise", bf16_first_blocks=0, bf16_last_blocks=0)
     x, grad = inputs(tokens=tokens)
@@ -401,16 +401,14 @@ def test_tensorwise_wgrad_x_is_fprops_codes_transposed_bit_for_bit(monkeypatch, 
     for xx in (x, x * 1e-3, x_nan):
         saved = {}
         used, used_dy = [], []
-        real, real_dy = operands.fprop_and_wgrad_x, operands.dgrad_and_wgrad_dy
+        real, real_dy = pairs.fprop_and_wgrad_x, pairs.dgrad_and_wgrad_dy
         for route in ("one cast", "quantized again"):
             if route == "one cast":  # the routes must really be taken
-                monkeypatch.setattr(operands, "fprop_and_wgrad_x", lambda *a: used.append(real(*a)) or used[-1])
-                monkeypatch.setattr(
-                    operands, "dgrad_and_wgrad_dy", lambda *a: used_dy.append(real_dy(*a)) or used_dy[-1]
-                )
+                monkeypatch.setattr(pairs, "fprop_and_wgrad_x", lambda *a: used.append(real(*a)) or used[-1])
+                monkeypatch.setattr(pairs, "dgrad_and_wgrad_dy", lambda *a: used_dy.append(real_dy(*a)) or used_dy[-1])
             else:
-                monkeypatch.setattr(operands, "fprop_and_wgrad_x", lambda *args: None)
-                monkeypatch.setattr(operands, "dgrad_and_wgrad_dy", lambda *args: None)
+                monkeypatch.setattr(pairs, "fprop_and_wgrad_x", lambda *args: None)
+                monkeypatch.setattr(pairs, "dgrad_and_wgrad_dy", lambda *args: None)
             captured = []
 
             def keep(t):

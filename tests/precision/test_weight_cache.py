@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from nvfp4train.precision import PrecisionController, build_linear_factory, operands
+from nvfp4train.precision import PrecisionController, build_linear_factory, operands, pairs
 from nvfp4train.precision.ops import LayerState
 
 from .helpers import load_preset
@@ -93,7 +93,7 @@ def test_cached_weights_give_the_same_bits_and_quantize_once_per_step(preset, mo
         # the Fprop bits transposed (16x16 / 128x128 tiles; per-tensor FP8's codes, from Fprop's cast),
         # else one quantization of Wᵀ per step.
         from_fprop = recipe.reuses_fprop_weight or (
-            operands.tensorwise_pair(recipe.fprop_w, recipe.dgrad_w) and step_calls is not calls[0]
+            pairs.tensorwise_pair(recipe.fprop_w, recipe.dgrad_w) and step_calls is not calls[0]
         )  # step 0 records telemetry
         assert step_calls.count(("block0.fc1", "fprop_w")) == 1
         assert step_calls.count(("block0.fc2", "fprop_w")) == 1

@@ -1,5 +1,6 @@
-"""E2M1 rounding (``e2m1.round_signed_``: RNE and SR read off one FP32 addition's bits) and the row-wise
-store tail the NVFP4 and MXFP4 kernels share (dense values or packed codes + scale bits)."""
+"""E2M1 rounding (``e2m1.round_signed_``: RNE and SR read off one FP32 addition's bits) and the two store
+tails that follow it: the row-wise one the NVFP4 and MXFP4 kernels share, and the transposed one of the
+Wgrad (RHT) kernels (dense values, or packed codes + scale bits)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,118 @@ def round_and_store_rows(
         tl.store(
             scales_ptr + r[:, None].to(tl.int64) * (cols // GROUP) + cb[None, :], scale_bits.to(tl.uint8), mask=maskb
         )
+
+
+# ------------------------------------------------------------------------------ transposed (Wgrad) tail
+@triton.jit
+def output_offsets(f, row_len, first, N: tl.constexpr):
+    """[BLOCK_F, N] offsets of elements first .. first + N of rows f of a row-major output."""
+    return f[:, None].to(tl.int64) * row_len + first + tl.arange(0, N)[None, :]
+
+
+@triton.jit
+def to_output_rows(v, GROUPS: tl.constexpr, K: tl.constexpr, BLOCK_F: tl.constexpr):
+    """[GROUPS, K, BLOCK_F] (K output elements per group and feature) -> [BLOCK_F, GROUPS K], row f
+    the GROUPS K consecutive elements of output row f: stores then write one contiguous run per
+    feature (not K elements per group)."""
+    return tl.reshape(tl.permute(v, (2, 0, 1)), (BLOCK_F, GROUPS * K))
+
+
+@triton.jit
+def random_bits_t(
+    bits_ptr,
+    seed_ptr,
+    f,
+    mask_f,
+    t0,
+    n_tokens,
+    ROUNDING: tl.constexpr,
+    GROUPS: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+):
+    """SR's random bits for the [GROUPS, D, BLOCK_F] tile at tokens t0, indexed in the [features,
+    tokens] output: words loaded from ``bits_ptr`` (ROUNDING 1) or Philox bytes from the seed
+    (ROUNDING 2; an element's byte depends on its output index only, so these are the bits
+    ``mxfp4.quantize`` / ``nvfp4.quantize`` draw for the materialized operand from the same seed). Row f's first
+    index f n_tokens + t0 is a multiple of 16 (n_tokens is one of D, t0 of GROUPS D), as
+    philox_rows asks. Drawn as a [BLOCK_F, GROUPS D] tile and permuted: the compiler relabels the
+    registers (the same machine code as drawing the bytes in the [GROUPS, D, BLOCK_F] layout
+    directly, formats/kernels/sm90.py, 2026-11)."""
+    if ROUNDING == 1:
+        words = tl.load(bits_ptr + output_offsets(f, n_tokens, t0, GROUPS * D), mask=mask_f[:, None], other=0)
+    else:
+        words = philox_rows(seed_ptr, f.to(tl.int64) * n_tokens + t0, BLOCK_F, GROUPS * D)
+    return tl.permute(tl.reshape(words, (BLOCK_F, GROUPS, D)), (1, 2, 0))
+
+
+@triton.jit
+def store_e2m1_t(
+    codes_ptr,
+    scales_ptr,
+    index,
+    negative,
+    scale_bits,
+    f,
+    mask_f,
+    t0,
+    n_tokens,
+    GROUPS: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+):
+    """Packed codes [features, tokens / 2] and scale bits [features, tokens / D] of the
+    [GROUPS, D, BLOCK_F] tile at tokens t0 (e2m1.encode_values + pack: sign in bit 3, the even
+    element of a pair in the low nibble)."""
+    code = index | (negative.to(tl.int32) << 3)
+    nibble_weight = (1 + 15 * tl.arange(0, 2))[None, None, :, None]
+    packed = tl.sum(tl.reshape(code, (GROUPS, D // 2, 2, BLOCK_F)) * nibble_weight, axis=2)  # [GROUPS, D/2, BLOCK_F]
+    tl.store(
+        codes_ptr + output_offsets(f, n_tokens // 2, t0 // 2, GROUPS * D // 2),
+        to_output_rows(packed, GROUPS, D // 2, BLOCK_F).to(tl.uint8),
+        mask=mask_f[:, None],
+    )
+    tl.store(
+        scales_ptr + output_offsets(f, n_tokens // D, t0 // D, GROUPS),
+        tl.permute(scale_bits, (1, 0)).to(tl.uint8),
+        mask=mask_f[:, None],
+    )
+
+
+@triton.jit
+def round_and_store_t(
+    y,
+    scale,
+    scale_bits,
+    bits_ptr,
+    seed_ptr,
+    codes_ptr,
+    scales_ptr,
+    values_ptr,
+    f,
+    mask_f,
+    t0,
+    n_tokens,
+    ROUNDING: tl.constexpr,
+    DENSE: tl.constexpr,
+    GROUPS: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+):
+    """The Wgrad kernels' common tail: y [GROUPS, D, BLOCK_F] already divided by its block scale is
+    rounded onto E2M1 (RNE or SR) and stored transposed, as dense values (x scale) or codes + scales."""
+    if ROUNDING != 0:
+        random_bits = random_bits_t(bits_ptr, seed_ptr, f, mask_f, t0, n_tokens, ROUNDING, GROUPS, D, BLOCK_F)
+    else:
+        random_bits = 0
+    index, grid_magnitude, negative = round_e2m1(y, random_bits, ROUNDING)
+    if DENSE:
+        values = with_sign(grid_magnitude * scale[:, None, :], negative)
+        store_exact(
+            values_ptr,
+            output_offsets(f, n_tokens, t0, GROUPS * D),
+            to_output_rows(values, GROUPS, D, BLOCK_F),
+            mask_f[:, None],
+        )
+    else:
+        store_e2m1_t(codes_ptr, scales_ptr, index, negative, scale_bits, f, mask_f, t0, n_tokens, GROUPS, D, BLOCK_F)

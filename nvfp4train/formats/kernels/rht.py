@@ -8,11 +8,11 @@ import triton
 import triton.language as tl
 
 from .. import hadamard
-from .common import hw_bf16, launch_options, round_to, store_exact, to_fp32, with_sign
-from .e2m1 import round_e2m1
+from .common import hw_bf16, launch_options, round_to, to_fp32
+from .e2m1 import round_and_store_t
 from .mxfp4 import e8m0_scales
 from .nvfp4 import block_scales, nvfp4_tile
-from .rounding import SR_PHILOX, philox_rows, philox_seed, rounding_args
+from .rounding import SR_PHILOX, philox_seed, rounding_args
 
 # The Wgrad operand of x [tokens, features] is NVFP4 1x16 of hadamard.rht(x.T, 16), or MXFP4 1x32
 # of hadamard.rht(x.T, 32): blocks of D consecutive tokens, transformed and quantized together. A
@@ -90,120 +90,6 @@ def _rht_tokens(
             acc = acc + xi * m_i[None, :, None]
     y = round_to(acc, x_ptr.dtype.element_ty, HW_BF16) if ROUNDED else acc
     return y, tl.max(tl.max(tl.max(x_bits, axis=2), axis=1), axis=0)
-
-
-@triton.jit
-def _output_offsets(f, row_len, first, N: tl.constexpr):
-    """[BLOCK_F, N] offsets of elements first .. first + N of rows f of a row-major output."""
-    return f[:, None].to(tl.int64) * row_len + first + tl.arange(0, N)[None, :]
-
-
-@triton.jit
-def _to_output_rows(v, GROUPS: tl.constexpr, K: tl.constexpr, BLOCK_F: tl.constexpr):
-    """[GROUPS, K, BLOCK_F] (K output elements per group and feature) -> [BLOCK_F, GROUPS K], row f
-    the GROUPS K consecutive elements of output row f: stores then write one contiguous run per
-    feature (not K elements per group)."""
-    return tl.reshape(tl.permute(v, (2, 0, 1)), (BLOCK_F, GROUPS * K))
-
-
-@triton.jit
-def _rht_random_bits(
-    bits_ptr,
-    seed_ptr,
-    f,
-    mask_f,
-    t0,
-    n_tokens,
-    ROUNDING: tl.constexpr,
-    GROUPS: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_F: tl.constexpr,
-):
-    """SR's random bits for the [GROUPS, D, BLOCK_F] tile at tokens t0, indexed in the [features,
-    tokens] output: words loaded from ``bits_ptr`` (ROUNDING 1) or Philox bytes from the seed
-    (ROUNDING 2; an element's byte depends on its output index only, so these are the bits
-    ``mxfp4.quantize`` / ``nvfp4.quantize`` draw for the materialized operand from the same seed). Row f's first
-    index f n_tokens + t0 is a multiple of 16 (n_tokens is one of D, t0 of GROUPS D), as
-    philox_rows asks. Drawn as a [BLOCK_F, GROUPS D] tile and permuted: the compiler relabels the
-    registers (the same machine code as drawing the bytes in the [GROUPS, D, BLOCK_F] layout
-    directly, formats/kernels/sm90.py, 2026-11)."""
-    if ROUNDING == 1:
-        words = tl.load(bits_ptr + _output_offsets(f, n_tokens, t0, GROUPS * D), mask=mask_f[:, None], other=0)
-    else:
-        words = philox_rows(seed_ptr, f.to(tl.int64) * n_tokens + t0, BLOCK_F, GROUPS * D)
-    return tl.permute(tl.reshape(words, (BLOCK_F, GROUPS, D)), (1, 2, 0))
-
-
-@triton.jit
-def _store_e2m1_t(
-    codes_ptr,
-    scales_ptr,
-    index,
-    negative,
-    scale_bits,
-    f,
-    mask_f,
-    t0,
-    n_tokens,
-    GROUPS: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_F: tl.constexpr,
-):
-    """Packed codes [features, tokens / 2] and scale bits [features, tokens / D] of the
-    [GROUPS, D, BLOCK_F] tile at tokens t0 (e2m1.encode_values + pack: sign in bit 3, the even
-    element of a pair in the low nibble)."""
-    code = index | (negative.to(tl.int32) << 3)
-    nibble_weight = (1 + 15 * tl.arange(0, 2))[None, None, :, None]
-    packed = tl.sum(tl.reshape(code, (GROUPS, D // 2, 2, BLOCK_F)) * nibble_weight, axis=2)  # [GROUPS, D/2, BLOCK_F]
-    tl.store(
-        codes_ptr + _output_offsets(f, n_tokens // 2, t0 // 2, GROUPS * D // 2),
-        _to_output_rows(packed, GROUPS, D // 2, BLOCK_F).to(tl.uint8),
-        mask=mask_f[:, None],
-    )
-    tl.store(
-        scales_ptr + _output_offsets(f, n_tokens // D, t0 // D, GROUPS),
-        tl.permute(scale_bits, (1, 0)).to(tl.uint8),
-        mask=mask_f[:, None],
-    )
-
-
-@triton.jit
-def _round_and_store_t(
-    y,
-    scale,
-    scale_bits,
-    bits_ptr,
-    seed_ptr,
-    codes_ptr,
-    scales_ptr,
-    values_ptr,
-    f,
-    mask_f,
-    t0,
-    n_tokens,
-    ROUNDING: tl.constexpr,
-    DENSE: tl.constexpr,
-    GROUPS: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_F: tl.constexpr,
-):
-    """The Wgrad kernels' common tail: y [GROUPS, D, BLOCK_F] already divided by its block scale is
-    rounded onto E2M1 (RNE or SR) and stored transposed, as dense values (x scale) or codes + scales."""
-    if ROUNDING != 0:
-        random_bits = _rht_random_bits(bits_ptr, seed_ptr, f, mask_f, t0, n_tokens, ROUNDING, GROUPS, D, BLOCK_F)
-    else:
-        random_bits = 0
-    index, grid_magnitude, negative = round_e2m1(y, random_bits, ROUNDING)
-    if DENSE:
-        values = with_sign(grid_magnitude * scale[:, None, :], negative)
-        store_exact(
-            values_ptr,
-            _output_offsets(f, n_tokens, t0, GROUPS * D),
-            _to_output_rows(values, GROUPS, D, BLOCK_F),
-            mask_f[:, None],
-        )
-    else:
-        _store_e2m1_t(codes_ptr, scales_ptr, index, negative, scale_bits, f, mask_f, t0, n_tokens, GROUPS, D, BLOCK_F)
 
 
 @triton.jit
@@ -308,7 +194,7 @@ def _rht_nvfp4_kernel(
     scale_bits, scale, encode, s_dec = block_scales(amax_b, tl.load(amax_ptr))  # [GROUPS, BLOCK_F]
     y = y * encode[:, None, :]
 
-    _round_and_store_t(
+    round_and_store_t(
         y,
         scale,
         scale_bits,
@@ -363,7 +249,7 @@ def _rht_mxfp4_kernel(
     scale_bits, scale, inverse = e8m0_scales(amax_b, SCALE_RULE)  # [GROUPS, BLOCK_F]
     y = y * inverse[:, None, :]
 
-    _round_and_store_t(
+    round_and_store_t(
         y,
         scale,
         scale_bits,

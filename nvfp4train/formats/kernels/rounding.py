@@ -28,7 +28,7 @@ def philox_rows(seed_ptr, first, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     the flat output index first[i] + k (first: [BLOCK_R] int64, a multiple of 16; BLOCK_C too).
     One Philox call (randint4x: 4 words) serves 16 elements, 8 bits each, as TE's cvt.rs uses: the
     element of index n takes byte n % 4 of word (n // 4) % 4 of counter n // 16, so its bits depend
-    on the index only, not on the tiling (_rht_random_bits draws through it for the Wgrad kernels'
+    on the index only, not on the tiling (e2m1.random_bits_t draws through it for the Wgrad kernels'
     transposed tiles: the bytes of the materialized operand)."""
     tl.static_assert(BLOCK_C % 16 == 0, "Philox SR draws whole 16-element counters")
     counter = (first[:, None] // 16 + tl.arange(0, BLOCK_C // 16)[None, :]).to(tl.int32)
