@@ -110,3 +110,4 @@ def with_sign(magnitude, negative):
     the reference's -0.0 (a negative value rounded to zero) into +0.0."""
     bits = magnitude.to(tl.int32, bitcast=True) | (negative.to(tl.int32) << 31)
     return bits.to(tl.float32, bitcast=True)
+

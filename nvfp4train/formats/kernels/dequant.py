@@ -13,18 +13,9 @@ from .fp8 import fp8_value
 
 
 @triton.jit
-def _fp8_dequantize_blockwise_kernel(
-    data_ptr,
-    scales_ptr,
-    values_ptr,
-    rows,
-    cols,
-    TILE_R: tl.constexpr,
-    MANT: tl.constexpr,
-    BIAS: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
+def _fp8_dequantize_blockwise_kernel(data_ptr, scales_ptr, values_ptr, rows, cols, TILE_R: tl.constexpr,
+                                     MANT: tl.constexpr, BIAS: tl.constexpr, BLOCK_R: tl.constexpr,
+                                     BLOCK_C: tl.constexpr):
     """fp8.dequantize_blockwise: FP8 bits x their TILE_R x 128 block's FP32 decode scale (FP32 product),
     rounded to the output's dtype; one read of the codes, one write of the values."""
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
@@ -48,17 +39,8 @@ def fp8_blockwise(data: torch.Tensor, scales: torch.Tensor, block, dtype: torch.
     block_r, block_c = 8, 256
     grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
     _fp8_dequantize_blockwise_kernel[grid](
-        data.view(torch.uint8),
-        scales.contiguous(),
-        values,
-        rows,
-        cols,
-        TILE_R=block[0],
-        MANT=mant,
-        BIAS=bias,
-        BLOCK_R=block_r,
-        BLOCK_C=block_c,
-        **launch_options(data),
+        data.view(torch.uint8), scales.contiguous(), values, rows, cols, TILE_R=block[0], MANT=mant, BIAS=bias,
+        BLOCK_R=block_r, BLOCK_C=block_c, **launch_options(data),
     )
     return values
 
@@ -68,9 +50,8 @@ SCALE_CAST_BLOCK = 4096
 
 
 @triton.jit
-def _scale_and_cast_kernel(
-    x_ptr, a_ptr, b_ptr, y_ptr, n, HAS_A: tl.constexpr, HAS_B: tl.constexpr, BLOCK: tl.constexpr
-):
+def _scale_and_cast_kernel(x_ptr, a_ptr, b_ptr, y_ptr, n, HAS_A: tl.constexpr, HAS_B: tl.constexpr,
+                           BLOCK: tl.constexpr):
     """y = ((x * a) * b) in y's dtype, each product rounded in FP32 and the cast to nearest even, as
     eager's `out * a * b` then `.to(dtype)`: one read of the FP32 GEMM output, one write."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -88,34 +69,17 @@ def scale_and_cast(x: torch.Tensor, a: torch.Tensor | None, b: torch.Tensor | No
     y = torch.empty(x.shape, dtype=dtype, device=x.device)
     n = x.numel()
     _scale_and_cast_kernel[(triton.cdiv(n, SCALE_CAST_BLOCK),)](
-        x,
-        x if a is None else a,
-        x if b is None else b,
-        y,
-        n,
-        HAS_A=a is not None,
-        HAS_B=b is not None,
-        BLOCK=SCALE_CAST_BLOCK,
-        **launch_options(x),
+        x, x if a is None else a, x if b is None else b, y, n, HAS_A=a is not None, HAS_B=b is not None,
+        BLOCK=SCALE_CAST_BLOCK, **launch_options(x),
     )
     return y
 
 
 # ------------------------------------------------------------------------------ NVFP4 / MXFP4 dequantize
 @triton.jit
-def _e2m1_dequantize_kernel(
-    codes_ptr,
-    scales_ptr,
-    global_ptr,
-    values_ptr,
-    rows,
-    cols,
-    GROUP: tl.constexpr,
-    E8M0: tl.constexpr,
-    HAS_GLOBAL: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
+def _e2m1_dequantize_kernel(codes_ptr, scales_ptr, global_ptr, values_ptr, rows, cols, GROUP: tl.constexpr,
+                            E8M0: tl.constexpr, HAS_GLOBAL: tl.constexpr, BLOCK_R: tl.constexpr,
+                            BLOCK_C: tl.constexpr):
     """NVFP4Tensor / MXFP4Tensor.dequantize: e2m1(code) x its GROUP-element block scale (E4M3, or E8M0
     when E8M0), exact in FP32, times the global decode scale when HAS_GLOBAL (FP32-rounded), rounded to
     the output's dtype; one read of the packed codes and scales, one write. The columns (``cols``, even,
@@ -127,15 +91,13 @@ def _e2m1_dequantize_kernel(
     # Each code byte once (element 2j in the low nibble, 2j + 1 in the high one), each block scale once,
     # both spread over their elements in registers.
     c2 = tl.program_id(1) * (BLOCK_C // 2) + tl.arange(0, BLOCK_C // 2)
-    byte = tl.load(codes_ptr + row * (cols // 2) + c2[None, :], mask=row_ok & (c2[None, :] < cols // 2), other=0).to(
-        tl.int32
-    )
+    byte = tl.load(codes_ptr + row * (cols // 2) + c2[None, :], mask=row_ok & (c2[None, :] < cols // 2),
+                   other=0).to(tl.int32)
     code = tl.reshape(tl.join(byte & 0xF, (byte >> 4) & 0xF), (BLOCK_R, BLOCK_C))
     value = with_sign(e2m1_magnitude(code & 0x7), (code & 0x8) != 0)  # code 0x8 is -0.0 (0 - x would give +0.0)
     cb = tl.program_id(1) * NB + tl.arange(0, NB)
-    bits = tl.load(
-        scales_ptr + row * (cols // GROUP) + cb[None, :], mask=row_ok & (cb[None, :] < cols // GROUP), other=0
-    ).to(tl.int32)
+    bits = tl.load(scales_ptr + row * (cols // GROUP) + cb[None, :], mask=row_ok & (cb[None, :] < cols // GROUP),
+                   other=0).to(tl.int32)
     if E8M0:
         scale = (tl.maximum(bits, 1) << 23).to(tl.float32, bitcast=True)  # 2^(bits - 127)
         scale = tl.where(bits == 0, 2.0**-127, scale)
@@ -151,15 +113,8 @@ def _e2m1_dequantize_kernel(
         store_exact(values_ptr, row * cols + c[None, :], out, mask)
 
 
-def e2m1(
-    codes: torch.Tensor,
-    scales: torch.Tensor,
-    global_decode_scale: torch.Tensor | None,
-    shape,
-    group: int,
-    e8m0: bool,
-    dtype: torch.dtype,
-) -> torch.Tensor:
+def e2m1(codes: torch.Tensor, scales: torch.Tensor, global_decode_scale: torch.Tensor | None,
+                    shape, group: int, e8m0: bool, dtype: torch.dtype) -> torch.Tensor:
     """Values in ``dtype`` of logical ``shape`` from packed E2M1 codes and per-``group`` scales (E4M3 for
     NVFP4, E8M0 for MXFP4), times ``global_decode_scale`` when given."""
     cols = shape[-1]
@@ -168,17 +123,11 @@ def e2m1(
     block_r, block_c = 8, 256
     grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
     _e2m1_dequantize_kernel[grid](
-        codes.contiguous(),
-        scales.contiguous().view(torch.uint8),
-        values if global_decode_scale is None else global_decode_scale,
-        values,
-        rows,
-        cols,
-        GROUP=group,
-        E8M0=e8m0,
-        HAS_GLOBAL=global_decode_scale is not None,
-        BLOCK_R=block_r,
-        BLOCK_C=block_c,
+        codes.contiguous(), scales.contiguous().view(torch.uint8),
+        values if global_decode_scale is None else global_decode_scale, values, rows, cols,
+        GROUP=group, E8M0=e8m0, HAS_GLOBAL=global_decode_scale is not None, BLOCK_R=block_r, BLOCK_C=block_c,
         **launch_options(codes),
     )
     return values
+
+

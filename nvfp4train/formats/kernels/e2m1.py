@@ -63,25 +63,9 @@ def round_e2m1(y, random_bits, ROUNDING: tl.constexpr):
 
 
 @triton.jit
-def round_and_store_rows(
-    y,
-    scale,
-    scale_bits,
-    bits_ptr,
-    seed_ptr,
-    codes_ptr,
-    scales_ptr,
-    values_ptr,
-    r,
-    c0,
-    rows,
-    cols,
-    ROUNDING: tl.constexpr,
-    DENSE: tl.constexpr,
-    GROUP: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
+def round_and_store_rows(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, r, c0, rows,
+                          cols, ROUNDING: tl.constexpr, DENSE: tl.constexpr, GROUP: tl.constexpr,
+                          BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """The row-wise NVFP4 / MXFP4 kernels' common tail: y [BLOCK_R, BLOCK_C] (rows r, columns c0 ..
     c0 + BLOCK_C of [rows, cols]) already divided by its GROUP-element block scale is rounded onto E2M1
     (RNE, SR with loaded bits, or Philox SR) and stored as dense values (_fake_quantize_impl: grid value x
@@ -101,23 +85,20 @@ def round_and_store_rows(
     index, grid_magnitude, negative = round_e2m1(y, random_bits, ROUNDING)
 
     if DENSE:
-        magnitude = tl.reshape(tl.reshape(grid_magnitude, (BLOCK_R, NB, GROUP)) * scale[:, :, None], (BLOCK_R, BLOCK_C))
+        magnitude = tl.reshape(tl.reshape(grid_magnitude, (BLOCK_R, NB, GROUP)) * scale[:, :, None],
+                               (BLOCK_R, BLOCK_C))
         store_exact(values_ptr, offs, with_sign(magnitude, negative), mask)
     else:
         code = index | (negative.to(tl.int32) << 3)
         low, high = tl.split(tl.reshape(code, (BLOCK_R, BLOCK_C // 2, 2)))
         c2 = c0 // 2 + tl.arange(0, BLOCK_C // 2)
         mask2 = (r[:, None] < rows) & (c2[None, :] < cols // 2)
-        tl.store(
-            codes_ptr + r[:, None].to(tl.int64) * (cols // 2) + c2[None, :],
-            (low | (high << 4)).to(tl.uint8),
-            mask=mask2,
-        )
+        tl.store(codes_ptr + r[:, None].to(tl.int64) * (cols // 2) + c2[None, :],
+                 (low | (high << 4)).to(tl.uint8), mask=mask2)
         cb = c0 // GROUP + tl.arange(0, NB)
         maskb = (r[:, None] < rows) & (cb[None, :] < cols // GROUP)
-        tl.store(
-            scales_ptr + r[:, None].to(tl.int64) * (cols // GROUP) + cb[None, :], scale_bits.to(tl.uint8), mask=maskb
-        )
+        tl.store(scales_ptr + r[:, None].to(tl.int64) * (cols // GROUP) + cb[None, :], scale_bits.to(tl.uint8),
+                 mask=maskb)
 
 
 # ------------------------------------------------------------------------------ transposed (Wgrad) tail
@@ -136,18 +117,8 @@ def to_output_rows(v, GROUPS: tl.constexpr, K: tl.constexpr, BLOCK_F: tl.constex
 
 
 @triton.jit
-def random_bits_t(
-    bits_ptr,
-    seed_ptr,
-    f,
-    mask_f,
-    t0,
-    n_tokens,
-    ROUNDING: tl.constexpr,
-    GROUPS: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_F: tl.constexpr,
-):
+def random_bits_t(bits_ptr, seed_ptr, f, mask_f, t0, n_tokens, ROUNDING: tl.constexpr, GROUPS: tl.constexpr,
+                     D: tl.constexpr, BLOCK_F: tl.constexpr):
     """SR's random bits for the [GROUPS, D, BLOCK_F] tile at tokens t0, indexed in the [features,
     tokens] output: words loaded from ``bits_ptr`` (ROUNDING 1) or Philox bytes from the seed
     (ROUNDING 2; an element's byte depends on its output index only, so these are the bits
@@ -164,58 +135,24 @@ def random_bits_t(
 
 
 @triton.jit
-def store_e2m1_t(
-    codes_ptr,
-    scales_ptr,
-    index,
-    negative,
-    scale_bits,
-    f,
-    mask_f,
-    t0,
-    n_tokens,
-    GROUPS: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_F: tl.constexpr,
-):
+def store_e2m1_t(codes_ptr, scales_ptr, index, negative, scale_bits, f, mask_f, t0, n_tokens,
+                  GROUPS: tl.constexpr, D: tl.constexpr, BLOCK_F: tl.constexpr):
     """Packed codes [features, tokens / 2] and scale bits [features, tokens / D] of the
     [GROUPS, D, BLOCK_F] tile at tokens t0 (e2m1.encode_values + pack: sign in bit 3, the even
     element of a pair in the low nibble)."""
     code = index | (negative.to(tl.int32) << 3)
     nibble_weight = (1 + 15 * tl.arange(0, 2))[None, None, :, None]
     packed = tl.sum(tl.reshape(code, (GROUPS, D // 2, 2, BLOCK_F)) * nibble_weight, axis=2)  # [GROUPS, D/2, BLOCK_F]
-    tl.store(
-        codes_ptr + output_offsets(f, n_tokens // 2, t0 // 2, GROUPS * D // 2),
-        to_output_rows(packed, GROUPS, D // 2, BLOCK_F).to(tl.uint8),
-        mask=mask_f[:, None],
-    )
-    tl.store(
-        scales_ptr + output_offsets(f, n_tokens // D, t0 // D, GROUPS),
-        tl.permute(scale_bits, (1, 0)).to(tl.uint8),
-        mask=mask_f[:, None],
-    )
+    tl.store(codes_ptr + output_offsets(f, n_tokens // 2, t0 // 2, GROUPS * D // 2),
+             to_output_rows(packed, GROUPS, D // 2, BLOCK_F).to(tl.uint8), mask=mask_f[:, None])
+    tl.store(scales_ptr + output_offsets(f, n_tokens // D, t0 // D, GROUPS),
+             tl.permute(scale_bits, (1, 0)).to(tl.uint8), mask=mask_f[:, None])
 
 
 @triton.jit
-def round_and_store_t(
-    y,
-    scale,
-    scale_bits,
-    bits_ptr,
-    seed_ptr,
-    codes_ptr,
-    scales_ptr,
-    values_ptr,
-    f,
-    mask_f,
-    t0,
-    n_tokens,
-    ROUNDING: tl.constexpr,
-    DENSE: tl.constexpr,
-    GROUPS: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_F: tl.constexpr,
-):
+def round_and_store_t(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, f, mask_f, t0,
+                       n_tokens, ROUNDING: tl.constexpr, DENSE: tl.constexpr, GROUPS: tl.constexpr, D: tl.constexpr,
+                       BLOCK_F: tl.constexpr):
     """The Wgrad kernels' common tail: y [GROUPS, D, BLOCK_F] already divided by its block scale is
     rounded onto E2M1 (RNE or SR) and stored transposed, as dense values (x scale) or codes + scales."""
     if ROUNDING != 0:
@@ -225,11 +162,8 @@ def round_and_store_t(
     index, grid_magnitude, negative = round_e2m1(y, random_bits, ROUNDING)
     if DENSE:
         values = with_sign(grid_magnitude * scale[:, None, :], negative)
-        store_exact(
-            values_ptr,
-            output_offsets(f, n_tokens, t0, GROUPS * D),
-            to_output_rows(values, GROUPS, D, BLOCK_F),
-            mask_f[:, None],
-        )
+        store_exact(values_ptr, output_offsets(f, n_tokens, t0, GROUPS * D),
+                  to_output_rows(values, GROUPS, D, BLOCK_F), mask_f[:, None])
     else:
-        store_e2m1_t(codes_ptr, scales_ptr, index, negative, scale_bits, f, mask_f, t0, n_tokens, GROUPS, D, BLOCK_F)
+        store_e2m1_t(codes_ptr, scales_ptr, index, negative, scale_bits, f, mask_f, t0, n_tokens, GROUPS, D,
+                      BLOCK_F)

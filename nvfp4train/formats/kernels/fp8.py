@@ -74,22 +74,9 @@ def _fp8_hw_cvt(x: torch.Tensor) -> bool:
 
 @triton.jit
 def _fp8_blockwise_kernel(
-    x_ptr,
-    data_ptr,
-    scales_ptr,
-    values_ptr,
-    rows,
-    cols,
-    scale_for_inf,
-    TILE_R: tl.constexpr,
-    FP8_MAX: tl.constexpr,
-    MANT: tl.constexpr,
-    BIAS: tl.constexpr,
-    POW2: tl.constexpr,
-    HW_CVT: tl.constexpr,
-    DENSE: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    x_ptr, data_ptr, scales_ptr, values_ptr, rows, cols, scale_for_inf,
+    TILE_R: tl.constexpr, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
+    POW2: tl.constexpr, HW_CVT: tl.constexpr, DENSE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """fp8.quantize_blockwise (and fake_quantize_blockwise when DENSE) on a BLOCK_R x BLOCK_C tile
     of TILE_R x 128 blocks."""
@@ -118,7 +105,9 @@ def _fp8_blockwise_kernel(
         tl.store(scales_ptr + sr[:, None].to(tl.int64) * (cols // 128) + sc[None, :], decode, mask=smask)
 
 
-def blockwise(x: torch.Tensor, block, dtype: torch.dtype, pow2_scales: bool, *, dense: bool, out_dtype=torch.float32):
+def blockwise(
+    x: torch.Tensor, block, dtype: torch.dtype, pow2_scales: bool, *, dense: bool, out_dtype=torch.float32
+):
     """fp8.quantize_blockwise of x viewed as [rows, cols] (arguments checked by the caller):
     (data uint8 bits of ``dtype``, x's shape; decode scales FP32), or with dense=True the
     dequantized values in out_dtype."""
@@ -140,23 +129,9 @@ def blockwise(x: torch.Tensor, block, dtype: torch.dtype, pow2_scales: bool, *, 
         options["num_warps"] = 8
     grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
     _fp8_blockwise_kernel[grid](
-        x,
-        data,
-        scales,
-        values,
-        rows,
-        cols,
-        float(torch.finfo(x.dtype).max),
-        TILE_R=tile_r,
-        FP8_MAX=float(torch.finfo(dtype).max),
-        MANT=mant,
-        BIAS=bias,
-        POW2=pow2_scales,
-        HW_CVT=_fp8_hw_cvt(x),
-        DENSE=dense,
-        BLOCK_R=block_r,
-        BLOCK_C=block_c,
-        **options,
+        x, data, scales, values, rows, cols, float(torch.finfo(x.dtype).max),
+        TILE_R=tile_r, FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales,
+        HW_CVT=_fp8_hw_cvt(x), DENSE=dense, BLOCK_R=block_r, BLOCK_C=block_c, **options,
     )
     return values if dense else (data, scales)
 
@@ -166,19 +141,8 @@ TENSORWISE_BLOCK = 4096
 
 
 @triton.jit
-def _fp8_tensorwise_kernel(
-    x_ptr,
-    amax_ptr,
-    data_ptr,
-    decode_ptr,
-    n,
-    FP8_MAX: tl.constexpr,
-    MANT: tl.constexpr,
-    BIAS: tl.constexpr,
-    POW2: tl.constexpr,
-    HW_CVT: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+def _fp8_tensorwise_kernel(x_ptr, amax_ptr, data_ptr, decode_ptr, n, FP8_MAX: tl.constexpr, MANT: tl.constexpr,
+                           BIAS: tl.constexpr, POW2: tl.constexpr, HW_CVT: tl.constexpr, BLOCK: tl.constexpr):
     """fp8.quantize_tensorwise's cast: x * encode clamped to the format's max, RNE to FP8 bits. Every
     program derives encode = encode_scale_from_amax(max|x|) from the amax pass's result itself (a few
     ALU operations, no extra launch); program 0 stores the decode scale 1 / encode."""
@@ -202,38 +166,16 @@ def tensorwise(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool) -> tuple[
     decode = torch.empty((), dtype=torch.float32, device=x.device)
     mant, bias = (3, 7) if dtype == torch.float8_e4m3fn else (2, 15)
     _fp8_tensorwise_kernel[(triton.cdiv(n, TENSORWISE_BLOCK),)](
-        x,
-        amax,
-        data,
-        decode,
-        n,
-        FP8_MAX=float(torch.finfo(dtype).max),
-        MANT=mant,
-        BIAS=bias,
-        POW2=pow2_scales,
-        HW_CVT=_fp8_hw_cvt(x),
-        BLOCK=TENSORWISE_BLOCK,
-        **launch_options(x),
+        x, amax, data, decode, n, FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales,
+        HW_CVT=_fp8_hw_cvt(x), BLOCK=TENSORWISE_BLOCK, **launch_options(x),
     )
     return data.view(dtype), decode
 
 
 @triton.jit
-def _fp8_tensorwise_rowcol_kernel(
-    x_ptr,
-    amax_ptr,
-    data_ptr,
-    data_t_ptr,
-    decode_ptr,
-    rows,
-    cols,
-    FP8_MAX: tl.constexpr,
-    MANT: tl.constexpr,
-    BIAS: tl.constexpr,
-    POW2: tl.constexpr,
-    HW_CVT: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+def _fp8_tensorwise_rowcol_kernel(x_ptr, amax_ptr, data_ptr, data_t_ptr, decode_ptr, rows, cols,
+                                  FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, POW2: tl.constexpr,
+                                  HW_CVT: tl.constexpr, BLOCK: tl.constexpr):
     """_fp8_tensorwise_kernel's cast of a BLOCK x BLOCK tile of x [rows, cols], stored twice: as it is
     and transposed ([cols, rows]). The transpose moves the one-byte codes through shared memory inside
     the program instead of a separate transposing copy of the whole tensor."""
@@ -264,39 +206,17 @@ def tensorwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool):
     mant, bias = (3, 7) if dtype == torch.float8_e4m3fn else (2, 15)
     grid = (triton.cdiv(rows, TENSORWISE_TILE), triton.cdiv(cols, TENSORWISE_TILE))
     _fp8_tensorwise_rowcol_kernel[grid](
-        x,
-        amax,
-        data,
-        data_t,
-        decode,
-        rows,
-        cols,
-        FP8_MAX=float(torch.finfo(dtype).max),
-        MANT=mant,
-        BIAS=bias,
-        POW2=pow2_scales,
-        HW_CVT=_fp8_hw_cvt(x),
-        BLOCK=TENSORWISE_TILE,
-        **launch_options(x),
+        x, amax, data, data_t, decode, rows, cols, FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias,
+        POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x), BLOCK=TENSORWISE_TILE, **launch_options(x),
     )
     return data, data_t, decode
 
 
 @triton.jit
 def _fp8_blockwise_t_kernel(
-    x_ptr,
-    data_ptr,
-    scales_ptr,
-    n_tokens,
-    n_features,
-    scale_for_inf,
-    FP8_MAX: tl.constexpr,
-    MANT: tl.constexpr,
-    BIAS: tl.constexpr,
-    POW2: tl.constexpr,
-    HW_CVT: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_F: tl.constexpr,
+    x_ptr, data_ptr, scales_ptr, n_tokens, n_features, scale_for_inf,
+    FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, POW2: tl.constexpr, HW_CVT: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_F: tl.constexpr,
 ):
     """fp8.quantize_blockwise(x.t(), (1, 128)) from x [tokens, features] row-major: a BLOCK_T x BLOCK_F
     tile is read as it lies, each feature's 128-token blocks scaled (as _fp8_blockwise_kernel), and the
@@ -334,41 +254,18 @@ def blockwise_t(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool) -> tuple
     block_t, block_f = 128, 64
     grid = (triton.cdiv(n_tokens, block_t), triton.cdiv(n_features, block_f))
     _fp8_blockwise_t_kernel[grid](
-        x,
-        data,
-        scales,
-        n_tokens,
-        n_features,
-        float(torch.finfo(x.dtype).max),
-        FP8_MAX=float(torch.finfo(dtype).max),
-        MANT=mant,
-        BIAS=bias,
-        POW2=pow2_scales,
-        HW_CVT=_fp8_hw_cvt(x),
-        BLOCK_T=block_t,
-        BLOCK_F=block_f,
-        **launch_options(x),
+        x, data, scales, n_tokens, n_features, float(torch.finfo(x.dtype).max),
+        FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x),
+        BLOCK_T=block_t, BLOCK_F=block_f, **launch_options(x),
     )
     return data, scales
 
 
 @triton.jit
 def _fp8_blockwise_rowcol_kernel(
-    x_ptr,
-    row_data_ptr,
-    row_scales_ptr,
-    col_data_ptr,
-    col_scales_ptr,
-    n_tokens,
-    n_features,
-    row_width,
-    scale_for_inf,
-    FP8_MAX: tl.constexpr,
-    MANT: tl.constexpr,
-    BIAS: tl.constexpr,
-    POW2: tl.constexpr,
-    HW_CVT: tl.constexpr,
-    RAGGED: tl.constexpr,
+    x_ptr, row_data_ptr, row_scales_ptr, col_data_ptr, col_scales_ptr, n_tokens, n_features, row_width,
+    scale_for_inf, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, POW2: tl.constexpr,
+    HW_CVT: tl.constexpr, RAGGED: tl.constexpr,
 ):
     """Both FP8 blockwise copies of x [tokens, features] from one read of a 128 x 128 tile:
     quantize_blockwise(x zero-padded to [tokens, row_width], (1, 128)) (blocks along features: Fprop / Dgrad
@@ -377,33 +274,26 @@ def _fp8_blockwise_rowcol_kernel(
     t = tl.program_id(0) * 128 + tl.arange(0, 128)
     f = tl.program_id(1) * 128 + tl.arange(0, 128)
     if RAGGED:
-        x = to_fp32(
-            tl.load(x_ptr + t[:, None].to(tl.int64) * n_features + f[None, :], mask=f[None, :] < n_features, other=0.0)
-        )
+        x = to_fp32(tl.load(x_ptr + t[:, None].to(tl.int64) * n_features + f[None, :],
+                             mask=f[None, :] < n_features, other=0.0))
     else:
         x = to_fp32(tl.load(x_ptr + t[:, None].to(tl.int64) * n_features + f[None, :]))
     magnitude_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
 
-    row_encode, row_decode = _fp8_block_scales(
-        tl.max(magnitude_bits, axis=1).to(tl.float32, bitcast=True), scale_for_inf, FP8_MAX, POW2
-    )  # [128 tokens]
+    row_encode, row_decode = _fp8_block_scales(tl.max(magnitude_bits, axis=1).to(tl.float32, bitcast=True),
+                                               scale_for_inf, FP8_MAX, POW2)  # [128 tokens]
     row_code = _fp8_codes(x * row_encode[:, None], FP8_MAX, MANT, BIAS, HW_CVT)
     tl.store(row_data_ptr + t[:, None].to(tl.int64) * row_width + f[None, :], row_code.to(tl.uint8))
     tl.store(row_scales_ptr + t.to(tl.int64) * (row_width // 128) + tl.program_id(1), row_decode)
 
-    col_encode, col_decode = _fp8_block_scales(
-        tl.max(magnitude_bits, axis=0).to(tl.float32, bitcast=True), scale_for_inf, FP8_MAX, POW2
-    )  # [128 features]
+    col_encode, col_decode = _fp8_block_scales(tl.max(magnitude_bits, axis=0).to(tl.float32, bitcast=True),
+                                               scale_for_inf, FP8_MAX, POW2)  # [128 features]
     col_code = tl.trans(_fp8_codes(x * col_encode[None, :], FP8_MAX, MANT, BIAS, HW_CVT))  # [features, tokens]
     if RAGGED:
-        tl.store(
-            col_data_ptr + f[:, None].to(tl.int64) * n_tokens + t[None, :],
-            col_code.to(tl.uint8),
-            mask=f[:, None] < n_features,
-        )
-        tl.store(
-            col_scales_ptr + f.to(tl.int64) * (n_tokens // 128) + tl.program_id(0), col_decode, mask=f < n_features
-        )
+        tl.store(col_data_ptr + f[:, None].to(tl.int64) * n_tokens + t[None, :], col_code.to(tl.uint8),
+                 mask=f[:, None] < n_features)
+        tl.store(col_scales_ptr + f.to(tl.int64) * (n_tokens // 128) + tl.program_id(0), col_decode,
+                 mask=f < n_features)
     else:
         tl.store(col_data_ptr + f[:, None].to(tl.int64) * n_tokens + t[None, :], col_code.to(tl.uint8))
         tl.store(col_scales_ptr + f.to(tl.int64) * (n_tokens // 128) + tl.program_id(0), col_decode)
@@ -425,21 +315,8 @@ def blockwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool, row
     if x.is_cuda:
         options["num_warps"] = 8
     _fp8_blockwise_rowcol_kernel[(n_tokens // 128, row_width // 128)](
-        x,
-        row_data,
-        row_scales,
-        col_data,
-        col_scales,
-        n_tokens,
-        n_features,
-        row_width,
-        float(torch.finfo(x.dtype).max),
-        FP8_MAX=float(torch.finfo(dtype).max),
-        MANT=mant,
-        BIAS=bias,
-        POW2=pow2_scales,
-        HW_CVT=_fp8_hw_cvt(x),
-        RAGGED=row_width != n_features,
-        **options,
+        x, row_data, row_scales, col_data, col_scales, n_tokens, n_features, row_width,
+        float(torch.finfo(x.dtype).max), FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias,
+        POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x), RAGGED=row_width != n_features, **options,
     )
     return (row_data, row_scales), (col_data, col_scales)

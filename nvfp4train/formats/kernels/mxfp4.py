@@ -22,7 +22,8 @@ def _e8m0_exponent_bits(amax_b, SCALE_RULE: tl.constexpr):
         biased, mantissa = (bits >> 23) & 0xFF, bits & 0x7FFFFF
         # frexp's exact ceil(log2 v): the exponent, plus one unless v is a power of two. A
         # subnormal v lies in (2^-149, 2^-126): ceil(log2 v) is -126 above 2^-127, else <= -127.
-        e = tl.where(biased > 0, biased - 127 + (mantissa != 0).to(tl.int32), tl.where(mantissa > 0x400000, -126, -127))
+        e = tl.where(biased > 0, biased - 127 + (mantissa != 0).to(tl.int32),
+                     tl.where(mantissa > 0x400000, -126, -127))
     else:
         bits = amax_b.to(tl.int32, bitcast=True)
         biased = (bits >> 23) & 0xFF
@@ -46,19 +47,9 @@ def e8m0_scales(amax_b, SCALE_RULE: tl.constexpr):
 
 @triton.jit
 def _mxfp4_kernel(
-    x_ptr,
-    bits_ptr,
-    seed_ptr,
-    codes_ptr,
-    scales_ptr,
-    values_ptr,
-    rows,
-    cols,
-    SCALE_RULE: tl.constexpr,
-    ROUNDING: tl.constexpr,
-    DENSE: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    x_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, rows, cols,
+    SCALE_RULE: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """mxfp4._quantize_core + _quantize_impl / _fake_quantize_impl for a BLOCK_R x BLOCK_C tile."""
     NB: tl.constexpr = BLOCK_C // 32
@@ -73,25 +64,8 @@ def _mxfp4_kernel(
     amax_b = tl.max(tl.reshape(magnitude_bits, (BLOCK_R, NB, 32)), axis=2).to(tl.float32, bitcast=True)
     scale_bits, scale, inverse = e8m0_scales(amax_b, SCALE_RULE)
     y = tl.reshape(tl.reshape(x, (BLOCK_R, NB, 32)) * inverse[:, :, None], (BLOCK_R, BLOCK_C))
-    round_and_store_rows(
-        y,
-        scale,
-        scale_bits,
-        bits_ptr,
-        seed_ptr,
-        codes_ptr,
-        scales_ptr,
-        values_ptr,
-        r,
-        pid_c * BLOCK_C,
-        rows,
-        cols,
-        ROUNDING,
-        DENSE,
-        32,
-        BLOCK_R,
-        BLOCK_C,
-    )
+    round_and_store_rows(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, r,
+                         pid_c * BLOCK_C, rows, cols, ROUNDING, DENSE, 32, BLOCK_R, BLOCK_C)
 
 
 def quantize(
@@ -120,19 +94,9 @@ def quantize(
         values = codes
     grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(cols, BLOCK_COLS))
     _mxfp4_kernel[grid](
-        x,
-        bits,
-        seed,
-        codes,
-        scales,
-        values,
-        rows,
-        cols,
-        SCALE_RULE={"rceil": 0, "floor": 1}[scale_rule],
-        ROUNDING=mode,
-        DENSE=dense,
-        BLOCK_R=BLOCK_ROWS,
-        BLOCK_C=BLOCK_COLS,
-        **launch_options(x),
+        x, bits, seed, codes, scales, values, rows, cols,
+        SCALE_RULE={"rceil": 0, "floor": 1}[scale_rule], ROUNDING=mode, DENSE=dense,
+        BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS, **launch_options(x),
     )
     return values if dense else (codes, scales)
+

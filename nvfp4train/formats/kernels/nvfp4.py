@@ -60,66 +60,26 @@ def block_scales(amax_b, amax):
     encode = tl.where(encode > FLT_MAX, FLT_MAX, encode)
     return scale_bits, scale, encode, s_dec
 
-
 @triton.jit
 def _nvfp4_kernel(
-    x_ptr,
-    amax_ptr,
-    bits_ptr,
-    seed_ptr,  # inputs: x [rows, cols], 0-d amax, SR bits or seed
-    codes_ptr,
-    scales_ptr,
-    values_ptr,
-    s_dec_ptr,  # outputs (codes + scales, or values)
-    rows,
-    cols,
-    TILE_ROWS: tl.constexpr,
-    ROUNDING: tl.constexpr,
-    DENSE: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    x_ptr, amax_ptr, bits_ptr, seed_ptr,  # inputs: x [rows, cols], 0-d amax, SR bits or seed
+    codes_ptr, scales_ptr, values_ptr, s_dec_ptr,  # outputs (codes + scales, or values)
+    rows, cols,
+    TILE_ROWS: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
-    s_dec = nvfp4_tile(
-        x_ptr,
-        amax_ptr,
-        bits_ptr,
-        seed_ptr,
-        codes_ptr,
-        scales_ptr,
-        values_ptr,
-        pid_r * BLOCK_R,
-        pid_c * BLOCK_C,
-        rows,
-        cols,
-        TILE_ROWS,
-        ROUNDING,
-        DENSE,
-        BLOCK_R,
-        BLOCK_C,
-    )
+    s_dec = nvfp4_tile(x_ptr, amax_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr,
+                        pid_r * BLOCK_R, pid_c * BLOCK_C, rows, cols, TILE_ROWS, ROUNDING, DENSE, BLOCK_R, BLOCK_C)
     if (pid_r == 0) & (pid_c == 0):
         tl.store(s_dec_ptr, s_dec)
 
 
 @triton.jit
 def nvfp4_tile(
-    x_ptr,
-    amax_ptr,
-    bits_ptr,
-    seed_ptr,
-    codes_ptr,
-    scales_ptr,
-    values_ptr,
-    r0,
-    c0,
-    rows,
-    cols,
-    TILE_ROWS: tl.constexpr,
-    ROUNDING: tl.constexpr,
-    DENSE: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    x_ptr, amax_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, r0, c0, rows, cols,
+    TILE_ROWS: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """nvfp4._quantize_core and _quantize_impl / _fake_quantize_impl for rows r0 .. r0 + BLOCK_R,
     columns c0 .. c0 + BLOCK_C of x [rows, cols]; returns s_dec."""
@@ -141,25 +101,8 @@ def nvfp4_tile(
     scale_bits, scale, encode, s_dec = block_scales(amax_b, tl.load(amax_ptr))
     # y.view(rows, nb, 16).mul_(block_encode)
     y = tl.reshape(tl.reshape(x, (BLOCK_R, NB, 16)) * encode[:, :, None], (BLOCK_R, BLOCK_C))
-    round_and_store_rows(
-        y,
-        scale,
-        scale_bits,
-        bits_ptr,
-        seed_ptr,
-        codes_ptr,
-        scales_ptr,
-        values_ptr,
-        r,
-        c0,
-        rows,
-        cols,
-        ROUNDING,
-        DENSE,
-        16,
-        BLOCK_R,
-        BLOCK_C,
-    )
+    round_and_store_rows(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, r, c0, rows,
+                         cols, ROUNDING, DENSE, 16, BLOCK_R, BLOCK_C)
     return s_dec
 
 
@@ -198,23 +141,11 @@ def quantize(
         values = dummy
     grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(cols, BLOCK_COLS))
     _nvfp4_kernel[grid](
-        x,
-        amax,
-        bits,
-        seed,
-        codes,
-        scales,
-        values,
-        s_dec,
-        rows,
-        cols,
-        TILE_ROWS=tile_rows,
-        ROUNDING=mode,
-        DENSE=dense,
-        BLOCK_R=BLOCK_ROWS,
-        BLOCK_C=BLOCK_COLS,
+        x, amax, bits, seed, codes, scales, values, s_dec, rows, cols,
+        TILE_ROWS=tile_rows, ROUNDING=mode, DENSE=dense, BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS,
         **launch_options(x),
     )
     if dense:
         return values, amax, s_dec
     return codes, scales, amax, s_dec
+

@@ -34,20 +34,9 @@ _RHT32_ENTRY_BITS = tl.constexpr(_rht_entry_bits(32))  # fp32(1/sqrt(32)): the p
 
 
 @triton.jit
-def _rht_tokens(
-    x_ptr,
-    t0,
-    f,
-    mask_f,
-    n_features,
-    D: tl.constexpr,
-    ENTRY_BITS: tl.constexpr,
-    SIGN_MASK: tl.constexpr,
-    GROUPS: tl.constexpr,
-    BLOCK_F: tl.constexpr,
-    ROUNDED: tl.constexpr = True,
-    HW_BF16: tl.constexpr = False,
-):
+def _rht_tokens(x_ptr, t0, f, mask_f, n_features, D: tl.constexpr, ENTRY_BITS: tl.constexpr,
+                SIGN_MASK: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr, ROUNDED: tl.constexpr = True,
+                HW_BF16: tl.constexpr = False):
     """hadamard.rht(., D) along tokens for tokens t0 .. t0 + D GROUPS and features f: FP32
     [GROUPS, D, BLOCK_F], element (g, j, f) = sum_i x[t0 + D g + i, f] * m[i, j], each product
     rounded to FP32 and summed in index order i (hadamard.rht's loop), then rounded to x's dtype
@@ -93,16 +82,8 @@ def _rht_tokens(
 
 
 @triton.jit
-def _rht_abs_max_kernel(
-    x_ptr,
-    partial_ptr,
-    row_partial_ptr,
-    n_features,
-    SIGN_MASK: tl.constexpr,
-    ROWWISE: tl.constexpr,
-    GROUPS: tl.constexpr,
-    BLOCK_F: tl.constexpr,
-):
+def _rht_abs_max_kernel(x_ptr, partial_ptr, row_partial_ptr, n_features, SIGN_MASK: tl.constexpr,
+                        ROWWISE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr):
     """Partial maxima of |rht(x.T, 16)| and, with ROWWISE, of |x| (the same tile, read once).
 
     The transform's rounding to x's dtype is applied to the tile's maximum only: rounding to nearest
@@ -111,19 +92,8 @@ def _rht_abs_max_kernel(
     pid_t, pid_f = tl.program_id(0), tl.program_id(1)
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
-    y, x_bits = _rht_tokens(
-        x_ptr,
-        pid_t * GROUPS * 16,
-        f,
-        mask_f,
-        n_features,
-        16,
-        _RHT16_ENTRY_BITS,
-        SIGN_MASK,
-        GROUPS,
-        BLOCK_F,
-        ROUNDED=False,
-    )
+    y, x_bits = _rht_tokens(x_ptr, pid_t * GROUPS * 16, f, mask_f, n_features, 16, _RHT16_ENTRY_BITS, SIGN_MASK,
+                            GROUPS, BLOCK_F, ROUNDED=False)
     bits = tl.max(tl.max(tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1), axis=0)
     rounded = round_to(bits.to(tl.float32, bitcast=True), x_ptr.dtype.element_ty)
     tl.store(partial_ptr + pid_t * tl.num_programs(1) + pid_f, rounded.to(tl.int32, bitcast=True))
@@ -133,30 +103,11 @@ def _rht_abs_max_kernel(
 
 @triton.jit
 def _rht_nvfp4_kernel(
-    x_ptr,
-    amax_ptr,
-    bits_ptr,
-    seed_ptr,
-    codes_ptr,
-    scales_ptr,
-    values_ptr,
-    s_dec_ptr,
-    row_amax_ptr,
-    row_seed_ptr,
-    row_codes_ptr,
-    row_scales_ptr,
-    row_values_ptr,
-    row_s_dec_ptr,
-    n_tokens,
-    n_features,
-    SIGN_MASK: tl.constexpr,
-    ROUNDING: tl.constexpr,
-    DENSE: tl.constexpr,
-    ROWWISE: tl.constexpr,
-    ROW_DENSE: tl.constexpr,
-    GROUPS: tl.constexpr,
-    BLOCK_F: tl.constexpr,
-    HW_BF16: tl.constexpr,
+    x_ptr, amax_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, s_dec_ptr,
+    row_amax_ptr, row_seed_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr, row_s_dec_ptr,
+    n_tokens, n_features,
+    SIGN_MASK: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
+    ROWWISE: tl.constexpr, ROW_DENSE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr, HW_BF16: tl.constexpr,
 ):
     """_nvfp4_kernel's steps (1x16 tile) on the transformed tile, written transposed: output row
     f, columns t0 + 16 g + j. With ROWWISE, also NVFP4 1x16 of x itself (rows t, blocks along
@@ -164,76 +115,31 @@ def _rht_nvfp4_kernel(
     pid_t, pid_f = tl.program_id(0), tl.program_id(1)
     t0 = pid_t * GROUPS * 16
     if ROWWISE:
-        row_s_dec = nvfp4_tile(
-            x_ptr,
-            row_amax_ptr,
-            row_seed_ptr,
-            row_seed_ptr,
-            row_codes_ptr,
-            row_scales_ptr,
-            row_values_ptr,
-            t0,
-            pid_f * BLOCK_F,
-            n_tokens,
-            n_features,
-            1,
-            ROUNDING,
-            ROW_DENSE,
-            GROUPS * 16,
-            BLOCK_F,
-        )
+        row_s_dec = nvfp4_tile(x_ptr, row_amax_ptr, row_seed_ptr, row_seed_ptr, row_codes_ptr, row_scales_ptr,
+                                row_values_ptr, t0, pid_f * BLOCK_F, n_tokens, n_features, 1, ROUNDING, ROW_DENSE,
+                                GROUPS * 16, BLOCK_F)
         if (pid_t == 0) & (pid_f == 0):
             tl.store(row_s_dec_ptr, row_s_dec)
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
-    y, _ = _rht_tokens(
-        x_ptr, t0, f, mask_f, n_features, 16, _RHT16_ENTRY_BITS, SIGN_MASK, GROUPS, BLOCK_F, HW_BF16=HW_BF16
-    )  # [GROUPS, 16, BLOCK_F]
+    y, _ = _rht_tokens(x_ptr, t0, f, mask_f, n_features, 16, _RHT16_ENTRY_BITS, SIGN_MASK, GROUPS,
+                       BLOCK_F, HW_BF16=HW_BF16)  # [GROUPS, 16, BLOCK_F]
 
     amax_b = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1).to(tl.float32, bitcast=True)
     scale_bits, scale, encode, s_dec = block_scales(amax_b, tl.load(amax_ptr))  # [GROUPS, BLOCK_F]
     y = y * encode[:, None, :]
 
-    round_and_store_t(
-        y,
-        scale,
-        scale_bits,
-        bits_ptr,
-        seed_ptr,
-        codes_ptr,
-        scales_ptr,
-        values_ptr,
-        f,
-        mask_f,
-        t0,
-        n_tokens,
-        ROUNDING,
-        DENSE,
-        GROUPS,
-        16,
-        BLOCK_F,
-    )
+    round_and_store_t(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, f, mask_f, t0,
+                       n_tokens, ROUNDING, DENSE, GROUPS, 16, BLOCK_F)
     if (pid_t == 0) & (pid_f == 0):
         tl.store(s_dec_ptr, s_dec)
 
 
 @triton.jit
 def _rht_mxfp4_kernel(
-    x_ptr,
-    bits_ptr,
-    seed_ptr,
-    codes_ptr,
-    scales_ptr,
-    values_ptr,
-    n_tokens,
-    n_features,
-    SIGN_MASK: tl.constexpr,
-    SCALE_RULE: tl.constexpr,
-    ROUNDING: tl.constexpr,
-    DENSE: tl.constexpr,
-    GROUPS: tl.constexpr,
-    BLOCK_F: tl.constexpr,
-    HW_BF16: tl.constexpr,
+    x_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, n_tokens, n_features,
+    SIGN_MASK: tl.constexpr, SCALE_RULE: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
+    GROUPS: tl.constexpr, BLOCK_F: tl.constexpr, HW_BF16: tl.constexpr,
 ):
     """_mxfp4_kernel's steps on hadamard.rht(x.T, 32) of a tile of GROUPS x 32 tokens x BLOCK_F
     features, written transposed: output row f, columns t0 + 32 g + j. One pass: no tensor scale."""
@@ -241,33 +147,15 @@ def _rht_mxfp4_kernel(
     t0 = pid_t * GROUPS * 32
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
-    y, _ = _rht_tokens(
-        x_ptr, t0, f, mask_f, n_features, 32, _RHT32_ENTRY_BITS, SIGN_MASK, GROUPS, BLOCK_F, HW_BF16=HW_BF16
-    )  # [GROUPS, 32, BLOCK_F]
+    y, _ = _rht_tokens(x_ptr, t0, f, mask_f, n_features, 32, _RHT32_ENTRY_BITS, SIGN_MASK, GROUPS,
+                       BLOCK_F, HW_BF16=HW_BF16)  # [GROUPS, 32, BLOCK_F]
 
     amax_b = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1).to(tl.float32, bitcast=True)
     scale_bits, scale, inverse = e8m0_scales(amax_b, SCALE_RULE)  # [GROUPS, BLOCK_F]
     y = y * inverse[:, None, :]
 
-    round_and_store_t(
-        y,
-        scale,
-        scale_bits,
-        bits_ptr,
-        seed_ptr,
-        codes_ptr,
-        scales_ptr,
-        values_ptr,
-        f,
-        mask_f,
-        t0,
-        n_tokens,
-        ROUNDING,
-        DENSE,
-        GROUPS,
-        32,
-        BLOCK_F,
-    )
+    round_and_store_t(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, f, mask_f, t0,
+                       n_tokens, ROUNDING, DENSE, GROUPS, 32, BLOCK_F)
 
 
 def sign_mask(signs: torch.Tensor) -> int:
@@ -294,9 +182,8 @@ def program_blocks(n_tokens: int, d: int, blocks=None) -> tuple[int, int, int]:
         raise ValueError(f"rht blocks={blocks!r}: (groups, features) or (groups, features, warps)")
     groups, block_f, *warps = blocks if blocks is not None else (RHT_GROUPS, RHT_BLOCK_F)
     if not all(isinstance(v, int) and v >= 1 and v & (v - 1) == 0 for v in (groups, block_f, *warps)):
-        raise ValueError(
-            f"rht blocks={blocks!r}: (groups of {d} tokens, features[, warps]) per program must be powers of two"
-        )
+        raise ValueError(f"rht blocks={blocks!r}: (groups of {d} tokens, features[, warps]) per program must be "
+                         f"powers of two")
     while n_tokens % (groups * d):
         groups //= 2
     return groups, block_f, warps[0] if warps else min(8, max(1, groups * block_f // 64))
@@ -330,17 +217,8 @@ def nvfp4_t(
     groups, block_f, warps = program_blocks(n_tokens, 16, blocks)
     grid = (n_tokens // (groups * 16), triton.cdiv(n_features, block_f))
     partial = torch.empty((2 if rowwise else 1, grid[0] * grid[1]), dtype=torch.int32, device=x.device)
-    _rht_abs_max_kernel[grid](
-        x,
-        partial[0],
-        partial[-1],
-        n_features,
-        SIGN_MASK=mask,
-        ROWWISE=rowwise,
-        GROUPS=groups,
-        BLOCK_F=block_f,
-        **_rht_launch_options(x, warps),
-    )
+    _rht_abs_max_kernel[grid](x, partial[0], partial[-1], n_features, SIGN_MASK=mask, ROWWISE=rowwise, GROUPS=groups,
+                              BLOCK_F=block_f, **_rht_launch_options(x, warps))
     amaxes = partial.amax(dim=1).view(torch.float32)
     amax, row_amax = amaxes[0], amaxes[-1]
     if rowwise and rounding == "sr":
@@ -365,31 +243,10 @@ def nvfp4_t(
             outputs.append((codes, scales, codes, s_dec))
     (codes, scales, values, s_dec), (row_codes, row_scales, row_values, row_s_dec) = outputs
     _rht_nvfp4_kernel[grid](
-        x,
-        amax,
-        bits,
-        seed,
-        codes,
-        scales,
-        values,
-        s_dec,
-        row_amax,
-        row_seed,
-        row_codes,
-        row_scales,
-        row_values,
-        row_s_dec,
-        n_tokens,
-        n_features,
-        SIGN_MASK=mask,
-        ROUNDING=mode,
-        DENSE=dense,
-        ROWWISE=rowwise,
-        ROW_DENSE=rowwise_dense,
-        GROUPS=groups,
-        BLOCK_F=block_f,
-        HW_BF16=hw_bf16(x),
-        **_rht_launch_options(x, warps),
+        x, amax, bits, seed, codes, scales, values, s_dec,
+        row_amax, row_seed, row_codes, row_scales, row_values, row_s_dec, n_tokens, n_features,
+        SIGN_MASK=mask, ROUNDING=mode, DENSE=dense, ROWWISE=rowwise, ROW_DENSE=rowwise_dense, GROUPS=groups,
+        BLOCK_F=block_f, HW_BF16=hw_bf16(x), **_rht_launch_options(x, warps),
     )
     columnwise = (values, amax, s_dec) if dense else (codes, scales, amax, s_dec)
     if not rowwise:
@@ -429,21 +286,9 @@ def mxfp4_t(
         values = codes
     grid = (n_tokens // (groups * 32), triton.cdiv(n_features, block_f))
     _rht_mxfp4_kernel[grid](
-        x,
-        bits,
-        seed,
-        codes,
-        scales,
-        values,
-        n_tokens,
-        n_features,
-        SIGN_MASK=sign_mask(signs),
-        SCALE_RULE={"rceil": 0, "floor": 1}[scale_rule],
-        ROUNDING=mode,
-        DENSE=dense,
-        GROUPS=groups,
-        BLOCK_F=block_f,
-        HW_BF16=hw_bf16(x),
-        **_rht_launch_options(x, warps),
+        x, bits, seed, codes, scales, values, n_tokens, n_features,
+        SIGN_MASK=sign_mask(signs), SCALE_RULE={"rceil": 0, "floor": 1}[scale_rule], ROUNDING=mode, DENSE=dense,
+        GROUPS=groups, BLOCK_F=block_f, HW_BF16=hw_bf16(x), **_rht_launch_options(x, warps),
     )
     return values if dense else (codes, scales)
+

@@ -98,29 +98,6 @@ class Variant:
     warps: int = 4
 
 
-IO_ARGS = {
-    "x_ptr": "*bf16",
-    "bits_ptr": "*i32",
-    "seed_ptr": "*i64",
-    "codes_ptr": "*u8",
-    "scales_ptr": "*u8",
-    "values_ptr": "*bf16",
-}
-NVFP4_ARGS = {**IO_ARGS, "amax_ptr": "*fp32", "s_dec_ptr": "*fp32", "rows": "i32", "cols": "i32"}
-RHT_ARGS = {
-    **IO_ARGS,
-    "amax_ptr": "*fp32",
-    "s_dec_ptr": "*fp32",
-    "n_tokens": "i32",
-    "n_features": "i32",
-    "row_amax_ptr": "*fp32",
-    "row_seed_ptr": "*i64",
-    "row_codes_ptr": "*u8",
-    "row_scales_ptr": "*u8",
-    "row_values_ptr": "*bf16",
-    "row_s_dec_ptr": "*fp32",
-}
-RHT_BLOCKS = {"SIGN_MASK": 0xB7E8, "GROUPS": rht.RHT_GROUPS, "BLOCK_F": rht.RHT_BLOCK_F}
 _HW_BF16 = {"HW_BF16": True}  # as the launchers set it on an H100 (common.hw_bf16)
 _RHT_TILE = rht.RHT_GROUPS * 16 * rht.RHT_BLOCK_F
 _RHT_WARPS = rht.program_blocks(1 << 20, 16)[2]
