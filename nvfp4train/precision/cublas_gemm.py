@@ -58,27 +58,10 @@ def _lib() -> ctypes.CDLL | None:
                 raise OSError("no libcublas.so mapped into this process")
             lib = ctypes.CDLL(path)
             handle, i32, ptr = ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p
-            lib.cublasGemmEx.argtypes = [
-                handle,
-                i32,
-                i32,
-                i32,
-                i32,
-                i32,
-                ptr,
-                ptr,
-                i32,
-                i32,
-                ptr,
-                i32,
-                i32,
-                ptr,
-                ptr,
-                i32,
-                i32,
-                i32,
-                i32,
-            ]
+            # cublasGemmEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc,
+            # computeType, algo)
+            gemm_args = "h i i i i i p p i i p i i p p i i i i"
+            lib.cublasGemmEx.argtypes = [{"h": handle, "i": i32, "p": ptr}[c] for c in gemm_args.split()]
             lib.cublasGemmEx.restype = i32
             for name in ("cublasSetPointerMode_v2", "cublasSetMathMode"):
                 getattr(lib, name).argtypes, getattr(lib, name).restype = [handle, i32], i32
