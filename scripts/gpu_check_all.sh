@@ -7,10 +7,10 @@
 # 1. correctness: the GPU tests of the Triton kernels (bit-exact quantizers, dequantizers, GEMM epilogue;
 #    the Mamba conv against F.conv1d; fused norms), the precision checks (scaled_mm's blockwise probe,
 #    backend=auto, compiled == eager) and the precision GPU tests;
-# 2. speed: scripts/bench_quant.py (8192x8192) and scripts/bench_train.py on hybrid_1b at seq 4096, compiled with
+# 2. speed: benchmarks/bench_quant.py (8192x8192) and benchmarks/bench_train.py on hybrid_1b at seq 4096, compiled with
 #    a CUDA graph (the trainer's CUDA defaults): bf16, fp8_tensorwise, fp8_blockwise, nvfp4 and torchao's float8
 #    on the blocks fp8_tensorwise quantizes, one row each; with FULL=1 (a few minutes more) also
-#    scripts/bench_mixer.py (the Mamba conv and norm kernels) and eager rows of hybrid_repro (every precision)
+#    benchmarks/bench_mixer.py (the Mamba conv and norm kernels) and eager rows of hybrid_repro (every precision)
 #    and hybrid_350m (bf16 and nvfp4, with --profile: device time by kind of kernel).
 # Each step has its own time limit, so one that hangs or fails leaves the others their time; the exit
 # code is the number of failed steps. DIR gets summary.txt, one log per step in logs/, and the bench rows
@@ -36,18 +36,18 @@ step() {  # SECONDS NAME COMMAND...: run it with a limit, its output in $LOGS/NA
 xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n 6)
 step 240 gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu "${xdist[@]}" --durations=10 -rfE \
   tests/formats/test_triton.py tests/formats/test_cuda.py tests/model/test_causal_conv.py tests/model/test_fused_norm.py \
-  tests/precision/test_gpu.py \
+  tests/gpu \
   tests/precision/test_cublas_gemm.py tests/train/test_cuda_graph.py
-step 50 bench_quant python3 scripts/bench_quant.py --shapes 8192x8192 --out "$DIR/quant.json"
+step 50 bench_quant python3 -m benchmarks.bench_quant --shapes 8192x8192 --out "$DIR/quant.json"
 # the issues' target model at the trainer's CUDA defaults (compiled, CUDA graph): a row takes about 60-70 s on an
 # H100 with --profile, most of it compiling (2026-11-25, commit 258b9e2: 104 GPU tests in 157 s, then 3 rows, 372 s)
-step 330 bench_1b python3 scripts/bench_train.py --models hybrid_1b --seqs 4096 --batch 4 --compile true --cuda-graph true \
+step 330 bench_1b python3 -m benchmarks.bench_train --models hybrid_1b --seqs 4096 --batch 4 --compile true --cuda-graph true \
   --precisions bf16 fp8_tensorwise fp8_blockwise nvfp4 --torchao fp8_tensorwise --steps 4 --warmup 3 --out "$DIR/train.json"
 if [ "${FULL:-0}" = 1 ]; then
-  step 40 bench_mixer python3 scripts/bench_mixer.py
-  step 150 bench_repro python3 scripts/bench_train.py --models hybrid_repro --seqs 1024 --batch 32 --compile false \
+  step 40 bench_mixer python3 -m benchmarks.bench_mixer
+  step 150 bench_repro python3 -m benchmarks.bench_train --models hybrid_repro --seqs 1024 --batch 32 --compile false \
     --precisions bf16 fp8_tensorwise fp8_blockwise nvfp4 mxfp4 --steps 5 --warmup 3 --out "$DIR/train.json"
-  step 120 bench_350m python3 scripts/bench_train.py --models hybrid_350m --seqs 2048 --batch 8 --compile false \
+  step 120 bench_350m python3 -m benchmarks.bench_train --models hybrid_350m --seqs 2048 --batch 8 --compile false \
     --precisions bf16 nvfp4 --steps 5 --warmup 3 --profile "$DIR/profile" --out "$DIR/train.json"
 fi
 # with FULL=1 the profile tables are in logs/bench_350m.log

@@ -149,7 +149,7 @@ EOF
   say "TE smoke test: $(( $(date +%s) - t0 ))s; now the GPU tests"
   local rc=0
   python3 -m pytest -q -p no:cacheprovider -rs tests/precision/test_te.py \
-    "tests/precision/test_gpu.py::test_gpu_check[check_te]" 2>&1 | tail -40 || rc=$?
+    "tests/gpu/test_precision_gpu.py::test_gpu_check[check_te]" 2>&1 | tail -40 || rc=$?
   say "check: $(( $(date +%s) - t0 ))s, pytest exit $rc"
   return $rc
 }

@@ -8,7 +8,7 @@ Functions of tensors only (CPU or CUDA); nothing here imports the rest of nvfp4t
     y = hadamard.rht(x, d=16)
 
 The quantizers take ``impl="auto" | "reference" | "triton"`` (impl.py): fused Triton kernels
-(triton_kernels.py, imported only when used) on CUDA, the PyTorch reference elsewhere.
+(kernels/, imported only when used) on CUDA, the PyTorch reference elsewhere.
 """
 
 from . import e2m1, fp8, hadamard, impl, mxfp4, nvfp4, rounding

@@ -81,23 +81,25 @@ def encode_scale_from_amax(
     return torch.where(torch.isfinite(amax), scale, torch.full_like(scale, float("nan")))
 
 
-def quantize_tensorwise(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False,
-                        impl: str = "auto"):
+def quantize_tensorwise(
+    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False, impl: str = "auto"
+):
     """``(data_fp8, decode_scale)``: per-tensor current scaling; decode_scale is FP32 0-d."""
     _check_input(x)
     _check_fp8_dtype(dtype)
     if use_triton(x, impl, "fp8.quantize_tensorwise"):
-        from . import triton_kernels
+        from . import kernels
 
-        return triton_kernels.fp8_tensorwise(x, dtype, pow2_scales)
+        return kernels.fp8.tensorwise(x, dtype, pow2_scales)
     xf = x.to(torch.float32, copy=True)  # scratch: scaled and clamped in place below
     encode = encode_scale_from_amax(xf.abs().amax(), dtype, pow2_scales)
     limit = fp8_max(dtype)
     return xf.mul_(encode).clamp_(-limit, limit).to(dtype), torch.reciprocal(encode)
 
 
-def quantize_tensorwise_rowcol(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False,
-                               *, impl: str = "auto"):
+def quantize_tensorwise_rowcol(
+    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False, *, impl: str = "auto"
+):
     """``((data, decode_scale), (data_t, decode_scale))``: ``quantize_tensorwise(x)`` and, for the GEMM
     that needs x transposed (Wgrad's K = tokens), ``data_t`` [cols, rows] contiguous, the bits
     ``quantize_tensorwise(x.t())`` gives: a per-tensor scale commutes with the transpose (the amax of
@@ -109,9 +111,9 @@ def quantize_tensorwise_rowcol(x: torch.Tensor, dtype: torch.dtype = torch.float
     if x.ndim != 2:
         raise ValueError(f"fp8.quantize_tensorwise_rowcol: x must be 2-D, got shape {tuple(x.shape)}")
     if use_triton(x, impl, "fp8.quantize_tensorwise_rowcol"):
-        from . import triton_kernels
+        from . import kernels
 
-        data, data_t, decode = triton_kernels.fp8_tensorwise_rowcol(x, dtype, pow2_scales)
+        data, data_t, decode = kernels.fp8.tensorwise_rowcol(x, dtype, pow2_scales)
         return (data.view(dtype), decode), (data_t.view(dtype), decode)
     data, decode = quantize_tensorwise(x, dtype, pow2_scales, impl="reference")
     return (data, decode), (data.view(torch.uint8).t().contiguous().view(dtype), decode)
@@ -167,9 +169,9 @@ def quantize_blockwise(
     _check_fp8_dtype(dtype)
     _check_block(x, block)
     if use_triton(x, impl, "fp8.quantize_blockwise"):
-        from . import triton_kernels
+        from . import kernels
 
-        data, scales = triton_kernels.fp8_blockwise(x, tuple(block), dtype, pow2_scales, dense=False)
+        data, scales = kernels.fp8.blockwise(x, tuple(block), dtype, pow2_scales, dense=False)
         return data.view(dtype), scales
     xb, grid = _block_view(x, block)
     # amax over the block's rows first (an outer dim: vectorized), then its columns.
@@ -194,19 +196,25 @@ def quantize_blockwise_t(
     _check_input(x)
     _check_fp8_dtype(dtype)
     if x.ndim != 2 or x.shape[0] % 128:
-        raise ValueError(f"fp8.quantize_blockwise_t: x must be 2-D [tokens, features] with tokens a multiple of "
-                         f"128, got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"fp8.quantize_blockwise_t: x must be 2-D [tokens, features] with tokens a multiple of "
+            f"128, got shape {tuple(x.shape)}"
+        )
     if use_triton(x, impl, "fp8.quantize_blockwise_t"):
-        from . import triton_kernels
+        from . import kernels
 
-        data, scales = triton_kernels.fp8_blockwise_t(x, dtype, pow2_scales)
+        data, scales = kernels.fp8.blockwise_t(x, dtype, pow2_scales)
         return data.view(dtype), scales
     return quantize_blockwise(x.t().contiguous(), (1, 128), dtype, pow2_scales, impl="reference")
 
 
 def quantize_blockwise_rowcol(
-    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False, *,
-    row_width: int | None = None, impl: str = "auto"
+    x: torch.Tensor,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    pow2_scales: bool = False,
+    *,
+    row_width: int | None = None,
+    impl: str = "auto",
 ):
     """``(quantize_blockwise(x zero-padded to [tokens, row_width], (1, 128)), quantize_blockwise_t(x))`` of x
     [tokens, features], tokens a multiple of 128: the two copies the FP8 blockwise recipe takes of an
@@ -216,21 +224,27 @@ def quantize_blockwise_rowcol(
     _check_input(x)
     _check_fp8_dtype(dtype)
     if x.ndim != 2 or x.shape[0] % 128:
-        raise ValueError(f"fp8.quantize_blockwise_rowcol: x must be 2-D [tokens, features] with tokens a multiple "
-                         f"of 128, got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"fp8.quantize_blockwise_rowcol: x must be 2-D [tokens, features] with tokens a multiple "
+            f"of 128, got shape {tuple(x.shape)}"
+        )
     n_features = x.shape[1]
     row_width = -(-n_features // 128) * 128 if row_width is None else row_width
     if row_width % 128 or row_width < n_features:
-        raise ValueError(f"fp8.quantize_blockwise_rowcol: row_width={row_width} must be a multiple of 128 and at "
-                         f"least the {n_features} features")
+        raise ValueError(
+            f"fp8.quantize_blockwise_rowcol: row_width={row_width} must be a multiple of 128 and at "
+            f"least the {n_features} features"
+        )
     if use_triton(x, impl, "fp8.quantize_blockwise_rowcol"):
-        from . import triton_kernels
+        from . import kernels
 
-        (rd, rs), (cd, cs) = triton_kernels.fp8_blockwise_rowcol(x, dtype, pow2_scales, row_width)
+        (rd, rs), (cd, cs) = kernels.fp8.blockwise_rowcol(x, dtype, pow2_scales, row_width)
         return (rd.view(dtype), rs), (cd.view(dtype), cs)
     padded = torch.nn.functional.pad(x, (0, row_width - n_features))
-    return (quantize_blockwise(padded, (1, 128), dtype, pow2_scales, impl="reference"),
-            quantize_blockwise_t(x, dtype, pow2_scales, impl="reference"))
+    return (
+        quantize_blockwise(padded, (1, 128), dtype, pow2_scales, impl="reference"),
+        quantize_blockwise_t(x, dtype, pow2_scales, impl="reference"),
+    )
 
 
 def dequantize_blockwise(
@@ -239,10 +253,10 @@ def dequantize_blockwise(
     """Inverse of ``quantize_blockwise`` (FP32 math, then cast to ``dtype``)."""
     block = tuple(block)
     if use_triton(data, impl, "fp8.dequantize_blockwise"):
-        from . import triton_kernels
+        from . import kernels
 
         _check_block(data, block)
-        return triton_kernels.fp8_dequantize_blockwise(data, scales, block, dtype)
+        return kernels.dequant.fp8_blockwise(data, scales, block, dtype)
     values, _ = _block_view(data, block)
     return values.mul_(scales[:, None, :, None]).reshape(data.shape).to(dtype)
 
@@ -262,8 +276,8 @@ def fake_quantize_blockwise(
         _check_input(x)
         _check_fp8_dtype(dtype)
         _check_block(x, block)
-        from . import triton_kernels
+        from . import kernels
 
-        return triton_kernels.fp8_blockwise(x, tuple(block), dtype, pow2_scales, dense=True, out_dtype=out_dtype), ones
+        return kernels.fp8.blockwise(x, tuple(block), dtype, pow2_scales, dense=True, out_dtype=out_dtype), ones
     data, scales = quantize_blockwise(x, block, dtype, pow2_scales, impl="reference")
     return dequantize_blockwise(data, scales, block, out_dtype), ones

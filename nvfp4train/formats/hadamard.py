@@ -13,7 +13,7 @@ Signs:
 * an int: ``random_signs(d, seed)``;
 * a tensor of ±1 of length d.
 
-Arithmetic (one definition for every device and for the Triton kernel in triton_kernels.py):
+Arithmetic (one definition for every device and for the Triton kernel in kernels/):
 
     y_j = round_to_x.dtype( (..((x_0 m_0j + x_1 m_1j) + x_2 m_2j) + ..) + x_{d-1} m_{d-1,j} )
 
@@ -104,8 +104,9 @@ def check_wgrad_input(x: torch.Tensor, d: int, who: str) -> None:
     if not isinstance(x, torch.Tensor) or x.dtype not in dtypes:
         raise TypeError(f"{who}: x must be a torch.Tensor of {dtypes}, got {getattr(x, 'dtype', type(x))}")
     if x.ndim != 2 or x.shape[0] % d != 0 or x.numel() == 0:
-        raise ValueError(f"{who}: x must be 2-D [tokens, features] with tokens a multiple of {d}, "
-                         f"got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{who}: x must be 2-D [tokens, features] with tokens a multiple of {d}, got shape {tuple(x.shape)}"
+        )
 
 
 def rht(x: torch.Tensor, d: int = 16, signs=None) -> torch.Tensor:

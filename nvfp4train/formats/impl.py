@@ -2,7 +2,7 @@
 
 * "reference": the PyTorch functions in nvfp4.py / mxfp4.py (any device; bit-exact with TE's
   reference quantizer, golden vectors in tests/formats/golden/).
-* "triton": the fused kernels in triton_kernels.py (the same bits; SR draws Philox bits from a
+* "triton": the fused kernels in kernels/ (the same bits; SR draws Philox bits from a
   seed taken from ``generator``, so its bits differ from the reference's for a given generator,
   with the same distribution). CUDA tensors, or CPU tensors in Triton's interpreter
   (``TRITON_INTERPRET=1`` set before triton is imported).
@@ -51,9 +51,9 @@ def use_triton(x: torch.Tensor, impl: str, who: str) -> bool:
     if not _triton_installed():  # an explicit request runs even with NVFP4TRAIN_TRITON=0
         raise ValueError(f"{who}: impl='triton' needs the triton package (pip install triton); use impl='reference'")
     if not x.is_cuda:
-        from . import triton_kernels
+        from . import kernels
 
-        if not triton_kernels.INTERPRETED:
+        if not kernels.common.INTERPRETED:
             raise ValueError(
                 f"{who}: impl='triton' on a {x.device.type} tensor runs in Triton's interpreter, which needs "
                 "TRITON_INTERPRET=1 in the environment before triton is imported "

@@ -8,7 +8,6 @@ Scale rules (``scale_rule``), named as torchao's ``ScaleCalculationMode`` names 
   (2^(ceil(log2 amax_b) - 2)) that gives another scale for about 4 blocks in 10.
 * "floor" (OCP MX v1.0, torchao FLOOR): X = 2^(floor(log2(amax_b)) - 2); the block amax lands in
   [4, 8) and values above 6 clip to 6.
-"ceil" is this project's former name for "rceil" and still means it (``canonical_scale_rule``).
 Exponents are clamped to E8M0's [-127, 127]; an all-zero block gets 2^-127 (as TE's reference).
 The rceil exponent is computed exactly from the FP32 bits of amax_b / 6 (TE's reference uses
 ``ceil(torch.log2(.))``, which can round an amax just above 6 * 2^k down to k and clip; the
@@ -17,7 +16,7 @@ golden vectors do not hit that edge and agree).
 Elements: ``e2m1(clamp(x / X, -6, 6))`` with RNE or SR. Non-finite: a block holding NaN/±Inf gets
 the E8M0 NaN scale (0xFF) and dequantizes to NaN; other blocks are unaffected (no global scale).
 
-``impl``: "reference" (the PyTorch code here), "triton" (triton_kernels.py, the same bits; SR from
+``impl``: "reference" (the PyTorch code here), "triton" (kernels/, the same bits; SR from
 Philox) or "auto" (Triton for CUDA tensors); see impl.py.
 
 The Wgrad operand (``rht_quantize_t`` / ``rht_fake_quantize_t``): MXFP4 of ``hadamard.rht(x.T, 32)``
@@ -37,8 +36,6 @@ from .rounding import random_bits_like
 
 BLOCK = 32
 SCALE_RULES = ("rceil", "floor")
-# Former spellings, still accepted: "ceil" was this project's name for RCEIL (not torchao's CEIL).
-SCALE_RULE_ALIASES = {"ceil": "rceil"}
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 E8M0_NAN = 255
 
@@ -63,15 +60,15 @@ class MXFP4Tensor:
     def unpacked_codes(self) -> torch.Tensor:
         return e2m1.unpack(self.codes)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True, *,
-                   impl: str = "auto") -> torch.Tensor:
+    def dequantize(
+        self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True, *, impl: str = "auto"
+    ) -> torch.Tensor:
         """Decode to ``dtype`` (``apply_global_scale`` is accepted for symmetry; there is none). On CUDA
         one Triton pass (the same bits)."""
         if use_triton(self.codes, impl, "mxfp4.MXFP4Tensor.dequantize"):
-            from . import triton_kernels
+            from . import kernels
 
-            return triton_kernels.e2m1_dequantize(self.codes, self.scales, None, self.shape, BLOCK, e8m0=True,
-                                                  dtype=dtype)
+            return kernels.dequant.e2m1(self.codes, self.scales, None, self.shape, BLOCK, e8m0=True, dtype=dtype)
         # Undo decode_scaled's 2^-14 first (folding it into 2^e could overflow for e > 113).
         values = e2m1.decode_scaled(self.codes).to(torch.float32).mul_(1.0 / e2m1.FP16_FROM_E2M1)
         values = values.unflatten(-1, (-1, BLOCK)).mul_(scale_from_e8m0(self.scales).unsqueeze(-1))
@@ -86,20 +83,16 @@ def scale_from_e8m0(scales: torch.Tensor) -> torch.Tensor:
     return torch.where(bits == E8M0_NAN, torch.full_like(value, float("nan")), value)
 
 
-def canonical_scale_rule(scale_rule: str) -> str:
-    """``scale_rule`` by its current name ("ceil" -> "rceil"); ValueError naming the allowed rules."""
-    rule = SCALE_RULE_ALIASES.get(scale_rule, scale_rule)
-    if rule not in SCALE_RULES:
-        raise ValueError(
-            f"mxfp4: scale_rule={scale_rule!r} is not supported; allowed: {SCALE_RULES} "
-            f"(also the former names {SCALE_RULE_ALIASES})"
-        )
-    return rule
+def check_scale_rule(scale_rule: str) -> str:
+    """``scale_rule``, or ValueError in one line naming the allowed rules."""
+    if scale_rule not in SCALE_RULES:
+        raise ValueError(f"mxfp4: scale_rule={scale_rule!r} is not supported; allowed: {SCALE_RULES}")
+    return scale_rule
 
 
 def scale_exponent(block_amax: torch.Tensor, scale_rule: str) -> torch.Tensor:
     """Unbiased E8M0 exponent (int32, in [-127, 127]) of each block's decode scale."""
-    scale_rule = canonical_scale_rule(scale_rule)
+    scale_rule = check_scale_rule(scale_rule)
     if scale_rule == "rceil":
         v = block_amax / e2m1.E2M1_MAX
         mantissa, exponent = torch.frexp(v)  # v = mantissa * 2^exponent, mantissa in [0.5, 1)
@@ -125,7 +118,7 @@ def _check(x: torch.Tensor, rounding: str, scale_rule: str) -> str:
             f"mxfp4: the last dim of shape {tuple(x.shape)} must be a non-zero multiple of {BLOCK} (no padding is done)"
         )
     e2m1.check_rounding(rounding)
-    return canonical_scale_rule(scale_rule)
+    return check_scale_rule(scale_rule)
 
 
 def _draw_random_bits(x: torch.Tensor, rounding: str, generator):
@@ -178,9 +171,9 @@ def quantize(
     """Quantize ``x`` (blocks of 32 along dim -1) to packed MXFP4."""
     scale_rule = _check(x, rounding, scale_rule)
     if use_triton(x, impl, "mxfp4.quantize"):
-        from . import triton_kernels
+        from . import kernels
 
-        codes, bits = triton_kernels.mxfp4(x, scale_rule, rounding, dense=False, generator=generator)
+        codes, bits = kernels.mxfp4.quantize(x, scale_rule, rounding, dense=False, generator=generator)
     else:
         codes, bits = _quantize_impl(x, rounding, scale_rule, _draw_random_bits(x, rounding, generator))
     return MXFP4Tensor(
@@ -204,9 +197,9 @@ def fake_quantize(
     for bit to ``quantize(...).dequantize(out_dtype)``. Exact in bf16 (E2M1 x 2^e)."""
     scale_rule = _check(x, rounding, scale_rule)
     if use_triton(x, impl, "mxfp4.fake_quantize"):
-        from . import triton_kernels
+        from . import kernels
 
-        values = triton_kernels.mxfp4(
+        values = kernels.mxfp4.quantize(
             x, scale_rule, rounding, dense=True, generator=generator, out_dtype=out_dtype or x.dtype
         )
     else:
@@ -233,18 +226,18 @@ def rht_quantize_t(
     generator)`` (which is what impl="reference" runs); the Triton kernel reads x row-major and
     never materializes the transpose or the transform. SR bits follow the [features, tokens]
     layout. ``blocks``: the Triton kernel's (groups of 32 tokens, features[, warps]) per program
-    (triton_kernels.rht_blocks; a speed knob, the bits do not depend on it)."""
+    (kernels.rht.program_blocks; a speed knob, the bits do not depend on it)."""
     hadamard.check_wgrad_input(x, BLOCK, "mxfp4.rht_quantize_t")
     e2m1.check_rounding(rounding)
-    scale_rule = canonical_scale_rule(scale_rule)
+    scale_rule = check_scale_rule(scale_rule)
     signs = hadamard.resolve_signs(BLOCK, signs)
     if not use_triton(x, impl, "mxfp4.rht_quantize_t"):
-        return quantize(hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator,
-                        impl="reference")
-    from . import triton_kernels
+        return quantize(
+            hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator, impl="reference"
+        )
+    from . import kernels
 
-    codes, bits = triton_kernels.rht_mxfp4_t(x, signs, scale_rule, rounding, dense=False, generator=generator,
-                                             blocks=blocks)
+    codes, bits = kernels.rht.mxfp4_t(x, signs, scale_rule, rounding, dense=False, generator=generator, blocks=blocks)
     return MXFP4Tensor(codes, bits.view(torch.float8_e8m0fnu), torch.Size(x.shape[::-1]), scale_rule)
 
 
@@ -263,13 +256,15 @@ def rht_fake_quantize_t(
     (see ``rht_quantize_t``)."""
     hadamard.check_wgrad_input(x, BLOCK, "mxfp4.rht_fake_quantize_t")
     e2m1.check_rounding(rounding)
-    scale_rule = canonical_scale_rule(scale_rule)
+    scale_rule = check_scale_rule(scale_rule)
     signs = hadamard.resolve_signs(BLOCK, signs)
     if not use_triton(x, impl, "mxfp4.rht_fake_quantize_t"):
-        return fake_quantize(hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator,
-                             out_dtype, impl="reference")
-    from . import triton_kernels
+        return fake_quantize(
+            hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator, out_dtype, impl="reference"
+        )
+    from . import kernels
 
-    values = triton_kernels.rht_mxfp4_t(x, signs, scale_rule, rounding, dense=True, generator=generator,
-                                        out_dtype=out_dtype or x.dtype, blocks=blocks)
+    values = kernels.rht.mxfp4_t(
+        x, signs, scale_rule, rounding, dense=True, generator=generator, out_dtype=out_dtype or x.dtype, blocks=blocks
+    )
     return values, torch.ones((), dtype=torch.float32, device=x.device)

@@ -23,7 +23,7 @@ every block scale is E4M3 NaN (0x7F), so the whole tensor dequantizes to NaN and
 non-finite guard fires instead of training on silently clipped numbers.
 
 Implementations (``impl``, see impl.py): "reference" is the PyTorch code below; "triton" the
-fused kernel in triton_kernels.py (same bits; one read of x after the amax pass); "auto" (the
+fused kernel in kernels/ (same bits; one read of x after the amax pass); "auto" (the
 default) picks Triton for CUDA tensors.
 
 Two ways in:
@@ -72,17 +72,24 @@ class NVFP4Tensor:
         """One 4-bit code per uint8, logical shape."""
         return e2m1.unpack(self.codes)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True, *,
-                   impl: str = "auto") -> torch.Tensor:
+    def dequantize(
+        self, dtype: torch.dtype = torch.float32, apply_global_scale: bool = True, *, impl: str = "auto"
+    ) -> torch.Tensor:
         """Decode to ``dtype``. ``apply_global_scale=False`` returns ``e2m1 * fp32(scale_b)``
         only (exact in BF16; apply ``global_decode_scale`` after the matmul). On CUDA one Triton pass
         (the same bits)."""
         if use_triton(self.codes, impl, "nvfp4.NVFP4Tensor.dequantize"):
-            from . import triton_kernels
+            from . import kernels
 
-            return triton_kernels.e2m1_dequantize(self.codes, self.scales,
-                                                  self.global_decode_scale if apply_global_scale else None,
-                                                  self.shape, BLOCK, e8m0=False, dtype=dtype)
+            return kernels.dequant.e2m1(
+                self.codes,
+                self.scales,
+                self.global_decode_scale if apply_global_scale else None,
+                self.shape,
+                BLOCK,
+                e8m0=False,
+                dtype=dtype,
+            )
         # (e2m1 * 2^-14) * (scale_b * 2^14): both factors exact, so the product is e2m1 * scale_b
         # exactly, as decode(codes) * scale_b would give (see e2m1.decode_scaled).
         scaled = e2m1.decode_scaled(self.codes).unflatten(-1, (-1, BLOCK))
@@ -206,9 +213,9 @@ def quantize(
     _check_input(x, tile)
     e2m1.check_rounding(rounding)
     if use_triton(x, impl, "nvfp4.quantize"):
-        from . import triton_kernels
+        from . import kernels
 
-        codes, scales, amax, s_dec = triton_kernels.nvfp4(x, tile[0], rounding, dense=False, generator=generator)
+        codes, scales, amax, s_dec = kernels.nvfp4.quantize(x, tile[0], rounding, dense=False, generator=generator)
         scales = scales.view(torch.float8_e4m3fn)
     else:
         random_bits = _draw_random_bits(x, rounding, generator)
@@ -240,9 +247,9 @@ def fake_quantize(
     _check_input(x, tile)
     e2m1.check_rounding(rounding)
     if use_triton(x, impl, "nvfp4.fake_quantize"):
-        from . import triton_kernels
+        from . import kernels
 
-        values, _, s_dec = triton_kernels.nvfp4(
+        values, _, s_dec = kernels.nvfp4.quantize(
             x, tile[0], rounding, dense=True, generator=generator, out_dtype=out_dtype or x.dtype
         )
         return values, s_dec
@@ -267,16 +274,17 @@ def rht_quantize_t(
     (which is what impl="reference" runs); the Triton kernel reads x row-major and never
     materializes the transpose or the transform. SR bits follow the [features, tokens] layout.
     ``blocks``: the Triton kernels' (groups of 16 tokens, features[, warps]) per program
-    (triton_kernels.rht_blocks; a speed knob, the bits do not depend on it)."""
+    (kernels.rht.program_blocks; a speed knob, the bits do not depend on it)."""
     hadamard.check_wgrad_input(x, BLOCK, "nvfp4.rht_quantize_t")
     e2m1.check_rounding(rounding)
     signs = hadamard.resolve_signs(BLOCK, signs)
     if not use_triton(x, impl, "nvfp4.rht_quantize_t"):
         return quantize(hadamard.rht(x.t(), BLOCK, signs), (1, BLOCK), rounding, generator, impl="reference")
-    from . import triton_kernels
+    from . import kernels
 
-    codes, scales, amax, s_dec = triton_kernels.rht_nvfp4_t(x, signs, rounding, dense=False, generator=generator,
-                                                             blocks=blocks)
+    codes, scales, amax, s_dec = kernels.rht.nvfp4_t(
+        x, signs, rounding, dense=False, generator=generator, blocks=blocks
+    )
     return NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), amax, s_dec, torch.Size(x.shape[::-1]), (1, BLOCK))
 
 
@@ -296,12 +304,14 @@ def rht_fake_quantize_t(
     e2m1.check_rounding(rounding)
     signs = hadamard.resolve_signs(BLOCK, signs)
     if not use_triton(x, impl, "nvfp4.rht_fake_quantize_t"):
-        return fake_quantize(hadamard.rht(x.t(), BLOCK, signs), (1, BLOCK), rounding, generator, out_dtype,
-                             impl="reference")
-    from . import triton_kernels
+        return fake_quantize(
+            hadamard.rht(x.t(), BLOCK, signs), (1, BLOCK), rounding, generator, out_dtype, impl="reference"
+        )
+    from . import kernels
 
-    values, _, s_dec = triton_kernels.rht_nvfp4_t(x, signs, rounding, dense=True, generator=generator,
-                                                  out_dtype=out_dtype or x.dtype, blocks=blocks)
+    values, _, s_dec = kernels.rht.nvfp4_t(
+        x, signs, rounding, dense=True, generator=generator, out_dtype=out_dtype or x.dtype, blocks=blocks
+    )
     return values, s_dec
 
 
@@ -316,6 +326,7 @@ def quantize_rowwise_and_rht_t(
     out_dtype: torch.dtype | None = None,
     impl: str = "auto",
     blocks: tuple[int, ...] | None = None,
+    columnwise_generator: torch.Generator | None = None,
 ):
     """Both NVFP4 copies the recipe takes of an activation or gradient x [tokens, features], from
     one read of x on CUDA: ``(rowwise, columnwise)`` with
@@ -327,7 +338,9 @@ def quantize_rowwise_and_rht_t(
 
     Each copy has its own global scale, as if quantized separately (RNE: the same bits as the two
     separate calls). SR: the reference path draws the rowwise bits first, then the columnwise ones;
-    the Triton path draws one Philox seed for each from ``generator``."""
+    the Triton path draws one Philox seed for each, the columnwise one first. ``columnwise_generator``:
+    the columnwise copy's draws come from it (default ``generator``), as when the two operands belong to
+    roles with their own SR streams."""
     hadamard.check_wgrad_input(x, BLOCK, "nvfp4.quantize_rowwise_and_rht_t")
     e2m1.check_rounding(rounding)
     signs = hadamard.resolve_signs(BLOCK, signs)
@@ -337,14 +350,29 @@ def quantize_rowwise_and_rht_t(
             rowwise = fake_quantize(x, (1, BLOCK), rounding, generator, out_dtype, impl="reference")
         else:
             rowwise = quantize(x, (1, BLOCK), rounding, generator, impl="reference")
+        col_generator = generator if columnwise_generator is None else columnwise_generator
         if columnwise_dense:
-            return rowwise, rht_fake_quantize_t(x, rounding, generator, signs, out_dtype, impl="reference")
-        return rowwise, rht_quantize_t(x, rounding, generator, signs, impl="reference")
-    from . import triton_kernels
+            return rowwise, rht_fake_quantize_t(x, rounding, col_generator, signs, out_dtype, impl="reference")
+        return rowwise, rht_quantize_t(x, rounding, col_generator, signs, impl="reference")
+    from . import kernels
 
-    row, col = triton_kernels.rht_nvfp4_t(x, signs, rounding, dense=columnwise_dense, generator=generator,
-                                          out_dtype=out_dtype, rowwise=True, rowwise_dense=rowwise_dense,
-                                          blocks=blocks)
+    seeds = None
+    if rounding == "sr" and columnwise_generator is not None:  # [columnwise, rowwise], the kernel's order
+        seeds = torch.cat(
+            [kernels.rounding.philox_seed(x, columnwise_generator), kernels.rounding.philox_seed(x, generator)]
+        )
+    row, col = kernels.rht.nvfp4_t(
+        x,
+        signs,
+        rounding,
+        dense=columnwise_dense,
+        generator=generator,
+        out_dtype=out_dtype,
+        rowwise=True,
+        rowwise_dense=rowwise_dense,
+        blocks=blocks,
+        seeds=seeds,
+    )
     if rowwise_dense:
         rowwise = (row[0], row[2])
     else:
@@ -353,5 +381,6 @@ def quantize_rowwise_and_rht_t(
     if columnwise_dense:
         return rowwise, (col[0], col[2])
     codes, scales, amax, s_dec = col
-    return rowwise, NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), amax, s_dec, torch.Size(x.shape[::-1]),
-                                (1, BLOCK))
+    return rowwise, NVFP4Tensor(
+        codes, scales.view(torch.float8_e4m3fn), amax, s_dec, torch.Size(x.shape[::-1]), (1, BLOCK)
+    )

@@ -24,6 +24,12 @@ from .ssd import causal_conv1d_silu, ssd_scan
 LinearFactory = Callable[..., nn.Module]
 
 
+# The names the model gives its linears (`linear_factory(..., name=...)`), listed once: the precision layer
+# takes each name's position as part of its SR stream ids, so the order is fixed.
+LINEAR_NAMES = ("in_proj", "out_proj", "qkv", "out", "fc1", "fc2")
+OUTPUT_LINEARS = ("out_proj", "out", "fc2")  # write into the residual stream: scaled init
+
+
 def default_linear_factory(in_features: int, out_features: int, *, block_index: int, name: str) -> nn.Module:
     return nn.Linear(in_features, out_features, bias=False)
 

@@ -21,12 +21,11 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint
 
-from .blocks import Block, GatedRMSNorm, LinearFactory, Mamba2Mixer, RMSNorm, default_linear_factory
+from .blocks import (LINEAR_NAMES, OUTPUT_LINEARS, Block, GatedRMSNorm, LinearFactory, Mamba2Mixer, RMSNorm,
+                     default_linear_factory)
 from .config import ModelConfig
 from .loss import linear_cross_entropy
 
-OUTPUT_LINEARS = ("out_proj", "out", "fc2")  # write into the residual stream: scaled init
-INPUT_LINEARS = ("in_proj", "qkv", "fc1")
 
 
 class HybridLM(nn.Module):
@@ -67,7 +66,7 @@ class HybridLM(nn.Module):
         nn.init.normal_(self.embedding.weight, 0.0, std)
         nn.init.normal_(self.lm_head.weight, 0.0, std)
         for block in self.blocks:
-            for name in INPUT_LINEARS + OUTPUT_LINEARS:
+            for name in LINEAR_NAMES:  # a mixer has one input and one output linear: input first either way
                 linear = getattr(block.mixer, name, None)
                 if linear is not None:
                     nn.init.normal_(linear.weight, 0.0, out_std if name in OUTPUT_LINEARS else std)

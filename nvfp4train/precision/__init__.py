@@ -6,15 +6,26 @@
     ctl = PrecisionController(policy, model)                  # schedule, telemetry, checkpoint state
     peak = gemm_peak_kind(policy, ctl.backend_name)           # "bf16" | "fp8" | "fp4": MFU's peak
 
-Imports `nvfp4train.formats` only; Transformer Engine is imported lazily by the `te` backend.
+Imports `nvfp4train.formats` and the model's linear names (`model.blocks.LINEAR_NAMES`: the factory's contract);
+Transformer Engine is imported lazily by the `te` backend.
 """
+
 from .backends import gemm_peak_kind
 from .controller import PrecisionController, build_linear_factory
 from .linear import QuantLinear
 from .memory import saved_activation_bytes, saved_bytes_report
-from .policy import ROLES, LayerRecipe, OperandSpec, PrecisionPolicy, SwitchConfig
+from .recipe import ROLES, LayerRecipe, OperandSpec, PrecisionPolicy, SwitchConfig
 
 __all__ = [
-    "PrecisionPolicy", "build_linear_factory", "PrecisionController", "QuantLinear", "LayerRecipe",
-    "OperandSpec", "SwitchConfig", "ROLES", "saved_activation_bytes", "saved_bytes_report", "gemm_peak_kind",
+    "PrecisionPolicy",
+    "build_linear_factory",
+    "PrecisionController",
+    "QuantLinear",
+    "LayerRecipe",
+    "OperandSpec",
+    "SwitchConfig",
+    "ROLES",
+    "saved_activation_bytes",
+    "saved_bytes_report",
+    "gemm_peak_kind",
 ]

@@ -14,10 +14,12 @@ module (`te_backend.TELinear`). `auto` prefers te, then scaled_mm, then emulated
 that can run this policy faithfully here, and says why. `gemm_peak_kind` says which tensor-core
 peak the chosen backend's GEMMs run at (for MFU).
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -28,7 +30,7 @@ from nvfp4train.schema import ConfigError
 from . import cublas_gemm, te_backend
 from .hardware import cuda_capability
 from .operands import Quantized, operand_format, pad2d, round_up
-from .policy import OperandSpec, PrecisionPolicy
+from .recipe import OperandSpec, PrecisionPolicy
 
 
 def gemm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -44,17 +46,22 @@ def gemm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.float() @ b.float().t()
 
 
-def scale_and_cast(out: torch.Tensor, a: torch.Tensor | None, b: torch.Tensor | None,
-                   dtype: torch.dtype) -> torch.Tensor:
+def scale_and_cast(
+    out: torch.Tensor, a: torch.Tensor | None, b: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
     """The emulated GEMM's epilogue: ((out * a) * b).to(dtype) for the FP32 product `out` and the
     operands' 0-d FP32 global decode scales (None: none). On CUDA one Triton pass (the same roundings)
     instead of two FP32 multiplies and a cast over the whole output."""
-    if out.is_cuda and out.dtype == torch.float32 and out.is_contiguous() and (a is not None or b is not None
-                                                                               or dtype != torch.float32):
+    if (
+        out.is_cuda
+        and out.dtype == torch.float32
+        and out.is_contiguous()
+        and (a is not None or b is not None or dtype != torch.float32)
+    ):
         if triton_available() and not torch.compiler.is_compiling():
-            from nvfp4train.formats import triton_kernels  # imports triton: only where it runs
+            from nvfp4train.formats import kernels  # imports triton: only where it runs
 
-            return triton_kernels.scale_and_cast(out, a, b, dtype)
+            return kernels.dequant.scale_and_cast(out, a, b, dtype)
     if a is not None:
         out = out * a
     if b is not None:
@@ -66,6 +73,7 @@ class Backend:
     """`name`; `native_gemm`: whether its GEMMs run at the operand format's own tensor-core rate
     (False: BF16 GEMMs on dequantized operands); `unsupported(policy)`: why it cannot run
     `policy` here (None: it can)."""
+
     name: str
     native_gemm: bool
 
@@ -99,12 +107,14 @@ class ScaledMMBackend(EmulatedBackend):
     128x128 or 1x128 weight tiles). The operands are the emulated path's own quantized operands in
     their raw form (FP8 data + FP32 decode scales, the same bits); only the GEMM differs, and it
     accumulates in FP32 too. Any other operand pair runs as EMULATED does it."""
+
     name, native_gemm = "scaled_mm", True
 
     def unsupported(self, policy):
         if policy.format not in ("fp8_tensorwise", "fp8_blockwise"):
-            return (f"scaled_mm runs the FP8 policies only (format={str(policy.format)!r}: NVFP4/MXFP4 GEMMs "
-                    "need sm_100)")
+            return (
+                f"scaled_mm runs the FP8 policies only (format={str(policy.format)!r}: NVFP4/MXFP4 GEMMs need sm_100)"
+            )
         cap = cuda_capability()
         if cap is None:
             return "scaled_mm needs a CUDA GPU (torch.cuda.is_available() is False)"
@@ -146,8 +156,13 @@ def _tensorwise_gemm(a: Quantized, b: Quantized, out_dtype: torch.dtype = torch.
     k = round_up(da.shape[1], 16)
     da = pad2d(da.view(torch.uint8), round_up(da.shape[0], 16), k).view(da.dtype)
     db = pad2d(db.view(torch.uint8), round_up(db.shape[0], 16), k).view(db.dtype)
-    out = torch._scaled_mm(da, db.t(), scale_a=a.decode_scale.reshape(()).float(),
-                           scale_b=b.decode_scale.reshape(()).float(), out_dtype=out_dtype)
+    out = torch._scaled_mm(
+        da,
+        db.t(),
+        scale_a=a.decode_scale.reshape(()).float(),
+        scale_b=b.decode_scale.reshape(()).float(),
+        out_dtype=out_dtype,
+    )
     return out[:m, :n]
 
 
@@ -168,8 +183,13 @@ def gemm_k_multiple(backend_name: str, a: OperandSpec, b: OperandSpec) -> int:
     """The multiple of K that `backend_name`'s GEMM of a [M, K] by b [N, K] wants beyond the operands' own
     blocks: TILE_K_MULTIPLE for scaled_mm on a 128x128-tiled FP8 b, else 1. QuantLinear makes its operands
     at that K, so `_blockwise_gemm` finds nothing left to pad."""
-    if (backend_name == "scaled_mm" and b.format in ("fp8_e4m3", "fp8_e5m2") and b.tile is not None
-            and tuple(b.tile) == (128, 128) and a.format == b.format):
+    if (
+        backend_name == "scaled_mm"
+        and b.format in ("fp8_e4m3", "fp8_e5m2")
+        and b.tile is not None
+        and tuple(b.tile) == (128, 128)
+        and a.format == b.format
+    ):
         return TILE_K_MULTIPLE
     return 1
 
@@ -246,11 +266,17 @@ def _blockwise_unsupported(device_index: int) -> str | None:
     try:
         err = rel_err(_blockwise_gemm(x, x2), _dequantized(x) @ _dequantized(x2).t())  # Wgrad: 1x128 x 1x128
         if err > 1e-3:
-            return f"torch._scaled_mm's 1x128 x 1x128 blockwise GEMM differs from the dequantized product (rel err {err:.2g})"
+            return (
+                f"torch._scaled_mm's 1x128 x 1x128 blockwise GEMM differs from the dequantized product "
+                f"(rel err {err:.2g})"
+            )
         err = rel_err(_blockwise_gemm(x, w), _dequantized(x) @ _dequantized(w).t())  # Fprop / Dgrad: 1x128 x 128x128
         if err <= 1e-3:
             return None
-        return f"torch._scaled_mm's 1x128 x 128x128 blockwise GEMM differs from the dequantized product (rel err {err:.2g})"
+        return (
+            f"torch._scaled_mm's 1x128 x 128x128 blockwise GEMM differs from the dequantized product "
+            f"(rel err {err:.2g})"
+        )
     except (RuntimeError, TypeError) as error:
         return f"torch._scaled_mm refused blockwise FP8 scales here ({_error_summary(error)})"
 
@@ -285,7 +311,9 @@ def resolve_backend(policy: PrecisionPolicy) -> tuple[Backend, str]:
         backend = BACKENDS[requested]
         why = backend.unsupported(policy)
         if why:
-            raise ConfigError(f"precision.backend={str(requested)!r} cannot run here: {why}. Use backend: emulated or auto")
+            raise ConfigError(
+                f"precision.backend={str(requested)!r} cannot run here: {why}. Use backend: emulated or auto"
+            )
         return backend, "requested"
     reasons = []
     for backend in (TE, SCALED_MM):

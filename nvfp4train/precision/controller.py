@@ -1,28 +1,30 @@
 """The linear factory the model calls, and the controller the trainer drives.
 
-    factory = build_linear_factory(policy, n_blocks, seed)
-    layer = factory(in_features, out_features, block_index=3, name="fc1")   # QuantLinear / TELinear
-    ctl = PrecisionController(policy, model)
-    msg = ctl.on_step(tokens_fraction)   # schedule switch + telemetry gating, once per step
-    ctl.weights_changed()                # after optimizer.step(): drop the cached quantized weights
-    stats = ctl.quant_stats()            # {"quant/block3.fc1/wgrad_dy/rel_err": ..., ...}
-    torch.save(ctl.state_dict(), f)      # switch state + SR generator states (weights_only-loadable)
+factory = build_linear_factory(policy, n_blocks, seed)
+layer = factory(in_features, out_features, block_index=3, name="fc1")   # QuantLinear / TELinear
+ctl = PrecisionController(policy, model)
+msg = ctl.on_step(tokens_fraction)   # schedule switch + telemetry gating, once per step
+ctl.weights_changed()                # after optimizer.step(): drop the cached quantized weights
+stats = ctl.quant_stats()            # {"quant/block3.fc1/wgrad_dy/rel_err": ..., ...}
+torch.save(ctl.state_dict(), f)      # switch state + SR generator states (weights_only-loadable)
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
+from nvfp4train.model.blocks import LINEAR_NAMES
+
 from .backends import TE, resolve_backend
-from .linear import QuantLinear, invalidate_weight_caches
-from .policy import PrecisionPolicy
+from .linear import QuantLinear
+from .recipe import PrecisionPolicy
 from .te_backend import TELinear
 
 log = logging.getLogger(__name__)
-
-LINEAR_NAMES = ("in_proj", "out_proj", "qkv", "out", "fc1", "fc2")
 
 
 def build_linear_factory(policy: PrecisionPolicy, n_blocks: int, seed: int) -> Callable[..., nn.Module]:
@@ -51,6 +53,26 @@ def build_linear_factory(policy: PrecisionPolicy, n_blocks: int, seed: int) -> C
     linear_factory.backend_name = backend.name
     linear_factory.backend_reason = reason
     return linear_factory
+
+
+def drop_weight_caches(layers) -> None:
+    """Drop the cached quantized weights of every QuantLinear in `layers` (their weights changed, or a CUDA
+    graph capture wants a clean start). The one place outside a layer that invalidates its cache: the
+    controller's `on_step` / `weights_changed`, the optimizer hook below and the CUDA graph capture call it."""
+    for layer in layers:
+        if isinstance(layer, QuantLinear):
+            layer.invalidate_weight_cache()
+
+
+def drop_weight_caches_after_each_step(optimizer, model: nn.Module) -> None:
+    """Register `drop_weight_caches` of `model`'s quantized linears as `optimizer`'s post-step hook: an
+    update that does not bump a weight's version counter (torch's fused AdamW, DeepSpeed writing through
+    `.data`, FSDP2 re-gathering into the same storage) cannot be noticed by the cache itself, and a caller
+    that drives the optimizer without a controller (a benchmark, a library user) would otherwise reuse
+    stale quantized weights."""
+    quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    if quantized:
+        optimizer.register_step_post_hook(lambda *_: drop_weight_caches(quantized))
 
 
 def _is_precision_linear(module: nn.Module) -> bool:
@@ -98,8 +120,10 @@ class PrecisionController:
         if not self.switched and self.policy.switch_due(tokens_fraction):
             self._apply_switch(True)
             self.switched_at = float(tokens_fraction)
-            return (f"precision: switched {self.policy.switch.mode} to BF16 at tokens fraction "
-                    f"{tokens_fraction:.4f} (scheduled at {self.policy.switch.at_fraction})")
+            return (
+                f"precision: switched {self.policy.switch.mode} to BF16 at tokens fraction "
+                f"{tokens_fraction:.4f} (scheduled at {self.policy.switch.at_fraction})"
+            )
         return None
 
     def weights_changed(self) -> None:
@@ -109,8 +133,8 @@ class PrecisionController:
         step) and every micro-batch's Fprop and Dgrad reuse it. An in-place update that bumps the
         weight's version counter (`copy_`, foreach optimizers) is noticed without it; torch's fused
         AdamW, updates through `.data` (DeepSpeed) and re-gathered storage (FSDP2) are not (the
-        TorchEngine drops the caches after each optimizer step itself)."""
-        invalidate_weight_caches(self.layers)
+        optimizer's post-step hook, `drop_weight_caches_after_each_step`, catches those)."""
+        drop_weight_caches(self.layers)
 
     def _apply_switch(self, switched: bool) -> None:
         self.switched = switched

@@ -15,11 +15,11 @@ already covers. Reduced-precision reductions are disallowed for the call, whatev
 Used by `backends.EmulatedBackend.gemm` on CUDA; `available()` is False (and the Triton epilogue runs)
 where libcublas is not loaded into the process.
 """
+
 from __future__ import annotations
 
 import ctypes
 import os
-from typing import Optional
 
 import torch
 
@@ -33,12 +33,12 @@ _CUBLAS_POINTER_MODE_HOST, _CUBLAS_POINTER_MODE_DEVICE = 0, 1
 _CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16
 _DTYPES = {torch.bfloat16: _CUDA_R_16BF, torch.float32: _CUDA_R_32F}
 
-_LIB: Optional[ctypes.CDLL] = None
-_LIB_ERROR: Optional[str] = None
+_LIB: ctypes.CDLL | None = None
+_LIB_ERROR: str | None = None
 _CONSTANTS: dict[int, torch.Tensor] = {}
 
 
-def _loaded_cublas_path() -> Optional[str]:
+def _loaded_cublas_path() -> str | None:
     """The libcublas that torch loaded (so ctypes binds the same library, not a second copy)."""
     torch.cuda.current_blas_handle()  # makes torch load and initialise cuBLAS
     with open("/proc/self/maps") as maps:
@@ -49,7 +49,7 @@ def _loaded_cublas_path() -> Optional[str]:
     return None
 
 
-def _lib() -> Optional[ctypes.CDLL]:
+def _lib() -> ctypes.CDLL | None:
     global _LIB, _LIB_ERROR
     if _LIB is None and _LIB_ERROR is None:
         try:
@@ -58,8 +58,10 @@ def _lib() -> Optional[ctypes.CDLL]:
                 raise OSError("no libcublas.so mapped into this process")
             lib = ctypes.CDLL(path)
             handle, i32, ptr = ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p
-            lib.cublasGemmEx.argtypes = [handle, i32, i32, i32, i32, i32, ptr, ptr, i32, i32, ptr, i32, i32, ptr,
-                                         ptr, i32, i32, i32, i32]
+            # cublasGemmEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc,
+            # computeType, algo)
+            gemm_args = "h i i i i i p p i i p i i p p i i i i"
+            lib.cublasGemmEx.argtypes = [{"h": handle, "i": i32, "p": ptr}[c] for c in gemm_args.split()]
             lib.cublasGemmEx.restype = i32
             for name in ("cublasSetPointerMode_v2", "cublasSetMathMode"):
                 getattr(lib, name).argtypes, getattr(lib, name).restype = [handle, i32], i32
@@ -75,7 +77,7 @@ def available() -> bool:
     return torch.cuda.is_available() and _lib() is not None
 
 
-def _layout(t: torch.Tensor) -> Optional[tuple[bool, int]]:
+def _layout(t: torch.Tensor) -> tuple[bool, int] | None:
     """(row-major?, leading dimension) of a matrix cuBLAS can read in place; None if neither layout."""
     if t.stride(1) == 1 and t.stride(0) >= max(1, t.shape[1]):
         return True, t.stride(0)
@@ -87,9 +89,18 @@ def _layout(t: torch.Tensor) -> Optional[tuple[bool, int]]:
 def supports(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
     """Whether `scaled_gemm` takes these operands: CUDA BF16 matrices, each row- or column-major; never with
     NVFP4TRAIN_TRITON=0, the switch that sends the emulated GEMM's epilogue (like our kernels) to PyTorch."""
-    return (a.is_cuda and os.environ.get(DISABLE_ENV, "1") != "0" and a.dtype == b.dtype == torch.bfloat16 and a.dim() == b.dim() == 2 and out_dtype in _DTYPES
-            and a.shape[1] == b.shape[1] and _layout(a) is not None and _layout(b) is not None
-            and not torch.compiler.is_compiling() and available())
+    return (
+        a.is_cuda
+        and os.environ.get(DISABLE_ENV, "1") != "0"
+        and a.dtype == b.dtype == torch.bfloat16
+        and a.dim() == b.dim() == 2
+        and out_dtype in _DTYPES
+        and a.shape[1] == b.shape[1]
+        and _layout(a) is not None
+        and _layout(b) is not None
+        and not torch.compiler.is_compiling()
+        and available()
+    )
 
 
 def _check(status: int, what: str) -> None:
@@ -97,8 +108,7 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"cuBLAS {what} failed with status {status}")
 
 
-def scaled_gemm(a: torch.Tensor, b: torch.Tensor, alpha: Optional[torch.Tensor],
-                out_dtype: torch.dtype) -> torch.Tensor:
+def scaled_gemm(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """(a [M, K] · b [N, K]ᵀ) × alpha in `out_dtype`: BF16 operands, FP32 accumulation, alpha a one-element FP32
     CUDA tensor read by cuBLAS on the device (None: 1), one rounding to out_dtype."""
     lib = _lib()
@@ -120,8 +130,9 @@ def scaled_gemm(a: torch.Tensor, b: torch.Tensor, alpha: Optional[torch.Tensor],
     return out
 
 
-def _gemm_ex(lib: ctypes.CDLL, a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, zero: torch.Tensor,
-             out: torch.Tensor) -> None:
+def _gemm_ex(
+    lib: ctypes.CDLL, a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, zero: torch.Tensor, out: torch.Tensor
+) -> None:
     """out = alpha · (a · bᵀ) + 0 on the current device's handle, its pointer and math modes restored after."""
     (M, K), N = a.shape, b.shape[0]
     handle = ctypes.c_void_p(torch.cuda.current_blas_handle())  # bound to the current stream
@@ -134,11 +145,30 @@ def _gemm_ex(lib: ctypes.CDLL, a: torch.Tensor, b: torch.Tensor, alpha: torch.Te
         # Row-major out [M, N] is column-major outᵀ [N, M] = b [N, K] · aᵀ [K, M] in cuBLAS's column-major
         # terms: a row-major b is a column-major K x N matrix (so transposed), a row-major a is aᵀ already.
         (b_rows, ldb), (a_rows, lda) = _layout(b), _layout(a)
-        _check(lib.cublasGemmEx(handle, _CUBLAS_OP_T if b_rows else _CUBLAS_OP_N,
-                                _CUBLAS_OP_N if a_rows else _CUBLAS_OP_T, N, M, K, alpha.data_ptr(),
-                                b.data_ptr(), _CUDA_R_16BF, ldb, a.data_ptr(), _CUDA_R_16BF, lda,
-                                zero.data_ptr(), out.data_ptr(), _DTYPES[out.dtype], N, _CUBLAS_COMPUTE_32F,
-                                _CUBLAS_GEMM_DEFAULT), "GemmEx")
+        _check(
+            lib.cublasGemmEx(
+                handle,
+                _CUBLAS_OP_T if b_rows else _CUBLAS_OP_N,
+                _CUBLAS_OP_N if a_rows else _CUBLAS_OP_T,
+                N,
+                M,
+                K,
+                alpha.data_ptr(),
+                b.data_ptr(),
+                _CUDA_R_16BF,
+                ldb,
+                a.data_ptr(),
+                _CUDA_R_16BF,
+                lda,
+                zero.data_ptr(),
+                out.data_ptr(),
+                _DTYPES[out.dtype],
+                N,
+                _CUBLAS_COMPUTE_32F,
+                _CUBLAS_GEMM_DEFAULT,
+            ),
+            "GemmEx",
+        )
     finally:
         lib.cublasSetPointerMode_v2(handle, pointer_mode.value)
         lib.cublasSetMathMode(handle, math_mode.value)

@@ -1,4 +1,5 @@
 """What this machine can run: the CUDA compute capability and whether Transformer Engine is installed."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -4,6 +4,7 @@ Measured, not estimated: every tensor autograd saves during the forward passes t
 `saved_tensors_hooks` pack hook; parameters (which live anyway) are not counted, and a storage
 seen twice is counted once.
 """
+
 from __future__ import annotations
 
 import torch
@@ -12,7 +13,9 @@ from torch import nn
 from .linear import QuantLinear
 
 
-def saved_activation_bytes(module: nn.Module, x: torch.Tensor, autocast_dtype: torch.dtype | None = torch.bfloat16) -> int:
+def saved_activation_bytes(
+    module: nn.Module, x: torch.Tensor, autocast_dtype: torch.dtype | None = torch.bfloat16
+) -> int:
     """Bytes of the non-parameter tensors autograd saves for backward in `module(x)`."""
     param_storages = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict[int, int] = {}
@@ -39,8 +42,9 @@ def saved_activation_bytes(module: nn.Module, x: torch.Tensor, autocast_dtype: t
 def saved_bytes_report(policy, in_features: int, out_features: int, tokens: int, device="cpu") -> dict[str, float]:
     """Saved-activation bytes of one quantized linear of `policy` vs nn.Linear in BF16 autocast."""
     n_blocks = 1
-    layer = QuantLinear(in_features, out_features, policy=policy, block_index=0, n_blocks=n_blocks,
-                        name="fc1", seed=0, device=device)
+    layer = QuantLinear(
+        in_features, out_features, policy=policy, block_index=0, n_blocks=n_blocks, name="fc1", seed=0, device=device
+    )
     reference = nn.Linear(in_features, out_features, bias=False, device=device)
     x = torch.randn(tokens, in_features, device=device)
     quant = saved_activation_bytes(layer, x)

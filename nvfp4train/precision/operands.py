@@ -20,6 +20,7 @@ Two forms:
   go through autograd's `save_for_backward`; `Packed.layout` is the tensor-free rest, and
   `layout.rebuild(tensors)` puts the two together again.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,8 +29,7 @@ import torch
 
 from nvfp4train.formats import fp8, hadamard, mxfp4, nvfp4
 
-from .policy import OperandSpec
-
+from .recipe import OperandSpec
 
 # Which implementation of nvfp4train.formats quantizes operands: "auto" runs the fused Triton
 # kernels on CUDA tensors and the PyTorch reference elsewhere (same bits; formats/impl.py).
@@ -57,9 +57,15 @@ class Quantized:
     from it on first use (a scaled_mm GEMM never asks). `rows` < the padded row count marks the
     rows a tile padded on: `values` drops them, the raw form keeps them (a GEMM crops its output)."""
 
-    def __init__(self, values: torch.Tensor | None, decode_scale: torch.Tensor | None,
-                 fp8_data: torch.Tensor | None = None, fp8_scales: torch.Tensor | None = None,
-                 spec: OperandSpec | None = None, rows: int | None = None):
+    def __init__(
+        self,
+        values: torch.Tensor | None,
+        decode_scale: torch.Tensor | None,
+        fp8_data: torch.Tensor | None = None,
+        fp8_scales: torch.Tensor | None = None,
+        spec: OperandSpec | None = None,
+        rows: int | None = None,
+    ):
         self._values, self.decode_scale = values, decode_scale
         self.fp8_data, self.fp8_scales, self.spec, self.rows = fp8_data, fp8_scales, spec, rows
 
@@ -69,7 +75,7 @@ class Quantized:
             self._values = operand_format(self.spec).dense(self)
         return self._values if self.rows is None else self._values[: self.rows]
 
-    def first_rows(self, n: int) -> "Quantized":
+    def first_rows(self, n: int) -> Quantized:
         """Drop the rows a tile padded on (the K padding stays: it multiplies zeros)."""
         if self.fp8_data is None:
             return Quantized(self.values[:n], self.decode_scale)
@@ -82,6 +88,7 @@ class OperandFormat:
     """How operands of one format are quantized. `gemm_peak` is the tensor-core rate ("bf16" |
     "fp8" | "fp4") a GEMM that consumes this format natively runs at; the emulated backend runs
     every format as BF16 GEMMs (see `backends.gemm_peak_kind`)."""
+
     name: str
     gemm_peak: str
 
@@ -122,6 +129,7 @@ class OperandFormat:
 
 class BF16Format(OperandFormat):
     """Not quantized: the operand in BF16, K zero-padded (no tile, no RHT)."""
+
     name, gemm_peak = "bf16", "bf16"
 
     def prepare(self, x, spec, k_pad, rht_signs):
@@ -142,6 +150,7 @@ class BF16Format(OperandFormat):
 
 class _E2M1BlockFormat(OperandFormat):
     """NVFP4 / MXFP4: E2M1 codes with one scale per `block` elements along K."""
+
     gemm_peak = "fp4"
     block: int
 
@@ -153,16 +162,19 @@ class _E2M1BlockFormat(OperandFormat):
         block_nonzero = nonzero.reshape(nonzero.shape[0], -1, self.block).any(-1).reshape(-1)
         sat, uflow = self.scale_flags(tensors[1].reshape(-1))
         n_blocks = max(int(block_nonzero.sum()), 1)
-        return {"scale_sat": float((sat & block_nonzero).sum()) / n_blocks,
-                "scale_uflow": float((uflow & block_nonzero).sum()) / n_blocks}
+        return {
+            "scale_sat": float((sat & block_nonzero).sum()) / n_blocks,
+            "scale_uflow": float((uflow & block_nonzero).sum()) / n_blocks,
+        }
 
 
 class NVFP4Format(_E2M1BlockFormat):
     name, block = "nvfp4", nvfp4.BLOCK
 
     def fake_quantize(self, x, spec, generator):
-        values, scale = nvfp4.fake_quantize(x, spec.tile, spec.rounding, generator, out_dtype=torch.bfloat16,
-                                           impl=QUANT_IMPL)
+        values, scale = nvfp4.fake_quantize(
+            x, spec.tile, spec.rounding, generator, out_dtype=torch.bfloat16, impl=QUANT_IMPL
+        )
         return Quantized(values, scale)
 
     def pack(self, x, spec, generator):
@@ -176,8 +188,12 @@ class NVFP4Format(_E2M1BlockFormat):
 
     def storage(self, spec, shape):
         rows, k = shape
-        return [((rows, k // 2), torch.uint8), ((rows, k // self.block), torch.float8_e4m3fn),
-                ((), torch.float32), ((), torch.float32)]
+        return [
+            ((rows, k // 2), torch.uint8),
+            ((rows, k // self.block), torch.float8_e4m3fn),
+            ((), torch.float32),
+            ((), torch.float32),
+        ]
 
     def scale_flags(self, scales):
         # Underflow: below the E4M3 normal range 2^-6 (subnormal or zero).
@@ -189,8 +205,9 @@ class MXFP4Format(_E2M1BlockFormat):
     name, block = "mxfp4", mxfp4.BLOCK
 
     def fake_quantize(self, x, spec, generator):
-        values, _ = mxfp4.fake_quantize(x, spec.rounding, spec.scale_mode, generator, out_dtype=torch.bfloat16,
-                                        impl=QUANT_IMPL)
+        values, _ = mxfp4.fake_quantize(
+            x, spec.rounding, spec.scale_mode, generator, out_dtype=torch.bfloat16, impl=QUANT_IMPL
+        )
         return Quantized(values, None)
 
     def pack(self, x, spec, generator):
@@ -215,6 +232,7 @@ class MXFP4Format(_E2M1BlockFormat):
 class FP8Format(OperandFormat):
     """FP8 with current scaling: per tensor when the spec has no tile, else blockwise with FP32
     scales (power-of-two when `scale_mode` is "pow2")."""
+
     gemm_peak = "fp8"
 
     def __init__(self, name: str, dtype: torch.dtype):
@@ -251,8 +269,9 @@ class FP8Format(OperandFormat):
     def dense(self, q):
         if q.spec.tile is None:
             return q.fp8_data.to(torch.bfloat16)
-        return fp8.dequantize_blockwise(q.fp8_data, q.fp8_scales, q.spec.tile, self._blockwise_dtype(q.spec),
-                                        impl=QUANT_IMPL)
+        return fp8.dequantize_blockwise(
+            q.fp8_data, q.fp8_scales, q.spec.tile, self._blockwise_dtype(q.spec), impl=QUANT_IMPL
+        )
 
     def scale_stats(self, tensors, spec, nonzero):
         # Saturation = elements clipped at the FP8 max (current scaling maps amax to max).
@@ -260,10 +279,16 @@ class FP8Format(OperandFormat):
         return {"scale_sat": float(at_max.sum()) / max(int(nonzero.sum()), 1)}
 
 
-OPERAND_FORMATS: dict[str, OperandFormat] = {f.name: f for f in (
-    BF16Format(), NVFP4Format(), MXFP4Format(),
-    FP8Format("fp8_e4m3", torch.float8_e4m3fn), FP8Format("fp8_e5m2", torch.float8_e5m2),
-)}
+OPERAND_FORMATS: dict[str, OperandFormat] = {
+    f.name: f
+    for f in (
+        BF16Format(),
+        NVFP4Format(),
+        MXFP4Format(),
+        FP8Format("fp8_e4m3", torch.float8_e4m3fn),
+        FP8Format("fp8_e5m2", torch.float8_e5m2),
+    )
+}
 
 
 def operand_format(spec: OperandSpec) -> OperandFormat:
@@ -281,9 +306,16 @@ def _fused_wgrad_rht(x: torch.Tensor, spec: OperandSpec, k_pad: int) -> bool:
     tensor (the layer passes x2d.t()), and nothing to pad. Same bits as prepare + quantize; on
     CUDA one kernel reads x row-major instead of materializing x.T and its transform."""
     block = {"nvfp4": nvfp4.BLOCK, "mxfp4": mxfp4.BLOCK}.get(spec.format)
-    return (block is not None and spec.rht_dim == block and tuple(spec.tile) == (1, block)
-            and x.ndim == 2 and x.shape[1] == k_pad and k_pad % block == 0 and x.t().is_contiguous()
-            and x.dtype in nvfp4.INPUT_DTYPES)
+    return (
+        block is not None
+        and spec.rht_dim == block
+        and tuple(spec.tile) == (1, block)
+        and x.ndim == 2
+        and x.shape[1] == k_pad
+        and k_pad % block == 0
+        and x.t().is_contiguous()
+        and x.dtype in nvfp4.INPUT_DTYPES
+    )
 
 
 def _fused_fp8_columnwise(x: torch.Tensor, spec: OperandSpec, k_pad: int) -> bool:
@@ -291,137 +323,21 @@ def _fused_fp8_columnwise(x: torch.Tensor, spec: OperandSpec, k_pad: int) -> boo
     fused transpose + quantize entry (fp8.quantize_blockwise_t): `x` [rows, K] the transpose of a
     contiguous [K, rows] tensor, nothing to pad. Same bits as prepare + quantize; on CUDA one kernel
     reads x row-major instead of materializing x.T."""
-    return (spec.format in ("fp8_e4m3", "fp8_e5m2") and spec.tile is not None and tuple(spec.tile) == (1, 128)
-            and not spec.rht_dim and x.ndim == 2 and x.shape[1] == k_pad and k_pad % 128 == 0
-            and x.t().is_contiguous() and x.dtype in (torch.float32, torch.bfloat16, torch.float16))
+    return (
+        spec.format in ("fp8_e4m3", "fp8_e5m2")
+        and spec.tile is not None
+        and tuple(spec.tile) == (1, 128)
+        and not spec.rht_dim
+        and x.ndim == 2
+        and x.shape[1] == k_pad
+        and k_pad % 128 == 0
+        and x.t().is_contiguous()
+        and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    )
 
 
 def _fp8_columnwise(x: torch.Tensor, spec: OperandSpec) -> tuple[torch.Tensor, torch.Tensor]:
     return fp8.quantize_blockwise_t(x.t(), operand_format(spec).dtype, spec.scale_mode == "pow2", impl=QUANT_IMPL)
-
-
-def fprop_and_wgrad_x(x2d: torch.Tensor, fprop_spec: OperandSpec, wgrad_spec: OperandSpec, k_f: int, k_w: int,
-                      rht_signs=None) -> tuple[Quantized, Packed] | None:
-    """Fprop's X operand and Wgrad's packed Xᵀ from one read of X, for the paper's pairs with nothing to
-    pad: NVFP4 1x16 RNE and NVFP4 1x16 RNE after the 16-point RHT along tokens
-    (nvfp4.quantize_rowwise_and_rht_t), or FP8 1x128 blocks along features and along tokens
-    (fp8.quantize_blockwise_rowcol): the bits of the two separate quantizations (`fake_quantize` and
-    `pack`), or per-tensor FP8 of X and of Xᵀ with one spec (fp8.quantize_tensorwise_rowcol: the
-    codes and their transpose from one cast). None for any other pair (or padding): quantize them
-    separately."""
-    if tensorwise_pair(fprop_spec, wgrad_spec):
-        return tensorwise_rowcol(x2d, fprop_spec, k_f, k_w)
-    if _fp8_pair(fprop_spec, wgrad_spec) and _fp8_rowcol_fits(x2d, k_f, k_w):
-        row, col = _fp8_rowcol(x2d, fprop_spec, k_f)
-        return (operand_format(fprop_spec).dequantize(row, fprop_spec, tuple(x2d.shape)),
-                Packed(PackedLayout(wgrad_spec, tuple(x2d.t().shape)), col))
-    pair = (fprop_spec.format == wgrad_spec.format == "nvfp4" and fprop_spec.rounding == wgrad_spec.rounding == "rne"
-            and tuple(fprop_spec.tile) == (1, nvfp4.BLOCK) and not fprop_spec.rht_dim)
-    if not (pair and x2d.ndim == 2 and x2d.shape[1] == k_f and _fused_wgrad_rht(x2d.t(), wgrad_spec, k_w)):
-        return None
-    (values, scale), q = nvfp4.quantize_rowwise_and_rht_t(x2d, "rne", None, rht_signs, rowwise_dense=True,
-                                                          out_dtype=torch.bfloat16, impl=QUANT_IMPL)
-    packed = Packed(PackedLayout(wgrad_spec, tuple(q.shape)), (q.codes, q.scales, q.amax, q.global_decode_scale))
-    return Quantized(values, scale), packed
-
-
-def _fp8_pair(row_spec: OperandSpec, col_spec: OperandSpec) -> bool:
-    """FP8 1x128 blocks along K for both (the same format and scale rule, no RHT, RNE): blockwise FP8's
-    activation or gradient pair (along features for Fprop / Dgrad, along tokens for Wgrad)."""
-    return (row_spec.format == col_spec.format and row_spec.format in ("fp8_e4m3", "fp8_e5m2")
-            and row_spec.tile is not None and col_spec.tile is not None
-            and tuple(row_spec.tile) == tuple(col_spec.tile) == (1, 128) and row_spec.scale_mode == col_spec.scale_mode
-            and not row_spec.rht_dim and not col_spec.rht_dim and row_spec.rounding == col_spec.rounding == "rne")
-
-
-def _fp8_rowcol_fits(x2d: torch.Tensor, k_row: int, k_col: int) -> bool:
-    """The row copy may be K-padded (the kernel writes the zeros), the column copy not (its K is the tokens)."""
-    return (x2d.ndim == 2 and x2d.is_contiguous() and x2d.shape[1] <= k_row and x2d.shape[0] == k_col
-            and k_row % 128 == 0 and k_col % 128 == 0 and x2d.dtype in (torch.float32, torch.bfloat16, torch.float16))
-
-
-def _fp8_rowcol(x2d: torch.Tensor, spec: OperandSpec, k_row: int):
-    return fp8.quantize_blockwise_rowcol(x2d, operand_format(spec).dtype, spec.scale_mode == "pow2", row_width=k_row,
-                                         impl=QUANT_IMPL)
-
-
-def tensorwise_pair(a: OperandSpec, b: OperandSpec) -> bool:
-    """Per-tensor FP8 for both, the same spec: the second operand is the first's codes transposed."""
-    return a == b and a.format in ("fp8_e4m3", "fp8_e5m2") and a.tile is None and not a.rht_dim
-
-
-def tensorwise_rowcol(x2d: torch.Tensor, spec: OperandSpec, k_row: int, k_col: int) -> tuple[Quantized, Packed] | None:
-    """Per-tensor FP8 of x2d [rows, K] (raw form) and its packed transpose [K, rows] from one cast
-    (fp8.quantize_tensorwise_rowcol); None where either would be padded (k_row != K or k_col != rows)."""
-    if not (x2d.ndim == 2 and x2d.shape[1] == k_row and x2d.shape[0] == k_col
-            and x2d.dtype in (torch.float32, torch.bfloat16, torch.float16)):
-        return None
-    fmt = operand_format(spec)
-    (data, decode), (data_t, _) = fp8.quantize_tensorwise_rowcol(x2d, fmt.dtype, impl=QUANT_IMPL)
-    # (a copy of the 0-d scale for the second: a custom op may not return one tensor twice)
-    return (fmt.dequantize((data, decode), spec, tuple(x2d.shape)),
-            Packed(PackedLayout(spec, tuple(data_t.shape)), (data_t, decode.clone())))
-
-
-def dy_pair(dgrad_spec: OperandSpec, wgrad_spec: OperandSpec) -> bool:
-    """Whether Dgrad's dY and Wgrad's dYᵀ are a pair quantized from one read of dY: the paper's NVFP4
-    pair (1x16; 1x16 after the 16-point RHT along tokens; the same rounding), blockwise FP8's (1x128
-    along features; 1x128 along tokens) or per-tensor FP8's (the same spec: Wgrad's is Dgrad's codes
-    transposed)."""
-    return _fp8_pair(dgrad_spec, wgrad_spec) or tensorwise_pair(dgrad_spec, wgrad_spec) or (
-        dgrad_spec.format == wgrad_spec.format == "nvfp4" and dgrad_spec.rounding == wgrad_spec.rounding
-        and tuple(dgrad_spec.tile) == (1, nvfp4.BLOCK) and not dgrad_spec.rht_dim
-        and wgrad_spec.rht_dim == nvfp4.BLOCK and tuple(wgrad_spec.tile) == (1, nvfp4.BLOCK))
-
-
-def operand_tensors(q: Quantized, spec: OperandSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """A ready GEMM operand as two tensors to pass between ops: FP8 its raw form (data and its block
-    scales, or its per-tensor decode scale), NVFP4 its dense values and global decode scale.
-    `ready_operand` rebuilds it."""
-    if spec.format.startswith("fp8"):
-        return q.fp8_data, (q.fp8_scales if spec.tile is not None else q.decode_scale)
-    return q.values, q.decode_scale
-
-
-def ready_operand(tensors, spec: OperandSpec) -> Quantized:
-    if spec.format.startswith("fp8"):
-        return operand_format(spec).dequantize(tuple(tensors), spec, tuple(tensors[0].shape))
-    return Quantized(tensors[0], tensors[1])
-
-
-def dgrad_and_wgrad_dy(dy2d: torch.Tensor, dgrad_spec: OperandSpec, wgrad_spec: OperandSpec, k_d: int, k_w: int,
-                       rht_signs, dgrad_generator, wgrad_generator) -> tuple[Quantized, Quantized] | None:
-    """Dgrad's and Wgrad's dY operands from one read of dY, for `dy_pair` specs and nothing to pad: the
-    bits of the two separate quantizations. Per-tensor FP8: Wgrad's is Dgrad's codes transposed, both from one
-    cast (fp8.quantize_tensorwise_rowcol; any device).
-    NVFP4 (dense values, with the Triton kernel only): SR
-    included, each copy's Philox seed drawn from its own role's generator as the separate kernels draw
-    it (the PyTorch reference draws SR bits differently, so there: None). FP8 (raw form): RNE, any
-    device. None otherwise: quantize them separately."""
-    from nvfp4train.formats.impl import use_triton
-
-    if tensorwise_pair(dgrad_spec, wgrad_spec):
-        both = tensorwise_rowcol(dy2d, dgrad_spec, k_d, k_w)
-        return None if both is None else (both[0], both[1].dequantize())
-    if _fp8_pair(dgrad_spec, wgrad_spec):
-        if not _fp8_rowcol_fits(dy2d, k_d, k_w):
-            return None
-        row, col = _fp8_rowcol(dy2d, dgrad_spec, k_d)
-        fmt = operand_format(dgrad_spec)
-        return fmt.dequantize(row, dgrad_spec, tuple(dy2d.shape)), fmt.dequantize(col, wgrad_spec, tuple(dy2d.t().shape))
-    if not (dy_pair(dgrad_spec, wgrad_spec) and dy2d.ndim == 2 and dy2d.shape[1] == k_d
-            and _fused_wgrad_rht(dy2d.t(), wgrad_spec, k_w) and use_triton(dy2d, QUANT_IMPL, "dgrad_and_wgrad_dy")):
-        return None
-    from nvfp4train.formats import triton_kernels  # triton is installed: use_triton said so
-
-    seeds = None
-    if dgrad_spec.rounding == "sr":  # [columnwise, rowwise], the order rht_nvfp4_t takes
-        seeds = torch.cat([triton_kernels.philox_seed(dy2d, wgrad_generator),
-                           triton_kernels.philox_seed(dy2d, dgrad_generator)])
-    row, col = triton_kernels.rht_nvfp4_t(dy2d, hadamard.resolve_signs(nvfp4.BLOCK, rht_signs), dgrad_spec.rounding,
-                                          dense=True, rowwise=True, rowwise_dense=True, out_dtype=torch.bfloat16,
-                                          seeds=seeds)
-    return Quantized(row[0], row[2]), Quantized(col[0], col[2])
 
 
 def packed_shapes(spec: OperandSpec, shape: tuple[int, int]) -> list[tuple[tuple[int, ...], torch.dtype]]:
@@ -434,11 +350,13 @@ def fake_quantize(x: torch.Tensor, spec: OperandSpec, k_pad: int, generator=None
     """Quantize `x` [rows, K] to dense values, K zero-padded to `k_pad`."""
     if _fused_wgrad_rht(x, spec, k_pad):
         if spec.format == "nvfp4":
-            values, scale = nvfp4.rht_fake_quantize_t(x.t(), spec.rounding, generator, rht_signs, torch.bfloat16,
-                                                      impl=QUANT_IMPL)
+            values, scale = nvfp4.rht_fake_quantize_t(
+                x.t(), spec.rounding, generator, rht_signs, torch.bfloat16, impl=QUANT_IMPL
+            )
             return Quantized(values, scale)
-        values, _ = mxfp4.rht_fake_quantize_t(x.t(), spec.rounding, generator, rht_signs, spec.scale_mode,
-                                              torch.bfloat16, impl=QUANT_IMPL)
+        values, _ = mxfp4.rht_fake_quantize_t(
+            x.t(), spec.rounding, generator, rht_signs, spec.scale_mode, torch.bfloat16, impl=QUANT_IMPL
+        )
         return Quantized(values, None)  # as MXFP4Format.fake_quantize: no global scale
     if _fused_fp8_columnwise(x, spec, k_pad):
         return operand_format(spec).dequantize(_fp8_columnwise(x, spec), spec, tuple(x.shape))
@@ -449,16 +367,18 @@ def fake_quantize(x: torch.Tensor, spec: OperandSpec, k_pad: int, generator=None
 @dataclass(frozen=True)
 class PackedLayout:
     """Everything about a packed operand but its tensors (safe to keep on an autograd ctx)."""
+
     spec: OperandSpec
     shape: tuple[int, int]  # padded logical shape [rows_padded, k_pad]
 
-    def rebuild(self, tensors) -> "Packed":
+    def rebuild(self, tensors) -> Packed:
         return Packed(self, tuple(tensors))
 
 
 @dataclass
 class Packed:
     """A quantized operand in its storage form (what is saved for backward)."""
+
     layout: PackedLayout
     tensors: tuple[torch.Tensor, ...]
 

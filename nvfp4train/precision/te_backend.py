@@ -24,6 +24,7 @@ pads the same way), and the padded outputs are cropped.
 Tested on a GPU by tests/precision/test_te.py; scripts/te_on_gpu.sh brings TE 2.20 to a GPU machine
 without network and builds it there (docs/results/te.md).
 """
+
 from __future__ import annotations
 
 import math
@@ -32,7 +33,7 @@ import torch
 from torch import nn
 
 from . import hardware
-from .policy import PrecisionPolicy
+from .recipe import PrecisionPolicy
 
 TE_DIM_MULTIPLE = 16  # TE's FP8 GEMMs: K and N multiples of 16, tokens of 8 (16 here: one rule)
 
@@ -63,8 +64,10 @@ def unsupported(policy: PrecisionPolicy) -> str | None:
         return None
     if fmt == "nvfp4":
         if cap < (10, 0):
-            return (f"TE's NVFP4 recipe (NVFP4BlockScaling) needs a Blackwell GPU (sm_100+); "
-                    f"this GPU is sm_{cap[0]}{cap[1]}")
+            return (
+                f"TE's NVFP4 recipe (NVFP4BlockScaling) needs a Blackwell GPU (sm_100+); "
+                f"this GPU is sm_{cap[0]}{cap[1]}"
+            )
         if policy.rht == "all" or policy.sr == "all":
             return "TE applies RHT to Wgrad inputs only and SR to gradients only (rht/sr: all is emulated only)"
         if policy.rht != "none" and policy.resolved_rht_dim != 16:
@@ -99,8 +102,18 @@ class TELinear(nn.Module):
     state-dict entry: the recipes used here are stateless, TE's `_extra_state` is empty for them);
     it lives on the GPU and gets the weight, zero-padded to multiples of 16 where needed, at each call."""
 
-    def __init__(self, in_features: int, out_features: int, *, policy: PrecisionPolicy, block_index: int,
-                 n_blocks: int, name: str, seed: int = 0, device=None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        policy: PrecisionPolicy,
+        block_index: int,
+        n_blocks: int,
+        name: str,
+        seed: int = 0,
+        device=None,
+    ):
         super().__init__()
         import transformer_engine.pytorch as te
 
@@ -112,8 +125,13 @@ class TELinear(nn.Module):
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's default; models re-init
         self.padded_in = -(-in_features // TE_DIM_MULTIPLE) * TE_DIM_MULTIPLE
         self.padded_out = -(-out_features // TE_DIM_MULTIPLE) * TE_DIM_MULTIPLE
-        te_linear = te.Linear(self.padded_in, self.padded_out, bias=False, params_dtype=torch.float32,
-                              device="cuda" if device is None or torch.device(device).type != "cuda" else device)
+        te_linear = te.Linear(
+            self.padded_in,
+            self.padded_out,
+            bias=False,
+            params_dtype=torch.float32,
+            device="cuda" if device is None or torch.device(device).type != "cuda" else device,
+        )
         del te_linear.weight  # TE reads `weight` by attribute at each call: forward() sets it
         object.__setattr__(self, "te_linear", te_linear)  # not a submodule: see the class docstring
         self.te_recipe = make_recipe(policy)
@@ -163,9 +181,11 @@ class TELinear(nn.Module):
         finally:
             self.te_linear.weight = None  # hold no reference to this step's (padded) weight
         if pad_tokens or pad_out:
-            y = y[:tokens, :self.out_features]
+            y = y[:tokens, : self.out_features]
         return y.reshape(*leading, self.out_features)
 
     def extra_repr(self) -> str:
-        return (f"{self.in_features}, {self.out_features}, {self.label}, te {type(self.te_recipe).__name__}"
-                f"{' (bf16 block)' if self.bf16_block else ''}")
+        return (
+            f"{self.in_features}, {self.out_features}, {self.label}, te {type(self.te_recipe).__name__}"
+            f"{' (bf16 block)' if self.bf16_block else ''}"
+        )

@@ -21,7 +21,7 @@ from typing import Any
 from nvfp4train.data.config import DataConfig, SourceConfig, parse_data_config
 from nvfp4train.model.config import ModelConfig
 from nvfp4train.optim import OptimConfig
-from nvfp4train.precision.policy import PrecisionPolicy
+from nvfp4train.precision.recipe import PrecisionPolicy
 from nvfp4train.schema import (ConfigError, bounded, check, child_type, defaults, fields_of, parse, to_plain,
                                unknown_key)
 

@@ -24,6 +24,7 @@ What must hold for a replay to be the eager step, and how it is kept:
 - The first `warmup_steps` steps run eagerly: mamba-ssm's autotuning, Triton compilation, cuBLAS
   workspaces and the lazily created SR generators happen outside a capture.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,21 +32,24 @@ import logging
 import torch
 import torch.nn as nn
 
-from nvfp4train.precision.linear import QuantLinear, invalidate_weight_caches
-from nvfp4train.precision.policy import ROLES
+from nvfp4train.precision.controller import drop_weight_caches
+from nvfp4train.precision.linear import QuantLinear
 from nvfp4train.precision.te_backend import TELinear
 
 log = logging.getLogger(__name__)
 
 
-def cuda_graph_blocker(model: nn.Module, device: torch.device, world_size: int, parallel: str,
-                       activation_checkpointing: str) -> str | None:
+def cuda_graph_blocker(
+    model: nn.Module, device: torch.device, world_size: int, parallel: str, activation_checkpointing: str
+) -> str | None:
     """Why this run cannot capture its step as a CUDA graph, or None when it can."""
     if device.type != "cuda":
         return f"the device is {device.type}, not cuda"
     if world_size > 1 or parallel == "deepspeed":
-        return (f"{world_size} ranks with train.parallel={parallel} (the gradient all-reduce and "
-                f"DeepSpeed's hooks are not captured; single-process runs only)")
+        return (
+            f"{world_size} ranks with train.parallel={parallel} (the gradient all-reduce and "
+            f"DeepSpeed's hooks are not captured; single-process runs only)"
+        )
     if activation_checkpointing != "none":
         return f"train.activation_checkpointing={activation_checkpointing} (recomputation saves RNG states on the host)"
     if any(isinstance(m, TELinear) for m in model.modules()):
@@ -102,13 +106,7 @@ class StepGraph:
     # ------------------------------------------------------------------ capture
     def _sr_generators(self) -> list[torch.Generator]:
         """Every SR generator the current recipes draw from, created now if a layer has not yet."""
-        gens = []
-        for layer in self.layers:
-            if layer.quantized:
-                for role in ROLES:
-                    if getattr(layer.recipe, role).rounding == "sr":
-                        gens.append(layer.sr.generator(role, self.device))
-        return gens
+        return [gen for layer in self.layers for gen in layer.sr_generators(self.device)]
 
     def _key(self, micro_batches) -> tuple:
         """What the captured graph depends on besides tensor contents: batch shapes, the layers' recipes
@@ -125,7 +123,7 @@ class StepGraph:
                 p.grad = torch.zeros_like(p)
         grads = [p.grad for p in self.params]
         generators = self._sr_generators()
-        invalidate_weight_caches(self.layers)
+        drop_weight_caches(self.layers)
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # the eager steps' cached blocks, for the graph's pool
         graph = torch.cuda.CUDAGraph()
@@ -141,11 +139,18 @@ class StepGraph:
                     (loss / n).backward()
                     loss_sum += loss.detach()
         except Exception as e:
-            raise RuntimeError(f"train.cuda_graph: capturing the training step as a CUDA graph failed "
-                               f"({type(e).__name__}: {e}); run with train.cuda_graph=false") from e
+            raise RuntimeError(
+                f"train.cuda_graph: capturing the training step as a CUDA graph failed "
+                f"({type(e).__name__}: {e}); run with train.cuda_graph=false"
+            ) from e
         finally:
-            invalidate_weight_caches(self.layers)
+            drop_weight_caches(self.layers)
         self.graph, self.loss_sum, self.key = graph, loss_sum, key
         self.captures += 1
-        log.info("cuda graph: captured the step (%d micro-batch%s, %d SR generators; capture #%d)",
-                 n, "" if n == 1 else "es", len(generators), self.captures)
+        log.info(
+            "cuda graph: captured the step (%d micro-batch%s, %d SR generators; capture #%d)",
+            n,
+            "" if n == 1 else "es",
+            len(generators),
+            self.captures,
+        )

@@ -22,7 +22,8 @@ import torch.nn as nn
 
 from nvfp4train import dist
 from nvfp4train.optim import OptimConfig, build_optimizer
-from nvfp4train.precision.linear import QuantLinear, invalidate_weight_caches
+from nvfp4train.precision.controller import drop_weight_caches_after_each_step
+from nvfp4train.precision.linear import QuantLinear
 from nvfp4train.schema import ConfigError
 from nvfp4train.train import checkpoint
 from nvfp4train.train.cuda_graph import StepGraph, cuda_graph_blocker
@@ -92,15 +93,10 @@ class TorchEngine:
                                        prefetch=fsdp_prefetch, ddp_bucket_cap_mb=ddp_bucket_cap_mb)
         self.reshard_after_forward = bool(reshard_after_forward) if self.fsdp else None
         self.optimizer = build_optimizer(groups(model), optim_cfg, fused=True)
-        # The fused AdamW updates weights without bumping their version counters, so a quantized
-        # layer's weight cache (precision/linear.py WeightCache) cannot notice the update by itself:
-        # every optimizer step drops the caches, whoever drives the engine (the trainer's
-        # PrecisionController.on_step does too; the benchmark and library callers may not call it).
-        quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
-        if quantized:
-            self.optimizer.register_step_post_hook(lambda *_: invalidate_weight_caches(quantized))
-            if self.fsdp:  # FSDP2 gathers each weight afresh at every use: one quantization a step, not a use
-                for layer in quantized:
+        drop_weight_caches_after_each_step(self.optimizer, model)  # the fused AdamW does not bump versions
+        if self.fsdp:  # FSDP2 gathers each weight afresh at every use: one quantization a step, not a use
+            for layer in model.modules():
+                if isinstance(layer, QuantLinear):
                     layer.keep_weight_cache_until_cleared()
         self.forward = torch.compile(self.wrapped) if compile else self.wrapped
         self.grad_clip = optim_cfg.grad_clip

@@ -177,9 +177,9 @@ def test_wandb_offline_run_holds_the_comparison(runs, tmp_path, monkeypatch):
     assert [row[5] for row in table["data"]] == pytest.approx([g["gap_pct"] for g in result["gaps"]])
 
 
-def test_scripts_compare_runs_is_the_same_command(runs, tmp_path):
+def test_command_line_writes_the_comparison(runs, tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "scripts/compare_runs.py", str(runs["base_s1"]), str(runs["arm"]),
+    proc = subprocess.run([sys.executable, "-m", "nvfp4train.compare", str(runs["base_s1"]), str(runs["arm"]),
                            "--out", str(out), "--no-plots"], cwd=REPO, env=cli_env(), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -16,7 +16,7 @@ import yaml
 from nvfp4train.data.config import DataConfig, PhaseSpec, SourceConfig, parse_data_config
 from nvfp4train.model.config import ModelConfig
 from nvfp4train.optim import OptimConfig, ScheduleConfig
-from nvfp4train.precision.policy import PrecisionPolicy, SwitchConfig
+from nvfp4train.precision.recipe import PrecisionPolicy, SwitchConfig
 from nvfp4train.schema import ConfigError, parse
 from nvfp4train.train.config import (CONFIG_DIR, SECTIONS, RunConfig, TrainConfig, WandbConfig, check_overrides,
                                      load_preset)

@@ -102,10 +102,12 @@ def test_sr_on_cuda_generator(cuda):
         nvfp4.quantize(x, rounding="sr", generator=sr_generator(1, 0, "cpu"))
 
 
-@pytest.mark.xfail(reason="measured on an H100 (torch 2.11+cu130): torch.compile of nvfp4.fake_quantize gives "
-                   "other bits than eager for a 1x16 or 16x16 tile (inductor lowers the FP32 scale division to an "
-                   "approximate one); eager CUDA runs the Triton quantizers instead",
-                   strict=False)
+@pytest.mark.xfail(
+    reason="measured on an H100 (torch 2.11+cu130): torch.compile of nvfp4.fake_quantize gives "
+    "other bits than eager for a 1x16 or 16x16 tile (inductor lowers the FP32 scale division to an "
+    "approximate one); eager CUDA runs the Triton quantizers instead",
+    strict=False,
+)
 def test_fake_quantize_compiles_to_the_same_bits(cuda):
     x = inputs()[1].to(cuda)
     compiled = torch.compile(nvfp4.fake_quantize, fullgraph=True)

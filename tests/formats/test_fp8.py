@@ -131,11 +131,15 @@ def test_blockwise_scale_of_a_tiny_block_is_the_input_dtypes_max_as_te():
     data, scales = fp8.quantize_blockwise(x, (1, 128))
     tiny = x[0, :128].float()
     assert scales[0, 0] == torch.reciprocal(torch.tensor(bf16_max))
-    assert torch.equal(data[0, :128].view(torch.uint8), fp8.saturating_cast(tiny * bf16_max, torch.float8_e4m3fn).view(torch.uint8))
+    assert torch.equal(
+        data[0, :128].view(torch.uint8), fp8.saturating_cast(tiny * bf16_max, torch.float8_e4m3fn).view(torch.uint8)
+    )
     # The decode scale (what dequantizes the block) is not 1/FLT_MAX; the other blocks are as before.
     assert scales[0, 0] != torch.reciprocal(torch.tensor(flt_max))
     ref_data, ref_scales = fp8.quantize_blockwise(x[:, 128:], (1, 128))
-    assert torch.equal(scales[:, 1:], ref_scales) and torch.equal(data[:, 128:].view(torch.uint8), ref_data.view(torch.uint8))
+    assert torch.equal(scales[:, 1:], ref_scales) and torch.equal(
+        data[:, 128:].view(torch.uint8), ref_data.view(torch.uint8)
+    )
     # FP32 input: its own max is FLT_MAX. Power-of-two scales: 2^127 either way.
     assert fp8.quantize_blockwise(x.float(), (1, 128))[1][0, 0] == torch.reciprocal(torch.tensor(flt_max))
     assert fp8.quantize_blockwise(x, (1, 128), pow2_scales=True)[1][0, 0] == 2.0**-127

@@ -9,8 +9,15 @@ from safetensors import safe_open
 from .conftest import GOLDEN_DIR, golden_manifest
 
 FIELDS = {
-    "nvfp4": {"x", "rowwise_codes", "rowwise_scales_e4m3", "columnwise_codes", "columnwise_scales_e4m3",
-              "amax_rowwise", "amax_columnwise"},
+    "nvfp4": {
+        "x",
+        "rowwise_codes",
+        "rowwise_scales_e4m3",
+        "columnwise_codes",
+        "columnwise_scales_e4m3",
+        "amax_rowwise",
+        "amax_columnwise",
+    },
     "mxfp4": {"x", "rowwise_codes", "rowwise_scales_fp32"},
 }
 

@@ -64,16 +64,16 @@ def test_rceil_rule_avoids_the_saturation_the_floor_rule_has():
     assert mxfp4.quantize(x, scale_rule="floor").dequantize()[0, 0] == 6.0
 
 
-def test_rceil_is_the_round_up_rule_and_ceil_its_former_name():
+def test_rceil_is_the_round_up_rule_and_the_former_name_ceil_is_refused():
     """rceil = 2^ceil(log2(amax_b / 6)) (torchao RCEIL), not torchao's CEIL 2^(ceil(log2 amax_b) - 2):
-    amax 5 gives X = 1 (5 fits under 6), where CEIL would give X = 2. "ceil" still means rceil."""
+    amax 5 gives X = 1 (5 fits under 6), where CEIL would give X = 2. "ceil" (this rule's former name) is
+    refused in one line naming the allowed rules."""
     x = torch.zeros(2, 32)
     x[0, 0], x[1, 0] = 5.0, 7.0
     q = mxfp4.quantize(x, scale_rule="rceil")
     assert exponents(q)[:, 0].tolist() == [0, 1] and q.scale_rule == "rceil"
-    old = mxfp4.quantize(x, scale_rule="ceil")
-    assert torch.equal(old.codes, q.codes) and torch.equal(exponents(old), exponents(q))
-    assert old.scale_rule == "rceil"
+    with pytest.raises(ValueError, match=r"scale_rule='ceil' is not supported; allowed: \('rceil', 'floor'\)"):
+        mxfp4.quantize(x, scale_rule="ceil")
 
 
 def test_non_finite_block_becomes_nan_and_other_blocks_are_untouched():

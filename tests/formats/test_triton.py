@@ -1,4 +1,4 @@
-"""The Triton quantizers (formats/triton_kernels.py) give the PyTorch reference's bits.
+"""The Triton quantizers (formats/kernels/) give the PyTorch reference's bits.
 
 Two ways this module runs:
 * on a GPU: ``pytest -m gpu tests/formats/test_triton.py`` runs every check on CUDA tensors;
@@ -47,9 +47,23 @@ def test_kernels_in_the_triton_interpreter():
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="1")
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning",
-         str(Path(__file__).relative_to(root))],
-        cwd=root, env=env, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore::RuntimeWarning",
+            str(Path(__file__).relative_to(root)),
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     # Skipped there by design: this test, the GPU compile check and the hardware bf16 rounding check.
@@ -139,8 +153,11 @@ def test_nvfp4_rne_same_bits_as_the_reference(tile, dtype):
         x = x.to(dtype)
         want = reference_nvfp4(x, tile)
         q = nvfp4.quantize(x.to(DEVICE), tile, impl="triton")
-        for name, got, ref in zip(("codes", "scales", "amax", "s_dec"),
-                                  (q.codes, q.scales.view(torch.uint8), q.amax, q.global_decode_scale), want):
+        for name, got, ref in zip(
+            ("codes", "scales", "amax", "s_dec"),
+            (q.codes, q.scales.view(torch.uint8), q.amax, q.global_decode_scale),
+            want,
+        ):
             assert_same(got, ref, f"input {i} {name}")
         for out_dtype in (torch.bfloat16, torch.float32):
             values, s_dec = nvfp4.fake_quantize(x.to(DEVICE), tile, out_dtype=out_dtype, impl="triton")
@@ -152,16 +169,17 @@ def test_nvfp4_rne_same_bits_as_the_reference(tile, dtype):
 @kernel_test
 @pytest.mark.parametrize("tile", [(1, 16), (16, 16)])
 def test_nvfp4_sr_with_the_same_random_bits_same_bits(tile):
-    from nvfp4train.formats import triton_kernels
+    from nvfp4train.formats import kernels
 
     x = edge_inputs()[0].to(torch.bfloat16)
     bits = random_bits_like(x, sr_generator(7))
     want = reference_nvfp4(x, tile, "sr", sr_generator(7))
-    got = triton_kernels.nvfp4(x.to(DEVICE), tile[0], "sr", dense=False, random_bits=bits.to(DEVICE))
+    got = kernels.nvfp4.quantize(x.to(DEVICE), tile[0], "sr", dense=False, random_bits=bits.to(DEVICE))
     for name, g, w in zip(("codes", "scales", "amax", "s_dec"), got, want):
         assert_same(g, w, name)
-    values, _, _ = triton_kernels.nvfp4(x.to(DEVICE), tile[0], "sr", dense=True, random_bits=bits.to(DEVICE),
-                                        out_dtype=torch.float32)
+    values, _, _ = kernels.nvfp4.quantize(
+        x.to(DEVICE), tile[0], "sr", dense=True, random_bits=bits.to(DEVICE), out_dtype=torch.float32
+    )
     ref, _ = nvfp4.fake_quantize(x, tile, "sr", sr_generator(7), out_dtype=torch.float32, impl="reference")
     assert_same(values, ref, "values")
 
@@ -194,8 +212,11 @@ def test_nvfp4_hypothesis_inputs_same_bits():
     def check(x, tile):
         q = nvfp4.quantize(x.to(DEVICE), tile, impl="triton")
         want = reference_nvfp4(x, tile)
-        for name, got, ref in zip(("codes", "scales", "amax", "s_dec"),
-                                  (q.codes, q.scales.view(torch.uint8), q.amax, q.global_decode_scale), want):
+        for name, got, ref in zip(
+            ("codes", "scales", "amax", "s_dec"),
+            (q.codes, q.scales.view(torch.uint8), q.amax, q.global_decode_scale),
+            want,
+        ):
             assert_same(got, ref, name)
 
     check()
@@ -234,8 +255,9 @@ def test_philox_sr_is_reproducible_per_seed_and_advances_the_generator():
     assert not torch.equal(codes(gen), codes(gen))
     # quantize and fake_quantize draw the same way: the same generator state, the same numbers.
     q = nvfp4.quantize(x, (16, 16), "sr", sr_generator(3, 0, DEVICE), impl="triton")
-    values, _ = nvfp4.fake_quantize(x, (16, 16), "sr", sr_generator(3, 0, DEVICE), out_dtype=torch.float32,
-                                    impl="triton")
+    values, _ = nvfp4.fake_quantize(
+        x, (16, 16), "sr", sr_generator(3, 0, DEVICE), out_dtype=torch.float32, impl="triton"
+    )
     assert_same(values, q.dequantize(apply_global_scale=False).cpu(), "fake vs quantize")
 
 
@@ -248,8 +270,9 @@ def test_philox_sr_rounds_up_with_probability_floor_256_f_over_256():
     for v, lo, hi in [(0.3, 0.0, 0.5), (2.75, 2.0, 3.0), (-5.0, -4.0, -6.0)]:
         x = torch.full((n_blocks, 16), v)
         x[:, 0] = 6.0
-        values, s_dec = nvfp4.fake_quantize(x.to(DEVICE), rounding="sr", generator=sr_generator(5, 0, DEVICE),
-                                            out_dtype=torch.float32, impl="triton")
+        values, s_dec = nvfp4.fake_quantize(
+            x.to(DEVICE), rounding="sr", generator=sr_generator(5, 0, DEVICE), out_dtype=torch.float32, impl="triton"
+        )
         assert torch.equal(s_dec.cpu(), torch.tensor(1 / 448))
         drawn = (values.cpu() / 448)[:, 1:]  # values = e2m1 * scale 448
         assert set(drawn.unique().tolist()) <= {lo, hi}, (v, drawn.unique())
@@ -271,7 +294,7 @@ def test_philox_sr_rounds_up_with_probability_floor_256_f_over_256():
 @kernel_test
 def test_philox_bytes_depend_on_the_output_index_only():
     """The Philox bits are defined per output index n: byte n % 4 of word (n // 4) % 4 of counter
-    n // 16 (randint4x). _philox_rows (any tile) and _rht_random_bits (the Wgrad kernels' [GROUPS,
+    n // 16 (randint4x). _philox_rows (any tile) and e2m1.random_bits_t (the Wgrad kernels' [GROUPS,
     D, BLOCK_F] tile of the [features, tokens] output) give exactly those bytes."""
     from . import sr_kernels
 
@@ -286,8 +309,9 @@ def test_philox_bytes_depend_on_the_output_index_only():
     assert 200 < len(want.unique()) and not torch.equal(want[0::4], want[1::4])
     for block_r, block_c in ((16, 256), (4, 64), (1, 16), (2, 32)):
         got = torch.full((rows, cols), -1, dtype=torch.int32, device=DEVICE)
-        sr_kernels.philox_rows_kernel[(rows // block_r, cols // block_c)](seed, got, cols, BLOCK_R=block_r,
-                                                                         BLOCK_C=block_c)
+        sr_kernels.philox_rows_kernel[(rows // block_r, cols // block_c)](
+            seed, got, cols, BLOCK_R=block_r, BLOCK_C=block_c
+        )
         assert_same(got.reshape(-1), want, f"_philox_rows {block_r}x{block_c}")
     # The Wgrad tile: output [features, tokens] = [16, 256] (tokens 256 = blocks of D).
     n_features, n_tokens = rows, cols
@@ -295,7 +319,7 @@ def test_philox_bytes_depend_on_the_output_index_only():
         got = torch.full((n_features, n_tokens), -1, dtype=torch.int32, device=DEVICE)
         grid = (n_tokens // (groups * d), n_features // block_f)
         sr_kernels.rht_random_bits_kernel[grid](seed, got, n_tokens, GROUPS=groups, D=d, BLOCK_F=block_f)
-        assert_same(got.reshape(-1), want, f"_rht_random_bits {groups}x{d}x{block_f}")
+        assert_same(got.reshape(-1), want, f"e2m1.random_bits_t {groups}x{d}x{block_f}")
 
 
 @kernel_test
@@ -309,8 +333,9 @@ def test_sr_bits_round_as_the_reference_bit_for_bit():
     from . import sr_kernels
 
     # (fraction of the step, bytes that round up)
-    cases = [(k / 256 + delta, k - (delta < 0)) for k in (1, 3, 100, 128, 255)
-             for delta in (0.0, -(2.0**-21), 2.0**-21)]
+    cases = [
+        (k / 256 + delta, k - (delta < 0)) for k in (1, 3, 100, 128, 255) for delta in (0.0, -(2.0**-21), 2.0**-21)
+    ]
     cases += [(2.0**-21, 0), (1 - 2.0**-21, 255)]
     y, counts = [], []
     for lo, step in ((0.0, 0.5), (1.0, 0.5), (2.0, 1.0), (3.0, 1.0), (4.0, 2.0)):
@@ -326,8 +351,15 @@ def test_sr_bits_round_as_the_reference_bit_for_bit():
     # Then values all over the range with random words: binade edges, subnormals, beyond 6.
     gen = torch.Generator().manual_seed(2)
     edges = torch.tensor([0.5, 1.0, 2.0, 4.0, 6.0, 2.0**-126, 2.0**-149, 1e-30])
-    others = torch.cat([torch.randn(4096, generator=gen) * 3, edges, torch.nextafter(edges, torch.zeros(1)),
-                        torch.nextafter(edges, torch.full((1,), 8.0)), 6.0 + torch.rand(64, generator=gen)])
+    others = torch.cat(
+        [
+            torch.randn(4096, generator=gen) * 3,
+            edges,
+            torch.nextafter(edges, torch.zeros(1)),
+            torch.nextafter(edges, torch.full((1,), 8.0)),
+            6.0 + torch.rand(64, generator=gen),
+        ]
+    )
     others = torch.cat([others, -others, NAN_WORDS])
     ys = torch.cat([ys, others])
     bits = torch.cat([bits, torch.randint(-(2**31), 2**31, others.shape, dtype=torch.int32, generator=gen)])
@@ -348,24 +380,29 @@ def test_sr_bits_round_as_the_reference_bit_for_bit():
 @kernel_test
 def test_rne_rounds_as_the_reference_bit_for_bit():
     """_round_e2m1's RNE (index and magnitude from z = |y| + 2^22 offset): the reference's codes and values
-    for every grid point, every midpoint (ties to the even code) and its FP32 neighbours, binade edges, subnormals, values
+    for every grid point, every midpoint (ties to the even code) and its FP32 neighbours, binade edges, subnormals,
+    values
     beyond 6, random values, both signs, and NaN."""
     from nvfp4train.formats import e2m1
 
     from . import sr_kernels
 
     grid = torch.tensor(e2m1.E2M1_MAGNITUDES)
-    points = torch.cat([grid, (grid[1:] + grid[:-1]) / 2, torch.tensor([2.0**-126, 2.0**-149, 1e-30, 6.5, 7.0,
-                                                                          1e30, float("inf")])])
-    points = torch.cat([points, torch.nextafter(points, torch.zeros(1)), torch.nextafter(points, torch.full((1,), 8.0))])
+    points = torch.cat(
+        [grid, (grid[1:] + grid[:-1]) / 2, torch.tensor([2.0**-126, 2.0**-149, 1e-30, 6.5, 7.0, 1e30, float("inf")])]
+    )
+    points = torch.cat(
+        [points, torch.nextafter(points, torch.zeros(1)), torch.nextafter(points, torch.full((1,), 8.0))]
+    )
     gen = torch.Generator().manual_seed(3)
     ys = torch.cat([points, torch.randn(4096, generator=gen) * 3, torch.rand(4096, generator=gen) * 6])
     ys = torch.cat([ys, -ys, torch.tensor([0.0, -0.0]), NAN_WORDS])
     ys = torch.cat([ys, torch.zeros((-ys.numel()) % 1024)])
     codes = torch.empty(ys.shape, dtype=torch.int32, device=DEVICE)
     values = torch.empty(ys.shape, dtype=torch.float32, device=DEVICE)
-    sr_kernels.round_e2m1_kernel[(ys.numel() // 1024,)](ys.to(DEVICE), torch.zeros_like(ys, dtype=torch.int32).to(DEVICE),
-                                                        codes, values, N=1024, ROUNDING=0)
+    sr_kernels.round_e2m1_kernel[(ys.numel() // 1024,)](
+        ys.to(DEVICE), torch.zeros_like(ys, dtype=torch.int32).to(DEVICE), codes, values, N=1024, ROUNDING=0
+    )
     rounded = e2m1.round_signed_(ys.clone(), "rne")
     assert_same(codes, e2m1.encode_values(rounded).to(torch.int32), "codes")
     assert_same(values, rounded, "values")
@@ -383,8 +420,22 @@ def test_hardware_bf16_rounding_equals_the_bit_arithmetic():
     words = torch.randint(-(2**31), 2**31, (1 << 16,), dtype=torch.int64, generator=gen).to(torch.int32)
     ties = (words & ~0xFFFF) | 0x8000  # exactly halfway: even and odd bf16 mantissas
     near = torch.cat([ties + 1, ties - 1])
-    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 3.3895314e38, -3.3895314e38,
-                            3.4028235e38, 1e-45, -1e-45, 1.1754942e-38, 9.2e-41]).view(torch.int32)
+    special = torch.tensor(
+        [
+            0.0,
+            -0.0,
+            float("inf"),
+            -float("inf"),
+            float("nan"),
+            3.3895314e38,
+            -3.3895314e38,
+            3.4028235e38,
+            1e-45,
+            -1e-45,
+            1.1754942e-38,
+            9.2e-41,
+        ]
+    ).view(torch.int32)
     v = torch.cat([words, ties, near, special]).view(torch.float32)
     v = torch.cat([v, torch.zeros((-v.numel()) % 1024)]).cuda()
     outs = []
@@ -403,8 +454,12 @@ def test_philox_sr_is_unbiased():
     unit = q.scales.to(torch.float32).repeat_interleave(16, -1)
     expectation = ((x * torch.reciprocal(unit * q.global_decode_scale)).clamp(-6, 6) * unit).double()
     gen = sr_generator(3, 0, DEVICE)
-    draws = torch.stack([nvfp4.fake_quantize(x, rounding="sr", generator=gen, out_dtype=torch.float32,
-                                             impl="triton")[0] for _ in range(36)]).double()
+    draws = torch.stack(
+        [
+            nvfp4.fake_quantize(x, rounding="sr", generator=gen, out_dtype=torch.float32, impl="triton")[0]
+            for _ in range(36)
+        ]
+    ).double()
     err = (draws.mean(0) - expectation).pow(2).mean().sqrt()
     one = (draws[0] - expectation).pow(2).mean().sqrt()
     assert err < one / 4.5  # 1/sqrt(36) = 1/6 of one draw's error, with slack
@@ -417,7 +472,7 @@ def test_philox_sr_is_unbiased():
 @pytest.mark.parametrize("scale_rule", ["rceil", "floor"])
 @pytest.mark.parametrize("rounding", ["rne", "sr"])
 def test_mxfp4_same_bits_as_the_reference(scale_rule, rounding):
-    from nvfp4train.formats import triton_kernels
+    from nvfp4train.formats import kernels
 
     inputs = edge_inputs()
     nonfinite = inputs[0].clone()
@@ -426,14 +481,22 @@ def test_mxfp4_same_bits_as_the_reference(scale_rule, rounding):
     for i, x in enumerate(inputs + [nonfinite, tiny, inputs[1].bfloat16()]):
         bits = random_bits_like(x, sr_generator(i)) if rounding == "sr" else None
         ref = mxfp4.quantize(x, rounding, scale_rule, sr_generator(i), impl="reference")
-        codes, scales = triton_kernels.mxfp4(x.to(DEVICE), scale_rule, rounding, dense=False,
-                                             random_bits=None if bits is None else bits.to(DEVICE))
+        codes, scales = kernels.mxfp4.quantize(
+            x.to(DEVICE), scale_rule, rounding, dense=False, random_bits=None if bits is None else bits.to(DEVICE)
+        )
         assert_same(codes, ref.codes, f"input {i} codes")
         assert_same(scales, ref.scales.view(torch.uint8), f"input {i} scales")
-        values = triton_kernels.mxfp4(x.to(DEVICE), scale_rule, rounding, dense=True, out_dtype=torch.float32,
-                                      random_bits=None if bits is None else bits.to(DEVICE))
-        ref_values, _ = mxfp4.fake_quantize(x, rounding, scale_rule, sr_generator(i), out_dtype=torch.float32,
-                                            impl="reference")
+        values = kernels.mxfp4.quantize(
+            x.to(DEVICE),
+            scale_rule,
+            rounding,
+            dense=True,
+            out_dtype=torch.float32,
+            random_bits=None if bits is None else bits.to(DEVICE),
+        )
+        ref_values, _ = mxfp4.fake_quantize(
+            x, rounding, scale_rule, sr_generator(i), out_dtype=torch.float32, impl="reference"
+        )
         assert_same(values, ref_values, f"input {i} values")
     if rounding == "rne":  # the public entry points route to the same kernel
         q = mxfp4.quantize(inputs[0].to(DEVICE), scale_rule=scale_rule, impl="triton")
@@ -449,7 +512,6 @@ def test_mxfp4_golden_vectors():
         assert_same(q.scales.to(torch.float32), tensors[f"{name}/rowwise_scales_fp32"], f"{name} scales")
 
 
-
 # ------------------------------------------------------------------------------ FP8 blockwise
 @kernel_test
 @pytest.mark.parametrize("block", [(1, 128), (128, 128)])
@@ -463,8 +525,12 @@ def test_fp8_blockwise_same_bits_as_the_reference(block, dtype):
     x[10, :5] = -0.0
     x[60:64] *= 1e-40  # FP32 (and bf16) subnormal inputs
     x[100, 3], x[101, 200] = float("nan"), float("inf")
-    for xx, pow2, out_dtype in ((x, False, torch.bfloat16), (x, True, torch.float32),
-                                (x.bfloat16(), False, torch.bfloat16), (x.half(), True, torch.float32)):
+    for xx, pow2, out_dtype in (
+        (x, False, torch.bfloat16),
+        (x, True, torch.float32),
+        (x.bfloat16(), False, torch.bfloat16),
+        (x.half(), True, torch.float32),
+    ):
         what = f"{xx.dtype} pow2={pow2}"
         data, scales = fp8.quantize_blockwise(xx.to(DEVICE), block, dtype, pow2, impl="triton")
         want_data, want_scales = fp8.quantize_blockwise(xx, block, dtype, pow2, impl="reference")
@@ -475,8 +541,12 @@ def test_fp8_blockwise_same_bits_as_the_reference(block, dtype):
         assert_same(values, want, f"{what} values {out_dtype}")
         for out in (torch.float32, torch.bfloat16):  # the emulated GEMM's operand from the raw form
             got = fp8.dequantize_blockwise(data, scales, block, out, impl="triton")
-            assert_same(got, fp8.dequantize_blockwise(want_data, want_scales, block, out, impl="reference"),
-                        f"{what} dequantized to {out}")
+            assert_same(
+                got,
+                fp8.dequantize_blockwise(want_data, want_scales, block, out, impl="reference"),
+                f"{what} dequantized to {out}",
+            )
+
 
 @kernel_test
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
@@ -509,12 +579,18 @@ def test_fp8_blockwise_rowcol_same_bits_as_the_two_quantizers(dtype):
     x[128:256, 7] = 0.0
     x[3, 128:256] = 0.0
     x[:128, 9] *= 1e-30
-    x[256 - 64:, 20:30] *= 1e-40
+    x[256 - 64 :, 20:30] *= 1e-40
     x[200, 50], x[10, 300] = float("nan"), float("inf")
     # (x, its row copy's width): features a multiple of 128; ragged (300) with its row copy padded to 384 and
     # to 512 (a tile of padding only), the Wgrad copy unpadded
-    cases = [(x, False, None), (x, True, None), (x.bfloat16(), True, None), (x.half(), False, None),
-             (x[:, :300], False, 384), (x[:, :300].bfloat16(), True, 512)]
+    cases = [
+        (x, False, None),
+        (x, True, None),
+        (x.bfloat16(), True, None),
+        (x.half(), False, None),
+        (x[:, :300], False, 384),
+        (x[:, :300].bfloat16(), True, 512),
+    ]
     for xx, pow2, width in cases:
         what = f"{xx.dtype} pow2={pow2} {tuple(xx.shape)} row_width={width}"
         (rd, rs), (cd, cs) = fp8.quantize_blockwise_rowcol(xx.to(DEVICE), dtype, pow2, row_width=width, impl="triton")
@@ -523,14 +599,22 @@ def test_fp8_blockwise_rowcol_same_bits_as_the_two_quantizers(dtype):
         width = width or features
         assert rd.dtype == cd.dtype == dtype and cd.shape == (features, 256) and cs.shape == (features, 2)
         assert rd.shape == (256, width) and rs.shape == (256, width // 128)
-        want_row = fp8.quantize_blockwise(torch.nn.functional.pad(xx, (0, width - features)), (1, 128), dtype, pow2,
-                                          impl="reference")
+        want_row = fp8.quantize_blockwise(
+            torch.nn.functional.pad(xx, (0, width - features)), (1, 128), dtype, pow2, impl="reference"
+        )
         assert_same(wrd.view(torch.uint8), want_row[0].view(torch.uint8), f"{what} reference row data")
         assert not wrd[:, features:].view(torch.uint8).any()
-        for name, got, want in (("row data", rd, wrd), ("row scales", rs, wrs), ("col data", cd, wcd),
-                                ("col scales", cs, wcs)):
-            assert_same(got.view(torch.uint8) if got.dtype == dtype else got,
-                        want.view(torch.uint8) if want.dtype == dtype else want, f"{what} {name}")
+        for name, got, want in (
+            ("row data", rd, wrd),
+            ("row scales", rs, wrs),
+            ("col data", cd, wcd),
+            ("col scales", cs, wcs),
+        ):
+            assert_same(
+                got.view(torch.uint8) if got.dtype == dtype else got,
+                want.view(torch.uint8) if want.dtype == dtype else want,
+                f"{what} {name}",
+            )
 
 
 @kernel_test
@@ -543,10 +627,15 @@ def test_fp8_tensorwise_same_bits_as_the_reference(dtype):
     x = torch.randn(96, 200, generator=gen)
     x[::7, ::13] *= 300
     x[60:64] *= 1e-40
-    cases = {"random": x, "odd size": x[:, :77], "zeros": torch.zeros(33, 64), "tiny": x * 1e-36,
-             "subnormal": x * 1e-40, "nan": x.clone().index_put_((torch.tensor([3]), torch.tensor([5])),
-                                                                  torch.tensor(float("nan"))),
-             "inf": x.clone().index_put_((torch.tensor([90]), torch.tensor([199])), torch.tensor(float("inf")))}
+    cases = {
+        "random": x,
+        "odd size": x[:, :77],
+        "zeros": torch.zeros(33, 64),
+        "tiny": x * 1e-36,
+        "subnormal": x * 1e-40,
+        "nan": x.clone().index_put_((torch.tensor([3]), torch.tensor([5])), torch.tensor(float("nan"))),
+        "inf": x.clone().index_put_((torch.tensor([90]), torch.tensor([199])), torch.tensor(float("inf"))),
+    }
     for name, xc in cases.items():
         for xx, pow2 in ((xc, False), (xc, True), (xc.bfloat16(), False), (xc.half(), True)):
             what = f"{name} {xx.dtype} pow2={pow2}"
@@ -588,7 +677,7 @@ def test_fp8_tensorwise_rowcol_same_bits_as_quantizing_x_and_its_transpose(dtype
 def test_gemm_epilogue_scale_and_cast_same_bits_as_eager():
     """The emulated GEMM's epilogue in one pass: ((out * a) * b).to(dtype) as eager rounds it (each
     product in FP32, then the cast), with either factor absent, for overflow, subnormals and NaN."""
-    from nvfp4train.formats import triton_kernels
+    from nvfp4train.formats import kernels
     from nvfp4train.precision.backends import scale_and_cast
 
     gen = torch.Generator().manual_seed(3)
@@ -598,8 +687,9 @@ def test_gemm_epilogue_scale_and_cast_same_bits_as_eager():
     for fa, fb in ((a, b), (a, None), (None, b), (None, None)):
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             want = scale_and_cast(out, fa, fb, dtype)  # CPU: eager
-            got = triton_kernels.scale_and_cast(out.to(DEVICE), None if fa is None else fa.to(DEVICE),
-                                                None if fb is None else fb.to(DEVICE), dtype)
+            got = kernels.dequant.scale_and_cast(
+                out.to(DEVICE), None if fa is None else fa.to(DEVICE), None if fb is None else fb.to(DEVICE), dtype
+            )
             assert_same(got, want, f"a={fa is not None} b={fb is not None} {dtype}")
 
 
@@ -620,22 +710,33 @@ def test_nvfp4_and_mxfp4_dequantize_same_bits_as_the_reference():
         amax, s_dec = torch.tensor(3.0), torch.tensor(0.0123456789)
         nv = nvfp4.NVFP4Tensor(codes, e4m3.view(torch.float8_e4m3fn), amax, s_dec, torch.Size((rows, cols)), (1, 16))
         mx = mxfp4.MXFP4Tensor(codes, e8m0.view(torch.float8_e8m0fnu), torch.Size((rows, cols)), "rceil")
-        nv_dev = nvfp4.NVFP4Tensor(codes.to(DEVICE), e4m3.view(torch.float8_e4m3fn).to(DEVICE), amax.to(DEVICE),
-                                   s_dec.to(DEVICE), nv.shape, (1, 16))
+        nv_dev = nvfp4.NVFP4Tensor(
+            codes.to(DEVICE),
+            e4m3.view(torch.float8_e4m3fn).to(DEVICE),
+            amax.to(DEVICE),
+            s_dec.to(DEVICE),
+            nv.shape,
+            (1, 16),
+        )
         mx_dev = mxfp4.MXFP4Tensor(codes.to(DEVICE), e8m0.view(torch.float8_e8m0fnu).to(DEVICE), mx.shape, "rceil")
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             what = f"{rows}x{cols} {dtype}"
             for apply_global in (False, True):
-                assert_same(nv_dev.dequantize(dtype, apply_global, impl="triton"),
-                            nv.dequantize(dtype, apply_global, impl="reference"), f"nvfp4 {what} global={apply_global}")
-            assert_same(mx_dev.dequantize(dtype, impl="triton"), mx.dequantize(dtype, impl="reference"), f"mxfp4 {what}")
+                assert_same(
+                    nv_dev.dequantize(dtype, apply_global, impl="triton"),
+                    nv.dequantize(dtype, apply_global, impl="reference"),
+                    f"nvfp4 {what} global={apply_global}",
+                )
+            assert_same(
+                mx_dev.dequantize(dtype, impl="triton"), mx.dequantize(dtype, impl="reference"), f"mxfp4 {what}"
+            )
 
 
 # ------------------------------------------------------------------------------ Wgrad: RHT + transpose
 @kernel_test
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rht_quantize_t_same_bits_as_rht_then_quantize(dtype):
-    from nvfp4train.formats import triton_kernels
+    from nvfp4train.formats import kernels
 
     gen = torch.Generator().manual_seed(1)
     for n_tokens, n_features in ((64, 48), (32, 80)):  # 4 groups of 16 tokens per program, and the 1-group fallback
@@ -659,7 +760,7 @@ def test_rht_quantize_t_same_bits_as_rht_then_quantize(dtype):
         # SR with the reference's bits (drawn in the [features, tokens] layout), and other signs.
         signs = hadamard.random_signs(16, 5)
         bits = random_bits_like(torch.empty(n_features, n_tokens), sr_generator(2))
-        got = triton_kernels.rht_nvfp4_t(x.to(DEVICE), signs, "sr", dense=False, random_bits=bits.to(DEVICE))
+        got = kernels.rht.nvfp4_t(x.to(DEVICE), signs, "sr", dense=False, random_bits=bits.to(DEVICE))
         want = nvfp4.rht_quantize_t(x, "sr", sr_generator(2), signs, impl="reference")
         assert_same(got[0], want.codes, "sr codes")
         assert_same(got[1], want.scales.view(torch.uint8), "sr scales")
@@ -679,7 +780,7 @@ def test_rht_quantize_t_philox_sr_matches_its_dense_twin_and_non_finite_policy()
 @kernel_test
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_mxfp4_rht_quantize_t_same_bits_as_rht_then_quantize(dtype):
-    from nvfp4train.formats import triton_kernels
+    from nvfp4train.formats import kernels
 
     gen = torch.Generator().manual_seed(7)
     # 64 tokens: the default 4 groups of 32 per program halved to 2; 96 tokens, blocks=(4, 32): halved to 1 group
@@ -699,20 +800,30 @@ def test_mxfp4_rht_quantize_t_same_bits_as_rht_then_quantize(dtype):
             assert q.shape == want.shape == (n_features, n_tokens) and q.scale_rule == want.scale_rule
             assert_same(q.codes, want.codes, f"{what} codes")
             assert_same(q.scales.view(torch.uint8), want.scales.view(torch.uint8), f"{what} scales")
-            values, one = mxfp4.rht_fake_quantize_t(x.to(DEVICE), scale_rule=scale_rule, out_dtype=torch.float32,
-                                                    impl="triton", blocks=blocks)
+            values, one = mxfp4.rht_fake_quantize_t(
+                x.to(DEVICE), scale_rule=scale_rule, out_dtype=torch.float32, impl="triton", blocks=blocks
+            )
             assert_same(values, want.dequantize(), f"{what} values")
             assert float(one) == 1.0
         # SR with the reference's bits (drawn in the [features, tokens] layout), and other signs.
         signs = hadamard.random_signs(32, 5)
         bits = random_bits_like(torch.empty(n_features, n_tokens), sr_generator(2))
-        got = triton_kernels.rht_mxfp4_t(x.to(DEVICE), signs, "rceil", "sr", dense=False, random_bits=bits.to(DEVICE),
-                                         blocks=blocks)
+        got = kernels.rht.mxfp4_t(
+            x.to(DEVICE), signs, "rceil", "sr", dense=False, random_bits=bits.to(DEVICE), blocks=blocks
+        )
         want = mxfp4.rht_quantize_t(x, "sr", sr_generator(2), signs, impl="reference")
         assert_same(got[0], want.codes, "sr codes")
         assert_same(got[1], want.scales.view(torch.uint8), "sr scales")
-        values = triton_kernels.rht_mxfp4_t(x.to(DEVICE), signs, "rceil", "sr", dense=True, random_bits=bits.to(DEVICE),
-                                            out_dtype=torch.float32, blocks=blocks)
+        values = kernels.rht.mxfp4_t(
+            x.to(DEVICE),
+            signs,
+            "rceil",
+            "sr",
+            dense=True,
+            random_bits=bits.to(DEVICE),
+            out_dtype=torch.float32,
+            blocks=blocks,
+        )
         assert_same(values, want.dequantize(), "sr values")
 
 
@@ -721,8 +832,9 @@ def test_mxfp4_rht_quantize_t_philox_sr_and_non_finite_blocks():
     x = torch.randn(64, 32, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     # Philox SR: the bits the plain MXFP4 kernel draws from the same seed for the materialized operand.
     q = mxfp4.rht_quantize_t(x, "sr", sr_generator(8, 0, DEVICE), impl="triton")
-    plain = mxfp4.quantize(hadamard.rht(x.t().contiguous(), 32), "sr", generator=sr_generator(8, 0, DEVICE),
-                           impl="triton")
+    plain = mxfp4.quantize(
+        hadamard.rht(x.t().contiguous(), 32), "sr", generator=sr_generator(8, 0, DEVICE), impl="triton"
+    )
     assert_same(q.codes, plain.codes.cpu(), "philox codes")
     values, _ = mxfp4.rht_fake_quantize_t(x, "sr", sr_generator(8, 0, DEVICE), out_dtype=torch.float32, impl="triton")
     assert_same(values, q.dequantize().cpu(), "fake vs quantize")
@@ -734,17 +846,17 @@ def test_mxfp4_rht_quantize_t_philox_sr_and_non_finite_blocks():
 
 def test_rht_blocks_are_powers_of_two_and_groups_divide_the_tokens():
     pytest.importorskip("triton")
-    from nvfp4train.formats import triton_kernels
+    from nvfp4train.formats import kernels
 
-    default = (triton_kernels.RHT_GROUPS, triton_kernels.RHT_BLOCK_F)
-    assert triton_kernels.rht_blocks(256, 32) == (*default, default[0] * default[1] // 64)  # a warp per 64 pairs
-    assert triton_kernels.rht_blocks(96, 32, (8, 128)) == (1, 128, 2)  # 3 groups of 32: halved down to 1
-    assert triton_kernels.rht_blocks(192, 16, (8, 32)) == (4, 32, 2)
-    assert triton_kernels.rht_blocks(192, 16, (8, 32, 8)) == (4, 32, 8)  # warps as given
-    assert triton_kernels.rht_blocks(16, 16, (1, 16)) == (1, 16, 1)  # at least one warp
+    default = (kernels.rht.RHT_GROUPS, kernels.rht.RHT_BLOCK_F)
+    assert kernels.rht.program_blocks(256, 32) == (*default, default[0] * default[1] // 64)  # a warp per 64 pairs
+    assert kernels.rht.program_blocks(96, 32, (8, 128)) == (1, 128, 2)  # 3 groups of 32: halved down to 1
+    assert kernels.rht.program_blocks(192, 16, (8, 32)) == (4, 32, 2)
+    assert kernels.rht.program_blocks(192, 16, (8, 32, 8)) == (4, 32, 8)  # warps as given
+    assert kernels.rht.program_blocks(16, 16, (1, 16)) == (1, 16, 1)  # at least one warp
     for bad in ((3, 64), (4, 64, 3), (4, 64, 8, 1)):
         with pytest.raises(ValueError, match="rht blocks"):
-            triton_kernels.rht_blocks(256, 32, bad)
+            kernels.rht.program_blocks(256, 32, bad)
 
 
 @pytest.mark.slow  # ~25 s with an empty Triton cache
@@ -754,88 +866,260 @@ def test_kernels_compile_for_sm90_without_approximate_division():
     with div.rn (no div.full / div.approx, which would change the scales) and fuses multiply-adds only
     where the products are exact. Catches GPU-only front-end errors in CI without a GPU."""
     pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile as triton_compile
+    from nvfp4train.formats import kernels
+    from nvfp4train.formats.kernels.sm90 import IO_ARGS as common
+    from nvfp4train.formats.kernels.sm90 import NVFP4_ARGS as nvfp4_args
+    from nvfp4train.formats.kernels.sm90 import RHT_ARGS as rht_args
+    from nvfp4train.formats.kernels.sm90 import compile_sm90
 
-    from nvfp4train.formats import triton_kernels as tk
-
-    common = {"x_ptr": "*bf16", "bits_ptr": "*i32", "seed_ptr": "*i64", "codes_ptr": "*u8", "scales_ptr": "*u8",
-              "values_ptr": "*bf16"}
-    nvfp4_args = {**common, "amax_ptr": "*fp32", "s_dec_ptr": "*fp32", "rows": "i32", "cols": "i32"}
-    rht_args = {**common, "amax_ptr": "*fp32", "s_dec_ptr": "*fp32", "n_tokens": "i32", "n_features": "i32",
-                "row_amax_ptr": "*fp32", "row_seed_ptr": "*i64", "row_codes_ptr": "*u8", "row_scales_ptr": "*u8",
-                "row_values_ptr": "*bf16", "row_s_dec_ptr": "*fp32"}
-    blocks = {"BLOCK_R": tk.BLOCK_ROWS, "BLOCK_C": tk.BLOCK_COLS}
-    rht_blocks = {"SIGN_MASK": 0xB7E8, "GROUPS": tk.RHT_GROUPS, "BLOCK_F": tk.RHT_BLOCK_F}
+    blocks = {"BLOCK_R": kernels.common.BLOCK_ROWS, "BLOCK_C": kernels.common.BLOCK_COLS}
+    rht_blocks = {"SIGN_MASK": 0xB7E8, "GROUPS": kernels.rht.RHT_GROUPS, "BLOCK_F": kernels.rht.RHT_BLOCK_F}
     # Each code path once (compiling takes ~1-2 s a variant).
     variants = [
-        (tk._abs_max_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32", "n": "i32"}, {"BLOCK": tk.AMAX_BLOCK}),
-        (tk._nvfp4_kernel, nvfp4_args, {"TILE_ROWS": 16, "ROUNDING": tk.RNE, "DENSE": False, **blocks}),
-        (tk._nvfp4_kernel, nvfp4_args, {"TILE_ROWS": 1, "ROUNDING": tk.SR_BITS, "DENSE": True, **blocks}),
-        (tk._nvfp4_kernel, nvfp4_args, {"TILE_ROWS": 1, "ROUNDING": tk.SR_PHILOX, "DENSE": False, **blocks}),
-        (tk._mxfp4_kernel, {**common, "rows": "i32", "cols": "i32"},
-         {"SCALE_RULE": 0, "ROUNDING": tk.SR_PHILOX, "DENSE": True, **blocks}),
-        (tk._mxfp4_kernel, {**common, "rows": "i32", "cols": "i32"},
-         {"SCALE_RULE": 1, "ROUNDING": tk.RNE, "DENSE": False, **blocks}),
-        (tk._fp8_blockwise_kernel, {"x_ptr": "*bf16", "data_ptr": "*u8", "scales_ptr": "*fp32", "values_ptr": "*u8",
-                                    "rows": "i32", "cols": "i32", "scale_for_inf": "fp32"},
-         {"TILE_R": 128, "FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True, "DENSE": False,
-          "BLOCK_R": 128, "BLOCK_C": 128}),
-        (tk._fp8_blockwise_kernel, {"x_ptr": "*fp32", "data_ptr": "*bf16", "scales_ptr": "*bf16",
-                                    "values_ptr": "*bf16", "rows": "i32", "cols": "i32", "scale_for_inf": "fp32"},
-         {"TILE_R": 1, "FP8_MAX": 57344.0, "MANT": 2, "BIAS": 15, "POW2": False, "HW_CVT": False, "DENSE": True,
-          "BLOCK_R": 8, "BLOCK_C": 256}),
-        (tk._fp8_tensorwise_kernel, {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8", "decode_ptr": "*fp32",
-                                     "n": "i32"},
-         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False, "HW_CVT": True, "BLOCK": tk.TENSORWISE_BLOCK}),
-        (tk._fp8_tensorwise_rowcol_kernel, {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8",
-                                            "data_t_ptr": "*u8", "decode_ptr": "*fp32", "rows": "i32", "cols": "i32"},
-         {"FP8_MAX": 57344.0, "MANT": 2, "BIAS": 15, "POW2": False, "HW_CVT": True,
-          "BLOCK": tk.TENSORWISE_TILE}),
-        (tk._scale_and_cast_kernel, {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32"},
-         {"HAS_A": True, "HAS_B": True, "BLOCK": tk.SCALE_CAST_BLOCK}),
-        (tk._e2m1_dequantize_kernel, {"codes_ptr": "*u8", "scales_ptr": "*u8", "global_ptr": "*fp32",
-                                      "values_ptr": "*bf16", "rows": "i32", "cols": "i32"},
-         {"GROUP": 16, "E8M0": False, "HAS_GLOBAL": True, "BLOCK_R": 8, "BLOCK_C": 256}),
-        (tk._e2m1_dequantize_kernel, {"codes_ptr": "*u8", "scales_ptr": "*u8", "global_ptr": "*fp32",
-                                      "values_ptr": "*fp32", "rows": "i32", "cols": "i32"},
-         {"GROUP": 32, "E8M0": True, "HAS_GLOBAL": False, "BLOCK_R": 8, "BLOCK_C": 256}),
-        (tk._fp8_blockwise_rowcol_kernel, {"x_ptr": "*bf16", "row_data_ptr": "*u8", "row_scales_ptr": "*fp32",
-                                           "col_data_ptr": "*u8", "col_scales_ptr": "*fp32", "n_tokens": "i32",
-                                           "n_features": "i32", "row_width": "i32", "scale_for_inf": "fp32"},
-         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True, "RAGGED": True}),
-        (tk._fp8_blockwise_t_kernel, {"x_ptr": "*bf16", "data_ptr": "*u8", "scales_ptr": "*fp32", "n_tokens": "i32",
-                                      "n_features": "i32", "scale_for_inf": "fp32"},
-         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": False, "BLOCK_T": 128, "BLOCK_F": 64}),
-        (tk._fp8_dequantize_blockwise_kernel, {"data_ptr": "*u8", "scales_ptr": "*fp32", "values_ptr": "*bf16",
-                                               "rows": "i32", "cols": "i32"},
-         {"TILE_R": 128, "MANT": 3, "BIAS": 7, "BLOCK_R": 8, "BLOCK_C": 256}),
-        (tk._rht_abs_max_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i32",
-                                  "n_features": "i32"}, {"ROWWISE": True, **rht_blocks}),
-        (tk._rht_abs_max_kernel, {"x_ptr": "*fp32", "partial_ptr": "*i32", "row_partial_ptr": "*i32",
-                                  "n_features": "i32"}, {"ROWWISE": False, **rht_blocks}),
-        (tk._rht_nvfp4_kernel, rht_args,
-         {"ROUNDING": tk.RNE, "DENSE": False, "ROWWISE": False, "ROW_DENSE": False, "HW_BF16": False, **rht_blocks}),
-        (tk._rht_nvfp4_kernel, rht_args,
-         {"ROUNDING": tk.SR_PHILOX, "DENSE": True, "ROWWISE": True, "ROW_DENSE": False, "HW_BF16": True,
-          **rht_blocks}),
+        (
+            kernels.amax._abs_max_kernel,
+            {"x_ptr": "*bf16", "partial_ptr": "*i32", "n": "i32"},
+            {"BLOCK": kernels.amax.AMAX_BLOCK},
+        ),
+        (
+            kernels.nvfp4._nvfp4_kernel,
+            nvfp4_args,
+            {"TILE_ROWS": 16, "ROUNDING": kernels.rounding.RNE, "DENSE": False, **blocks},
+        ),
+        (
+            kernels.nvfp4._nvfp4_kernel,
+            nvfp4_args,
+            {"TILE_ROWS": 1, "ROUNDING": kernels.rounding.SR_BITS, "DENSE": True, **blocks},
+        ),
+        (
+            kernels.nvfp4._nvfp4_kernel,
+            nvfp4_args,
+            {"TILE_ROWS": 1, "ROUNDING": kernels.rounding.SR_PHILOX, "DENSE": False, **blocks},
+        ),
+        (
+            kernels.mxfp4._mxfp4_kernel,
+            {**common, "rows": "i32", "cols": "i32"},
+            {"SCALE_RULE": 0, "ROUNDING": kernels.rounding.SR_PHILOX, "DENSE": True, **blocks},
+        ),
+        (
+            kernels.mxfp4._mxfp4_kernel,
+            {**common, "rows": "i32", "cols": "i32"},
+            {"SCALE_RULE": 1, "ROUNDING": kernels.rounding.RNE, "DENSE": False, **blocks},
+        ),
+        (
+            kernels.fp8._fp8_blockwise_kernel,
+            {
+                "x_ptr": "*bf16",
+                "data_ptr": "*u8",
+                "scales_ptr": "*fp32",
+                "values_ptr": "*u8",
+                "rows": "i32",
+                "cols": "i32",
+                "scale_for_inf": "fp32",
+            },
+            {
+                "TILE_R": 128,
+                "FP8_MAX": 448.0,
+                "MANT": 3,
+                "BIAS": 7,
+                "POW2": True,
+                "HW_CVT": True,
+                "DENSE": False,
+                "BLOCK_R": 128,
+                "BLOCK_C": 128,
+            },
+        ),
+        (
+            kernels.fp8._fp8_blockwise_kernel,
+            {
+                "x_ptr": "*fp32",
+                "data_ptr": "*bf16",
+                "scales_ptr": "*bf16",
+                "values_ptr": "*bf16",
+                "rows": "i32",
+                "cols": "i32",
+                "scale_for_inf": "fp32",
+            },
+            {
+                "TILE_R": 1,
+                "FP8_MAX": 57344.0,
+                "MANT": 2,
+                "BIAS": 15,
+                "POW2": False,
+                "HW_CVT": False,
+                "DENSE": True,
+                "BLOCK_R": 8,
+                "BLOCK_C": 256,
+            },
+        ),
+        (
+            kernels.fp8._fp8_tensorwise_kernel,
+            {"x_ptr": "*bf16", "amax_ptr": "*fp32", "data_ptr": "*u8", "decode_ptr": "*fp32", "n": "i32"},
+            {
+                "FP8_MAX": 448.0,
+                "MANT": 3,
+                "BIAS": 7,
+                "POW2": False,
+                "HW_CVT": True,
+                "BLOCK": kernels.fp8.TENSORWISE_BLOCK,
+            },
+        ),
+        (
+            kernels.fp8._fp8_tensorwise_rowcol_kernel,
+            {
+                "x_ptr": "*bf16",
+                "amax_ptr": "*fp32",
+                "data_ptr": "*u8",
+                "data_t_ptr": "*u8",
+                "decode_ptr": "*fp32",
+                "rows": "i32",
+                "cols": "i32",
+            },
+            {
+                "FP8_MAX": 57344.0,
+                "MANT": 2,
+                "BIAS": 15,
+                "POW2": False,
+                "HW_CVT": True,
+                "BLOCK": kernels.fp8.TENSORWISE_TILE,
+            },
+        ),
+        (
+            kernels.dequant._scale_and_cast_kernel,
+            {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32"},
+            {"HAS_A": True, "HAS_B": True, "BLOCK": kernels.dequant.SCALE_CAST_BLOCK},
+        ),
+        (
+            kernels.dequant._e2m1_dequantize_kernel,
+            {
+                "codes_ptr": "*u8",
+                "scales_ptr": "*u8",
+                "global_ptr": "*fp32",
+                "values_ptr": "*bf16",
+                "rows": "i32",
+                "cols": "i32",
+            },
+            {"GROUP": 16, "E8M0": False, "HAS_GLOBAL": True, "BLOCK_R": 8, "BLOCK_C": 256},
+        ),
+        (
+            kernels.dequant._e2m1_dequantize_kernel,
+            {
+                "codes_ptr": "*u8",
+                "scales_ptr": "*u8",
+                "global_ptr": "*fp32",
+                "values_ptr": "*fp32",
+                "rows": "i32",
+                "cols": "i32",
+            },
+            {"GROUP": 32, "E8M0": True, "HAS_GLOBAL": False, "BLOCK_R": 8, "BLOCK_C": 256},
+        ),
+        (
+            kernels.fp8._fp8_blockwise_rowcol_kernel,
+            {
+                "x_ptr": "*bf16",
+                "row_data_ptr": "*u8",
+                "row_scales_ptr": "*fp32",
+                "col_data_ptr": "*u8",
+                "col_scales_ptr": "*fp32",
+                "n_tokens": "i32",
+                "n_features": "i32",
+                "row_width": "i32",
+                "scale_for_inf": "fp32",
+            },
+            {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True, "RAGGED": True},
+        ),
+        (
+            kernels.fp8._fp8_blockwise_t_kernel,
+            {
+                "x_ptr": "*bf16",
+                "data_ptr": "*u8",
+                "scales_ptr": "*fp32",
+                "n_tokens": "i32",
+                "n_features": "i32",
+                "scale_for_inf": "fp32",
+            },
+            {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": False, "BLOCK_T": 128, "BLOCK_F": 64},
+        ),
+        (
+            kernels.dequant._fp8_dequantize_blockwise_kernel,
+            {"data_ptr": "*u8", "scales_ptr": "*fp32", "values_ptr": "*bf16", "rows": "i32", "cols": "i32"},
+            {"TILE_R": 128, "MANT": 3, "BIAS": 7, "BLOCK_R": 8, "BLOCK_C": 256},
+        ),
+        (
+            kernels.rht._rht_abs_max_kernel,
+            {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i32", "n_features": "i32"},
+            {"ROWWISE": True, **rht_blocks},
+        ),
+        (
+            kernels.rht._rht_abs_max_kernel,
+            {"x_ptr": "*fp32", "partial_ptr": "*i32", "row_partial_ptr": "*i32", "n_features": "i32"},
+            {"ROWWISE": False, **rht_blocks},
+        ),
+        (
+            kernels.rht._rht_nvfp4_kernel,
+            rht_args,
+            {
+                "ROUNDING": kernels.rounding.RNE,
+                "DENSE": False,
+                "ROWWISE": False,
+                "ROW_DENSE": False,
+                "HW_BF16": False,
+                **rht_blocks,
+            },
+        ),
+        (
+            kernels.rht._rht_nvfp4_kernel,
+            rht_args,
+            {
+                "ROUNDING": kernels.rounding.SR_PHILOX,
+                "DENSE": True,
+                "ROWWISE": True,
+                "ROW_DENSE": False,
+                "HW_BF16": True,
+                **rht_blocks,
+            },
+        ),
         # rht_blocks' warps: the same tile on 8 warps (a (group, feature) column a thread)
-        (tk._rht_nvfp4_kernel, rht_args,
-         {"ROUNDING": tk.SR_PHILOX, "DENSE": True, "ROWWISE": False, "ROW_DENSE": False, "HW_BF16": True,
-          **rht_blocks}, {"num_warps": 8}),
-        (tk._rht_mxfp4_kernel, {**common, "n_tokens": "i32", "n_features": "i32"},
-         {**rht_blocks, "SIGN_MASK": 0xB7E8C3A1, "SCALE_RULE": 0, "ROUNDING": tk.RNE, "DENSE": False,
-          "HW_BF16": True}),
-        (tk._rht_mxfp4_kernel, {**common, "n_tokens": "i32", "n_features": "i32"},
-         {**rht_blocks, "SIGN_MASK": 0xB7E8C3A1, "SCALE_RULE": 1, "ROUNDING": tk.SR_PHILOX, "DENSE": True,
-          "HW_BF16": False}),
+        (
+            kernels.rht._rht_nvfp4_kernel,
+            rht_args,
+            {
+                "ROUNDING": kernels.rounding.SR_PHILOX,
+                "DENSE": True,
+                "ROWWISE": False,
+                "ROW_DENSE": False,
+                "HW_BF16": True,
+                **rht_blocks,
+            },
+            {"num_warps": 8},
+        ),
+        (
+            kernels.rht._rht_mxfp4_kernel,
+            {**common, "n_tokens": "i32", "n_features": "i32"},
+            {
+                **rht_blocks,
+                "SIGN_MASK": 0xB7E8C3A1,
+                "SCALE_RULE": 0,
+                "ROUNDING": kernels.rounding.RNE,
+                "DENSE": False,
+                "HW_BF16": True,
+            },
+        ),
+        (
+            kernels.rht._rht_mxfp4_kernel,
+            {**common, "n_tokens": "i32", "n_features": "i32"},
+            {
+                **rht_blocks,
+                "SIGN_MASK": 0xB7E8C3A1,
+                "SCALE_RULE": 1,
+                "ROUNDING": kernels.rounding.SR_PHILOX,
+                "DENSE": True,
+                "HW_BF16": False,
+            },
+        ),
     ]
     for kernel, signature, constexprs, *options in variants:
-        signature = {**{k: "constexpr" for k in constexprs}, **signature}
-        signature = {name: signature[name] for name in kernel.arg_names}
-        compiled = triton_compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                                  target=GPUTarget("cuda", 90, 32),
-                                  options={"enable_fp_fusion": False, **dict(*options)})
+        compiled = compile_sm90(kernel, signature, constexprs, **dict(*options))
         ptx = compiled.asm["ptx"]
         assert "div.full" not in ptx and "div.approx" not in ptx, (kernel, constexprs)
         # FP8 codes from the GPU's own RNE conversion of FP32 (never through FP16: a second rounding)
@@ -848,9 +1132,11 @@ def test_kernels_compile_for_sm90_without_approximate_division():
             assert ("cvt.rn.bf16.f32" in ptx) == constexprs["HW_BF16"], (kernel, constexprs)
         # Fused multiply-adds only where the products are exact: the 16-point RHT of a bf16 input
         # (_rht_tokens' EXACT_PRODUCTS); never on FP32 inputs nor in the 32-point RHT, whose products round.
-        exact_products = kernel in (tk._rht_abs_max_kernel, tk._rht_nvfp4_kernel) and signature["x_ptr"] == "*bf16"
+        exact_products = (
+            kernel in (kernels.rht._rht_abs_max_kernel, kernels.rht._rht_nvfp4_kernel) and signature["x_ptr"] == "*bf16"
+        )
         assert ("fma.rn.f32" in ptx) == exact_products, (kernel, signature["x_ptr"], constexprs)
-        if kernel in (tk._rht_abs_max_kernel, tk._rht_nvfp4_kernel, tk._rht_mxfp4_kernel):
+        if kernel in (kernels.rht._rht_abs_max_kernel, kernels.rht._rht_nvfp4_kernel, kernels.rht._rht_mxfp4_kernel):
             # The transform stays in each thread's registers: shared memory re-lays out at most the
             # stored tiles (codes and scales), not every loaded token row (16 re-layouts a program
             # before); the rowwise copy's 2-D tile adds its own (its stores, and its Philox bytes: a
@@ -862,11 +1148,17 @@ def test_kernels_compile_for_sm90_without_approximate_division():
 
 # ------------------------------------------------------------------------------ operands' routing
 def wgrad_route_cases():
-    from nvfp4train.precision.policy import OperandSpec
+    from nvfp4train.precision.recipe import OperandSpec
 
     x2d = torch.randn(64, 48, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)  # [tokens, in]
-    return x2d, [spec for rounding in ("rne", "sr") for spec in (
-        OperandSpec("nvfp4", (1, 16), rounding, rht_dim=16), OperandSpec("mxfp4", (1, 32), rounding, 32, "rceil"))]
+    return x2d, [
+        spec
+        for rounding in ("rne", "sr")
+        for spec in (
+            OperandSpec("nvfp4", (1, 16), rounding, rht_dim=16),
+            OperandSpec("mxfp4", (1, 32), rounding, 32, "rceil"),
+        )
+    ]
 
 
 def check_wgrad_route(x2d, spec, device):
@@ -939,18 +1231,18 @@ def test_quant_linear_nvfp4_fprop_and_wgrad_x_from_one_read(monkeypatch):
     """The paper's recipe quantizes X twice in the forward (1x16 for Fprop; RHT + 1x16 along tokens for
     Wgrad): one kernel reads X once for both; the layer's output and gradients are those of the two
     separate quantizations bit for bit."""
-    from nvfp4train.precision import operands
+    from nvfp4train.precision import operands, pairs
     from tests.precision.helpers import inputs, load_preset, make_layer, run
 
     monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
     policy = load_preset("nvfp4", bf16_first_blocks=0, bf16_last_blocks=0)
     x, grad = inputs(tokens=64, in_f=64, out_f=48)
-    real = operands.fprop_and_wgrad_x
+    real = pairs.fprop_and_wgrad_x
     used = []
-    monkeypatch.setattr(operands, "fprop_and_wgrad_x", lambda *a: used.append(real(*a)) or used[-1])
+    monkeypatch.setattr(pairs, "fprop_and_wgrad_x", lambda *a: used.append(real(*a)) or used[-1])
     one_read = run(make_layer(policy).to(DEVICE), x.to(DEVICE), grad.to(DEVICE))
     assert len(used) == 1 and used[0] is not None
-    monkeypatch.setattr(operands, "fprop_and_wgrad_x", lambda *a: None)
+    monkeypatch.setattr(pairs, "fprop_and_wgrad_x", lambda *a: None)
     separate = run(make_layer(policy).to(DEVICE), x.to(DEVICE), grad.to(DEVICE))
     for name, a, b in zip(("y", "dx", "dw"), one_read, separate):
         assert_same(a, b.cpu(), f"nvfp4 {name}")
@@ -962,18 +1254,21 @@ def test_quant_linear_nvfp4_dgrad_and_wgrad_dy_from_one_read(monkeypatch, preset
     """The backward's two dY operands (1x16 SR for Dgrad; RHT + 1x16 SR along tokens for Wgrad) from one
     read of dY: the layer's gradients, and the SR streams' states afterwards, are those of the two
     separate quantizations bit for bit (each copy's Philox seed comes from its own role's stream)."""
-    from nvfp4train.precision import operands
+    from nvfp4train.precision import operands, pairs
     from tests.precision.helpers import inputs, load_preset, make_layer, run
 
     monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
     policy = load_preset(preset, bf16_first_blocks=0, bf16_last_blocks=0)
     x, grad = inputs(tokens=64, in_f=64, out_f=48)
-    real = operands.dgrad_and_wgrad_dy
+    real = pairs.dgrad_and_wgrad_dy
     used = []
     results, states = [], []
     for route in ("one read", "separate"):
-        monkeypatch.setattr(operands, "dgrad_and_wgrad_dy",
-                            (lambda *a: used.append(real(*a)) or used[-1]) if route == "one read" else (lambda *a: None))
+        monkeypatch.setattr(
+            pairs,
+            "dgrad_and_wgrad_dy",
+            (lambda *a: used.append(real(*a)) or used[-1]) if route == "one read" else (lambda *a: None),
+        )
         layer = make_layer(policy).to(DEVICE)
         results.append(run(layer, x.to(DEVICE), grad.to(DEVICE)))
         states.append({role: state.clone() for role, state in layer.sr.state().items()})
@@ -992,25 +1287,27 @@ def test_quant_linear_fp8_blockwise_operands_from_one_read(monkeypatch):
     apply, the Wgrad copies straight into their transposed layout (quantize_blockwise_t): the layer's
     output and gradients equal those of the generic path (Xᵀ and dYᵀ materialized, then quantized) bit
     for bit."""
-    from nvfp4train.precision import operands
+    from nvfp4train.precision import operands, pairs
     from tests.precision.helpers import inputs, load_preset, make_layer, run
 
     monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
     policy = load_preset("fp8_blockwise", bf16_first_blocks=0, bf16_last_blocks=0)
     x, grad = inputs(tokens=256, in_f=128, out_f=256)
-    real_fwd, real_bwd, real_t = operands.fprop_and_wgrad_x, operands.dgrad_and_wgrad_dy, operands._fused_fp8_columnwise
+    real_fwd, real_bwd, real_t = pairs.fprop_and_wgrad_x, pairs.dgrad_and_wgrad_dy, operands._fused_fp8_columnwise
     used = {"fwd": [], "bwd": [], "t": []}
     routes = {
-        "one read": (lambda *a: used["fwd"].append(real_fwd(*a)) or used["fwd"][-1],
-                     lambda *a: used["bwd"].append(real_bwd(*a)) or used["bwd"][-1], real_t),
-        "transposed": (lambda *a: None, lambda *a: None,
-                       lambda *a: used["t"].append(real_t(*a)) or used["t"][-1]),
+        "one read": (
+            lambda *a: used["fwd"].append(real_fwd(*a)) or used["fwd"][-1],
+            lambda *a: used["bwd"].append(real_bwd(*a)) or used["bwd"][-1],
+            real_t,
+        ),
+        "transposed": (lambda *a: None, lambda *a: None, lambda *a: used["t"].append(real_t(*a)) or used["t"][-1]),
         "generic": (lambda *a: None, lambda *a: None, lambda *a: False),
     }
     results = {}
     for name, (fwd, bwd, t) in routes.items():
-        monkeypatch.setattr(operands, "fprop_and_wgrad_x", fwd)
-        monkeypatch.setattr(operands, "dgrad_and_wgrad_dy", bwd)
+        monkeypatch.setattr(pairs, "fprop_and_wgrad_x", fwd)
+        monkeypatch.setattr(pairs, "dgrad_and_wgrad_dy", bwd)
         monkeypatch.setattr(operands, "_fused_fp8_columnwise", t)
         results[name] = run(make_layer(policy, 128, 256).to(DEVICE), x.to(DEVICE), grad.to(DEVICE))
     assert [u is not None for u in used["fwd"] + used["bwd"]] == [True, True] and sum(used["t"]) == 2
@@ -1022,7 +1319,7 @@ def test_quant_linear_fp8_blockwise_operands_from_one_read(monkeypatch):
 @kernel_test
 @pytest.mark.parametrize("rowwise_dense, columnwise_dense", [(False, False), (True, False), (True, True)])
 def test_rowwise_and_rht_t_from_one_read_equal_the_separate_quantizers(rowwise_dense, columnwise_dense):
-    from nvfp4train.formats import triton_kernels
+    from nvfp4train.formats import kernels
 
     gen = torch.Generator().manual_seed(6)
     x = torch.randn(64, 80, generator=gen)
@@ -1042,11 +1339,17 @@ def test_rowwise_and_rht_t_from_one_read_equal_the_separate_quantizers(rowwise_d
             assert_same(a, b, f"{name} part {i}")
     # SR: each copy draws from its own Philox seed, the bits the separate kernels draw from it.
     seeds = torch.tensor([11, 12], device=DEVICE)
-    (row_values, _, _), (col_codes, _, _, _) = triton_kernels.rht_nvfp4_t(
-        x.to(DEVICE), hadamard.resolve_signs(16), "sr", dense=False, rowwise=True, rowwise_dense=True,
-        out_dtype=torch.float32, seeds=seeds)
-    alone_row, _, _ = triton_kernels.nvfp4(x.to(DEVICE), 1, "sr", dense=True, seed=seeds[1:], out_dtype=torch.float32)
-    alone_col = triton_kernels.rht_nvfp4_t(x.to(DEVICE), hadamard.resolve_signs(16), "sr", dense=False,
-                                           seeds=seeds[:1])
+    (row_values, _, _), (col_codes, _, _, _) = kernels.rht.nvfp4_t(
+        x.to(DEVICE),
+        hadamard.resolve_signs(16),
+        "sr",
+        dense=False,
+        rowwise=True,
+        rowwise_dense=True,
+        out_dtype=torch.float32,
+        seeds=seeds,
+    )
+    alone_row, _, _ = kernels.nvfp4.quantize(x.to(DEVICE), 1, "sr", dense=True, seed=seeds[1:], out_dtype=torch.float32)
+    alone_col = kernels.rht.nvfp4_t(x.to(DEVICE), hadamard.resolve_signs(16), "sr", dense=False, seeds=seeds[:1])
     assert_same(row_values, alone_row.cpu(), "sr rowwise")
     assert_same(col_codes, alone_col[0].cpu(), "sr columnwise")

@@ -1,4 +1,5 @@
 """Shared helpers for the precision tests."""
+
 from __future__ import annotations
 
 import contextlib
@@ -8,8 +9,19 @@ import torch
 from nvfp4train.precision import PrecisionPolicy, QuantLinear
 from nvfp4train.precision.backends import EmulatedBackend
 
-PRESETS = ("bf16", "fp8_blockwise", "fp8_tensorwise", "nvfp4", "nvfp4_no_sr", "nvfp4_no_rht", "nvfp4_no_2d",
-           "nvfp4_all_layers", "nvfp4_sr_everywhere", "nvfp4_rht_everywhere", "mxfp4")
+PRESETS = (
+    "bf16",
+    "fp8_blockwise",
+    "fp8_tensorwise",
+    "nvfp4",
+    "nvfp4_no_sr",
+    "nvfp4_no_rht",
+    "nvfp4_no_2d",
+    "nvfp4_all_layers",
+    "nvfp4_sr_everywhere",
+    "nvfp4_rht_everywhere",
+    "mxfp4",
+)
 
 # Each ablation preset against nvfp4: the GEMM operands (roles) it must change, and no others.
 ABLATION_CHANGES = [
@@ -27,9 +39,12 @@ def load_preset(name: str, **overrides) -> PrecisionPolicy:
     return PrecisionPolicy.from_dict({**load_config_preset("precision", name), **overrides})
 
 
-def make_layer(policy: PrecisionPolicy, in_f=64, out_f=48, seed=0, weight_seed=0, block_index=0, n_blocks=1, backend="emulated"):
-    layer = QuantLinear(in_f, out_f, policy=policy, block_index=block_index, n_blocks=n_blocks, name="fc1",
-                        seed=seed, backend=backend)
+def make_layer(
+    policy: PrecisionPolicy, in_f=64, out_f=48, seed=0, weight_seed=0, block_index=0, n_blocks=1, backend="emulated"
+):
+    layer = QuantLinear(
+        in_f, out_f, policy=policy, block_index=block_index, n_blocks=n_blocks, name="fc1", seed=seed, backend=backend
+    )
     g = torch.Generator().manual_seed(weight_seed)
     with torch.no_grad():
         layer.weight.copy_(torch.randn(out_f, in_f, generator=g) * 0.1)

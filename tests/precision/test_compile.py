@@ -7,6 +7,7 @@ compiles through them without a graph break, autograd flows through their regist
 (AOTAutograd traces it), the weight cache and the SR streams behave alike, and SR draws match.
 The "aot_eager" backend traces with dynamo and AOTAutograd like the default one but skips
 inductor's C++ code generation (minutes on a 2-core CI box)."""
+
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from torch import nn
 from nvfp4train.precision import PrecisionController, build_linear_factory
 
 from .helpers import load_preset
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _fresh_compiler_after_this_module():
@@ -90,8 +92,13 @@ def test_no_graph_break_at_quantized_linears(preset):
     assert explanation.graph_count == 1
     ops = [node.target for graph in explanation.graphs for node in graph.graph.nodes if node.op == "call_function"]
     quantized = sum(not layer.recipe.all_bf16 for layer in [*model.fc1, *model.fc2])
-    assert sum(op is torch.ops.nvfp4train.quant_linear_fprop.default or op is torch.ops.nvfp4train.quant_linear_fprop
-               for op in ops) == quantized
+    assert (
+        sum(
+            op is torch.ops.nvfp4train.quant_linear_fprop.default or op is torch.ops.nvfp4train.quant_linear_fprop
+            for op in ops
+        )
+        == quantized
+    )
 
 
 def test_small_hybrid_lm_compiles_in_one_graph_with_eager_bits():

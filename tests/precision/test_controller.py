@@ -1,4 +1,5 @@
 """Factory, controller: BF16 block selection, mid-run switch, checkpoint state, telemetry."""
+
 import io
 
 import pytest
@@ -16,9 +17,14 @@ class TinyStack(nn.Module):
     def __init__(self, factory, n_blocks=4, d=32, hidden=64):
         super().__init__()
         self.blocks = nn.ModuleList(
-            nn.ModuleDict({"fc1": factory(d, hidden, block_index=i, name="fc1"),
-                           "fc2": factory(hidden, d, block_index=i, name="fc2")})
-            for i in range(n_blocks))
+            nn.ModuleDict(
+                {
+                    "fc1": factory(d, hidden, block_index=i, name="fc1"),
+                    "fc2": factory(hidden, d, block_index=i, name="fc2"),
+                }
+            )
+            for i in range(n_blocks)
+        )
 
     def forward(self, x):
         for block in self.blocks:
@@ -47,7 +53,9 @@ def data(seed=0, tokens=64, d=32):
 
 
 def test_factory_builds_bf16_blocks_by_index_and_validates_names():
-    policy = load_preset("nvfp4", bf16_first_fraction=0.0, bf16_last_fraction=0.0, bf16_first_blocks=1, bf16_last_blocks=2)
+    policy = load_preset(
+        "nvfp4", bf16_first_fraction=0.0, bf16_last_fraction=0.0, bf16_first_blocks=1, bf16_last_blocks=2
+    )
     model, ctl = build(policy, n_blocks=6)
     kinds = [block["fc1"].recipe.all_bf16 for block in model.blocks]
     assert kinds == [True, False, False, False, True, True]
@@ -91,7 +99,11 @@ def test_mid_run_switch_changes_numerics_from_that_step_on(mode):
     fwd_bf16 = rel(after[0], bf16[0]) < 0.01
     # dx of the quantized-backward run differs from BF16 even with a BF16 forward.
     bwd_bf16 = rel(after[1], bf16[1]) < 0.01
-    assert (fwd_bf16, bwd_bf16) == {"full": (True, True), "forward_only": (True, False), "backward_only": (False, True)}[mode]
+    assert (fwd_bf16, bwd_bf16) == {
+        "full": (True, True),
+        "forward_only": (True, False),
+        "backward_only": (False, True),
+    }[mode]
     assert rel(before[0], bf16[0]) > 0.02 and rel(before[1], bf16[1]) > 0.02
     if mode == "full":  # every linear is F.linear again: bit-identical to the BF16 model
         assert torch.equal(after[0], bf16[0]) and all(torch.equal(a, b) for a, b in zip(after[2], bf16[2]))

@@ -1,6 +1,7 @@
 """The emulated GEMM's cuBLAS path with a device-side output scale (precision/cublas_gemm.py): the same
 numbers as FP32 GEMM + separate scale-and-cast pass to an FP32 ulp before the output rounding, the scale
 read when a CUDA graph replays (not when it was captured), and torch's own GEMMs unaffected afterwards."""
+
 import pytest
 import torch
 
@@ -27,10 +28,12 @@ def _operands(m, n, k, seed):
     """E2M1 codes times power-of-two block scales: exact in BF16, as the dequantized NVFP4 operands are."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     grid = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.5, -1, -1.5, -2, -3, -4, -6], device="cuda")
+
     def make(rows):
         codes = grid[torch.randint(0, len(grid), (rows, k), device="cuda", generator=g)]
         scales = 2.0 ** torch.randint(-6, 6, (rows, k // 16), device="cuda", generator=g).float()
         return (codes * scales.repeat_interleave(16, dim=1)).to(torch.bfloat16)
+
     return make(m), make(n + 5)[:n]  # b: the first rows of a taller tensor, as Quantized.first_rows gives
 
 

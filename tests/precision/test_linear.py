@@ -1,11 +1,12 @@
 """QuantLinear numerics: BF16 parity, weight consistency, per-operand toggles, SR placement,
 determinism, emulation exactness and error against FP64, padding, dtypes, saved bytes."""
+
 import pytest
 import torch
 from torch import nn
 
 from nvfp4train.formats import hadamard, nvfp4
-from nvfp4train.precision import PrecisionPolicy, ROLES, saved_activation_bytes, saved_bytes_report
+from nvfp4train.precision import ROLES, PrecisionPolicy, saved_activation_bytes, saved_bytes_report
 
 from .helpers import ABLATION_CHANGES, GemmSpy, inputs, load_preset, make_layer, rel_err, run
 
@@ -84,12 +85,15 @@ def test_each_toggle_changes_exactly_the_operands_it_names(monkeypatch, ablation
     assert {role for role in ROLES if not torch.equal(base[role], other[role])} == changed
 
 
-@pytest.mark.parametrize("preset, stochastic", [
-    ("nvfp4_all_layers", {"dgrad_dy", "wgrad_dy"}),
-    ("nvfp4_no_sr", set()),
-    ("nvfp4_sr_everywhere", set(ROLES)),
-    ("mxfp4", {"dgrad_dy", "wgrad_dy"}),
-])
+@pytest.mark.parametrize(
+    "preset, stochastic",
+    [
+        ("nvfp4_all_layers", {"dgrad_dy", "wgrad_dy"}),
+        ("nvfp4_no_sr", set()),
+        ("nvfp4_sr_everywhere", set(ROLES)),
+        ("mxfp4", {"dgrad_dy", "wgrad_dy"}),
+    ],
+)
 def test_stochastic_rounding_only_where_configured(monkeypatch, preset, stochastic):
     policy = load_preset(preset, bf16_first_fraction=0.0, bf16_last_fraction=0.0)
     a = _operands(monkeypatch, policy, seed=0)
@@ -124,9 +128,11 @@ def test_emulated_gemms_equal_fp64_products_of_the_quantized_operands(monkeypatc
     """BF16 operands + FP32 accumulation + epilogue scales == the exact product of the dequantized
     operands, up to FP32 summation and the final rounding (BF16 for Y and dX, FP32 for dW)."""
     spy = GemmSpy()
-    layer = make_layer(load_preset(preset, bf16_first_fraction=0.0, bf16_last_fraction=0.0, bf16_first_blocks=0, bf16_last_blocks=0)
-                       if preset.startswith(("nvfp4", "mxfp4")) else
-                       load_preset(preset, bf16_first_blocks=0, bf16_last_blocks=0))
+    layer = make_layer(
+        load_preset(preset, bf16_first_fraction=0.0, bf16_last_fraction=0.0, bf16_first_blocks=0, bf16_last_blocks=0)
+        if preset.startswith(("nvfp4", "mxfp4"))
+        else load_preset(preset, bf16_first_blocks=0, bf16_last_blocks=0)
+    )
     x, grad = inputs()
     with spy.patch(monkeypatch):
         y, dx, dw = run(layer, x, grad)
@@ -212,10 +218,14 @@ def test_saved_activations_are_packed_not_bf16():
     assert nv / ref < 0.3
     bf = saved_activation_bytes(make_layer(load_preset("bf16"), in_f, out_f), x)
     assert bf == ref
-    fp8 = saved_activation_bytes(make_layer(load_preset("fp8_tensorwise", bf16_first_blocks=0, bf16_last_blocks=0), in_f, out_f), x)
+    fp8 = saved_activation_bytes(
+        make_layer(load_preset("fp8_tensorwise", bf16_first_blocks=0, bf16_last_blocks=0), in_f, out_f), x
+    )
     assert fp8 == tokens * in_f + 4  # FP8 X + its scale; W is re-quantized from the parameter
     # A backward switched to BF16 must keep the BF16 copy again.
-    switched = make_layer(load_preset("nvfp4_all_layers", switch={"at_fraction": 0.5, "mode": "backward_only"}), in_f, out_f)
+    switched = make_layer(
+        load_preset("nvfp4_all_layers", switch={"at_fraction": 0.5, "mode": "backward_only"}), in_f, out_f
+    )
     switched.set_switched(True)
     assert saved_activation_bytes(switched, x) == tokens * in_f * 2
 
@@ -240,7 +250,7 @@ def test_blockwise_k_padding_for_scaled_mm_keeps_the_product(k):
     """scaled_mm's 1x128 x 128x128 GEMM gets K zero-padded to a multiple of 4 blocks (cuBLASLt reads
     the tile scales in groups of 4; on torch 2.11 other K gave wrong products): padded codes are 0,
     padded scales 1, so both operands dequantize to themselves followed by zero columns."""
-    from nvfp4train.precision.backends import TILE_K_MULTIPLE, _dequantized, pad_fp8_k, _probe_operand
+    from nvfp4train.precision.backends import TILE_K_MULTIPLE, _dequantized, _probe_operand, pad_fp8_k
     from nvfp4train.precision.operands import Quantized
 
     gen = torch.Generator().manual_seed(0)
@@ -264,7 +274,8 @@ def test_scaled_mm_layer_makes_blockwise_operands_at_its_gemm_k(monkeypatch, in_
     """A 128x128-tiled blockwise layer on backend scaled_mm makes its Fprop and Dgrad operands at K a multiple
     of TILE_K_MULTIPLE (the kernels write the zero columns; nothing is padded per GEMM). On CPU its GEMMs run
     emulated, so against the emulated layer: the same operands followed by zero columns; Y, dX and dW within
-    the rounding of a different summation order. Ragged out_f (328): the Dgrad dY pair comes from one padded read as well."""
+    the rounding of a different summation order. Ragged out_f (328): the Dgrad dY pair comes from one padded read
+    as well."""
     from nvfp4train.precision.backends import TILE_K_MULTIPLE
 
     policy = load_preset("fp8_blockwise", bf16_first_blocks=0, bf16_last_blocks=0)
@@ -343,8 +354,11 @@ def test_backward_state_goes_through_save_for_backward_only():
     xx = x.clone().requires_grad_(True)
     with torch.autograd.graph.saved_tensors_hooks(offload, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
         y = layer(xx)
-    leftovers = {k: type(v).__name__ for k, v in vars(y.grad_fn).items()
-                 if isinstance(v, (torch.Tensor, nn.Module)) or hasattr(v, "tensors")}
+    leftovers = {
+        k: type(v).__name__
+        for k, v in vars(y.grad_fn).items()
+        if isinstance(v, (torch.Tensor, nn.Module)) or hasattr(v, "tensors")
+    }
     assert not leftovers
     assert len(packed) == 1 + 4 + 4  # W, the packed Wgrad X (codes, scales, amax, s_dec), the packed 2-D W
     y.backward(grad.to(y.dtype))
@@ -352,11 +366,19 @@ def test_backward_state_goes_through_save_for_backward_only():
     assert torch.equal(layer.weight.grad, reference[2])
 
 
-@pytest.mark.parametrize("preset, backend, peak", [
-    ("nvfp4", "emulated", "bf16"), ("fp8_tensorwise", "emulated", "bf16"), ("bf16", "emulated", "bf16"),
-    ("fp8_tensorwise", "scaled_mm", "fp8"), ("fp8_blockwise", "te", "fp8"), ("nvfp4", "te", "fp4"),
-    ("mxfp4", "te", "fp4"), ("bf16", "te", "bf16"),
-])
+@pytest.mark.parametrize(
+    "preset, backend, peak",
+    [
+        ("nvfp4", "emulated", "bf16"),
+        ("fp8_tensorwise", "emulated", "bf16"),
+        ("bf16", "emulated", "bf16"),
+        ("fp8_tensorwise", "scaled_mm", "fp8"),
+        ("fp8_blockwise", "te", "fp8"),
+        ("nvfp4", "te", "fp4"),
+        ("mxfp4", "te", "fp4"),
+        ("bf16", "te", "bf16"),
+    ],
+)
 def test_gemm_peak_kind_names_the_peak_the_backend_runs_at(preset, backend, peak):
     from nvfp4train.precision import gemm_peak_kind
 
@@ -370,7 +392,7 @@ def test_tensorwise_wgrad_x_is_fprops_codes_transposed_bit_for_bit(monkeypatch, 
     """fp8_tensorwise saves Xᵀ as Fprop's FP8 codes transposed, and Wgrad's dYᵀ is Dgrad's, each pair from
     one cast (fp8.quantize_tensorwise_rowcol; no second quantization of a transposed BF16 copy): the saved
     tensors, Y, dX and dW are those of quantizing Xᵀ and dYᵀ themselves, NaN included."""
-    from nvfp4train.precision import operands
+    from nvfp4train.precision import pairs
 
     policy = load_preset("fp8_tensorwise", bf16_first_blocks=0, bf16_last_blocks=0)
     x, grad = inputs(tokens=tokens)
@@ -379,19 +401,20 @@ def test_tensorwise_wgrad_x_is_fprops_codes_transposed_bit_for_bit(monkeypatch, 
     for xx in (x, x * 1e-3, x_nan):
         saved = {}
         used, used_dy = [], []
-        real, real_dy = operands.fprop_and_wgrad_x, operands.dgrad_and_wgrad_dy
+        real, real_dy = pairs.fprop_and_wgrad_x, pairs.dgrad_and_wgrad_dy
         for route in ("one cast", "quantized again"):
             if route == "one cast":  # the routes must really be taken
-                monkeypatch.setattr(operands, "fprop_and_wgrad_x", lambda *a: used.append(real(*a)) or used[-1])
-                monkeypatch.setattr(operands, "dgrad_and_wgrad_dy", lambda *a: used_dy.append(real_dy(*a)) or used_dy[-1])
+                monkeypatch.setattr(pairs, "fprop_and_wgrad_x", lambda *a: used.append(real(*a)) or used[-1])
+                monkeypatch.setattr(pairs, "dgrad_and_wgrad_dy", lambda *a: used_dy.append(real_dy(*a)) or used_dy[-1])
             else:
-                monkeypatch.setattr(operands, "fprop_and_wgrad_x", lambda *args: None)
-                monkeypatch.setattr(operands, "dgrad_and_wgrad_dy", lambda *args: None)
+                monkeypatch.setattr(pairs, "fprop_and_wgrad_x", lambda *args: None)
+                monkeypatch.setattr(pairs, "dgrad_and_wgrad_dy", lambda *args: None)
             captured = []
 
             def keep(t):
                 captured.append(t.detach().clone())
                 return t
+
             with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
                 results = run(make_layer(policy), xx, grad)
             saved[route] = (captured, results)

@@ -6,6 +6,7 @@ GPU (marked gpu and skipped without CUDA + transformer_engine; scripts/te_on_gpu
 GPU machine): recipes, per-GEMM operands and outputs against the emulated backend, BF16 blocks and the
 mid-run switch, state dicts and a checkpoint resume with TE layers.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,12 +29,15 @@ def fake_machine(monkeypatch, capability, te=True):
 
 
 # ------------------------------------------------------------------------------------------ CPU
-@pytest.mark.parametrize("capability, preset, fragment", [
-    ((9, 0), "nvfp4", "needs a Blackwell GPU (sm_100+); this GPU is sm_90"),
-    ((8, 9), "fp8_blockwise", "Float8BlockScaling runs natively on Hopper (sm_90) only; this GPU is sm_89"),
-    ((8, 0), "fp8_tensorwise", "TE FP8 needs sm_89+; this GPU is sm_80"),
-    (None, "fp8_tensorwise", "TE needs a CUDA GPU"),
-])
+@pytest.mark.parametrize(
+    "capability, preset, fragment",
+    [
+        ((9, 0), "nvfp4", "needs a Blackwell GPU (sm_100+); this GPU is sm_90"),
+        ((8, 9), "fp8_blockwise", "Float8BlockScaling runs natively on Hopper (sm_90) only; this GPU is sm_89"),
+        ((8, 0), "fp8_tensorwise", "TE FP8 needs sm_89+; this GPU is sm_80"),
+        (None, "fp8_tensorwise", "TE needs a CUDA GPU"),
+    ],
+)
 def test_explicit_te_refuses_what_this_gpu_cannot_run(monkeypatch, capability, preset, fragment):
     fake_machine(monkeypatch, capability)
     with pytest.raises(ValueError) as e:
@@ -61,8 +65,16 @@ def test_trainer_stops_with_one_line_for_te_nvfp4_below_blackwell(monkeypatch, t
 
     fake_machine(monkeypatch, (9, 0))
     out = tmp_path / "run"
-    cfg = compose(["precision=nvfp4", "precision.backend=te", f"out_dir={out}", "train.max_steps=1",
-                   "train.progress=false", "train.eval_sequences=2"])
+    cfg = compose(
+        [
+            "precision=nvfp4",
+            "precision.backend=te",
+            f"out_dir={out}",
+            "train.max_steps=1",
+            "train.progress=false",
+            "train.eval_sequences=2",
+        ]
+    )
     with pytest.raises(SystemExit) as e:
         _main(cfg)
     assert e.value.code == 2
@@ -110,8 +122,9 @@ def _emulated_layer(name, w):
 
 
 def _te_layer(policy, w, block_index=0, n_blocks=1):
-    layer = build_linear_factory(policy, n_blocks=n_blocks, seed=0)(IN_F, OUT_F, block_index=block_index,
-                                                                     name="fc1").cuda()
+    layer = build_linear_factory(policy, n_blocks=n_blocks, seed=0)(
+        IN_F, OUT_F, block_index=block_index, name="fc1"
+    ).cuda()
     with torch.no_grad():
         layer.weight.copy_(w)
     return layer
@@ -129,9 +142,14 @@ def _te_dense(name: str, source: torch.Tensor, role: str) -> torch.Tensor:
     rows, cols = source.shape
     padded = nn.functional.pad(source, (0, -cols % 16, 0, -rows % 16)).contiguous()
     if name == "fp8_blockwise":  # Float8BlockScaling(E4M3): 1x128 for x and dY, 128x128 for W, pow2 scales
-        quantizer = Float8BlockQuantizer(tex.DType.kFloat8E4M3, rowwise=not columnwise, columnwise=columnwise,
-                                         amax_epsilon=0.0, force_pow_2_scales=True,
-                                         block_scaling_dim=2 if ROLE_SOURCES[role] == "w" else 1)
+        quantizer = Float8BlockQuantizer(
+            tex.DType.kFloat8E4M3,
+            rowwise=not columnwise,
+            columnwise=columnwise,
+            amax_epsilon=0.0,
+            force_pow_2_scales=True,
+            block_scaling_dim=2 if ROLE_SOURCES[role] == "w" else 1,
+        )
     else:  # Float8CurrentScaling(HYBRID): E4M3 forward, E5M2 gradients, one FP32 scale per tensor
         dtype = tex.DType.kFloat8E5M2 if ROLE_SOURCES[role] == "dy" else tex.DType.kFloat8E4M3
         quantizer = Float8CurrentScalingQuantizer(dtype, device=source.device, rowwise=True, columnwise=False)
@@ -141,8 +159,10 @@ def _te_dense(name: str, source: torch.Tensor, role: str) -> torch.Tensor:
 
 @pytest.mark.gpu
 @needs_te
-@pytest.mark.parametrize("name, recipe_type, fmt", [("fp8_blockwise", "Float8BlockScaling", "E4M3"),
-                                                    ("fp8_tensorwise", "Float8CurrentScaling", "HYBRID")])
+@pytest.mark.parametrize(
+    "name, recipe_type, fmt",
+    [("fp8_blockwise", "Float8BlockScaling", "E4M3"), ("fp8_tensorwise", "Float8CurrentScaling", "HYBRID")],
+)
 def test_te_recipe_per_policy(name, recipe_type, fmt):
     from transformer_engine.common import recipe
 
@@ -174,8 +194,9 @@ def test_te_operands_are_ours_bit_for_bit(monkeypatch, name):
         mine = op[:rows, :cols].float().double()  # TE dequantizes in FP32: code x scale, rounded once
         assert torch.count_nonzero(op[rows:]) == 0 and torch.count_nonzero(op[:, cols:]) == 0  # zero padding
         if not torch.equal(theirs, mine):
-            bad[role] = (f"{float((theirs != mine).double().mean()):.2e} of elements differ, "
-                         f"rel err {rel_err(theirs, mine):.2e}")
+            bad[role] = (
+                f"{float((theirs != mine).double().mean()):.2e} of elements differ, rel err {rel_err(theirs, mine):.2e}"
+            )
     assert not bad, bad
 
 
@@ -204,7 +225,8 @@ def _fp8_flags(layers) -> dict[int, bool]:
     flags = {}
     for i, layer in enumerate(layers):
         layer.te_linear.register_forward_pre_hook(
-            lambda module, args, i=i: flags.__setitem__(i, FP8GlobalStateManager.is_fp8_enabled()))
+            lambda module, args, i=i: flags.__setitem__(i, FP8GlobalStateManager.is_fp8_enabled())
+        )
     return flags
 
 
@@ -255,14 +277,28 @@ def test_te_training_resumes_from_a_checkpoint(tmp_path):
     a tolerance, not bitwise."""
     from tests.conftest import REPO, cli_env, read_metrics, train_cmd
 
-    common = ["precision=fp8_blockwise", "precision.backend=te", "train.max_steps=8", "train.save_every=4",
-              "train.log_every=1", "train.progress=false", "train.eval_sequences=2", "train.seq_len=128",
-              "train.global_batch_size=8"]
+    common = [
+        "precision=fp8_blockwise",
+        "precision.backend=te",
+        "train.max_steps=8",
+        "train.save_every=4",
+        "train.log_every=1",
+        "train.progress=false",
+        "train.eval_sequences=2",
+        "train.seq_len=128",
+        "train.global_batch_size=8",
+    ]
     pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)  # keep TE's
 
     def train(*overrides):
-        proc = subprocess.run(train_cmd(*overrides), cwd=REPO, env=cli_env(PYTHONPATH=pythonpath),
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            train_cmd(*overrides),
+            cwd=REPO,
+            env=cli_env(PYTHONPATH=pythonpath),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc
 
@@ -293,9 +329,18 @@ def test_te_layers_train_and_resume_under_fsdp2(tmp_path):
         # 2026-11-24, the run trained and logged "single x1"): nothing would be sharded
         pytest.skip("FSDP2 with TE layers needs 2 GPUs")
     nproc = 2
-    common = ["precision=fp8_blockwise", "precision.backend=te", "train.max_steps=6", "train.save_every=3",
-              "train.log_every=1", "train.progress=false", "train.eval_sequences=2", "train.seq_len=128",
-              "train.global_batch_size=8", "train.micro_batch_size=4"]
+    common = [
+        "precision=fp8_blockwise",
+        "precision.backend=te",
+        "train.max_steps=6",
+        "train.save_every=3",
+        "train.log_every=1",
+        "train.progress=false",
+        "train.eval_sequences=2",
+        "train.seq_len=128",
+        "train.global_batch_size=8",
+        "train.micro_batch_size=4",
+    ]
     env = cli_env(PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
 
     def run(cmd):
@@ -303,8 +348,15 @@ def test_te_layers_train_and_resume_under_fsdp2(tmp_path):
         assert proc.returncode == 0, proc.stderr[-4000:]
         return proc
 
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                "-m", "nvfp4train.train"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "nvfp4train.train",
+    ]
     run(train_cmd(f"out_dir={tmp_path / 'one'}", *common))
     run(torchrun + [f"out_dir={tmp_path / 'fsdp'}", "train.parallel=fsdp2", *common])
     log = (tmp_path / "fsdp" / "train.log").read_text()
@@ -314,8 +366,15 @@ def test_te_layers_train_and_resume_under_fsdp2(tmp_path):
     assert sorted(fsdp) == list(range(1, 7)) and [fsdp[s] for s in range(1, 7)] == pytest.approx(one, rel=2e-2)
     shards = list((tmp_path / "fsdp" / "checkpoints" / "step_00000003" / "model_optim").glob("*.distcp"))
     assert len(shards) == nproc, shards
-    resumed = run(torchrun + [f"out_dir={tmp_path / 'fsdp'}", "train.parallel=fsdp2",
-                              f"train.resume={tmp_path / 'fsdp' / 'checkpoints' / 'step_00000003'}", *common])
+    resumed = run(
+        torchrun
+        + [
+            f"out_dir={tmp_path / 'fsdp'}",
+            "train.parallel=fsdp2",
+            f"train.resume={tmp_path / 'fsdp' / 'checkpoints' / 'step_00000003'}",
+            *common,
+        ]
+    )
     assert "resumed from" in resumed.stdout
     again = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "fsdp")}
     assert all(abs(again[s] - fsdp[s]) <= 2e-2 * abs(fsdp[s]) for s in range(4, 7)), (fsdp, again)

@@ -5,6 +5,7 @@ few percent of BF16's loss. The integrator adds the end-to-end run with the real
 The stack has no residual connections on purpose: every gradient below the top block must pass
 through the quantized Dgrad GEMMs, so a broken Dgrad (or Wgrad) stops the run from learning
 (checked by hand: zeroing Dgrad leaves the loss at its start, negating Wgrad too)."""
+
 import pytest
 import torch
 from torch import nn

@@ -1,12 +1,13 @@
 """The quantized weight cache: each layer quantizes its weight once per optimizer step (the first
 training forward) and every micro-batch's Fprop and Dgrad reuse it, with the same bits as
 quantizing at every use; it is dropped when the weight changes or the controller says so."""
+
 import pytest
 import torch
 from torch import nn
 
-from nvfp4train.precision import PrecisionController, build_linear_factory, operands
-from nvfp4train.precision.linear import LayerState
+from nvfp4train.precision import PrecisionController, build_linear_factory, operands, pairs
+from nvfp4train.precision.ops import LayerState
 
 from .helpers import load_preset
 
@@ -47,6 +48,7 @@ def _train(policy, cache: bool, monkeypatch=None, steps=2, micro_batches=3):
                     return real(state, role, x, spec, k_pad)
                 finally:
                     depth[0] -= 1
+
             monkeypatch.setattr(LayerState, method, spy)
         real_pair = LayerState.quantize_with_transpose
 
@@ -55,6 +57,7 @@ def _train(policy, cache: bool, monkeypatch=None, steps=2, micro_batches=3):
             if both is not None:  # (None on telemetry steps: quantized one by one, counted there)
                 calls[-1].append((state.sr.label, role))
             return both
+
         monkeypatch.setattr(LayerState, "quantize_with_transpose", spy_pair)
     g = torch.Generator().manual_seed(1)
     losses = []
@@ -72,8 +75,9 @@ def _train(policy, cache: bool, monkeypatch=None, steps=2, micro_batches=3):
     return losses, [p.detach().clone() for p in model.parameters()], calls
 
 
-@pytest.mark.parametrize("preset", ["nvfp4", "nvfp4_no_2d", "nvfp4_sr_everywhere", "mxfp4", "fp8_blockwise",
-                                    "fp8_tensorwise"])
+@pytest.mark.parametrize(
+    "preset", ["nvfp4", "nvfp4_no_2d", "nvfp4_sr_everywhere", "mxfp4", "fp8_blockwise", "fp8_tensorwise"]
+)
 def test_cached_weights_give_the_same_bits_and_quantize_once_per_step(preset, monkeypatch):
     policy = _policy(preset)
     losses, weights, _ = _train(policy, cache=False)
@@ -88,8 +92,9 @@ def test_cached_weights_give_the_same_bits_and_quantize_once_per_step(preset, mo
         # Fprop: once per step, not per micro-batch. Dgrad (fc2 only: fc1's input wants no gradient):
         # the Fprop bits transposed (16x16 / 128x128 tiles; per-tensor FP8's codes, from Fprop's cast),
         # else one quantization of Wᵀ per step.
-        from_fprop = recipe.reuses_fprop_weight or (operands.tensorwise_pair(recipe.fprop_w, recipe.dgrad_w)
-                                                    and step_calls is not calls[0])  # step 0 records telemetry
+        from_fprop = recipe.reuses_fprop_weight or (
+            pairs.tensorwise_pair(recipe.fprop_w, recipe.dgrad_w) and step_calls is not calls[0]
+        )  # step 0 records telemetry
         assert step_calls.count(("block0.fc1", "fprop_w")) == 1
         assert step_calls.count(("block0.fc2", "fprop_w")) == 1
         assert step_calls.count(("block0.fc2", "dgrad_w")) == (0 if from_fprop else 1)
@@ -123,7 +128,9 @@ def test_a_changed_weight_is_quantized_again(monkeypatch):
     assert torch.equal(forward(), expected())
 
 
-@pytest.mark.parametrize("preset", ["nvfp4", "nvfp4_rht_everywhere", "mxfp4", "fp8_blockwise", "fp8_tensorwise", "bf16"])
+@pytest.mark.parametrize(
+    "preset", ["nvfp4", "nvfp4_rht_everywhere", "mxfp4", "fp8_blockwise", "fp8_tensorwise", "bf16"]
+)
 def test_packed_shapes_are_what_pack_returns(preset):
     """The custom ops' fake implementations allocate the saved tensors from `packed_shapes`."""
     recipe = _policy(preset).quantized_recipe()

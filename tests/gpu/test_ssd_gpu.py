@@ -1,8 +1,8 @@
-"""Check mamba-ssm's Triton SSD against the project's PyTorch reference on a CUDA GPU.
+"""mamba-ssm's Triton SSD against the project's PyTorch reference on a CUDA GPU (marked gpu: skipped without
+CUDA or without mamba-ssm's Triton kernels); the same checks run torch against torch on CPU, which keeps this
+module's machinery from rotting where no GPU is at hand.
 
-    python scripts/check_ssd_gpu.py            # kernel and full-model checks, table, exit code
-    python scripts/check_ssd_gpu.py --quick    # smaller shapes, fewer timing iterations
-    python scripts/check_ssd_gpu.py --cpu-dry-run   # exercises this script on CPU (torch vs torch)
+    python -m pytest -q -m gpu tests/gpu/test_ssd_gpu.py -s      # -s: the timing lines
 
 What it does:
   1. Kernel: `ssd_scan(..., backend="triton")` vs `backend="torch"` on the same inputs, in
@@ -11,22 +11,20 @@ What it does:
   2. Model: a small hybrid (all three block types) with identical weights, run with each
      backend under bf16 autocast: relative error of the logits, the loss and every parameter
      gradient (worst one named), plus forward+backward time.
-Exit status: 0 when every relative error is below the bf16 tolerance (TOL below), 1 when one
-is not, 2 when the check cannot run (no CUDA, or mamba-ssm's Triton kernels not importable).
+Every relative error must be below the bf16 tolerance (TOL below).
 
 mamba-ssm: only the pure-Python wheel is needed (Triton kernels, no CUDA extension). Build it
 on a machine with PyPI access (README.md, GPU install):
     MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip wheel --no-deps --no-build-isolation \
         mamba-ssm==2.3.2.post1 -w .whl/
-and carry `.whl/` to the GPU machine: this script unpacks `.whl/mamba_ssm-*.whl` into
-`.whl/site/` and puts it on sys.path when mamba_ssm is not importable otherwise. The first
+and copy `.whl/` to the GPU machine: these tests unpack `.whl/mamba_ssm-*.whl` into `.whl/site/` and put it
+on sys.path when mamba_ssm is not importable otherwise. The first
 Triton call compiles and autotunes for minutes (about 3 on an H200); timings are taken after
 a warm-up.
 """
 
 from __future__ import annotations
 
-import argparse
 import glob
 import importlib.util
 import math
@@ -35,14 +33,15 @@ import sys
 import time
 import zipfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import pytest
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+from nvfp4train.model import build_model
+from nvfp4train.model.ssd import load_triton_ssd, ssd_scan
 
-from nvfp4train.model import build_model  # noqa: E402
-from nvfp4train.model.ssd import _load_causal_conv1d, load_triton_ssd, ssd_scan  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 # bf16 has an 8-bit significand (relative spacing 2^-8 = 3.9e-3); the chunked algorithms sum
 # in different orders, so a few ulps of disagreement in a norm-wise relative error is expected.
@@ -123,8 +122,15 @@ def ssd_inputs(b, T, h, p, g, n, dtype, device, seed=0):
     return [x.to(dtype), dt.to(dtype), A, B.to(dtype), C.to(dtype), D, dt_bias]
 
 
-def check_kernel(table: Table, dtype: torch.dtype, shape: dict, chunk: int, iters: int,
-                 device: torch.device, backends: tuple[str, str]) -> None:
+def check_kernel(
+    table: Table,
+    dtype: torch.dtype,
+    shape: dict,
+    chunk: int,
+    iters: int,
+    device: torch.device,
+    backends: tuple[str, str],
+) -> None:
     base = ssd_inputs(dtype=dtype, device=device, **shape)
     grad_out = torch.randn(shape["b"], shape["T"], shape["h"], shape["p"], device=device).to(dtype)
     results, timings = {}, {}
@@ -145,16 +151,21 @@ def check_kernel(table: Table, dtype: torch.dtype, shape: dict, chunk: int, iter
         timings[key] = time_ms(step, iters, device)
     name = f"SSD kernel {str(dtype).replace('torch.', '')}"
     table.add(name, "y", rel_err(results["triton"][0], results["torch"][0]))
-    for label, g_tr, g_ref in zip(["dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias"], results["triton"][1], results["torch"][1]):
+    for label, g_tr, g_ref in zip(
+        ["dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias"], results["triton"][1], results["torch"][1]
+    ):
         table.add(name, label, rel_err(g_tr, g_ref))
     tokens = shape["b"] * shape["T"]
-    print(f"{name}: fwd+bwd {tokens} tokens, {shape['h']} heads x {shape['p']}, {shape['g']} groups, "
-          f"state {shape['n']}, chunk {chunk}: torch {timings['torch']:.2f} ms, triton {timings['triton']:.2f} ms "
-          f"({timings['torch'] / timings['triton']:.1f}x)")
+    print(
+        f"{name}: fwd+bwd {tokens} tokens, {shape['h']} heads x {shape['p']}, {shape['g']} groups, "
+        f"state {shape['n']}, chunk {chunk}: torch {timings['torch']:.2f} ms, triton {timings['triton']:.2f} ms "
+        f"({timings['torch'] / timings['triton']:.1f}x)"
+    )
 
 
-def check_model(table: Table, model_cfg: dict, batch: int, seq_len: int, iters: int,
-                device: torch.device, backends: tuple[str, str]) -> None:
+def check_model(
+    table: Table, model_cfg: dict, batch: int, seq_len: int, iters: int, device: torch.device, backends: tuple[str, str]
+) -> None:
     torch.manual_seed(0)
     reference = build_model({**model_cfg, "ssd_backend": backends[0]}).to(device)
     kernel = build_model({**model_cfg, "ssd_backend": backends[1]}).to(device)
@@ -162,6 +173,7 @@ def check_model(table: Table, model_cfg: dict, batch: int, seq_len: int, iters: 
     tokens = torch.randint(0, model_cfg["vocab_size"], (batch, seq_len + 1), device=device)
     out, timings = {}, {}
     for name, model in (("torch", reference), ("triton", kernel)):
+
         def step():
             model.zero_grad(set_to_none=True)
             with torch.autocast(device.type, dtype=torch.bfloat16):
@@ -184,64 +196,84 @@ def check_model(table: Table, model_cfg: dict, batch: int, seq_len: int, iters: 
         table.add(label, "grad " + n.replace("blocks.0.mixer.", ""), grad_errs[n])
     table.add(label, f"worst grad: {worst}", grad_errs[worst])
     n_tok = batch * seq_len
-    print(f"{label}: fwd+bwd {n_tok} tokens: torch SSD {timings['torch']:.1f} ms, triton SSD {timings['triton']:.1f} ms "
-          f"({n_tok / timings['triton'] * 1e3:,.0f} tokens/s with triton)")
+    print(
+        f"{label}: fwd+bwd {n_tok} tokens: torch SSD {timings['torch']:.1f} ms, triton SSD {timings['triton']:.1f} ms "
+        f"({n_tok / timings['triton'] * 1e3:,.0f} tokens/s with triton)"
+    )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small shapes, 3 timing iterations")
-    parser.add_argument("--only", action="append", choices=["fp32", "bf16", "model"],
-                        help="run only these parts (repeatable); each new shape/dtype autotunes again, "
-                             "so splitting helps under a per-command time limit")
-    parser.add_argument("--cpu-dry-run", action="store_true",
-                        help="run the script's machinery on CPU with the torch backend on both sides")
-    args = parser.parse_args()
-    if args.cpu_dry_run:
-        device, backends, args.quick = torch.device("cpu"), ("torch", "torch"), True
-        print("CPU dry run: torch vs torch (checks this script, not the kernel)")
-    else:
-        if not torch.cuda.is_available():
-            print("no CUDA device: nothing to check")
-            return 2
-        source = make_mamba_importable()
-        try:
-            load_triton_ssd()
-        except ImportError as e:
-            print(f"mamba-ssm ({source}): {e}")
-            return 2
-        device, backends = torch.device("cuda"), ("torch", "triton")
-        print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, mamba-ssm {source}, "
-              f"causal_conv1d kernel {'yes' if _load_causal_conv1d() else 'no (F.conv1d)'}")
+# Shapes: a GPU run's (the kernel at a hybrid_1b-like head layout, T not a multiple of the chunk) and the
+# CPU run's (small: torch against torch checks the harness, not the kernel).
+GPU_SHAPE, GPU_CHUNK = dict(b=8, T=2048, h=32, p=64, g=8, n=128), 128
+CPU_SHAPE, CPU_CHUNK = dict(b=1, T=130, h=4, p=16, g=2, n=16), 64
+# A hybrid_125m-like model with all three block types (T not a multiple of the chunk); the CPU run's is smaller.
+GPU_MODEL = dict(
+    name="check",
+    pattern="M-M*-M-",
+    vocab_size=50304,
+    d_model=640,
+    ffn_hidden=2560,
+    n_heads=10,
+    n_kv_heads=2,
+    head_dim=64,
+    mamba_groups=4,
+    mamba_state=128,
+    mamba_head_dim=64,
+    mamba_chunk=128,
+)
+CPU_MODEL = {
+    **GPU_MODEL,
+    "vocab_size": 256,
+    "d_model": 64,
+    "ffn_hidden": 128,
+    "n_heads": 2,
+    "n_kv_heads": 1,
+    "head_dim": 32,
+    "mamba_groups": 2,
+    "mamba_state": 16,
+    "mamba_head_dim": 16,
+    "mamba_chunk": 32,
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
-    iters = 1 if args.cpu_dry_run else 3 if args.quick else 10
-    shape = dict(b=2, T=300, h=8, p=32, g=2, n=32) if args.quick else dict(b=8, T=2048, h=32, p=64, g=8, n=128)
-    if args.cpu_dry_run:
-        shape = dict(b=1, T=130, h=4, p=16, g=2, n=16)
-    table = Table()
-    t0 = time.time()
-    parts = set(args.only or ["fp32", "bf16", "model"])
-    for dtype in [d for key, d in (("fp32", torch.float32), ("bf16", torch.bfloat16)) if key in parts]:
-        check_kernel(table, dtype, shape, chunk=64 if args.quick else 128, iters=iters, device=device, backends=backends)
-    # A hybrid_125m-like model with all three block types (T not a multiple of the chunk).
-    model_cfg = dict(name="check", pattern="M-M*-M-", vocab_size=50304, d_model=640, ffn_hidden=2560,
-                     n_heads=10, n_kv_heads=2, head_dim=64, mamba_groups=4, mamba_state=128,
-                     mamba_head_dim=64, mamba_chunk=128)
-    if args.quick:
-        model_cfg.update(vocab_size=1024, d_model=128, ffn_hidden=512, n_heads=4, head_dim=32, mamba_groups=2,
-                         mamba_state=32, mamba_head_dim=32, mamba_chunk=64)
-    if args.cpu_dry_run:
-        model_cfg.update(vocab_size=256, d_model=64, ffn_hidden=128, n_heads=2, n_kv_heads=1, mamba_head_dim=16,
-                         mamba_state=16, mamba_chunk=32)
-    if "model" in parts:
-        check_model(table, model_cfg, batch=1 if args.cpu_dry_run else 2 if args.quick else 8,
-                    seq_len=130 if args.cpu_dry_run else 300 if args.quick else 2000,
-                    iters=iters, device=device, backends=backends)
+
+def gpu_backends() -> tuple[str, str]:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    source = make_mamba_importable()
+    try:
+        load_triton_ssd()
+    except ImportError as e:
+        pytest.skip(f"mamba-ssm ({source}): {e}")
+    return ("torch", "triton")
+
+
+def assert_within_tolerance(table: Table) -> None:
     table.print()
-    failures = table.failures()
-    print(f"\n{len(table.rows) - len(failures)}/{len(table.rows)} within tolerance; {time.time() - t0:.0f} s")
-    return 1 if failures else 0
+    assert table.rows and not table.failures(), table.failures()
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_triton_ssd_kernel_matches_the_reference(dtype):
+    table = Table()
+    check_kernel(
+        table, DTYPES[dtype], GPU_SHAPE, chunk=GPU_CHUNK, iters=10, device=torch.device("cuda"), backends=gpu_backends()
+    )
+    assert_within_tolerance(table)
+
+
+@pytest.mark.gpu
+def test_model_with_triton_ssd_matches_the_reference():
+    table = Table()
+    check_model(table, GPU_MODEL, batch=8, seq_len=2000, iters=10, device=torch.device("cuda"), backends=gpu_backends())
+    assert_within_tolerance(table)
+
+
+def test_checks_run_torch_against_torch_on_cpu():
+    table, cpu = Table(), torch.device("cpu")
+    for dtype in DTYPES.values():
+        check_kernel(table, dtype, CPU_SHAPE, chunk=CPU_CHUNK, iters=1, device=cpu, backends=("torch", "torch"))
+    check_model(table, CPU_MODEL, batch=1, seq_len=130, iters=1, device=cpu, backends=("torch", "torch"))
+    assert len(table.rows) == 22
+    assert_within_tolerance(table)

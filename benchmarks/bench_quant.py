@@ -1,8 +1,8 @@
 """Bandwidth of the nvfp4train.formats quantizers, reference vs Triton, beside a device copy.
 
-    python scripts/bench_quant.py                              # CUDA: 8192x8192 and 16384x4096 bf16
-    python scripts/bench_quant.py --device cpu --shapes 64x256 --repeats 2 --out /tmp/quant.json
-    python scripts/bench_quant.py --rht-blocks 4,64 4,64,8 2,128   # sweep the fused RHT kernels' blocks
+    python -m benchmarks.bench_quant                              # CUDA: 8192x8192 and 16384x4096 bf16
+    python -m benchmarks.bench_quant --device cpu --shapes 64x256 --repeats 2 --out /tmp/quant.json
+    python -m benchmarks.bench_quant --rht-blocks 4,64 4,64,8 2,128   # sweep the fused RHT kernels' blocks
 
 GB/s counts the bytes a quantizer must move: its input read once plus its outputs written (packed
 codes + scales for ``quantize``, the dense values for ``fake_quantize``). The copy column is
@@ -33,12 +33,10 @@ from pathlib import Path
 
 import torch
 
+from nvfp4train.data.paths import git_commit
+from nvfp4train.formats import fp8, mxfp4, nvfp4, sr_generator
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-
-from nvfp4train.data.paths import git_commit  # noqa: E402
-from nvfp4train.formats import fp8, mxfp4, nvfp4, sr_generator  # noqa: E402
-
 DEFAULT_OUT = ROOT / "docs" / "results" / "bench" / "quant.json"
 IMPLS = ("reference", "triton")
 
@@ -63,11 +61,17 @@ def cases(device: torch.device, rht_blocks=None):
     gen = lambda: sr_generator(0, 0, device)  # noqa: E731
     bf16 = torch.bfloat16
     if rht_blocks:  # RNE (the activations' Wgrad operand) and SR (the gradients')
-        return [(f"{name}.rht_quantize_t {tile} {rounding} {_blocks_label(b)}",
-                 lambda x, i, fmt=fmt, r=rounding, b=b: fmt.rht_quantize_t(x, r, gen() if r == "sr" else None,
-                                                                           impl=i, blocks=b))
-                for b in rht_blocks for name, fmt, tile in (("nvfp4", nvfp4, "1x16"), ("mxfp4", mxfp4, "1x32"))
-                for rounding in ("rne", "sr")]
+        return [
+            (
+                f"{name}.rht_quantize_t {tile} {rounding} {_blocks_label(b)}",
+                lambda x, i, fmt=fmt, r=rounding, b=b: fmt.rht_quantize_t(
+                    x, r, gen() if r == "sr" else None, impl=i, blocks=b
+                ),
+            )
+            for b in rht_blocks
+            for name, fmt, tile in (("nvfp4", nvfp4, "1x16"), ("mxfp4", mxfp4, "1x32"))
+            for rounding in ("rne", "sr")
+        ]
     return [
         ("nvfp4.quantize 1x16 rne", lambda x, i: nvfp4.quantize(x, (1, 16), "rne", impl=i)),
         ("nvfp4.quantize 1x16 sr", lambda x, i: nvfp4.quantize(x, (1, 16), "sr", gen(), impl=i)),
@@ -77,24 +81,33 @@ def cases(device: torch.device, rht_blocks=None):
         ("nvfp4.fake_quantize 16x16 rne", lambda x, i: nvfp4.fake_quantize(x, (16, 16), out_dtype=bf16, impl=i)),
         ("nvfp4.rht_quantize_t 1x16 rne", lambda x, i: nvfp4.rht_quantize_t(x, "rne", impl=i)),
         ("nvfp4.rht_quantize_t 1x16 sr", lambda x, i: nvfp4.rht_quantize_t(x, "sr", gen(), impl=i)),
-        ("nvfp4.quantize_rowwise_and_rht_t rne",
-         lambda x, i: nvfp4.quantize_rowwise_and_rht_t(x, "rne", rowwise_dense=True, out_dtype=bf16, impl=i)),
+        (
+            "nvfp4.quantize_rowwise_and_rht_t rne",
+            lambda x, i: nvfp4.quantize_rowwise_and_rht_t(x, "rne", rowwise_dense=True, out_dtype=bf16, impl=i),
+        ),
         ("mxfp4.quantize rne", lambda x, i: mxfp4.quantize(x, "rne", impl=i)),
         ("mxfp4.rht_quantize_t 1x32 rne", lambda x, i: mxfp4.rht_quantize_t(x, "rne", impl=i)),
         ("mxfp4.rht_quantize_t 1x32 sr", lambda x, i: mxfp4.rht_quantize_t(x, "sr", gen(), impl=i)),
         ("mxfp4.fake_quantize rne", lambda x, i: mxfp4.fake_quantize(x, "rne", out_dtype=bf16, impl=i)[0]),
-        ("mxfp4.fake_quantize sr",
-         lambda x, i: mxfp4.fake_quantize(x, "sr", generator=gen(), out_dtype=bf16, impl=i)[0]),
+        (
+            "mxfp4.fake_quantize sr",
+            lambda x, i: mxfp4.fake_quantize(x, "sr", generator=gen(), out_dtype=bf16, impl=i)[0],
+        ),
         ("fp8.quantize_tensorwise", lambda x, i: fp8.quantize_tensorwise(x, impl=i)),
         ("fp8.quantize_blockwise 1x128", lambda x, i: fp8.quantize_blockwise(x, (1, 128), impl=i)),
         ("fp8.quantize_blockwise 128x128", lambda x, i: fp8.quantize_blockwise(x, (128, 128), impl=i)),
         ("fp8.quantize_blockwise_t 1x128", lambda x, i: fp8.quantize_blockwise_t(x, impl=i)),
         ("fp8.quantize_blockwise_rowcol 1x128", lambda x, i: fp8.quantize_blockwise_rowcol(x, impl=i)),
-        ("fp8.quantize+dequantize 1x128 pow2",  # the emulated GEMM operand: raw form, then bf16 values
-         lambda x, i: fp8.dequantize_blockwise(*fp8.quantize_blockwise(x, (1, 128), pow2_scales=True), (1, 128), bf16,
-                                               impl=i)),
-        ("fp8.fake_quantize_blockwise 1x128 pow2",
-         lambda x, i: fp8.fake_quantize_blockwise(x, (1, 128), pow2_scales=True, out_dtype=bf16, impl=i)[0]),
+        (
+            "fp8.quantize+dequantize 1x128 pow2",  # the emulated GEMM operand: raw form, then bf16 values
+            lambda x, i: fp8.dequantize_blockwise(
+                *fp8.quantize_blockwise(x, (1, 128), pow2_scales=True), (1, 128), bf16, impl=i
+            ),
+        ),
+        (
+            "fp8.fake_quantize_blockwise 1x128 pow2",
+            lambda x, i: fp8.fake_quantize_blockwise(x, (1, 128), pow2_scales=True, out_dtype=bf16, impl=i)[0],
+        ),
     ]
 
 
@@ -140,11 +153,23 @@ def bench(device: torch.device, shapes, impls, repeats: int, rht_blocks=None) ->
                 out = fn(x, impl)
                 ms = time_ms(lambda: fn(x, impl), repeats, device)
                 gbps = (nbytes(x) + nbytes(out)) / (ms * 1e6)
-                row = {"quantizer": name, "shape": shape, "impl": impl, "ms": sig4(ms), "gbps": sig4(gbps),
-                       "copy_gbps": sig4(copy_gbps), "frac_of_copy": sig4(gbps / copy_gbps), "gpu": gpu, "commit": rev}
+                row = {
+                    "quantizer": name,
+                    "shape": shape,
+                    "impl": impl,
+                    "ms": sig4(ms),
+                    "gbps": sig4(gbps),
+                    "copy_gbps": sig4(copy_gbps),
+                    "frac_of_copy": sig4(gbps / copy_gbps),
+                    "gpu": gpu,
+                    "commit": rev,
+                }
                 rows.append(row)
-                print(f"{name:42s} {shape:>11s} {impl:>9s} {ms:9.3f} {gbps:8.2f} {copy_gbps:10.2f} "
-                      f"{gbps / copy_gbps:8.1%}", flush=True)
+                print(
+                    f"{name:42s} {shape:>11s} {impl:>9s} {ms:9.3f} {gbps:8.2f} {copy_gbps:10.2f} "
+                    f"{gbps / copy_gbps:8.1%}",
+                    flush=True,
+                )
     return rows
 
 
@@ -183,16 +208,29 @@ def parse_blocks(text: str) -> tuple[int, ...]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--shapes", type=parse_shape, nargs="+",
-                        help="ROWSxCOLS, multiples of 128 (default: 8192x8192 16384x4096 on CUDA, 128x256 on CPU)")
+    parser.add_argument(
+        "--shapes",
+        type=parse_shape,
+        nargs="+",
+        help="ROWSxCOLS, multiples of 128 (default: 8192x8192 16384x4096 on CUDA, 128x256 on CPU)",
+    )
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per case (default 20 CUDA, 3 CPU)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help=f"JSON to merge rows into (default {DEFAULT_OUT.relative_to(ROOT)})")
-    parser.add_argument("--rht-blocks", type=parse_blocks, nargs="+", metavar="G,F[,W]",
-                        help="time only nvfp4/mxfp4.rht_quantize_t (Triton, RNE and SR) with G token groups x F "
-                             "features per program on W warps (default G*F/64), a row per kernel and block shape "
-                             "(e.g. --rht-blocks 4,64 4,64,8 2,128)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"JSON to merge rows into (default {DEFAULT_OUT.relative_to(ROOT)})",
+    )
+    parser.add_argument(
+        "--rht-blocks",
+        type=parse_blocks,
+        nargs="+",
+        metavar="G,F[,W]",
+        help="time only nvfp4/mxfp4.rht_quantize_t (Triton, RNE and SR) with G token groups x F "
+        "features per program on W warps (default G*F/64), a row per kernel and block shape "
+        "(e.g. --rht-blocks 4,64 4,64,8 2,128)",
+    )
     args = parser.parse_args(argv)
     if args.rht_blocks:
         if "triton" not in args.impls:

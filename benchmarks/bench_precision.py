@@ -1,8 +1,8 @@
 """Time quantized linears (forward + backward) per precision preset against BF16.
 
-    python scripts/bench_precision.py                       # one layer; CPU, small shapes
-    python scripts/bench_precision.py --device cuda --tokens 16384 --in-features 4096 --out-features 4096
-    python scripts/bench_precision.py --mlp                 # GPU: 4 x (2048 -> 8192 -> 2048), 16384 tokens
+    python -m benchmarks.bench_precision                       # one layer; CPU, small shapes
+    python -m benchmarks.bench_precision --device cuda --tokens 16384 --in-features 4096 --out-features 4096
+    python -m benchmarks.bench_precision --mlp                 # GPU: 4 x (2048 -> 8192 -> 2048), 16384 tokens
 
 One layer (default): median ms per forward+backward under BF16 autocast, the slowdown against
 nn.Linear on the same shapes, the backend the preset resolves to here, and the saved-activation
@@ -13,20 +13,18 @@ forward+backward (each iteration one optimizer step's worth: the quantized weigh
 and rebuilt, `--micro-batches` forward+backward passes share them), TFLOP/s of the model's
 6 x params x tokens, the slowdown against BF16 (eager / compiled) and the peak memory.
 """
+
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from nvfp4train.precision import PrecisionPolicy, build_linear_factory, saved_activation_bytes  # noqa: E402
+from nvfp4train.precision import PrecisionPolicy, build_linear_factory, saved_activation_bytes
 
 PRESETS = ("bf16", "fp8_tensorwise", "fp8_blockwise", "nvfp4", "nvfp4_no_rht", "nvfp4_no_2d", "mxfp4")
 
@@ -87,8 +85,10 @@ def bench_mlp(args, device) -> None:
     x = torch.randn(args.tokens, args.d_model, device=device, generator=g, dtype=torch.bfloat16)
     flops = 6 * 2 * args.d_model * args.hidden * args.blocks * args.tokens * args.micro_batches
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU x{torch.get_num_threads()} threads"
-    print(f"{name}, torch {torch.__version__}; MLP {args.blocks} x ({args.d_model} -> {args.hidden} -> {args.d_model}), "
-          f"{args.tokens} tokens, {args.micro_batches} micro-batch(es) per weight update, every block quantized")
+    print(
+        f"{name}, torch {torch.__version__}; MLP {args.blocks} x ({args.d_model} -> {args.hidden} -> {args.d_model}), "
+        f"{args.tokens} tokens, {args.micro_batches} micro-batch(es) per weight update, every block quantized"
+    )
     print(f"{'preset':<16} {'backend':<10} {'mode':<9} {'ms':>9} {'TFLOP/s':>8} {'x bf16':>7} {'peak GiB':>9}")
     base = {}
     for preset in ["bf16"] + [p for p in args.presets.split(",") if p != "bf16"]:
@@ -112,12 +112,18 @@ def bench_mlp(args, device) -> None:
             try:
                 ms, peak = time_fn(step, device, args.iters)
             except Exception as error:  # noqa: BLE001 - one row per failure, keep going
-                print(f"{preset:<16} {factory.backend_name:<10} {mode:<9} failed: {type(error).__name__}: {str(error)[:120]}")
+                print(
+                    f"{preset:<16} {factory.backend_name:<10} {mode:<9} "
+                    f"failed: {type(error).__name__}: {str(error)[:120]}"
+                )
                 continue
             base.setdefault(mode, ms) if preset == "bf16" else None
             ratio = ms / base[mode] if mode in base else float("nan")
-            print(f"{preset:<16} {factory.backend_name:<10} {mode:<9} {ms:>9.2f} {flops / ms / 1e9:>8.0f} {ratio:>7.2f} "
-                  f"{peak / 2**30:>9.2f}", flush=True)
+            print(
+                f"{preset:<16} {factory.backend_name:<10} {mode:<9} {ms:>9.2f} {flops / ms / 1e9:>8.0f} {ratio:>7.2f} "
+                f"{peak / 2**30:>9.2f}",
+                flush=True,
+            )
 
 
 def time_fn(fn, device, iters: int, warmup: int = 3) -> tuple[float, int]:
@@ -150,7 +156,9 @@ def main() -> None:
     parser.add_argument("--backend", default=None, help="override every preset's backend (auto|emulated|scaled_mm|te)")
     parser.add_argument("--presets", default=",".join(PRESETS))
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads on CPU")
-    parser.add_argument("--mlp", action="store_true", help="time the MLP stack (eager and compiled) instead of one layer")
+    parser.add_argument(
+        "--mlp", action="store_true", help="time the MLP stack (eager and compiled) instead of one layer"
+    )
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--d-model", type=int, default=2048)
     parser.add_argument("--hidden", type=int, default=8192)
@@ -171,8 +179,10 @@ def main() -> None:
     base_ms = time_layer(reference, x, grad, args.iters)
     base_bytes = saved_activation_bytes(reference, x)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU x{torch.get_num_threads()} threads"
-    print(f"{name}, torch {torch.__version__}; tokens={args.tokens} in={args.in_features} out={args.out_features}; "
-          f"nn.Linear fwd+bwd {base_ms:.3f} ms, saved {base_bytes / 2**20:.2f} MiB")
+    print(
+        f"{name}, torch {torch.__version__}; tokens={args.tokens} in={args.in_features} out={args.out_features}; "
+        f"nn.Linear fwd+bwd {base_ms:.3f} ms, saved {base_bytes / 2**20:.2f} MiB"
+    )
     print(f"{'preset':<16} {'backend':<10} {'ms':>9} {'x nn.Linear':>12} {'saved MiB':>10} {'x bf16 saved':>13}")
     for preset in args.presets.split(","):
         policy = load(preset, args.backend)
@@ -180,7 +190,10 @@ def main() -> None:
         layer = factory(args.in_features, args.out_features, block_index=0, name="fc1").to(device)
         ms = time_layer(layer, x, grad, args.iters)
         saved = saved_activation_bytes(layer, x)
-        print(f"{preset:<16} {factory.backend_name:<10} {ms:>9.3f} {ms / base_ms:>12.2f} {saved / 2**20:>10.2f} {saved / base_bytes:>13.3f}")
+        print(
+            f"{preset:<16} {factory.backend_name:<10} {ms:>9.3f} {ms / base_ms:>12.2f} "
+            f"{saved / 2**20:>10.2f} {saved / base_bytes:>13.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,27 +1,19 @@
-"""scripts/bench_quant.py runs on CPU and merges its rows into the JSON (a re-run replaces them)."""
+"""benchmarks/bench_quant.py runs on CPU and merges its rows into the JSON (a re-run replaces them)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_quant.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_quant", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmarks import bench_quant
+from tests.conftest import REPO, cli_env
 
 
 def test_cpu_run_writes_one_row_per_quantizer_shape_impl_and_rerun_replaces(tmp_path, capsys):
-    bench = load_script()
+    bench = bench_quant
     out = tmp_path / "quant.json"
     out.write_text(json.dumps([{"quantizer": "other", "shape": "1x1", "impl": "reference", "ms": 1.0}]))
     args = ["--device", "cpu", "--shapes", "128x128", "--impls", "reference", "--repeats", "1", "--out", str(out)]
@@ -44,24 +36,51 @@ def test_rht_blocks_sweep_times_the_fused_wgrad_kernels_one_row_per_block_shape(
     interpreter: a subprocess, since TRITON_INTERPRET must be set before triton is imported)."""
     pytest.importorskip("triton")
     out = tmp_path / "quant.json"
-    run = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--shapes", "128x128", "--rht-blocks", "2,64",
-                          "2,64,4", "--repeats", "1", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_quant",
+            "--device",
+            "cpu",
+            "--shapes",
+            "128x128",
+            "--rht-blocks",
+            "2,64",
+            "2,64,4",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert sorted(r["quantizer"] for r in rows) == sorted(
-        f"{fmt}.rht_quantize_t {tile} {rounding} {blocks}" for fmt, tile in (("nvfp4", "1x16"), ("mxfp4", "1x32"))
-        for rounding in ("rne", "sr") for blocks in ("blocks=2x64", "blocks=2x64 warps=4"))
+        f"{fmt}.rht_quantize_t {tile} {rounding} {blocks}"
+        for fmt, tile in (("nvfp4", "1x16"), ("mxfp4", "1x32"))
+        for rounding in ("rne", "sr")
+        for blocks in ("blocks=2x64", "blocks=2x64 warps=4")
+    )
     assert all(r["impl"] == "triton" and r["ms"] > 0 for r in rows)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--rht-blocks", "3,64"], "power of two"),
-    (["--rht-blocks", "4,64,3"], "power of two"),
-    (["--rht-blocks", "4x64"], "GROUPS,FEATURES"),
-    (["--rht-blocks", "4,64,8,2"], "GROUPS,FEATURES"),
-    (["--rht-blocks", "4,64", "--impls", "reference"], "must include triton"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rht-blocks", "3,64"], "power of two"),
+        (["--rht-blocks", "4,64,3"], "power of two"),
+        (["--rht-blocks", "4x64"], "GROUPS,FEATURES"),
+        (["--rht-blocks", "4,64,8,2"], "GROUPS,FEATURES"),
+        (["--rht-blocks", "4,64", "--impls", "reference"], "must include triton"),
+    ],
+)
 def test_bad_rht_blocks_exit_2_with_one_line(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        load_script().main(["--device", "cpu", *args])
+        bench_quant.main(["--device", "cpu", *args])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""Precision policies: which format each operand of each linear-layer GEMM uses.
+"""The precision policy and the per-layer recipes it resolves to, as frozen objects: which format each
+operand of each linear-layer GEMM uses.
 
 A linear layer Y = X Wᵀ runs three GEMMs, each with two operands (arXiv 2509.25149 §4, Fig. 5):
 
@@ -14,14 +15,15 @@ built from the Hydra `precision` group) resolves, for a block index and a schedu
 Knobs are independent: rht on wgrad|all|none, sr on grads|all|none, weight tile,
 BF16 first/last blocks, and a mid-run switch to BF16 (full|forward_only|backward_only).
 """
+
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Mapping
+from typing import Any
 
 from nvfp4train.formats import mxfp4
 from nvfp4train.schema import ConfigError, bounded, check, parse, to_plain
@@ -38,8 +40,8 @@ Rht = StrEnum("Rht", "wgrad all none")
 Sr = StrEnum("Sr", "grads all none")
 SwitchMode = StrEnum("SwitchMode", "full forward_only backward_only")
 # MXFP4 block-scale rules, named as torchao names them (formats/mxfp4.py): "rceil" rounds the scale
-# up (the paper's rule), "floor" is OCP MX. "ceil" is the former name of "rceil" and means it.
-Mxfp4ScaleRule = StrEnum("Mxfp4ScaleRule", " ".join(mxfp4.SCALE_RULES + tuple(mxfp4.SCALE_RULE_ALIASES)))
+# up (the paper's rule), "floor" is OCP MX.
+Mxfp4ScaleRule = StrEnum("Mxfp4ScaleRule", " ".join(mxfp4.SCALE_RULES))
 FORMATS, BACKENDS, RHT_CHOICES, SR_CHOICES = tuple(Format), tuple(Backend), tuple(Rht), tuple(Sr)
 SWITCH_MODES, MXFP4_SCALE_RULES = tuple(SwitchMode), tuple(Mxfp4ScaleRule)
 
@@ -51,8 +53,13 @@ WEIGHT_TILES = {
     "nvfp4": ("16x16", "1x16"),
     "mxfp4": ("1x32",),
 }
-DEFAULT_WEIGHT_TILE = {"bf16": "none", "fp8_tensorwise": "tensor", "fp8_blockwise": "128x128",
-                       "nvfp4": "16x16", "mxfp4": "1x32"}
+DEFAULT_WEIGHT_TILE = {
+    "bf16": "none",
+    "fp8_tensorwise": "tensor",
+    "fp8_blockwise": "128x128",
+    "nvfp4": "16x16",
+    "mxfp4": "1x32",
+}
 # Block length along K of the activation/gradient operands (1 x block).
 ACTIVATION_BLOCK = {"fp8_blockwise": 128, "nvfp4": 16, "mxfp4": 32}
 DEFAULT_RHT_DIM = {"nvfp4": 16, "mxfp4": 32}
@@ -63,6 +70,7 @@ class OperandSpec:
     """How one GEMM operand is quantized. `tile` is (rows, K) in the operand's GEMM layout;
     None for per-tensor scaling and for bf16. `rht_dim` > 0 applies a random Hadamard transform
     of that size along K before quantizing (both operands of that GEMM get the same one)."""
+
     format: str  # "bf16" | "nvfp4" | "mxfp4" | "fp8_e4m3" | "fp8_e5m2"
     tile: tuple[int, int] | None = None
     rounding: str = "rne"  # "rne" | "sr"
@@ -87,16 +95,6 @@ class OperandSpec:
     def row_block(self) -> int:
         return self.tile[0] if self.tile is not None else 1
 
-    def key(self) -> str:
-        """The spec as a short string, e.g. "nvfp4,16x16,rne,0," (`OperandSpec.from_key` inverts it)."""
-        tile = "-" if self.tile is None else f"{self.tile[0]}x{self.tile[1]}"
-        return f"{self.format},{tile},{self.rounding},{self.rht_dim},{self.scale_mode}"
-
-    @staticmethod
-    def from_key(key: str) -> "OperandSpec":
-        fmt, tile, rounding, rht_dim, scale_mode = key.split(",")
-        return OperandSpec(fmt, None if tile == "-" else _tile(tile), rounding, int(rht_dim), scale_mode)
-
     def describe(self) -> str:
         if self.is_bf16:
             return "bf16"
@@ -111,6 +109,7 @@ BF16_OPERAND = OperandSpec("bf16")
 @dataclass(frozen=True)
 class LayerRecipe:
     """One OperandSpec per role (see ROLES)."""
+
     fprop_x: OperandSpec = BF16_OPERAND
     fprop_w: OperandSpec = BF16_OPERAND
     dgrad_dy: OperandSpec = BF16_OPERAND
@@ -132,29 +131,19 @@ class LayerRecipe:
         square tile without RHT: a square tile's scale covers the same elements either way, so
         the two quantizations are bit-identical transposes (arXiv 2509.25149 §4.3)."""
         w, wt = self.fprop_w, self.dgrad_w
-        return (not w.is_bf16 and w == wt and w.tile is not None and w.tile[0] == w.tile[1]
-                and w.rht_dim == 0)
+        return not w.is_bf16 and w == wt and w.tile is not None and w.tile[0] == w.tile[1] and w.rht_dim == 0
 
-    def with_bf16(self, roles) -> "LayerRecipe":
+    def with_bf16(self, roles) -> LayerRecipe:
         return dataclasses.replace(self, **{r: BF16_OPERAND for r in roles})
 
     def describe(self) -> dict[str, str]:
         return {r: getattr(self, r).describe() for r in ROLES}
 
-    def key(self) -> str:
-        """The recipe as one string, the form the quantized linear's custom ops take (they cannot take
-        Python objects); `LayerRecipe.from_key` inverts it."""
-        return ";".join(getattr(self, r).key() for r in ROLES)
-
-    @staticmethod
-    @functools.cache
-    def from_key(key: str) -> "LayerRecipe":
-        return LayerRecipe(*(OperandSpec.from_key(k) for k in key.split(";")))
-
 
 @dataclass(frozen=True)
 class SwitchConfig:
     """Switch to BF16 once `tokens_fraction >= at_fraction` (paper App. D)."""
+
     at_fraction: float | None = bounded(None, ge=0, le=1)
     """Fraction of the training tokens at which to switch; null: never (e.g. 0.82 with forward_only)."""
     mode: SwitchMode = SwitchMode.full
@@ -174,6 +163,7 @@ def _tile(text: str) -> tuple[int, int] | None:
 @dataclass(frozen=True)
 class PrecisionPolicy:
     """Plain-data precision policy. Build with `PrecisionPolicy.from_dict(cfg)` (validates)."""
+
     format: Format = Format.bf16
     """Number format of the quantized linears' GEMM operands."""
     backend: Backend = Backend.auto
@@ -189,7 +179,7 @@ class PrecisionPolicy:
     sr: Sr = Sr.none
     """Stochastic rounding on the gradients (grads), on every operand (all), or none (round to nearest even)."""
     mxfp4_scale_rule: Mxfp4ScaleRule = Mxfp4ScaleRule.rceil
-    """MXFP4 E8M0 scale rounding: rceil (round up, the paper's App. B.4; torchao RCEIL; "ceil" is its former name) or floor (OCP)."""
+    """MXFP4 E8M0 scale rounding: rceil (round up, the paper's App. B.4; torchao RCEIL) or floor (OCP)."""
     fp8_pow2_scales: bool = True
     """fp8_blockwise: power-of-two FP32 scales (DeepSeek-V3, TE Float8BlockScaling)."""
     bf16_first_blocks: int = bounded(0, ge=0)
@@ -210,7 +200,7 @@ class PrecisionPolicy:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_dict(cls, cfg: Mapping[str, Any] | None) -> "PrecisionPolicy":
+    def from_dict(cls, cfg: Mapping[str, Any] | None) -> PrecisionPolicy:
         """Build and validate. Raises ConfigError naming the key and the allowed values."""
         return parse(cls, cfg or {}, "precision")
 
@@ -221,14 +211,20 @@ class PrecisionPolicy:
         check(self, "precision")
         tile = self.resolved_weight_tile
         if tile not in WEIGHT_TILES[self.format]:
-            raise ConfigError(f"precision.weight_tile={tile!r} is not allowed with format {self.format}; "
-                              f"choose one of {list(WEIGHT_TILES[self.format])}")
+            raise ConfigError(
+                f"precision.weight_tile={tile!r} is not allowed with format {self.format}; "
+                f"choose one of {list(WEIGHT_TILES[self.format])}"
+            )
         if self.format.startswith("fp8"):
             # The FP8 baselines are RNE without RHT (TE Float8BlockScaling / Float8CurrentScaling).
             if self.sr != "none":
-                raise ConfigError(f"precision.sr={self.sr.value!r} is not allowed with format {self.format}; choose 'none'")
+                raise ConfigError(
+                    f"precision.sr={self.sr.value!r} is not allowed with format {self.format}; choose 'none'"
+                )
             if self.rht != "none":
-                raise ConfigError(f"precision.rht={self.rht.value!r} is not allowed with format {self.format}; choose 'none'")
+                raise ConfigError(
+                    f"precision.rht={self.rht.value!r} is not allowed with format {self.format}; choose 'none'"
+                )
         if self.rht != "none":
             d = self.resolved_rht_dim
             if not (d >= 2 and d & (d - 1) == 0 and d <= 256):
@@ -248,11 +244,15 @@ class PrecisionPolicy:
 
     def bf16_block_counts(self, n_blocks: int) -> tuple[int, int]:
         """(first, last) numbers of blocks kept in BF16 for a model of n_blocks blocks."""
+
         def count(blocks, frac):
             if frac:
                 return min(n_blocks, math.floor(frac * n_blocks + 0.5))
             return min(n_blocks, blocks)
-        return count(self.bf16_first_blocks, self.bf16_first_fraction), count(self.bf16_last_blocks, self.bf16_last_fraction)
+
+        return count(self.bf16_first_blocks, self.bf16_first_fraction), count(
+            self.bf16_last_blocks, self.bf16_last_fraction
+        )
 
     def is_bf16_block(self, block_index: int, n_blocks: int) -> bool:
         if not 0 <= block_index < n_blocks:
@@ -279,8 +279,10 @@ class PrecisionPolicy:
         sr_grads = "sr" if self.sr in ("grads", "all") else "rne"
         sr_other = "sr" if self.sr == "all" else "rne"
         act = (1, block)
-        mode = {"mxfp4": mxfp4.canonical_scale_rule(self.mxfp4_scale_rule),
-                "fp8_blockwise": "pow2" if self.fp8_pow2_scales else "fp32"}.get(fmt, "")
+        mode = {
+            "mxfp4": mxfp4.check_scale_rule(self.mxfp4_scale_rule),
+            "fp8_blockwise": "pow2" if self.fp8_pow2_scales else "fp32",
+        }.get(fmt, "")
 
         def spec(tile, rounding, rht):
             return OperandSpec(elem, tile, rounding, rht, mode)
@@ -311,10 +313,15 @@ class PrecisionPolicy:
         first, last = self.bf16_block_counts(n_blocks)
         bf16 = sum(self.is_bf16_block(i, n_blocks) for i in range(n_blocks))
         ops = ", ".join(f"{role}={spec}" for role, spec in self.quantized_recipe().describe().items())
-        switch = "no switch" if self.switch.at_fraction is None else \
-            f"switch {self.switch.mode} to BF16 at {self.switch.at_fraction:g} of tokens"
-        return (f"{self.name or self.format}: BF16 blocks first {first} + last {last} of {n_blocks} "
-                f"({100 * bf16 / n_blocks:.1f}% of blocks); {ops}; {switch}")
+        switch = (
+            "no switch"
+            if self.switch.at_fraction is None
+            else f"switch {self.switch.mode} to BF16 at {self.switch.at_fraction:g} of tokens"
+        )
+        return (
+            f"{self.name or self.format}: BF16 blocks first {first} + last {last} of {n_blocks} "
+            f"({100 * bf16 / n_blocks:.1f}% of blocks); {ops}; {switch}"
+        )
 
     def switch_due(self, tokens_fraction: float) -> bool:
         at = self.switch.at_fraction

@@ -1,7 +1,7 @@
 """Training throughput per model x sequence length x precision, through the trainer's own step.
 
-    python scripts/bench_train.py --models hybrid_350m hybrid_1b --seqs 2048 4096 --batch 8
-    python scripts/bench_train.py --device cpu --models hybrid_tiny --seqs 64 --batch 2 --steps 2   # smoke test
+    python -m benchmarks.bench_train --models hybrid_350m hybrid_1b --seqs 2048 4096 --batch 8
+    python -m benchmarks.bench_train --device cpu --models hybrid_tiny --seqs 64 --batch 2 --steps 2   # smoke test
 
 Each row builds the model and precision policy as the trainer does and times `engines.TorchEngine.train_step`
 (fused chunked cross-entropy, device-side skip of non-finite steps, AdamW, the trainer's train.compile
@@ -21,8 +21,10 @@ is skipped with its reason). `--profile DIR` profiles one more step per row afte
 prints device time by kind of kernel (GEMM, our quantizers, Mamba scan, copies, ...) and the top kernels,
 each under the ops that launched it (op, input shapes, enclosing ops such as our custom ops; with
 `--cuda-graph false`, since a replayed graph hides them), with a chrome trace per row in DIR:
-    python scripts/bench_train.py --models hybrid_350m --seqs 2048 --batch 8 --precisions bf16 nvfp4 --profile /tmp/prof
+    python -m benchmarks.bench_train --models hybrid_350m --seqs 2048 --batch 8 --precisions bf16 nvfp4 \
+        --profile /tmp/prof
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,7 +65,9 @@ def _model(model_cfg: ModelConfig, precision: str, device: torch.device, backend
         from torchao.float8 import convert_to_float8_training
 
         model = HybridLM(model_cfg).to(device)
-        convert_to_float8_training(model.blocks, module_filter_fn=torchao_block_filter(precision, len(model_cfg.pattern)))
+        convert_to_float8_training(
+            model.blocks, module_filter_fn=torchao_block_filter(precision, len(model_cfg.pattern))
+        )
         return model, "torchao"
     policy = PrecisionPolicy.from_dict({**load_preset("precision", precision), "backend": backend})
     model = HybridLM(model_cfg, linear_factory=build_linear_factory(policy, n_blocks=len(model_cfg.pattern), seed=0))
@@ -81,7 +85,7 @@ def torchao_block_filter(precision: str, n_blocks: int):
 
 
 # What a profiled step's device time is spent on, by kernel name (first match wins; lower-case substrings).
-# Triton quantizer kernels are ours (formats/triton_kernels.py: _nvfp4_*, _mxfp4_*, _rht_*, _fp8_*,
+# Triton quantizer kernels are ours (formats/kernels/: _nvfp4_*, _mxfp4_*, _rht_*, _fp8_*,
 # _abs_max_*); the Mamba scan's are mamba-ssm's SSD kernels; GEMMs are cuBLAS/CUTLASS (nvjet, sm90_xmma,
 # cutlass, gemm) or torch._scaled_mm's.
 KERNEL_KINDS = (
@@ -131,8 +135,15 @@ def profile_step(engine, micro_batch, step: int, device: torch.device, trace: Pa
             continue
         us = evt.self_device_time_total if cuda else evt.self_cpu_time_total
         if us > 0:
-            rows.append({"name": evt.key, "calls": evt.count, "ms": us / 1e3, "kind": kernel_kind(evt.key),
-                         "sources": sources.get(evt.key, [])})
+            rows.append(
+                {
+                    "name": evt.key,
+                    "calls": evt.count,
+                    "ms": us / 1e3,
+                    "kind": kernel_kind(evt.key),
+                    "sources": sources.get(evt.key, []),
+                }
+            )
     return sorted(rows, key=lambda r: -r["ms"])
 
 
@@ -167,20 +178,41 @@ def print_profile(rows: list[dict], top: int = 15, sources: int = 2) -> dict[str
         print(f"      {kind:<16} {ms:9.2f} ms {100 * ms / total:5.1f}%")
     print(f"    top {top} kernels:")
     for r in rows[:top]:
-        print(f"      {r['ms']:9.2f} ms {100 * r['ms'] / total:5.1f}% x{r['calls']:<5} {r['kind']:<16} {r['name'][:90]}")
+        print(
+            f"      {r['ms']:9.2f} ms {100 * r['ms'] / total:5.1f}% x{r['calls']:<5} {r['kind']:<16} {r['name'][:90]}"
+        )
         for ms, chain in r.get("sources", [])[:sources]:
             print(f"          <- {ms:7.2f} ms  {chain[:160]}")
     return kinds
 
 
-def bench_one(model_name: str, model_cfg: ModelConfig, precision: str, batch: int, seq: int, steps: int,
-              warmup: int, device: torch.device, compile: str, sync_debug: bool, backend: str = "auto",
-              profile: Path | None = None, cuda_graph: str = "false") -> dict:
+def bench_one(
+    model_name: str,
+    model_cfg: ModelConfig,
+    precision: str,
+    batch: int,
+    seq: int,
+    steps: int,
+    warmup: int,
+    device: torch.device,
+    compile: str,
+    sync_debug: bool,
+    backend: str = "auto",
+    profile: Path | None = None,
+    cuda_graph: str = "false",
+) -> dict:
     model, backend = _model(model_cfg, precision, device, backend)
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
     graphed = resolve_cuda_graph(cuda_graph, model, info, "ddp")
-    engine = TorchEngine(model, lambda m: param_groups(m, 0.1), OptimConfig(), "ddp", info,
-                         compile=resolve_compile(compile, device), cuda_graph=graphed)
+    engine = TorchEngine(
+        model,
+        lambda m: param_groups(m, 0.1),
+        OptimConfig(),
+        "ddp",
+        info,
+        compile=resolve_compile(compile, device),
+        cuda_graph=graphed,
+    )
     if graphed:  # the capture happens in the warm-up, never in the timed window
         warmup = max(warmup, engine.step_graph.warmup_steps + 1)
     g = torch.Generator().manual_seed(0)
@@ -212,23 +244,35 @@ def bench_one(model_name: str, model_cfg: ModelConfig, precision: str, batch: in
     step_s = (time.perf_counter() - t0) / steps
     tokens_per_s = batch * seq / step_s
     peak = peak_flops(device, "bf16") if cuda else None
-    row = {"model": model_name, "seq": seq, "batch": batch, "precision": precision, "backend": backend,
-           "compiled": resolve_compile(compile, device), "cuda_graph": graphed,
-           "step_ms": round(step_s * 1e3, 3), "tokens_per_s": round(tokens_per_s, 1),
-           "mfu": round(flops_per_token(model_cfg, seq)["total"] * tokens_per_s / peak[0], 4) if peak else None,
-           "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
-           "gpu": torch.cuda.get_device_name(device) if cuda else "cpu", "commit": git_commit(short=True)}
+    row = {
+        "model": model_name,
+        "seq": seq,
+        "batch": batch,
+        "precision": precision,
+        "backend": backend,
+        "compiled": resolve_compile(compile, device),
+        "cuda_graph": graphed,
+        "step_ms": round(step_s * 1e3, 3),
+        "tokens_per_s": round(tokens_per_s, 1),
+        "mfu": round(flops_per_token(model_cfg, seq)["total"] * tokens_per_s / peak[0], 4) if peak else None,
+        "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
+        "gpu": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "commit": git_commit(short=True),
+    }
     if sync_debug:
         row["syncs_per_step"] = syncs
     profiled = None
     if profile is not None:  # after the timed window, so it never slows the row's numbers
         trace = profile / f"{model_name}_seq{seq}_{precision}_{backend}.json"
         profiled = profile_step(engine, micro_batches[-1], warmup + steps + 1, device, trace)
-    print(f"{model_name:>12} seq {seq:>5} x {batch:<3} {precision:>15} {backend:>9}{' graph' if graphed else ''}: "
-          f"{row['step_ms']:>10.1f} ms "
-          f"{row['tokens_per_s']:>10.0f} tok/s  MFU {100 * row['mfu'] if peak else float('nan'):5.1f}%  "
-          f"peak {row['peak_gib'] or float('nan'):6.2f} GiB  loss {loss:.3f}"
-          + (f"  host syncs/step {syncs}" if sync_debug else ""), flush=True)
+    print(
+        f"{model_name:>12} seq {seq:>5} x {batch:<3} {precision:>15} {backend:>9}{' graph' if graphed else ''}: "
+        f"{row['step_ms']:>10.1f} ms "
+        f"{row['tokens_per_s']:>10.0f} tok/s  MFU {100 * row['mfu'] if peak else float('nan'):5.1f}%  "
+        f"peak {row['peak_gib'] or float('nan'):6.2f} GiB  loss {loss:.3f}"
+        + (f"  host syncs/step {syncs}" if sync_debug else ""),
+        flush=True,
+    )
     if profiled is not None:
         print_profile(profiled)
     del engine, model
@@ -258,22 +302,41 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10, help="measured steps")
     ap.add_argument("--warmup", type=int, default=3, help="steps before measuring (compilation, autotuning)")
     ap.add_argument("--compile", choices=["auto", "true", "false"], default="auto", help="as train.compile")
-    ap.add_argument("--cuda-graph", nargs="+", choices=["auto", "true", "false"], default=["auto"],
-                    help="as train.cuda_graph; several values give a row for each (e.g. false true: eager beside "
-                         "graphed steps in one run)")
+    ap.add_argument(
+        "--cuda-graph",
+        nargs="+",
+        choices=["auto", "true", "false"],
+        default=["auto"],
+        help="as train.cuda_graph; several values give a row for each (e.g. false true: eager beside "
+        "graphed steps in one run)",
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--torchao", nargs="*", choices=["all", "fp8_tensorwise"], default=None,
-                    help="add torchao float8 rows (if torchao imports): every block's linears (all, the default) "
-                         "and/or only the blocks the fp8_tensorwise preset quantizes")
+    ap.add_argument(
+        "--torchao",
+        nargs="*",
+        choices=["all", "fp8_tensorwise"],
+        default=None,
+        help="add torchao float8 rows (if torchao imports): every block's linears (all, the default) "
+        "and/or only the blocks the fp8_tensorwise preset quantizes",
+    )
     ap.add_argument("--sync-debug", action="store_true", help="count host syncs per step (CUDA)")
     ap.add_argument("--set", nargs="*", default=[], help="model overrides key=value, e.g. ssd_backend=torch")
-    ap.add_argument("--backends", nargs="+", default=["auto"],
-                    help="precision.backend for each quantized precision (auto | emulated | scaled_mm | te); a "
-                         "backend that cannot run a precision here is skipped with its reason; bf16 runs once")
-    ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
-                    help="after each row's timed steps, profile one more step: print device time by kind of "
-                         "kernel (GEMM, our quantizers, scan, copies, ...) and the top kernels; chrome traces "
-                         "into DIR")
+    ap.add_argument(
+        "--backends",
+        nargs="+",
+        default=["auto"],
+        help="precision.backend for each quantized precision (auto | emulated | scaled_mm | te); a "
+        "backend that cannot run a precision here is skipped with its reason; bf16 runs once",
+    )
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="after each row's timed steps, profile one more step: print device time by kind of "
+        "kernel (GEMM, our quantizers, scan, copies, ...) and the top kernels; chrome traces "
+        "into DIR",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "docs/results/bench/train.json")
     args = ap.parse_args()
 
@@ -281,6 +344,7 @@ def main() -> None:
     if args.torchao is not None:
         try:
             import torchao.float8  # noqa: F401
+
             precisions += [TORCHAO if which == "all" else f"{TORCHAO}_as_{which}" for which in args.torchao or ["all"]]
         except ImportError as e:
             print(f"torchao float8 rows skipped: {e}")
@@ -289,8 +353,10 @@ def main() -> None:
     if device.type == "cuda":
         persistent_kernel_caches()  # as the trainer: autotuning results of earlier runs are reused
     peak = peak_flops(device, "bf16") if device.type == "cuda" else None
-    print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; MFU against "
-          f"{peak[1] if peak else 'nothing (no known GPU)'}; compile={args.compile}; mean of {args.steps} steps")
+    print(
+        f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; MFU against "
+        f"{peak[1] if peak else 'nothing (no known GPU)'}; compile={args.compile}; mean of {args.steps} steps"
+    )
     rows = []
     for model_name in args.models:
         preset = load_preset("model", model_name)
@@ -298,12 +364,25 @@ def main() -> None:
         for seq in args.seqs:
             for precision in precisions:
                 plain = precision == "bf16" or precision.startswith(TORCHAO)
-                for backend, graph in itertools.product(args.backends[:1] if plain else args.backends,
-                                                        args.cuda_graph):
+                for backend, graph in itertools.product(args.backends[:1] if plain else args.backends, args.cuda_graph):
                     try:
-                        rows.append(bench_one(model_name, model_cfg, precision, args.batch, seq, args.steps,
-                                              args.warmup, device, args.compile, args.sync_debug, backend,
-                                              args.profile, graph))
+                        rows.append(
+                            bench_one(
+                                model_name,
+                                model_cfg,
+                                precision,
+                                args.batch,
+                                seq,
+                                args.steps,
+                                args.warmup,
+                                device,
+                                args.compile,
+                                args.sync_debug,
+                                backend,
+                                args.profile,
+                                graph,
+                            )
+                        )
                     except torch.cuda.OutOfMemoryError:
                         print(f"{model_name} seq {seq} x {args.batch} {precision}: out of memory (row not written)")
                         torch.cuda.empty_cache()

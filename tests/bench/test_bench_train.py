@@ -1,6 +1,8 @@
-"""scripts/bench_train.py on CPU with the tiny model: it runs the trainer's step and merges its rows into
-the JSON file (a re-run replaces the row of the same model x seq x precision x backend x compile and CUDA-graph setting, others stay; older rows without
+"""benchmarks/bench_train.py on CPU with the tiny model: it runs the trainer's step and merges its rows into
+the JSON file (a re-run replaces the row of the same model x seq x precision x backend x compile and
+CUDA-graph setting, others stay; older rows without
 `cuda_graph` count as eager steps)."""
+
 import json
 import subprocess
 import sys
@@ -12,14 +14,53 @@ from tests.conftest import REPO, cli_env
 
 def test_bench_train_smoke_and_json_merge(tmp_path):
     out = tmp_path / "train.json"
-    keep = {"model": "hybrid_1b", "seq": 4096, "batch": 8, "precision": "nvfp4", "backend": "emulated",
-            "compiled": False, "step_ms": 1.0, "tokens_per_s": 1.0, "mfu": 0.5, "peak_gib": 1.0, "gpu": "H100", "commit": "abc"}
+    keep = {
+        "model": "hybrid_1b",
+        "seq": 4096,
+        "batch": 8,
+        "precision": "nvfp4",
+        "backend": "emulated",
+        "compiled": False,
+        "step_ms": 1.0,
+        "tokens_per_s": 1.0,
+        "mfu": 0.5,
+        "peak_gib": 1.0,
+        "gpu": "H100",
+        "commit": "abc",
+    }
     stale = {**keep, "model": "hybrid_tiny", "seq": 32, "precision": "bf16", "step_ms": -1.0}
     compiled = {**stale, "compiled": True}  # the same case compiled: another row, kept
     out.write_text(json.dumps([keep, stale, compiled]))
-    proc = subprocess.run([sys.executable, "scripts/bench_train.py", "--device", "cpu", "--models", "hybrid_tiny",
-                           "--seqs", "32", "--batch", "2", "--steps", "1", "--warmup", "1", "--precisions", "bf16",
-                           "--out", str(out), "--profile", str(tmp_path / "prof")], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_train",
+            "--device",
+            "cpu",
+            "--models",
+            "hybrid_tiny",
+            "--seqs",
+            "32",
+            "--batch",
+            "2",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--precisions",
+            "bf16",
+            "--out",
+            str(out),
+            "--profile",
+            str(tmp_path / "prof"),
+        ],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert keep in rows and compiled in rows and len(rows) == 3
@@ -33,9 +74,8 @@ def test_bench_train_smoke_and_json_merge(tmp_path):
 
 
 def test_kernel_kinds_of_real_kernel_names():
-    import runpy
+    from benchmarks.bench_train import kernel_kind as kind
 
-    kind = runpy.run_path(str(REPO / "scripts" / "bench_train.py"))["kernel_kind"]
     assert kind("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "gemm"
     assert kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "gemm"
     assert kind("_rht_nvfp4_kernel") == "quantize (ours)" and kind("_abs_max_kernel") == "quantize (ours)"
@@ -44,16 +84,14 @@ def test_kernel_kinds_of_real_kernel_names():
 
 
 def test_torchao_like_for_like_row_converts_only_the_preset_quantized_blocks():
-    import runpy
-
+    from benchmarks import bench_train
     from nvfp4train.model import HybridLM, ModelConfig
     from nvfp4train.train.config import load_preset
 
-    bench = runpy.run_path(str(REPO / "scripts" / "bench_train.py"))
     cfg = ModelConfig.from_dict({**load_preset("model", "hybrid_tiny"), "pattern": "M-M*M-"})
     model = HybridLM(cfg)
     linears = [fqn for fqn, m in model.blocks.named_modules() if isinstance(m, torch.nn.Linear)]
-    assert bench["torchao_block_filter"]("torchao_float8", len(cfg.pattern)) is None  # every linear
-    keep = bench["torchao_block_filter"]("torchao_float8_as_fp8_tensorwise", len(cfg.pattern))
+    assert bench_train.torchao_block_filter("torchao_float8", len(cfg.pattern)) is None  # every linear
+    keep = bench_train.torchao_block_filter("torchao_float8_as_fp8_tensorwise", len(cfg.pattern))
     chosen = {fqn.split(".")[0] for fqn in linears if keep(model.blocks.get_submodule(fqn), fqn)}
     assert chosen == {"1", "2", "3"}  # fp8_tensorwise keeps the first block and the last two in BF16

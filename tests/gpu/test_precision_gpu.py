@@ -1,6 +1,6 @@
-"""GPU checks of the precision backends (run on an H100/H200; exits non-zero on a mismatch).
+"""GPU checks of the precision backends (marked gpu: skipped without CUDA).
 
-    python scripts/check_precision_gpu.py            # prints a table
+    python -m pytest -q -m gpu tests/gpu/test_precision_gpu.py
 
 1. CUDA == CPU, bit for bit, for the quantized operands of RNE paths (emulated backend): every
    operand the three GEMMs see, per role, RHT'd ones included (formats transforms BF16 inputs
@@ -14,18 +14,16 @@
 5. te (when Transformer Engine is installed and runs the recipe here) against emulated: the same
    recipe, different kernels: agree to within a fraction of the format's error.
 """
+
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nvfp4train.precision import ROLES, PrecisionPolicy, QuantLinear
+from nvfp4train.precision.backends import SCALED_MM, TE, EmulatedBackend
 
-from nvfp4train.precision import ROLES, PrecisionPolicy, QuantLinear  # noqa: E402
-from nvfp4train.precision.backends import SCALED_MM, TE, EmulatedBackend  # noqa: E402
-
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def preset(name: str, **overrides) -> PrecisionPolicy:
@@ -34,19 +32,23 @@ def preset(name: str, **overrides) -> PrecisionPolicy:
     return PrecisionPolicy.from_dict({**load_preset("precision", name), **overrides})
 
 
-DEVICE = "cuda"  # the device compared against the CPU (a CPU smoke run of this script sets "cpu")
+DEVICE = "cuda"  # the device compared against the CPU
 
 
 def all_quantized(name: str, **overrides) -> PrecisionPolicy:
     """The preset with no BF16 blocks, so a one-block test layer is quantized."""
-    counts = {"bf16_first_blocks": 0, "bf16_last_blocks": 0} if name.startswith("fp8") else \
-             {"bf16_first_fraction": 0.0, "bf16_last_fraction": 0.0}
+    counts = (
+        {"bf16_first_blocks": 0, "bf16_last_blocks": 0}
+        if name.startswith("fp8")
+        else {"bf16_first_fraction": 0.0, "bf16_last_fraction": 0.0}
+    )
     return preset(name, **counts, **overrides)
 
 
 def layer_on(policy, device, backend="emulated", in_f=256, out_f=192, seed=0):
-    layer = QuantLinear(in_f, out_f, policy=policy, block_index=0, n_blocks=1, name="fc1", seed=seed,
-                        backend=backend).to(device)
+    layer = QuantLinear(
+        in_f, out_f, policy=policy, block_index=0, n_blocks=1, name="fc1", seed=seed, backend=backend
+    ).to(device)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         layer.weight.copy_((torch.randn(out_f, in_f, generator=g) * 0.05).to(device))
@@ -92,8 +94,7 @@ def same_values_up_to_k_padding(a: torch.Tensor, b: torch.Tensor) -> bool:
     """The same operand values, where one may carry more zero K columns (scaled_mm makes its blockwise operands
     at the K its GEMM wants, backends.gemm_k_multiple)."""
     k = min(a.shape[1], b.shape[1])
-    return (a.shape[0] == b.shape[0] and torch.equal(a[:, :k], b[:, :k])
-            and not a[:, k:].any() and not b[:, k:].any())
+    return a.shape[0] == b.shape[0] and torch.equal(a[:, :k], b[:, :k]) and not a[:, k:].any() and not b[:, k:].any()
 
 
 def rel(a, b) -> float:
@@ -120,6 +121,7 @@ def check_emulated_gemm_exact(rows):
         def dense(q):
             v = q.values.double()
             return v * q.decode_scale.double() if q.decode_scale is not None else v
+
         y_exact = dense(ops["fprop_x"]) @ dense(ops["fprop_w"])[:192].t()
         rows.append((f"emulated gemm {name}", "Y vs fp64", rel(y, y_exact), 2**-8, rel(y, y_exact) <= 2**-8))
 
@@ -146,7 +148,8 @@ def check_scaled_mm(rows):
             for role in ROLES:
                 a, b = ops_f[role], ops_e[role]
                 same = same_values_up_to_k_padding(a.values, b.values) and (
-                    (a.decode_scale is None and b.decode_scale is None) or torch.equal(a.decode_scale, b.decode_scale))
+                    (a.decode_scale is None and b.decode_scale is None) or torch.equal(a.decode_scale, b.decode_scale)
+                )
                 rows.append((f"{label} tokens={tokens}", f"operand {role}", 0.0 if same else 1.0, 0.0, same))
             for out, a, b, limit in zip(("Y", "dX", "dW"), fp8, emulated, (2**-7, 2**-7, 1e-3)):
                 err = rel(a, b)
@@ -159,10 +162,12 @@ def check_auto_picks_scaled_mm(rows):
     for name in ("fp8_tensorwise", "fp8_blockwise"):
         backend, reason = resolve_backend(all_quantized(name))
         cap = torch.cuda.get_device_capability()
-        expected = {"te", "scaled_mm"} if cap >= (9, 0) or name == "fp8_tensorwise" and cap >= (8, 9) else {"te", "emulated"}
+        expected = (
+            {"te", "scaled_mm"} if cap >= (9, 0) or name == "fp8_tensorwise" and cap >= (8, 9) else {"te", "emulated"}
+        )
         ok = backend.name in expected
         # the whole reason when it failed: the 60-character cut hid why scaled_mm's probe refused
-        rows.append((f"backend=auto {name}", f"{backend.name}: {reason}"[:None if not ok else 60], 0.0, 0.0, ok))
+        rows.append((f"backend=auto {name}", f"{backend.name}: {reason}"[: None if not ok else 60], 0.0, 0.0, ok))
 
 
 def check_compiled_equals_eager(rows):
@@ -181,8 +186,10 @@ def check_compiled_equals_eager(rows):
         results = []
         for compiled in (False, True):
             torch.manual_seed(0)
-            model = nn.Sequential(layer_on(policy, DEVICE, backend.name, 256, 256, seed=3),
-                                  layer_on(policy, DEVICE, backend.name, 256, 192, seed=4))
+            model = nn.Sequential(
+                layer_on(policy, DEVICE, backend.name, 256, 256, seed=3),
+                layer_on(policy, DEVICE, backend.name, 256, 192, seed=4),
+            )
             forward = torch.compile(model) if compiled else model
             xx = x.clone().requires_grad_(True)
             with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -215,26 +222,21 @@ def check_te(rows):
             rows.append((f"te vs emulated {name}", label, err, limit, err <= limit))
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
-        print("check_precision_gpu: no CUDA GPU here")
-        return 2
-    print(f"device: {torch.cuda.get_device_name()} sm_{''.join(map(str, torch.cuda.get_device_capability()))}, torch {torch.__version__}")
-    rows: list[tuple] = []
-    for check in (check_cuda_equals_cpu, check_emulated_gemm_exact, check_scaled_mm, check_auto_picks_scaled_mm,
-                  check_compiled_equals_eager, check_te):
-        try:
-            check(rows)
-        except Exception as exc:  # report and keep going: one table for everything
-            rows.append((check.__name__, f"error: {type(exc).__name__}: {exc}", float("nan"), 0.0, False))
-    width = max(len(r[0]) for r in rows)
-    print(f"{'check':<{width}}  {'item':<24} {'value':>10} {'limit':>10}  ok")
-    for check, item, value, limit, ok in rows:
-        print(f"{check:<{width}}  {item:<24} {value:>10.3g} {limit:>10.3g}  {'ok' if ok else 'MISMATCH'}")
-    bad = [r for r in rows if not r[4]]
-    print(f"{len(rows) - len(bad)} passed, {len(bad)} failed")
-    return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+@pytest.mark.parametrize(
+    "check",
+    [
+        check_cuda_equals_cpu,
+        check_emulated_gemm_exact,
+        check_scaled_mm,
+        check_auto_picks_scaled_mm,
+        check_compiled_equals_eager,
+        check_te,
+    ],
+    ids=lambda check: check.__name__,
+)
+def test_gpu_check(check):
+    """Each check appends rows (check, item, value, limit, ok): all must be ok."""
+    rows = []
+    check(rows)
+    bad = [row for row in rows if not row[4]]
+    assert rows and not bad, bad

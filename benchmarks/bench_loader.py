@@ -1,28 +1,26 @@
 """Loader throughput from one core over memory-mapped shards (the target: at least 1M tokens/s).
 
-    python scripts/bench_loader.py                       # the bundled corpus, seq_len 2048
-    python scripts/bench_loader.py --config configs/data/corpora.yaml --seq-len 4096 --micro-batch 8
+    python -m benchmarks.bench_loader                       # the bundled corpus, seq_len 2048
+    python -m benchmarks.bench_loader --config configs/data/corpora.yaml --seq-len 4096 --micro-batch 8
 
 Counts the tokens of the (x, y) micro-batches the trainer would receive (micro_batch * seq_len per call),
 including the blend schedule, the per-step plan and the copy into torch tensors. Torch and numpy are
 limited to one thread so the number is per core.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import yaml  # noqa: E402
+import torch
+import yaml
 
-from nvfp4train.data import build_train_loader  # noqa: E402
-from nvfp4train.data.paths import resolve_path  # noqa: E402
+from nvfp4train.data import build_train_loader
+from nvfp4train.data.paths import resolve_path
 
 
 def main(argv=None) -> None:
@@ -37,10 +35,17 @@ def main(argv=None) -> None:
     cfg = yaml.safe_load(resolve_path(args.config).read_text())
     global_batch = args.micro_batch * args.grad_accum
     # Enough total samples that the run crosses both phase boundaries within the timed window.
-    loader = build_train_loader(cfg, seq_len=args.seq_len, global_batch_size=global_batch,
-                                micro_batch_size=args.micro_batch, rank=0, world_size=1, seed=0,
-                                total_samples=global_batch * 200)
-    for _ in range(args.grad_accum):       # warm-up: first epoch shuffles, page cache
+    loader = build_train_loader(
+        cfg,
+        seq_len=args.seq_len,
+        global_batch_size=global_batch,
+        micro_batch_size=args.micro_batch,
+        rank=0,
+        world_size=1,
+        seed=0,
+        total_samples=global_batch * 200,
+    )
+    for _ in range(args.grad_accum):  # warm-up: first epoch shuffles, page cache
         loader.next_microbatch()
     calls, start = 0, time.perf_counter()
     while time.perf_counter() - start < args.seconds:
@@ -49,9 +54,11 @@ def main(argv=None) -> None:
     elapsed = time.perf_counter() - start
     tokens = calls * args.micro_batch * args.seq_len
     stats = loader.stats()
-    print(f"{tokens / elapsed / 1e6:.2f}M tokens/s on one core ({calls} micro-batches of {args.micro_batch}x"
-          f"{args.seq_len} in {elapsed:.1f}s; reached phase {stats['data/phase']}, "
-          f"{stats['data/consumed_tokens'] / 1e6:.1f}M tokens consumed)")
+    print(
+        f"{tokens / elapsed / 1e6:.2f}M tokens/s on one core ({calls} micro-batches of {args.micro_batch}x"
+        f"{args.seq_len} in {elapsed:.1f}s; reached phase {stats['data/phase']}, "
+        f"{stats['data/consumed_tokens'] / 1e6:.1f}M tokens consumed)"
+    )
 
 
 if __name__ == "__main__":
