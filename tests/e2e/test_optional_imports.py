@@ -21,13 +21,14 @@ OPTIONAL = ("triton", "matplotlib", "datasets", "wandb", "deepspeed", "transform
             "causal_conv1d", "lm_eval", "tiktoken", "torchao", "transformers", "einops", "pyarrow")
 # Modules that are themselves code for an optional package, imported only where it is used; each must
 # name what to pip install when the package is missing.
+KERNEL_MODULES = ("", "common", "amax", "rounding", "e2m1", "nvfp4", "mxfp4", "rht", "fp8", "dequant", "sm90")
 OPTIONAL_MODULES = {
-    "nvfp4train.formats.triton_kernels": "triton",
+    **{f"nvfp4train.formats.kernels{name and '.' + name}": "triton" for name in KERNEL_MODULES},
     "nvfp4train.model.causal_conv": "triton",
     "nvfp4train.eval.lm_eval_adapter": "pip install",
 }
 ENTRY_POINTS = ["nvfp4train.train", "nvfp4train.eval", "nvfp4train.export", "nvfp4train.summary",
-                "nvfp4train.compare", "nvfp4train.reproduce", "nvfp4train.data.prepare"]
+                "nvfp4train.compare", "nvfp4train.reproduce", "nvfp4train.data.prepare", "nvfp4train.generate"]
 
 BLOCKER = textwrap.dedent(f"""
     import sys
