@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
             row = {"run": name, "gpus": RUNS[name][0], "error": why, "seconds": seconds}
             print(f"    failed: {why}", flush=True)
         else:
-            row = {**summarize(name, out_dir, args), "command": " ".join(["python", *cmd[1:-1]]).replace(str(out_dir), "OUT"),
+            row = {**summarize(name, out_dir, args), "command": " ".join(["python", *cmd[1:]]).replace(str(out_dir), "OUT"),
                    "seconds": seconds}
             print(f"    {row['tokens_per_s'] / 1e3:.1f}k tokens/s, peak {row['peak_gib']} GiB, "
                   f"loss {row['final_loss']} ({seconds:.0f} s)", flush=True)

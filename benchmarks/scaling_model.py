@@ -31,13 +31,15 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# Measured on 2x H100 80GB (NVLink), hybrid_1b seq 4096, global batch 8, micro 4, compile + CUDA graph
-# on one GPU; issue #37's table (tokens/s of the last logged steps).
+# Measured on 2x H100 80GB HBM3, hybrid_1b seq 4096, global batch 8, micro 4, compile + CUDA graph on one GPU
+# (benchmarks/bench_distributed.py, tokens/s as the mean of the logged steps in the second half): one GPU, DDP
+# and FSDP2 at its defaults (auto -> keep) on 2026-11-25 at commit e5a71be (docs/results/bench/distributed.json);
+# FSDP2 resharding was not measured again: issue #37's midpoint of 97-108k.
 REFERENCE = {
     "model": "hybrid_1b", "seq": 4096, "micro": 4, "global_batch": 8, "gpu": "H100 80GB HBM3",
-    "one_gpu_tokens_per_s": 77.0e3,
-    "two_gpu_tokens_per_s": {"ddp": 136.2e3, "fsdp2_reshard": 102.5e3, "fsdp2_keep": 144.5e3},
-    "source": "issue #37 (2x H100, commit of that measurement); midpoints of 97-108k and 142-147k",
+    "one_gpu_tokens_per_s": 76.6e3,
+    "two_gpu_tokens_per_s": {"ddp": 137.5e3, "fsdp2_reshard": 102.5e3, "fsdp2_keep": 148.6e3},
+    "source": "docs/results/bench/distributed.json (2x H100, commit e5a71be); fsdp2_reshard: issue #37 (97-108k)",
 }
 # Parameters, blocks and training FLOPs per token at seq 4096 of the model presets (configs/model/*.yaml;
 # printed by `python benchmarks/scaling_model.py --count` which builds each on the meta device).
