@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Build `.whl/`: the pure (or cp312 manylinux) wheels a bare GPU machine without network needs to run
-# nvfp4train, on a machine with PyPI access. The GPU image has Python 3.12, torch (CUDA), triton,
-# tokenizers, safetensors, numpy, tqdm, psutil, msgpack, py-cpuinfo, nvidia-ml-py, einops; it lacks
-# hydra-core, omegaconf, deepspeed and mamba-ssm, which come from here.
+# Build `.whl/` for a GPU node without internet access (common on clusters): the pure (or cp312 manylinux)
+# wheels nvfp4train needs beyond a CUDA PyTorch image (Python 3.12, torch, triton, tokenizers, safetensors,
+# numpy, tqdm, psutil, msgpack, py-cpuinfo, nvidia-ml-py, einops): hydra-core, omegaconf, deepspeed and
+# mamba-ssm, built on a machine with PyPI access and copied to the node with the repository.
 #
 #   bash scripts/gpu_wheels.sh            # writes .whl/ (about 9 MB)
 #
-# On the GPU machine, from the repository root:
+# On the GPU node, from the repository root:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 # mamba-ssm is built without its CUDA extension (Triton kernels only); nvfp4train imports its Triton
 # SSD without importing the package's __init__ (see nvfp4train/model/ssd.py).
