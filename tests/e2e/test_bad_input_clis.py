@@ -195,3 +195,35 @@ def test_compare_reports_a_damaged_metrics_line_and_keeps_the_records_after_it(t
     curve = json.loads((tmp_path / "cmp" / "compare.json").read_text())["curves"]
     last_tokens = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["tokens"]
     assert n > 10 and max(next(iter(curve.values()))["train_tokens"]) == last_tokens
+
+
+class _PlantedPickle:
+    """A pickle that would create a file if unpickled: loading it must be refused, never run."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["eval", "export"])
+def test_planted_pickle_shard_is_one_line_and_never_runs(tmp_path, tool):
+    import pickle
+    run = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "nvfp4train.train", "train.max_steps=1", f"out_dir={run}",
+                    "train.eval_sequences=0"], cwd=tmp_path, env=cli_env(), capture_output=True, check=True,
+                   timeout=600)
+    marker = tmp_path / "PLANTED_CODE_RAN"
+    shard = next((run / "checkpoints").glob("step_*/model_optim/*.distcp"))
+    shard.write_bytes(pickle.dumps(_PlantedPickle(marker)))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    proc = subprocess.run([sys.executable, "-m", f"nvfp4train.{tool}", f"run_dir={run}"], cwd=tmp_path,
+                          env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "refused" in proc.stderr, proc.stderr
+    assert "weights_only" not in proc.stderr + proc.stdout
+    assert not marker.exists()
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
