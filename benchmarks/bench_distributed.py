@@ -73,7 +73,8 @@ def summarize(name: str, out_dir: Path, args) -> dict:
     reshard = re.search(r"fsdp_reshard_after_forward=(?:auto -> )?(true|false)", log)
     gpus, extra = RUNS[name]
     gpus = args.gpus if gpus > 1 else 1
-    parallel = next((o.split("=")[1] for o in extra if o.startswith("train.parallel=")), "single" if gpus == 1 else "ddp")
+    parallel = next((o.split("=")[1] for o in extra if o.startswith("train.parallel=")),
+                    "single" if gpus == 1 else "ddp")
     precision = next((o.split("=")[1] for o in extra if o.startswith("precision=")), "bf16")
     mfu = [r["mfu"] for r in timed if "mfu" in r]
     return {"model": args.model, "seq": args.seq, "batch": args.batch, "precision": precision,
@@ -110,7 +111,8 @@ def merge_rows(path: Path, rows: list[dict]) -> None:
     merged = {tuple(r.get(k) for k in KEY): r for r in existing}
     merged.update({tuple(r.get(k) for k in KEY): r for r in rows})
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(sorted(merged.values(), key=lambda r: tuple(str(r.get(k)) for k in KEY)), indent=1) + "\n")
+    ordered = sorted(merged.values(), key=lambda r: tuple(str(r.get(k)) for k in KEY))
+    path.write_text(json.dumps(ordered, indent=1) + "\n")
 
 
 def earlier_baseline(args) -> float | None:
@@ -177,7 +179,8 @@ def main(argv: list[str] | None = None) -> None:
             row = {"run": name, "gpus": RUNS[name][0], "error": why, "seconds": seconds}
             print(f"    failed: {why}", flush=True)
         else:
-            row = {**summarize(name, out_dir, args), "command": " ".join(["python", *cmd[1:]]).replace(str(out_dir), "OUT"),
+            row = {**summarize(name, out_dir, args),
+                   "command": " ".join(["python", *cmd[1:]]).replace(str(out_dir), "OUT"),
                    "seconds": seconds}
             print(f"    {row['tokens_per_s'] / 1e3:.1f}k tokens/s, peak {row['peak_gib']} GiB, "
                   f"loss {row['final_loss']} ({seconds:.0f} s)", flush=True)

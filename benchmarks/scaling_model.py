@@ -143,7 +143,8 @@ def setup_for(model: str, seq: int = 4096, micro: int | None = None, micro_batch
         t1, source = REFERENCE["one_gpu_tokens_per_s"], f"measured ({REFERENCE['source']})"
     else:
         t1 = REFERENCE["one_gpu_tokens_per_s"] * ref["flops_per_token"] / m["flops_per_token"]
-        source = f"assumed: {REFERENCE['model']}'s measured MFU (tokens/s x {ref['flops_per_token'] / m['flops_per_token']:.3f})"
+        source = (f"assumed: {REFERENCE['model']}'s measured MFU "
+                  f"(tokens/s x {ref['flops_per_token'] / m['flops_per_token']:.3f})")
     if micro is None:
         micro = REFERENCE["micro"] if model == REFERENCE["model"] else 1
     return Setup(model, m["params"], m["blocks"], m["root_params"], m["flops_per_token"], seq, micro, micro_batches,
@@ -164,7 +165,8 @@ def network_from(comm_json: Path | None, inter_gbps: float, gpus_per_node: int) 
 
 def table(models: list[str], gpu_counts: list[int], net: Network, seq: int = 4096) -> list[dict]:
     ref = setup_for(REFERENCE["model"], seq, REFERENCE["micro"], 1)
-    overhead = {r: calibrate_overhead(ref, net, REFERENCE["two_gpu_tokens_per_s"]["fsdp2_reshard" if r else "fsdp2_keep"], r)
+    two_gpu = REFERENCE["two_gpu_tokens_per_s"]
+    overhead = {r: calibrate_overhead(ref, net, two_gpu["fsdp2_reshard" if r else "fsdp2_keep"], r)
                 for r in (True, False)}
     rows = []
     for name in models:
@@ -175,7 +177,8 @@ def table(models: list[str], gpu_counts: list[int], net: Network, seq: int = 409
                 if layout == "hsdp" and n <= net.gpus_per_node:
                     continue
                 parts = fn(setup, n, net, reshard, overhead[reshard] if n > 1 else 0.0)
-                rows.append({"model": name, "layout": layout, **parts, "global_batch": n * setup.micro * setup.micro_batches,
+                rows.append({"model": name, "layout": layout, **parts,
+                             "global_batch": n * setup.micro * setup.micro_batches,
                              "micro": setup.micro, "nodes": math.ceil(n / net.gpus_per_node),
                              "speedup": parts["tokens_per_s"] / setup.one_gpu_tokens_per_s,
                              "throughput_source": setup.throughput_source})
@@ -257,7 +260,8 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         print(f"{r['model']:<15} {r['layout']:<6} {r['gpus']:>5} {r['nodes']:>5} {r['global_batch']:>6} "
               f"{str(r['reshard']).lower():>7} {r['compute_s'] * 1e3:>6.0f}ms {r['wire_s'] * 1e3:>6.0f}ms "
-              f"{r['step_s'] * 1e3:>6.0f}ms {r['tokens_per_s']:>10.0f} {r['speedup']:>7.1f}x {r['per_gpu_efficiency']:>5.0%}")
+              f"{r['step_s'] * 1e3:>6.0f}ms {r['tokens_per_s']:>10.0f} {r['speedup']:>7.1f}x "
+              f"{r['per_gpu_efficiency']:>5.0%}")
     print("\nthroughput sources: " + "; ".join(sorted({f"{r['model']}: {r['throughput_source']}" for r in rows})))
     print("\nSLURM (one torchrun per node, weak scaling: micro-batch fixed, global batch grows with the GPUs):")
     for name in args.models:

@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
         from nvfp4train.train.config import CONFIG_DIR
-        print("usage: " + __doc__.strip() + "\n\nOptions (configs/generate.yaml):\n" + (CONFIG_DIR / "generate.yaml").read_text())
+        print("usage: " + __doc__.strip() + "\n\nOptions (configs/generate.yaml):\n"
+              + (CONFIG_DIR / "generate.yaml").read_text())
         return 0
     # The prompt is taken verbatim: Hydra's override grammar would read "1, 2" as a list or "42" as a number.
     prompts = [a.split("=", 1)[1] for a in argv if a.startswith("prompt=")]

@@ -20,8 +20,8 @@ field also takes a numeric string, because PyYAML reads `1e-5` (no dot) as a str
 from __future__ import annotations
 
 import dataclasses
-import math
 import functools
+import math
 import types
 import typing
 from collections.abc import Mapping

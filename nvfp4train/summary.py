@@ -26,9 +26,9 @@ KIND_NAMES = {"M": "mamba", "*": "attention", "-": "mlp"}
 
 def load_model_config(overrides: list[str]) -> tuple[ModelConfig, int]:
     """Compose a ModelConfig from `model=NAME`, `model.KEY=VALUE` and `seq_len=N` overrides."""
+    import yaml
     from omegaconf import OmegaConf  # config composition lives here, not in nvfp4train.model
     from omegaconf.errors import OmegaConfBaseException
-    import yaml
 
     from nvfp4train.train.config import TrainConfig
 
@@ -53,7 +53,8 @@ def load_model_config(overrides: list[str]) -> tuple[ModelConfig, int]:
         raise ValueError(f"model={name}: no file {path}; available presets: {', '.join(presets)}")
     try:
         merged = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(field_overrides))
-    except (OmegaConfBaseException, yaml.YAMLError) as e:  # a value that is not YAML (`model.d_model=[1`), a preset that is not either
+    # a value that is not YAML (`model.d_model=[1`), a preset that is not either
+    except (OmegaConfBaseException, yaml.YAMLError) as e:
         raise ValueError(f"{', '.join(field_overrides) or path}: not valid YAML "
                          f"({' '.join(str(e).splitlines()[0].split())[:200]})") from None
     return ModelConfig.from_dict(OmegaConf.to_container(merged, resolve=True)), seq_len

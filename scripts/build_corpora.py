@@ -204,7 +204,7 @@ def foldoc_works(workdir: Path) -> list[tuple[str, str]]:
             continue
         seen.add((start, size))
         body = data[start:start + size].decode("utf-8", errors="replace")
-        text = "\n".join(l.removeprefix("   ") for l in body.splitlines()).strip()
+        text = "\n".join(row.removeprefix("   ") for row in body.splitlines()).strip()
         if len(text) > 40:
             works.append((f"foldoc/{head}", text))
     return works

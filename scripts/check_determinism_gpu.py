@@ -5,8 +5,9 @@ bits are comparable), each deterministic process with its own fresh Triton and I
 neither reuses the other's autotuning), and compares the loss and gradient norm of every step bit for bit.
 First the timed pairs run one case at a time: BF16 and NVFP4 compiled with the CUDA graph, with the flag.
 Then the untimed cases run side by side: the eager pairs; DDP on both GPUs (eager unless --ddp-compile; the
-command twice, one after the other); and the resume case, which kills a run with SIGKILL as soon as its checkpoint at --kill-at is
-complete, resumes it (train.resume=auto) and compares the resumed steps with the uninterrupted run A of the
+command twice, one after the other); and the resume case, which kills a run with SIGKILL as soon as its
+checkpoint at --kill-at is complete, resumes it (train.resume=auto) and compares the resumed steps with
+the uninterrupted run A of the
 BF16 graph case. Last the same compiled pairs without the flag, timed alone: the baseline of the cost
 column (which also shows that those runs differ), and between them the BF16 pair with the flag and
 FlexAttention in place of math SDPA (NVFP4TRAIN_DETERMINISTIC_ATTENTION=flex).
@@ -143,8 +144,8 @@ def run_pair(args, clock: Clock, name: str, precision: str, deterministic: bool,
              steps: int, attention: str = "math") -> dict:
     """Run A on GPU 0 and run B on GPU 1 at once (one after the other on CPU), each with its own caches."""
     case = args.out / name
-    row = {"case": name, "gpus": "1+1" if args.parallel else "1", "precision": precision, "deterministic": deterministic,
-           "compiled": compiled, "steps": steps}
+    row = {"case": name, "gpus": "1+1" if args.parallel else "1", "precision": precision,
+           "deterministic": deterministic, "compiled": compiled, "steps": steps}
     procs = []
     for run, gpu in (("A", "0"), ("B", "1" if args.parallel else "0")):
         cache = case / f"cache_{run}" if deterministic else None  # the non-deterministic baseline keeps the shared one
@@ -244,7 +245,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), choices=CASES,
                     help="graph: BF16 and NVFP4 compiled with the CUDA graph; eager: both eager; baseline: "
-                         "both compiled without the flag (the cost's reference); ddp; resume (needs graph); flex: BF16 compiled "
+                         "both compiled without the flag (the cost's reference); ddp; resume (needs graph); "
+                         "flex: BF16 compiled "
                          "with FlexAttention instead of math SDPA; cost_1b (hybrid_1b "
                          "with and without the flag: not in the default set)")
     ap.add_argument("--model", default="hybrid_repro")
@@ -312,7 +314,8 @@ def main() -> int:
     if "eager" in args.cases:
         for precision in ("bf16", "nvfp4"):
             name = f"{precision}_eager_det"
-            jobs.append((name, lambda p=precision, n=name: [run_pair(args, clock, n, p, True, False, args.eager_steps)]))
+            jobs.append((name, lambda p=precision, n=name:
+                         [run_pair(args, clock, n, p, True, False, args.eager_steps)]))
     if "ddp" in args.cases:
         jobs.append(("ddp_bf16_det", lambda: [run_ddp(args, clock)]))
     if "resume" in args.cases:

@@ -174,9 +174,11 @@ def compare(arms: list[Arm], baseline: Arm, milestones: list[dict], window_fract
             "grad_norm": {run.name: [[r["tokens"], r["grad_norm"]] for r in run.records
                                      if r.get("grad_norm") is not None and "tokens" in r] for run in arm.runs},
             "tokens_per_s": {run.name: [[r["tokens"], r["tokens_per_s"]] for r in run.records
-                                        if r.get("tokens_per_s") is not None and "tokens" in r][1:] for run in arm.runs},
+                                        if r.get("tokens_per_s") is not None and "tokens" in r][1:]
+                             for run in arm.runs},
             "events": {run.name: [[r["tokens"], r.get("loss"), "skipped" if r.get("step_skipped") else "spike"]
-                                  for r in run.records if (r.get("step_skipped") or r.get("loss_spike")) and "tokens" in r]
+                                  for r in run.records
+                                  if (r.get("step_skipped") or r.get("loss_spike")) and "tokens" in r]
                        for run in arm.runs},
             "heldout_points": {run.name: [[r["tokens"], r["val/mean"]] for r in run.records
                                           if "val/mean" in r and "tokens" in r] for run in arm.runs},

@@ -20,12 +20,12 @@ Every key, its default and its meaning: the dataclasses below (DataConfig, Sourc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace as dataclass_replace
+from dataclasses import dataclass
+from dataclasses import replace as dataclass_replace
 from enum import StrEnum
 from fractions import Fraction
 
 from nvfp4train.schema import ConfigError, bounded, check, not_a_key, parse
-
 
 SourceFormat = StrEnum("SourceFormat", "jsonl json txt parquet")
 

@@ -153,13 +153,15 @@ class BlendedTrainLoader:
         differ = [key for key in mine if state["fingerprint"].get(key) != mine[key]]
         if differ:
             raise ValueError(f"data loader state comes from a different run: {', '.join(differ)} differ "
-                             f"(saved {[state['fingerprint'].get(k) for k in differ]}, now {[mine[k] for k in differ]})")
+                             f"(saved {[state['fingerprint'].get(k) for k in differ]}, "
+                             f"now {[mine[k] for k in differ]})")
         consumed = int(state["consumed_samples"])
         if state["microbatch"] != 0 and (state["world_size"], state["micro_batch_size"], state["global_batch_size"]) \
                 != (self.world_size, self.micro_batch_size, self.global_batch_size):
             raise ValueError("data loader state was saved in the middle of a global step; it can only be continued "
                              "with the same world_size, micro_batch_size and global_batch_size "
-                             f"(saved {state['world_size']}, {state['micro_batch_size']}, {state['global_batch_size']})")
+                             f"(saved {state['world_size']}, {state['micro_batch_size']}, "
+                             f"{state['global_batch_size']})")
         if consumed % self.global_batch_size:
             raise ValueError(f"data loader state has consumed {consumed} samples, not a multiple of "
                              f"global_batch_size={self.global_batch_size}: cannot continue at a step boundary")
@@ -167,8 +169,8 @@ class BlendedTrainLoader:
         if saved_starts is not None:
             if (not isinstance(saved_starts, list) or len(saved_starts) != self.schedule.num_phases
                     or not all(isinstance(s, int) for s in saved_starts)):
-                raise ValueError(f"data loader state's phase_starts {saved_starts!r} are not {self.schedule.num_phases} "
-                                 "sample indices")
+                raise ValueError(f"data loader state's phase_starts {saved_starts!r} are not "
+                                 f"{self.schedule.num_phases} sample indices")
             starts = replan_starts(saved_starts, self.cfg.phases, self.total_samples, consumed)
             if starts != [int(s) for s in self.schedule.phase_starts]:  # the run was extended or shortened
                 log.info("data blend phases start at global samples %s (phases already reached keep their start)",

@@ -25,8 +25,8 @@ def user_cache_dir() -> Path:
 def resolve_path(path, *, cache: bool = False) -> Path:
     """An absolute path as it is. A relative one, in a source checkout (or an editable install): under
     the repository root, or under the working directory when only it has that path (a user's own data
-    files, named from where they are: docs/data.md). In an installed wheel: a file the wheel ships (the bundled corpus and
-    tokenizer) where it is; a cache directory (`cache=True`: data.cache_dir, so `data/cache` ->
+    files, named from where they are: docs/data.md). In an installed wheel: a file the wheel ships (the
+    bundled corpus and tokenizer) where it is; a cache directory (`cache=True`: data.cache_dir, so `data/cache` ->
     ~/.cache/nvfp4train/data/cache) under user_cache_dir(); any other path under the working directory,
     the only root a user of an installed package can name.
     A path that exists in none of these places is returned anyway: the caller's error names it."""

@@ -360,7 +360,8 @@ def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num
             np.save(f, np.asarray(offsets, dtype=np.int64))
         os.replace(out_dir / f"{name}.idx.npy.tmp", out_dir / f"{name}.idx.npy")
         done.append({"file": f"{name}.bin", "index": f"{name}.idx.npy", "n_tokens": int(tokens.size),
-                     "n_docs": len(offsets) - 1, "n_input_docs": n_input, "sha256": sha256_file(out_dir / f"{name}.bin")})
+                     "n_docs": len(offsets) - 1, "n_input_docs": n_input,
+                     "sha256": sha256_file(out_dir / f"{name}.bin")})
         (out_dir / f"{PROGRESS}.tmp").write_text(json.dumps({"header": header, "shards": done}))
         os.replace(out_dir / f"{PROGRESS}.tmp", progress_path)
         chunks, offsets, n_input = [], [0], 0

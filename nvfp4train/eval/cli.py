@@ -36,7 +36,8 @@ def usage(name: str, doc: str) -> str:
 
 def compose(name: str, argv: list[str]) -> dict:
     """`configs/<name>.yaml` with the overrides applied -> a plain dict; bad input raises RunError."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException

@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from .blocks import LinearFactory
 from .config import ModelConfig
@@ -18,7 +19,7 @@ __all__ = ["ModelConfig", "HybridLM", "param_groups", "flops_per_token", "build_
            "linear_cross_entropy"]
 
 
-def build_model(cfg_dict: Mapping[str, Any] | ModelConfig, linear_factory: Optional[LinearFactory] = None) -> HybridLM:
+def build_model(cfg_dict: Mapping[str, Any] | ModelConfig, linear_factory: LinearFactory | None = None) -> HybridLM:
     """Validate a config mapping (unknown keys and bad values raise ValueError) and build the model."""
     cfg = cfg_dict if isinstance(cfg_dict, ModelConfig) else ModelConfig.from_dict(cfg_dict)
     return HybridLM(cfg, linear_factory=linear_factory)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn

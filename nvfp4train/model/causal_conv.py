@@ -173,7 +173,8 @@ def _conv4_silu_bwd_kernel(x_ptr, w_ptr, bias_ptr, dy_ptr, dx_ptr, dw_ptr, db_pt
         dw3 += dzo * x0
         db += dzo
         dx = tl.zeros((BC,), tl.float32) + dz_3 * w3 + dz_2 * w2 + dz_1 * w1 + dz * w0
-        tl.store(dx_ptr + (s - 3).to(tl.int64) * C + c, dx.to(dx_ptr.dtype.element_ty), mask=cmask & (i >= 3) & (s - 3 < T))
+        tl.store(dx_ptr + (s - 3).to(tl.int64) * C + c, dx.to(dx_ptr.dtype.element_ty),
+                 mask=cmask & (i >= 3) & (s - 3 < T))
         x_3, x_2, x_1 = x_2, x_1, x0
         dz_3, dz_2, dz_1 = dz_2, dz_1, dz
     row = (b * n_t + pid_t) * C + c

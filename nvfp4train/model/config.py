@@ -15,9 +15,10 @@ This module knows nothing about Hydra: `from_dict` takes any mapping of plain va
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Mapping
+from typing import Any
 
 from nvfp4train.schema import ConfigError, bounded, check, parse, to_plain
 
@@ -104,7 +105,7 @@ class ModelConfig:
 
     # ---- construction and validation -----------------------------------------------------
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
         """Build and validate a config; any problem raises a one-line ConfigError naming the key."""
         return parse(cls, d, "model")
 

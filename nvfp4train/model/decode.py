@@ -51,7 +51,8 @@ def _mamba_cache(m: Mamba2Mixer, zxbcdt: torch.Tensor) -> dict[str, torch.Tensor
     b, T, _ = zxbcdt.shape
     k = m.conv1d.kernel_size[0]
     _, xBC, dt = torch.split(zxbcdt, [m.d_inner, m.conv1d.in_channels, m.n_heads], dim=-1)
-    conv = F.pad(xBC.transpose(1, 2), (max(k - 1 - T, 0), 0))[:, :, -(k - 1):] if k > 1 else xBC.new_zeros(b, xBC.shape[2], 0)
+    conv = (F.pad(xBC.transpose(1, 2), (max(k - 1 - T, 0), 0))[:, :, -(k - 1):] if k > 1
+            else xBC.new_zeros(b, xBC.shape[2], 0))
     act = causal_conv1d_silu(xBC, m.conv1d.weight, m.conv1d.bias)
     x, B, _ = torch.split(act, [m.d_inner, m.groups * m.state, m.groups * m.state], dim=-1)
     with torch.autocast(zxbcdt.device.type, enabled=False):

@@ -10,7 +10,6 @@ torch.compile keeps the model in one graph. Used on CUDA when mamba-ssm's Triton
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
@@ -36,7 +35,7 @@ def fused_norm_available() -> bool:
 
 
 @torch.library.custom_op("nvfp4train::rms_norm_triton", mutates_args=())
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor], eps: float,
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor | None, eps: float,
               group_size: int, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)  # the kernel rounds its FP32 result on the store
     out, _, rstd = _kernels()._layer_norm_fwd(x, weight, None, eps, z=z, out=out, group_size=group_size,
@@ -53,7 +52,7 @@ def _(x, weight, z, eps, group_size, out_dtype):
 
 
 @torch.library.custom_op("nvfp4train::rms_norm_triton_backward", mutates_args=())
-def _rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor],
+def _rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor | None,
                        rstd: torch.Tensor, eps: float, group_size: int) -> list[torch.Tensor]:
     dx, dw, dz = rms_norm_backward(dy.contiguous(), x, weight, z, rstd, eps, group_size)
     return [dx, dw] if z is None else [dx, dw, dz]
@@ -66,9 +65,10 @@ def _rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, 
 NORM_BWD_WARPS_PER_SM = 32
 
 
-def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor],
+def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor | None,
                       rstd: torch.Tensor, eps: float, group_size: int,
-                      warps_per_sm: int = NORM_BWD_WARPS_PER_SM) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+                      warps_per_sm: int = NORM_BWD_WARPS_PER_SM
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """dx, dweight, dz of RMSNorm(x [* silu(z)]) * weight with mamba-ssm's Triton kernel, its launcher's
     arguments but more programs (and so more partial weight-gradient rows, summed in FP32 at the end)."""
     M, N = x.shape
@@ -115,8 +115,8 @@ def _backward(ctx, dy, _drstd):
 _rms_norm.register_autograd(_backward, setup_context=_setup_context)
 
 
-def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, z: Optional[torch.Tensor] = None,
-                   group_size: Optional[int] = None, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, z: torch.Tensor | None = None,
+                   group_size: int | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """RMSNorm(x) * weight, or with z: RMSNorm(x * silu(z)) * weight over groups of group_size channels.
     FP32 inside; returns `out_dtype`, default x's (as blocks.RMSNorm and blocks.GatedRMSNorm). dx has
     x's dtype whatever the output's (the backward reads dy in its own dtype)."""

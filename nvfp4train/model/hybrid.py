@@ -15,21 +15,27 @@ Mamba-2 init (blocks.Mamba2Mixer.reset_ssm_parameters).
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint
 
-from .blocks import (LINEAR_NAMES, OUTPUT_LINEARS, Block, GatedRMSNorm, LinearFactory, Mamba2Mixer, RMSNorm,
-                     default_linear_factory)
+from .blocks import (
+    LINEAR_NAMES,
+    OUTPUT_LINEARS,
+    Block,
+    GatedRMSNorm,
+    LinearFactory,
+    Mamba2Mixer,
+    RMSNorm,
+    default_linear_factory,
+)
 from .config import ModelConfig
 from .loss import linear_cross_entropy
 
 
-
 class HybridLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, linear_factory: Optional[LinearFactory] = None):
+    def __init__(self, cfg: ModelConfig, linear_factory: LinearFactory | None = None):
         super().__init__()
         cfg.validate()
         self.cfg = cfg
@@ -71,7 +77,7 @@ class HybridLM(nn.Module):
                 if linear is not None:
                     nn.init.normal_(linear.weight, 0.0, out_std if name in OUTPUT_LINEARS else std)
 
-    def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None,
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
                 reduction: str = "mean") -> torch.Tensor:
         """tokens [B, T] (int64) -> logits [B, T, vocab] (float32, or the autocast dtype); with targets
         [B, T], the FP32 next-token cross-entropy instead ("mean" or "sum" over tokens), computed chunk

@@ -8,8 +8,6 @@ On CPU, or a GPU not in the table, `peak_flops` returns None and MFU is not repo
 
 from __future__ import annotations
 
-from typing import Optional, Union
-
 import torch
 
 T = 1e12
@@ -33,7 +31,7 @@ PEAK_TABLE: list[tuple[str, str, dict[str, float]]] = [
 PRECISIONS = ("bf16", "fp8", "fp4")
 
 
-def lookup_peak(device_name: str, precision: str) -> Optional[tuple[float, str]]:
+def lookup_peak(device_name: str, precision: str) -> tuple[float, str] | None:
     """(dense FLOP/s, label) for a device name as torch reports it, or None if unknown."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
@@ -45,7 +43,7 @@ def lookup_peak(device_name: str, precision: str) -> Optional[tuple[float, str]]
     return None
 
 
-def peak_flops(device: Union[torch.device, str, int, None] = None, precision: str = "bf16") -> Optional[tuple[float, str]]:
+def peak_flops(device: torch.device | str | int | None = None, precision: str = "bf16") -> tuple[float, str] | None:
     """Peak dense FLOP/s of `device` for `precision` ("bf16" | "fp8" | "fp4"), with a label
     naming the GPU and the peak; None on CPU, without CUDA, or for a GPU not in the table."""
     if precision not in PRECISIONS:
@@ -58,7 +56,7 @@ def peak_flops(device: Union[torch.device, str, int, None] = None, precision: st
 
 
 def mfu(flops_per_token: float, tokens_per_second: float, n_gpus: int = 1,
-        device: Union[torch.device, str, int, None] = None, precision: str = "bf16") -> Optional[tuple[float, str]]:
+        device: torch.device | str | int | None = None, precision: str = "bf16") -> tuple[float, str] | None:
     """(model FLOPs utilization in [0, 1], label of the peak used), or None when the peak is unknown.
     `tokens_per_second` is the global throughput over `n_gpus` identical GPUs."""
     peak = peak_flops(device, precision)

@@ -37,7 +37,7 @@ import math
 import sys
 import types
 import warnings
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -172,8 +172,8 @@ def ssd_recurrent(
 
 # ---- mamba-ssm's Triton kernel --------------------------------------------------------------
 
-_TRITON_SSD: Optional[Callable] = None
-_TRITON_SSD_ERROR: Optional[str] = None
+_TRITON_SSD: Callable | None = None
+_TRITON_SSD_ERROR: str | None = None
 
 
 def import_mamba_triton(submodule: str):
@@ -260,7 +260,7 @@ def pin_triton_configs(modules, pinned: bool) -> int:
     return changed
 
 
-_PINNED_STATE: Optional[bool] = None
+_PINNED_STATE: bool | None = None
 
 
 def _match_triton_determinism() -> None:
@@ -411,11 +411,11 @@ def ssd_scan(x, dt, A, B, C, D, dt_bias, chunk_size: int, backend: str = "auto")
 
 # ---- depthwise causal conv1d ----------------------------------------------------------------
 
-_CAUSAL_CONV1D: Optional[Callable] = None
+_CAUSAL_CONV1D: Callable | None = None
 _CAUSAL_CONV1D_TRIED = False
 
 
-def _load_causal_conv1d() -> Optional[Callable]:
+def _load_causal_conv1d() -> Callable | None:
     global _CAUSAL_CONV1D, _CAUSAL_CONV1D_TRIED
     if not _CAUSAL_CONV1D_TRIED:
         _CAUSAL_CONV1D_TRIED = True
@@ -450,7 +450,7 @@ def conv_backend(is_cuda: bool, deterministic: bool, extension_available: bool, 
     return "torch"
 
 
-def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                        use_kernel: bool = True) -> torch.Tensor:
     """SiLU(depthwise causal conv) over time. x [b, T, channels] (channels contiguous; the mixer's slice
     of in_proj's output), weight [channels, 1, k]; the output is [b, T, channels].

@@ -39,7 +39,7 @@ class OptimConfig:
             raise ConfigError(f"optim.betas={list(self.betas)}: must be two values in [0, 1)")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "OptimConfig":
+    def from_dict(cls, d: dict) -> OptimConfig:
         return parse(cls, d, "optim")
 
 

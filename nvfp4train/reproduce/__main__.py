@@ -167,7 +167,8 @@ def parse_args(argv):
 
     def common(p, runs_dir=True):
         p.add_argument("experiment", help="configs/reproduce/NAME.yaml")
-        p.add_argument("--arms", type=lambda s: [a for a in s.split(",") if a], help="comma-separated arms (default all)")
+        p.add_argument("--arms", type=lambda s: [a for a in s.split(",") if a],
+                       help="comma-separated arms (default all)")
         p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], help="comma-separated seeds")
         p.add_argument("--gpus-per-run", type=int, default=1, help="GPUs per run (torchrun) (default 1)")
         if runs_dir:
@@ -185,7 +186,8 @@ def parse_args(argv):
     p.add_argument("--retry-failed", action="store_true", help="local: run failed runs again (resuming)")
     p.add_argument("--commit", help="local: the commit to record in run.json (default: git rev-parse HEAD of this "
                    "checkout; a copy of the tree without .git records 'unknown')")
-    p.add_argument("--sbatch", action="append", help="slurm: an extra #SBATCH option, e.g. partition=gpu or --sbatch=--account=abc (repeatable)")
+    p.add_argument("--sbatch", action="append", help="slurm: an extra #SBATCH option, e.g. partition=gpu or "
+                   "--sbatch=--account=abc (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="show what would run / render the array, start nothing")
 
     p = verbs.add_parser("run-one", help="(SLURM array task) one run of a rendered array")

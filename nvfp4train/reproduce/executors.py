@@ -34,7 +34,8 @@ def gpu_model(device: str, gpus: str | None) -> str:
     if device == "cpu":
         return "cpu"
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", (gpus or "0").split(",")[0]],
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader",
+                              "-i", (gpus or "0").split(",")[0]],
                              capture_output=True, text=True, timeout=30)
         name = out.stdout.strip().splitlines()
         if name:
@@ -234,7 +235,8 @@ def render_slurm(experiment: str, runs: list[Run], runs_dir: Path, experiments_d
     text = template.read_text()
     values = {"@JOB_NAME@": f"repro-{experiment}", "@ARRAY@": f"0-{len(runs) - 1}", "@GPUS@": str(gpus_per_run),
               "@EXPERIMENT@": experiment, "@RUNS_DIR@": str(Path(runs_dir).resolve()),
-              "@EXPERIMENTS_DIR@": str(Path(experiments_dir).resolve()), "@RUN_LIST@": str((where / "runs.txt").resolve()),
+              "@EXPERIMENTS_DIR@": str(Path(experiments_dir).resolve()),
+              "@RUN_LIST@": str((where / "runs.txt").resolve()),
               "@LOG_DIR@": str(where.resolve()), "@REPO@": str(REPO)}
     for key, value in values.items():
         text = text.replace(key, value)

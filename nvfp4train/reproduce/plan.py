@@ -217,5 +217,6 @@ def describe(exp: Experiment, runs: list[Run]) -> list[str]:
             f"without embedding and LM head; {first.tokens:,} tokens per run ({first.max_steps} steps x "
             f"{first.info['per_step']:,}) = {first.tokens / non_embedding:.1f} tokens per non-embedding parameter; "
             f"{where}",
-            f"  baseline {exp.baseline}" + (f"; compared with borrowed arms {', '.join(f'{a} ({e})' for a, e in exp.borrow.items())}"
-                                            if exp.borrow else "")]
+            f"  baseline {exp.baseline}"
+            + (f"; compared with borrowed arms {', '.join(f'{a} ({e})' for a, e in exp.borrow.items())}"
+               if exp.borrow else "")]

@@ -62,7 +62,8 @@ CLAIMS = [
              stats.Claim("worse")),
     ClaimRow("nvfp4", "bf16", "train_decay", "≈ 1.5% at the end (8B, 1T tokens, training loss)", stats.Claim("worse")),
     ClaimRow("mxfp4", "bf16", "train_decay", "≈ 2.5% at the end (8B, 1T tokens, training loss)", stats.Claim("worse")),
-    ClaimRow("mxfp4", "nvfp4", "train_decay", "MXFP4 worse than NVFP4 (8B: 2.5% vs 1.5% to BF16)", stats.Claim("worse")),
+    ClaimRow("mxfp4", "nvfp4", "train_decay", "MXFP4 worse than NVFP4 (8B: 2.5% vs 1.5% to BF16)",
+             stats.Claim("worse")),
     ClaimRow("mxfp4", "nvfp4", "token_ratio", "MXFP4 needs 1.36x the tokens of NVFP4 for its loss (8B)",
              stats.Claim("worse")),
     ClaimRow("switch_forward", "nvfp4", "eval_end", "forward-only switch to BF16 at 82% recovers most of the gap "
@@ -237,7 +238,8 @@ def claim_rows(exp: Experiment, runs: dict, summary: dict | None = None) -> list
         v = stats.verdict(interval, c.claim)
         if c.metric == "token_ratio" and interval is not None:
             ours = f"{1 + interval.mean / 100:.3f}x" + (
-                "" if interval.lo is None else f" [{1 + interval.lo / 100:.3f}, {1 + interval.hi / 100:.3f}] (n={interval.n})")
+                "" if interval.lo is None
+                else f" [{1 + interval.lo / 100:.3f}, {1 + interval.hi / 100:.3f}] (n={interval.n})")
         else:
             ours = "not run" if interval is None else interval.text()
         rows.append([f"{c.arm} vs {c.baseline}", metric_text(c.metric, paired), c.paper, ours,
@@ -269,7 +271,8 @@ def relative_figure(exp: Experiment, runs: dict, path: Path) -> bool:
             per_seed = []
             for s in seeds:
                 gaps = stats.relative_gaps(getattr(arm[s], kind), getattr(base[s], kind))
-                if kind == "train":  # a moving mean over 5% of the tokens (identical batches: the noise is the recipe's)
+                # a moving mean over 5% of the tokens (identical batches: the noise is the recipe's)
+                if kind == "train":
                     total, ts = base[s].total, sorted(gaps)
                     gaps = {t: sum(gaps[u] for u in ts if t - 0.05 * total < u <= t) /
                             max(1, sum(1 for u in ts if t - 0.05 * total < u <= t)) for t in ts}
@@ -282,7 +285,8 @@ def relative_figure(exp: Experiment, runs: dict, path: Path) -> bool:
             x = [t / 1e6 for t in common]
             line, = ax.plot(x, [i.mean for i in intervals], label=f"{arm_name} (n={len(seeds)})")
             if len(seeds) > 1:
-                ax.fill_between(x, [i.lo for i in intervals], [i.hi for i in intervals], color=line.get_color(), alpha=0.2)
+                ax.fill_between(x, [i.lo for i in intervals], [i.hi for i in intervals],
+                                color=line.get_color(), alpha=0.2)
     for ax, title in zip(axes, ("training loss (identical batches), 5% moving mean",
                                 next(iter(base.values())).val_label)):
         ax.axhline(0, color="black", linewidth=0.8)
@@ -332,7 +336,8 @@ def summary_lines(summary: dict) -> list[str]:
         rows.append([f"{c.arm} vs {c.baseline}", METRIC_TEXT[c.metric].format(
             val="validation", eval="BF16 evaluation of the final checkpoint"), c.paper, *cells])
     return ["## Summary: the paper's claims", "",
-            "Per tier, the experiment with the most paired seeds (the most tokens among equals); the sections below give every comparison, "
+            "Per tier, the experiment with the most paired seeds (the most tokens among equals); "
+            "the sections below give every comparison, "
             "what its held-out figures are, and its flags.", ""] + table(
         ["arms", "measure", "paper", "tier B (20 tokens/param)", "tier A (1.75 tokens/param)", "earlier runs"],
         rows) + [""]

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from nvfp4train.train.stop import StopSignal, StoppedBeforeFirstStep
+from nvfp4train.train.stop import StoppedBeforeFirstStep, StopSignal
 
 if __name__ == "__main__":
     StopSignal.install()  # first, before the imports below take their seconds: see train/stop.py

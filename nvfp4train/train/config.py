@@ -22,8 +22,7 @@ from nvfp4train.data.config import DataConfig, SourceConfig, parse_data_config
 from nvfp4train.model.config import ModelConfig
 from nvfp4train.optim import OptimConfig
 from nvfp4train.precision.recipe import PrecisionPolicy
-from nvfp4train.schema import (ConfigError, bounded, check, child_type, defaults, fields_of, parse, to_plain,
-                               unknown_key)
+from nvfp4train.schema import ConfigError, bounded, check, child_type, defaults, fields_of, parse, to_plain, unknown_key
 
 __all__ = ["CONFIG_DIR", "ConfigError", "RunConfig", "TrainConfig", "WandbConfig", "check_overrides",
            "compose", "load_preset", "register_defaults"]
@@ -209,7 +208,7 @@ class RunConfig:
         parse_data_config(self.data)
 
     @classmethod
-    def from_omegaconf(cls, cfg) -> "RunConfig":
+    def from_omegaconf(cls, cfg) -> RunConfig:
         from omegaconf import OmegaConf
 
         raw = OmegaConf.to_container(cfg, resolve=True)
@@ -279,7 +278,8 @@ def check_overrides(overrides: list[str]) -> None:
 
 def compose(overrides: list[str] = ()):
     """The config (an OmegaConf node) that `python -m nvfp4train.train OVERRIDES` runs with."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     check_overrides(overrides)
     register_defaults()

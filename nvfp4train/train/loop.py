@@ -558,7 +558,7 @@ class _LogFile:
     progress and warnings (configs/train.yaml sets the console handler to WARNING). Records before out_dir
     exists wait in memory."""
 
-    active: "_LogFile | None" = None
+    active: _LogFile | None = None
 
     def __init__(self):
         self.buffer = logging.handlers.MemoryHandler(capacity=1 << 20, flushLevel=logging.CRITICAL + 1)

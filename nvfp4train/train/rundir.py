@@ -89,7 +89,7 @@ class RunDirLock:
         self.path = Path(out_dir) / LOCK
         self._fd: int | None = None
 
-    def acquire(self) -> "RunDirLock":
+    def acquire(self) -> RunDirLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -35,7 +35,7 @@ def exit_code(signum: int | None) -> int:
 
 class StopSignal:
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-    _active: "StopSignal | None" = None
+    _active: StopSignal | None = None
 
     def __init__(self):
         self.received: int | None = None
@@ -43,7 +43,7 @@ class StopSignal:
         self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
 
     @classmethod
-    def install(cls) -> "StopSignal":
+    def install(cls) -> StopSignal:
         """The installed handler (one per run: restore() uninstalls it), or a new one."""
         if cls._active is None:
             cls._active = cls()

@@ -42,7 +42,8 @@ def test_compare_writes_figures_markdown_and_json(runs, tmp_path):
     mean = (b1 + b2) / 2
     assert end["gap_pct"] == pytest.approx((a - mean) / mean * 100, rel=1e-6)
     assert end["baseline_spread_pct"] == pytest.approx(abs(b1 - b2) / mean * 100, rel=1e-6)
-    assert end["arm_spread_pct"] is None and end["exceeds_baseline_spread"] == (abs(end["gap_pct"]) > end["baseline_spread_pct"])
+    assert end["arm_spread_pct"] is None
+    assert end["exceeds_baseline_spread"] == (abs(end["gap_pct"]) > end["baseline_spread_pct"])
     # Every gap number in the markdown comes from the JSON.
     md = (out / "compare.md").read_text()
     for g in result["gaps"]:
@@ -119,7 +120,8 @@ def test_mismatched_and_bad_runs_are_refused_with_nothing_written(runs, tmp_path
     if importlib.util.find_spec("wandb") is not None:  # without the package the extra is named first (below)
         assert "needs an API key" in one_line_error(capsys, str(runs["base_s1"]), "wandb:me/proj/abc123",
                                                     "--out", str(out))
-    assert "--group-by colour" in one_line_error(capsys, str(runs["base_s1"]), "--group-by", "colour", "--out", str(out))
+    assert "--group-by colour" in one_line_error(capsys, str(runs["base_s1"]), "--group-by", "colour",
+                                                 "--out", str(out))
     assert not out.exists()
     assert main([str(runs["base_s1"]), str(other), "--out", str(out), "--allow-mismatch", "--no-plots"]) == 0
 
@@ -168,7 +170,8 @@ def test_wandb_offline_run_holds_the_comparison(runs, tmp_path, monkeypatch):
     assert run.run_group == "cmp_test" and run.job_type == "compare"
     history = [{(i.key or ".".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
                for r in records if r.WhichOneof("record_type") == "history"]
-    rel = {h["tokens"]: h["relative_loss_pct/optim.lr=0.001"] for h in history if "relative_loss_pct/optim.lr=0.001" in h}
+    key = "relative_loss_pct/optim.lr=0.001"
+    rel = {h["tokens"]: h[key] for h in history if key in h}
     curve = result["curves"]["optim.lr=0.001"]
     assert rel == pytest.approx(dict(zip(curve["relative_tokens"], curve["relative_pct_mean"])))
     tables = list(files[0].parent.glob("files/media/table/gaps_*.table.json"))

@@ -10,7 +10,6 @@ from nvfp4train.data.blend import BlendSchedule
 from nvfp4train.data.config import parse_data_config
 
 
-
 def make(cfg, **kw):
     args = dict(seq_len=32, global_batch_size=8, micro_batch_size=2, rank=0, world_size=1, seed=7, total_samples=400)
     args.update(kw)

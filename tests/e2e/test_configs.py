@@ -18,8 +18,15 @@ from nvfp4train.model.config import ModelConfig
 from nvfp4train.optim import OptimConfig, ScheduleConfig
 from nvfp4train.precision.recipe import PrecisionPolicy, SwitchConfig
 from nvfp4train.schema import ConfigError, parse
-from nvfp4train.train.config import (CONFIG_DIR, SECTIONS, RunConfig, TrainConfig, WandbConfig, check_overrides,
-                                     load_preset)
+from nvfp4train.train.config import (
+    CONFIG_DIR,
+    SECTIONS,
+    RunConfig,
+    TrainConfig,
+    WandbConfig,
+    check_overrides,
+    load_preset,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = [RunConfig, TrainConfig, WandbConfig, OptimConfig, ScheduleConfig, ModelConfig, PrecisionPolicy,
@@ -69,7 +76,8 @@ def test_types_are_normalized():
     ("optim.schedule.decay=2", lambda: OptimConfig.from_dict({"schedule": {"decay": 2}})),
     ("precision.switch.at=0.8", lambda: PrecisionPolicy.from_dict({"switch": {"at": 0.8}})),
     ("model.n_layers=4", lambda: ModelConfig.from_dict({"n_layers": 4})),
-    ("data.sources.code.trian=x", lambda: parse_data_config({"tokenizer": "bpe8k", "sources": {"code": {"trian": "x"}}})),
+    ("data.sources.code.trian=x",
+     lambda: parse_data_config({"tokenizer": "bpe8k", "sources": {"code": {"trian": "x"}}})),
 ])
 def test_an_override_gets_the_message_a_config_file_would(override, from_file):
     with pytest.raises(ConfigError) as from_override:

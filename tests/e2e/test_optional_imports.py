@@ -94,7 +94,8 @@ def test_entry_point_help_without_optional_packages(entry):
         sys.argv = [sys.argv[1], "--help"]
         runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
     """, entry)
-    assert proc.returncode == 0, f"{entry} --help failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    assert proc.returncode == 0, (f"{entry} --help failed ({proc.returncode}):\n"
+                                  f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     assert "Traceback" not in proc.stderr
     out = proc.stdout.lower()
     assert "usage" in out and len(proc.stdout.splitlines()) < 80, proc.stdout

@@ -3,8 +3,9 @@
 Each line (and each part of an `a && b` chain) is classified: installs and the test suite itself are
 skipped here, because CI (.ci/run) runs README's first two lines as written, each in a fresh virtual
 environment: the plain install and the main job (which must train to its last step with a falling loss),
-then the test install and this suite; test_ci_runs_the_first_two_lines_as_written checks that it does; `python -m nvfp4train.*` and `torchrun` (2 CPU ranks) run in a scratch directory
-with `train.max_steps=2`; `sbatch` lines run as `DRY_RUN=1 bash slurm/...` on an 8-GPU node of the
+then the test install and this suite; test_ci_runs_the_first_two_lines_as_written checks that it does;
+`python -m nvfp4train.*` and `torchrun` (2 CPU ranks) run in a scratch directory with
+`train.max_steps=2`; `sbatch` lines run as `DRY_RUN=1 bash slurm/...` on an 8-GPU node of the
 requested node count, and the rendered job's config must validate at that world size. The runs that the
 compare / eval / export examples read (runs/exp/*) are trained first, tiny, in the same scratch directory.
 """
@@ -79,14 +80,15 @@ def scratch(tmp_path_factory):
     root = tmp_path_factory.mktemp("readme")
     (root / "slurm").symlink_to(REPO / "slurm")
     for arm in ("bf16", "nvfp4"):
-        _run([sys.executable, "-m", "nvfp4train.train", f"precision={arm}", f"out_dir=runs/exp/{arm}", "train.max_steps=4",
-              "train.log_every=1", "train.eval_sequences=2"], root)
+        _run([sys.executable, "-m", "nvfp4train.train", f"precision={arm}", f"out_dir=runs/exp/{arm}",
+              "train.max_steps=4", "train.log_every=1", "train.eval_sequences=2"], root)
     return root
 
 
 def _run(argv, cwd, env=None):
     proc = subprocess.run(argv, cwd=cwd, env=cli_env(**(env or {})), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{shlex.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    assert proc.returncode == 0, (f"{shlex.join(argv)} failed ({proc.returncode}):\n"
+                                  f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return proc
 
 
@@ -117,7 +119,7 @@ def _check_rendered_job(rendered: str) -> None:
     """The rendered torchrun line's config composes and fits its world size (micro-batch, global batch)."""
     from nvfp4train.train.config import RunConfig, compose, resolve_micro_batch
 
-    line = next(l for l in rendered.splitlines() if "-m nvfp4train.train" in l)
+    line = next(row for row in rendered.splitlines() if "-m nvfp4train.train" in row)
     words = shlex.split(line)
     nnodes = next((int(w.split("=")[1]) for w in words if w.startswith("--nnodes=")), 1)
     nproc = next(int(w.split("=")[1]) for w in words if w.startswith("--nproc_per_node="))

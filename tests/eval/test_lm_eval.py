@@ -38,7 +38,8 @@ def test_hf_model_on_the_export_and_our_model_on_the_run_agree(tiny_run, tmp_pat
     theirs = lm_eval_cli(tmp_path, "hf", "hf", f"pretrained={export},dtype=float32,max_length=512", tasks, 8)
     mc_ours, mc_hf = ours["wiki_next_sentence"], theirs["wiki_next_sentence"]
     assert mc_ours["acc,none"] == mc_hf["acc,none"] and mc_ours["acc_norm,none"] == mc_hf["acc_norm,none"]
-    bpb_ours, bpb_hf = ours["humaneval_solutions"]["bits_per_byte,none"], theirs["humaneval_solutions"]["bits_per_byte,none"]
+    bpb_ours = ours["humaneval_solutions"]["bits_per_byte,none"]
+    bpb_hf = theirs["humaneval_solutions"]["bits_per_byte,none"]
     assert bpb_ours == pytest.approx(bpb_hf, rel=1e-5), (bpb_ours, bpb_hf)
 
 
@@ -70,7 +71,8 @@ def test_encode_pair_splits_the_whole_encoding_like_lm_eval(tiny_run):
     whole = tok.encode("The cats sat")
     assert context == tok.encode("The cat") and continuation == whole[len(context):]
     assert continuation != tok.encode("s sat")  # what encoding the two parts separately would have scored
-    assert lm._encode_pair("Answer: ", "12") == (tok.encode("Answer:"), tok.encode("Answer: 12")[len(tok.encode("Answer:")):])
+    answer = tok.encode("Answer:")
+    assert lm._encode_pair("Answer: ", "12") == (answer, tok.encode("Answer: 12")[len(answer):])
 
 
 def test_rolling_loglikelihood_and_greedy_generation(tiny_run):

@@ -79,7 +79,8 @@ def test_conv_kernels_compile_for_sm90():
     """Both kernels compile for an H100 (no GPU needed): GPU-only front-end errors show up in CI."""
     pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile as triton_compile
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
 
     from nvfp4train.model import causal_conv as cc
 
@@ -89,7 +90,8 @@ def test_conv_kernels_compile_for_sm90():
     bwd = {**common, "dy_ptr": "*bf16", "dx_ptr": "*bf16", "dw_ptr": "*fp32", "db_ptr": "*fp32", "n_t": "i32"}
     tiles = {"K": 4, "BT": cc.BLOCK_T, "BC": cc.BLOCK_C}
     rows = {"ROWS": cc.ROWS4, "BC": cc.BLOCK_C4, "FAST": True}
-    for kernel, signature, constexprs in ((cc._conv_silu_fwd_kernel, fwd, tiles), (cc._conv_silu_bwd_kernel, bwd, tiles),
+    for kernel, signature, constexprs in ((cc._conv_silu_fwd_kernel, fwd, tiles),
+                                          (cc._conv_silu_bwd_kernel, bwd, tiles),
                                           (cc._conv4_silu_fwd_kernel, fwd, rows),
                                           (cc._conv4_silu_bwd_kernel, bwd, rows)):
         signature = {**{k: "constexpr" for k in constexprs}, **signature}

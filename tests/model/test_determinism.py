@@ -83,7 +83,8 @@ def test_a_cublas_workspace_it_cannot_set_is_refused_in_one_line(monkeypatch, va
     else:
         monkeypatch.setenv(determinism.CUBLAS_ENV, value)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: cuda_started)
-    with pytest.raises(ConfigError, match=r"CUBLAS_WORKSPACE_CONFIG=:4096:8") as e, determinism.deterministic_mode(True):
+    with (pytest.raises(ConfigError, match=r"CUBLAS_WORKSPACE_CONFIG=:4096:8") as e,
+          determinism.deterministic_mode(True)):
         pass
     assert "\n" not in str(e.value)
     assert not torch.are_deterministic_algorithms_enabled()

@@ -63,8 +63,9 @@ def test_causal_counts_half_of_the_quadratic_terms():
 
 
 def test_12b_flops_close_to_6n_plus_attention_and_scan():
-    import yaml
     from pathlib import Path
+
+    import yaml
 
     d = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs/model/nemotron_h_12b.yaml").read_text())
     cfg = ModelConfig.from_dict(d)

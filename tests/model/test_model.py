@@ -83,7 +83,8 @@ def test_linear_factory_gets_every_block_linear_and_nothing_else(small_cfg_dict)
     expected = []
     for i, kind in enumerate(cfg.pattern):
         if kind == "M":
-            expected += [(i, "in_proj", cfg.d_model, cfg.mamba_in_proj_dim), (i, "out_proj", cfg.mamba_d_inner, cfg.d_model)]
+            expected += [(i, "in_proj", cfg.d_model, cfg.mamba_in_proj_dim),
+                         (i, "out_proj", cfg.mamba_d_inner, cfg.d_model)]
         elif kind == "*":
             expected += [(i, "qkv", cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim),
                          (i, "out", cfg.n_heads * cfg.head_dim, cfg.d_model)]
@@ -185,7 +186,8 @@ def test_block_norms_write_the_autocast_dtype_with_the_same_bits(small_cfg_dict,
     model = build_model({**small_cfg_dict, "pattern": "M*-M"})
     tokens = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(0))
     seen = []
-    monkeypatch.setattr(blocks.MLP, "forward", lambda self, x: seen.append(x.dtype) or self.fc2(F.relu(self.fc1(x)).square()))
+    monkeypatch.setattr(blocks.MLP, "forward",
+                        lambda self, x: seen.append(x.dtype) or self.fc2(F.relu(self.fc1(x)).square()))
 
     def logits_and_grads():
         model.zero_grad(set_to_none=True)
@@ -220,7 +222,8 @@ def test_meta_build_then_materialize_and_reset(small_cfg_dict):
     for name, p in model.named_parameters():
         assert torch.isfinite(p).all(), name
     mixer = model.blocks[0].mixer
-    assert torch.equal(mixer.D, torch.ones_like(mixer.D)) and torch.equal(mixer.norm.weight, torch.ones_like(mixer.norm.weight))
+    assert torch.equal(mixer.D, torch.ones_like(mixer.D))
+    assert torch.equal(mixer.norm.weight, torch.ones_like(mixer.norm.weight))
     assert (-torch.exp(mixer.A_log) <= -1).all()
     logits = model(torch.randint(0, 97, (1, 12)))
     assert abs(F.cross_entropy(logits[0], torch.randint(0, 97, (12,))).item() - math.log(97)) < 0.1

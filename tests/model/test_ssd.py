@@ -85,7 +85,7 @@ def test_matches_mamba_ssm_minimal_reference_when_installed():
     if spec is None or importlib.util.find_spec("einops") is None:
         pytest.skip("mamba-ssm (and einops) not installed")
     path = Path(next(iter(spec.submodule_search_locations))) / "modules" / "ssd_minimal.py"
-    source = "\n".join(l for l in path.read_text().splitlines() if "ops.triton" not in l)
+    source = "\n".join(row for row in path.read_text().splitlines() if "ops.triton" not in row)
     namespace = {}
     exec(compile(source, str(path), "exec"), namespace)
     x, dt, A, B, C, D, dt_bias = make_inputs(T=32, h=4, g=1)

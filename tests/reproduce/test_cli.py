@@ -164,7 +164,8 @@ def test_report_of_the_committed_runs(tmp_path):
     text = (tmp_path / "reproduction.md").read_text()
     section = text.split("### fp8_vs_nvfp4_long")[1].split("###")[0]
     row = next(line for line in section.splitlines()
-               if line.startswith("| nvfp4 vs fp8_blockwise | in-training validation (training precision, 16 seq/source), stable"))
+               if line.startswith("| nvfp4 vs fp8_blockwise | in-training validation "
+                                  "(training precision, 16 seq/source), stable"))
     assert "(n=3, SD" in row and "reproduced" in row
     assert "BF16 evaluation of the final checkpoint (eval.json" in section
     assert "mixed GPUs: NVIDIA H100 80GB HBM3, NVIDIA H200" in text

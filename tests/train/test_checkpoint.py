@@ -138,5 +138,5 @@ def test_single_process_warning_is_silenced_only_inside_checkpointing(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         load(save(tmp_path, 1, model, opt), make()[1])
-        warnings.warn(message + " (from elsewhere)")
+        warnings.warn(message + " (from elsewhere)", stacklevel=2)
     assert [str(w.message) for w in caught if message in str(w.message)] == [message + " (from elsewhere)"]

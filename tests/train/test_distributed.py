@@ -40,7 +40,8 @@ def test_fsdp2_two_ranks_tracks_one_rank(tmp_path):
     fsdp = [r["loss"] for r in read_metrics(tmp_path / "fsdp")]
     assert len(fsdp) == 6 and fsdp == pytest.approx(one, rel=5e-3)
     # sharded checkpoint: one DCP shard file per rank
-    shards = sorted(p.name for p in (tmp_path / "fsdp" / "checkpoints" / "step_00000006" / "model_optim").glob("*.distcp"))
+    checkpoint = tmp_path / "fsdp" / "checkpoints" / "step_00000006" / "model_optim"
+    shards = sorted(p.name for p in checkpoint.glob("*.distcp"))
     assert len(shards) == 2, shards
 
 

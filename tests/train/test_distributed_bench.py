@@ -12,7 +12,8 @@ TRAIN_KEYS = {"model", "seq", "batch", "precision", "backend", "compiled", "cuda
 
 def test_bench_distributed_one_run_on_cpu(tmp_path):
     out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, "benchmarks/bench_distributed.py", "--device", "cpu", "--model", "hybrid_tiny",
+    proc = subprocess.run([sys.executable, "benchmarks/bench_distributed.py", "--device", "cpu",
+                           "--model", "hybrid_tiny",
                            "--seq", "32", "--steps", "2", "--runs", "1gpu", "--no-comm", "--out", str(out),
                            "--work", str(tmp_path / "work")], cwd=REPO, env=cli_env(OMP_NUM_THREADS=1),
                           capture_output=True, text=True, timeout=600)

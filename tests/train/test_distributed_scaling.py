@@ -10,8 +10,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import scaling_model as sm
 
 NET = sm.Network(intra_bus_gbytes=100.0, inter_bus_gbytes=10.0, gpus_per_node=8, intra_source="t", inter_source="t")
-SETUP = sm.Setup("m", params=10**9, blocks=10, root_params=10**8, flops_per_token=6e9, seq=1000, micro=2, micro_batches=3,
-                 one_gpu_tokens_per_s=6000.0, throughput_source="t")
+SETUP = sm.Setup("m", params=10**9, blocks=10, root_params=10**8, flops_per_token=6e9, seq=1000, micro=2,
+                 micro_batches=3, one_gpu_tokens_per_s=6000.0, throughput_source="t")
 
 
 def test_one_gpu_is_pure_compute():

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4train.train.checkpoint import _MetadataUnpickler, CheckpointError, SafeFileSystemReader
+from nvfp4train.train.checkpoint import CheckpointError, SafeFileSystemReader, _MetadataUnpickler
 from tests.conftest import run_train
 
 RUN = ["train.max_steps=2", "train.save_every=2", "train.progress=false", "train.eval_sequences=2",
@@ -103,8 +103,8 @@ def test_metadata_unpickler_refuses_every_payload(tmp_path, case):
 
 def test_metadata_declaring_bytes_entries_is_refused(tmp_path):
     """DCP would hand a BytesStorageMetadata entry to torch.load(weights_only=False)."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 
     dcp.save({"w": torch.zeros(3)}, checkpoint_id=str(tmp_path))
     (tmp_path / ".metadata").write_bytes(pickle.dumps(Metadata(state_dict_metadata={"w": BytesStorageMetadata()})))
