@@ -43,6 +43,9 @@ MODEL_TYPE = "nemotron_h"
 # refused by the config's dt initialization (log of time_step_min), so: a floor no real dt reaches.
 TIME_STEP_MIN = 1e-12
 # Renames of one block's mixer tensors, nvfp4train -> transformers (Mamba's keep their names).
+# Tensors outside the blocks: ours -> Nemotron-H's.
+TOP_LEVEL_NAMES = {"embedding.weight": "model.embeddings.weight", "final_norm.weight": "model.norm_f.weight",
+                   "lm_head.weight": "lm_head.weight"}
 MIXER_RENAMES = {"out.weight": "o_proj.weight", "fc1.weight": "up_proj.weight", "fc2.weight": "down_proj.weight"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -74,12 +77,8 @@ def to_hf_state(state: dict[str, torch.Tensor], model_config: dict) -> dict[str,
     kv_rows = model_config["n_kv_heads"] * model_config["head_dim"]
     out = {}
     for name, tensor in state.items():
-        if name == "embedding.weight":
-            out["model.embeddings.weight"] = tensor
-        elif name == "final_norm.weight":
-            out["model.norm_f.weight"] = tensor
-        elif name == "lm_head.weight":
-            out["lm_head.weight"] = tensor
+        if name in TOP_LEVEL_NAMES:
+            out[TOP_LEVEL_NAMES[name]] = tensor
         elif name.startswith("blocks."):
             _, index, rest = name.split(".", 2)
             prefix = f"model.layers.{index}."
@@ -99,14 +98,11 @@ def to_hf_state(state: dict[str, torch.Tensor], model_config: dict) -> dict[str,
 def from_hf_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The inverse of `to_hf_state`."""
     back = {v: k for k, v in MIXER_RENAMES.items()}
+    top_level = {v: k for k, v in TOP_LEVEL_NAMES.items()}
     out, qkv = {}, {}
     for name, tensor in state.items():
-        if name == "model.embeddings.weight":
-            out["embedding.weight"] = tensor
-        elif name == "model.norm_f.weight":
-            out["final_norm.weight"] = tensor
-        elif name == "lm_head.weight":
-            out["lm_head.weight"] = tensor
+        if name in top_level:
+            out[top_level[name]] = tensor
         else:
             index, rest = name[len("model.layers."):].split(".", 1)
             if rest in ("mixer.q_proj.weight", "mixer.k_proj.weight", "mixer.v_proj.weight"):

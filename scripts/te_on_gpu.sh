@@ -157,14 +157,14 @@ EOF
 train() {  # N [DIR]: hybrid_125m, te vs emulated (two seeds: the emulated path's own spread), N steps
   # each, for every precision in $TE_PRECISIONS (default: both FP8 recipes), all runs at once on this
   # GPU (the comparison needs loss curves, not speeds), then python -m nvfp4train.compare per precision
-  local steps=${1:-100} out=${2:-/tmp/te_train} precisions=(${TE_PRECISIONS:-fp8_blockwise fp8_tensorwise})
+  local steps=${1:-100} runs_dir=${2:-/tmp/te_train} precisions=(${TE_PRECISIONS:-fp8_blockwise fp8_tensorwise})
   local common=(model=hybrid_125m "train.max_steps=$steps" train.log_every=1 train.eval_every=50
                 train.progress=false train.seq_len=1024 train.global_batch_size=16)
-  mkdir -p "$out"
+  mkdir -p "$runs_dir"
   local t0 pids=() names=(); t0=$(date +%s)
   for p in "${precisions[@]}"; do
     for arm in te:1 emulated:1 emulated:2; do
-      local backend=${arm%:*} seed=${arm#*:} dir="$out/$p/${arm%:*}_seed${arm#*:}"
+      local backend=${arm%:*} seed=${arm#*:} dir="$runs_dir/$p/${arm%:*}_seed${arm#*:}"
       mkdir -p "$dir"
       python3 -m nvfp4train.train "out_dir=$dir" "precision=$p" "precision.backend=$backend" "seed=$seed" \
         "${common[@]}" > "$dir.log" 2>&1 &
@@ -178,9 +178,9 @@ train() {  # N [DIR]: hybrid_125m, te vs emulated (two seeds: the emulated path'
   done
   say "trained in $(( $(date +%s) - t0 ))s"
   for p in "${precisions[@]}"; do
-    python3 -m nvfp4train.compare "$out/$p/emulated_seed1" "$out/$p/emulated_seed2" "$out/$p/te_seed1" \
-      --baseline "$out/$p/emulated_seed1" --out "$out/$p/compare" || rc=1
-    cat "$out/$p/compare/compare.md" 2>/dev/null | sed -n '/Gaps at milestones/,/Stability/p'
+    python3 -m nvfp4train.compare "$runs_dir/$p/emulated_seed1" "$runs_dir/$p/emulated_seed2" "$runs_dir/$p/te_seed1" \
+      --baseline "$runs_dir/$p/emulated_seed1" --out "$runs_dir/$p/compare" || rc=1
+    cat "$runs_dir/$p/compare/compare.md" 2>/dev/null | sed -n '/Gaps at milestones/,/Stability/p'
   done
   return $rc
 }

@@ -62,7 +62,7 @@ class StepGraph:
 
     `run(micro_batches)` returns the summed loss of the micro-batches (a fresh device tensor) with the
     gradients accumulated into `.grad`, or None when this step must run eagerly (the caller runs it;
-    `release()` has then already given back the graph and set the gradients to None)."""
+    `release()` has then already freed the graph and set the gradients to None)."""
 
     def __init__(self, model: nn.Module, forward, autocast, device: torch.device, warmup_steps: int = 2):
         self.model, self.forward, self.autocast, self.device = model, forward, autocast, device
