@@ -279,6 +279,25 @@ def load_model_optim(ckpt: Path, model, optimizer, meta: dict) -> None:
         raise CheckpointError(f"{ckpt / META}: field 'param_groups' missing; not loaded")
     check_param_groups(ckpt / META, meta["param_groups"], optim_sd["param_groups"])
     state = {"model": model_sd, "optim": optim_sd["state"]}
+    _dcp_load(ckpt, state, "cannot load")
+    # The moments and step counts come from the checkpoint; the hyperparameters (betas, eps, weight_decay)
+    # stay those of this run's config, which a resume may change (train/resume_policy.py: optim).
+    optim_sd = {"state": state["optim"], "param_groups": optim_sd["param_groups"]}
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_sd)
+
+
+def load_model_tensors(ckpt: Path, template: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model weights of a PyTorch-engine checkpoint as full-size tensors shaped like `template`
+    (a model's `state_dict()`), without a process group: DCP reshards on load, so the shards of any
+    number of FSDP2 ranks fill them. The optimizer moments stay on disk. Refusals are one line."""
+    state = {"model": {k: torch.empty_like(v) for k, v in template.items()}}
+    _dcp_load(ckpt, state, "cannot load the model weights")
+    return state["model"]
+
+
+def _dcp_load(ckpt: Path, state: dict, failing: str) -> None:
+    """dcp.load of `ckpt/model_optim` into `state` (tensors only), every failure one CheckpointError line
+    (`failing` says what could not be done)."""
     reader = SafeFileSystemReader(str(ckpt / "model_optim"))
     reader.read_metadata()  # refused here in one line: inside dcp.load it is logged with two tracebacks first
     try:
@@ -292,35 +311,8 @@ def load_model_optim(ckpt: Path, model, optimizer, meta: dict) -> None:
                 raise CheckpointError(str(failure[0])) from None
             if isinstance(failure[0], pickle.UnpicklingError):  # a data file torch.load refused
                 raise _refused(ckpt / "model_optim", failure[0]) from None
-        lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln] or [str(e)]
-        raise CheckpointError(f"{ckpt / 'model_optim'}: cannot load ({lines[-1][:400]})") from None
-    # The moments and step counts come from the checkpoint; the hyperparameters (betas, eps, weight_decay)
-    # stay those of this run's config, which a resume may change (train/resume_policy.py: optim).
-    optim_sd = {"state": state["optim"], "param_groups": optim_sd["param_groups"]}
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_sd)
-
-
-def load_model_tensors(ckpt: Path, template: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The model weights of a PyTorch-engine checkpoint as full-size tensors shaped like `template`
-    (a model's `state_dict()`), without a process group: DCP reshards on load, so the shards of any
-    number of FSDP2 ranks fill them. The optimizer moments stay on disk. Refusals are one line."""
-    state = {"model": {k: torch.empty_like(v) for k, v in template.items()}}
-    reader = SafeFileSystemReader(str(ckpt / "model_optim"))
-    reader.read_metadata()  # refused here in one line: inside dcp.load it is logged with two tracebacks first
-    try:
-        with _single_process_quiet(), _dcp_metadata_warnings_quiet():
-            dcp.load(state, storage_reader=reader, planner=_TensorsOnlyLoadPlanner())
-    except CheckpointError:
-        raise
-    except (Exception, CheckpointException) as e:  # DCP wraps failures in a traceback text
-        for failure in getattr(e, "failures", {}).values():
-            if isinstance(failure[0], CheckpointError):
-                raise CheckpointError(str(failure[0])) from None
-            if isinstance(failure[0], pickle.UnpicklingError):
-                raise _refused(ckpt / "model_optim", failure[0]) from None
         lines = [ln.strip() for ln in str(e).splitlines() if "Error" in ln] or [str(e).strip()]
-        raise CheckpointError(f"{ckpt / 'model_optim'}: cannot load the model weights ({lines[-1][:300]})") from None
-    return state["model"]
+        raise CheckpointError(f"{ckpt / 'model_optim'}: {failing} ({lines[-1][:400]})") from None
 
 
 @contextlib.contextmanager
