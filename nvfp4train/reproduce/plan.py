@@ -78,7 +78,9 @@ def compose_arm(overrides: list[str]) -> dict:
 
 def plan_experiment(exp: Experiment, runs_dir: Path = DEFAULT_RUNS_DIR, arms: list[str] | None = None,
                     seeds: list[int] | None = None, device: str = "cuda") -> list[Run]:
-    """Every run of `exp` (its own arms, not the borrowed ones), optionally only some arms or seeds."""
+    """Every run of `exp` (its own arms, not the borrowed ones), optionally only some arms or seeds, seed by
+    seed: the runs of one seed (every arm) come together, so a campaign stopped part-way leaves whole seeds,
+    which are what the paired comparison needs."""
     for arm in arms or []:
         if arm not in exp.arms:
             raise UsageError(f"--arms {arm}: not an arm of {exp.name}; allowed: {', '.join(exp.arms)}")
@@ -105,7 +107,7 @@ def plan_experiment(exp: Experiment, runs_dir: Path = DEFAULT_RUNS_DIR, arms: li
     if seeds is not None and not runs:
         raise UsageError(f"--seeds {','.join(map(str, seeds))}: no arm of {exp.name} runs these seeds "
                          f"(its seeds: {', '.join(map(str, exp.seeds))})")
-    return runs
+    return sorted(runs, key=lambda run: run.seed)  # stable: arms keep their order within a seed
 
 
 # ------------------------------------------------------------------------------------------- state

@@ -57,3 +57,11 @@ def test_hybrid_5m_size_and_block_mix():
     non_embedding = int(line.split("total, ")[1].split()[0].replace(",", ""))
     assert 4.5e6 <= non_embedding <= 5.5e6, line
     assert json.loads(proc.stdout.strip().splitlines()[-1])["params"] > non_embedding
+
+
+def test_runs_come_seed_by_seed():
+    """A campaign stopped part-way must leave whole seeds (every arm of a seed), which the paired
+    comparison needs: the queue is seed-major, arms in the experiment's order within a seed."""
+    exp = load_experiment("b_fp8_vs_nvfp4")
+    runs = plan_experiment(exp, seeds=[2, 1])
+    assert [(r.seed, r.arm) for r in runs] == [(s, a) for s in (1, 2) for a in exp.arms]
