@@ -140,6 +140,15 @@ def overrides_for(args, out: Path, precision: str, deterministic: bool, compiled
     return o
 
 
+def note_failure(row: dict, case: Path, codes: list[int]) -> None:
+    """A crashed run compares nothing: say so in the row, with the end of its log (main then exits 1)."""
+    for run, code in zip("AB", codes):
+        if code:
+            tail = (case / f"{run}.log").read_text(errors="replace").strip().splitlines()[-5:]
+            row["note"] = f"failed: run {run} exited {code}: " + " | ".join(tail)
+            return
+
+
 def run_pair(args, clock: Clock, name: str, precision: str, deterministic: bool, compiled: bool,
              steps: int, attention: str = "math") -> dict:
     """Run A on GPU 0 and run B on GPU 1 at once (one after the other on CPU), each with its own caches."""
@@ -160,6 +169,7 @@ def run_pair(args, clock: Clock, name: str, precision: str, deterministic: bool,
     row["exit"] = codes
     row.update(compare(case / "A", case / "B"))
     row["tokens_per_s"] = tokens_per_s(case / "A")
+    note_failure(row, case, codes)
     return row
 
 
@@ -176,6 +186,7 @@ def run_ddp(args, clock: Clock) -> dict:
     row["exit"] = codes
     row.update(compare(case / "A", case / "B"))
     row["tokens_per_s"] = tokens_per_s(case / "A")
+    note_failure(row, case, codes)
     return row
 
 
@@ -355,7 +366,10 @@ def main() -> int:
     (args.out / "determinism.json").write_text(json.dumps(rows, indent=1))
     print(f"\nlogs and runs under {args.out}\n")
     print(table(rows))
-    return 0
+    failed = [r for r in rows if str(r.get("note", "")).startswith("failed")]
+    for r in failed:
+        print(f"{r['case']}: {r['note']}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

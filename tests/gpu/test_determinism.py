@@ -109,7 +109,7 @@ def test_two_runs_are_bitwise_equal(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "check" / "determinism.json").read_text())
     for row in rows:
-        assert row["first_diff"] is None and row["compared"] > 0, row
+        assert row["first_diff"] is None and row["compared"] > 0, json.dumps(row)
 
 
 def test_compiled_flex_attention_repeats_bitwise_and_matches_sdpa():
