@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nvfp4train.eval.weights import RunError, read_run_config
+from nvfp4train.train.metrics import metrics_path, read_metrics_text
 
 WANDB_PREFIX = "wandb:"
 # train.cuda_graph replays the eager step's numerics: runs that differ only there are seeds of one arm
@@ -55,14 +56,14 @@ def load_local(path: Path) -> Run:
     except (UnicodeDecodeError, OSError) as e:
         raise RunError(f"{path / 'config.yaml'}: unreadable ({getattr(e, 'strerror', None) or e.__class__.__name__}); "
                        "not a training run's config") from None
-    metrics = path / "metrics.jsonl"
+    metrics = metrics_path(path)
     if not metrics.is_file():
         raise RunError(f"{metrics} not found: the run has logged no metrics yet")
     records, skipped = [], []
     try:
-        text = metrics.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise RunError(f"{metrics}: unreadable ({e.strerror or e})") from None
+        text = read_metrics_text(metrics)
+    except (OSError, EOFError) as e:
+        raise RunError(f"{metrics}: unreadable ({getattr(e, 'strerror', None) or e})") from None
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue

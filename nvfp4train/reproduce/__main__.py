@@ -8,6 +8,8 @@
     run EXPERIMENT --executor slurm      ONE job array over arm x seed (slurm/reproduce_array.sbatch);
                    [--dry-run]           --dry-run renders it without submitting
     status [EXPERIMENT...]               a table of every run's progress
+    copy-results EXPERIMENT [--to DIR]   copy finished runs' results (config, metrics gzipped, eval, run.json;
+                                         no checkpoints) to docs/results/runs/, to commit them
     report                               docs/results/reproduction.md (+ figures) from the finished runs
 
 Experiments are configs/reproduce/<name>.yaml (experiments.py describes the keys). Runs live in
@@ -30,6 +32,7 @@ from nvfp4train.reproduce.experiments import (
 )
 from nvfp4train.reproduce.plan import (
     DEFAULT_RUNS_DIR,
+    copy_results,
     data_passes,
     describe,
     last_record,
@@ -150,6 +153,13 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_copy_results(args) -> int:
+    exp = load_experiment(args.experiment, args.experiments_dir)
+    for run in select(args, exp, "cuda"):
+        print(f"{run.key}: {copy_results(run, Path(args.to))}")
+    return 0
+
+
 def cmd_report(args) -> int:
     from nvfp4train.reproduce.report import write_report
 
@@ -202,6 +212,10 @@ def parse_args(argv):
     p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR))
     p.add_argument("--all", action="store_true", help="list pending runs too")
 
+    p = verbs.add_parser("copy-results", help="copy finished runs' results (no checkpoints) to commit them")
+    common(p)
+    p.add_argument("--to", default="docs/results/runs", help="the results dir (default docs/results/runs)")
+
     p = verbs.add_parser("report", help="docs/results/reproduction.md from the finished runs")
     p.add_argument("--runs-dir", action="append",
                    help=f"a results dir (repeatable; default: docs/results/runs and {DEFAULT_RUNS_DIR})")
@@ -215,7 +229,8 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    verbs = {"plan": cmd_plan, "run": cmd_run, "run-one": cmd_run_one, "status": cmd_status, "report": cmd_report}
+    verbs = {"plan": cmd_plan, "run": cmd_run, "run-one": cmd_run_one, "status": cmd_status,
+             "copy-results": cmd_copy_results, "report": cmd_report}
     try:
         return verbs[args.verb](args)
     except UsageError as e:  # bad input: one line, exit 2

@@ -155,6 +155,35 @@ def run_state(out_dir: Path) -> str:
     return "pending"
 
 
+RESULT_FILES = ("config.yaml", "eval.json", "run.json")  # with metrics.jsonl, gzipped: what a result keeps
+
+
+def copy_results(run: Run, results_dir: Path) -> str:
+    """Copy a finished run's results (no checkpoints) to results_dir/<experiment>/<arm>/seed<k>/, metrics
+    gzipped (a tenth of the size; `report` and `compare` read it so). Never overwrites: a run already
+    there is left as it is. Returns what happened, in a few words."""
+    import gzip
+    import shutil
+
+    state = run_state(run.out_dir)
+    if state != "done":
+        return f"skipped ({state})"
+    dest = Path(results_dir) / run.experiment / run.arm / f"seed{run.seed}"
+    if dest.exists():
+        return f"already in {dest}"
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in RESULT_FILES:
+        if (run.out_dir / name).is_file():
+            shutil.copyfile(run.out_dir / name, tmp / name)
+    with open(run.out_dir / "metrics.jsonl", "rb") as src, open(tmp / "metrics.jsonl.gz", "wb") as raw:
+        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as out:  # same bytes for the same run
+            shutil.copyfileobj(src, out)
+    tmp.rename(dest)
+    return f"copied into {dest}"
+
+
 def pid_alive(pid) -> bool:
     try:
         os.kill(int(pid), 0)

@@ -21,6 +21,7 @@ from nvfp4train.reproduce.experiments import (
     all_experiments,
 )
 from nvfp4train.reproduce.plan import model_params
+from nvfp4train.train.metrics import metrics_path, read_metrics_text
 
 TIER_TITLES = {"A": "Tier A: hybrid_repro, 1.75 tokens per parameter",
                "B": "Tier B: hybrid_5m, 20 tokens per parameter",
@@ -110,8 +111,8 @@ def load_run(path: Path, experiment: str, arm: str, seed: int) -> RunData | None
     """A finished run (its last record at train.max_steps, and run.json, where there is one, says done)."""
     try:
         config = yaml.safe_load((path / "config.yaml").read_text()) or {}
-        lines = (path / "metrics.jsonl").read_text().splitlines()
-    except (OSError, yaml.YAMLError):
+        lines = read_metrics_text(metrics_path(path)).splitlines()
+    except (OSError, EOFError, yaml.YAMLError):
         return None
     info = {}
     if (path / "run.json").is_file():
@@ -143,8 +144,7 @@ def load_runs(results_dirs: list[Path]) -> dict[tuple[str, str, int], RunData]:
     """Every finished run under the results dirs (<experiment>/<arm>/seed<k>/); the first dir wins a tie."""
     runs = {}
     for root in results_dirs:
-        for metrics in sorted(Path(root).glob("*/*/seed*/metrics.jsonl")):
-            d = metrics.parent
+        for d in sorted({m.parent for m in Path(root).glob("*/*/seed*/metrics.jsonl*")}):
             experiment, arm, seed = d.parts[-3], d.parts[-2], d.name[4:]
             if not seed.isdigit() or (experiment, arm, int(seed)) in runs:
                 continue
@@ -355,6 +355,38 @@ def left_out_lines(runs: dict, experiments: list[Experiment]) -> list[str]:
             "tokens is worth far more loss than any precision gap, so the token-equivalent replaces it.)", ""]
 
 
+def replicate_lines(replicates: dict, runs: dict) -> list[str]:
+    """Runs made again (same command, later batch) against the originals: with train.deterministic=true
+    they must be bitwise equal; otherwise their difference is the run-to-run noise floor."""
+    if not replicates:
+        return []
+    lines = ["## Replicates", "",
+             "Runs made a second time, in a later batch of runs, compared with the original (`docs/results/"
+             "replicates/`, copied with `reproduce copy-results --to docs/results/replicates`).", "",
+             "| run | GPU, commit (original / replicate) | deterministic | training loss at the logged steps | "
+             "BF16 evaluation of the final checkpoint |", "|---|---|---|---|---|"]
+    for key, rep in sorted(replicates.items()):
+        orig = runs.get(key)
+        if orig is None:
+            lines.append(f"| {'/'.join(map(str, key))} | — | — | no original run | — |")
+            continue
+        common = sorted(set(orig.train) & set(rep.train))
+        differing = [t for t in common if orig.train[t] != rep.train[t]]
+        if not differing:
+            train = f"identical at all {len(common)}"
+        else:
+            worst = max(abs(rep.train[t] / orig.train[t] - 1) for t in differing)
+            train = (f"{len(differing)} of {len(common)} differ, from {differing[0] / 1e6:.1f}M tokens "
+                     f"(max {100 * worst:.3f}%)")
+        a, b = [r.eval.get("heldout_mean_loss") if r.eval else None for r in (orig, rep)]
+        evaluation = ("—" if a is None or b is None else "identical" if a == b
+                      else f"{a:.6f} vs {b:.6f} ({100 * (b / a - 1):+.4f}%)")
+        where = " / ".join(f"{r.info.get('gpu', '?')}, {r.info.get('commit', '?')}" for r in (orig, rep))
+        deterministic = "yes" if all(r.config.get("train", {}).get("deterministic") for r in (orig, rep)) else "no"
+        lines.append(f"| {'/'.join(map(str, key))} | {where} | {deterministic} | {train} | {evaluation} |")
+    return lines + [""]
+
+
 def write_report(results_dirs: list[Path], out: Path, experiments_dir: Path = EXPERIMENTS_DIR,
                  figures: bool = True) -> Path:
     out.mkdir(parents=True, exist_ok=True)
@@ -390,6 +422,7 @@ def write_report(results_dirs: list[Path], out: Path, experiments_dir: Path = EX
                 lines_tier += [f"![{exp.name}: paired relative gap](reproduction/{exp.name}.png)", ""]
         body += lines_tier
     lines += summary_lines(summary) + body + left_out_lines(runs, experiments)
+    lines += replicate_lines(load_runs([out / "replicates"]) if (out / "replicates").is_dir() else {}, runs)
     lines += ["## Where this scale differs from the paper's", "",
               "- Tokens per parameter: the paper's 12B saw ~800 tokens per parameter (10T tokens), its 8B ~125 and "
               "its 1.2B ablations ~1,300; here tier A is at 1.75 and tier B at 20. Quantization error has less "

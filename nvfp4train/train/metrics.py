@@ -23,6 +23,25 @@ from nvfp4train.train.config import ConfigError, WandbConfig
 from nvfp4train.train.rundir import write_atomic, write_failed
 
 DAMAGED_SUFFIX = ".damaged"
+COMPRESSED_NAME = "metrics.jsonl.gz"  # how results are committed (`reproduce copy-results`): a tenth of the size
+
+
+def metrics_path(run_dir: Path) -> Path:
+    """A run's metrics file: metrics.jsonl, else metrics.jsonl.gz, else the (missing) metrics.jsonl."""
+    plain = Path(run_dir) / "metrics.jsonl"
+    packed = plain.parent / COMPRESSED_NAME
+    return plain if plain.is_file() or not packed.is_file() else packed
+
+
+def read_metrics_text(path: Path) -> str:
+    """The text of metrics.jsonl or metrics.jsonl.gz (OSError, gzip's BadGzipFile included, if unreadable)."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        import gzip
+
+        with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    return path.read_text(encoding="utf-8", errors="replace")
 
 
 def parse_record(line: str) -> dict | None:

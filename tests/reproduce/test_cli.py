@@ -131,7 +131,7 @@ def test_slurm_array_dry_run(tmp_path):
 def test_no_verb_carries_archives():
     helped = reproduce("--help")
     assert helped.returncode == 0
-    for verb in ("plan", "run", "status", "report"):
+    for verb in ("plan", "run", "status", "copy-results", "report"):
         assert verb in helped.stdout
         assert reproduce(verb, "--help").returncode == 0
     for gone in ("pack-data", "pack-kernels", "unpack-kernels", "collect", "ingest", "launch", "wait"):

@@ -118,7 +118,7 @@ def write_run(root, arm, seed, gap_pct, commit="abc", gpu="NVIDIA H100"):
     (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     (d / "run.json").write_text(json.dumps({"state": "done", "train_rc": 0, "commit": commit, "gpu": gpu}))
     (d / "eval.json").write_text(json.dumps({"heldout_mean_loss": 3.0 * (1 + gap_pct / 100), "max_len": 10,
-                                             "heldout": {"a": {"tokens": 640}}}))
+                                             "heldout": {"a": {"tokens": 640, "loss": 3.0}}}))
 
 
 def test_report_rows_flags_and_labels(tmp_path):

@@ -1,0 +1,62 @@
+"""`reproduce copy-results`: a finished run's results (no checkpoints) copied for committing, metrics gzipped and
+read back the same by `report` and `compare`; never overwriting; replicates compared in the report."""
+from __future__ import annotations
+
+import gzip
+import json
+
+from nvfp4train.compare.runs import load_local
+from nvfp4train.reproduce import report
+from nvfp4train.reproduce.experiments import load_experiment
+from nvfp4train.reproduce.plan import copy_results, plan_experiment
+from tests.reproduce.test_stats import EXPERIMENT, write_run
+
+
+def planned(tmp_path, runs_dir):
+    experiments = tmp_path / "experiments"
+    experiments.mkdir(exist_ok=True)
+    (experiments / "synth.yaml").write_text(EXPERIMENT)
+    return experiments, plan_experiment(load_experiment("synth", experiments), runs_dir)
+
+
+def test_copy_results_gzips_metrics_reads_back_the_same_and_never_overwrites(tmp_path):
+    runs_dir, results = tmp_path / "runs", tmp_path / "results"
+    for seed in (1, 2, 3):
+        write_run(runs_dir, "fp8_blockwise", seed, 0.0)
+        write_run(runs_dir, "nvfp4", seed, 0.4)
+    (runs_dir / "synth" / "nvfp4" / "seed1" / "checkpoints").mkdir()
+    (runs_dir / "synth" / "nvfp4" / "seed2" / "run.json").write_text(json.dumps({"state": "failed", "train_rc": 1}))
+    experiments, runs = planned(tmp_path, runs_dir)
+    said = {run.key: copy_results(run, results) for run in runs}
+    assert said["synth/nvfp4/seed2"] == "skipped (failed)"
+    dest = results / "synth" / "nvfp4" / "seed1"
+    assert said["synth/nvfp4/seed1"] == f"copied into {dest}"
+    assert sorted(p.name for p in dest.iterdir()) == ["config.yaml", "eval.json", "metrics.jsonl.gz", "run.json"]
+    original = (runs_dir / "synth" / "nvfp4" / "seed1" / "metrics.jsonl").read_bytes()
+    assert gzip.decompress((dest / "metrics.jsonl.gz").read_bytes()) == original
+    # report and compare read the gzipped copy as the original
+    from_runs, from_results = report.load_runs([runs_dir]), report.load_runs([results])
+    assert from_results[("synth", "nvfp4", 1)].train == from_runs[("synth", "nvfp4", 1)].train
+    assert ("synth", "nvfp4", 2) not in from_results
+    assert load_local(dest).records == load_local(runs_dir / "synth" / "nvfp4" / "seed1").records
+    # a second copy leaves what is there alone, even if the run changed since
+    (dest / "eval.json").write_text('{"kept": true}')
+    assert all(copy_results(run, results).startswith(("already in", "skipped")) for run in runs)
+    assert json.loads((dest / "eval.json").read_text()) == {"kept": True}
+    assert not list(results.rglob("*.partial"))
+
+
+def test_replicates_section_says_whether_runs_repeat(tmp_path):
+    runs_dir, out = tmp_path / "runs", tmp_path / "out"
+    for seed in (1, 2):
+        write_run(runs_dir, "fp8_blockwise", seed, 0.0)
+        write_run(runs_dir, "nvfp4", seed, 0.4)
+    write_run(out / "replicates", "fp8_blockwise", 1, 0.0)     # the same run again: equal
+    write_run(out / "replicates", "nvfp4", 2, 0.41)            # a run that did not repeat
+    experiments, _ = planned(tmp_path, runs_dir)
+    text = report.write_report([runs_dir], out, experiments, figures=False).read_text()
+    section = text.split("## Replicates")[1].split("\n## ")[0]
+    same = next(line for line in section.splitlines() if line.startswith("| synth/fp8_blockwise/1 "))
+    assert "identical at all 50" in same and same.endswith("| identical |")
+    other = next(line for line in section.splitlines() if line.startswith("| synth/nvfp4/2 "))
+    assert "50 of 50 differ" in other and "+0.0100%" in other
