@@ -38,8 +38,8 @@ def test_summary_overrides_and_errors():
 
 
 def test_summary_defaults_to_the_training_seq_len_and_has_help():
+    from nvfp4train.config import TrainConfig
     from nvfp4train.summary import load_model_config
-    from nvfp4train.train.config import TrainConfig
 
     assert load_model_config(["model=hybrid_tiny"])[1] == TrainConfig().seq_len == 128
     assert load_model_config(["train.seq_len=8192"])[1] == 8192
