@@ -161,7 +161,7 @@ def test_non_editable_install_finds_its_configs(installed_wheel, tmp_path):
     assert job.returncode == 0, job.stderr
     assert yaml.safe_load(job.stdout)["precision"]["rht"] == "none"
     # eval and export compose their configs from the same copy
-    script = ("from nvfp4train.eval.cli import compose; print(compose('eval', ['run_dir=r', 'max_items=3'])); "
+    script = ("from nvfp4train.config import compose; print(compose('eval', ['run_dir=r', 'max_items=3'])); "
               "print(compose('export', ['run_dir=r']))")
     composed = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=120)
