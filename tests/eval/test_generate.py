@@ -55,7 +55,7 @@ def test_generate_help_and_bad_input(tiny_run, capsys):
     assert "max_new_tokens" in capsys.readouterr().out
     for args, message in [([f"run_dir={tiny_run}", "temperature=-1"], "error: temperature=-1.0: must be >= 0"),
                           ([f"run_dir={tiny_run}", "top_kk=3"], "error: unknown key 'top_kk'; allowed: run_dir"),
-                          ([f"run_dir={tiny_run}", "max_new_tokens=0"], "error: max_new_tokens=0: must be a positive integer"),
+                          ([f"run_dir={tiny_run}", "max_new_tokens=0"], "error: max_new_tokens=0: must be a positive"),
                           ([f"run_dir={tiny_run / 'nope'}"], "error: run_dir=")]:
         assert main(args) == 2
         err = capsys.readouterr().err.strip()
