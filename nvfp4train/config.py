@@ -405,12 +405,24 @@ def compose(name: str, overrides: list[str] = ()):
     from omegaconf.errors import OmegaConfBaseException
 
     check_overrides(overrides, name)
+    if name != "train":  # only training sweeps (`-m`): elsewhere `tasks=a,b` is the text "a,b", as documented
+        overrides = [_comma_list_as_text(arg) for arg in overrides]
     register_defaults()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         try:
             return hydra_compose(name, overrides=list(overrides))
         except (HydraException, OmegaConfBaseException) as e:
             raise ConfigError(_explain(" ".join(str(e).split()))) from None
+
+
+def _comma_list_as_text(arg: str) -> str:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+
+    key, _, value = arg.partition("=")
+    if "'" in value or OverridesParser.create().parse_override(arg).value_type != ValueType.SIMPLE_CHOICE_SWEEP:
+        return arg
+    return f"{key}='{value}'"
 
 
 def check_complete(cfg) -> None:

@@ -124,3 +124,12 @@ def test_train_overrides_use_the_same_checks():
         compose("train", ["reproduce=x"])  # configs/reproduce/ is not a config group of a run
     with pytest.raises(ValueError, match="no config 'nope'"):
         config.load("nope")
+
+
+def test_a_comma_list_is_text_outside_training():
+    """docs/evaluation.md's `tasks=wiki_next_sentence,arithmetic`: no sweep outside training (Hydra would
+    refuse it as ambiguous); training keeps Hydra's meaning (a sweep under -m)."""
+    assert load("eval", ["run_dir=r", "tasks=wiki_next_sentence,arithmetic"]).tasks == "wiki_next_sentence,arithmetic"
+    assert load("eval", ["run_dir=r", "tasks=[a,b]"]).tasks == ["a", "b"]
+    with pytest.raises(ConfigError, match="Ambiguous value for argument 'seed=1,2'"):
+        compose("train", ["seed=1,2"])
