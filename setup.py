@@ -1,5 +1,5 @@
 """configs/ and data/ stay at the repository root; a built wheel carries copies of what the default run
-reads: configs/ as nvfp4train/configs (nvfp4train.train.config.CONFIG_DIR), and the bundled corpus,
+reads: configs/ as nvfp4train/configs (nvfp4train.config.CONFIG_DIR), and the bundled corpus,
 the bpe8k tokenizer and data/README.md (their sources and licences) under nvfp4train/_shipped/, laid out
 as in the repository (nvfp4train.data.paths.resolve_path). Locally built data (data/cache, data/corpora)
 stays out."""

@@ -29,8 +29,8 @@ sys.path.insert(0, str(REPO))
 
 def fsdp2_sizes(model: str) -> list[tuple[str, int]]:
     """(what, parameters) of the model's FSDP2 units: its largest block, its smallest, and the root."""
+    from nvfp4train.config import load_preset
     from nvfp4train.model import HybridLM, ModelConfig
-    from nvfp4train.train.config import load_preset
 
     cfg = ModelConfig.from_dict(load_preset("model", model))
     with torch.device("meta"):

@@ -30,7 +30,7 @@ PRESETS = ("bf16", "fp8_tensorwise", "fp8_blockwise", "nvfp4", "nvfp4_no_rht", "
 
 
 def load(name: str, backend: str | None) -> PrecisionPolicy:
-    from nvfp4train.train.config import load_preset
+    from nvfp4train.config import load_preset
 
     cfg = load_preset("precision", name)
     # One block, fully quantized: zero the BF16 block counts.

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from nvfp4train.config import load_preset
 from nvfp4train.data.paths import git_commit
 from nvfp4train.dist import DistInfo
 from nvfp4train.model import HybridLM, ModelConfig, flops_per_token, param_groups
@@ -44,7 +45,6 @@ from nvfp4train.model.mfu import peak_flops
 from nvfp4train.optim import OptimConfig
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
 from nvfp4train.schema import ConfigError
-from nvfp4train.train.config import load_preset
 from nvfp4train.train.engines import TorchEngine, resolve_compile, resolve_cuda_graph
 from nvfp4train.train.loop import persistent_kernel_caches
 

@@ -218,8 +218,8 @@ def count_parameters() -> None:
     import torch
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+    from nvfp4train.config import load_preset
     from nvfp4train.model import HybridLM, ModelConfig, flops_per_token
-    from nvfp4train.train.config import load_preset
     for name in MODELS:
         cfg = ModelConfig.from_dict(load_preset("model", name))
         with torch.device("meta"):

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from nvfp4train.eval.cli import compose, help_requested, optional_int, usage
+from nvfp4train.config import ConfigError, help_requested, load, usage
 from nvfp4train.eval.weights import RunError, load_run_model, model_config_for
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -228,10 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         print(usage("export", __doc__))
         return 0
     try:
-        cfg = compose("export", argv)
-        out = export(Path(cfg["run_dir"]), optional_int("step", cfg["step"]), cfg["out"], cfg["dtype"],
-                     cfg["overwrite"])
-    except RunError as e:
+        cfg = load("export", argv)
+        out = export(cfg.run_dir, cfg.step, cfg.out, str(cfg.dtype), cfg.overwrite)
+    except (ConfigError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     config = json.loads((out / "config.json").read_text())

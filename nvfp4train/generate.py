@@ -11,15 +11,15 @@ line per sample instead. Options: configs/generate.yaml. Bad input ends with one
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from nvfp4train.eval.cli import compose, optional_int, pick_device
-from nvfp4train.eval.weights import RunError, load_run_model
+from nvfp4train.config import ConfigError, help_requested, load, usage
+from nvfp4train.eval.weights import RunError, load_run_model, pick_device
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -65,63 +65,42 @@ def generate(model, prompt_ids: list[int], max_new_tokens: int, temperature: flo
     return out
 
 
-def _positive_int(key: str, value, allow_zero: bool = False) -> int:
-    n = optional_int(key, value)
-    if n is None or (n == 0 and not allow_zero):
-        raise RunError(f"{key}={value!r}: expected a {'non-negative' if allow_zero else 'positive'} integer")
-    return n
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in argv):
-        from nvfp4train.train.config import CONFIG_DIR
-        print("usage: " + __doc__.strip() + "\n\nOptions (configs/generate.yaml):\n"
-              + (CONFIG_DIR / "generate.yaml").read_text())
+    if help_requested(argv):
+        print(usage("generate", __doc__))
         return 0
     # The prompt is taken verbatim: Hydra's override grammar would read "1, 2" as a list or "42" as a number.
     prompts = [a.split("=", 1)[1] for a in argv if a.startswith("prompt=")]
     try:
-        cfg = compose("generate", [a for a in argv if not a.startswith("prompt=")])
+        cfg = load("generate", [a for a in argv if not a.startswith("prompt=")])
         if prompts:
-            cfg["prompt"] = prompts[-1]
-        max_new = _positive_int("max_new_tokens", cfg["max_new_tokens"])
-        top_k = _positive_int("top_k", cfg["top_k"], allow_zero=True)
-        num_samples = _positive_int("num_samples", cfg["num_samples"])
-        seed = _positive_int("seed", cfg["seed"], allow_zero=True)
-        temperature = cfg["temperature"]
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
-            raise RunError(f"temperature={temperature!r}: expected a number >= 0 (0: greedy)")
-        if cfg["dtype"] not in ("auto", *DTYPES):
-            raise RunError(f"dtype={cfg['dtype']!r}: allowed: auto, {', '.join(DTYPES)}")
-        if not isinstance(cfg["prompt"], str):
-            raise RunError(f"prompt={cfg['prompt']!r}: expected text (quote it: prompt=\"...\")")
-        device = pick_device(cfg["device"])
-        dtype = DTYPES[cfg["dtype"]] if cfg["dtype"] != "auto" else (
-            torch.bfloat16 if device == "cuda" else torch.float32)
-        model, run_config, ckpt = load_run_model(Path(cfg["run_dir"]), optional_int("step", cfg["step"]), device)
+            cfg = dataclasses.replace(cfg, prompt=prompts[-1])
+        device = pick_device(cfg.device)
+        dtype = DTYPES[cfg.dtype] if cfg.dtype != "auto" else (torch.bfloat16 if device == "cuda" else torch.float32)
+        model, run_config, ckpt = load_run_model(cfg.run_dir, cfg.step, device)
         from nvfp4train.data import load_tokenizer
         try:
             tokenizer = load_tokenizer(run_config["data"]["tokenizer"])
         except (ValueError, FileNotFoundError, ImportError) as e:
-            raise RunError(f"{Path(cfg['run_dir']) / 'config.yaml'}: data.tokenizer: {e}") from None
-    except RunError as e:
+            raise RunError(f"{cfg.run_dir / 'config.yaml'}: data.tokenizer: {e}") from None
+    except (ConfigError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    prompt_ids = tokenizer.encode(cfg["prompt"]) or [tokenizer.eos_id]
+    prompt_ids = tokenizer.encode(cfg.prompt) or [tokenizer.eos_id]
     t0 = time.perf_counter()
-    samples = generate(model, prompt_ids, max_new, float(temperature), top_k, num_samples, tokenizer.eos_id, seed,
-                       device, dtype)
+    samples = generate(model, prompt_ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.num_samples,
+                       tokenizer.eos_id, cfg.seed, device, dtype)
     seconds = time.perf_counter() - t0
     for i, ids in enumerate(samples):
         text = tokenizer.decode(ids)
-        if cfg["json"]:
-            print(json.dumps({"sample": i, "checkpoint": str(ckpt), "prompt": cfg["prompt"], "text": text,
+        if cfg.json:
+            print(json.dumps({"sample": i, "checkpoint": str(ckpt), "prompt": cfg.prompt, "text": text,
                               "tokens": len(ids)}))
         else:
-            if num_samples > 1:
+            if cfg.num_samples > 1:
                 print(f"--- sample {i} ---")
-            print(cfg["prompt"] + text)
+            print(cfg.prompt + text)
     n = sum(len(s) for s in samples)
     print(f"[{ckpt.name}: {n} tokens in {seconds:.2f} s on {device}]", file=sys.stderr)
     return 0

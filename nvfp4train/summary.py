@@ -17,47 +17,18 @@ import sys
 
 import torch
 
+from nvfp4train.config import ConfigError, help_requested, load, usage
 from nvfp4train.model import HybridLM, ModelConfig, flops_per_token
-from nvfp4train.train.config import CONFIG_DIR as TRAIN_CONFIG_DIR
 
-CONFIG_DIR = TRAIN_CONFIG_DIR / "model"
 KIND_NAMES = {"M": "mamba", "*": "attention", "-": "mlp"}
 
 
 def load_model_config(overrides: list[str]) -> tuple[ModelConfig, int]:
-    """Compose a ModelConfig from `model=NAME`, `model.KEY=VALUE` and `seq_len=N` overrides."""
-    import yaml
-    from omegaconf import OmegaConf  # config composition lives here, not in nvfp4train.model
-    from omegaconf.errors import OmegaConfBaseException
-
-    from nvfp4train.train.config import TrainConfig
-
-    name, seq_len, field_overrides = "hybrid_tiny", TrainConfig().seq_len, []
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"argument {item!r}: expected KEY=VALUE (model=NAME, model.KEY=VALUE, train.seq_len=N)")
-        if key == "model":
-            name = value
-        elif key in ("seq_len", "train.seq_len"):
-            seq_len = int(value) if value.strip().isdigit() else 0
-            if seq_len < 1:
-                raise ValueError(f"{key}={value}: expected a positive integer")
-        elif key.startswith("model."):
-            field_overrides.append(item[len("model."):])
-        else:
-            raise ValueError(f"argument {item!r}: unknown key {key!r}; allowed: model, model.<field>, train.seq_len")
-    path = CONFIG_DIR / f"{name}.yaml"
-    if not path.is_file():
-        presets = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-        raise ValueError(f"model={name}: no file {path}; available presets: {', '.join(presets)}")
-    try:
-        merged = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(field_overrides))
-    # a value that is not YAML (`model.d_model=[1`), a preset that is not either
-    except (OmegaConfBaseException, yaml.YAMLError) as e:
-        raise ValueError(f"{', '.join(field_overrides) or path}: not valid YAML "
-                         f"({' '.join(str(e).splitlines()[0].split())[:200]})") from None
-    return ModelConfig.from_dict(OmegaConf.to_container(merged, resolve=True)), seq_len
+    """The ModelConfig and sequence length of `model=NAME`, `model.KEY=VALUE` and `train.seq_len=N` (or
+    `seq_len=N`) overrides (configs/summary.yaml); bad input raises ConfigError."""
+    overrides = ["train." + o if o.startswith("seq_len=") else o for o in overrides]
+    cfg = load("summary", overrides)
+    return cfg.model, cfg.train.seq_len
 
 
 def summarize(cfg: ModelConfig, seq_len: int) -> dict:
@@ -76,13 +47,12 @@ def summarize(cfg: ModelConfig, seq_len: int) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] in ("-h", "--help"):
-        print("usage: python -m nvfp4train.summary [model=NAME] [model.KEY=VALUE ...] [train.seq_len=N]\n")
-        print(__doc__.strip())
+    if help_requested(argv):
+        print(usage("summary", __doc__))
         return 0
     try:
         cfg, seq_len = load_model_config(argv)
-    except ValueError as e:
+    except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     s = summarize(cfg, seq_len)

@@ -26,10 +26,8 @@ def precheck(training_args: list[str]) -> str | None:
     """The one-line refusal of nvfp4train.train's command line, or None when it composes and checks.
     Hydra's own flags (--help, --cfg, sweeps) are left to the workers."""
     from hydra._internal.utils import get_args_parser
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
-    from nvfp4train.train.config import ConfigError, RunConfig, check_overrides, compose
+    from nvfp4train.config import ConfigError, load
 
     try:
         args = get_args_parser().parse_args(training_args)
@@ -38,12 +36,9 @@ def precheck(training_args: list[str]) -> str | None:
     if args.multirun or args.cfg or args.help or args.hydra_help or args.info or args.shell_completion:
         return None
     try:
-        check_overrides(args.overrides)
-        RunConfig.from_omegaconf(compose(args.overrides))
-    except ConfigError as e:
+        load("train", args.overrides)
+    except ConfigError as e:  # compose and load turn Hydra's and OmegaConf's errors into one line too
         return f"error: {e}"
-    except (HydraException, OmegaConfBaseException) as e:
-        return f"error: {' '.join(str(e).split())}"
     return None
 
 

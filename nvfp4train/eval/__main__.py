@@ -15,47 +15,43 @@ import sys
 import time
 from pathlib import Path
 
+from nvfp4train.config import ConfigError, EvalConfig, help_requested, load, usage
 from nvfp4train.eval import harness
-from nvfp4train.eval.cli import compose, help_requested, optional_int, pick_device, usage
-from nvfp4train.eval.weights import RunError, load_run_model
+from nvfp4train.eval.weights import RunError, load_run_model, pick_device
 
 
-def evaluate(cfg: dict) -> tuple[dict, Path]:
+def evaluate(cfg: EvalConfig) -> tuple[dict, Path]:
     """Run the evaluation described by an eval config; return (eval.json contents, its path)."""
-    run_dir = Path(cfg["run_dir"])
-    step = optional_int("step", cfg["step"])
-    max_items = optional_int("max_items", cfg["max_items"]) or None
-    for key in ("heldout_sequences", "batch_size"):
-        if optional_int(key, cfg[key]) in (None, 0):
-            raise RunError(f"{key}={cfg[key]!r}: expected a positive integer")
+    run_dir = cfg.run_dir
+    max_items = cfg.max_items or None
     definitions = harness.load_task_definitions()
-    names = harness.select_tasks(cfg["tasks"], definitions)
+    names = harness.select_tasks(cfg.tasks, definitions)
     task_items = {name: harness.read_items(definitions[name])[:max_items] for name in names}
-    device = pick_device(cfg["device"])
+    device = pick_device(cfg.device)
 
     t0 = time.perf_counter()
-    model, run_config, ckpt = load_run_model(run_dir, step, device)
+    model, run_config, ckpt = load_run_model(run_dir, cfg.step, device)
     from nvfp4train.data import build_val_data, load_tokenizer
 
     seq_len = int(run_config["train"]["seq_len"])
     try:
         val_data = build_val_data(run_config["data"], seq_len=seq_len,
-                                  max_sequences_per_domain=cfg["heldout_sequences"])
+                                  max_sequences_per_domain=cfg.heldout_sequences)
         tokenizer = load_tokenizer(run_config["data"]["tokenizer"])
     except (ValueError, FileNotFoundError) as e:
         raise RunError(f"{run_dir / 'config.yaml'}: data: {e}") from None
 
-    heldout = harness.heldout_losses(model, val_data, cfg["batch_size"], device)
+    heldout = harness.heldout_losses(model, val_data, cfg.batch_size, device)
     tasks = {}
     for name in names:
         spec = definitions[name]
-        scores = harness.score_task(model, tokenizer, spec, task_items[name], seq_len, cfg["batch_size"], device)
+        scores = harness.score_task(model, tokenizer, spec, task_items[name], seq_len, cfg.batch_size, device)
         tasks[name] = {"kind": spec["kind"], "primary": harness.PRIMARY_METRIC[spec["kind"]], **scores}
     meta = json.loads((ckpt / "meta.json").read_text())
     result = {
         "run_dir": str(run_dir), "checkpoint": str(ckpt), "step": int(meta["step"]), "tokens": meta.get("tokens"),
         "precision": run_config.get("precision", {}).get("name"), "eval_precision": "bf16",
-        "max_len": seq_len, "heldout_sequences": cfg["heldout_sequences"], "heldout": heldout,
+        "max_len": seq_len, "heldout_sequences": cfg.heldout_sequences, "heldout": heldout,
         "heldout_mean_loss": sum(v["loss"] for v in heldout.values()) / len(heldout),
         "tasks": tasks, "seconds": round(time.perf_counter() - t0, 2),
     }
@@ -77,9 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         print(usage("eval", __doc__))
         return 0
     try:
-        cfg = compose("eval", argv)
-        result, path = evaluate(cfg)
-    except RunError as e:
+        result, path = evaluate(load("eval", argv))
+    except (ConfigError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for source, v in result["heldout"].items():

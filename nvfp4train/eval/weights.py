@@ -108,3 +108,12 @@ def load_run_model(run_dir: Path, step: int | None = None, device: str | torch.d
         raise RunError(f"{Path(run_dir) / 'config.yaml'}: model: {e}") from None
     model.load_state_dict(load_state_dict(ckpt, model))
     return model.to(device).eval(), run_config, ckpt
+
+
+def pick_device(setting: str) -> str:
+    """A command's `device` option (auto | cpu | cuda, checked by its config) -> the device to load onto."""
+    if setting == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise RunError("device=cuda: no CUDA device on this machine")
+    return str(setting)

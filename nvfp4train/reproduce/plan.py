@@ -64,10 +64,10 @@ def compose_arm(overrides: list[str]) -> dict:
     """The resolved run config of `python -m nvfp4train.train OVERRIDES`, checked as the trainer checks it."""
     from omegaconf import OmegaConf
 
-    from nvfp4train.train.config import ConfigError, RunConfig, compose
+    from nvfp4train.config import ConfigError, RunConfig, compose
 
     try:
-        cfg = compose(list(overrides))
+        cfg = compose("train", list(overrides))
         RunConfig.from_omegaconf(cfg)
     except ConfigError as e:
         raise UsageError(str(e)) from None

@@ -21,9 +21,9 @@ if __name__ == "__main__":
 def _main(cfg) -> None:
     if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) != 0:
         logging.getLogger().setLevel(logging.WARNING)  # one copy of the start-up log lines, from rank 0
+    from nvfp4train.config import ConfigError, RunConfig
     from nvfp4train.dist.errors import fail
     from nvfp4train.train.checkpoint import CheckpointError
-    from nvfp4train.train.config import ConfigError, RunConfig
     from nvfp4train.train.guards import TrainingHalted
     from nvfp4train.train.loop import run
 
@@ -62,7 +62,7 @@ config groups (group=option):
 {groups}
 
 main keys (key=value; every key with its default and meaning: `--cfg job`, and the dataclasses in
-nvfp4train/train/config.py, nvfp4train/optim, nvfp4train/data/config.py):
+nvfp4train/config.py, nvfp4train/optim, nvfp4train/data/config.py):
   out_dir=runs/default        where metrics.jsonl, train.log, config.yaml and checkpoints/ go
   seed=1234                   initial weights, data order, stochastic rounding
   train.max_steps=300         optimizer steps
@@ -81,7 +81,7 @@ the paper's experiments: python -m nvfp4train.reproduce --help
 
 
 def usage() -> str:
-    from nvfp4train.train.config import group_options
+    from nvfp4train.config import group_options
 
     groups = []
     for group in ("model", "precision", "data"):
@@ -90,38 +90,12 @@ def usage() -> str:
     return USAGE.format(groups="\n".join(groups))
 
 
-def _check_composed(cfg) -> None:
-    """A `???` left in the composed config (configs/data/own.yaml's files) is one line naming the key."""
-    from omegaconf import OmegaConf
-
-    from nvfp4train.train.config import ConfigError
-
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        raise ConfigError(f"{missing[0]}: required, no default (e.g. {missing[0]}=data/mine.jsonl; see docs/data.md)"
-                          if missing[0].startswith("data.") else f"{missing[0]}: required, no default")
-
-
-def _explain(message: str) -> str:
-    """Hydra's "Could not override 'data.sources.NAME...'" for a source the data config lacks: say how to
-    train on one's own files instead of suggesting `+key`, which would add it to the bundled blend."""
-    import re
-
-    m = re.match(r"Could not override '(data\.sources\.([^.']+)[^']*)'", message)
-    if m:
-        return (f"{m.group(1)}: the data config has no source {m.group(2)!r}; to train on your own files: "
-                "data=own data.sources.own.train=[a.jsonl,b.txt] data.sources.own.val=held.jsonl (docs/data.md)")
-    return message
-
-
 def _cli() -> None:
     import hydra
     from hydra._internal.utils import get_args_parser  # Hydra's own command line (its flags and overrides)
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
+    from nvfp4train.config import CONFIG_DIR, ConfigError, check_complete, check_overrides, compose, register_defaults
     from nvfp4train.dist.errors import fail
-    from nvfp4train.train.config import CONFIG_DIR, ConfigError, check_overrides, compose, register_defaults
 
     args = get_args_parser().parse_args()
     if args.help:  # ours, not Hydra's "powered by Hydra" and the whole config (`--cfg job` prints that)
@@ -130,13 +104,11 @@ def _cli() -> None:
     try:
         check_overrides(args.overrides)
         if not args.multirun:  # one job: compose it here so that what Hydra would reject is one line too
-            composed = compose(args.overrides)
+            composed = compose("train", args.overrides)
             if not args.cfg:  # --cfg job shows a config with its `???` still open
-                _check_composed(composed)
+                check_complete(composed)
     except ConfigError as e:
         fail(str(e), 2)  # under torchrun: every rank refuses alike, before any process group; rank 0 says it
-    except (HydraException, OmegaConfBaseException) as e:
-        fail(_explain(" ".join(str(e).split())), 2)
     register_defaults()
     hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(_main)()
     from nvfp4train import dist

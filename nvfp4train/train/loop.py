@@ -47,6 +47,7 @@ import torch
 from omegaconf import OmegaConf
 
 from nvfp4train import dist
+from nvfp4train.config import ConfigError, RunConfig, resolve_micro_batch
 from nvfp4train.data import build_train_loader, build_val_data
 from nvfp4train.data.paths import resolve_path
 from nvfp4train.model import HybridLM, ModelConfig, flops_per_token, param_groups
@@ -54,9 +55,8 @@ from nvfp4train.model.mfu import peak_flops
 from nvfp4train.model.ssd import triton_ssd_available
 from nvfp4train.optim import lr_at
 from nvfp4train.optim.adamw import get_hyperparameters, set_hyperparameters
-from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory, gemm_peak_kind
+from nvfp4train.precision import PrecisionController, build_linear_factory, gemm_peak_kind
 from nvfp4train.train import checkpoint, determinism, resume_policy, rundir
-from nvfp4train.train.config import ConfigError, RunConfig, resolve_micro_batch
 from nvfp4train.train.engines import StepStats, build_engine, import_deepspeed
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
 from nvfp4train.train.metrics import MetricsLogger, ProgressBar, RunLogHandler, require_wandb
@@ -94,14 +94,7 @@ def _data_cache_dir(data: dict) -> Path | None:
 
 def _build_model_and_data(cfg: RunConfig, info: dist.DistInfo):
     """Model (with the precision room's linears), precision controller and data, all validated."""
-    try:
-        model_cfg = ModelConfig.from_dict(cfg.model)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"model: {e}") from None
-    try:
-        policy = PrecisionPolicy.from_dict(cfg.precision)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"precision: {e}") from None
+    model_cfg, policy = cfg.model_config, cfg.policy  # parsed and checked once, by RunConfig
     t = cfg.train
     try:
         loader = build_train_loader(cfg.data, seq_len=t.seq_len, global_batch_size=t.global_batch_size,

@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from nvfp4train.train.config import ConfigError, WandbConfig
+from nvfp4train.config import ConfigError, WandbConfig
 from nvfp4train.train.rundir import write_atomic, write_failed
 
 DAMAGED_SUFFIX = ".damaged"

@@ -10,7 +10,7 @@ under it. The most specific rule wins.
 """
 from __future__ import annotations
 
-from nvfp4train.train.config import ConfigError
+from nvfp4train.config import ConfigError
 
 NOTE, QUIET, REFUSE = "note", "quiet", "refuse"
 

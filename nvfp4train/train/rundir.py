@@ -25,8 +25,8 @@ import socket
 import time
 from pathlib import Path
 
+from nvfp4train.config import ConfigError
 from nvfp4train.train import checkpoint
-from nvfp4train.train.config import ConfigError
 
 LOCK = ".lock"
 ABANDONED = "abandoned"

@@ -85,8 +85,8 @@ def test_kernel_kinds_of_real_kernel_names():
 
 def test_torchao_like_for_like_row_converts_only_the_preset_quantized_blocks():
     from benchmarks import bench_train
+    from nvfp4train.config import load_preset
     from nvfp4train.model import HybridLM, ModelConfig
-    from nvfp4train.train.config import load_preset
 
     cfg = ModelConfig.from_dict({**load_preset("model", "hybrid_tiny"), "pattern": "M-M*M-"})
     model = HybridLM(cfg)

@@ -13,12 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nvfp4train.data.config import DataConfig, PhaseSpec, SourceConfig, parse_data_config
-from nvfp4train.model.config import ModelConfig
-from nvfp4train.optim import OptimConfig, ScheduleConfig
-from nvfp4train.precision.recipe import PrecisionPolicy, SwitchConfig
-from nvfp4train.schema import ConfigError, parse
-from nvfp4train.train.config import (
+from nvfp4train.config import (
     CONFIG_DIR,
     SECTIONS,
     RunConfig,
@@ -27,6 +22,11 @@ from nvfp4train.train.config import (
     check_overrides,
     load_preset,
 )
+from nvfp4train.data.config import DataConfig, PhaseSpec, SourceConfig, parse_data_config
+from nvfp4train.model.config import ModelConfig
+from nvfp4train.optim import OptimConfig, ScheduleConfig
+from nvfp4train.precision.recipe import PrecisionPolicy, SwitchConfig
+from nvfp4train.schema import ConfigError, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = [RunConfig, TrainConfig, WandbConfig, OptimConfig, ScheduleConfig, ModelConfig, PrecisionPolicy,
@@ -148,7 +148,7 @@ def test_non_editable_install_finds_its_configs(installed_wheel, tmp_path):
     """`pip install .` (no -e): the wheel carries configs/, and the CLIs run from anywhere."""
     target = installed_wheel
     env = {**os.environ, "PYTHONPATH": str(target)}
-    script = ("import sys, nvfp4train.summary as s, nvfp4train.train.config as c; print(c.CONFIG_DIR); "
+    script = ("import sys, nvfp4train.summary as s, nvfp4train.config as c; print(c.CONFIG_DIR); "
               "sys.exit(s.main(['model=hybrid_tiny']))")
     summary = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                              timeout=120)
@@ -161,7 +161,7 @@ def test_non_editable_install_finds_its_configs(installed_wheel, tmp_path):
     assert job.returncode == 0, job.stderr
     assert yaml.safe_load(job.stdout)["precision"]["rht"] == "none"
     # eval and export compose their configs from the same copy
-    script = ("from nvfp4train.eval.cli import compose; print(compose('eval', ['run_dir=r', 'max_items=3'])); "
+    script = ("from nvfp4train.config import compose; print(compose('eval', ['run_dir=r', 'max_items=3'])); "
               "print(compose('export', ['run_dir=r']))")
     composed = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=120)

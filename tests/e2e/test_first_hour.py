@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from nvfp4train.train.config import CONFIG_DIR, TrainConfig
+from nvfp4train.config import CONFIG_DIR, TrainConfig
 from tests.conftest import REPO, cli_env, read_metrics
 from tests.e2e.test_optional_imports import run_blocked
 

@@ -117,12 +117,12 @@ def test_readme_command_runs(cmd, scratch):
 
 def _check_rendered_job(rendered: str) -> None:
     """The rendered torchrun line's config composes and fits its world size (micro-batch, global batch)."""
-    from nvfp4train.train.config import RunConfig, compose, resolve_micro_batch
+    from nvfp4train.config import RunConfig, compose, resolve_micro_batch
 
     line = next(row for row in rendered.splitlines() if "-m nvfp4train.train" in row)
     words = shlex.split(line)
     nnodes = next((int(w.split("=")[1]) for w in words if w.startswith("--nnodes=")), 1)
     nproc = next(int(w.split("=")[1]) for w in words if w.startswith("--nproc_per_node="))
     overrides = words[words.index("nvfp4train.train") + 1:]
-    cfg = RunConfig.from_omegaconf(compose(overrides))
+    cfg = RunConfig.from_omegaconf(compose("train", overrides))
     resolve_micro_batch(cfg.train, nnodes * nproc)

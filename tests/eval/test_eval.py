@@ -102,7 +102,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tiny_run, tmp_path, capsys):
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"error: tasks: unknown task 'nope'; available: all, {', '.join(harness.load_task_definitions())}"]
     assert "step=99: no checkpoint" in one_line_error(capsys, f"run_dir={tiny_run}", "step=99")
-    assert "colour: unknown key" in one_line_error(capsys, f"run_dir={tiny_run}", "colour=red")
+    assert "unknown key 'colour'; allowed: run_dir, step" in one_line_error(capsys, f"run_dir={tiny_run}", "colour=red")
     assert "run_dir: required" in one_line_error(capsys)
     empty = tmp_path / "empty"
     shutil.copytree(tiny_run, empty, ignore=shutil.ignore_patterns("checkpoints", "eval.json"))

@@ -73,7 +73,7 @@ def test_export_refuses_to_overwrite_unless_asked(tiny_run, tmp_path, capsys):
 
 def test_export_bad_input_writes_nothing(tiny_run, tmp_path, capsys):
     assert main([f"run_dir={tiny_run}", f"out={tmp_path / 'x'}", "dtype=fp8"]) == 2
-    assert capsys.readouterr().err.strip() == "error: dtype='fp8': allowed: float32, bfloat16"
+    assert capsys.readouterr().err.strip() == "error: dtype='fp8': allowed float32, bfloat16"
     assert main([f"run_dir={tmp_path}", f"out={tmp_path / 'x'}"]) == 2
     assert "config.yaml not found" in capsys.readouterr().err
     assert main([f"run_dir={tiny_run}", f"out={tmp_path / 'x'}", "overwrite=maybe"]) == 2

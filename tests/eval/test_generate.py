@@ -53,9 +53,9 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy(tiny_run):
 def test_generate_help_and_bad_input(tiny_run, capsys):
     assert main(["--help"]) == 0
     assert "max_new_tokens" in capsys.readouterr().out
-    for args, message in [([f"run_dir={tiny_run}", "temperature=-1"], "error: temperature=-1: expected a number >= 0"),
-                          ([f"run_dir={tiny_run}", "top_kk=3"], "error: top_kk: unknown key; allowed: run_dir"),
-                          ([f"run_dir={tiny_run}", "max_new_tokens=0"], "error: max_new_tokens=0: expected a positive"),
+    for args, message in [([f"run_dir={tiny_run}", "temperature=-1"], "error: temperature=-1.0: must be >= 0"),
+                          ([f"run_dir={tiny_run}", "top_kk=3"], "error: unknown key 'top_kk'; allowed: run_dir"),
+                          ([f"run_dir={tiny_run}", "max_new_tokens=0"], "error: max_new_tokens=0: must be a positive"),
                           ([f"run_dir={tiny_run / 'nope'}"], "error: run_dir=")]:
         assert main(args) == 2
         err = capsys.readouterr().err.strip()

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def preset(name: str, **overrides) -> PrecisionPolicy:
-    from nvfp4train.train.config import load_preset
+    from nvfp4train.config import load_preset
 
     return PrecisionPolicy.from_dict({**load_preset("precision", name), **overrides})
 

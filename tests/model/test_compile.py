@@ -5,9 +5,9 @@ import pytest
 import torch
 import torch._dynamo
 
+from nvfp4train.config import load_preset
 from nvfp4train.model import HybridLM, ModelConfig
 from nvfp4train.precision import PrecisionPolicy, build_linear_factory
-from nvfp4train.train.config import load_preset
 
 
 def _model(precision: str, device="cpu", **overrides) -> HybridLM:

@@ -13,9 +13,9 @@ import pytest
 import torch
 import yaml
 
+from nvfp4train.config import ConfigError, RunConfig, compose
 from nvfp4train.model import blocks, ssd
 from nvfp4train.train import determinism
-from nvfp4train.train.config import ConfigError, RunConfig, compose
 from nvfp4train.train.loop import run
 from tests.conftest import read_metrics
 
@@ -25,7 +25,7 @@ TINY = ["train.max_steps=3", "train.progress=false", "train.eval_sequences=2", "
 
 
 def config(out, *overrides) -> RunConfig:
-    return RunConfig.from_omegaconf(compose([f"out_dir={out}", *TINY, *overrides]))
+    return RunConfig.from_omegaconf(compose("train", [f"out_dir={out}", *TINY, *overrides]))
 
 
 @pytest.fixture

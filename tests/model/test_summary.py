@@ -29,7 +29,7 @@ def test_summary_overrides_and_errors():
     assert cfg.d_model == 192 and cfg.rope is True and seq_len == 256
     base = summarize(load_model_config(["model=hybrid_tiny"])[0], 256)
     assert summarize(cfg, 256)["params"] > base["params"]
-    for bad, word in [(["model=nope"], "available presets"), (["model.nope=1"], "unknown key 'nope'"),
+    for bad, word in [(["model=nope"], "no such model config"), (["model.nope=1"], "unknown key 'nope'"),
                       (["model.pattern=M-Q"], "model.pattern"), (["lr=1"], "unknown key 'lr'")]:
         with pytest.raises(ValueError, match=word):
             load_model_config(bad)
@@ -38,8 +38,8 @@ def test_summary_overrides_and_errors():
 
 
 def test_summary_defaults_to_the_training_seq_len_and_has_help():
+    from nvfp4train.config import TrainConfig
     from nvfp4train.summary import load_model_config
-    from nvfp4train.train.config import TrainConfig
 
     assert load_model_config(["model=hybrid_tiny"])[1] == TrainConfig().seq_len == 128
     assert load_model_config(["train.seq_len=8192"])[1] == 8192

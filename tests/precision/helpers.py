@@ -34,7 +34,7 @@ ABLATION_CHANGES = [
 
 
 def load_preset(name: str, **overrides) -> PrecisionPolicy:
-    from nvfp4train.train.config import load_preset as load_config_preset
+    from nvfp4train.config import load_preset as load_config_preset
 
     return PrecisionPolicy.from_dict({**load_config_preset("precision", name), **overrides})
 

@@ -60,12 +60,12 @@ def test_auto_picks_te_where_it_runs_and_falls_back_saying_why(monkeypatch, capl
 
 
 def test_trainer_stops_with_one_line_for_te_nvfp4_below_blackwell(monkeypatch, tmp_path, capsys):
+    from nvfp4train.config import compose
     from nvfp4train.train.__main__ import _main
-    from nvfp4train.train.config import compose
 
     fake_machine(monkeypatch, (9, 0))
     out = tmp_path / "run"
-    cfg = compose(
+    cfg = compose("train",
         [
             "precision=nvfp4",
             "precision.backend=te",

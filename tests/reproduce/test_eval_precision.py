@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import yaml
 
+from nvfp4train.config import CONFIG_DIR
 from nvfp4train.model import HybridLM, ModelConfig
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
-from nvfp4train.train.config import CONFIG_DIR
 from nvfp4train.train.loop import evaluate
 
 

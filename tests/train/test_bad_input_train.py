@@ -14,9 +14,9 @@ import sys
 import pytest
 import torch
 
+from nvfp4train.config import ConfigError, RunConfig, compose
 from nvfp4train.train import checkpoint
 from nvfp4train.train.checkpoint import CheckpointError
-from nvfp4train.train.config import ConfigError, RunConfig, compose
 from nvfp4train.train.loop import run
 from tests.conftest import REPO, cli_env, run_train
 from tests.train.test_checkpoint import load, make, rank_state, save
@@ -26,7 +26,7 @@ SMALL = ["train.max_steps=2", "train.progress=false", "train.eval_sequences=2", 
 
 
 def config(out, *overrides) -> RunConfig:
-    return RunConfig.from_omegaconf(compose([f"out_dir={out}", *SMALL, *overrides]))
+    return RunConfig.from_omegaconf(compose("train", [f"out_dir={out}", *SMALL, *overrides]))
 
 
 def one_error_line(proc) -> str:

@@ -9,12 +9,12 @@ import torch
 import torch.distributed
 
 from nvfp4train import dist
+from nvfp4train.config import TrainConfig
 from nvfp4train.model import HybridLM, ModelConfig
 from nvfp4train.model.hybrid import param_groups
 from nvfp4train.optim import OptimConfig
 from nvfp4train.precision import PrecisionController, build_linear_factory
 from nvfp4train.precision.ops import LayerState
-from nvfp4train.train.config import TrainConfig
 from nvfp4train.train.engines import TorchEngine
 from tests.conftest import REPO, cli_env, read_metrics, run_train
 from tests.precision.helpers import load_preset

@@ -75,8 +75,8 @@ def test_model_numbers_are_the_presets():
     """MODELS' parameter counts are those of configs/model/*.yaml (built on the meta device)."""
     import torch
 
+    from nvfp4train.config import load_preset
     from nvfp4train.model import HybridLM, ModelConfig, flops_per_token
-    from nvfp4train.train.config import load_preset
     for name, m in sm.MODELS.items():
         cfg = ModelConfig.from_dict(load_preset("model", name))
         with torch.device("meta"):

@@ -85,9 +85,9 @@ def test_quantized_weights_follow_every_optimizer_step_without_the_controller():
     """torch's fused AdamW does not bump the weights' version counters, so the layers' quantized-weight
     caches cannot see its update: the engine drops them after every step. A caller that never calls
     PrecisionController.on_step (the benchmark, a library user) trains exactly as the trainer does."""
+    from nvfp4train.config import load_preset
     from nvfp4train.model import HybridLM, ModelConfig, param_groups
     from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
-    from nvfp4train.train.config import load_preset
 
     cfg = ModelConfig.from_dict(load_preset("model", "hybrid_tiny"))
     tokens = torch.randint(0, cfg.vocab_size, (4, 2, 33), generator=torch.Generator().manual_seed(0))

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from nvfp4train.train.config import ConfigError, TrainConfig, resolve_micro_batch
+from nvfp4train.config import ConfigError, TrainConfig, resolve_micro_batch
 from tests.conftest import REPO, cli_env, read_metrics, run_train, train_cmd
 
 TINY = ["train.log_every=1", "train.progress=false", "train.eval_sequences=2", "train.seq_len=32",

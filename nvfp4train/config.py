@@ -1,11 +1,17 @@
-"""The run's configuration: Hydra composes it, our dataclasses check it.
+"""The one config mechanism: every command's options are a dataclass, Hydra composes them, `schema` checks them.
 
-`configs/train.yaml` lists what a run is made of: the defaults of every section (the dataclasses below and
-in the rooms, registered with Hydra's ConfigStore as `nvfp4train_defaults`), then one option of each
-config group (`configs/model/`, `configs/precision/`, `configs/data/`), then the command-line overrides.
-`check_overrides` checks the overrides' keys and group options against the same dataclasses before Hydra
-sees them, and `RunConfig.from_omegaconf` checks the values; either raises `ConfigError` with one line
-that names the key and what is allowed.
+`compose(name, overrides)` composes `configs/<name>.yaml` for the commands that take Hydra-style
+`key=value` arguments (train, eval, export, generate, summary), `load(name, overrides)` also checks the
+result against that command's dataclass (`COMMANDS`), and `usage(name, doc)` is their `--help`. A bad key,
+a missing one or a bad value is one `ConfigError` line that names the key and what is allowed; the
+overrides are checked against the dataclasses before Hydra sees them, so Hydra's own wording never shows.
+
+A training run (`RunConfig`) is made of sections: `model` (ModelConfig), `precision` (PrecisionPolicy), `data`
+(DataConfig), `optim` (OptimConfig) and `train` (TrainConfig, here). `configs/train.yaml` starts from every
+section's dataclass defaults (registered with Hydra's ConfigStore as `nvfp4train_defaults`), then one option
+of each config group (`configs/model/`, `configs/precision/`, `configs/data/`), then the overrides.
+The checking itself (types, StrEnum choices, `bounded` ranges) is `nvfp4train.schema`, which the rooms'
+dataclasses use too; this module sits above them (it imports model, precision, data, optim).
 
 `configs/` sits at the repository root; a wheel ships a copy inside the package (`setup.py`).
 """
@@ -13,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
+import textwrap
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -24,12 +32,14 @@ from nvfp4train.optim import OptimConfig
 from nvfp4train.precision.recipe import PrecisionPolicy
 from nvfp4train.schema import ConfigError, bounded, check, child_type, defaults, fields_of, parse, to_plain, unknown_key
 
-__all__ = ["CONFIG_DIR", "ConfigError", "RunConfig", "TrainConfig", "WandbConfig", "check_overrides",
-           "compose", "load_preset", "register_defaults"]
+__all__ = ["COMMANDS", "CONFIG_DIR", "ConfigError", "EvalConfig", "ExportConfig", "GenerateConfig", "RunConfig",
+           "SummaryConfig", "TrainConfig", "WandbConfig", "check_overrides", "compose", "from_node",
+           "group_options", "help_requested", "load", "load_preset", "register_defaults", "resolve_micro_batch",
+           "usage"]
 
 
 def _config_dir() -> Path:
-    package = Path(__file__).resolve().parents[1]
+    package = Path(__file__).resolve().parent
     shipped = package / "configs"  # a wheel's copy (setup.py); a source checkout has none
     return shipped if shipped.is_dir() else package.parent / "configs"
 
@@ -203,41 +213,136 @@ class RunConfig:
 
     def __post_init__(self):
         check(self, "")
-        ModelConfig.from_dict(self.model)
-        PrecisionPolicy.from_dict(self.precision)
-        parse_data_config(self.data)
+        # parsed once, here; the plain data above stays what config.yaml and checkpoints record
+        object.__setattr__(self, "_parsed", (ModelConfig.from_dict(self.model),
+                                             PrecisionPolicy.from_dict(self.precision)))
+        parse_data_config(self.data)  # the data room parses it again where it reads the files
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The model section as the checked ModelConfig."""
+        return self._parsed[0]
+
+    @property
+    def policy(self) -> PrecisionPolicy:
+        """The precision section as the checked PrecisionPolicy."""
+        return self._parsed[1]
 
     @classmethod
     def from_omegaconf(cls, cfg) -> RunConfig:
-        from omegaconf import OmegaConf
-
-        raw = OmegaConf.to_container(cfg, resolve=True)
-        raw.pop("hydra", None)
-        return parse(cls, raw, "")
+        return from_node("train", cfg)
 
     def to_dict(self) -> dict:
         return {**to_plain(self), "out_dir": str(self.out_dir)}
 
 
+# ------------------------------------------------------------------------------- the other commands' options
+# Their keys, defaults and meanings are in configs/<name>.yaml (shown by --help); the dataclasses hold the
+# same defaults (tests/test_config.py compares them) and the types, choices and ranges.
+
+ExportDtype = StrEnum("ExportDtype", "float32 bfloat16")
+GenerateDtype = StrEnum("GenerateDtype", "auto float32 bfloat16")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """`python -m nvfp4train.eval`: configs/eval.yaml."""
+    run_dir: Path
+    step: int | None = bounded(None, ge=0)
+    tasks: Any = "all"  # all, comma-separated names or a list: eval.harness.select_tasks names a wrong one
+    heldout_sequences: int = bounded(64, ge=1)
+    max_items: int = bounded(0, ge=0)
+    batch_size: int = bounded(16, ge=1)
+    device: Device = Device.auto
+
+    def __post_init__(self):
+        check(self, "")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """`python -m nvfp4train.export`: configs/export.yaml."""
+    run_dir: Path
+    step: int | None = bounded(None, ge=0)
+    out: Path | None = None
+    dtype: ExportDtype = ExportDtype.float32
+    overwrite: bool = False
+
+    def __post_init__(self):
+        check(self, "")
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """`python -m nvfp4train.generate`: configs/generate.yaml."""
+    run_dir: Path
+    step: int | None = bounded(None, ge=0)
+    prompt: str = ""
+    max_new_tokens: int = bounded(100, ge=1)
+    temperature: float = bounded(0.8, ge=0)
+    top_k: int = bounded(50, ge=0)
+    num_samples: int = bounded(1, ge=1)
+    seed: int = bounded(0, ge=0)
+    device: Device = Device.auto
+    dtype: GenerateDtype = GenerateDtype.auto
+    json: bool = False
+
+    def __post_init__(self):
+        check(self, "")
+
+
+@dataclass(frozen=True)
+class SummarySeqLen:
+    seq_len: int = bounded(TrainConfig.__dataclass_fields__["seq_len"].default, ge=1)
+
+    def __post_init__(self):
+        check(self, "train")
+
+
+@dataclass(frozen=True)
+class SummaryConfig:
+    """`python -m nvfp4train.summary`: configs/summary.yaml (a model config and the sequence length)."""
+    model: ModelConfig
+    train: SummarySeqLen = field(default_factory=SummarySeqLen)
+
+    def __post_init__(self):
+        check(self, "")
+
+
+# Each command's configs/<name>.yaml and the dataclass that checks it; the config groups it takes.
+COMMANDS = {"train": RunConfig, "eval": EvalConfig, "export": ExportConfig, "generate": GenerateConfig,
+            "summary": SummaryConfig}
+GROUPS = {"train": ("model", "precision", "data"), "summary": ("model",)}
+
+
 # ---------------------------------------------------------------------------------------------- composition
 
 def register_defaults() -> None:
-    """The `nvfp4train_defaults` node that configs/train.yaml starts from: every dataclass default."""
+    """The ConfigStore nodes the YAML files start from: `nvfp4train_defaults` (configs/train.yaml: every
+    dataclass default of a run) and `nvfp4train_summary_defaults` (configs/summary.yaml: the model's, seq_len)."""
     from hydra.core.config_store import ConfigStore
 
     node = {name: defaults(schema) for name, schema in SECTIONS.items()}
     node.update({k: v for k, v in defaults(RunConfig).items() if k not in SECTIONS})
     node["out_dir"] = str(node["out_dir"])
     ConfigStore.instance().store(name="nvfp4train_defaults", node=node)
+    summary = {"model": node["model"], "train": defaults(SummarySeqLen)}
+    ConfigStore.instance().store(name="nvfp4train_summary_defaults", node=summary)
 
 
 def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 
-def _check_key(key: str) -> None:
-    """`key` (dotted) must name a field of the run's schema: the same message as for a key in a file."""
-    node, path = RunConfig, ""
+def _schema(name: str):
+    if name not in COMMANDS:
+        raise ValueError(f"no config {name!r}; known: {', '.join(COMMANDS)}")  # a caller's bug, not input
+    return COMMANDS[name]
+
+
+def _check_key(schema, key: str) -> None:
+    """`key` (dotted) must name a field of `schema`: the same message as for a key in a file."""
+    node, path = schema, ""
     for part in key.split("."):
         if node is RunConfig:  # at the root the sections are checked against their own dataclasses
             allowed, inner = list(fields_of(RunConfig)), SECTIONS.get(part) or child_type(RunConfig, part)
@@ -249,15 +354,19 @@ def _check_key(key: str) -> None:
             raise unknown_key(path, part, allowed)
         path = f"{path}.{part}" if path else part
         if inner is Any:
-            return  # a free-form value (a list, a source spec): RunConfig checks it
+            return  # a free-form value (a list, a source spec): the dataclass checks it
         node = inner
 
 
-def check_overrides(overrides: list[str]) -> None:
-    """Check command-line overrides (`group=option`, `a.b=value`, sweeps `a=1,2`) against the schema."""
+def check_overrides(overrides: list[str], name: str = "train") -> None:
+    """Check command-line overrides (`group=option`, `a.b=value`, sweeps `a=1,2`) against COMMANDS[name]."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
+    schema = _schema(name)
+    for arg in overrides:  # `~key` deletes a key, the one override without `=`
+        if arg.startswith("-") or ("=" not in arg and not arg.startswith("~")):
+            raise ConfigError(f"argument {arg!r}: expected key=value (see configs/{name}.yaml or --help)")
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException as e:
@@ -266,32 +375,92 @@ def check_overrides(overrides: list[str]) -> None:
         key = o.key_or_group
         if o.is_delete() or key.split(".")[0] == "hydra":
             continue
-        if (CONFIG_DIR / key).is_dir():  # a config group: model, precision, data
+        if key in GROUPS.get(name, ()):  # a config group: model, precision, data
             options = group_options(key)
             values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
             for value in values:
                 if value not in options:
                     raise ConfigError(f"{key}={value}: no such {key} config; allowed: {', '.join(options)}")
         else:
-            _check_key(key)
+            _check_key(schema, key)
 
 
-def compose(overrides: list[str] = ()):
-    """The config (an OmegaConf node) that `python -m nvfp4train.train OVERRIDES` runs with."""
+def _explain(message: str) -> str:
+    """Hydra's "Could not override 'data.sources.NAME...'" for a source the data config lacks: say how to
+    train on one's own files instead of suggesting `+key`, which would add it to the bundled blend."""
+    m = re.match(r"Could not override '(data\.sources\.([^.']+)[^']*)'", message)
+    if m:
+        return (f"{m.group(1)}: the data config has no source {m.group(2)!r}; to train on your own files: "
+                "data=own data.sources.own.train=[a.jsonl,b.txt] data.sources.own.val=held.jsonl (docs/data.md)")
+    return message
+
+
+def compose(name: str, overrides: list[str] = ()):
+    """`configs/<name>.yaml` with the overrides (an OmegaConf node, `???` still open), as
+    `python -m nvfp4train.<name> OVERRIDES` gets it; no Hydra output directory or log. The keys are checked;
+    `load` (or `from_node`) checks the values."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
-    check_overrides(overrides)
+    check_overrides(overrides, name)
+    if name != "train":  # only training sweeps (`-m`): elsewhere `tasks=a,b` is the text "a,b", as documented
+        overrides = [_comma_list_as_text(arg) for arg in overrides]
     register_defaults()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return hydra_compose("train", overrides=list(overrides))
+        try:
+            return hydra_compose(name, overrides=list(overrides))
+        except (HydraException, OmegaConfBaseException) as e:
+            raise ConfigError(_explain(" ".join(str(e).split()))) from None
+
+
+def _comma_list_as_text(arg: str) -> str:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+
+    key, _, value = arg.partition("=")
+    if "'" in value or OverridesParser.create().parse_override(arg).value_type != ValueType.SIMPLE_CHOICE_SWEEP:
+        return arg
+    return f"{key}='{value}'"
+
+
+def check_complete(cfg) -> None:
+    """A `???` left in a composed config (a run_dir, configs/data/own.yaml's files): one line naming it."""
+    from omegaconf import OmegaConf
+
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        key = missing[0]
+        example = (" (e.g. run_dir=runs/default)" if key == "run_dir" else
+                   f" (e.g. {key}=data/mine.jsonl; see docs/data.md)" if key.startswith("data.") else "")
+        raise ConfigError(f"{key}: required, no default{example}")
+
+
+def from_node(name: str, cfg):
+    """A composed config (an OmegaConf node) as the checked dataclass COMMANDS[name]."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    check_complete(cfg)
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:  # an interpolation that does not resolve: ${oc.env:UNSET}
+        raise ConfigError(" ".join(str(e).split())) from None
+    raw.pop("hydra", None)
+    return parse(_schema(name), raw, "")
+
+
+def load(name: str, overrides: list[str] = ()):
+    """`configs/<name>.yaml` with the overrides, checked: an instance of COMMANDS[name]."""
+    return from_node(name, compose(name, overrides))
 
 
 @functools.cache
 def _preset(group: str, name: str) -> dict:
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(compose([f"{group}={name}"])[group], resolve=True)
+    return OmegaConf.to_container(compose("train", [f"{group}={name}"])[group], resolve=True)
 
 
 def load_preset(group: str, name: str) -> dict:
@@ -300,3 +469,51 @@ def load_preset(group: str, name: str) -> dict:
     import copy
 
     return copy.deepcopy(_preset(group, name))
+
+
+# ------------------------------------------------------------------------------------------------------ --help
+
+def help_requested(argv: list[str]) -> bool:
+    return any(arg in ("-h", "--help") for arg in argv)
+
+
+def usage(name: str, doc: str) -> str:
+    """`--help` of `python -m nvfp4train.<name>` (not train's, which has its own): the usage line and what the
+    command does (configs/<name>.yaml's first line), the module docstring after its first paragraph, then the
+    options: the config groups and keys of configs/<name>.yaml with their defaults and comments, and the
+    choices of every key that takes a fixed set of values (from the dataclass)."""
+    schema = _schema(name)
+    lines = (CONFIG_DIR / f"{name}.yaml").read_text().splitlines()
+    command = re.match(r"#\s*`([^`]+)`:?\s*(.*)", lines[0])
+    out = [f"usage: {command.group(1) if command else f'python -m nvfp4train.{name} key=value ...'}", ""]
+    if command and command.group(2):
+        out += [command.group(2)[0].upper() + command.group(2)[1:], ""]
+    # the docstring's first paragraph is its own usage line, which the YAML's repeats
+    out += doc.strip().split("\n\n", 1)[1].strip("\n").splitlines() if "\n\n" in doc.strip() else []
+    out += ["", f"options (key=value; configs/{name}.yaml):"]
+    hints = {f.name: f.type for f in dataclasses.fields(schema)}
+    for line in lines[1:]:
+        group = re.match(r"\s+-\s+([A-Za-z_]\w*):\s*(\S+)\s*(?:#\s*(.*))?$", line)
+        key = re.match(r"([A-Za-z_]\w*):\s*(.*?)\s*(?:#\s*(.*))?$", line)
+        if group and group.group(1) in GROUPS.get(name, ()):
+            g, default, comment = group.groups()
+            options = ", ".join(o for o in group_options(g) if not o.startswith("_"))
+            text = f"{comment + '; ' if comment else ''}one of: {options}"
+            out += textwrap.wrap(text, 110, initial_indent=f"  {g + '=' + default:<26} ", subsequent_indent=" " * 29)
+            out.append(f"  {g + '.KEY=VALUE':<26} one field of the {g} config")
+        elif key and key.group(1) in hints:
+            k, value, comment = key.groups()
+            value = "(required)" if value == "???" else value
+            choices = _choices(schema, k)
+            if choices and not (comment and all(c in comment for c in choices)):
+                comment = f"{comment + '; ' if comment else ''}{' | '.join(choices)}"
+            out.append(f"  {k + '=' + value:<26} {comment or ''}".rstrip())
+    for f in dataclasses.fields(schema):  # a section of its own keys that the YAML does not spell out
+        if f.name not in GROUPS.get(name, ()) and dataclasses.is_dataclass(section := child_type(schema, f.name)):
+            out += [f"  {f.name}.{k}={v}" for k, v in defaults(section).items()]
+    return "\n".join(out)
+
+
+def _choices(schema, key: str) -> list[str]:
+    tp = child_type(schema, key)
+    return [m.value for m in tp] if isinstance(tp, type) and issubclass(tp, StrEnum) else []
