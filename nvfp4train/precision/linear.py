@@ -25,20 +25,18 @@ outside the layer): one quantization per optimizer step, not one per micro-batch
 from __future__ import annotations
 
 import logging
-import math
 from collections import defaultdict
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from nvfp4train.formats import rounding
-from nvfp4train.model.blocks import LINEAR_NAMES
 
 from . import ops
 from .backends import Backend, get_backend
-from .recipe import ROLES, LayerRecipe, PrecisionPolicy
+from .layer import PrecisionLinear
+from .recipe import LINEAR_NAMES, ROLES, LayerRecipe
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +134,7 @@ class WeightCache:
         self._stamp = None
 
 
-class QuantLinear(nn.Module):
+class QuantLinear(PrecisionLinear):
     """y = x @ weight.T with the GEMM numerics `policy` gives block `block_index`.
 
     `.weight` is an FP32 [out, in] parameter (the master copy the optimizer owns); every GEMM
@@ -149,22 +147,13 @@ class QuantLinear(nn.Module):
         in_features: int,
         out_features: int,
         *,
-        policy: PrecisionPolicy,
-        block_index: int,
-        n_blocks: int,
-        name: str,
         seed: int = 0,
         backend: Backend | str = "emulated",
         rht_signs=None,
-        device=None,
-        dtype=torch.float32,
+        **common,
     ):
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's default; models re-init
-        self.block_index, self.n_blocks, self.name = block_index, n_blocks, name
-        self.label = f"block{block_index}.{name}"
+        super().__init__(in_features, out_features, **common)
+        policy, block_index, name = common["policy"], self.block_index, self.name
         self.format = policy.format
         self.backend = get_backend(backend)
         # Each (block, name) draws its own SR streams: 8 stream ids per name, 8 names per block (a name
@@ -176,9 +165,8 @@ class QuantLinear(nn.Module):
         self.layer_id = self._state.id  # what the custom ops get
         self._stats: dict[str, list[float]] = defaultdict(list)
         self.recipes = {
-            switched: policy.layer_recipe(block_index, n_blocks, switched=switched) for switched in (False, True)
+            switched: policy.layer_recipe(block_index, self.n_blocks, switched=switched) for switched in (False, True)
         }
-        self.switched = False
         self.recipe = self.recipes[False]
 
     @property

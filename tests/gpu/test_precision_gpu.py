@@ -207,7 +207,7 @@ def check_te(rows):
         if why:
             rows.append((f"te vs emulated {name}", f"skipped: {why}", float("nan"), 0.0, True))
             continue
-        from nvfp4train.precision.te_backend import TELinear
+        from nvfp4train.precision.backends import TELinear
 
         x, grad = data(DEVICE)
         emulated_layer = layer_on(policy, DEVICE)

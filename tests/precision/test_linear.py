@@ -250,7 +250,7 @@ def test_blockwise_k_padding_for_scaled_mm_keeps_the_product(k):
     """scaled_mm's 1x128 x 128x128 GEMM gets K zero-padded to a multiple of 4 blocks (cuBLASLt reads
     the tile scales in groups of 4; on torch 2.11 other K gave wrong products): padded codes are 0,
     padded scales 1, so both operands dequantize to themselves followed by zero columns."""
-    from nvfp4train.precision.backends import TILE_K_MULTIPLE, _dequantized, _probe_operand, pad_fp8_k
+    from nvfp4train.precision.backends.scaled_mm import TILE_K_MULTIPLE, _dequantized, _probe_operand, pad_fp8_k
     from nvfp4train.precision.operands import Quantized
 
     gen = torch.Generator().manual_seed(0)

@@ -166,7 +166,7 @@ def _te_dense(name: str, source: torch.Tensor, role: str) -> torch.Tensor:
 def test_te_recipe_per_policy(name, recipe_type, fmt):
     from transformer_engine.common import recipe
 
-    from nvfp4train.precision.te_backend import TELinear
+    from nvfp4train.precision.backends import TELinear
 
     layer = _te_layer(_quantized_everywhere(name, backend="te"), _data()[2])
     assert isinstance(layer, TELinear) and layer.backend_name == "te"
