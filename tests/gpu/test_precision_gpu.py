@@ -37,12 +37,7 @@ DEVICE = "cuda"  # the device compared against the CPU
 
 def all_quantized(name: str, **overrides) -> PrecisionPolicy:
     """The preset with no BF16 blocks, so a one-block test layer is quantized."""
-    counts = (
-        {"bf16_first_blocks": 0, "bf16_last_blocks": 0}
-        if name.startswith("fp8")
-        else {"bf16_first_fraction": 0.0, "bf16_last_fraction": 0.0}
-    )
-    return preset(name, **counts, **overrides)
+    return preset(name, bf16_first=0, bf16_last=0, **overrides)
 
 
 def layer_on(policy, device, backend="emulated", in_f=256, out_f=192, seed=0):

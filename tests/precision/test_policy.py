@@ -27,8 +27,9 @@ def test_every_preset_loads_and_validates(name):
         ({"backend": "cuda"}, "precision.backend", "scaled_mm"),
         ({"switch": {"at_fraction": 0.8, "mode": "fwd"}}, "switch.mode", "forward_only"),
         ({"switch": {"at_fraction": 1.5}}, "switch.at_fraction", "[0, 1]"),
-        ({"bf16_last_blocks": -1}, "bf16_last_blocks", ">= 0"),
-        ({"bf16_last_fraction": 1.0}, "bf16_last_fraction", "[0, 1)"),
+        ({"bf16_last": -1}, "bf16_last", ">= 0"),
+        ({"bf16_last": 1.5}, "bf16_last", "a fraction is in (0, 1)"),
+        ({"bf16_first": "two"}, "bf16_first", "float"),
         ({"format": "nvfp4", "rht": "wgrad", "rht_dim": 12}, "rht_dim", "power of two"),
         ({"format": "fp8_blockwise", "sr": "grads"}, "precision.sr", "'none'"),
         ({"format": "fp8_tensorwise", "rht": "wgrad"}, "precision.rht", "'none'"),
@@ -42,11 +43,12 @@ def test_bad_values_name_the_key_and_the_allowed_values(cfg, key, allowed):
     assert key in str(err.value) and allowed in str(err.value)
 
 
-def test_unknown_keys_and_conflicting_counts_are_rejected():
+def test_unknown_keys_are_rejected():
     with pytest.raises(ValueError, match="unknown key.*'sr_mode'"):
         PrecisionPolicy.from_dict({"format": "nvfp4", "sr_mode": "grads"})
-    with pytest.raises(ValueError, match="bf16_last_blocks or bf16_last_fraction"):
-        PrecisionPolicy.from_dict({"bf16_last_blocks": 2, "bf16_last_fraction": 0.1})
+    # the four keys one knob per side replaced: refused as unknown, naming the ones that exist
+    with pytest.raises(ValueError, match="unknown key.*'bf16_last_fraction'.*bf16_last"):
+        PrecisionPolicy.from_dict({"bf16_last_fraction": 0.1})
     with pytest.raises(ValueError, match="switch: unknown"):
         PrecisionPolicy.from_dict({"switch": {"at": 0.5}})
 
@@ -61,6 +63,19 @@ def test_nvfp4_preset_keeps_the_papers_12b_blocks_and_about_15_percent_elsewhere
     assert bf16 == [0, 1] + list(range(54, 62))
     assert load_preset("nvfp4_all_layers").bf16_block_counts(62) == (0, 0)
     assert load_preset("fp8_blockwise").bf16_block_counts(62) == (1, 2)  # first block + last 2
+
+
+@pytest.mark.parametrize(
+    "value, blocks, saved",
+    [(0, 0, 0), (0.0, 0, 0), (2, 2, 2), (2.0, 2, 2), (1, 1, 1), (0.13, 8, 0.13), (0.5, 31, 0.5), (99, 62, 99)],
+)
+def test_one_knob_per_side_takes_a_count_or_a_fraction(value, blocks, saved):
+    """A whole number counts blocks (kept an int in the saved config), a number in (0, 1) is a fraction of
+    the blocks, rounded half up; a count past the model's size keeps every block in BF16."""
+    policy = PrecisionPolicy.from_dict({"format": "nvfp4", "bf16_first": value, "bf16_last": value})
+    assert policy.bf16_block_counts(62) == (blocks, blocks)
+    assert policy.to_dict()["bf16_last"] == saved and type(policy.to_dict()["bf16_last"]) is type(saved)
+    assert PrecisionPolicy.from_dict(policy.to_dict()) == policy
 
 
 def test_paper_recipe_per_operand():

@@ -94,7 +94,7 @@ ROLE_SOURCES = {"fprop_x": "x", "wgrad_x": "x", "fprop_w": "w", "dgrad_w": "w", 
 
 
 def _quantized_everywhere(name: str, **overrides):
-    return load_preset(name, bf16_first_blocks=0, bf16_last_blocks=0, **overrides)
+    return load_preset(name, bf16_first=0, bf16_last=0, **overrides)
 
 
 def _data():
