@@ -16,10 +16,13 @@ X, already transformed and quantized along tokens (packed 4-bit codes + scales f
 the packed 2-D weight when Dgrad reuses it. The BF16 copy of X is saved only when the Wgrad X
 operand is BF16. `saved_activation_bytes` measures this.
 
-The three GEMMs run as custom ops (`ops.py`), which reach the layer's `ops.LayerState` (SR streams, RHT
-signs, telemetry, weight cache) by an int id. Quantized weight operands are cached per layer between the
-controller's invalidations (`WeightCache`; `controller.drop_weight_caches` is the one caller of `clear` from
-outside the layer): one quantization per optimizer step, not one per micro-batch and per GEMM.
+The layer's random constants are buffers (`sr_seeds`: one stream seed per operand role; `rht_signs`: the
+Hadamard sign vector), so they travel in its state_dict and checkpoints; where each SR stream stands (per rank)
+is checkpointed by the controller. The three GEMMs run as custom ops (`ops.py`), which reach the layer's
+`ops.LayerState` (host copies of those constants, the SR generators, telemetry, weight cache) by an int id.
+Quantized weight operands are cached per layer between the controller's invalidations (`WeightCache`;
+`controller.drop_weight_caches` is the one caller of `clear` from outside the layer): one quantization per
+optimizer step, not one per micro-batch and per GEMM.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from nvfp4train.formats import rounding
+from nvfp4train.formats import hadamard, rounding
 
 from . import ops
 from .backends import Backend, get_backend
@@ -40,22 +43,34 @@ from .recipe import LINEAR_NAMES, ROLES, LayerRecipe
 
 log = logging.getLogger(__name__)
 
+# QuantLinear's buffers that its config (seed, block, name, precision) determines: a state dict without them
+# (or with another RHT size) loads, the layer keeping its own (see QuantLinear._load_from_state_dict).
+CONFIG_DERIVED_BUFFERS = ("sr_seeds", "rht_signs")
+
 
 class SRStreams:
     """A layer's stochastic-rounding generators, one per operand role, so toggling SR on one
-    operand never shifts the random draws of another. Each is seeded from (seed, stream_base +
-    role index), created on first use on the data's device, and checkpointable."""
+    operand never shifts the random draws of another. Each is seeded from its role's entry of `seeds`
+    (the layer's `sr_seeds` buffer, read once to the host), created on first use on the data's device;
+    their states (the position in each stream, per rank) are checkpointed by the controller."""
 
-    def __init__(self, seed: int, stream_base: int, label: str):
-        self.seed, self.stream_base, self.label = seed, stream_base, label
+    def __init__(self, seeds: list[int], label: str):
+        self.seeds, self.label = list(seeds), label
         self._generators: dict[str, torch.Generator] = {}
         self._pending_states: dict[str, torch.Tensor] = {}
+
+    def reseed(self, seeds: list[int]) -> None:
+        """New stream seeds (a loaded state dict's): generators made from the old ones are dropped; saved
+        positions waiting to be applied (`load_state`) stay."""
+        if list(seeds) != self.seeds:
+            self.seeds, self._generators = list(seeds), {}
 
     def generator(self, role: str, device: torch.device) -> torch.Generator:
         """The SR generator of operand `role` on `device`."""
         gen = self._generators.get(role)
         if gen is None or gen.device.type != device.type:
-            gen = rounding.sr_generator(self.seed, self.stream_base + ROLES.index(role), device=device)
+            gen = torch.Generator(device=device)
+            gen.manual_seed(self.seeds[ROLES.index(role)])
             pending = self._pending_states.pop(role, None)
             if pending is not None:
                 try:
@@ -156,12 +171,24 @@ class QuantLinear(PrecisionLinear):
         policy, block_index, name = common["policy"], self.block_index, self.name
         self.format = policy.format
         self.backend = get_backend(backend)
-        # Each (block, name) draws its own SR streams: 8 stream ids per name, 8 names per block (a name
-        # outside LINEAR_NAMES, e.g. a test's, takes slot 7).
+        # The layer's random constants are buffers: they move with it and travel in its state_dict, so a
+        # checkpoint records the streams and signs the run used. Each (block, name) draws its own SR streams,
+        # one per operand role: 8 stream ids per name, 8 names per block (a name outside LINEAR_NAMES, e.g.
+        # a test's, takes slot 7). The RHT signs are those of the policy's RHT size (`rht_signs`: None gives
+        # hadamard's default vector, an int seeds a random one).
         name_id = LINEAR_NAMES.index(name) if name in LINEAR_NAMES else 7
-        self.sr = SRStreams(seed, (block_index * 8 + name_id) * 8, self.label)
+        stream_base = (block_index * 8 + name_id) * 8
+        seeds = [rounding.stream_seed(seed, stream_base + i) for i in range(len(ROLES))]
+        device = common.get("device")
+        self.register_buffer("sr_seeds", torch.tensor(seeds, dtype=torch.int64, device=device))
+        with torch.device("cpu"):  # host values, whatever default device the model is built under (meta: counted)
+            signs = tuple(hadamard.resolve_signs(policy.resolved_rht_dim, rht_signs).tolist())
+        self.register_buffer("rht_signs", torch.tensor(signs, dtype=torch.float32, device=device))
+        # The ops read host copies (no device read per GEMM, none inside a CUDA graph capture), refreshed
+        # when a state dict is loaded (`_load_from_state_dict`).
+        self.sr = SRStreams(seeds, self.label)
         self.weight_cache = WeightCache()
-        self._state = ops.LayerState(self.sr, rht_signs, self.weight_cache)
+        self._state = ops.LayerState(self.sr, signs, self.weight_cache)
         self.layer_id = self._state.id  # what the custom ops get
         self._stats: dict[str, list[float]] = defaultdict(list)
         self.recipes = {
@@ -172,6 +199,21 @@ class QuantLinear(PrecisionLinear):
     @property
     def backend_name(self) -> str:
         return self.backend.name
+
+    # ------------------------------------------------------------------ state dict
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+        """As nn.Module's, except for the buffers in CONFIG_DERIVED_BUFFERS: one the state dict lacks (written
+        before they were stored) or holds in another shape (another RHT size: the precision changed) keeps
+        the value this layer was built with, which the run's seed and precision config alone determine (the
+        same values the writing run used, where its config is this one). Then the ops' host copies follow."""
+        ours = {prefix + name: getattr(self, name) for name in CONFIG_DERIVED_BUFFERS}
+        mismatched = [k for k, v in ours.items() if k in state_dict and state_dict[k].shape != v.shape]
+        if mismatched:
+            state_dict = {k: v for k, v in state_dict.items() if k not in mismatched}
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
+        missing[:] = [k for k in missing if k not in ours]
+        self.sr.reseed(self.sr_seeds.tolist())
+        self._state.rht_signs = tuple(self.rht_signs.float().tolist())
 
     @property
     def recipe(self) -> LayerRecipe:
