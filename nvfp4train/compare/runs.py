@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nvfp4train.eval.weights import RunError, read_run_config
+from nvfp4train.precision.recipe import recorded_run_config
 
 WANDB_PREFIX = "wandb:"
 # train.cuda_graph replays the eager step's numerics: runs that differ only there are seeds of one arm
@@ -33,6 +34,7 @@ class Run:
     skipped: list[str] = field(default_factory=list)  # damaged metrics lines left out, "<file>:<line>"
 
     def __post_init__(self):
+        self.config = recorded_run_config(self.config)  # a record written before a key was renamed: today's key
         self.flat = flatten(self.config)
 
 

@@ -158,6 +158,32 @@ class SwitchConfig:
         check(self, "precision.switch")
 
 
+# A run's saved config (config.yaml, a checkpoint's meta.json, a W&B run) records the precision section as it
+# was then. Before one BF16-blocks knob per side, a side took two keys, a count and a fraction (set one, the
+# other 0). The user-facing config accepts only today's keys; the tools that read records translate them.
+RETIRED_BF16_KEYS = {"bf16_first": ("bf16_first_blocks", "bf16_first_fraction"),
+                     "bf16_last": ("bf16_last_blocks", "bf16_last_fraction")}
+
+
+def recorded_precision(section: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved run config's precision section in today's keys: bf16_{side}_blocks / bf16_{side}_fraction
+    become bf16_{side} (the fraction where it is set, else the count); anything else is left as it is."""
+    out = dict(section)
+    for key, (count_key, fraction_key) in RETIRED_BF16_KEYS.items():
+        if count_key in out or fraction_key in out:
+            count, fraction = out.pop(count_key, 0), out.pop(fraction_key, 0)
+            out.setdefault(key, fraction if fraction else count)
+    return out
+
+
+def recorded_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved run config with its precision section read by `recorded_precision`."""
+    out = dict(config)
+    if isinstance(out.get("precision"), Mapping):
+        out["precision"] = recorded_precision(out["precision"])
+    return out
+
+
 def _tile(text: str) -> tuple[int, int] | None:
     if text in ("tensor", "none"):
         return None

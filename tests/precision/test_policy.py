@@ -1,9 +1,13 @@
 """Policies: validation, presets, BF16 block selection, per-operand recipe resolution."""
 
+import math
+from pathlib import Path
+
 import pytest
+import yaml
 
 from nvfp4train.precision import ROLES, PrecisionPolicy
-from nvfp4train.precision.recipe import BACKWARD_ROLES, FORWARD_ROLES
+from nvfp4train.precision.recipe import BACKWARD_ROLES, FORWARD_ROLES, RETIRED_BF16_KEYS, recorded_precision
 
 from .helpers import ABLATION_CHANGES, PRESETS, load_preset
 
@@ -76,6 +80,30 @@ def test_one_knob_per_side_takes_a_count_or_a_fraction(value, blocks, saved):
     assert policy.bf16_block_counts(62) == (blocks, blocks)
     assert policy.to_dict()["bf16_last"] == saved and type(policy.to_dict()["bf16_last"]) is type(saved)
     assert PrecisionPolicy.from_dict(policy.to_dict()) == policy
+
+
+RECORDS = sorted((Path(__file__).parents[2] / "docs" / "results").glob("**/config.yaml"))
+
+
+def test_committed_run_records_read_as_todays_precision_config():
+    """docs/results/**/config.yaml record what ran, with the two keys per side of the time; read through
+    recorded_precision they are today's configs, keep every block count, and match today's preset of the
+    same name (a comparison of old records with new runs groups them together)."""
+    assert len(RECORDS) >= 10
+    for path in RECORDS:
+        saved = yaml.safe_load(path.read_text())["precision"]
+        assert "bf16_first_fraction" in saved, path  # the records keep what they say
+        current = recorded_precision(saved)
+        assert not set(current) & {k for keys in RETIRED_BF16_KEYS.values() for k in keys}, path
+        policy = PrecisionPolicy.from_dict(current)
+        for n in (8, 12, 62):
+            def old_count(side):
+                frac, count = saved[f"bf16_{side}_fraction"], saved[f"bf16_{side}_blocks"]
+                return min(n, math.floor(frac * n + 0.5)) if frac else min(n, count)
+            assert policy.bf16_block_counts(n) == (old_count("first"), old_count("last")), (path, n)
+        preset = load_preset(saved["name"]).to_dict()
+        assert (current["bf16_first"], current["bf16_last"]) == (preset["bf16_first"], preset["bf16_last"]), path
+    assert recorded_precision({"format": "nvfp4", "bf16_last": 3}) == {"format": "nvfp4", "bf16_last": 3}
 
 
 def test_paper_recipe_per_operand():

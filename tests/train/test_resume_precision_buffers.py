@@ -8,6 +8,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from nvfp4train.train import resume_policy
 from tests.conftest import read_metrics, run_train
 
 ARGS = ["train.max_steps=6", "train.save_every=3", "train.log_every=1", "train.progress=false",
@@ -58,3 +59,16 @@ def test_a_checkpoint_without_the_seed_and_sign_buffers_resumes_bit_for_bit(tmp_
     notes = [line for line in (old / "train.log").read_text().splitlines() if "seed / RHT sign buffer" in line]
     assert len(notes) == 1 and "step_00000003" in notes[0] and "keeps the value" in notes[0]
     assert all(after[s] == losses[s] for s in range(4, 7)), [(s, losses[s], after[s]) for s in range(4, 7)]
+
+
+def test_resuming_a_run_recorded_with_the_retired_bf16_keys_notes_no_precision_change():
+    """meta.json's run_config of an older run has bf16_{side}_blocks / _fraction; the same preset today says
+    bf16_{side}: the resume check reads the record in today's keys, so nothing is reported as changed."""
+    old = {"seed": 1, "precision": {"name": "nvfp4", "format": "nvfp4", "bf16_first_blocks": 0,
+                                    "bf16_first_fraction": 0.03, "bf16_last_blocks": 0, "bf16_last_fraction": 0.13}}
+    new = {"seed": 1, "precision": {"name": "nvfp4", "format": "nvfp4", "bf16_first": 0.03, "bf16_last": 0.13}}
+    assert resume_policy.check(old, new, "ckpt") == []
+    changed = dict(new, precision=dict(new["precision"], bf16_last=4))
+    assert resume_policy.check(old, changed, "ckpt") == [
+        "resume changes precision.bf16_last: 0.13 -> 4 (a precision switch on resume; the weights and optimizer "
+        "state carry over)"]
