@@ -34,18 +34,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from nvfp4train.formats import hadamard, rounding
-
 from . import ops
 from .backends import Backend, get_backend
 from .layer import PrecisionLinear
-from .recipe import LINEAR_NAMES, ROLES, LayerRecipe
+from .recipe import ROLES, LayerRecipe
 
 log = logging.getLogger(__name__)
-
-# QuantLinear's buffers that its config (seed, block, name, precision) determines: a state dict without them
-# (or with another RHT size) loads, the layer keeping its own (see QuantLinear._load_from_state_dict).
-CONFIG_DERIVED_BUFFERS = ("sr_seeds", "rht_signs")
 
 
 class SRStreams:
@@ -162,33 +156,18 @@ class QuantLinear(PrecisionLinear):
         in_features: int,
         out_features: int,
         *,
-        seed: int = 0,
         backend: Backend | str = "emulated",
-        rht_signs=None,
         **common,
     ):
         super().__init__(in_features, out_features, **common)
-        policy, block_index, name = common["policy"], self.block_index, self.name
+        policy, block_index = common["policy"], self.block_index
         self.format = policy.format
         self.backend = get_backend(backend)
-        # The layer's random constants are buffers: they move with it and travel in its state_dict, so a
-        # checkpoint records the streams and signs the run used. Each (block, name) draws its own SR streams,
-        # one per operand role: 8 stream ids per name, 8 names per block (a name outside LINEAR_NAMES, e.g.
-        # a test's, takes slot 7). The RHT signs are those of the policy's RHT size (`rht_signs`: None gives
-        # hadamard's default vector, an int seeds a random one).
-        name_id = LINEAR_NAMES.index(name) if name in LINEAR_NAMES else 7
-        stream_base = (block_index * 8 + name_id) * 8
-        seeds = [rounding.stream_seed(seed, stream_base + i) for i in range(len(ROLES))]
-        device = common.get("device")
-        self.register_buffer("sr_seeds", torch.tensor(seeds, dtype=torch.int64, device=device))
-        with torch.device("cpu"):  # host values, whatever default device the model is built under (meta: counted)
-            signs = tuple(hadamard.resolve_signs(policy.resolved_rht_dim, rht_signs).tolist())
-        self.register_buffer("rht_signs", torch.tensor(signs, dtype=torch.float32, device=device))
-        # The ops read host copies (no device read per GEMM, none inside a CUDA graph capture), refreshed
-        # when a state dict is loaded (`_load_from_state_dict`).
-        self.sr = SRStreams(seeds, self.label)
+        # The ops read host copies of the layer's seed and sign buffers (no device read per GEMM, none inside a
+        # CUDA graph capture), refreshed when a state dict is loaded (`constants_loaded`).
+        self.sr = SRStreams(self.sr_seed_values, self.label)
         self.weight_cache = WeightCache()
-        self._state = ops.LayerState(self.sr, signs, self.weight_cache)
+        self._state = ops.LayerState(self.sr, self.rht_sign_values, self.weight_cache)
         self.layer_id = self._state.id  # what the custom ops get
         self._stats: dict[str, list[float]] = defaultdict(list)
         self.recipes = {
@@ -200,20 +179,10 @@ class QuantLinear(PrecisionLinear):
     def backend_name(self) -> str:
         return self.backend.name
 
-    # ------------------------------------------------------------------ state dict
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
-        """As nn.Module's, except for the buffers in CONFIG_DERIVED_BUFFERS: one the state dict lacks (written
-        before they were stored) or holds in another shape (another RHT size: the precision changed) keeps
-        the value this layer was built with, which the run's seed and precision config alone determine (the
-        same values the writing run used, where its config is this one). Then the ops' host copies follow."""
-        ours = {prefix + name: getattr(self, name) for name in CONFIG_DERIVED_BUFFERS}
-        mismatched = [k for k, v in ours.items() if k in state_dict and state_dict[k].shape != v.shape]
-        if mismatched:
-            state_dict = {k: v for k, v in state_dict.items() if k not in mismatched}
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
-        missing[:] = [k for k in missing if k not in ours]
-        self.sr.reseed(self.sr_seeds.tolist())
-        self._state.rht_signs = tuple(self.rht_signs.float().tolist())
+    def constants_loaded(self) -> None:
+        super().constants_loaded()
+        self.sr.reseed(self.sr_seed_values)
+        self._state.rht_signs = self.rht_sign_values
 
     @property
     def recipe(self) -> LayerRecipe:

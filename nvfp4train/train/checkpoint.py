@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from nvfp4train.precision.linear import CONFIG_DERIVED_BUFFERS
+from nvfp4train.precision.layer import CONFIG_DERIVED_BUFFERS
 
 log = logging.getLogger(__name__)
 PREFIX = "step_"
@@ -295,8 +295,8 @@ def load_model_optim(ckpt: Path, model, optimizer, meta: dict) -> None:
 
 
 def _keep_config_derived_buffers(ckpt: Path, model_sd: dict) -> list[str]:
-    """Take out of `model_sd` (what DCP is asked to load) the quantized linears' seed and sign buffers that
-    `ckpt` lacks or stores in another shape; the layers keep their own (QuantLinear._load_from_state_dict)."""
+    """Take out of `model_sd` (what DCP is asked to load) the precision linears' seed and sign buffers that
+    `ckpt` lacks or stores in another shape; the layers keep their own (PrecisionLinear._load_from_state_dict)."""
     names = [k for k in model_sd if k.rpartition(".")[2] in CONFIG_DERIVED_BUFFERS]
     if not names:
         return []

@@ -106,12 +106,14 @@ class TELinear(PrecisionLinear):
     `.weight` is the FP32 [out, in] parameter every `PrecisionLinear` has (on the CPU unless `device` says
     otherwise). The te.Linear is kept out of the module tree (no state-dict entry: the recipes used here
     are stateless, TE's `_extra_state` is empty for them); it lives on the GPU and gets the weight,
-    zero-padded to multiples of 16 where needed, at each call. `seed` is unused: TE draws its SR bits from
-    torch's default CUDA generator."""
+    zero-padded to multiples of 16 where needed, at each call. Its `sr_seeds` and `rht_signs` buffers are
+    every precision linear's (the same state dict on every backend): TE draws its SR bits from torch's
+    default CUDA generator, so the seeds are recorded, not drawn from; TE's fixed 16-point signs are
+    hadamard's default vector, the one `rht_signs` holds (other RHT sizes are refused, `unsupported`)."""
 
     backend_name = "te"
 
-    def __init__(self, in_features: int, out_features: int, *, seed: int = 0, **common):
+    def __init__(self, in_features: int, out_features: int, **common):
         super().__init__(in_features, out_features, **common)
         import transformer_engine.pytorch as te
 
