@@ -34,9 +34,7 @@ def load(name: str, backend: str | None) -> PrecisionPolicy:
 
     cfg = load_preset("precision", name)
     # One block, fully quantized: zero the BF16 block counts.
-    for key in ("bf16_first_blocks", "bf16_last_blocks", "bf16_first_fraction", "bf16_last_fraction"):
-        if key in cfg:
-            cfg[key] = 0
+    cfg.update(bf16_first=0, bf16_last=0)
     if backend:
         cfg["backend"] = backend
     return PrecisionPolicy.from_dict(cfg)

@@ -37,7 +37,7 @@ xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n 6)
 step 240 gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu "${xdist[@]}" --durations=10 -rfE \
   tests/formats/test_triton.py tests/formats/test_cuda.py tests/model/test_causal_conv.py tests/model/test_fused_norm.py \
   tests/gpu \
-  tests/precision/test_cublas_gemm.py tests/train/test_cuda_graph.py
+  tests/precision/test_cublas_gemm.py tests/precision/test_layer_state.py tests/train/test_cuda_graph.py
 step 50 bench_quant python3 -m benchmarks.bench_quant --shapes 8192x8192 --out "$DIR/quant.json"
 # the issues' target model at the trainer's CUDA defaults (compiled, CUDA graph): a row takes about 60-70 s on an
 # H100 with --profile, most of it compiling (2026-11-25, commit 258b9e2: 104 GPU tests in 157 s, then 3 rows, 372 s)

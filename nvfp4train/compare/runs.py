@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nvfp4train.eval.weights import RunError, read_run_config
+from nvfp4train.precision.recipe import recorded_run_config
 from nvfp4train.train.metrics import metrics_path, read_metrics_text
 
 WANDB_PREFIX = "wandb:"
@@ -34,6 +35,7 @@ class Run:
     skipped: list[str] = field(default_factory=list)  # damaged metrics lines left out, "<file>:<line>"
 
     def __post_init__(self):
+        self.config = recorded_run_config(self.config)  # a record written before a key was renamed: today's key
         self.flat = flatten(self.config)
 
 

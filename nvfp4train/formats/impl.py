@@ -30,7 +30,7 @@ def triton_available() -> bool:
     """Whether our Triton kernels may run: the triton package is installed (not imported here: it is
     imported on first use) and NVFP4TRAIN_TRITON is not 0, the switch that sends every "auto" (the
     quantizers, the emulated GEMM's epilogue, the Mamba conv) to the PyTorch code, e.g. to rule the
-    kernels out when a GPU result looks wrong (precision/cublas_gemm.py reads it too)."""
+    kernels out when a GPU result looks wrong (precision/backends/cublas.py reads it too)."""
     return os.environ.get(DISABLE_ENV, "1") != "0" and _triton_installed()
 
 

@@ -24,9 +24,8 @@ from .ssd import causal_conv1d_silu, ssd_scan
 LinearFactory = Callable[..., nn.Module]
 
 
-# The names the model gives its linears (`linear_factory(..., name=...)`), listed once: the precision layer
-# takes each name's position as part of its SR stream ids, so the order is fixed.
-LINEAR_NAMES = ("in_proj", "out_proj", "qkv", "out", "fc1", "fc2")
+# The names the model gives its linears (`linear_factory(..., name=...)`) are the factory's contract, so they
+# are listed where the factory lives (precision.recipe.LINEAR_NAMES: a layer's SR streams follow their order).
 OUTPUT_LINEARS = ("out_proj", "out", "fc2")  # write into the residual stream: scaled init
 
 

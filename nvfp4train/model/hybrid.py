@@ -20,8 +20,9 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint
 
+from nvfp4train.precision.recipe import LINEAR_NAMES
+
 from .blocks import (
-    LINEAR_NAMES,
     OUTPUT_LINEARS,
     Block,
     GatedRMSNorm,

@@ -6,8 +6,8 @@
     ctl = PrecisionController(policy, model)                  # schedule, telemetry, checkpoint state
     peak = gemm_peak_kind(policy, ctl.backend_name)           # "bf16" | "fp8" | "fp4": MFU's peak
 
-Imports `nvfp4train.formats` and the model's linear names (`model.blocks.LINEAR_NAMES`: the factory's contract);
-Transformer Engine is imported lazily by the `te` backend.
+Imports `nvfp4train.formats` only (the model imports the linear names the factory takes, `recipe.LINEAR_NAMES`,
+from here); Transformer Engine is imported lazily by the `te` backend (`backends/te.py`).
 """
 
 from .backends import gemm_peak_kind

@@ -17,12 +17,10 @@ from typing import Any
 
 from torch import nn
 
-from nvfp4train.model.blocks import LINEAR_NAMES
-
-from .backends import TE, resolve_backend
+from .backends import TE, TELinear, resolve_backend
+from .layer import PrecisionLinear
 from .linear import QuantLinear
-from .recipe import PrecisionPolicy
-from .te_backend import TELinear
+from .recipe import LINEAR_NAMES, PrecisionPolicy
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +73,12 @@ def drop_weight_caches_after_each_step(optimizer, model: nn.Module) -> None:
         optimizer.register_step_post_hook(lambda *_: drop_weight_caches(quantized))
 
 
-def _is_precision_linear(module: nn.Module) -> bool:
-    return isinstance(module, (QuantLinear, TELinear))
-
-
 class PrecisionController:
     """Applies the precision schedule and gathers telemetry for every factory-built linear."""
 
     def __init__(self, policy: PrecisionPolicy, model: nn.Module, cache_weights: bool = True):
         self.policy = policy
-        self.layers = [m for _, m in model.named_modules() if _is_precision_linear(m)]
+        self.layers = [m for _, m in model.named_modules() if isinstance(m, PrecisionLinear)]
         backends = sorted({m.backend_name for m in self.layers})
         if len(backends) > 1:
             raise ValueError(f"PrecisionController: the model mixes backends {backends}")

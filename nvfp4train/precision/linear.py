@@ -16,48 +16,55 @@ X, already transformed and quantized along tokens (packed 4-bit codes + scales f
 the packed 2-D weight when Dgrad reuses it. The BF16 copy of X is saved only when the Wgrad X
 operand is BF16. `saved_activation_bytes` measures this.
 
-The three GEMMs run as custom ops (`ops.py`), which reach the layer's `ops.LayerState` (SR streams, RHT
-signs, telemetry, weight cache) by an int id. Quantized weight operands are cached per layer between the
-controller's invalidations (`WeightCache`; `controller.drop_weight_caches` is the one caller of `clear` from
-outside the layer): one quantization per optimizer step, not one per micro-batch and per GEMM.
+The layer's random constants are buffers (`sr_seeds`: one stream seed per operand role; `rht_signs`: the
+Hadamard sign vector), so they travel in its state_dict and checkpoints; where each SR stream stands (per rank)
+is checkpointed by the controller. The three GEMMs run as custom ops (`ops.py`), which reach the layer's
+`ops.LayerState` (host copies of those constants, the SR generators, telemetry, weight cache) by an int id.
+Quantized weight operands are cached per layer between the controller's invalidations (`WeightCache`;
+`controller.drop_weight_caches` is the one caller of `clear` from outside the layer): one quantization per
+optimizer step, not one per micro-batch and per GEMM.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections import defaultdict
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
-from nvfp4train.formats import rounding
-from nvfp4train.model.blocks import LINEAR_NAMES
 
 from . import ops
 from .backends import Backend, get_backend
-from .recipe import ROLES, LayerRecipe, PrecisionPolicy
+from .layer import PrecisionLinear
+from .recipe import ROLES, LayerRecipe
 
 log = logging.getLogger(__name__)
 
 
 class SRStreams:
     """A layer's stochastic-rounding generators, one per operand role, so toggling SR on one
-    operand never shifts the random draws of another. Each is seeded from (seed, stream_base +
-    role index), created on first use on the data's device, and checkpointable."""
+    operand never shifts the random draws of another. Each is seeded from its role's entry of `seeds`
+    (the layer's `sr_seeds` buffer, read once to the host), created on first use on the data's device;
+    their states (the position in each stream, per rank) are checkpointed by the controller."""
 
-    def __init__(self, seed: int, stream_base: int, label: str):
-        self.seed, self.stream_base, self.label = seed, stream_base, label
+    def __init__(self, seeds: list[int], label: str):
+        self.seeds, self.label = list(seeds), label
         self._generators: dict[str, torch.Generator] = {}
         self._pending_states: dict[str, torch.Tensor] = {}
+
+    def reseed(self, seeds: list[int]) -> None:
+        """New stream seeds (a loaded state dict's): generators made from the old ones are dropped; saved
+        positions waiting to be applied (`load_state`) stay."""
+        if list(seeds) != self.seeds:
+            self.seeds, self._generators = list(seeds), {}
 
     def generator(self, role: str, device: torch.device) -> torch.Generator:
         """The SR generator of operand `role` on `device`."""
         gen = self._generators.get(role)
         if gen is None or gen.device.type != device.type:
-            gen = rounding.sr_generator(self.seed, self.stream_base + ROLES.index(role), device=device)
+            gen = torch.Generator(device=device)
+            gen.manual_seed(self.seeds[ROLES.index(role)])
             pending = self._pending_states.pop(role, None)
             if pending is not None:
                 try:
@@ -136,7 +143,7 @@ class WeightCache:
         self._stamp = None
 
 
-class QuantLinear(nn.Module):
+class QuantLinear(PrecisionLinear):
     """y = x @ weight.T with the GEMM numerics `policy` gives block `block_index`.
 
     `.weight` is an FP32 [out, in] parameter (the master copy the optimizer owns); every GEMM
@@ -149,41 +156,33 @@ class QuantLinear(nn.Module):
         in_features: int,
         out_features: int,
         *,
-        policy: PrecisionPolicy,
-        block_index: int,
-        n_blocks: int,
-        name: str,
-        seed: int = 0,
         backend: Backend | str = "emulated",
-        rht_signs=None,
-        device=None,
-        dtype=torch.float32,
+        **common,
     ):
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's default; models re-init
-        self.block_index, self.n_blocks, self.name = block_index, n_blocks, name
-        self.label = f"block{block_index}.{name}"
+        super().__init__(in_features, out_features, **common)
+        policy, block_index = common["policy"], self.block_index
         self.format = policy.format
         self.backend = get_backend(backend)
-        # Each (block, name) draws its own SR streams: 8 stream ids per name, 8 names per block (a name
-        # outside LINEAR_NAMES, e.g. a test's, takes slot 7).
-        name_id = LINEAR_NAMES.index(name) if name in LINEAR_NAMES else 7
-        self.sr = SRStreams(seed, (block_index * 8 + name_id) * 8, self.label)
+        # The ops read host copies of the layer's seed and sign buffers (no device read per GEMM, none inside a
+        # CUDA graph capture), refreshed when a state dict is loaded (`constants_loaded`).
+        self.sr = SRStreams(self.sr_seed_values, self.label)
         self.weight_cache = WeightCache()
-        self._state = ops.LayerState(self.sr, rht_signs, self.weight_cache)
+        self._state = ops.LayerState(self.sr, self.rht_sign_values, self.weight_cache)
         self.layer_id = self._state.id  # what the custom ops get
         self._stats: dict[str, list[float]] = defaultdict(list)
         self.recipes = {
-            switched: policy.layer_recipe(block_index, n_blocks, switched=switched) for switched in (False, True)
+            switched: policy.layer_recipe(block_index, self.n_blocks, switched=switched) for switched in (False, True)
         }
-        self.switched = False
         self.recipe = self.recipes[False]
 
     @property
     def backend_name(self) -> str:
         return self.backend.name
+
+    def constants_loaded(self) -> None:
+        super().constants_loaded()
+        self.sr.reseed(self.sr_seed_values)
+        self._state.rht_signs = self.rht_sign_values
 
     @property
     def recipe(self) -> LayerRecipe:

@@ -24,6 +24,7 @@ Two forms:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -153,6 +154,24 @@ class _E2M1BlockFormat(OperandFormat):
 
     gemm_peak = "fp4"
     block: int
+    quantizer: Any  # the formats module (nvfp4 | mxfp4): its quantize / fake_quantize take the same arguments
+
+    def quantizer_args(self, spec) -> tuple:
+        """What the format's quantizers take between x and the generator."""
+        raise NotImplementedError
+
+    def fake_quantize(self, x, spec, generator):
+        values, decode_scale = self.quantizer.fake_quantize(
+            x, *self.quantizer_args(spec), generator, out_dtype=torch.bfloat16, impl=QUANT_IMPL
+        )
+        return Quantized(values, decode_scale if self.global_scale else None)
+
+    def pack(self, x, spec, generator):
+        return self.tensors(self.quantizer.quantize(x, *self.quantizer_args(spec), generator, impl=QUANT_IMPL))
+
+    def tensors(self, q) -> tuple:
+        """The quantized tensor's stored parts (`storage` lists their shapes)."""
+        raise NotImplementedError
 
     def scale_flags(self, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(saturated, underflowed) per block scale."""
@@ -169,16 +188,12 @@ class _E2M1BlockFormat(OperandFormat):
 
 
 class NVFP4Format(_E2M1BlockFormat):
-    name, block = "nvfp4", nvfp4.BLOCK
+    name, block, quantizer, global_scale = "nvfp4", nvfp4.BLOCK, nvfp4, True
 
-    def fake_quantize(self, x, spec, generator):
-        values, scale = nvfp4.fake_quantize(
-            x, spec.tile, spec.rounding, generator, out_dtype=torch.bfloat16, impl=QUANT_IMPL
-        )
-        return Quantized(values, scale)
+    def quantizer_args(self, spec):
+        return spec.tile, spec.rounding
 
-    def pack(self, x, spec, generator):
-        q = nvfp4.quantize(x, spec.tile, spec.rounding, generator, impl=QUANT_IMPL)
+    def tensors(self, q):
         return q.codes, q.scales, q.amax, q.global_decode_scale
 
     def dequantize(self, tensors, spec, shape):
@@ -202,16 +217,12 @@ class NVFP4Format(_E2M1BlockFormat):
 
 
 class MXFP4Format(_E2M1BlockFormat):
-    name, block = "mxfp4", mxfp4.BLOCK
+    name, block, quantizer, global_scale = "mxfp4", mxfp4.BLOCK, mxfp4, False  # E8M0 scales: no global one
 
-    def fake_quantize(self, x, spec, generator):
-        values, _ = mxfp4.fake_quantize(
-            x, spec.rounding, spec.scale_mode, generator, out_dtype=torch.bfloat16, impl=QUANT_IMPL
-        )
-        return Quantized(values, None)
+    def quantizer_args(self, spec):
+        return spec.rounding, spec.scale_mode
 
-    def pack(self, x, spec, generator):
-        q = mxfp4.quantize(x, spec.rounding, spec.scale_mode, generator, impl=QUANT_IMPL)
+    def tensors(self, q):
         return q.codes, q.scales
 
     def dequantize(self, tensors, spec, shape):

@@ -77,14 +77,14 @@ def _dgrad_k(out_f: int, recipe: LayerRecipe, backend_name: str) -> int:
 
 
 class LayerState:
-    """What a layer's custom ops need beyond tensors and constants: its SR streams, RHT signs,
-    telemetry sink (`stats`, None when off) and weight cache. Registered under the int `id` the
-    ops take (custom ops cannot take Python objects); the layer owns it, the registry holds it
-    weakly."""
+    """What a layer's custom ops need beyond tensors and constants: its SR streams, RHT signs (a host tuple
+    of ±1.0: the layer's `rht_signs` buffer, read when built or loaded), telemetry sink (`stats`, None when
+    off) and weight cache. Registered under the int `id` the ops take (custom ops cannot take Python
+    objects); the layer owns it, the registry holds it weakly."""
 
-    def __init__(self, sr, rht_signs, weights):
+    def __init__(self, sr, rht_signs: tuple[float, ...], weights):
         self.sr = sr  # linear.SRStreams
-        self.rht_signs = rht_signs if not isinstance(rht_signs, torch.Tensor) else tuple(rht_signs.tolist())
+        self.rht_signs = rht_signs
         self.stats: dict[str, list[float]] | None = None
         self.weights = weights  # linear.WeightCache, owned by the layer
         self.id = next(_STATE_IDS)

@@ -12,8 +12,9 @@ consecutive elements along that GEMM's contraction dimension. A `PrecisionPolicy
 built from the Hydra `precision` group) resolves, for a block index and a schedule phase, to a
 `LayerRecipe`: one `OperandSpec` per operand role.
 
-Knobs are independent: rht on wgrad|all|none, sr on grads|all|none, weight tile,
-BF16 first/last blocks, and a mid-run switch to BF16 (full|forward_only|backward_only).
+Knobs are independent: rht on wgrad|all|none, sr on grads|all|none, weight tile, BF16 first/last
+blocks (bf16_first, bf16_last: a count or a fraction), and a mid-run switch to BF16
+(full|forward_only|backward_only).
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from typing import Any
 from nvfp4train.formats import mxfp4
 from nvfp4train.schema import ConfigError, bounded, check, parse, to_plain
 
+# The names a model gives the linears it asks the factory for (`linear_factory(..., name=...)`), listed once:
+# the factory refuses others, and a layer's SR streams are numbered by its name's place here (so the order is
+# part of the random streams a seed gives: append, never reorder).
+LINEAR_NAMES = ("in_proj", "out_proj", "qkv", "out", "fc1", "fc2")
 ROLES = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
 FORWARD_ROLES = ("fprop_x", "fprop_w")
 BACKWARD_ROLES = ("dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
@@ -153,6 +158,32 @@ class SwitchConfig:
         check(self, "precision.switch")
 
 
+# A run's saved config (config.yaml, a checkpoint's meta.json, a W&B run) records the precision section as it
+# was then. Before one BF16-blocks knob per side, a side took two keys, a count and a fraction (set one, the
+# other 0). The user-facing config accepts only today's keys; the tools that read records translate them.
+RETIRED_BF16_KEYS = {"bf16_first": ("bf16_first_blocks", "bf16_first_fraction"),
+                     "bf16_last": ("bf16_last_blocks", "bf16_last_fraction")}
+
+
+def recorded_precision(section: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved run config's precision section in today's keys: bf16_{side}_blocks / bf16_{side}_fraction
+    become bf16_{side} (the fraction where it is set, else the count); anything else is left as it is."""
+    out = dict(section)
+    for key, (count_key, fraction_key) in RETIRED_BF16_KEYS.items():
+        if count_key in out or fraction_key in out:
+            count, fraction = out.pop(count_key, 0), out.pop(fraction_key, 0)
+            out.setdefault(key, fraction if fraction else count)
+    return out
+
+
+def recorded_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved run config with its precision section read by `recorded_precision`."""
+    out = dict(config)
+    if isinstance(out.get("precision"), Mapping):
+        out["precision"] = recorded_precision(out["precision"])
+    return out
+
+
 def _tile(text: str) -> tuple[int, int] | None:
     if text in ("tensor", "none"):
         return None
@@ -182,15 +213,11 @@ class PrecisionPolicy:
     """MXFP4 E8M0 scale rounding: rceil (round up, the paper's App. B.4; torchao RCEIL) or floor (OCP)."""
     fp8_pow2_scales: bool = True
     """fp8_blockwise: power-of-two FP32 scales (DeepSeek-V3, TE Float8BlockScaling)."""
-    bf16_first_blocks: int = bounded(0, ge=0)
-    """Keep this many first blocks in BF16 (set a count or a fraction per side, not both)."""
-    bf16_last_blocks: int = bounded(0, ge=0)
-    """Keep this many last blocks in BF16."""
-    bf16_first_fraction: float = bounded(0.0, ge=0, lt=1)
-    """Keep this fraction of the blocks, from the first, in BF16, rounded half up: 0.03 / 0.13 of the 12B's
-    62 blocks give its first 2 / last 8."""
-    bf16_last_fraction: float = bounded(0.0, ge=0, lt=1)
-    """Keep this fraction of the blocks, from the last, in BF16."""
+    bf16_first: float = bounded(0, ge=0)
+    """BF16 blocks at the start of the model: a whole number counts blocks (2: blocks 0 and 1), a number in
+    (0, 1) is a fraction of the blocks, rounded half up (0.03 of the 12B's 62 blocks: its first 2)."""
+    bf16_last: float = bounded(0, ge=0)
+    """BF16 blocks at the end of the model, as bf16_first (0.13 of 62 blocks: the last 8)."""
     switch: SwitchConfig = field(default_factory=SwitchConfig)
     """A mid-run switch to BF16."""
     stats_every: int = bounded(0, ge=0)
@@ -229,9 +256,14 @@ class PrecisionPolicy:
             d = self.resolved_rht_dim
             if not (d >= 2 and d & (d - 1) == 0 and d <= 256):
                 raise ConfigError(f"precision.rht_dim={d!r} is not allowed; choose a power of two in [2, 256]")
-        for side in ("first", "last"):
-            if getattr(self, f"bf16_{side}_fraction") and getattr(self, f"bf16_{side}_blocks"):
-                raise ConfigError(f"precision: set bf16_{side}_blocks or bf16_{side}_fraction, not both")
+        for key in ("bf16_first", "bf16_last"):
+            value = getattr(self, key)
+            if value >= 1 and value != int(value):
+                raise ConfigError(
+                    f"precision.{key}={value!r}: a block count is a whole number, a fraction is in (0, 1)"
+                )
+            if value == int(value):  # a count: kept an int, so the saved config reads as it was written
+                object.__setattr__(self, key, int(value))
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -245,14 +277,12 @@ class PrecisionPolicy:
     def bf16_block_counts(self, n_blocks: int) -> tuple[int, int]:
         """(first, last) numbers of blocks kept in BF16 for a model of n_blocks blocks."""
 
-        def count(blocks, frac):
-            if frac:
-                return min(n_blocks, math.floor(frac * n_blocks + 0.5))
-            return min(n_blocks, blocks)
+        def count(value):
+            if 0 < value < 1:
+                return min(n_blocks, math.floor(value * n_blocks + 0.5))
+            return min(n_blocks, int(value))
 
-        return count(self.bf16_first_blocks, self.bf16_first_fraction), count(
-            self.bf16_last_blocks, self.bf16_last_fraction
-        )
+        return count(self.bf16_first), count(self.bf16_last)
 
     def is_bf16_block(self, block_index: int, n_blocks: int) -> bool:
         if not 0 <= block_index < n_blocks:

@@ -33,6 +33,9 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from nvfp4train.precision.layer import CONFIG_DERIVED_BUFFERS
+
+log = logging.getLogger(__name__)
 PREFIX = "step_"
 META = "meta.json"
 
@@ -278,12 +281,31 @@ def load_model_optim(ckpt: Path, model, optimizer, meta: dict) -> None:
     if "param_groups" not in meta:
         raise CheckpointError(f"{ckpt / META}: field 'param_groups' missing; not loaded")
     check_param_groups(ckpt / META, meta["param_groups"], optim_sd["param_groups"])
+    kept = _keep_config_derived_buffers(ckpt, model_sd)
     state = {"model": model_sd, "optim": optim_sd["state"]}
     _dcp_load(ckpt, state, "cannot load")
+    if kept:
+        log.info("%s: %d stochastic-rounding seed / RHT sign buffer(s) (e.g. %s) are not in the checkpoint or have "
+                 "another size there (written before they were stored, or under another RHT size): each keeps the "
+                 "value this run's seed and precision config give it", ckpt, len(kept), kept[0])
     # The moments and step counts come from the checkpoint; the hyperparameters (betas, eps, weight_decay)
     # stay those of this run's config, which a resume may change (train/resume_policy.py: optim).
     optim_sd = {"state": state["optim"], "param_groups": optim_sd["param_groups"]}
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_sd)
+
+
+def _keep_config_derived_buffers(ckpt: Path, model_sd: dict) -> list[str]:
+    """Take out of `model_sd` (what DCP is asked to load) the precision linears' seed and sign buffers that
+    `ckpt` lacks or stores in another shape; the layers keep their own (PrecisionLinear._load_from_state_dict)."""
+    names = [k for k in model_sd if k.rpartition(".")[2] in CONFIG_DERIVED_BUFFERS]
+    if not names:
+        return []
+    stored = SafeFileSystemReader(str(ckpt / "model_optim")).read_metadata().state_dict_metadata
+    kept = [k for k in names if f"model.{k}" not in stored
+            or tuple(stored[f"model.{k}"].size) != tuple(model_sd[k].shape)]
+    for k in kept:
+        del model_sd[k]
+    return kept
 
 
 def load_model_tensors(ckpt: Path, template: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

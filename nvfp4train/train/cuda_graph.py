@@ -32,9 +32,9 @@ import logging
 import torch
 import torch.nn as nn
 
+from nvfp4train.precision.backends import TELinear
 from nvfp4train.precision.controller import drop_weight_caches
 from nvfp4train.precision.linear import QuantLinear
-from nvfp4train.precision.te_backend import TELinear
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,8 @@ under it. The most specific rule wins.
 """
 from __future__ import annotations
 
-from nvfp4train.config import ConfigError
+from nvfp4train.precision.recipe import recorded_run_config
+from nvfp4train.schema import ConfigError
 
 NOTE, QUIET, REFUSE = "note", "quiet", "refuse"
 
@@ -66,7 +67,7 @@ def rule_for(key: str) -> tuple[str, str]:
 
 def check(old: dict, new: dict, ckpt) -> list[str]:
     """Raise ConfigError for the first refused change; return one log line per noted change."""
-    old_flat, new_flat = _flatten(old), _flatten(new)
+    old_flat, new_flat = _flatten(recorded_run_config(old)), _flatten(new)  # an older run's record: today's keys
     notes = []
     for key in sorted(set(old_flat) | set(new_flat)):
         before, after = old_flat.get(key), new_flat.get(key)

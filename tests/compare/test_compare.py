@@ -196,3 +196,22 @@ def test_wandb_without_the_extra_names_it(runs, tmp_path, monkeypatch, capsys):
         line = one_line_error(capsys, *argv, "--out", str(out))
         assert "needs the wandb package: pip install 'nvfp4train[wandb]'" in line, line
     assert not out.exists()
+
+
+def test_an_old_record_and_a_run_of_today_form_one_arm(tmp_path):
+    """A committed record (docs/results/runs, the precision keys of its day) and a run written today with the
+    same recipe (bf16_first / bf16_last) differ only in seed: one arm, not two."""
+    from nvfp4train.compare.runs import group_runs, load_local
+
+    record = REPO / "docs" / "results" / "runs" / "fp8_vs_nvfp4" / "nvfp4" / "seed1"
+    today = tmp_path / "seed9"
+    shutil.copytree(record, today)
+    config = yaml.safe_load((today / "config.yaml").read_text())
+    precision = config["precision"]
+    for side in ("first", "last"):
+        count, fraction = precision.pop(f"bf16_{side}_blocks"), precision.pop(f"bf16_{side}_fraction")
+        precision[f"bf16_{side}"] = fraction or count
+    config["seed"] = 9
+    (today / "config.yaml").write_text(yaml.safe_dump(config))
+    arms = group_runs([load_local(record), load_local(today)], None)
+    assert len(arms) == 1 and len(arms[0].runs) == 2

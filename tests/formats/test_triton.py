@@ -1208,7 +1208,7 @@ def test_quant_linear_grads_equal_with_and_without_the_fused_wgrad_entry(monkeyp
     from tests.precision.helpers import inputs, load_preset, make_layer, run
 
     monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
-    policy = load_preset(preset, bf16_first_fraction=0.0, bf16_last_fraction=0.0)
+    policy = load_preset(preset, bf16_first=0, bf16_last=0)
     x, grad = inputs(tokens=64, in_f=64, out_f=48)
     is_fused = operands._fused_wgrad_rht
     routed = []
@@ -1235,7 +1235,7 @@ def test_quant_linear_nvfp4_fprop_and_wgrad_x_from_one_read(monkeypatch):
     from tests.precision.helpers import inputs, load_preset, make_layer, run
 
     monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
-    policy = load_preset("nvfp4", bf16_first_blocks=0, bf16_last_blocks=0)
+    policy = load_preset("nvfp4", bf16_first=0, bf16_last=0)
     x, grad = inputs(tokens=64, in_f=64, out_f=48)
     real = pairs.fprop_and_wgrad_x
     used = []
@@ -1258,7 +1258,7 @@ def test_quant_linear_nvfp4_dgrad_and_wgrad_dy_from_one_read(monkeypatch, preset
     from tests.precision.helpers import inputs, load_preset, make_layer, run
 
     monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
-    policy = load_preset(preset, bf16_first_blocks=0, bf16_last_blocks=0)
+    policy = load_preset(preset, bf16_first=0, bf16_last=0)
     x, grad = inputs(tokens=64, in_f=64, out_f=48)
     real = pairs.dgrad_and_wgrad_dy
     used = []
@@ -1291,7 +1291,7 @@ def test_quant_linear_fp8_blockwise_operands_from_one_read(monkeypatch):
     from tests.precision.helpers import inputs, load_preset, make_layer, run
 
     monkeypatch.setattr(operands, "QUANT_IMPL", "triton")
-    policy = load_preset("fp8_blockwise", bf16_first_blocks=0, bf16_last_blocks=0)
+    policy = load_preset("fp8_blockwise", bf16_first=0, bf16_last=0)
     x, grad = inputs(tokens=256, in_f=128, out_f=256)
     real_fwd, real_bwd, real_t = pairs.fprop_and_wgrad_x, pairs.dgrad_and_wgrad_dy, operands._fused_fp8_columnwise
     used = {"fwd": [], "bwd": [], "t": []}

@@ -37,12 +37,7 @@ DEVICE = "cuda"  # the device compared against the CPU
 
 def all_quantized(name: str, **overrides) -> PrecisionPolicy:
     """The preset with no BF16 blocks, so a one-block test layer is quantized."""
-    counts = (
-        {"bf16_first_blocks": 0, "bf16_last_blocks": 0}
-        if name.startswith("fp8")
-        else {"bf16_first_fraction": 0.0, "bf16_last_fraction": 0.0}
-    )
-    return preset(name, **counts, **overrides)
+    return preset(name, bf16_first=0, bf16_last=0, **overrides)
 
 
 def layer_on(policy, device, backend="emulated", in_f=256, out_f=192, seed=0):
@@ -207,7 +202,7 @@ def check_te(rows):
         if why:
             rows.append((f"te vs emulated {name}", f"skipped: {why}", float("nan"), 0.0, True))
             continue
-        from nvfp4train.precision.te_backend import TELinear
+        from nvfp4train.precision.backends import TELinear
 
         x, grad = data(DEVICE)
         emulated_layer = layer_on(policy, DEVICE)

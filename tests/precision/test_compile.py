@@ -105,7 +105,7 @@ def test_small_hybrid_lm_compiles_in_one_graph_with_eager_bits():
     """Mamba, attention and MLP blocks with NVFP4 linears: one graph, eager's loss and gradients."""
     from nvfp4train.model import build_model
 
-    policy = load_preset("nvfp4", bf16_first_fraction=0.0, bf16_last_fraction=0.0)
+    policy = load_preset("nvfp4", bf16_first=0, bf16_last=0)
     tokens = torch.randint(0, 100, (2, 32), generator=torch.Generator().manual_seed(0))
     results = []
     for compile_model in (False, True):

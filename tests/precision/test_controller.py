@@ -53,9 +53,7 @@ def data(seed=0, tokens=64, d=32):
 
 
 def test_factory_builds_bf16_blocks_by_index_and_validates_names():
-    policy = load_preset(
-        "nvfp4", bf16_first_fraction=0.0, bf16_last_fraction=0.0, bf16_first_blocks=1, bf16_last_blocks=2
-    )
+    policy = load_preset("nvfp4", bf16_first=1, bf16_last=2)
     model, ctl = build(policy, n_blocks=6)
     kinds = [block["fc1"].recipe.all_bf16 for block in model.blocks]
     assert kinds == [True, False, False, False, True, True]

@@ -81,7 +81,7 @@ def _operands(monkeypatch, policy, seed=0):
 @pytest.mark.parametrize("ablation, changed", ABLATION_CHANGES)
 def test_each_toggle_changes_exactly_the_operands_it_names(monkeypatch, ablation, changed):
     base = _operands(monkeypatch, load_preset("nvfp4_all_layers"))
-    other = _operands(monkeypatch, load_preset(ablation, bf16_first_fraction=0.0, bf16_last_fraction=0.0))
+    other = _operands(monkeypatch, load_preset(ablation, bf16_first=0, bf16_last=0))
     assert {role for role in ROLES if not torch.equal(base[role], other[role])} == changed
 
 
@@ -95,7 +95,7 @@ def test_each_toggle_changes_exactly_the_operands_it_names(monkeypatch, ablation
     ],
 )
 def test_stochastic_rounding_only_where_configured(monkeypatch, preset, stochastic):
-    policy = load_preset(preset, bf16_first_fraction=0.0, bf16_last_fraction=0.0)
+    policy = load_preset(preset, bf16_first=0, bf16_last=0)
     a = _operands(monkeypatch, policy, seed=0)
     b = _operands(monkeypatch, policy, seed=1)
     again = _operands(monkeypatch, policy, seed=0)
@@ -128,11 +128,7 @@ def test_emulated_gemms_equal_fp64_products_of_the_quantized_operands(monkeypatc
     """BF16 operands + FP32 accumulation + epilogue scales == the exact product of the dequantized
     operands, up to FP32 summation and the final rounding (BF16 for Y and dX, FP32 for dW)."""
     spy = GemmSpy()
-    layer = make_layer(
-        load_preset(preset, bf16_first_fraction=0.0, bf16_last_fraction=0.0, bf16_first_blocks=0, bf16_last_blocks=0)
-        if preset.startswith(("nvfp4", "mxfp4"))
-        else load_preset(preset, bf16_first_blocks=0, bf16_last_blocks=0)
-    )
+    layer = make_layer(load_preset(preset, bf16_first=0, bf16_last=0))
     x, grad = inputs()
     with spy.patch(monkeypatch):
         y, dx, dw = run(layer, x, grad)
@@ -219,7 +215,7 @@ def test_saved_activations_are_packed_not_bf16():
     bf = saved_activation_bytes(make_layer(load_preset("bf16"), in_f, out_f), x)
     assert bf == ref
     fp8 = saved_activation_bytes(
-        make_layer(load_preset("fp8_tensorwise", bf16_first_blocks=0, bf16_last_blocks=0), in_f, out_f), x
+        make_layer(load_preset("fp8_tensorwise", bf16_first=0, bf16_last=0), in_f, out_f), x
     )
     assert fp8 == tokens * in_f + 4  # FP8 X + its scale; W is re-quantized from the parameter
     # A backward switched to BF16 must keep the BF16 copy again.
@@ -250,7 +246,7 @@ def test_blockwise_k_padding_for_scaled_mm_keeps_the_product(k):
     """scaled_mm's 1x128 x 128x128 GEMM gets K zero-padded to a multiple of 4 blocks (cuBLASLt reads
     the tile scales in groups of 4; on torch 2.11 other K gave wrong products): padded codes are 0,
     padded scales 1, so both operands dequantize to themselves followed by zero columns."""
-    from nvfp4train.precision.backends import TILE_K_MULTIPLE, _dequantized, _probe_operand, pad_fp8_k
+    from nvfp4train.precision.backends.scaled_mm import TILE_K_MULTIPLE, _dequantized, _probe_operand, pad_fp8_k
     from nvfp4train.precision.operands import Quantized
 
     gen = torch.Generator().manual_seed(0)
@@ -278,7 +274,7 @@ def test_scaled_mm_layer_makes_blockwise_operands_at_its_gemm_k(monkeypatch, in_
     as well."""
     from nvfp4train.precision.backends import TILE_K_MULTIPLE
 
-    policy = load_preset("fp8_blockwise", bf16_first_blocks=0, bf16_last_blocks=0)
+    policy = load_preset("fp8_blockwise", bf16_first=0, bf16_last=0)
     x, grad = inputs(tokens=256, in_f=in_f, out_f=out_f)
     ops, outs = {}, {}
     for backend in ("emulated", "scaled_mm"):
@@ -394,7 +390,7 @@ def test_tensorwise_wgrad_x_is_fprops_codes_transposed_bit_for_bit(monkeypatch, 
     tensors, Y, dX and dW are those of quantizing Xᵀ and dYᵀ themselves, NaN included."""
     from nvfp4train.precision import pairs
 
-    policy = load_preset("fp8_tensorwise", bf16_first_blocks=0, bf16_last_blocks=0)
+    policy = load_preset("fp8_tensorwise", bf16_first=0, bf16_last=0)
     x, grad = inputs(tokens=tokens)
     x_nan = x.clone()
     x_nan[3, 7] = float("nan")

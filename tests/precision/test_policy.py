@@ -1,9 +1,13 @@
 """Policies: validation, presets, BF16 block selection, per-operand recipe resolution."""
 
+import math
+from pathlib import Path
+
 import pytest
+import yaml
 
 from nvfp4train.precision import ROLES, PrecisionPolicy
-from nvfp4train.precision.recipe import BACKWARD_ROLES, FORWARD_ROLES
+from nvfp4train.precision.recipe import BACKWARD_ROLES, FORWARD_ROLES, RETIRED_BF16_KEYS, recorded_precision
 
 from .helpers import ABLATION_CHANGES, PRESETS, load_preset
 
@@ -27,8 +31,9 @@ def test_every_preset_loads_and_validates(name):
         ({"backend": "cuda"}, "precision.backend", "scaled_mm"),
         ({"switch": {"at_fraction": 0.8, "mode": "fwd"}}, "switch.mode", "forward_only"),
         ({"switch": {"at_fraction": 1.5}}, "switch.at_fraction", "[0, 1]"),
-        ({"bf16_last_blocks": -1}, "bf16_last_blocks", ">= 0"),
-        ({"bf16_last_fraction": 1.0}, "bf16_last_fraction", "[0, 1)"),
+        ({"bf16_last": -1}, "bf16_last", ">= 0"),
+        ({"bf16_last": 1.5}, "bf16_last", "a fraction is in (0, 1)"),
+        ({"bf16_first": "two"}, "bf16_first", "float"),
         ({"format": "nvfp4", "rht": "wgrad", "rht_dim": 12}, "rht_dim", "power of two"),
         ({"format": "fp8_blockwise", "sr": "grads"}, "precision.sr", "'none'"),
         ({"format": "fp8_tensorwise", "rht": "wgrad"}, "precision.rht", "'none'"),
@@ -42,11 +47,12 @@ def test_bad_values_name_the_key_and_the_allowed_values(cfg, key, allowed):
     assert key in str(err.value) and allowed in str(err.value)
 
 
-def test_unknown_keys_and_conflicting_counts_are_rejected():
+def test_unknown_keys_are_rejected():
     with pytest.raises(ValueError, match="unknown key.*'sr_mode'"):
         PrecisionPolicy.from_dict({"format": "nvfp4", "sr_mode": "grads"})
-    with pytest.raises(ValueError, match="bf16_last_blocks or bf16_last_fraction"):
-        PrecisionPolicy.from_dict({"bf16_last_blocks": 2, "bf16_last_fraction": 0.1})
+    # the four keys one knob per side replaced: refused as unknown, naming the ones that exist
+    with pytest.raises(ValueError, match="unknown key.*'bf16_last_fraction'.*bf16_last"):
+        PrecisionPolicy.from_dict({"bf16_last_fraction": 0.1})
     with pytest.raises(ValueError, match="switch: unknown"):
         PrecisionPolicy.from_dict({"switch": {"at": 0.5}})
 
@@ -61,6 +67,43 @@ def test_nvfp4_preset_keeps_the_papers_12b_blocks_and_about_15_percent_elsewhere
     assert bf16 == [0, 1] + list(range(54, 62))
     assert load_preset("nvfp4_all_layers").bf16_block_counts(62) == (0, 0)
     assert load_preset("fp8_blockwise").bf16_block_counts(62) == (1, 2)  # first block + last 2
+
+
+@pytest.mark.parametrize(
+    "value, blocks, saved",
+    [(0, 0, 0), (0.0, 0, 0), (2, 2, 2), (2.0, 2, 2), (1, 1, 1), (0.13, 8, 0.13), (0.5, 31, 0.5), (99, 62, 99)],
+)
+def test_one_knob_per_side_takes_a_count_or_a_fraction(value, blocks, saved):
+    """A whole number counts blocks (kept an int in the saved config), a number in (0, 1) is a fraction of
+    the blocks, rounded half up; a count past the model's size keeps every block in BF16."""
+    policy = PrecisionPolicy.from_dict({"format": "nvfp4", "bf16_first": value, "bf16_last": value})
+    assert policy.bf16_block_counts(62) == (blocks, blocks)
+    assert policy.to_dict()["bf16_last"] == saved and type(policy.to_dict()["bf16_last"]) is type(saved)
+    assert PrecisionPolicy.from_dict(policy.to_dict()) == policy
+
+
+RECORDS = sorted((Path(__file__).parents[2] / "docs" / "results").glob("**/config.yaml"))
+
+
+def test_committed_run_records_read_as_todays_precision_config():
+    """docs/results/**/config.yaml record what ran, with the two keys per side of the time; read through
+    recorded_precision they are today's configs, keep every block count, and match today's preset of the
+    same name (a comparison of old records with new runs groups them together)."""
+    assert len(RECORDS) >= 10
+    for path in RECORDS:
+        saved = yaml.safe_load(path.read_text())["precision"]
+        assert "bf16_first_fraction" in saved, path  # the records keep what they say
+        current = recorded_precision(saved)
+        assert not set(current) & {k for keys in RETIRED_BF16_KEYS.values() for k in keys}, path
+        policy = PrecisionPolicy.from_dict(current)
+        for n in (8, 12, 62):
+            def old_count(side):
+                frac, count = saved[f"bf16_{side}_fraction"], saved[f"bf16_{side}_blocks"]
+                return min(n, math.floor(frac * n + 0.5)) if frac else min(n, count)
+            assert policy.bf16_block_counts(n) == (old_count("first"), old_count("last")), (path, n)
+        preset = load_preset(saved["name"]).to_dict()
+        assert (current["bf16_first"], current["bf16_last"]) == (preset["bf16_first"], preset["bf16_last"]), path
+    assert recorded_precision({"format": "nvfp4", "bf16_last": 3}) == {"format": "nvfp4", "bf16_last": 3}
 
 
 def test_paper_recipe_per_operand():

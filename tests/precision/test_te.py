@@ -94,7 +94,7 @@ ROLE_SOURCES = {"fprop_x": "x", "wgrad_x": "x", "fprop_w": "w", "dgrad_w": "w", 
 
 
 def _quantized_everywhere(name: str, **overrides):
-    return load_preset(name, bf16_first_blocks=0, bf16_last_blocks=0, **overrides)
+    return load_preset(name, bf16_first=0, bf16_last=0, **overrides)
 
 
 def _data():
@@ -166,7 +166,7 @@ def _te_dense(name: str, source: torch.Tensor, role: str) -> torch.Tensor:
 def test_te_recipe_per_policy(name, recipe_type, fmt):
     from transformer_engine.common import recipe
 
-    from nvfp4train.precision.te_backend import TELinear
+    from nvfp4train.precision.backends import TELinear
 
     layer = _te_layer(_quantized_everywhere(name, backend="te"), _data()[2])
     assert isinstance(layer, TELinear) and layer.backend_name == "te"
@@ -257,12 +257,12 @@ def test_bf16_blocks_and_full_switch_turn_te_fp8_off():
 @pytest.mark.gpu
 @needs_te
 def test_te_layer_state_dict_is_the_emulated_layers():
-    """TELinear's state dict is QuantLinear's ({"weight"}: FP32, logical shape), so checkpoints carry
-    over between backends, and a loaded weight is the one TE multiplies."""
+    """TELinear's state dict is QuantLinear's (the FP32 weight in its logical shape, the SR seeds and RHT
+    signs), so checkpoints carry over between backends, and a loaded weight is the one TE multiplies."""
     x, grad, w = _data()
     ours = _emulated_layer("fp8_blockwise", w)
     te_layer = _te_layer(_quantized_everywhere("fp8_blockwise", backend="te"), torch.zeros_like(w))
-    assert list(te_layer.state_dict()) == list(ours.state_dict()) == ["weight"]
+    assert list(te_layer.state_dict()) == list(ours.state_dict()) == ["weight", "sr_seeds", "rht_signs"]
     assert te_layer.weight.shape == (OUT_F, IN_F) and te_layer.weight.dtype == torch.float32
     te_layer.load_state_dict(ours.state_dict())
     assert rel_err(_run(te_layer, x, grad)[0], _run(ours, x, grad)[0]) <= 1e-2

@@ -11,7 +11,7 @@ from nvfp4train.precision.ops import LayerState
 
 from .helpers import load_preset
 
-ALL_QUANTIZED = {"bf16_first_fraction": 0.0, "bf16_last_fraction": 0.0}
+ALL_QUANTIZED = {"bf16_first": 0, "bf16_last": 0}
 
 
 class TwoLayers(nn.Module):
@@ -25,8 +25,7 @@ class TwoLayers(nn.Module):
 
 
 def _policy(preset):
-    counts = {"bf16_first_blocks": 0, "bf16_last_blocks": 0} if preset.startswith("fp8") else ALL_QUANTIZED
-    return load_preset(preset, **counts)
+    return load_preset(preset, **ALL_QUANTIZED)
 
 
 def _train(policy, cache: bool, monkeypatch=None, steps=2, micro_batches=3):

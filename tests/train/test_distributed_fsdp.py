@@ -68,7 +68,7 @@ def test_nvfp4_weights_are_quantized_once_per_step_under_fsdp2(one_rank_group, m
     """Each micro-batch's forward (and, resharded, each backward) gathers the weights into fresh storage:
     the weight cache still quantizes each layer's weight once per optimizer step. (A one-rank group
     stands in for two: the DistInfo's world size picks the FSDP2 path, the sharding is real.)"""
-    policy = load_preset("nvfp4", bf16_first_fraction=0.0, bf16_last_fraction=0.0)
+    policy = load_preset("nvfp4", bf16_first=0, bf16_last=0)
     cfg = ModelConfig.from_dict(SMALL)
     torch.manual_seed(0)
     model = HybridLM(cfg, linear_factory=build_linear_factory(policy, n_blocks=len(cfg.pattern), seed=3))

@@ -1,104 +1,20 @@
-"""The GEMM backends, one object each: EMULATED | SCALED_MM | TE, and choosing one (`auto`).
-
-* EMULATED  (any device): `code x block scale` in BF16, FP32-accumulating GEMM, global scales in
-            the epilogue. Implements every policy knob. The reference the others are checked against.
-* SCALED_MM (FP8 policies on CUDA: per tensor on sm_89+, blockwise on sm_90): the same quantized
-            operands, multiplied on FP8 tensor cores by `torch._scaled_mm`; numerically equivalent
-            to emulated up to summation order (tests/precision/test_gpu.py checks it).
-* TE        (Transformer Engine installed, and the GPU runs the recipe): the policy maps to a TE
-            recipe (Float8BlockScaling / Float8CurrentScaling on sm_89+/sm_90, NVFP4BlockScaling
-            on sm_100+); see te_backend.py. Only policies TE can express exactly are accepted.
-
-EMULATED and SCALED_MM run `QuantLinear` and do its GEMMs (`backend.gemm`); TE builds its own
-module (`te_backend.TELinear`). `auto` prefers te, then scaled_mm, then emulated, taking the first
-that can run this policy faithfully here, and says why. `gemm_peak_kind` says which tensor-core
-peak the chosen backend's GEMMs run at (for MFU).
-"""
+"""SCALED_MM (FP8 policies on CUDA: per tensor on sm_89+, blockwise on sm_90): the emulated path's own
+quantized operands, multiplied on FP8 tensor cores by `torch._scaled_mm`; numerically equivalent to emulated
+up to summation order (tests/gpu/test_precision_gpu.py checks it). Whether this GPU's `torch._scaled_mm` runs
+the blockwise layouts right is probed once per device (`_blockwise_unsupported`)."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 
 from nvfp4train.formats import fp8
-from nvfp4train.formats.impl import triton_available
-from nvfp4train.schema import ConfigError
 
-from . import cublas_gemm, te_backend
-from .hardware import cuda_capability
-from .operands import Quantized, operand_format, pad2d, round_up
-from .recipe import OperandSpec, PrecisionPolicy
-
-
-def gemm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a [M, K] @ b [N, K]ᵀ with exact products and FP32 accumulation.
-
-    The operand values are exact in BF16, so a BF16 tensor-core GEMM with an FP32 output is exact
-    up to summation order; on CPU (and if that overload is missing) an FP32 GEMM is, too."""
-    if a.is_cuda and a.dtype == b.dtype == torch.bfloat16:
-        try:
-            return torch.mm(a, b.t(), out_dtype=torch.float32)
-        except (RuntimeError, TypeError):
-            pass
-    return a.float() @ b.float().t()
-
-
-def scale_and_cast(
-    out: torch.Tensor, a: torch.Tensor | None, b: torch.Tensor | None, dtype: torch.dtype
-) -> torch.Tensor:
-    """The emulated GEMM's epilogue: ((out * a) * b).to(dtype) for the FP32 product `out` and the
-    operands' 0-d FP32 global decode scales (None: none). On CUDA one Triton pass (the same roundings)
-    instead of two FP32 multiplies and a cast over the whole output."""
-    if (
-        out.is_cuda
-        and out.dtype == torch.float32
-        and out.is_contiguous()
-        and (a is not None or b is not None or dtype != torch.float32)
-    ):
-        if triton_available() and not torch.compiler.is_compiling():
-            from nvfp4train.formats import kernels  # imports triton: only where it runs
-
-            return kernels.dequant.scale_and_cast(out, a, b, dtype)
-    if a is not None:
-        out = out * a
-    if b is not None:
-        out = out * b
-    return out.to(dtype)
-
-
-class Backend:
-    """`name`; `native_gemm`: whether its GEMMs run at the operand format's own tensor-core rate
-    (False: BF16 GEMMs on dequantized operands); `unsupported(policy)`: why it cannot run
-    `policy` here (None: it can)."""
-
-    name: str
-    native_gemm: bool
-
-    def unsupported(self, policy: PrecisionPolicy) -> str | None:
-        raise NotImplementedError
-
-
-class EmulatedBackend(Backend):
-    name, native_gemm = "emulated", False
-
-    def unsupported(self, policy):
-        return None
-
-    def gemm(self, a: Quantized, b: Quantized, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """(a.values · b.valuesᵀ) in FP32, times a.decode_scale, times b.decode_scale (each product
-        rounded in FP32), rounded once to `out_dtype`. On CUDA cuBLAS applies the scales in its epilogue
-        (cublas_gemm.py: alpha = a × b read on the device) and writes `out_dtype` once."""
-        av, bv = a.values, b.values
-        if cublas_gemm.supports(av, bv, out_dtype):
-            alpha = None  # the product of the scales there are (None: no scale)
-            for scale in (a.decode_scale, b.decode_scale):
-                if scale is not None:
-                    alpha = scale if alpha is None else alpha * scale
-            return cublas_gemm.scaled_gemm(av, bv, alpha, out_dtype)
-        return scale_and_cast(gemm_fp32(av, bv), a.decode_scale, b.decode_scale, out_dtype)
+from ..hardware import cuda_capability
+from ..operands import Quantized, pad2d, round_up
+from ..recipe import OperandSpec
+from .emulated import EmulatedBackend
 
 
 class ScaledMMBackend(EmulatedBackend):
@@ -279,56 +195,3 @@ def _blockwise_unsupported(device_index: int) -> str | None:
         )
     except (RuntimeError, TypeError) as error:
         return f"torch._scaled_mm refused blockwise FP8 scales here ({_error_summary(error)})"
-
-
-class TEBackend(Backend):
-    name, native_gemm = "te", True
-
-    def unsupported(self, policy):
-        return te_backend.unsupported(policy)
-
-
-EMULATED, SCALED_MM, TE = EmulatedBackend(), ScaledMMBackend(), TEBackend()
-BACKENDS: dict[str, Backend] = {b.name: b for b in (EMULATED, SCALED_MM, TE)}
-
-
-def get_backend(backend: Backend | str) -> Backend:
-    """The backend object of a name (objects pass through)."""
-    if isinstance(backend, Backend):
-        return backend
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not one of {sorted(BACKENDS)}")
-    return BACKENDS[backend]
-
-
-def resolve_backend(policy: PrecisionPolicy) -> tuple[Backend, str]:
-    """(backend, reason). Raises ConfigError (a ValueError) when an explicitly requested backend cannot run."""
-    requested = policy.backend
-    if policy.format == "bf16":
-        # Every linear is plain F.linear: nothing to choose.
-        return EMULATED, "format bf16 runs torch's own linear (F.linear) under autocast"
-    if requested != "auto":
-        backend = BACKENDS[requested]
-        why = backend.unsupported(policy)
-        if why:
-            raise ConfigError(
-                f"precision.backend={str(requested)!r} cannot run here: {why}. Use backend: emulated or auto"
-            )
-        return backend, "requested"
-    reasons = []
-    for backend in (TE, SCALED_MM):
-        why = backend.unsupported(policy)
-        if why is None:
-            return backend, f"auto: {backend.name} runs {policy.format} here"
-        reasons.append(f"not {backend.name}: {why}")
-    return EMULATED, "auto: " + "; ".join(reasons)
-
-
-def gemm_peak_kind(precision: PrecisionPolicy | Mapping[str, Any], backend: Backend | str) -> str:
-    """The tensor-core peak ("bf16" | "fp8" | "fp4") the linear layers' GEMMs run at under
-    `backend`, for MFU: emulated formats run BF16 GEMMs; a native backend runs at the rate of
-    the format its Fprop operands are in (FP8 on scaled_mm / TE FP8, FP4 on TE NVFP4)."""
-    policy = precision if isinstance(precision, PrecisionPolicy) else PrecisionPolicy.from_dict(precision)
-    if not get_backend(backend).native_gemm:
-        return "bf16"
-    return operand_format(policy.quantized_recipe().fprop_x).gemm_peak

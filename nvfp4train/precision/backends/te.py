@@ -1,7 +1,7 @@
 """Transformer Engine backend: the same policy as TE modules and recipes.
 
 `transformer_engine` itself is imported only when a TE layer is built: nothing else in the
-package depends on it (`backends.TE` is this module's backend object). Mapping onto TE's recipes
+package depends on it (`backends.TE` is this module's `TEBackend`). Mapping onto TE's recipes
 (https://docs.nvidia.com/deeplearning/transformer-engine/user-guide/api/common.html):
 
     fp8_blockwise  -> Float8BlockScaling(fp8_format=E4M3)   (1x128 acts/grads, 128x128 weights)
@@ -27,13 +27,13 @@ without network and builds it there (docs/results/te.md).
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
-from . import hardware
-from .recipe import PrecisionPolicy
+from .. import hardware
+from ..layer import PrecisionLinear
+from ..recipe import PrecisionPolicy
+from .base import Backend
 
 TE_DIM_MULTIPLE = 16  # TE's FP8 GEMMs: K and N multiples of 16, tokens of 8 (16 here: one rule)
 
@@ -76,6 +76,13 @@ def unsupported(policy: PrecisionPolicy) -> str | None:
     return f"format {fmt!r} has no TE recipe"
 
 
+class TEBackend(Backend):
+    name, native_gemm = "te", True
+
+    def unsupported(self, policy):
+        return unsupported(policy)
+
+
 def make_recipe(policy: PrecisionPolicy):
     from transformer_engine.common import recipe as te_recipe
 
@@ -92,37 +99,25 @@ def make_recipe(policy: PrecisionPolicy):
     raise ValueError(f"format {policy.format!r} has no TE recipe")
 
 
-class TELinear(nn.Module):
+class TELinear(PrecisionLinear):
     """y = x @ weight.T through a te.Linear (no bias), under `te.autocast(recipe)` unless it is a
     BF16 block or the schedule has switched.
 
-    `.weight` is this module's FP32 [out, in] parameter, created like QuantLinear's (on the CPU
-    unless `device` says otherwise, nn.Linear's init), so a model's parameters, their init and its
-    state dict are the same on every backend. The te.Linear is kept out of the module tree (no
-    state-dict entry: the recipes used here are stateless, TE's `_extra_state` is empty for them);
-    it lives on the GPU and gets the weight, zero-padded to multiples of 16 where needed, at each call."""
+    `.weight` is the FP32 [out, in] parameter every `PrecisionLinear` has (on the CPU unless `device` says
+    otherwise). The te.Linear is kept out of the module tree (no state-dict entry: the recipes used here
+    are stateless, TE's `_extra_state` is empty for them); it lives on the GPU and gets the weight,
+    zero-padded to multiples of 16 where needed, at each call. Its `sr_seeds` and `rht_signs` buffers are
+    every precision linear's (the same state dict on every backend): TE draws its SR bits from torch's
+    default CUDA generator, so the seeds are recorded, not drawn from; TE's fixed 16-point signs are
+    hadamard's default vector, the one `rht_signs` holds (other RHT sizes are refused, `unsupported`)."""
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        *,
-        policy: PrecisionPolicy,
-        block_index: int,
-        n_blocks: int,
-        name: str,
-        seed: int = 0,
-        device=None,
-    ):
-        super().__init__()
+    backend_name = "te"
+
+    def __init__(self, in_features: int, out_features: int, **common):
+        super().__init__(in_features, out_features, **common)
         import transformer_engine.pytorch as te
 
-        self.in_features, self.out_features = in_features, out_features
-        self.block_index, self.n_blocks, self.name = block_index, n_blocks, name
-        self.label = f"block{block_index}.{name}"
-        self.backend_name = "te"
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=torch.float32))
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's default; models re-init
+        policy, device = common["policy"], common.get("device")
         self.padded_in = -(-in_features // TE_DIM_MULTIPLE) * TE_DIM_MULTIPLE
         self.padded_out = -(-out_features // TE_DIM_MULTIPLE) * TE_DIM_MULTIPLE
         te_linear = te.Linear(
@@ -135,8 +130,7 @@ class TELinear(nn.Module):
         del te_linear.weight  # TE reads `weight` by attribute at each call: forward() sets it
         object.__setattr__(self, "te_linear", te_linear)  # not a submodule: see the class docstring
         self.te_recipe = make_recipe(policy)
-        self.bf16_block = policy.is_bf16_block(block_index, n_blocks)
-        self.switched = False
+        self.bf16_block = policy.is_bf16_block(self.block_index, self.n_blocks)
         self.stats_enabled = False
 
     def set_switched(self, switched: bool) -> None:
