@@ -17,17 +17,33 @@ from pathlib import Path
 
 from nvfp4train.config import ConfigError, EvalConfig, help_requested, load, usage
 from nvfp4train.eval import harness
-from nvfp4train.eval.weights import RunError, load_run_model, pick_device
+from nvfp4train.eval.weights import RunError, load_run_model, pick_device, read_run_config
 
 
 def evaluate(cfg: EvalConfig) -> tuple[dict, Path]:
-    """Run the evaluation described by an eval config; return (eval.json contents, its path)."""
+    """Run the evaluation described by an eval config; return (eval.json contents, its path).
+
+    A run trained with train.deterministic=true is evaluated in the same deterministic mode on a GPU (mamba-ssm's
+    kernels pinned instead of autotuned by timing, cuBLAS's fixed workspace), so that evaluating it twice, or
+    evaluating a bitwise replicate of it, gives the same eval.json; otherwise the last digits can differ."""
+    from nvfp4train.train.determinism import deterministic_mode
+
+    device = pick_device(cfg.device)
+    deterministic = device == "cuda" and bool(read_run_config(cfg.run_dir).get("train", {}).get("deterministic"))
+    with deterministic_mode(deterministic):
+        result = _evaluate(cfg, device)
+    result["deterministic"] = deterministic
+    path = cfg.run_dir / "eval.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return result, path
+
+
+def _evaluate(cfg: EvalConfig, device: str) -> dict:
     run_dir = cfg.run_dir
     max_items = cfg.max_items or None
     definitions = harness.load_task_definitions()
     names = harness.select_tasks(cfg.tasks, definitions)
     task_items = {name: harness.read_items(definitions[name])[:max_items] for name in names}
-    device = pick_device(cfg.device)
 
     t0 = time.perf_counter()
     model, run_config, ckpt = load_run_model(run_dir, cfg.step, device)
@@ -55,9 +71,7 @@ def evaluate(cfg: EvalConfig) -> tuple[dict, Path]:
         "heldout_mean_loss": sum(v["loss"] for v in heldout.values()) / len(heldout),
         "tasks": tasks, "seconds": round(time.perf_counter() - t0, 2),
     }
-    path = run_dir / "eval.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    return result, path
+    return result
 
 
 def summary(result: dict, path: Path) -> dict:
