@@ -92,6 +92,7 @@ class RunData:
     total: float
     info: dict = field(default_factory=dict)
     eval: dict | None = None
+    repeats_from: float | None = None  # tokens at which the first data source began its second pass
 
     @property
     def val_label(self) -> str:
@@ -121,13 +122,16 @@ def load_run(path: Path, experiment: str, arm: str, seed: int) -> RunData | None
             return None
     t = config.get("train", {})
     per_step = int(t.get("global_batch_size", 0)) * int(t.get("seq_len", 0))
-    train, val, last = {}, {}, 0
+    train, val, last, repeats_from = {}, {}, 0, None
     for line in lines:
         try:
             r = json.loads(line)
         except json.JSONDecodeError:
             continue
         tokens = float(r.get("tokens", r.get("step", 0) * per_step))
+        if repeats_from is None and any(k.startswith("data/epochs/") and isinstance(v, (int, float)) and v >= 1
+                                        for k, v in r.items()):
+            repeats_from = tokens
         last = max(last, int(r.get("step", 0)))
         if r.get("loss") is not None:
             train[tokens] = float(r["loss"])
@@ -137,7 +141,7 @@ def load_run(path: Path, experiment: str, arm: str, seed: int) -> RunData | None
         return None
     eval_json = json.loads((path / "eval.json").read_text()) if (path / "eval.json").is_file() else None
     return RunData((experiment, arm, seed), path, config, train, val, float(int(t["max_steps"]) * per_step), info,
-                   eval_json)
+                   eval_json, repeats_from)
 
 
 def load_runs(results_dirs: list[Path]) -> dict[tuple[str, str, int], RunData]:
@@ -318,10 +322,15 @@ def setup_line(exp: Experiment, runs: dict) -> str:
     cfg = own[0].config
     _, non_embedding = model_params(cfg["model"])
     gpus = sorted({str(r.info.get("gpu", "not recorded")) for r in own})
-    arms = ", ".join(f"{a} ({len(arm_runs(runs, exp, a))} seeds)" for a in exp.compared_arms)
+    counts = {a: len(arm_runs(runs, exp, a)) for a in exp.compared_arms}
+    arms = ", ".join(f"{a} ({n} seed{'' if n == 1 else 's'})" for a, n in counts.items())
+    repeats = [r.repeats_from for r in own if r.repeats_from is not None]
+    data = (f" The data starts repeating (a source's second pass) at {min(repeats) / 1e6:.1f}M tokens, "
+            f"{100 * min(repeats) / own[0].total:.0f}% of the run: from there the training loss is on batches "
+            "seen before." if repeats else "")
     return (f"Model `{cfg['model']['name']}` ({non_embedding / 1e6:.1f}M non-embedding parameters), "
             f"{own[0].total:,.0f} tokens per run = {own[0].total / non_embedding:.2f} tokens per non-embedding "
-            f"parameter. Baseline `{exp.baseline}`; arms with finished runs: {arms}. GPUs: {', '.join(gpus)}.")
+            f"parameter. Baseline `{exp.baseline}`; arms with finished runs: {arms}. GPUs: {', '.join(gpus)}.{data}")
 
 
 def summary_lines(summary: dict) -> list[str]:
@@ -433,7 +442,9 @@ def write_report(results_dirs: list[Path], out: Path, experiments_dir: Path = EX
               "- FP4 is emulated on Hopper (no FP4 tensor cores), bit-exact with Transformer Engine's reference "
               "quantizer; the FP8 baseline is the paper's blockwise recipe.",
               "- Data: a few tens of millions of tokens from offline sources (data/README.md), in the paper's three "
-              "phases; the longer runs pass over a source up to ~4 times, the paper's data never repeats.",
+              "phases; the longer runs pass over a source up to ~4 times (each experiment's setup line says where "
+              "repetition begins), the paper's data never repeats. Gaps measured after that point include how well "
+              "each precision fits data it has seen before, which the paper's runs never measure.",
               "- Token efficiency: the token-equivalent reads the baseline's in-training validation curve, which "
               "is under a WSD schedule: a loss reached during the baseline's decay is reached sooner than a run "
               "of fewer tokens (with its own decay) would, so the ratio is a lower bound of the paper's measure "

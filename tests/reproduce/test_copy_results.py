@@ -60,3 +60,19 @@ def test_replicates_section_says_whether_runs_repeat(tmp_path):
     assert "identical at all 50" in same and same.endswith("| identical |")
     other = next(line for line in section.splitlines() if line.startswith("| synth/nvfp4/2 "))
     assert "50 of 50 differ" in other and "+0.0100%" in other
+
+
+def test_setup_line_says_where_the_data_starts_repeating(tmp_path):
+    runs_dir = tmp_path / "runs"
+    for arm in ("fp8_blockwise", "nvfp4"):
+        write_run(runs_dir, arm, 1, 0.0)
+        path = runs_dir / "synth" / arm / "seed1" / "metrics.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        for r in records:  # one source passes over its data once by step 20 (2,000 of 5,000 tokens)
+            r["data/epochs/books"] = r["step"] / 20
+        path.write_text("\n".join(map(json.dumps, records)) + "\n")
+    experiments, _ = planned(tmp_path, runs_dir)
+    exp = load_experiment("synth", experiments)
+    line = report.setup_line(exp, report.load_runs([runs_dir]))
+    assert "starts repeating (a source's second pass) at 0.0M tokens, 40% of the run" in line, line
+    assert "(1 seed)" in line
