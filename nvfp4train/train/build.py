@@ -30,7 +30,6 @@ def persistent_kernel_caches() -> str:
     return str(root)
 
 
-
 def cpu_threads() -> str:
     """Pick torch's CPU threads unless OMP_NUM_THREADS (or torchrun, which sets it) did: the cores this
     process may use that other processes are not busy on (cores - the 1-minute load average, at least 1).
@@ -48,7 +47,6 @@ def cpu_threads() -> str:
     if threads == cores:
         return f" ({threads} thread{'s' if threads > 1 else ''})"
     return f" ({threads} of {cores} cores: load average {load:.1f}; OMP_NUM_THREADS=N to choose)"
-
 
 
 def check_out_dir_writable(out_dir: Path) -> None:

@@ -1,4 +1,5 @@
-"""Where numbers go: metrics.jsonl (always), W&B (when enabled), and a progress bar.
+"""Where numbers and messages go: metrics.jsonl (always), W&B (when enabled), a progress bar, and the run's
+log out_dir/train.log (LogFile).
 
 metrics.jsonl gets one JSON object per logged step; on resume it is truncated to the steps before the
 checkpoint, so a resumed run's file reads like one uninterrupted run. A damaged line (a torn write, a
