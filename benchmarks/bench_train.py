@@ -45,8 +45,8 @@ from nvfp4train.model.mfu import peak_flops
 from nvfp4train.optim import OptimConfig
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
 from nvfp4train.schema import ConfigError
+from nvfp4train.train.build import persistent_kernel_caches
 from nvfp4train.train.engines import TorchEngine, resolve_compile, resolve_cuda_graph
-from nvfp4train.train.loop import persistent_kernel_caches
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = ("model", "seq", "precision", "backend", "compiled", "cuda_graph")  # one row per key in the JSON file

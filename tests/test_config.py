@@ -1,4 +1,4 @@
-"""The one config mechanism (nvfp4train/config.py): every Hydra-style command composes configs/<name>.yaml the
+"""The one config mechanism (nvfp4train/config/): every Hydra-style command composes configs/<name>.yaml the
 same way, checks it against its dataclass, answers bad input with one line naming the key, and has a --help
 generated from the YAML and the dataclass."""
 import dataclasses

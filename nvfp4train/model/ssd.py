@@ -238,7 +238,7 @@ def pin_triton_configs(modules, pinned: bool) -> int:
     same in every process), or give each back its own list. Returns how many autotuners changed.
 
     mamba-ssm decides between autotuning and one configuration when its modules are imported (with
-    TRITON_CACHE_AUTOTUNING=1, which the trainer sets (train/loop.py), it keeps autotuning even in its deterministic
+    TRITON_CACHE_AUTOTUNING=1, which the trainer sets (train/build.py), it keeps autotuning even in its deterministic
     mode, and two fresh processes can time their way to different block sizes). Pinning here holds whatever
     was imported first, and a choice cached from an earlier call is dropped."""
     from triton.runtime.autotuner import Autotuner

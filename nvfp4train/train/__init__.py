@@ -1,1 +1,1 @@
-"""Training: the loop, checkpoints, metrics and guards. Entry point: `python -m nvfp4train.train`."""
+"""Training: the loop and its Trainer, checkpoints, metrics and guards. Entry point: `python -m nvfp4train.train`."""

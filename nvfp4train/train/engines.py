@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class StepStats:
     """One optimizer step's loss (mean over the global batch), gradient norm and whether the update
-    was applied, as device tensors: the loop reads them on the host only when it logs (loop.py)."""
+    was applied, as device tensors: the loop reads them on the host only when it logs (trainer.py)."""
     loss: torch.Tensor
     grad_norm: torch.Tensor
     applied: torch.Tensor
@@ -76,7 +76,7 @@ class TorchEngine:
     The step never waits for the device: the loss and gradient norm stay device tensors, and a
     non-finite one skips the update on the device (fused AdamW's `found_inf`, as torch.amp's
     GradScaler uses it: weights, moments and step count untouched). The host NonFiniteGuard replays
-    the same decision from the values when the loop reads them (loop.py)."""
+    the same decision from the values when the loop reads them (trainer.py)."""
 
     def __init__(self, model: nn.Module, groups: list[dict], optim_cfg: OptimConfig, parallel: str,
                  info: dist.DistInfo, compile: bool = False, reshard_after_forward: bool | str = True,

@@ -1,4 +1,5 @@
-"""Where numbers go: metrics.jsonl (always), W&B (when enabled), and a progress bar.
+"""Where numbers and messages go: metrics.jsonl (always), W&B (when enabled), a progress bar, and the run's
+log out_dir/train.log (LogFile).
 
 metrics.jsonl gets one JSON object per logged step; on resume it is truncated to the steps before the
 checkpoint, so a resumed run's file reads like one uninterrupted run. A damaged line (a torn write, a
@@ -14,10 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import math
 import os
+import resource
 import sys
 from pathlib import Path
+
+import torch
 
 from nvfp4train.config import ConfigError, WandbConfig
 from nvfp4train.train.rundir import write_atomic, write_failed
@@ -234,3 +239,49 @@ class ProgressBar:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak memory so far: the CUDA caching allocator's high-water mark, or the process's peak RSS on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+
+class LogFile:
+    """The run's full log in out_dir/train.log: every log record from the start of the run (backend choice,
+    data epochs, library messages) and the lines the terminal shows; the terminal gets only the banner,
+    progress and warnings (configs/train.yaml sets the console handler to WARNING). Records before out_dir
+    exists wait in memory."""
+
+    active: LogFile | None = None
+
+    def __init__(self):
+        self.buffer = logging.handlers.MemoryHandler(capacity=1 << 20, flushLevel=logging.CRITICAL + 1)
+        self.file: RunLogHandler | None = None
+        root = logging.getLogger()
+        root.addHandler(self.buffer)
+        self.root_level = root.level
+        root.setLevel(min(root.level or logging.INFO, logging.INFO))
+        LogFile.active = self
+
+    def open(self, path: Path) -> None:
+        self.file = RunLogHandler(path)
+        self.file.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+        self.buffer.setTarget(self.file)
+        self.buffer.flush()
+        logging.getLogger().removeHandler(self.buffer)
+        logging.getLogger().addHandler(self.file)
+
+    def close(self) -> None:
+        root = logging.getLogger()
+        for handler in (self.buffer, self.file):
+            if handler is not None:
+                root.removeHandler(handler)
+                handler.close()
+        self.file = None
+        root.setLevel(self.root_level)
+        if LogFile.active is self:
+            LogFile.active = None
+

@@ -125,22 +125,22 @@ def test_compare_without_matplotlib_writes_the_tables_and_says_so_once(own_run, 
 
 
 def test_cpu_threads_leave_busy_cores_alone(monkeypatch):
-    from nvfp4train.train import loop
+    from nvfp4train.train import build
 
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     try:
         monkeypatch.setattr(os, "getloadavg", lambda: (2.6, 1.0, 1.0))
-        assert loop.cpu_threads() == " (1 of 4 cores: load average 2.6; OMP_NUM_THREADS=N to choose)"
+        assert build.cpu_threads() == " (1 of 4 cores: load average 2.6; OMP_NUM_THREADS=N to choose)"
         assert torch.get_num_threads() == 1
         monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 1.0, 1.0))
-        assert loop.cpu_threads().startswith(" (1 of 4 cores") and torch.get_num_threads() == 1
+        assert build.cpu_threads().startswith(" (1 of 4 cores") and torch.get_num_threads() == 1
         monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 1.0, 1.0))
-        assert loop.cpu_threads() == " (4 threads)" and torch.get_num_threads() == 4
+        assert build.cpu_threads() == " (4 threads)" and torch.get_num_threads() == 4
         monkeypatch.setenv("OMP_NUM_THREADS", "3")
         torch.set_num_threads(3)
-        assert loop.cpu_threads() == " (3 threads: OMP_NUM_THREADS)" and torch.get_num_threads() == 3
+        assert build.cpu_threads() == " (3 threads: OMP_NUM_THREADS)" and torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
 

@@ -8,7 +8,7 @@ import yaml
 from nvfp4train.config import CONFIG_DIR
 from nvfp4train.model import HybridLM, ModelConfig
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
-from nvfp4train.train.loop import evaluate
+from nvfp4train.train.heldout import evaluate
 
 
 def build(precision: str):

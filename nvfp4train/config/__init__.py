@@ -1,0 +1,49 @@
+"""The one config mechanism: every command's options are a dataclass, Hydra composes them, `schema` checks them.
+
+`compose(name, overrides)` composes `configs/<name>.yaml` for the commands that take Hydra-style
+`key=value` arguments (train, eval, export, generate, summary), `load(name, overrides)` also checks the
+result against that command's dataclass (`COMMANDS`), and `usage(name, doc)` is their `--help`. A bad key,
+a missing one or a bad value is one `ConfigError` line that names the key and what is allowed; the
+overrides are checked against the dataclasses before Hydra sees them, so Hydra's own wording never shows.
+
+A training run (`RunConfig`) is made of sections: `model` (ModelConfig), `precision` (PrecisionPolicy), `data`
+(DataConfig), `optim` (OptimConfig) and `train` (TrainConfig, here). `configs/train.yaml` starts from every
+section's dataclass defaults (registered with Hydra's ConfigStore as `nvfp4train_defaults`), then one option
+of each config group (`configs/model/`, `configs/precision/`, `configs/data/`), then the overrides.
+The checking itself (types, StrEnum choices, `bounded` ranges) is `nvfp4train.schema`, which the rooms'
+dataclasses use too; this module sits above them (it imports model, precision, data, optim).
+
+`configs/` sits at the repository root; a wheel ships a copy inside the package (`setup.py`).
+
+The package's modules, by topic: `run` (RunConfig, TrainConfig), `commands` (the other commands' options,
+COMMANDS, GROUPS), `compose` (Hydra composition, checking, presets), `usage` (--help). Import the names from
+`nvfp4train.config`.
+"""
+from nvfp4train.config.commands import (
+    COMMANDS,
+    GROUPS,
+    EvalConfig,
+    ExportConfig,
+    GenerateConfig,
+    SummaryConfig,
+    SummarySeqLen,
+)
+from nvfp4train.config.compose import (
+    CONFIG_DIR,
+    check_complete,
+    check_overrides,
+    compose,
+    from_node,
+    group_options,
+    load,
+    load_preset,
+    register_defaults,
+)
+from nvfp4train.config.run import SECTIONS, RunConfig, TrainConfig, WandbConfig, resolve_micro_batch
+from nvfp4train.config.usage import help_requested, usage
+from nvfp4train.schema import ConfigError
+
+__all__ = ["COMMANDS", "CONFIG_DIR", "GROUPS", "SECTIONS", "ConfigError", "EvalConfig", "ExportConfig",
+           "GenerateConfig", "RunConfig", "SummaryConfig", "SummarySeqLen", "TrainConfig", "WandbConfig",
+           "check_complete", "check_overrides", "compose", "from_node", "group_options", "help_requested", "load",
+           "load_preset", "register_defaults", "resolve_micro_batch", "usage"]

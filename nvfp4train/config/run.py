@@ -1,0 +1,205 @@
+"""A training run's config: `RunConfig`, made of sections (model, precision, data as plain data that their
+own dataclasses check; optim; train), and `TrainConfig` (steps, batch, checkpoints, parallelism, logging)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from nvfp4train.data.config import DataConfig, parse_data_config
+from nvfp4train.model.config import ModelConfig
+from nvfp4train.optim import OptimConfig
+from nvfp4train.precision.recipe import PrecisionPolicy
+from nvfp4train.schema import ConfigError, bounded, check, to_plain
+
+Device = StrEnum("Device", "auto cpu cuda")
+Parallel = StrEnum("Parallel", "ddp fsdp2 deepspeed")
+Progress = StrEnum("Progress", "auto true false")
+Compile = StrEnum("Compile", "auto true false")
+CudaGraph = StrEnum("CudaGraph", "auto true false")
+ActivationCheckpointing = StrEnum("ActivationCheckpointing", "none full selective")
+WandbMode = StrEnum("WandbMode", "auto online offline")
+FsdpReshard = StrEnum("FsdpReshard", "auto true false")
+EvalPrecision = StrEnum("EvalPrecision", "train bf16")
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    enabled: bool = False
+    """Log to Weights & Biases too (metrics.jsonl is always written)."""
+    mode: WandbMode = WandbMode.auto
+    """auto: online with WANDB_API_KEY, else offline."""
+    project: str = "nvfp4train"
+    """W&B project."""
+    entity: str | None = None
+    """W&B entity (team or user); null: the API key's default."""
+    group: str | None = None
+    """Runs of one group are compared together; null: the `experiment` key."""
+    name: str | None = None
+    """The run's name; null: W&B picks one."""
+
+    def __post_init__(self):
+        check(self, "train.wandb")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The CPU default: a few minutes on 2 cores."""
+    max_steps: int = bounded(300, ge=1)
+    """Optimizer steps to train for."""
+    seq_len: int = bounded(128, ge=1)
+    """Tokens per training sequence."""
+    global_batch_size: int = bounded(16, ge=1)
+    """Sequences per optimizer step, over all ranks."""
+    micro_batch_size: int | None = bounded(None, ge=1)
+    """Sequences per forward/backward on one rank (gradient accumulation fills the rest); null: the
+    global batch divided by the world size (no accumulation), so the defaults run at any world size."""
+    log_every: int = bounded(10, ge=1)
+    """Write a metrics line every N steps."""
+    eval_every: int = bounded(0, ge=0)
+    """Held-out validation loss every N steps (0: only at the end)."""
+    eval_sequences: int = bounded(64, ge=0)
+    """Held-out sequences per data source (of seq_len + 1 tokens; fewer if the source's val split is shorter):
+    the same default as `python -m nvfp4train.eval`'s heldout_sequences, so both measure the same set;
+    0: no held-out evaluation (as Megatron's --eval-iters 0)."""
+    eval_precision: EvalPrecision = EvalPrecision.train
+    """The GEMMs of the in-training validation: train (the run's own precision at that step) | bf16 (every
+    linear in BF16, as the evaluation of a final checkpoint)."""
+    save_every: int = bounded(0, ge=0)
+    """Checkpoint every N steps (0: only the final one)."""
+    keep_last: int = bounded(3, ge=1)
+    """Keep this many checkpoints."""
+    resume: str = "auto"
+    """auto (the latest checkpoint in out_dir, if any) | never | the path of a checkpoint directory."""
+    overwrite: bool = False
+    """With resume=never on an out_dir that holds a run: move that run aside to `<out_dir>.replaced-<time>/`
+    and start afresh (without it the run refuses)."""
+    device: Device = Device.auto
+    """auto: cuda when available, else cpu."""
+    parallel: Parallel = Parallel.ddp
+    """Used when WORLD_SIZE > 1 (deepspeed also at 1)."""
+    zero_stage: int = bounded(1, ge=1, le=2)
+    """DeepSpeed ZeRO stage (1 or 2)."""
+    compile: Compile = Compile.auto
+    """torch.compile the whole model (and its loss): auto (on CUDA, not on CPU, where compiling costs more
+    than it saves) | true | false."""
+    cuda_graph: CudaGraph = CudaGraph.auto
+    """Capture each step's forward and backward passes as one CUDA graph and replay it (train/cuda_graph.py):
+    auto (single-process CUDA runs without activation checkpointing or the te backend) | true (refuses a
+    run where it cannot) | false. Removes the host's launch overhead, which bounds the emulated
+    low-precision steps of small models; the same numerics as eager steps."""
+    deterministic: bool = False
+    """Bitwise-reproducible training on a GPU: the same config and seed give the same losses and weights on
+    the same GPU model and software (torch's deterministic mode, cuBLAS's deterministic workspace, math
+    attention, mamba-ssm's deterministic SSD with pinned kernel configs; train/determinism.py). Costs speed
+    (docs/determinism.md); CPU runs are reproducible without it."""
+    activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
+    """Recompute activations in backward to save memory: none | full (every block) | selective (every
+    second block, torchtitan's `selective` by layer)."""
+    ddp_bucket_cap_mb: int = bounded(25, ge=1)
+    """train.parallel=ddp: MB of gradients per all-reduce bucket (torch's default 25). Under train.compile
+    the compiled graph is also split at these bucket boundaries (dynamo's DDP optimizer), so larger
+    buckets mean fewer, larger graphs and fewer, later all-reduces."""
+    fsdp_reshard_after_forward: FsdpReshard = FsdpReshard.auto
+    """train.parallel=fsdp2: true frees each block's gathered weights after its forward and gathers them
+    again in backward (ZeRO-3 memory); false keeps them until backward (one all-gather a step fewer,
+    2 bytes a parameter more); auto: false when the model's gathered BF16 weights take at most 1/8 of the
+    device's memory (hybrid_1b on an 80 GB GPU), else true. train.log says which, and why."""
+    fsdp_prefetch: int = bounded(1, ge=0, le=8)
+    """train.parallel=fsdp2: blocks whose weights are all-gathered ahead of use (the next ones in
+    forward, the previous ones in backward); 0 leaves FSDP2's implicit prefetch (issued when the CPU
+    reaches the next block)."""
+    preempt_check_every: int = bounded(10, ge=1)
+    """With several ranks, agree on a SIGTERM/SIGUSR1/SIGINT every N steps (the all-reduce is a host
+    sync; a signal is answered with a checkpoint at most N-1 steps later). One process checks every step."""
+    max_nonfinite_steps: int = bounded(5, ge=1)
+    """Halt after this many non-finite steps in a row (each one is skipped)."""
+    spike_factor: float = bounded(3.0, gt=1.0)
+    """A loss above spike_factor x its running mean (after warmup) is logged as a spike."""
+    progress: Progress = Progress.auto
+    """A progress bar: auto (when interactive) | true | false."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Weights & Biases logging."""
+
+    def __post_init__(self):
+        for key in ("progress", "compile", "cuda_graph", "fsdp_reshard_after_forward"):
+            if isinstance(getattr(self, key), bool):  # YAML and Hydra read true/false as booleans
+                object.__setattr__(self, key, str(getattr(self, key)).lower())
+        check(self, "train")
+        if not self.resume:
+            raise ConfigError(f"train.resume={self.resume!r}: allowed auto, never, or a checkpoint directory")
+        if self.resume not in ("auto", "never") and not Path(self.resume).is_dir():
+            raise ConfigError(f"train.resume={self.resume!r}: not a checkpoint directory "
+                              "(allowed: auto, never, or the path of a checkpoint directory)")
+        if self.micro_batch_size is not None and self.global_batch_size % self.micro_batch_size:
+            raise ConfigError(f"train.global_batch_size={self.global_batch_size} must be a multiple of "
+                              f"train.micro_batch_size={self.micro_batch_size}")
+
+
+def resolve_micro_batch(train: TrainConfig, world_size: int) -> TrainConfig:
+    """`train` with micro_batch_size set: as given, or the global batch split over the ranks (as torchtitan's
+    local batch and Megatron's default are), checked against the world size."""
+    micro = train.micro_batch_size
+    if micro is None:
+        if train.global_batch_size % world_size:
+            raise ConfigError(f"train.global_batch_size={train.global_batch_size} must be a multiple of the world "
+                              f"size {world_size} (or set train.micro_batch_size with gradient accumulation)")
+        micro = train.global_batch_size // world_size
+    if train.global_batch_size % (micro * world_size):
+        raise ConfigError(f"train.global_batch_size={train.global_batch_size} must be a multiple of "
+                          f"train.micro_batch_size x world size = {micro} x {world_size} = {micro * world_size} "
+                          f"(leave train.micro_batch_size unset to derive it)")
+    return dataclasses.replace(train, micro_batch_size=micro)
+
+
+# The sections a run is made of and the dataclass each one is checked against.
+SECTIONS = {"model": ModelConfig, "precision": PrecisionPolicy, "data": DataConfig, "optim": OptimConfig,
+            "train": TrainConfig}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: dict[str, Any]
+    """The model section as plain data (checked by ModelConfig)."""
+    precision: dict[str, Any]
+    """The precision section as plain data (checked by PrecisionPolicy)."""
+    data: dict[str, Any]
+    """The data section as plain data (checked by nvfp4train.data.parse_data_config)."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and learning-rate schedule."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Steps, batch, checkpoints, parallelism, logging."""
+    out_dir: Path = Path("runs/default")
+    """Where metrics.jsonl, config.yaml and checkpoints/ go."""
+    seed: int = bounded(1234, ge=0)
+    """Seeds the initial weights, the data order and stochastic rounding."""
+    experiment: str = "default"
+    """Runs of one experiment share a W&B group."""
+
+    def __post_init__(self):
+        check(self, "")
+        # parsed once, here; the plain data above stays what config.yaml and checkpoints record
+        object.__setattr__(self, "_parsed", (ModelConfig.from_dict(self.model),
+                                             PrecisionPolicy.from_dict(self.precision)))
+        parse_data_config(self.data)  # the data room parses it again where it reads the files
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The model section as the checked ModelConfig."""
+        return self._parsed[0]
+
+    @property
+    def policy(self) -> PrecisionPolicy:
+        """The precision section as the checked PrecisionPolicy."""
+        return self._parsed[1]
+
+    @classmethod
+    def from_omegaconf(cls, cfg) -> RunConfig:
+        from nvfp4train.config.compose import from_node  # compose imports this module
+
+        return from_node("train", cfg)
+
+    def to_dict(self) -> dict:
+        return {**to_plain(self), "out_dir": str(self.out_dir)}

@@ -1,0 +1,121 @@
+"""What Trainer(cfg) sets up and checks before it writes anything: the host (CPU threads, kernel caches),
+out_dir's writability, and the model (with the precision room's linears), precision controller and data,
+all validated, and the peak FLOP/s MFU is measured against."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from nvfp4train import dist
+from nvfp4train.config import ConfigError, RunConfig
+from nvfp4train.data import build_train_loader, build_val_data
+from nvfp4train.data.paths import resolve_path
+from nvfp4train.model import HybridLM, ModelConfig
+from nvfp4train.model.mfu import peak_flops
+from nvfp4train.model.ssd import triton_ssd_available
+from nvfp4train.precision import PrecisionController, build_linear_factory, gemm_peak_kind
+
+
+def persistent_kernel_caches() -> str:
+    """Triton's compiled kernels and autotuning results (mamba-ssm's SSD kernels, Inductor's) in one directory
+    that the runs of this machine share, so only the first run pays the autotuning: TRITON_CACHE_DIR when set
+    (shared storage shares it between nodes), else ~/.cache/nvfp4train/triton; Inductor's cache beside it
+    unless TORCHINDUCTOR_CACHE_DIR is set. Set before the first kernel compiles (Triton reads them then)."""
+    root = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".cache" / "nvfp4train" / "triton")
+    os.environ.setdefault("TRITON_CACHE_DIR", str(root))
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # Triton >= 3.2 keeps autotuning choices there
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root.parent / "inductor"))
+    return str(root)
+
+
+def cpu_threads() -> str:
+    """Pick torch's CPU threads unless OMP_NUM_THREADS (or torchrun, which sets it) did: the cores this
+    process may use that other processes are not busy on (cores - the 1-minute load average, at least 1).
+    torch's default (every core) collapses on a shared machine: the default run on 2 cores with other jobs
+    running (load average ~10) made ~250 tokens/s with 2 threads and ~900 with 1; on an idle
+    machine it keeps every core. The thread count does not change the numbers (same losses, bitwise).
+    Returns the banner's note."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if os.environ.get("OMP_NUM_THREADS"):
+        n = torch.get_num_threads()
+        return f" ({n} thread{'s' if n > 1 else ''}: OMP_NUM_THREADS)"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    threads = max(1, min(cores, cores - round(load)))
+    torch.set_num_threads(threads)
+    if threads == cores:
+        return f" ({threads} thread{'s' if threads > 1 else ''})"
+    return f" ({threads} of {cores} cores: load average {load:.1f}; OMP_NUM_THREADS=N to choose)"
+
+
+def check_out_dir_writable(out_dir: Path) -> None:
+    """Fail early if out_dir cannot be created or written, without creating anything yet."""
+    existing = out_dir.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"out_dir={str(out_dir)!r}: not writable ({existing} is not a writable directory)")
+
+
+def data_cache_dir(data: dict) -> Path | None:
+    try:
+        return resolve_path(data.get("cache_dir") or "data/cache", cache=True)
+    except (TypeError, ValueError):
+        return None  # the data config's own check names the key
+
+
+def build_model_and_data(cfg: RunConfig, info: dist.DistInfo):
+    """Model (with the precision room's linears), precision controller and data, all validated."""
+    model_cfg, policy = cfg.model_config, cfg.policy  # parsed and checked once, by RunConfig
+    t = cfg.train
+    try:
+        loader = build_train_loader(cfg.data, seq_len=t.seq_len, global_batch_size=t.global_batch_size,
+                                    micro_batch_size=t.micro_batch_size, rank=info.rank,
+                                    world_size=info.world_size, seed=cfg.seed,
+                                    total_samples=t.max_steps * t.global_batch_size)
+        val_data = (build_val_data(cfg.data, seq_len=t.seq_len, max_sequences_per_domain=t.eval_sequences)
+                    if t.eval_sequences else {})  # 0: no held-out evaluation
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(f"data: {e}") from None
+    if loader.tokenizer.vocab_size > model_cfg.vocab_size:
+        raise ConfigError(f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
+                          f"{loader.tokenizer.vocab_size} tokens (data.tokenizer)")
+
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    try:  # a backend that cannot run here (e.g. backend=te, nvfp4 on Hopper) is one line, exit 2
+        factory = build_linear_factory(policy, n_blocks=len(model_cfg.pattern), seed=cfg.seed)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    model = build_model(model_cfg, lambda: HybridLM(model_cfg, linear_factory=factory), info.device)
+    controller = PrecisionController(policy, model)
+    return model_cfg, model, controller, loader, val_data
+
+
+def build_model(model_cfg: ModelConfig, build, device: torch.device):
+    """build() on `device`, refusing in one line what cannot run there: the Triton SSD off CUDA, and a
+    model whose FP32 weights (built in host memory first) do not fit: counted on the meta device, and
+    an allocation that fails anyway is caught."""
+    if model_cfg.ssd_backend == "triton" and (device.type != "cuda" or not triton_ssd_available()):
+        raise ConfigError(f"model.ssd_backend=triton needs a CUDA GPU and mamba-ssm's Triton kernels (device "
+                          f"{device.type}); use model.ssd_backend=auto or torch")
+    with torch.device("meta"):
+        n_params = sum(p.numel() for p in build().parameters())
+    need = (f"model {model_cfg.name}: {n_params:,} parameters need {4 * n_params / 1e9:,.1f} GB for the "
+            "FP32 weights alone (about 4x that to train: gradients and AdamW moments)")
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if 4 * n_params > host:
+        raise ConfigError(f"{need}; this machine has {host / 1e9:,.1f} GB of memory: choose a smaller model")
+    try:
+        return build().to(device)
+    except (MemoryError, RuntimeError) as e:  # CUDA's OutOfMemoryError and the CPU allocator's are RuntimeErrors
+        if not isinstance(e, (MemoryError, torch.OutOfMemoryError)) and "can't allocate memory" not in str(e):
+            raise
+        raise ConfigError(f"{need}; they could not be allocated on {device.type}: choose a smaller model") from None
+
+
+def mfu_peak(cfg: RunConfig, controller: PrecisionController, info: dist.DistInfo) -> tuple[float, str] | None:
+    """The peak FLOP/s MFU is measured against (None off CUDA or on a GPU not in the table)."""
+    gemm_precision = gemm_peak_kind(controller.policy, controller.backend_name)  # emulated: the BF16 peak
+    return peak_flops(info.device, gemm_precision) if info.device.type == "cuda" else None
+
