@@ -27,27 +27,16 @@ def test_missing_path_names_the_file(corpus, tmp_path):
         build(corpus)
 
 
-def test_empty_source_names_the_source(corpus, tmp_path):
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text(json.dumps({"text": ""}) + "\n")
-    corpus["sources"]["digits"]["train"] = str(empty)
-    with pytest.raises(ValueError, match=r"data.sources.digits.train.*empty source"):
-        build(corpus)
-
-
-def test_source_smaller_than_one_sample(corpus, tmp_path):
-    tiny = tmp_path / "tiny.jsonl"
-    tiny.write_text(json.dumps({"text": "abc def"}) + "\n")
-    corpus["sources"]["digits"]["train"] = str(tiny)
-    with pytest.raises(ValueError, match=r"'digits'.*fewer than seq_len"):
-        build(corpus)
-
-
-def test_missing_text_field_names_file_and_line(corpus, tmp_path):
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"text": "ok"}) + "\n" + json.dumps({"body": "x"}) + "\n")
-    corpus["sources"]["lower"]["train"] = str(bad)
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: no 'text' field"):
+@pytest.mark.parametrize("source, name, records, match", [
+    ("digits", "empty.jsonl", [{"text": ""}], r"data.sources.digits.train.*empty source"),
+    ("digits", "tiny.jsonl", [{"text": "abc def"}], r"'digits'.*fewer than seq_len"),
+    ("lower", "bad.jsonl", [{"text": "ok"}, {"body": "x"}], r"bad.jsonl:2: no 'text' field"),
+], ids=["empty", "smaller-than-one-sample", "no-text-field"])
+def test_bad_source_file_names_the_source(corpus, tmp_path, source, name, records, match):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    corpus["sources"][source]["train"] = str(path)
+    with pytest.raises(ValueError, match=match):
         build(corpus)
 
 
