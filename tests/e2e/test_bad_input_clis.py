@@ -73,10 +73,9 @@ def _prepare_docs(docs, *args, out="shards"):
 
 
 def _prepare_config(text):
-    """data.prepare --config tmp/data.yaml holding ``text`` (None: no such file)."""
+    """data.prepare --config tmp/data.yaml holding ``text``."""
     def case(tmp):
-        if text is not None:
-            (tmp / "data.yaml").write_text(text)
+        (tmp / "data.yaml").write_text(text)
         return prepare("--config", tmp / "data.yaml")
     return case
 
@@ -99,7 +98,7 @@ CASES = {
     "prepare_out_below_a_file": _prepare_docs(GOOD_DOC, out="taken/shards"),
     "prepare_unknown_tokenizer": _prepare_docs(GOOD_DOC, "--tokenizer", "{tmp}/nope.json"),
     "prepare_zero_docs_per_shard": _prepare_docs(GOOD_DOC, "--docs-per-shard", "0"),
-    "prepare_config_missing": _prepare_config(None),
+    "prepare_config_missing": lambda tmp: prepare("--config", tmp / "nope.yaml"),
     "prepare_config_not_yaml": _prepare_config("sources: [\n"),
     "prepare_config_a_list": _prepare_config("- bundled\n"),
     "prepare_config_missing_keys": _prepare_config("sources: {web: {weight: 1}}\n"),
