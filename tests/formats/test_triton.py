@@ -45,7 +45,8 @@ def kernel_test(fn):
 def test_kernels_in_the_triton_interpreter():
     pytest.importorskip("triton")
     root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    # One process: not the -n of a parallel outer run (.ci/run's PYTEST_ADDOPTS), which would only add workers.
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, "TRITON_INTERPRET": "1"}
     run = subprocess.run(
         [
             sys.executable,
