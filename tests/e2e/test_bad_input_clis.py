@@ -150,14 +150,22 @@ class _PlantedPickle:
         return (os.system, (f"touch {self.marker}",))
 
 
+@pytest.fixture(scope="module")
+def one_step_run(tmp_path_factory):
+    """A run trained for one step, copied by each test that damages it."""
+    run = tmp_path_factory.mktemp("one_step") / "run"
+    subprocess.run([sys.executable, "-m", "nvfp4train.train", "train.max_steps=1", f"out_dir={run}",
+                    "train.eval_sequences=0"], cwd=run.parent, env=cli_env(), capture_output=True, check=True,
+                   timeout=600)
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("tool", ["eval", "export"])
-def test_planted_pickle_shard_is_one_line_and_never_runs(tmp_path, tool):
+def test_planted_pickle_shard_is_one_line_and_never_runs(tmp_path, tool, one_step_run):
     import pickle
     run = tmp_path / "run"
-    subprocess.run([sys.executable, "-m", "nvfp4train.train", "train.max_steps=1", f"out_dir={run}",
-                    "train.eval_sequences=0"], cwd=tmp_path, env=cli_env(), capture_output=True, check=True,
-                   timeout=600)
+    shutil.copytree(one_step_run, run)
     marker = tmp_path / "PLANTED_CODE_RAN"
     shard = next((run / "checkpoints").glob("step_*/model_optim/*.distcp"))
     shard.write_bytes(pickle.dumps(_PlantedPickle(marker)))
