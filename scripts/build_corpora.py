@@ -103,36 +103,25 @@ def literature_works(shakespeare_dir: Path) -> list[tuple[str, str]]:
     return works
 
 
-def encyclopedic_works(wiki_dir: Path) -> list[tuple[str, str]]:
-    summaries = json.loads((wiki_dir / "data" / "summaries_en-us.json").read_text(encoding="utf-8"))
+def _summary_works(path: Path, prefix: str) -> list[tuple[str, str]]:
+    """One work per non-empty entry of a Wikipedia summaries file: its title, a blank line, its lead extract."""
+    summaries = json.loads(path.read_text(encoding="utf-8"))
     works = []
     for key in sorted(summaries):
         entry = summaries[key]
         text = (entry.get("extract") or "").strip()
         if text:
-            works.append((f"wikipedia/{entry.get('title', key)}", f"{entry.get('title', key)}\n\n{text}"))
+            works.append((f"{prefix}/{entry.get('title', key)}", f"{entry.get('title', key)}\n\n{text}"))
     return works
 
 
-def code_works() -> list[tuple[str, str]]:
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    works = []
-    for path in sorted(stdlib.rglob("*.py")):
-        rel = path.relative_to(stdlib).as_posix()
-        parts = rel.split("/")
-        if parts[0] in ("site-packages", "dist-packages") or any(p in ("test", "tests", "idle_test") for p in parts):
-            continue
-        if parts[-1].startswith("test_"):
-            continue
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if 200 <= len(text) <= 200_000:
-            works.append((f"cpython-stdlib/{rel}", text))
-    return works
+def encyclopedic_works(wiki_dir: Path) -> list[tuple[str, str]]:
+    return _summary_works(wiki_dir / "data" / "summaries_en-us.json", "wikipedia")
 
 
-def code_tests_works() -> list[tuple[str, str]]:
-    """The standard library's own tests (test/ and tests/ directories, test_*.py): the code domain's
-    complement, never overlapping it."""
+def _stdlib_works(prefix: str, tests: bool) -> list[tuple[str, str]]:
+    """The standard library's .py files of 200 to 200,000 characters, its tests (test/, tests/ and idle_test/
+    directories, test_*.py) or the rest."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     works = []
     for path in sorted(stdlib.rglob("*.py")):
@@ -140,12 +129,23 @@ def code_tests_works() -> list[tuple[str, str]]:
         parts = rel.split("/")
         if parts[0] in ("site-packages", "dist-packages"):
             continue
-        if not (any(p in ("test", "tests", "idle_test") for p in parts) or parts[-1].startswith("test_")):
+        is_test = any(p in ("test", "tests", "idle_test") for p in parts) or parts[-1].startswith("test_")
+        if is_test != tests:
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
         if 200 <= len(text) <= 200_000:
-            works.append((f"cpython-stdlib-tests/{rel}", text))
+            works.append((f"{prefix}/{rel}", text))
     return works
+
+
+def code_works() -> list[tuple[str, str]]:
+    return _stdlib_works("cpython-stdlib", tests=False)
+
+
+def code_tests_works() -> list[tuple[str, str]]:
+    """The standard library's own tests (test/ and tests/ directories, test_*.py): the code domain's
+    complement, never overlapping it."""
+    return _stdlib_works("cpython-stdlib-tests", tests=True)
 
 
 def multilingual_works(wiki_dir: Path) -> list[tuple[str, str]]:
@@ -153,14 +153,8 @@ def multilingual_works(wiki_dir: Path) -> list[tuple[str, str]]:
     works = []
     for lang in ("fr-fr", "es-es"):
         path = wiki_dir / "data" / f"summaries_{lang}.json"
-        if not path.is_file():
-            continue
-        summaries = json.loads(path.read_text(encoding="utf-8"))
-        for key in sorted(summaries):
-            entry = summaries[key]
-            text = (entry.get("extract") or "").strip()
-            if text:
-                works.append((f"wikipedia-{lang}/{entry.get('title', key)}", f"{entry.get('title', key)}\n\n{text}"))
+        if path.is_file():
+            works += _summary_works(path, f"wikipedia-{lang}")
     return works
 
 

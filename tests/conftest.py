@@ -34,6 +34,19 @@ def run_train(*overrides: str, timeout: float = 600, check: bool = True) -> subp
     return proc
 
 
+def run_torchrun(*overrides: str, launcher: str = "nvfp4train.dist.run", nproc: int = 2, env: dict | None = None,
+                 timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+    """The trainer on ``nproc`` local ranks (gloo on CPU) under ``launcher`` (nvfp4train.dist.run or stock
+    torch.distributed.run) with --standalone: a free rendezvous port, so runs side by side never collide."""
+    cmd = [sys.executable, "-m", launcher, "--standalone", f"--nproc_per_node={nproc}", "-m", "nvfp4train.train",
+           *overrides]
+    proc = subprocess.run(cmd, cwd=REPO, env=env or cli_env(OMP_NUM_THREADS=1), capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
 def read_metrics(out_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
 

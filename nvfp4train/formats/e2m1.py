@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from . import hadamard
 from .rounding import random_bits_like
 
 E2M1_MAX = 6.0
@@ -42,6 +43,14 @@ FP16_FROM_E2M1 = 2.0**-14
 def check_rounding(rounding: str) -> None:
     if rounding not in ROUNDING_MODES:
         raise ValueError(f"rounding={rounding!r} is not supported; allowed: {ROUNDING_MODES}")
+
+
+def check_wgrad_args(x: torch.Tensor, block: int, rounding: str, signs, who: str) -> torch.Tensor:
+    """The checks of a fused Wgrad quantizer ``who`` (the RHT along x's tokens, then ``block``-element E2M1
+    blocks): x's dtype and shape, the rounding mode; returns the sign vector ``signs`` stands for."""
+    hadamard.check_wgrad_input(x, block, who)
+    check_rounding(rounding)
+    return hadamard.resolve_signs(block, signs)
 
 
 def round_signed_(

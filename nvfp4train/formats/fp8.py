@@ -186,6 +186,17 @@ def quantize_blockwise(
     return data.reshape(x.shape), torch.reciprocal(encode)
 
 
+def _check_tokens_input(x: torch.Tensor, dtype: torch.dtype, who: str) -> None:
+    """The input of a quantizer with blocks along tokens (``who``): x [tokens, features], tokens a multiple of
+    128, and an FP8 dtype; one-line errors otherwise."""
+    _check_input(x)
+    _check_fp8_dtype(dtype)
+    if x.ndim != 2 or x.shape[0] % 128:
+        raise ValueError(
+            f"{who}: x must be 2-D [tokens, features] with tokens a multiple of 128, got shape {tuple(x.shape)}"
+        )
+
+
 def quantize_blockwise_t(
     x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False, *, impl: str = "auto"
 ):
@@ -193,13 +204,7 @@ def quantize_blockwise_t(
     multiple of 128): the Wgrad operands Xᵀ and dYᵀ, blocks of 128 tokens per feature. The Triton kernel
     reads x row-major and writes the transposed codes, without the transposed copy of x the reference
     (impl="reference") makes first. Same bits."""
-    _check_input(x)
-    _check_fp8_dtype(dtype)
-    if x.ndim != 2 or x.shape[0] % 128:
-        raise ValueError(
-            f"fp8.quantize_blockwise_t: x must be 2-D [tokens, features] with tokens a multiple of "
-            f"128, got shape {tuple(x.shape)}"
-        )
+    _check_tokens_input(x, dtype, "fp8.quantize_blockwise_t")
     if use_triton(x, impl, "fp8.quantize_blockwise_t"):
         from . import kernels
 
@@ -221,13 +226,7 @@ def quantize_blockwise_rowcol(
     activation or a gradient (blocks along features for Fprop / Dgrad, along tokens for Wgrad), from one
     read of x on CUDA. ``row_width`` (a multiple of 128, at least features; default: features rounded up to
     128) is the row copy's K, padded for its GEMM; the Wgrad copy keeps the features as they are. Same bits."""
-    _check_input(x)
-    _check_fp8_dtype(dtype)
-    if x.ndim != 2 or x.shape[0] % 128:
-        raise ValueError(
-            f"fp8.quantize_blockwise_rowcol: x must be 2-D [tokens, features] with tokens a multiple "
-            f"of 128, got shape {tuple(x.shape)}"
-        )
+    _check_tokens_input(x, dtype, "fp8.quantize_blockwise_rowcol")
     n_features = x.shape[1]
     row_width = -(-n_features // 128) * 128 if row_width is None else row_width
     if row_width % 128 or row_width < n_features:

@@ -227,10 +227,8 @@ def rht_quantize_t(
     never materializes the transpose or the transform. SR bits follow the [features, tokens]
     layout. ``blocks``: the Triton kernel's (groups of 32 tokens, features[, warps]) per program
     (kernels.rht.program_blocks; a speed knob, the bits do not depend on it)."""
-    hadamard.check_wgrad_input(x, BLOCK, "mxfp4.rht_quantize_t")
-    e2m1.check_rounding(rounding)
+    signs = e2m1.check_wgrad_args(x, BLOCK, rounding, signs, "mxfp4.rht_quantize_t")
     scale_rule = check_scale_rule(scale_rule)
-    signs = hadamard.resolve_signs(BLOCK, signs)
     if not use_triton(x, impl, "mxfp4.rht_quantize_t"):
         return quantize(
             hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator, impl="reference"
@@ -254,10 +252,8 @@ def rht_fake_quantize_t(
 ):
     """``(values [features, tokens], 1.0)``: ``fake_quantize`` of ``hadamard.rht(x.T, 32, signs)``
     (see ``rht_quantize_t``)."""
-    hadamard.check_wgrad_input(x, BLOCK, "mxfp4.rht_fake_quantize_t")
-    e2m1.check_rounding(rounding)
+    signs = e2m1.check_wgrad_args(x, BLOCK, rounding, signs, "mxfp4.rht_fake_quantize_t")
     scale_rule = check_scale_rule(scale_rule)
-    signs = hadamard.resolve_signs(BLOCK, signs)
     if not use_triton(x, impl, "mxfp4.rht_fake_quantize_t"):
         return fake_quantize(
             hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator, out_dtype, impl="reference"

@@ -275,9 +275,7 @@ def rht_quantize_t(
     materializes the transpose or the transform. SR bits follow the [features, tokens] layout.
     ``blocks``: the Triton kernels' (groups of 16 tokens, features[, warps]) per program
     (kernels.rht.program_blocks; a speed knob, the bits do not depend on it)."""
-    hadamard.check_wgrad_input(x, BLOCK, "nvfp4.rht_quantize_t")
-    e2m1.check_rounding(rounding)
-    signs = hadamard.resolve_signs(BLOCK, signs)
+    signs = e2m1.check_wgrad_args(x, BLOCK, rounding, signs, "nvfp4.rht_quantize_t")
     if not use_triton(x, impl, "nvfp4.rht_quantize_t"):
         return quantize(hadamard.rht(x.t(), BLOCK, signs), (1, BLOCK), rounding, generator, impl="reference")
     from . import kernels
@@ -300,9 +298,7 @@ def rht_fake_quantize_t(
 ):
     """``(values [features, tokens], global_decode_scale)``: ``fake_quantize`` of
     ``hadamard.rht(x.T, 16, signs)`` (see ``rht_quantize_t``)."""
-    hadamard.check_wgrad_input(x, BLOCK, "nvfp4.rht_fake_quantize_t")
-    e2m1.check_rounding(rounding)
-    signs = hadamard.resolve_signs(BLOCK, signs)
+    signs = e2m1.check_wgrad_args(x, BLOCK, rounding, signs, "nvfp4.rht_fake_quantize_t")
     if not use_triton(x, impl, "nvfp4.rht_fake_quantize_t"):
         return fake_quantize(
             hadamard.rht(x.t(), BLOCK, signs), (1, BLOCK), rounding, generator, out_dtype, impl="reference"
@@ -341,9 +337,7 @@ def quantize_rowwise_and_rht_t(
     the Triton path draws one Philox seed for each, the columnwise one first. ``columnwise_generator``:
     the columnwise copy's draws come from it (default ``generator``), as when the two operands belong to
     roles with their own SR streams."""
-    hadamard.check_wgrad_input(x, BLOCK, "nvfp4.quantize_rowwise_and_rht_t")
-    e2m1.check_rounding(rounding)
-    signs = hadamard.resolve_signs(BLOCK, signs)
+    signs = e2m1.check_wgrad_args(x, BLOCK, rounding, signs, "nvfp4.quantize_rowwise_and_rht_t")
     out_dtype = out_dtype or x.dtype
     if not use_triton(x, impl, "nvfp4.quantize_rowwise_and_rht_t"):
         if rowwise_dense:

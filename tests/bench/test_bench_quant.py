@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from benchmarks import bench_quant
-from tests.conftest import REPO, cli_env
+from tests.bench import run_benchmark
 
 
 def test_cpu_run_writes_one_row_per_quantizer_shape_impl_and_rerun_replaces(tmp_path, capsys):
@@ -36,28 +34,8 @@ def test_rht_blocks_sweep_times_the_fused_wgrad_kernels_one_row_per_block_shape(
     interpreter: a subprocess, since TRITON_INTERPRET must be set before triton is imported)."""
     pytest.importorskip("triton")
     out = tmp_path / "quant.json"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.bench_quant",
-            "--device",
-            "cpu",
-            "--shapes",
-            "128x128",
-            "--rht-blocks",
-            "2,64",
-            "2,64,4",
-            "--repeats",
-            "1",
-            "--out",
-            str(out),
-        ],
-        cwd=REPO,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    run = run_benchmark(
+        "bench_quant", "--shapes", "128x128", "--rht-blocks", "2,64", "2,64,4", "--repeats", "1", "--out", out
     )
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(out.read_text())

@@ -4,12 +4,10 @@ CUDA-graph setting, others stay; older rows without
 `cuda_graph` count as eager steps)."""
 
 import json
-import subprocess
-import sys
 
 import torch
 
-from tests.conftest import REPO, cli_env
+from tests.bench import run_benchmark
 
 
 def test_bench_train_smoke_and_json_merge(tmp_path):
@@ -31,35 +29,10 @@ def test_bench_train_smoke_and_json_merge(tmp_path):
     stale = {**keep, "model": "hybrid_tiny", "seq": 32, "precision": "bf16", "step_ms": -1.0}
     compiled = {**stale, "compiled": True}  # the same case compiled: another row, kept
     out.write_text(json.dumps([keep, stale, compiled]))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.bench_train",
-            "--device",
-            "cpu",
-            "--models",
-            "hybrid_tiny",
-            "--seqs",
-            "32",
-            "--batch",
-            "2",
-            "--steps",
-            "1",
-            "--warmup",
-            "1",
-            "--precisions",
-            "bf16",
-            "--out",
-            str(out),
-            "--profile",
-            str(tmp_path / "prof"),
-        ],
-        cwd=REPO,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    proc = run_benchmark(
+        "bench_train",
+        *("--models", "hybrid_tiny", "--seqs", 32, "--batch", 2, "--steps", 1, "--warmup", 1),
+        *("--precisions", "bf16", "--out", out, "--profile", tmp_path / "prof"),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())

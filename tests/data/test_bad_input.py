@@ -27,27 +27,16 @@ def test_missing_path_names_the_file(corpus, tmp_path):
         build(corpus)
 
 
-def test_empty_source_names_the_source(corpus, tmp_path):
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text(json.dumps({"text": ""}) + "\n")
-    corpus["sources"]["digits"]["train"] = str(empty)
-    with pytest.raises(ValueError, match=r"data.sources.digits.train.*empty source"):
-        build(corpus)
-
-
-def test_source_smaller_than_one_sample(corpus, tmp_path):
-    tiny = tmp_path / "tiny.jsonl"
-    tiny.write_text(json.dumps({"text": "abc def"}) + "\n")
-    corpus["sources"]["digits"]["train"] = str(tiny)
-    with pytest.raises(ValueError, match=r"'digits'.*fewer than seq_len"):
-        build(corpus)
-
-
-def test_missing_text_field_names_file_and_line(corpus, tmp_path):
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"text": "ok"}) + "\n" + json.dumps({"body": "x"}) + "\n")
-    corpus["sources"]["lower"]["train"] = str(bad)
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: no 'text' field"):
+@pytest.mark.parametrize("source, name, records, match", [
+    ("digits", "empty.jsonl", [{"text": ""}], r"data.sources.digits.train.*empty source"),
+    ("digits", "tiny.jsonl", [{"text": "abc def"}], r"'digits'.*fewer than seq_len"),
+    ("lower", "bad.jsonl", [{"text": "ok"}, {"body": "x"}], r"bad.jsonl:2: no 'text' field"),
+], ids=["empty", "smaller-than-one-sample", "no-text-field"])
+def test_bad_source_file_names_the_source(corpus, tmp_path, source, name, records, match):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    corpus["sources"][source]["train"] = str(path)
+    with pytest.raises(ValueError, match=match):
         build(corpus)
 
 
@@ -96,15 +85,6 @@ def prepared(corpus, tmp_path):
     prepare_split(corpus["sources"]["lower"]["train"], out, tokenizer="bpe8k", progress=False)
     corpus["sources"]["lower"] = {"shards": str(out)}
     return corpus, out
-
-
-def test_shards_from_another_tokenizer_are_refused(prepared):
-    corpus, out = prepared
-    manifest = json.loads((out / "manifest.json").read_text())
-    manifest["tokenizer"] = "tokenizers:0123456789abcdef"
-    (out / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ValueError, match=r"made with tokenizer tokenizers:0123456789abcdef"):
-        build(corpus)
 
 
 def test_truncated_shard_names_the_file(prepared):
@@ -191,19 +171,22 @@ def test_unusable_cache_dir_is_named(corpus, tmp_path, unusable, reason):
             cache.chmod(0o755)
 
 
-@pytest.mark.parametrize("edit, field", [
-    (lambda m: m.pop("dtype"), "field dtype missing"),
-    (lambda m: m.pop("vocab_size"), "field vocab_size missing"),
-    (lambda m: m["shards"][0].pop("n_tokens"), r"field shards\[0\].n_tokens missing"),
-    (lambda m: m["shards"][0].update(n_docs="many"), r"field shards\[0\].n_docs is 'many', expected an integer"),
-    (lambda m: m.update(shards={}), "field shards is {}, expected a list"),
+@pytest.mark.parametrize("edit, match", [
+    (lambda m: m.pop("dtype"), "manifest.json: field dtype missing"),
+    (lambda m: m.pop("vocab_size"), "manifest.json: field vocab_size missing"),
+    (lambda m: m["shards"][0].pop("n_tokens"), r"manifest.json: field shards\[0\].n_tokens missing"),
+    (lambda m: m["shards"][0].update(n_docs="many"),
+     r"manifest.json: field shards\[0\].n_docs is 'many', expected an integer"),
+    (lambda m: m.update(shards={}), "manifest.json: field shards is {}, expected a list"),
+    # shards from another tokenizer are refused
+    (lambda m: m.update(tokenizer="tokenizers:0123456789abcdef"), "made with tokenizer tokenizers:0123456789abcdef"),
 ])
-def test_manifest_missing_fields_names_the_field(prepared, edit, field):
+def test_bad_manifest_names_the_field(prepared, edit, match):
     corpus, out = prepared
     manifest = json.loads((out / "manifest.json").read_text())
     edit(manifest)
     (out / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ValueError, match=rf"manifest.json: {field}"):
+    with pytest.raises(ValueError, match=match):
         build(corpus)
 
 

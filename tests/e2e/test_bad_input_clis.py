@@ -38,140 +38,82 @@ def summary(*args):
     return [sys.executable, "-m", "nvfp4train.summary", *map(str, args)]
 
 
-def _no_model(tmp):
-    run = _run_dir(tmp)
-    (run / "config.yaml").write_text("train: {max_steps: 3}\n")
-    return compare(run, "--out", tmp / "cmp")
+def _compare_with(name, content):
+    """compare on a copy of the real run whose file ``name`` holds ``content`` (None: the file is removed)."""
+    def case(tmp):
+        run = _run_dir(tmp)
+        if content is None:
+            (run / name).unlink()
+        elif isinstance(content, bytes):
+            (run / name).write_bytes(content)
+        else:
+            (run / name).write_text(content)
+        return compare(run, "--out", tmp / "cmp")
+    return case
 
 
-def _no_metrics(tmp):
-    run = _run_dir(tmp)
-    (run / "metrics.jsonl").unlink()
-    return compare(run, "--out", tmp / "cmp")
+def _compare_out_taken(out):
+    """compare with --out at ``out`` (a path under tmp) where tmp/taken is a file."""
+    def case(tmp):
+        run = _run_dir(tmp)
+        (tmp / "taken").write_text("x")
+        return compare(run, "--out", tmp / out, "--no-plots")
+    return case
 
 
-def _no_loss(tmp):
-    run = _run_dir(tmp)
-    (run / "metrics.jsonl").write_text('{"step": 1, "tokens": 8}\n{"step": 2, "loss": "low"}\n')
-    return compare(run, "--out", tmp / "cmp")
+def _prepare_docs(docs, *args, out="shards"):
+    """data.prepare on tmp/docs.jsonl holding ``docs`` (bytes) into tmp/``out`` (below tmp/taken, a file, where
+    ``out`` starts with it), with ``args`` ({tmp}: the directory)."""
+    def case(tmp):
+        (tmp / "docs.jsonl").write_bytes(docs)
+        if out.startswith("taken/"):
+            (tmp / "taken").write_text("x")
+        return prepare("--input", tmp / "docs.jsonl", "--out", tmp / out, *(a.format(tmp=tmp) for a in args))
+    return case
 
 
-def _binary_config(tmp):
-    run = _run_dir(tmp)
-    (run / "config.yaml").write_bytes(b"\xff\xfe\x00model")
-    return compare(run, "--out", tmp / "cmp")
+def _prepare_config(text):
+    """data.prepare --config tmp/data.yaml holding ``text``."""
+    def case(tmp):
+        (tmp / "data.yaml").write_text(text)
+        return prepare("--config", tmp / "data.yaml")
+    return case
 
 
-def _bad_eval(tmp):
-    run = _run_dir(tmp)
-    (run / "eval.json").write_text(json.dumps({"tasks": {"hellaswag": {"primary": "acc"}}}))
-    return compare(run, "--out", tmp / "cmp")
-
-
-def _eval_not_json(tmp):
-    run = _run_dir(tmp)
-    (run / "eval.json").write_text("{not json")
-    return compare(run, "--out", tmp / "cmp")
-
-
-def _out_is_a_file(tmp):
-    run = _run_dir(tmp)
-    (tmp / "taken").write_text("x")
-    return compare(run, "--out", tmp / "taken", "--no-plots")
-
-
-def _out_below_a_file(tmp):
-    run = _run_dir(tmp)
-    (tmp / "taken").write_text("x")
-    return compare(run, "--out", tmp / "taken" / "cmp", "--no-plots")
-
-
-def _no_run_dir(tmp):
-    return compare(tmp / "missing", "--out", tmp / "cmp")
-
-
-def _bad_smooth(tmp):
-    return compare(_run_dir(tmp), "--out", tmp / "cmp", "--smooth", "2")
-
-
-def _prepare_missing_input(tmp):
-    return prepare("--input", tmp / "missing.jsonl", "--out", tmp / "shards")
-
-
-def _prepare_not_an_object(tmp):
-    (tmp / "docs.jsonl").write_text('{"text": "fine"}\n[1, 2]\n')
-    return prepare("--input", tmp / "docs.jsonl", "--out", tmp / "shards")
-
-
-def _prepare_not_utf8(tmp):
-    (tmp / "docs.jsonl").write_bytes(b'{"text": "fine"}\n\xff\xfe\n')
-    return prepare("--input", tmp / "docs.jsonl", "--out", tmp / "shards")
-
-
-def _prepare_out_below_a_file(tmp):
-    (tmp / "docs.jsonl").write_text('{"text": "fine"}\n')
-    (tmp / "taken").write_text("x")
-    return prepare("--input", tmp / "docs.jsonl", "--out", tmp / "taken" / "shards")
-
-
-def _prepare_unknown_tokenizer(tmp):
-    (tmp / "docs.jsonl").write_text('{"text": "fine"}\n')
-    return prepare("--input", tmp / "docs.jsonl", "--out", tmp / "shards", "--tokenizer", tmp / "nope.json")
-
-
-def _prepare_zero_docs_per_shard(tmp):
-    (tmp / "docs.jsonl").write_text('{"text": "fine"}\n')
-    return prepare("--input", tmp / "docs.jsonl", "--out", tmp / "shards", "--docs-per-shard", "0")
-
-
-def _prepare_config_missing(tmp):
-    return prepare("--config", tmp / "nope.yaml")
-
-
-def _prepare_config_not_yaml(tmp):
-    (tmp / "data.yaml").write_text("sources: [\n")
-    return prepare("--config", tmp / "data.yaml")
-
-
-def _prepare_config_a_list(tmp):
-    (tmp / "data.yaml").write_text("- bundled\n")
-    return prepare("--config", tmp / "data.yaml")
-
-
-def _prepare_config_missing_keys(tmp):
-    (tmp / "data.yaml").write_text("sources: {web: {weight: 1}}\n")
-    return prepare("--config", tmp / "data.yaml")
-
-
-def _summary_unknown_preset(tmp):
-    return summary("model=nope")
-
-
-def _summary_bad_seq_len(tmp):
-    return summary("seq_len=abc")
-
-
-def _summary_not_yaml(tmp):
-    return summary("model.d_model=[1")
-
-
-def _summary_unknown_key(tmp):
-    return summary("model.nokey=3")
-
-
-CASES = [_no_model, _no_metrics, _no_loss, _binary_config, _bad_eval, _eval_not_json, _out_is_a_file,
-         _out_below_a_file, _no_run_dir, _bad_smooth,
-         _prepare_missing_input, _prepare_not_an_object, _prepare_not_utf8, _prepare_out_below_a_file,
-         _prepare_unknown_tokenizer, _prepare_zero_docs_per_shard, _prepare_config_missing,
-         _prepare_config_not_yaml, _prepare_config_a_list, _prepare_config_missing_keys,
-         _summary_unknown_preset, _summary_bad_seq_len, _summary_not_yaml, _summary_unknown_key]
+GOOD_DOC = b'{"text": "fine"}\n'
+CASES = {
+    "no_model": _compare_with("config.yaml", "train: {max_steps: 3}\n"),
+    "no_metrics": _compare_with("metrics.jsonl", None),
+    "no_loss": _compare_with("metrics.jsonl", '{"step": 1, "tokens": 8}\n{"step": 2, "loss": "low"}\n'),
+    "binary_config": _compare_with("config.yaml", b"\xff\xfe\x00model"),
+    "bad_eval": _compare_with("eval.json", json.dumps({"tasks": {"hellaswag": {"primary": "acc"}}})),
+    "eval_not_json": _compare_with("eval.json", "{not json"),
+    "out_is_a_file": _compare_out_taken("taken"),
+    "out_below_a_file": _compare_out_taken("taken/cmp"),
+    "no_run_dir": lambda tmp: compare(tmp / "missing", "--out", tmp / "cmp"),
+    "bad_smooth": lambda tmp: compare(_run_dir(tmp), "--out", tmp / "cmp", "--smooth", "2"),
+    "prepare_missing_input": lambda tmp: prepare("--input", tmp / "missing.jsonl", "--out", tmp / "shards"),
+    "prepare_not_an_object": _prepare_docs(GOOD_DOC + b"[1, 2]\n"),
+    "prepare_not_utf8": _prepare_docs(GOOD_DOC + b"\xff\xfe\n"),
+    "prepare_out_below_a_file": _prepare_docs(GOOD_DOC, out="taken/shards"),
+    "prepare_unknown_tokenizer": _prepare_docs(GOOD_DOC, "--tokenizer", "{tmp}/nope.json"),
+    "prepare_zero_docs_per_shard": _prepare_docs(GOOD_DOC, "--docs-per-shard", "0"),
+    "prepare_config_missing": lambda tmp: prepare("--config", tmp / "nope.yaml"),
+    "prepare_config_not_yaml": _prepare_config("sources: [\n"),
+    "prepare_config_a_list": _prepare_config("- bundled\n"),
+    "prepare_config_missing_keys": _prepare_config("sources: {web: {weight: 1}}\n"),
+    "summary_unknown_preset": lambda tmp: summary("model=nope"),
+    "summary_bad_seq_len": lambda tmp: summary("seq_len=abc"),
+    "summary_not_yaml": lambda tmp: summary("model.d_model=[1"),
+    "summary_unknown_key": lambda tmp: summary("model.nokey=3"),
+}
 
 
 def _files(root):
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.__name__.strip("_") for c in CASES])
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_malformed_input_is_one_line_and_leaves_nothing(tmp_path, case):
     cmd = case(tmp_path)
     before = _files(tmp_path)
@@ -208,14 +150,22 @@ class _PlantedPickle:
         return (os.system, (f"touch {self.marker}",))
 
 
+@pytest.fixture(scope="module")
+def one_step_run(tmp_path_factory):
+    """A run trained for one step, copied by each test that damages it."""
+    run = tmp_path_factory.mktemp("one_step") / "run"
+    subprocess.run([sys.executable, "-m", "nvfp4train.train", "train.max_steps=1", f"out_dir={run}",
+                    "train.eval_sequences=0"], cwd=run.parent, env=cli_env(), capture_output=True, check=True,
+                   timeout=600)
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("tool", ["eval", "export"])
-def test_planted_pickle_shard_is_one_line_and_never_runs(tmp_path, tool):
+def test_planted_pickle_shard_is_one_line_and_never_runs(tmp_path, tool, one_step_run):
     import pickle
     run = tmp_path / "run"
-    subprocess.run([sys.executable, "-m", "nvfp4train.train", "train.max_steps=1", f"out_dir={run}",
-                    "train.eval_sequences=0"], cwd=tmp_path, env=cli_env(), capture_output=True, check=True,
-                   timeout=600)
+    shutil.copytree(one_step_run, run)
     marker = tmp_path / "PLANTED_CODE_RAN"
     shard = next((run / "checkpoints").glob("step_*/model_optim/*.distcp"))
     shard.write_bytes(pickle.dumps(_PlantedPickle(marker)))

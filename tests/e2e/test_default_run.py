@@ -11,7 +11,7 @@ REQUIRED = {"step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s"}
 
 def test_default_run_loss_falls_and_writes_outputs(tmp_path):
     out = tmp_path / "run"
-    run_train(f"out_dir={out}", "train.max_steps=80", "train.log_every=5", "train.progress=false")
+    run_train(f"out_dir={out}", "train.max_steps=40", "train.log_every=5", "train.progress=false")
     records = [r for r in read_metrics(out) if "loss" in r]  # the checkpoint's record has its own keys
     assert [r["step"] for r in records if "loss" in r][:2] == [1, 5]
     for r in records:
@@ -19,10 +19,11 @@ def test_default_run_loss_falls_and_writes_outputs(tmp_path):
         assert math.isfinite(r["loss"]) and r["tokens_per_s"] > 0
         assert r["tokens"] == r["step"] * 16 * 128
     first, last = records[0]["loss"], records[-1]["loss"]
-    assert last < first - 1.0, (first, last)            # learns well beyond noise in 80 steps
-    assert records[-1]["step"] == 80 and any(k.startswith("val/") for k in records[-1])
+    # learns well beyond noise in 40 steps (measured on CPU: 9.04 -> 6.72; CI's main job checks the whole default run)
+    assert last < first - 1.0, (first, last)
+    assert records[-1]["step"] == 40 and any(k.startswith("val/") for k in records[-1])
     cfg = yaml.safe_load((out / "config.yaml").read_text())
-    assert cfg["train"]["max_steps"] == 80 and cfg["out_dir"] == str(out)
+    assert cfg["train"]["max_steps"] == 40 and cfg["out_dir"] == str(out)
     assert cfg["train"]["micro_batch_size"] == 16  # derived from the global batch at world size 1
-    assert (out / "checkpoints" / "step_00000080" / "meta.json").is_file()
-    json.loads((out / "checkpoints" / "step_00000080" / "meta.json").read_text())
+    assert (out / "checkpoints" / "step_00000040" / "meta.json").is_file()
+    json.loads((out / "checkpoints" / "step_00000040" / "meta.json").read_text())

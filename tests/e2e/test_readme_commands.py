@@ -5,9 +5,10 @@ skipped here, because CI (.ci/run) runs README's first two lines as written, eac
 environment: the plain install and the main job (which must train to its last step with a falling loss),
 then the test install and this suite; test_ci_runs_the_first_two_lines_as_written checks that it does;
 `python -m nvfp4train.*` and `torchrun` (2 CPU ranks) run in a scratch directory with
-`train.max_steps=2`; `sbatch` lines run as `DRY_RUN=1 bash slurm/...` on an 8-GPU node of the
-requested node count, and the rendered job's config must validate at that world size. The runs that the
-compare / eval / export examples read (runs/exp/*) are trained first, tiny, in the same scratch directory.
+`train.max_steps=2` (eval: 4 items a task, 2 held-out sequences a source); `sbatch` lines run as
+`DRY_RUN=1 bash slurm/...` on an 8-GPU node of the requested node count, and the rendered job's config must
+validate at that world size. The runs that the compare / eval / export examples read (runs/exp/*) are trained
+first, tiny, in the same scratch directory.
 """
 import re
 import shlex
@@ -19,6 +20,7 @@ import pytest
 from tests.conftest import REPO, cli_env
 
 STEPS = "train.max_steps=2"
+EVAL_FEW = {"max_items=": 4, "heldout_sequences=": 2}
 GPUS_PER_NODE = 8  # what the sbatch scripts ask for (#SBATCH --gpus-per-node=8)
 
 
@@ -109,6 +111,8 @@ def test_readme_command_runs(cmd, scratch):
         return
     if "nvfp4train.train" in prog:  # train: few steps, and no second value for the same key
         prog = [w for w in prog if not w.startswith("train.max_steps=")] + [STEPS, "train.eval_sequences=2"]
+    if "nvfp4train.eval" in prog:  # eval: every task, few items (the full default takes minutes on 2 CPU cores)
+        prog = [w for w in prog if not w.startswith(tuple(EVAL_FEW))] + [f"{k}{v}" for k, v in EVAL_FEW.items()]
     if prog[0] == "python":
         prog[0] = sys.executable
     proc = _run(prog, scratch, env)

@@ -45,7 +45,8 @@ def kernel_test(fn):
 def test_kernels_in_the_triton_interpreter():
     pytest.importorskip("triton")
     root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    # One process: not the -n of a parallel outer run (.ci/run's PYTEST_ADDOPTS), which would only add workers.
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, "TRITON_INTERPRET": "1"}
     run = subprocess.run(
         [
             sys.executable,
@@ -867,13 +868,18 @@ def test_kernels_compile_for_sm90_without_approximate_division():
     where the products are exact. Catches GPU-only front-end errors in CI without a GPU."""
     pytest.importorskip("triton")
     from nvfp4train.formats import kernels
+    from nvfp4train.formats.kernels.sm90 import DEQUANTIZE_ARGS as dequantize_args
+    from nvfp4train.formats.kernels.sm90 import FP8_BLOCKWISE_ROWCOL_ARGS as fp8_rowcol_args
+    from nvfp4train.formats.kernels.sm90 import FP8_TENSORWISE_ROWCOL_ARGS as fp8_tensorwise_rowcol_args
     from nvfp4train.formats.kernels.sm90 import IO_ARGS as common
     from nvfp4train.formats.kernels.sm90 import NVFP4_ARGS as nvfp4_args
+    from nvfp4train.formats.kernels.sm90 import RHT_AMAX_ARGS as rht_amax_args
     from nvfp4train.formats.kernels.sm90 import RHT_ARGS as rht_args
+    from nvfp4train.formats.kernels.sm90 import RHT_BLOCKS as rht_blocks
+    from nvfp4train.formats.kernels.sm90 import SCALE_CAST_ARGS as scale_cast_args
     from nvfp4train.formats.kernels.sm90 import compile_sm90
 
     blocks = {"BLOCK_R": kernels.common.BLOCK_ROWS, "BLOCK_C": kernels.common.BLOCK_COLS}
-    rht_blocks = {"SIGN_MASK": 0xB7E8, "GROUPS": kernels.rht.RHT_GROUPS, "BLOCK_F": kernels.rht.RHT_BLOCK_F}
     # Each code path once (compiling takes ~1-2 s a variant).
     variants = [
         (
@@ -966,15 +972,7 @@ def test_kernels_compile_for_sm90_without_approximate_division():
         ),
         (
             kernels.fp8._fp8_tensorwise_rowcol_kernel,
-            {
-                "x_ptr": "*bf16",
-                "amax_ptr": "*fp32",
-                "data_ptr": "*u8",
-                "data_t_ptr": "*u8",
-                "decode_ptr": "*fp32",
-                "rows": "i32",
-                "cols": "i32",
-            },
+            fp8_tensorwise_rowcol_args,
             {
                 "FP8_MAX": 57344.0,
                 "MANT": 2,
@@ -986,46 +984,22 @@ def test_kernels_compile_for_sm90_without_approximate_division():
         ),
         (
             kernels.dequant._scale_and_cast_kernel,
-            {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32"},
+            scale_cast_args,
             {"HAS_A": True, "HAS_B": True, "BLOCK": kernels.dequant.SCALE_CAST_BLOCK},
         ),
         (
             kernels.dequant._e2m1_dequantize_kernel,
-            {
-                "codes_ptr": "*u8",
-                "scales_ptr": "*u8",
-                "global_ptr": "*fp32",
-                "values_ptr": "*bf16",
-                "rows": "i32",
-                "cols": "i32",
-            },
+            dequantize_args,
             {"GROUP": 16, "E8M0": False, "HAS_GLOBAL": True, "BLOCK_R": 8, "BLOCK_C": 256},
         ),
         (
             kernels.dequant._e2m1_dequantize_kernel,
-            {
-                "codes_ptr": "*u8",
-                "scales_ptr": "*u8",
-                "global_ptr": "*fp32",
-                "values_ptr": "*fp32",
-                "rows": "i32",
-                "cols": "i32",
-            },
+            {**dequantize_args, "values_ptr": "*fp32"},
             {"GROUP": 32, "E8M0": True, "HAS_GLOBAL": False, "BLOCK_R": 8, "BLOCK_C": 256},
         ),
         (
             kernels.fp8._fp8_blockwise_rowcol_kernel,
-            {
-                "x_ptr": "*bf16",
-                "row_data_ptr": "*u8",
-                "row_scales_ptr": "*fp32",
-                "col_data_ptr": "*u8",
-                "col_scales_ptr": "*fp32",
-                "n_tokens": "i32",
-                "n_features": "i32",
-                "row_width": "i32",
-                "scale_for_inf": "fp32",
-            },
+            fp8_rowcol_args,
             {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True, "RAGGED": True},
         ),
         (
@@ -1047,12 +1021,12 @@ def test_kernels_compile_for_sm90_without_approximate_division():
         ),
         (
             kernels.rht._rht_abs_max_kernel,
-            {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i32", "n_features": "i32"},
+            rht_amax_args,
             {"ROWWISE": True, **rht_blocks},
         ),
         (
             kernels.rht._rht_abs_max_kernel,
-            {"x_ptr": "*fp32", "partial_ptr": "*i32", "row_partial_ptr": "*i32", "n_features": "i32"},
+            {**rht_amax_args, "x_ptr": "*fp32"},
             {"ROWWISE": False, **rht_blocks},
         ),
         (

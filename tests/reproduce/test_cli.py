@@ -20,12 +20,12 @@ from tests.conftest import REPO, cli_env
 TINY = """
 description: two arms of the tiny CPU model
 tier: A
-tokens: 51200                     # 200 steps x 4 x 64
+tokens: 25600                     # 100 steps x 4 x 64
 seeds: [1, 2]
 baseline: bf16
 eval_points: 4
 base: [model=hybrid_tiny, data=bundled, train.seq_len=64, train.global_batch_size=4, train.log_every=1,
-       train.eval_sequences=2, train.eval_precision=bf16, train.save_every=50, optim.schedule.warmup_steps=1]
+       train.eval_sequences=2, train.eval_precision=bf16, train.save_every=25, optim.schedule.warmup_steps=1]
 arms:
   bf16: [precision=bf16]
   nvfp4: [precision=nvfp4]
@@ -51,7 +51,7 @@ def test_plan_run_interrupt_resume_status_report(tmp_path):
     assert planned.returncode == 0, planned.stderr
     assert planned.stdout.count("python -m nvfp4train.train ") == 4
     assert planned.stdout.count("python -m nvfp4train.eval run_dir=") == 4
-    assert "train.eval_every=50" in planned.stdout and "4 run(s)" in planned.stdout
+    assert "train.eval_every=25" in planned.stdout and "4 run(s)" in planned.stdout
 
     command = [sys.executable, "-m", "nvfp4train.reproduce", "--experiments-dir", str(experiments), "run", "tiny",
                "--executor", "local", "--device", "cpu", *common]
@@ -73,7 +73,7 @@ def test_plan_run_interrupt_resume_status_report(tmp_path):
     assert info["state"] == "interrupted" and info["train_rc"] == 0 and info["eval_rc"] is None, info
     assert not (victim / "eval.json").exists()
     stopped_at = max(json.loads(line)["step"] for line in (victim / "metrics.jsonl").read_text().splitlines())
-    assert stopped_at < 200 and list((victim / "checkpoints").glob("step_*")), stopped_at
+    assert stopped_at < 100 and list((victim / "checkpoints").glob("step_*")), stopped_at
 
     status = reproduce("status", "tiny", *common, experiments=experiments)
     assert status.returncode == 0 and "tiny/bf16/seed1" in status.stdout and "interrupted" in status.stdout
@@ -92,8 +92,8 @@ def test_plan_run_interrupt_resume_status_report(tmp_path):
             assert info["gpu"] == "cpu" and info["deterministic"] is False and info["wall_s"] > 0 and info["torch"]
             assert json.loads((d / "eval.json").read_text())["eval_precision"] == "bf16"
             records = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
-            assert max(r["step"] for r in records) == 200
-            assert [r["step"] for r in records if "val/mean" in r] == [50, 100, 150, 200]
+            assert max(r["step"] for r in records) == 100
+            assert [r["step"] for r in records if "val/mean" in r] == [25, 50, 75, 100]
     assert json.loads((victim / "run.json").read_text())["attempts"] == 2
 
     third = reproduce("run", "tiny", "--executor", "local", "--device", "cpu", *common, experiments=experiments)

@@ -7,19 +7,14 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, cli_env, read_metrics, run_train
+from tests.conftest import REPO, cli_env, read_metrics, run_torchrun, run_train
 
 COMMON = ["train.max_steps=6", "train.global_batch_size=8", "train.micro_batch_size=4", "train.log_every=1",
           "train.progress=false", "train.eval_sequences=2"]
 
 
-def _torchrun(out, *extra, nproc=2, env=None):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "nvfp4train.train", f"out_dir={out}", *COMMON, *extra]
-    proc = subprocess.run(cmd, cwd=REPO, env=env or cli_env(OMP_NUM_THREADS=1), capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
+def _torchrun(out, *extra):
+    return run_torchrun(f"out_dir={out}", *COMMON, *extra, launcher="torch.distributed.run")
 
 
 def test_ddp_two_ranks_matches_one_rank_with_accumulation(tmp_path):

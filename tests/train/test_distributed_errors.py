@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, cli_env, read_metrics
+from tests.conftest import REPO, cli_env, read_metrics, run_torchrun
 
 TINY = ["train.max_steps=2", "train.global_batch_size=4", "train.seq_len=32", "train.progress=false"]
 # passes the config check; the trainer refuses it on every rank after the process group is up
@@ -18,10 +18,7 @@ LINE = "error: model.vocab_size=100 is smaller than the tokenizer's"
 
 
 def _launch(launcher: str, out, *overrides, timeout=300):
-    cmd = [sys.executable, "-m", launcher, "--standalone", "--nproc_per_node=2", "-m", "nvfp4train.train",
-           f"out_dir={out}", *TINY, *overrides]
-    return subprocess.run(cmd, cwd=REPO, env=cli_env(OMP_NUM_THREADS=1), capture_output=True, text=True,
-                          timeout=timeout)
+    return run_torchrun(f"out_dir={out}", *TINY, *overrides, launcher=launcher, timeout=timeout, check=False)
 
 
 def test_launcher_prints_one_line_and_the_workers_exit_code(tmp_path):

@@ -1,8 +1,6 @@
 """FSDP2 at its defaults: train.fsdp_reshard_after_forward=auto decides by memory (and says why), the
 prefetch setting reaches FSDP2, NVFP4's quantized weights are built once per optimizer step (not once per
 all-gather), and NVFP4 under FSDP2 on two gloo ranks trains like one rank."""
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,7 +14,7 @@ from nvfp4train.optim import OptimConfig
 from nvfp4train.precision import PrecisionController, build_linear_factory
 from nvfp4train.precision.ops import LayerState
 from nvfp4train.train.engines import TorchEngine
-from tests.conftest import REPO, cli_env, read_metrics, run_train
+from tests.conftest import read_metrics, run_torchrun, run_train
 from tests.precision.helpers import load_preset
 
 SMALL = {"name": "fsdp_small", "pattern": "M*-M", "vocab_size": 97, "d_model": 32, "ffn_hidden": 64, "n_heads": 4,
@@ -105,12 +103,7 @@ COMMON = ["train.max_steps=4", "train.global_batch_size=8", "train.micro_batch_s
 
 
 def _torchrun(out, *extra):
-    cmd = [sys.executable, "-m", "nvfp4train.dist.run", "--standalone", "--nproc_per_node=2", "-m",
-           "nvfp4train.train", f"out_dir={out}", *COMMON, *extra]
-    proc = subprocess.run(cmd, cwd=REPO, env=cli_env(OMP_NUM_THREADS=1), capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
+    return run_torchrun(f"out_dir={out}", *COMMON, *extra)
 
 
 def test_nvfp4_under_fsdp2_on_two_ranks_tracks_one_rank(tmp_path):

@@ -2,13 +2,10 @@
 weights, torch's AdamW inside DeepSpeed (`torch_adam`, no JIT-built op): the loss curves agree within the
 rounding of DeepSpeed's BF16 weights (the PyTorch engine computes from FP32 masters under autocast) and
 of the gradient reductions' order."""
-import subprocess
-import sys
-
 import pytest
 
 from nvfp4train.train.engines import deepspeed_arch_list
-from tests.conftest import REPO, cli_env, read_metrics
+from tests.conftest import read_metrics, run_torchrun
 
 STEPS = 50
 COMMON = [f"train.max_steps={STEPS}", "train.global_batch_size=8", "train.micro_batch_size=2", "train.seq_len=64",
@@ -27,11 +24,7 @@ def test_deepspeed_arch_list_is_parsable(current, expected):
 
 
 def _torchrun(out, *extra):
-    cmd = [sys.executable, "-m", "nvfp4train.dist.run", "--standalone", "--nproc_per_node=2", "-m",
-           "nvfp4train.train", f"out_dir={out}", *COMMON, *extra]
-    proc = subprocess.run(cmd, cwd=REPO, env=cli_env(OMP_NUM_THREADS=1), capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_torchrun(f"out_dir={out}", *COMMON, *extra, timeout=900)
     return [r["loss"] for r in read_metrics(out) if "loss" in r]
 
 

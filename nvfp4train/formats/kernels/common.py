@@ -1,5 +1,5 @@
-"""What every quantizer kernel shares: launch options, exact bf16 <-> FP32 conversions, the stores
-that round as torch's ``.to(dtype)``, the sign-bit negation.
+"""What every quantizer kernel shares: launch options, a tile's offsets, exact bf16 <-> FP32 conversions, the
+stores that round as torch's ``.to(dtype)``, the sign-bit negation, the E2M1 quantizers' output tensors.
 
 Rules that keep the kernels' bits identical to the PyTorch references on a GPU:
 
@@ -37,6 +37,32 @@ BLOCK_ROWS, BLOCK_COLS = 16, 256
 def launch_options(x: torch.Tensor) -> dict:
     # The interpreter takes no compile options.
     return {} if not x.is_cuda else {"enable_fp_fusion": False, "num_warps": 4}
+
+
+def e2m1_outputs(shape, group: int, dense: bool, dtype: torch.dtype, device, unused: torch.Tensor | None = None):
+    """(codes, scales, values): the outputs of an NVFP4 / MXFP4 quantizer of a tensor of ``shape`` with blocks of
+    ``group`` along its last dimension. dense: values in ``dtype`` of ``shape``; else packed E2M1 codes (uint8, two a
+    byte) and scale bits (uint8, one a block). The kernels take all three pointers and write one kind; ``unused``
+    (default: a tensor of the kind written) stands for the others."""
+    *lead, cols = shape
+    if dense:
+        values = torch.empty(shape, dtype=dtype, device=device)
+        other = values if unused is None else unused
+        return other, other, values
+    codes = torch.empty((*lead, cols // 2), dtype=torch.uint8, device=device)
+    scales = torch.empty((*lead, cols // group), dtype=torch.uint8, device=device)
+    return codes, scales, codes if unused is None else unused
+
+
+@triton.jit
+def tile_offsets(r0, c0, rows, cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Rows r0 .. r0 + BLOCK_R, columns c0 .. c0 + BLOCK_C of a row-major [rows, cols] tensor: (the rows, the
+    columns, the mask of the elements inside the tensor, their int64 offsets)."""
+    r = r0 + tl.arange(0, BLOCK_R)
+    c = c0 + tl.arange(0, BLOCK_C)
+    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    offs = r[:, None].to(tl.int64) * cols + c[None, :]
+    return r, c, mask, offs
 
 
 # bf16 <-> FP32 by bit arithmetic: Triton's interpreter converts bf16 with its own float code,

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import launch_options, store_as, store_exact, with_sign
+from .common import launch_options, store_as, store_exact, tile_offsets, with_sign
 from .e2m1 import e2m1_magnitude
 from .fp8 import fp8_value
 
@@ -19,10 +19,7 @@ def _fp8_dequantize_blockwise_kernel(data_ptr, scales_ptr, values_ptr, rows, col
     """fp8.dequantize_blockwise: FP8 bits x their TILE_R x 128 block's FP32 decode scale (FP32 product),
     rounded to the output's dtype; one read of the codes, one write of the values."""
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
-    r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = (r[:, None] < rows) & (c[None, :] < cols)
-    offs = r[:, None].to(tl.int64) * cols + c[None, :]
+    r, c, mask, offs = tile_offsets(pid_r * BLOCK_R, pid_c * BLOCK_C, rows, cols, BLOCK_R, BLOCK_C)
     code = tl.load(data_ptr + offs, mask=mask, other=0).to(tl.int32)
     scale_offs = (r // TILE_R)[:, None].to(tl.int64) * (cols // 128) + (c // 128)[None, :]
     scale = tl.load(scales_ptr + scale_offs, mask=mask, other=1.0)

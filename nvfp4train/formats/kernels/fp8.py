@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from .amax import abs_max
-from .common import FLT_MAX, launch_options, store_as, to_fp32, with_sign
+from .common import FLT_MAX, launch_options, store_as, tile_offsets, to_fp32, with_sign
 
 
 # ------------------------------------------------------------------------------ FP8 blockwise
@@ -83,10 +83,7 @@ def _fp8_blockwise_kernel(
     NR: tl.constexpr = BLOCK_R // TILE_R
     NC: tl.constexpr = BLOCK_C // 128
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
-    r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = (r[:, None] < rows) & (c[None, :] < cols)
-    offs = r[:, None].to(tl.int64) * cols + c[None, :]
+    r, c, mask, offs = tile_offsets(pid_r * BLOCK_R, pid_c * BLOCK_C, rows, cols, BLOCK_R, BLOCK_C)
     x = to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))
 
     x4 = tl.reshape(x, (NR, TILE_R, NC, 128))

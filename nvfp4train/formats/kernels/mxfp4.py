@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import BLOCK_COLS, BLOCK_ROWS, FLT_MAX, launch_options, to_fp32
+from .common import BLOCK_COLS, BLOCK_ROWS, FLT_MAX, e2m1_outputs, launch_options, tile_offsets, to_fp32
 from .e2m1 import round_and_store_rows
 from .rounding import rounding_args
 
@@ -54,10 +54,7 @@ def _mxfp4_kernel(
     """mxfp4._quantize_core + _quantize_impl / _fake_quantize_impl for a BLOCK_R x BLOCK_C tile."""
     NB: tl.constexpr = BLOCK_C // 32
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
-    r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = (r[:, None] < rows) & (c[None, :] < cols)
-    offs = r[:, None].to(tl.int64) * cols + c[None, :]
+    r, c, mask, offs = tile_offsets(pid_r * BLOCK_R, pid_c * BLOCK_C, rows, cols, BLOCK_R, BLOCK_C)
     x = to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))
 
     magnitude_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
@@ -85,13 +82,7 @@ def quantize(
     cols = x.shape[-1]
     rows = x.numel() // cols
     mode, bits, seed = rounding_args(x, rounding, random_bits, generator)
-    if dense:
-        values = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
-        codes = scales = values
-    else:
-        codes = torch.empty((*x.shape[:-1], cols // 2), dtype=torch.uint8, device=x.device)
-        scales = torch.empty((*x.shape[:-1], cols // 32), dtype=torch.uint8, device=x.device)
-        values = codes
+    codes, scales, values = e2m1_outputs(x.shape, 32, dense, out_dtype or x.dtype, x.device)
     grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(cols, BLOCK_COLS))
     _mxfp4_kernel[grid](
         x, bits, seed, codes, scales, values, rows, cols,

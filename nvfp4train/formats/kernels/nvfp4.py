@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from .amax import abs_max
-from .common import BLOCK_COLS, BLOCK_ROWS, FLT_MAX, launch_options, to_fp32
+from .common import BLOCK_COLS, BLOCK_ROWS, FLT_MAX, e2m1_outputs, launch_options, tile_offsets, to_fp32
 from .e2m1 import round_and_store_rows
 from .rounding import rounding_args
 
@@ -84,10 +84,7 @@ def nvfp4_tile(
     """nvfp4._quantize_core and _quantize_impl / _fake_quantize_impl for rows r0 .. r0 + BLOCK_R,
     columns c0 .. c0 + BLOCK_C of x [rows, cols]; returns s_dec."""
     NB: tl.constexpr = BLOCK_C // 16
-    r = r0 + tl.arange(0, BLOCK_R)
-    c = c0 + tl.arange(0, BLOCK_C)
-    mask = (r[:, None] < rows) & (c[None, :] < cols)
-    offs = r[:, None].to(tl.int64) * cols + c[None, :]
+    r, c, mask, offs = tile_offsets(r0, c0, rows, cols, BLOCK_R, BLOCK_C)
     x = to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))  # y = x.to(float32): exact
 
     # block_amax: max over 16 columns, and for a 16x16 tile over its 16 rows, repeated on them.
@@ -131,14 +128,7 @@ def quantize(
     amax = abs_max(x)
     s_dec = torch.empty((), dtype=torch.float32, device=device)
     mode, bits, seed = rounding_args(x, rounding, random_bits, generator, seed)
-    dummy = amax  # stands for the output pointers the constexpr branches do not touch
-    if dense:
-        values = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=device)
-        codes = scales = dummy
-    else:
-        codes = torch.empty((*x.shape[:-1], cols // 2), dtype=torch.uint8, device=device)
-        scales = torch.empty((*x.shape[:-1], cols // 16), dtype=torch.uint8, device=device)
-        values = dummy
+    codes, scales, values = e2m1_outputs(x.shape, 16, dense, out_dtype or x.dtype, device, unused=amax)
     grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(cols, BLOCK_COLS))
     _nvfp4_kernel[grid](
         x, amax, bits, seed, codes, scales, values, s_dec, rows, cols,

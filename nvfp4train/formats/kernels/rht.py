@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from .. import hadamard
-from .common import hw_bf16, launch_options, round_to, to_fp32
+from .common import e2m1_outputs, hw_bf16, launch_options, round_to, to_fp32
 from .e2m1 import round_and_store_t
 from .mxfp4 import e8m0_scales
 from .nvfp4 import block_scales, nvfp4_tile
@@ -234,13 +234,7 @@ def nvfp4_t(
     outputs = []
     for is_dense, (rows, cols) in ((dense, (n_features, n_tokens)), (rowwise_dense, (n_tokens, n_features))):
         s_dec = torch.empty((), dtype=torch.float32, device=x.device)
-        if is_dense:
-            values = torch.empty((rows, cols), dtype=out_dtype or x.dtype, device=x.device)
-            outputs.append((values, values, values, s_dec))
-        else:
-            codes = torch.empty((rows, cols // 2), dtype=torch.uint8, device=x.device)
-            scales = torch.empty((rows, cols // 16), dtype=torch.uint8, device=x.device)
-            outputs.append((codes, scales, codes, s_dec))
+        outputs.append((*e2m1_outputs((rows, cols), 16, is_dense, out_dtype or x.dtype, x.device), s_dec))
     (codes, scales, values, s_dec), (row_codes, row_scales, row_values, row_s_dec) = outputs
     _rht_nvfp4_kernel[grid](
         x, amax, bits, seed, codes, scales, values, s_dec,
@@ -277,13 +271,7 @@ def mxfp4_t(
     n_tokens, n_features = x.shape
     groups, block_f, warps = program_blocks(n_tokens, 32, blocks)
     mode, bits, seed = rounding_args(x, rounding, random_bits, generator, seed)
-    if dense:
-        values = torch.empty((n_features, n_tokens), dtype=out_dtype or x.dtype, device=x.device)
-        codes = scales = values
-    else:
-        codes = torch.empty((n_features, n_tokens // 2), dtype=torch.uint8, device=x.device)
-        scales = torch.empty((n_features, n_tokens // 32), dtype=torch.uint8, device=x.device)
-        values = codes
+    codes, scales, values = e2m1_outputs((n_features, n_tokens), 32, dense, out_dtype or x.dtype, x.device)
     grid = (n_tokens // (groups * 32), triton.cdiv(n_features, block_f))
     _rht_mxfp4_kernel[grid](
         x, bits, seed, codes, scales, values, n_tokens, n_features,

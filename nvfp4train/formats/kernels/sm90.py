@@ -62,6 +62,28 @@ DEQUANTIZE_ARGS = {
     "rows": "i32",
     "cols": "i32",
 }
+RHT_AMAX_ARGS = {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i32", "n_features": "i32"}
+SCALE_CAST_ARGS = {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32"}
+FP8_TENSORWISE_ROWCOL_ARGS = {
+    "x_ptr": "*bf16",
+    "amax_ptr": "*fp32",
+    "data_ptr": "*u8",
+    "data_t_ptr": "*u8",
+    "decode_ptr": "*fp32",
+    "rows": "i32",
+    "cols": "i32",
+}
+FP8_BLOCKWISE_ROWCOL_ARGS = {
+    "x_ptr": "*bf16",
+    "row_data_ptr": "*u8",
+    "row_scales_ptr": "*fp32",
+    "col_data_ptr": "*u8",
+    "col_scales_ptr": "*fp32",
+    "n_tokens": "i32",
+    "n_features": "i32",
+    "row_width": "i32",
+    "scale_for_inf": "fp32",
+}
 RHT_BLOCKS = {"SIGN_MASK": 0xB7E8, "GROUPS": rht.RHT_GROUPS, "BLOCK_F": rht.RHT_BLOCK_F}
 
 
@@ -150,7 +172,7 @@ VARIANTS = {
     # the 16-point RHT along tokens, transposed (Wgrad operands); "rowwise": with the 1x16 copy of the same tile
     "rht_amax_rowwise": Variant(
         rht._rht_abs_max_kernel,
-        {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i32", "n_features": "i32"},
+        RHT_AMAX_ARGS,
         {**RHT_BLOCKS, "ROWWISE": True},
         _RHT_TILE,
         _RHT_WARPS,
@@ -177,37 +199,19 @@ VARIANTS = {
     ),
     "scale_and_cast": Variant(
         dequant._scale_and_cast_kernel,
-        {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32"},
+        SCALE_CAST_ARGS,
         {"HAS_A": True, "HAS_B": True, "BLOCK": dequant.SCALE_CAST_BLOCK},
         dequant.SCALE_CAST_BLOCK,
     ),
     "fp8_tensorwise_rowcol": Variant(
         fp8._fp8_tensorwise_rowcol_kernel,
-        {
-            "x_ptr": "*bf16",
-            "amax_ptr": "*fp32",
-            "data_ptr": "*u8",
-            "data_t_ptr": "*u8",
-            "decode_ptr": "*fp32",
-            "rows": "i32",
-            "cols": "i32",
-        },
+        FP8_TENSORWISE_ROWCOL_ARGS,
         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False, "HW_CVT": True, "BLOCK": fp8.TENSORWISE_TILE},
         fp8.TENSORWISE_TILE**2,
     ),
     "fp8_blockwise_rowcol": Variant(
         fp8._fp8_blockwise_rowcol_kernel,
-        {
-            "x_ptr": "*bf16",
-            "row_data_ptr": "*u8",
-            "row_scales_ptr": "*fp32",
-            "col_data_ptr": "*u8",
-            "col_scales_ptr": "*fp32",
-            "n_tokens": "i32",
-            "n_features": "i32",
-            "row_width": "i32",
-            "scale_for_inf": "fp32",
-        },
+        FP8_BLOCKWISE_ROWCOL_ARGS,
         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True, "RAGGED": False},
         128 * 128,
         8,
