@@ -3,6 +3,7 @@ reads: configs/ as nvfp4train/configs (nvfp4train.config.CONFIG_DIR), and the bu
 the bpe8k tokenizer and data/README.md (their sources and licences) under nvfp4train/_shipped/, laid out
 as in the repository (nvfp4train.data.paths.resolve_path). Locally built data (data/cache, data/corpora)
 stays out."""
+
 from pathlib import Path
 
 from setuptools import setup

@@ -11,6 +11,7 @@ size, the time, the algorithm bandwidth (bytes of the full tensor / time) and th
 (x (N-1)/N, the number nccl-tests reports and scaling_model.py reads). Rank 0 prints the table and writes
 --json: {"rows": [{op, what, bytes, world_size, ms, alg_gbytes, bus_gbytes}], "device": ..., "commit": ...}.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,11 @@ def fsdp2_sizes(model: str) -> list[tuple[str, int]]:
         net = HybridLM(cfg)
     blocks = [sum(p.numel() for p in b.parameters()) for b in net.blocks]
     root = sum(p.numel() for p in net.parameters()) - sum(blocks)
-    out = [(f"{model} largest block", max(blocks)), (f"{model} smallest block", min(blocks)),
-           (f"{model} root (embedding, norm, head)", root)]
+    out = [
+        (f"{model} largest block", max(blocks)),
+        (f"{model} smallest block", min(blocks)),
+        (f"{model} root (embedding, norm, head)", root),
+    ]
     return sorted(set(out), key=lambda kv: -kv[1])
 
 
@@ -60,8 +64,13 @@ def time_op(fn, iters: int, warmup: int, device: torch.device) -> float:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="hybrid_1b", help="derive the sizes from this model preset")
-    ap.add_argument("--sizes-mb", nargs="*", type=float, default=None,
-                    help="instead: these sizes of the gathered/reduced tensor, MB")
+    ap.add_argument(
+        "--sizes-mb",
+        nargs="*",
+        type=float,
+        default=None,
+        help="instead: these sizes of the gathered/reduced tensor, MB",
+    )
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -72,13 +81,17 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda", local) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            device_id=device if device.type == "cuda" else None)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None
+    )
     n, rank = dist.get_world_size(), dist.get_rank()
     if args.sizes_mb:
         units = [(f"{mb:g} MB", int(mb * 1e6)) for mb in args.sizes_mb]
-        plan = [(what, op, nbytes, torch.bfloat16 if op == "all_gather" else torch.float32)
-                for what, nbytes in units for op in ("all_gather", "reduce_scatter")]
+        plan = [
+            (what, op, nbytes, torch.bfloat16 if op == "all_gather" else torch.float32)
+            for what, nbytes in units
+            for op in ("all_gather", "reduce_scatter")
+        ]
     else:
         plan = []
         for what, params in fsdp2_sizes(args.model):
@@ -96,29 +109,55 @@ def main(argv: list[str] | None = None) -> None:
         full = torch.empty(numel, dtype=dtype, device=device).normal_()
         shard = torch.empty(numel // n, dtype=dtype, device=device).normal_()
         if op == "all_gather":
+
             def fn(full=full, shard=shard):
                 gather(full, shard)
         else:
+
             def fn(full=full, shard=shard):
                 scatter(shard, full)
+
         seconds = time_op(fn, args.iters, args.warmup, device)
         size = numel * elem
         alg = size / seconds / 1e9
-        rows.append({"op": op, "what": what, "bytes": size, "world_size": n, "ms": round(seconds * 1e3, 4),
-                     "alg_gbytes": round(alg, 2), "bus_gbytes": round(alg * (n - 1) / n, 2)})
+        rows.append(
+            {
+                "op": op,
+                "what": what,
+                "bytes": size,
+                "world_size": n,
+                "ms": round(seconds * 1e3, 4),
+                "alg_gbytes": round(alg, 2),
+                "bus_gbytes": round(alg * (n - 1) / n, 2),
+            }
+        )
         del full, shard
     if rank == 0:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         print(f"{n} x {name}, {dist.get_backend()}; mean of {args.iters} after {args.warmup} warm-up")
         print(f"{'op':<15} {'MB':>9} {'ms':>9} {'alg GB/s':>9} {'bus GB/s':>9}  what")
         for r in rows:
-            print(f"{r['op']:<15} {r['bytes'] / 1e6:>9.1f} {r['ms']:>9.3f} {r['alg_gbytes']:>9.1f} "
-                  f"{r['bus_gbytes']:>9.1f}  {r['what']}")
+            print(
+                f"{r['op']:<15} {r['bytes'] / 1e6:>9.1f} {r['ms']:>9.3f} {r['alg_gbytes']:>9.1f} "
+                f"{r['bus_gbytes']:>9.1f}  {r['what']}"
+            )
         if args.json:
             from nvfp4train.data.paths import git_commit
+
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({"device": name, "backend": dist.get_backend(), "world_size": n,
-                                             "commit": git_commit(short=True), "rows": rows}, indent=1) + "\n")
+            args.json.write_text(
+                json.dumps(
+                    {
+                        "device": name,
+                        "backend": dist.get_backend(),
+                        "world_size": n,
+                        "commit": git_commit(short=True),
+                        "rows": rows,
+                    },
+                    indent=1,
+                )
+                + "\n"
+            )
             print(f"wrote {args.json}")
     dist.destroy_process_group()
 

@@ -16,6 +16,7 @@ parallel, gpus, micro_batch, reshard_after_forward, zero_stage, vs_1gpu, final_l
 runs are not compiled (its engine runs the eager model). Transformer Engine layers (precision.backend=te)
 under FSDP2 are not part of it: add `--runs te_fsdp2` where TE is installed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,14 +53,32 @@ DEFAULT_RUNS = ["1gpu", "ddp", "fsdp2", "fsdp2_reshard", "zero1", "zero2", "nvfp
 def command(name: str, out_dir: Path, args) -> list[str]:
     gpus, extra = RUNS[name]
     gpus = args.gpus if gpus > 1 else 1
-    common = [f"model={args.model}", f"train.seq_len={args.seq}", f"train.global_batch_size={args.batch}",
-              f"train.micro_batch_size={args.micro}", f"train.max_steps={args.steps}", "train.log_every=2",
-              "train.eval_sequences=0", "train.progress=false", "train.resume=never", f"train.device={args.device}",
-              f"out_dir={out_dir}"]
+    common = [
+        f"model={args.model}",
+        f"train.seq_len={args.seq}",
+        f"train.global_batch_size={args.batch}",
+        f"train.micro_batch_size={args.micro}",
+        f"train.max_steps={args.steps}",
+        "train.log_every=2",
+        "train.eval_sequences=0",
+        "train.progress=false",
+        "train.resume=never",
+        f"train.device={args.device}",
+        f"out_dir={out_dir}",
+    ]
     if gpus == 1:
         return [sys.executable, "-m", "nvfp4train.train", *common, *extra]
-    return [sys.executable, "-m", "nvfp4train.dist.run", "--standalone", f"--nproc_per_node={gpus}", "-m",
-            "nvfp4train.train", *common, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "nvfp4train.dist.run",
+        "--standalone",
+        f"--nproc_per_node={gpus}",
+        "-m",
+        "nvfp4train.train",
+        *common,
+        *extra,
+    ]
 
 
 def summarize(name: str, out_dir: Path, args) -> dict:
@@ -73,21 +92,33 @@ def summarize(name: str, out_dir: Path, args) -> dict:
     reshard = re.search(r"fsdp_reshard_after_forward=(?:auto -> )?(true|false)", log)
     gpus, extra = RUNS[name]
     gpus = args.gpus if gpus > 1 else 1
-    parallel = next((o.split("=")[1] for o in extra if o.startswith("train.parallel=")),
-                    "single" if gpus == 1 else "ddp")
+    parallel = next(
+        (o.split("=")[1] for o in extra if o.startswith("train.parallel=")), "single" if gpus == 1 else "ddp"
+    )
     precision = next((o.split("=")[1] for o in extra if o.startswith("precision=")), "bf16")
     mfu = [r["mfu"] for r in timed if "mfu" in r]
-    return {"model": args.model, "seq": args.seq, "batch": args.batch, "precision": precision,
-            "backend": backend.group(1) if backend else None,
-            "compiled": args.device == "cuda" and parallel != "deepspeed",
-            "cuda_graph": args.device == "cuda" and gpus == 1 and "eager steps" not in log,
-            "step_ms": round(args.batch * args.seq / tokens_per_s * 1e3, 3), "tokens_per_s": round(tokens_per_s, 1),
-            "mfu": round(sum(mfu) / len(mfu), 4) if mfu else None,
-            "peak_gib": round(max((r.get("peak_mem_gib") or 0) for r in steps), 3) if steps else None,
-            "gpu": gpu_name(args.device), "commit": commit(), "parallel": parallel, "gpus": gpus,
-            "micro_batch": args.micro, "reshard_after_forward": (reshard.group(1) == "true") if reshard else None,
-            "zero_stage": next((int(o.split("=")[1]) for o in extra if o.startswith("train.zero_stage=")), None),
-            "final_loss": round(steps[-1]["loss"], 4) if steps else None, "run": name}
+    return {
+        "model": args.model,
+        "seq": args.seq,
+        "batch": args.batch,
+        "precision": precision,
+        "backend": backend.group(1) if backend else None,
+        "compiled": args.device == "cuda" and parallel != "deepspeed",
+        "cuda_graph": args.device == "cuda" and gpus == 1 and "eager steps" not in log,
+        "step_ms": round(args.batch * args.seq / tokens_per_s * 1e3, 3),
+        "tokens_per_s": round(tokens_per_s, 1),
+        "mfu": round(sum(mfu) / len(mfu), 4) if mfu else None,
+        "peak_gib": round(max((r.get("peak_mem_gib") or 0) for r in steps), 3) if steps else None,
+        "gpu": gpu_name(args.device),
+        "commit": commit(),
+        "parallel": parallel,
+        "gpus": gpus,
+        "micro_batch": args.micro,
+        "reshard_after_forward": (reshard.group(1) == "true") if reshard else None,
+        "zero_stage": next((int(o.split("=")[1]) for o in extra if o.startswith("train.zero_stage=")), None),
+        "final_loss": round(steps[-1]["loss"], 4) if steps else None,
+        "run": name,
+    }
 
 
 def gpu_name(device: str) -> str:
@@ -100,6 +131,7 @@ def gpu_name(device: str) -> str:
 def commit() -> str:
     sys.path.insert(0, str(REPO))
     from nvfp4train.data.paths import git_commit
+
     return git_commit(short=True)
 
 
@@ -120,8 +152,13 @@ def earlier_baseline(args) -> float | None:
         return None
     gpu = gpu_name(args.device)
     for r in json.loads(args.out.read_text()):
-        if (r.get("run") == "1gpu" and r.get("model") == args.model and r.get("seq") == args.seq
-                and r.get("batch") == args.batch and r.get("gpu") == gpu):
+        if (
+            r.get("run") == "1gpu"
+            and r.get("model") == args.model
+            and r.get("seq") == args.seq
+            and r.get("batch") == args.batch
+            and r.get("gpu") == gpu
+        ):
             return r["tokens_per_s"]
     return None
 
@@ -135,8 +172,10 @@ def print_table(rows: list[dict], base: float | None) -> None:
             continue
         vs = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
         reshard = "" if r["reshard_after_forward"] is None else str(r["reshard_after_forward"]).lower()
-        print(f"| {r['run']} | {r['gpus']} | {r['tokens_per_s'] / 1e3:.1f}k | {vs} | {r['peak_gib']} | "
-              f"{r['final_loss']} | {reshard} | {r['seconds']:.0f} |")
+        print(
+            f"| {r['run']} | {r['gpus']} | {r['tokens_per_s'] / 1e3:.1f}k | {vs} | {r['peak_gib']} | "
+            f"{r['final_loss']} | {reshard} | {r['seconds']:.0f} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -151,9 +190,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--timeout", type=float, default=420, help="seconds per run")
     ap.add_argument("--no-comm", action="store_true", help="skip bench_comm.py")
-    ap.add_argument("--work", type=Path, default=None,
-                    help="run directories (default: a temporary one in /dev/shm when present: the final "
-                         "checkpoint of a 1B model is 16 GB); removed after each run")
+    ap.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="run directories (default: a temporary one in /dev/shm when present: the final "
+        "checkpoint of a 1B model is 16 GB); removed after each run",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "docs/results/bench/distributed.json")
     ap.add_argument("--comm-out", type=Path, default=REPO / "docs/results/bench/comm.json")
     args = ap.parse_args(argv)
@@ -179,11 +222,16 @@ def main(argv: list[str] | None = None) -> None:
             row = {"run": name, "gpus": RUNS[name][0], "error": why, "seconds": seconds}
             print(f"    failed: {why}", flush=True)
         else:
-            row = {**summarize(name, out_dir, args),
-                   "command": " ".join(["python", *cmd[1:]]).replace(str(out_dir), "OUT"),
-                   "seconds": seconds}
-            print(f"    {row['tokens_per_s'] / 1e3:.1f}k tokens/s, peak {row['peak_gib']} GiB, "
-                  f"loss {row['final_loss']} ({seconds:.0f} s)", flush=True)
+            row = {
+                **summarize(name, out_dir, args),
+                "command": " ".join(["python", *cmd[1:]]).replace(str(out_dir), "OUT"),
+                "seconds": seconds,
+            }
+            print(
+                f"    {row['tokens_per_s'] / 1e3:.1f}k tokens/s, peak {row['peak_gib']} GiB, "
+                f"loss {row['final_loss']} ({seconds:.0f} s)",
+                flush=True,
+            )
         rows.append(row)
         shutil.rmtree(out_dir, ignore_errors=True)
     base = next((r["tokens_per_s"] for r in rows if r.get("run") == "1gpu" and "error" not in r), None)
@@ -197,9 +245,20 @@ def main(argv: list[str] | None = None) -> None:
     if done:
         merge_rows(args.out, done)
     if not args.no_comm:
-        comm = [sys.executable, "-m", "nvfp4train.dist.run", "--standalone", f"--nproc_per_node={args.gpus}",
-                str(REPO / "benchmarks/bench_comm.py"), "--model", args.model, "--device", args.device,
-                "--json", str(args.comm_out)]
+        comm = [
+            sys.executable,
+            "-m",
+            "nvfp4train.dist.run",
+            "--standalone",
+            f"--nproc_per_node={args.gpus}",
+            str(REPO / "benchmarks/bench_comm.py"),
+            "--model",
+            args.model,
+            "--device",
+            args.device,
+            "--json",
+            str(args.comm_out),
+        ]
         print(f"[{time.perf_counter() - started:5.0f}s] bench_comm: {' '.join(comm[1:])}", flush=True)
         proc = subprocess.run(comm, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
         print(proc.stdout if proc.returncode == 0 else f"    failed: {proc.stderr.strip()[-400:]}")

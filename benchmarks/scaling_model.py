@@ -23,6 +23,7 @@ HSDP (shard inside a node, replicate across nodes: not in nvfp4train yet) is rep
 multi-node counts: the gathers stay on NVLink, only the gradient all-reduce of each GPU's 1/G shard,
 2 * (nodes-1)/nodes * 4P/G bytes, crosses the network.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +37,11 @@ from pathlib import Path
 # and FSDP2 at its defaults (auto -> keep) on 2026-11-25 at commit e5a71be (docs/results/bench/distributed.json);
 # FSDP2 resharding was not measured again: issue #37's midpoint of 97-108k.
 REFERENCE = {
-    "model": "hybrid_1b", "seq": 4096, "micro": 4, "global_batch": 8, "gpu": "H100 80GB HBM3",
+    "model": "hybrid_1b",
+    "seq": 4096,
+    "micro": 4,
+    "global_batch": 8,
+    "gpu": "H100 80GB HBM3",
     "one_gpu_tokens_per_s": 76.6e3,
     "two_gpu_tokens_per_s": {"ddp": 137.5e3, "fsdp2_reshard": 102.5e3, "fsdp2_keep": 148.6e3},
     "source": "docs/results/bench/distributed.json (2x H100, commit e5a71be); fsdp2_reshard: issue #37 (97-108k)",
@@ -45,16 +50,24 @@ REFERENCE = {
 # printed by `python benchmarks/scaling_model.py --count` which builds each on the meta device).
 MODELS = {
     "hybrid_1b": {"params": 984_039_680, "blocks": 26, "root_params": 206_047_232, "flops_per_token": 5.489491968e9},
-    "nemotron_h_8b": {"params": 8_084_075_520, "blocks": 52, "root_params": 1_073_745_920,
-                      "flops_per_token": 46.087667712e9},
-    "nemotron_h_12b": {"params": 12_310_001_152, "blocks": 62, "root_params": 1_342_182_400,
-                       "flops_per_token": 71.171702784e9},
+    "nemotron_h_8b": {
+        "params": 8_084_075_520,
+        "blocks": 52,
+        "root_params": 1_073_745_920,
+        "flops_per_token": 46.087667712e9,
+    },
+    "nemotron_h_12b": {
+        "params": 12_310_001_152,
+        "blocks": 62,
+        "root_params": 1_342_182_400,
+        "flops_per_token": 71.171702784e9,
+    },
 }
 # Assumptions (labelled in every output): the network across nodes, and NVLink's bus bandwidth for the
 # collectives until bench_comm.py measures it on the node.
-ASSUMED_INTER_NODE_GBPS = 400.0          # InfiniBand NDR, one 400 Gb/s NIC per GPU
-ASSUMED_INTRA_NODE_BUS_GBYTES = 300.0    # H100 NVLink 4 all-gather / reduce-scatter bus bandwidth, GB/s
-KEEP_GATHERED_MAX_SHARE = 1 / 8          # nvfp4train.dist: auto keeps gathered weights below this share
+ASSUMED_INTER_NODE_GBPS = 400.0  # InfiniBand NDR, one 400 Gb/s NIC per GPU
+ASSUMED_INTRA_NODE_BUS_GBYTES = 300.0  # H100 NVLink 4 all-gather / reduce-scatter bus bandwidth, GB/s
+KEEP_GATHERED_MAX_SHARE = 1 / 8  # nvfp4train.dist: auto keeps gathered weights below this share
 GPU_MEMORY_BYTES = 80e9
 
 
@@ -63,19 +76,19 @@ class Setup:
     model: str
     params: int
     blocks: int
-    root_params: int           # FSDP2's root unit: embedding, final norm, LM head
+    root_params: int  # FSDP2's root unit: embedding, final norm, LM head
     flops_per_token: float
     seq: int
-    micro: int                 # sequences per micro-batch on one GPU
-    micro_batches: int         # per GPU per optimizer step (gradient accumulation)
+    micro: int  # sequences per micro-batch on one GPU
+    micro_batches: int  # per GPU per optimizer step (gradient accumulation)
     one_gpu_tokens_per_s: float
     throughput_source: str
 
 
 @dataclass(frozen=True)
 class Network:
-    intra_bus_gbytes: float    # GB/s, collectives inside a node
-    inter_bus_gbytes: float    # GB/s per GPU, collectives across nodes
+    intra_bus_gbytes: float  # GB/s, collectives inside a node
+    inter_bus_gbytes: float  # GB/s per GPU, collectives across nodes
     gpus_per_node: int
     intra_source: str
     inter_source: str
@@ -97,8 +110,17 @@ def fsdp2_step(setup: Setup, n_gpus: int, net: Network, reshard: bool, overhead_
     tokens = setup.micro * setup.seq * setup.micro_batches
     t_c = tokens / setup.one_gpu_tokens_per_s
     if n_gpus == 1:
-        return {"gpus": 1, "compute_s": t_c, "wire_s": 0.0, "exposed_s": 0.0, "overhead_s": 0.0, "step_s": t_c,
-                "tokens_per_s": tokens / t_c, "per_gpu_efficiency": 1.0, "reshard": False}
+        return {
+            "gpus": 1,
+            "compute_s": t_c,
+            "wire_s": 0.0,
+            "exposed_s": 0.0,
+            "overhead_s": 0.0,
+            "step_s": t_c,
+            "tokens_per_s": tokens / t_c,
+            "per_gpu_efficiency": 1.0,
+            "reshard": False,
+        }
     frac = (n_gpus - 1) / n_gpus
     bw = bus_bandwidth(n_gpus, net) * 1e9
     gathered = setup.micro_batches * (2 if reshard else 1) * 2 * p
@@ -106,9 +128,17 @@ def fsdp2_step(setup: Setup, n_gpus: int, net: Network, reshard: bool, overhead_
     t_w = frac * (gathered + reduced) / bw
     t_exposed = frac * (2 + 4) * setup.root_params / bw
     step = max(t_c, t_w) + t_exposed + overhead_s
-    return {"gpus": n_gpus, "compute_s": t_c, "wire_s": t_w, "exposed_s": t_exposed, "overhead_s": overhead_s,
-            "step_s": step, "tokens_per_s": n_gpus * tokens / step, "per_gpu_efficiency": t_c / step,
-            "reshard": reshard}
+    return {
+        "gpus": n_gpus,
+        "compute_s": t_c,
+        "wire_s": t_w,
+        "exposed_s": t_exposed,
+        "overhead_s": overhead_s,
+        "step_s": step,
+        "tokens_per_s": n_gpus * tokens / step,
+        "per_gpu_efficiency": t_c / step,
+        "reshard": reshard,
+    }
 
 
 def hsdp_step(setup: Setup, n_gpus: int, net: Network, reshard: bool, overhead_s: float = 0.0) -> dict:
@@ -124,8 +154,15 @@ def hsdp_step(setup: Setup, n_gpus: int, net: Network, reshard: bool, overhead_s
     exposed = t_ar * setup.root_params / setup.params  # the root's share, reduced last
     step = max(inner["compute_s"], inner["wire_s"] + t_ar) + inner["exposed_s"] + exposed + overhead_s
     tokens = setup.micro * setup.seq * setup.micro_batches
-    return {**inner, "gpus": n_gpus, "wire_s": inner["wire_s"] + t_ar, "exposed_s": inner["exposed_s"] + exposed,
-            "step_s": step, "tokens_per_s": n_gpus * tokens / step, "per_gpu_efficiency": inner["compute_s"] / step}
+    return {
+        **inner,
+        "gpus": n_gpus,
+        "wire_s": inner["wire_s"] + t_ar,
+        "exposed_s": inner["exposed_s"] + exposed,
+        "step_s": step,
+        "tokens_per_s": n_gpus * tokens / step,
+        "per_gpu_efficiency": inner["compute_s"] / step,
+    }
 
 
 def calibrate_overhead(ref: Setup, net: Network, measured_two_gpu_tokens_per_s: float, reshard: bool) -> float:
@@ -143,12 +180,15 @@ def setup_for(model: str, seq: int = 4096, micro: int | None = None, micro_batch
         t1, source = REFERENCE["one_gpu_tokens_per_s"], f"measured ({REFERENCE['source']})"
     else:
         t1 = REFERENCE["one_gpu_tokens_per_s"] * ref["flops_per_token"] / m["flops_per_token"]
-        source = (f"assumed: {REFERENCE['model']}'s measured MFU "
-                  f"(tokens/s x {ref['flops_per_token'] / m['flops_per_token']:.3f})")
+        source = (
+            f"assumed: {REFERENCE['model']}'s measured MFU "
+            f"(tokens/s x {ref['flops_per_token'] / m['flops_per_token']:.3f})"
+        )
     if micro is None:
         micro = REFERENCE["micro"] if model == REFERENCE["model"] else 1
-    return Setup(model, m["params"], m["blocks"], m["root_params"], m["flops_per_token"], seq, micro, micro_batches,
-                 t1, source)
+    return Setup(
+        model, m["params"], m["blocks"], m["root_params"], m["flops_per_token"], seq, micro, micro_batches, t1, source
+    )
 
 
 def network_from(comm_json: Path | None, inter_gbps: float, gpus_per_node: int) -> Network:
@@ -166,8 +206,9 @@ def network_from(comm_json: Path | None, inter_gbps: float, gpus_per_node: int) 
 def table(models: list[str], gpu_counts: list[int], net: Network, seq: int = 4096) -> list[dict]:
     ref = setup_for(REFERENCE["model"], seq, REFERENCE["micro"], 1)
     two_gpu = REFERENCE["two_gpu_tokens_per_s"]
-    overhead = {r: calibrate_overhead(ref, net, two_gpu["fsdp2_reshard" if r else "fsdp2_keep"], r)
-                for r in (True, False)}
+    overhead = {
+        r: calibrate_overhead(ref, net, two_gpu["fsdp2_reshard" if r else "fsdp2_keep"], r) for r in (True, False)
+    }
     rows = []
     for name in models:
         setup = setup_for(name, seq)
@@ -177,11 +218,18 @@ def table(models: list[str], gpu_counts: list[int], net: Network, seq: int = 409
                 if layout == "hsdp" and n <= net.gpus_per_node:
                     continue
                 parts = fn(setup, n, net, reshard, overhead[reshard] if n > 1 else 0.0)
-                rows.append({"model": name, "layout": layout, **parts,
-                             "global_batch": n * setup.micro * setup.micro_batches,
-                             "micro": setup.micro, "nodes": math.ceil(n / net.gpus_per_node),
-                             "speedup": parts["tokens_per_s"] / setup.one_gpu_tokens_per_s,
-                             "throughput_source": setup.throughput_source})
+                rows.append(
+                    {
+                        "model": name,
+                        "layout": layout,
+                        **parts,
+                        "global_batch": n * setup.micro * setup.micro_batches,
+                        "micro": setup.micro,
+                        "nodes": math.ceil(n / net.gpus_per_node),
+                        "speedup": parts["tokens_per_s"] / setup.one_gpu_tokens_per_s,
+                        "throughput_source": setup.throughput_source,
+                    }
+                )
     return rows
 
 
@@ -192,11 +240,18 @@ def check_against_reference(net: Network) -> list[dict]:
     for label, reshard in (("fsdp2_reshard", True), ("fsdp2_keep", False)):
         predicted = fsdp2_step(ref, 2, net, reshard)
         measured = REFERENCE["two_gpu_tokens_per_s"][label]
-        out.append({"run": label, "predicted_tokens_per_s": predicted["tokens_per_s"],
-                    "predicted_speedup": predicted["tokens_per_s"] / ref.one_gpu_tokens_per_s,
-                    "measured_tokens_per_s": measured, "measured_speedup": measured / ref.one_gpu_tokens_per_s,
-                    "wire_s": predicted["wire_s"], "compute_s": predicted["compute_s"],
-                    "unexplained_s": calibrate_overhead(ref, net, measured, reshard)})
+        out.append(
+            {
+                "run": label,
+                "predicted_tokens_per_s": predicted["tokens_per_s"],
+                "predicted_speedup": predicted["tokens_per_s"] / ref.one_gpu_tokens_per_s,
+                "measured_tokens_per_s": measured,
+                "measured_speedup": measured / ref.one_gpu_tokens_per_s,
+                "wire_s": predicted["wire_s"],
+                "compute_s": predicted["compute_s"],
+                "unexplained_s": calibrate_overhead(ref, net, measured, reshard),
+            }
+        )
     return out
 
 
@@ -206,9 +261,11 @@ def slurm_command(model: str, gpus: int, gpus_per_node: int, seq: int = 4096) ->
     nodes = math.ceil(gpus / gpus_per_node)
     per_node = min(gpus, gpus_per_node)
     batch = nodes * per_node * setup.micro * setup.micro_batches
-    return (f"sbatch --nodes={nodes} --gpus-per-node={per_node} slurm/multi_node.sbatch model={model} "
-            f"train.seq_len={seq} train.global_batch_size={batch} train.micro_batch_size={setup.micro} "
-            f"train.parallel=fsdp2")
+    return (
+        f"sbatch --nodes={nodes} --gpus-per-node={per_node} slurm/multi_node.sbatch model={model} "
+        f"train.seq_len={seq} train.global_batch_size={batch} train.micro_batch_size={setup.micro} "
+        f"train.parallel=fsdp2"
+    )
 
 
 def count_parameters() -> None:
@@ -216,18 +273,22 @@ def count_parameters() -> None:
     import sys
 
     import torch
+
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
     from nvfp4train.config import load_preset
     from nvfp4train.model import HybridLM, ModelConfig, flops_per_token
+
     for name in MODELS:
         cfg = ModelConfig.from_dict(load_preset("model", name))
         with torch.device("meta"):
             model = HybridLM(cfg)
         n = sum(p.numel() for p in model.parameters())
         root = n - sum(p.numel() for b in model.blocks for p in b.parameters())
-        print(f'"{name}": {{"params": {n}, "blocks": {len(cfg.pattern)}, "root_params": {root}, '
-              f'"flops_per_token": {flops_per_token(cfg, 4096)["total"]:.9e}}}')
+        print(
+            f'"{name}": {{"params": {n}, "blocks": {len(cfg.pattern)}, "root_params": {root}, '
+            f'"flops_per_token": {flops_per_token(cfg, 4096)["total"]:.9e}}}'
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -235,8 +296,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--gpus", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64, 128])
     ap.add_argument("--gpus-per-node", type=int, default=8)
-    ap.add_argument("--inter-node-gbps", type=float, default=ASSUMED_INTER_NODE_GBPS,
-                    help="network bandwidth per GPU across nodes, Gb/s (an assumption; default 400: one NDR NIC a GPU)")
+    ap.add_argument(
+        "--inter-node-gbps",
+        type=float,
+        default=ASSUMED_INTER_NODE_GBPS,
+        help="network bandwidth per GPU across nodes, Gb/s (an assumption; default 400: one NDR NIC a GPU)",
+    )
     ap.add_argument("--comm-json", type=Path, default=None, help="bench_comm.py's JSON: the measured NVLink bandwidth")
     ap.add_argument("--json", type=Path, default=None, help="write the rows here")
     ap.add_argument("--count", action="store_true", help="print the presets' parameter counts and exit")
@@ -250,26 +315,33 @@ def main(argv: list[str] | None = None) -> None:
     print("\ncheck against the 1->2 GPU measurement (hybrid_1b, seq 4096, micro 4):")
     check = check_against_reference(net)
     for c in check:
-        print(f"  {c['run']:<14} predicted {c['predicted_tokens_per_s'] / 1e3:6.1f}k ({c['predicted_speedup']:.2f}x)  "
-              f"measured {c['measured_tokens_per_s'] / 1e3:6.1f}k ({c['measured_speedup']:.2f}x)  "
-              f"compute {c['compute_s'] * 1e3:.0f} ms, wire {c['wire_s'] * 1e3:.1f} ms, unexplained "
-              f"{c['unexplained_s'] * 1e3:.0f} ms/step (added as overhead below)")
+        print(
+            f"  {c['run']:<14} predicted {c['predicted_tokens_per_s'] / 1e3:6.1f}k ({c['predicted_speedup']:.2f}x)  "
+            f"measured {c['measured_tokens_per_s'] / 1e3:6.1f}k ({c['measured_speedup']:.2f}x)  "
+            f"compute {c['compute_s'] * 1e3:.0f} ms, wire {c['wire_s'] * 1e3:.1f} ms, unexplained "
+            f"{c['unexplained_s'] * 1e3:.0f} ms/step (added as overhead below)"
+        )
     rows = table(args.models, args.gpus, net)
-    print(f"\n{'model':<15} {'layout':<6} {'GPUs':>5} {'nodes':>5} {'batch':>6} {'reshard':>7} {'compute':>8} "
-          f"{'wire':>8} {'step':>8} {'tok/s':>10} {'speedup':>8} {'eff':>5}")
+    print(
+        f"\n{'model':<15} {'layout':<6} {'GPUs':>5} {'nodes':>5} {'batch':>6} {'reshard':>7} {'compute':>8} "
+        f"{'wire':>8} {'step':>8} {'tok/s':>10} {'speedup':>8} {'eff':>5}"
+    )
     for r in rows:
-        print(f"{r['model']:<15} {r['layout']:<6} {r['gpus']:>5} {r['nodes']:>5} {r['global_batch']:>6} "
-              f"{str(r['reshard']).lower():>7} {r['compute_s'] * 1e3:>6.0f}ms {r['wire_s'] * 1e3:>6.0f}ms "
-              f"{r['step_s'] * 1e3:>6.0f}ms {r['tokens_per_s']:>10.0f} {r['speedup']:>7.1f}x "
-              f"{r['per_gpu_efficiency']:>5.0%}")
+        print(
+            f"{r['model']:<15} {r['layout']:<6} {r['gpus']:>5} {r['nodes']:>5} {r['global_batch']:>6} "
+            f"{str(r['reshard']).lower():>7} {r['compute_s'] * 1e3:>6.0f}ms {r['wire_s'] * 1e3:>6.0f}ms "
+            f"{r['step_s'] * 1e3:>6.0f}ms {r['tokens_per_s']:>10.0f} {r['speedup']:>7.1f}x "
+            f"{r['per_gpu_efficiency']:>5.0%}"
+        )
     print("\nthroughput sources: " + "; ".join(sorted({f"{r['model']}: {r['throughput_source']}" for r in rows})))
     print("\nSLURM (one torchrun per node, weak scaling: micro-batch fixed, global batch grows with the GPUs):")
     for name in args.models:
         for n in [g for g in args.gpus if g > args.gpus_per_node][:2]:
             print("  " + slurm_command(name, n, args.gpus_per_node))
     if args.json:
-        args.json.write_text(json.dumps({"network": asdict(net), "reference": REFERENCE, "check": check,
-                                         "rows": rows}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps({"network": asdict(net), "reference": REFERENCE, "check": check, "rows": rows}, indent=1) + "\n"
+        )
         print(f"\nwrote {args.json}")
 
 

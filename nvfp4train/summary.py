@@ -57,8 +57,11 @@ def main(argv: list[str]) -> int:
         return 2
     s = summarize(cfg, seq_len)
     f = s["flops"]
-    print(f"model {cfg.name}: pattern {cfg.pattern} ({cfg.n_blocks} blocks: "
-          + ", ".join(f"{cfg.count(k)} {v}" for k, v in KIND_NAMES.items()) + ")")
+    print(
+        f"model {cfg.name}: pattern {cfg.pattern} ({cfg.n_blocks} blocks: "
+        + ", ".join(f"{cfg.count(k)} {v}" for k, v in KIND_NAMES.items())
+        + ")"
+    )
     print(f"parameters: {s['params']:,} total, {s['params_non_embedding']:,} without embedding and LM head")
     for kind, n in s["params_by_kind"].items():
         print(f"  {kind:<10} {n:>16,}")

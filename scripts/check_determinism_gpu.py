@@ -21,6 +21,7 @@ FlexAttention in place of math SDPA (NVFP4TRAIN_DETERMINISTIC_ATTENTION=flex).
 Prints one table last and writes determinism.json under --out. A case that fails or runs out of time is a
 row saying so; cases that would start after --deadline seconds are skipped, so that the table always comes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,16 @@ class Clock:
 def train_cmd(nproc: int, overrides: list[str]) -> list[str]:
     if nproc == 1:
         return [sys.executable, "-m", "nvfp4train.train", *overrides]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "nvfp4train.train", *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "nvfp4train.train",
+        *overrides,
+    ]
 
 
 def env_for(gpus: str, cache: Path | None) -> dict:
@@ -117,22 +126,46 @@ def compare(a: Path, b: Path, after: int = 0) -> dict:
     first = min(differing + missing) if differing or missing else None
     diffs = [abs(sa[s][0] - sb[s][0]) for s in steps if s in sb]
     va, vb = final_val(a), final_val(b)
-    return {"compared": len([s for s in steps if s in sb]), "first_diff": first,
-            "max_abs_dloss": max(diffs) if diffs else None, "val_equal": va is not None and va == vb,
-            "val": [va, vb]}
+    return {
+        "compared": len([s for s in steps if s in sb]),
+        "first_diff": first,
+        "max_abs_dloss": max(diffs) if diffs else None,
+        "val_equal": va is not None and va == vb,
+        "val": [va, vb],
+    }
 
 
-def overrides_for(args, out: Path, precision: str, deterministic: bool, compiled: bool, steps: int,
-                  model: str | None = None, seq: int | None = None, batch: int | None = None,
-                  micro: int | None = None, log_every: int = 1) -> list[str]:
-    o = [f"out_dir={out}", f"model={model or args.model}", f"precision={precision}",
-         f"train.seq_len={seq or args.seq}", f"train.global_batch_size={batch or args.batch}",
-         f"train.max_steps={steps}", f"train.log_every={log_every}", "train.progress=false",
-         f"train.eval_sequences={args.eval_sequences}", f"train.deterministic={str(deterministic).lower()}",
-         # on CPU (trying the script) nothing compiles: Inductor takes minutes there
-         f"train.compile={str(compiled and args.device == 'cuda').lower()}",
-         f"train.cuda_graph={'auto' if compiled else 'false'}",
-         f"train.device={args.device}", f"seed={args.seed}", f"model.ssd_backend={args.ssd_backend}"]
+def overrides_for(
+    args,
+    out: Path,
+    precision: str,
+    deterministic: bool,
+    compiled: bool,
+    steps: int,
+    model: str | None = None,
+    seq: int | None = None,
+    batch: int | None = None,
+    micro: int | None = None,
+    log_every: int = 1,
+) -> list[str]:
+    o = [
+        f"out_dir={out}",
+        f"model={model or args.model}",
+        f"precision={precision}",
+        f"train.seq_len={seq or args.seq}",
+        f"train.global_batch_size={batch or args.batch}",
+        f"train.max_steps={steps}",
+        f"train.log_every={log_every}",
+        "train.progress=false",
+        f"train.eval_sequences={args.eval_sequences}",
+        f"train.deterministic={str(deterministic).lower()}",
+        # on CPU (trying the script) nothing compiles: Inductor takes minutes there
+        f"train.compile={str(compiled and args.device == 'cuda').lower()}",
+        f"train.cuda_graph={'auto' if compiled else 'false'}",
+        f"train.device={args.device}",
+        f"seed={args.seed}",
+        f"model.ssd_backend={args.ssd_backend}",
+    ]
     if args.kill_at and steps > args.kill_at:
         o.append(f"train.save_every={args.kill_at}")  # the same in every run, so the resume case's config matches
     if micro:
@@ -149,12 +182,26 @@ def note_failure(row: dict, case: Path, codes: list[int]) -> None:
             return
 
 
-def run_pair(args, clock: Clock, name: str, precision: str, deterministic: bool, compiled: bool,
-             steps: int, attention: str = "math") -> dict:
+def run_pair(
+    args,
+    clock: Clock,
+    name: str,
+    precision: str,
+    deterministic: bool,
+    compiled: bool,
+    steps: int,
+    attention: str = "math",
+) -> dict:
     """Run A on GPU 0 and run B on GPU 1 at once (one after the other on CPU), each with its own caches."""
     case = args.out / name
-    row = {"case": name, "gpus": "1+1" if args.parallel else "1", "precision": precision,
-           "deterministic": deterministic, "compiled": compiled, "steps": steps}
+    row = {
+        "case": name,
+        "gpus": "1+1" if args.parallel else "1",
+        "precision": precision,
+        "deterministic": deterministic,
+        "compiled": compiled,
+        "steps": steps,
+    }
     procs = []
     for run, gpu in (("A", "0"), ("B", "1" if args.parallel else "0")):
         cache = case / f"cache_{run}" if deterministic else None  # the non-deterministic baseline keeps the shared one
@@ -175,14 +222,23 @@ def run_pair(args, clock: Clock, name: str, precision: str, deterministic: bool,
 
 def run_ddp(args, clock: Clock) -> dict:
     case = args.out / f"ddp_bf16_{'compiled' if args.ddp_compile else 'eager'}_det"
-    row = {"case": case.name, "gpus": "2 (DDP)", "precision": "bf16", "deterministic": True,
-           "compiled": args.ddp_compile, "steps": args.ddp_steps}
+    row = {
+        "case": case.name,
+        "gpus": "2 (DDP)",
+        "precision": "bf16",
+        "deterministic": True,
+        "compiled": args.ddp_compile,
+        "steps": args.ddp_steps,
+    }
     codes = []
     for run in ("A", "B"):
-        cmd = train_cmd(2, overrides_for(args, case / run, "bf16", True, args.ddp_compile, args.ddp_steps,
-                                         micro=args.batch // 2))
-        codes += finish([start(cmd, env_for("0,1" if args.device == "cuda" else "", case / f"cache_{run}"),
-                               case / f"{run}.log")], clock.left())
+        cmd = train_cmd(
+            2, overrides_for(args, case / run, "bf16", True, args.ddp_compile, args.ddp_steps, micro=args.batch // 2)
+        )
+        codes += finish(
+            [start(cmd, env_for("0,1" if args.device == "cuda" else "", case / f"cache_{run}"), case / f"{run}.log")],
+            clock.left(),
+        )
     row["exit"] = codes
     row.update(compare(case / "A", case / "B"))
     row["tokens_per_s"] = tokens_per_s(case / "A")
@@ -194,8 +250,14 @@ def run_resume(args, clock: Clock, reference: Path) -> dict:
     """The first pair case's run, killed with SIGKILL after its checkpoint at --kill-at and resumed, against
     that case's uninterrupted run A. Runs on GPU 0 with run B's caches (not A's)."""
     case = args.out / "resume_bf16_graph_det"
-    row = {"case": case.name, "gpus": "1", "precision": "bf16", "deterministic": True, "compiled": True,
-           "steps": args.steps}
+    row = {
+        "case": case.name,
+        "gpus": "1",
+        "precision": "bf16",
+        "deterministic": True,
+        "compiled": True,
+        "steps": args.steps,
+    }
     env = env_for("0" if args.device == "cuda" else "", reference.parent / "cache_B")
     cmd = train_cmd(1, overrides_for(args, case / "cut", "bf16", True, True, args.steps))
     marker = case / "cut" / "checkpoints" / f"step_{args.kill_at:08d}" / "meta.json"
@@ -221,13 +283,35 @@ def run_cost_1b(args, clock: Clock) -> list[dict]:
     rows = []
     for det in (True, False):
         case = args.out / f"cost_hybrid_1b_bf16_{'det' if det else 'nondet'}"
-        cmd = train_cmd(1, overrides_for(args, case / "A", "bf16", det, True, args.steps_1b, model="hybrid_1b",
-                                         seq=args.seq_1b, batch=args.batch_1b, micro=args.micro_1b,
-                                         log_every=5))
-        codes = finish([start(cmd, env_for("0" if args.device == "cuda" else "", None), case / "A.log")],
-                       clock.left())
-        rows.append({"case": case.name, "gpus": "1", "precision": "bf16", "deterministic": det, "compiled": True,
-                     "steps": args.steps_1b, "exit": codes, "tokens_per_s": tokens_per_s(case / "A")})
+        cmd = train_cmd(
+            1,
+            overrides_for(
+                args,
+                case / "A",
+                "bf16",
+                det,
+                True,
+                args.steps_1b,
+                model="hybrid_1b",
+                seq=args.seq_1b,
+                batch=args.batch_1b,
+                micro=args.micro_1b,
+                log_every=5,
+            ),
+        )
+        codes = finish([start(cmd, env_for("0" if args.device == "cuda" else "", None), case / "A.log")], clock.left())
+        rows.append(
+            {
+                "case": case.name,
+                "gpus": "1",
+                "precision": "bf16",
+                "deterministic": det,
+                "compiled": True,
+                "steps": args.steps_1b,
+                "exit": codes,
+                "tokens_per_s": tokens_per_s(case / "A"),
+            }
+        )
     return rows
 
 
@@ -236,8 +320,10 @@ def table(rows: list[dict]) -> str:
     baseline_of = {f"{p}_graph_det": f"{p}_graph_nondet" for p in ("bf16", "nvfp4")}
     baseline_of["bf16_graph_det_flex"] = "bf16_graph_nondet"
     baseline_of["cost_hybrid_1b_bf16_det"] = "cost_hybrid_1b_bf16_nondet"
-    header = ("| case | GPUs | steps compared | first differing step | max abs dloss | final val A = B | "
-              "tokens/s | non-det tokens/s | cost | exit |")
+    header = (
+        "| case | GPUs | steps compared | first differing step | max abs dloss | final val A = B | "
+        "tokens/s | non-det tokens/s | cost | exit |"
+    )
     lines = [header, "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         base = by_case.get(baseline_of.get(r["case"], ""), {}).get("tokens_per_s")
@@ -245,40 +331,58 @@ def table(rows: list[dict]) -> str:
         cost = f"{(base - tps) / base:+.1%}" if base and tps else ""
         first = ("none" if r["first_diff"] is None else r["first_diff"]) if "compared" in r else ""
         dl = r.get("max_abs_dloss")
-        lines.append(f"| {r['case']} | {r['gpus']} | {r.get('compared', '')} | {first} | "
-                     f"{'' if dl is None else f'{dl:.3g}'} | {r.get('val_equal', '')} | "
-                     f"{'' if tps is None else f'{tps:,.0f}'} | {'' if not base else f'{base:,.0f}'} | {cost} | "
-                     f"{r.get('exit', r.get('note', ''))} |")
+        lines.append(
+            f"| {r['case']} | {r['gpus']} | {r.get('compared', '')} | {first} | "
+            f"{'' if dl is None else f'{dl:.3g}'} | {r.get('val_equal', '')} | "
+            f"{'' if tps is None else f'{tps:,.0f}'} | {'' if not base else f'{base:,.0f}'} | {cost} | "
+            f"{r.get('exit', r.get('note', ''))} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), choices=CASES,
-                    help="graph: BF16 and NVFP4 compiled with the CUDA graph; eager: both eager; baseline: "
-                         "both compiled without the flag (the cost's reference); ddp; resume (needs graph); "
-                         "flex: BF16 compiled "
-                         "with FlexAttention instead of math SDPA; cost_1b (hybrid_1b "
-                         "with and without the flag: not in the default set)")
+    ap.add_argument(
+        "--cases",
+        nargs="+",
+        default=list(DEFAULT_CASES),
+        choices=CASES,
+        help="graph: BF16 and NVFP4 compiled with the CUDA graph; eager: both eager; baseline: "
+        "both compiled without the flag (the cost's reference); ddp; resume (needs graph); "
+        "flex: BF16 compiled "
+        "with FlexAttention instead of math SDPA; cost_1b (hybrid_1b "
+        "with and without the flag: not in the default set)",
+    )
     ap.add_argument("--model", default="hybrid_repro")
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=300, help="steps of the compiled pairs and the resume case")
     ap.add_argument("--eager-steps", type=int, default=100)
     ap.add_argument("--ddp-steps", type=int, default=100)
-    ap.add_argument("--ddp-compile", action="store_true", help="compile the DDP runs (eager by default: each of "
-                                                                  "the two runs one after the other would compile)")
+    ap.add_argument(
+        "--ddp-compile",
+        action="store_true",
+        help="compile the DDP runs (eager by default: each of the two runs one after the other would compile)",
+    )
     ap.add_argument("--kill-at", type=int, default=50, help="the resume case's checkpoint (train.save_every)")
     ap.add_argument("--steps-1b", type=int, default=30)
     ap.add_argument("--seq-1b", type=int, default=4096)
     ap.add_argument("--batch-1b", type=int, default=8)
     ap.add_argument("--micro-1b", type=int, default=4)
-    ap.add_argument("--ssd-backend", default="auto", choices=("auto", "torch", "triton"),
-                    help="model.ssd_backend of every run (torch: the chunked PyTorch scan, compiled with the model)")
+    ap.add_argument(
+        "--ssd-backend",
+        default="auto",
+        choices=("auto", "torch", "triton"),
+        help="model.ssd_backend of every run (torch: the chunked PyTorch scan, compiled with the model)",
+    )
     ap.add_argument("--eval-sequences", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--deadline", type=float, default=420, help="seconds: no case starts after this, and "
-                                                                  "running ones are killed at it")
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=420,
+        help="seconds: no case starts after this, and running ones are killed at it",
+    )
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--out", type=Path, default=Path(f"/tmp/determinism_check-{time.strftime('%Y%m%d-%H%M%S')}"))
     args = ap.parse_args()
@@ -289,14 +393,18 @@ def main() -> int:
     n_gpus = 0
     if args.device == "cuda":
         import torch
+
         n_gpus = torch.cuda.device_count()
         if n_gpus == 0:
             print("error: --device cuda: no CUDA GPU is visible (use --device cpu to try the script)", file=sys.stderr)
             return 2
         names = {torch.cuda.get_device_name(i) for i in range(min(n_gpus, 2))}
         if len(names) > 1:
-            print(f"error: GPUs 0 and 1 are different models ({', '.join(sorted(names))}): their bits are not "
-                  "comparable; set CUDA_VISIBLE_DEVICES to two of one model", file=sys.stderr)
+            print(
+                f"error: GPUs 0 and 1 are different models ({', '.join(sorted(names))}): their bits are not "
+                "comparable; set CUDA_VISIBLE_DEVICES to two of one model",
+                file=sys.stderr,
+            )
             return 2
     args.parallel = n_gpus >= 2
     if not args.parallel and "ddp" in args.cases:
@@ -307,8 +415,16 @@ def main() -> int:
     def due(name: str) -> bool:
         if clock.left() > 0:
             return True
-        rows.append({"case": name, "gpus": "", "precision": "", "deterministic": False, "compiled": False,
-                     "note": "skipped: past --deadline"})
+        rows.append(
+            {
+                "case": name,
+                "gpus": "",
+                "precision": "",
+                "deterministic": False,
+                "compiled": False,
+                "note": "skipped: past --deadline",
+            }
+        )
         return False
 
     # 1. the timed pairs, one case at a time (the cost column compares their tokens/s)
@@ -325,20 +441,29 @@ def main() -> int:
     if "eager" in args.cases:
         for precision in ("bf16", "nvfp4"):
             name = f"{precision}_eager_det"
-            jobs.append((name, lambda p=precision, n=name:
-                         [run_pair(args, clock, n, p, True, False, args.eager_steps)]))
+            jobs.append(
+                (name, lambda p=precision, n=name: [run_pair(args, clock, n, p, True, False, args.eager_steps)])
+            )
     if "ddp" in args.cases:
         jobs.append(("ddp_bf16_det", lambda: [run_ddp(args, clock)]))
     if "resume" in args.cases:
         reference = args.out / "bf16_graph_det" / "A"
-        skipped = {"case": "resume_bf16_graph_det", "gpus": "1", "precision": "bf16", "deterministic": True,
-                   "compiled": True, "note": "skipped: needs the graph case's run A"}
-        jobs.append(("resume_bf16_graph_det", lambda: [run_resume(args, clock, reference) if reference.is_dir()
-                                                       else skipped]))
+        skipped = {
+            "case": "resume_bf16_graph_det",
+            "gpus": "1",
+            "precision": "bf16",
+            "deterministic": True,
+            "compiled": True,
+            "note": "skipped: needs the graph case's run A",
+        }
+        jobs.append(
+            ("resume_bf16_graph_det", lambda: [run_resume(args, clock, reference) if reference.is_dir() else skipped])
+        )
     jobs = [(name, job) for name, job in jobs if due(name)]
     first_untimed = len(rows)
     if args.parallel:
         import threading
+
         results: dict[str, list] = {}
         threads = [threading.Thread(target=lambda n=name, j=job: results.__setitem__(n, j())) for name, job in jobs]
         for t in threads:
@@ -346,8 +471,19 @@ def main() -> int:
         for t in threads:
             t.join()
         for name, _ in jobs:
-            rows += results.get(name, [{"case": name, "gpus": "", "precision": "", "deterministic": False,
-                                        "compiled": False, "note": "failed: see its log"}])
+            rows += results.get(
+                name,
+                [
+                    {
+                        "case": name,
+                        "gpus": "",
+                        "precision": "",
+                        "deterministic": False,
+                        "compiled": False,
+                        "note": "failed: see its log",
+                    }
+                ],
+            )
     else:
         for _, job in jobs:
             rows += job()

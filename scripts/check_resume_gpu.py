@@ -8,6 +8,7 @@ and the largest difference. DeepSpeed arms are also compared against the PyTorch
     python scripts/check_resume_gpu.py --arms single ddp fsdp2 ds1 ds2 --out /tmp/resume
     (on a machine with 2 GPUs for the multi-GPU arms; prints a table last, writes resume_gpu.json)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +31,19 @@ ARMS = {  # name: (processes, overrides)
 
 
 def command(nproc: int, out: Path, common: list[str], extra: list[str]) -> list[str]:
-    launcher = ([sys.executable, "-m", "nvfp4train.train"] if nproc == 1 else
-                [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                 "-m", "nvfp4train.train"])
+    launcher = (
+        [sys.executable, "-m", "nvfp4train.train"]
+        if nproc == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            "nvfp4train.train",
+        ]
+    )
     return [*launcher, f"out_dir={out}", *common, *extra]
 
 
@@ -71,10 +82,18 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu runs the same check with gloo (for trying the script)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/resume_gpu"))
     args = ap.parse_args()
-    common = [f"model={args.model}", f"precision={args.precision}", f"train.max_steps={args.steps}",
-              f"train.save_every={args.kill_at}", "train.log_every=1", "train.progress=false",
-              f"train.seq_len={args.seq}", f"train.global_batch_size={args.batch}", "train.eval_sequences=4",
-              f"train.device={args.device}"]
+    common = [
+        f"model={args.model}",
+        f"precision={args.precision}",
+        f"train.max_steps={args.steps}",
+        f"train.save_every={args.kill_at}",
+        "train.log_every=1",
+        "train.progress=false",
+        f"train.seq_len={args.seq}",
+        f"train.global_batch_size={args.batch}",
+        "train.eval_sequences=4",
+        f"train.device={args.device}",
+    ]
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for arm in args.arms:
@@ -82,21 +101,30 @@ def main() -> None:
         ref, cut, log = args.out / arm / "ref", args.out / arm / "cut", args.out / f"{arm}.log"
         extra = extra + [f"train.micro_batch_size={args.batch // nproc}"]
         seconds = run(command(nproc, ref, common, extra), log)
-        run_killed(command(nproc, cut, common, extra),
-                   cut / "checkpoints" / f"step_{args.kill_at:08d}" / "meta.json", log)
+        run_killed(
+            command(nproc, cut, common, extra), cut / "checkpoints" / f"step_{args.kill_at:08d}" / "meta.json", log
+        )
         killed_at = max(losses(cut))
         run(command(nproc, cut, common, extra), log)
         a, b = losses(ref), losses(cut)
         resumed = [s for s in sorted(a) if s > args.kill_at]
         before = [s for s in sorted(a) if s <= args.kill_at]  # both runs uninterrupted: run-to-run noise
         diffs = [abs(a[s] - b[s]) for s in resumed]
-        row = {"arm": arm, "gpus": nproc, "steps": args.steps, "killed_after_step": killed_at,
-               "resumed_from": args.kill_at, "resumed_steps": len(resumed),
-               "bitwise_equal": sum(a[s] == b[s] for s in resumed), "max_abs_diff": max(diffs),
-               "before_kill_bitwise_equal": f"{sum(a[s] == b[s] for s in before)}/{len(before)}",
-               "before_kill_max_abs_diff": max(abs(a[s] - b[s]) for s in before),
-               "max_rel_diff": max(d / abs(a[s]) for d, s in zip(diffs, resumed)), "ref_seconds": round(seconds, 1),
-               "final_loss": a[max(a)]}
+        row = {
+            "arm": arm,
+            "gpus": nproc,
+            "steps": args.steps,
+            "killed_after_step": killed_at,
+            "resumed_from": args.kill_at,
+            "resumed_steps": len(resumed),
+            "bitwise_equal": sum(a[s] == b[s] for s in resumed),
+            "max_abs_diff": max(diffs),
+            "before_kill_bitwise_equal": f"{sum(a[s] == b[s] for s in before)}/{len(before)}",
+            "before_kill_max_abs_diff": max(abs(a[s] - b[s]) for s in before),
+            "max_rel_diff": max(d / abs(a[s]) for d, s in zip(diffs, resumed)),
+            "ref_seconds": round(seconds, 1),
+            "final_loss": a[max(a)],
+        }
         results.append(row)
         print(json.dumps(row), flush=True)
     torch_ref = next((r for r in results if r["arm"] == "ddp"), None)
@@ -105,15 +133,19 @@ def main() -> None:
             a, b = losses(args.out / "ddp" / "ref"), losses(args.out / r["arm"] / "ref")
             r["vs_torch_engine_max_rel_diff"] = max(abs(a[s] - b[s]) / abs(a[s]) for s in a if s in b)
     (args.out / "resume_gpu.json").write_text(json.dumps(results, indent=1))
-    print("\n| arm | GPUs | killed after | resumed from | resumed steps | bitwise equal | max abs diff | "
-          "max rel diff | before the kill: equal, max abs diff | vs torch engine | final loss |")
+    print(
+        "\n| arm | GPUs | killed after | resumed from | resumed steps | bitwise equal | max abs diff | "
+        "max rel diff | before the kill: equal, max abs diff | vs torch engine | final loss |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         vs = r.get("vs_torch_engine_max_rel_diff")
-        print(f"| {r['arm']} | {r['gpus']} | {r['killed_after_step']} | {r['resumed_from']} | {r['resumed_steps']} | "
-              f"{r['bitwise_equal']} | {r['max_abs_diff']:.3g} | {r['max_rel_diff']:.3g} | "
-              f"{r['before_kill_bitwise_equal']}, {r['before_kill_max_abs_diff']:.3g} | "
-              f"{'' if vs is None else f'{vs:.3g}'} | {r['final_loss']:.4f} |")
+        print(
+            f"| {r['arm']} | {r['gpus']} | {r['killed_after_step']} | {r['resumed_from']} | {r['resumed_steps']} | "
+            f"{r['bitwise_equal']} | {r['max_abs_diff']:.3g} | {r['max_rel_diff']:.3g} | "
+            f"{r['before_kill_bitwise_equal']}, {r['before_kill_max_abs_diff']:.3g} | "
+            f"{'' if vs is None else f'{vs:.3g}'} | {r['final_loss']:.4f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Runs the README's default training command (every default, a fresh out_dir in a 
 reads its metrics.jsonl and rewrites the text between the `readme-numbers` markers in README.md: wall
 clock, loss from the first to the last step, tokens/s (median over logged steps) and held-out losses.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,24 +31,31 @@ def measure() -> str:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "default"
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "nvfp4train.train", f"out_dir={out}", "train.progress=false"],
-                       cwd=REPO, check=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        subprocess.run(
+            [sys.executable, "-m", "nvfp4train.train", f"out_dir={out}", "train.progress=false"],
+            cwd=REPO,
+            check=True,
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+        )
         wall = time.perf_counter() - t0
         records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r.get("loss") is not None]
     first, last = steps[0], steps[-1]
     tokens_per_s = statistics.median(r["tokens_per_s"] for r in steps[1:] or steps)
-    val = {k[len("val/"):]: v for k, v in last.items() if k.startswith("val/") and k != "val/mean"}
+    val = {k[len("val/") :]: v for k, v in last.items() if k.startswith("val/") and k != "val/mean"}
     date = datetime.date.today().isoformat()
-    return (f"- The default run, `python -m nvfp4train.train` ({date}, {os.cpu_count()} CPU cores, "
-            f"{platform.machine()}, torch {_torch_version()}): {wall / 60:.0f} min {wall % 60:.0f} s wall clock; "
-            f"loss {first['loss']:.3f} → {last['loss']:.3f} in {last['step']} steps at about "
-            f"{tokens_per_s:,.0f} tokens/s, held-out loss {' / '.join(f'{v:.3f}' for v in val.values())} on "
-            f"{' / '.join(val)}.")
+    return (
+        f"- The default run, `python -m nvfp4train.train` ({date}, {os.cpu_count()} CPU cores, "
+        f"{platform.machine()}, torch {_torch_version()}): {wall / 60:.0f} min {wall % 60:.0f} s wall clock; "
+        f"loss {first['loss']:.3f} → {last['loss']:.3f} in {last['step']} steps at about "
+        f"{tokens_per_s:,.0f} tokens/s, held-out loss {' / '.join(f'{v:.3f}' for v in val.values())} on "
+        f"{' / '.join(val)}."
+    )
 
 
 def _torch_version() -> str:
     import torch
+
     return torch.__version__
 
 

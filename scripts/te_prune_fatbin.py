@@ -17,6 +17,7 @@ Fat binary layout (as CUDA 12/13 write it; read by cuobjdump, reimplemented by e
                       ..., u32 arch at byte 28 (e.g. 90), ...; the payload follows its header.
 A container whose entries hold no kept architecture is left whole (its code cannot run there anyway).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,13 +33,13 @@ def fatbin_section(m) -> tuple[int, int]:
     """(file offset, size) of the ELF64 little-endian section `.nv_fatbin`."""
     if m[:4] != b"\x7fELF" or m[4] != 2 or m[5] != 1:
         raise SystemExit("not a 64-bit little-endian ELF file")
-    shoff, = struct.unpack_from("<Q", m, 0x28)
+    (shoff,) = struct.unpack_from("<Q", m, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", m, 0x3A)
     sections = [struct.unpack_from("<IIQQQQ", m, shoff + i * shentsize) for i in range(shnum)]
     strtab_off = sections[shstrndx][4]
     for name_off, _type, _flags, _addr, offset, size in sections:
         end = m.find(b"\0", strtab_off + name_off)
-        if m[strtab_off + name_off:end] == b".nv_fatbin":
+        if m[strtab_off + name_off : end] == b".nv_fatbin":
             return offset, size
     raise SystemExit("no .nv_fatbin section: this library holds no CUDA device code")
 
@@ -60,7 +61,7 @@ def entries(m, start: int, header_size: int, entries_size: int):
     q, end = start + header_size, start + header_size + entries_size
     while q < end:
         kind, _version, entry_header_size, payload_size = struct.unpack_from("<HHIQ", m, q)
-        arch, = struct.unpack_from("<I", m, q + 28)
+        (arch,) = struct.unpack_from("<I", m, q + 28)
         yield q, entry_header_size + payload_size, kind, arch
         q += entry_header_size + payload_size
     if q != end:
@@ -93,18 +94,22 @@ def main() -> None:
                     after[("ptx" if kind == 1 else "cubin", arch)] += total
             if args.list:
                 continue
-            blob = b"".join(bytes(m[q:q + total]) for q, total in kept)
+            blob = b"".join(bytes(m[q : q + total]) for q, total in kept)
             body = start + header_size
-            m[body:body + entries_size] = blob + bytes(entries_size - len(blob))
+            m[body : body + entries_size] = blob + bytes(entries_size - len(blob))
             struct.pack_into("<Q", m, start + 8, len(blob))
         if not args.list:
             m.flush()
         m.close()
-    print(f"{args.library}: .nv_fatbin {size} bytes, {n_containers} fat binaries"
-          + (f" ({n_whole} without sm_{args.keep_arch}, left whole)" if n_whole else ""))
+    print(
+        f"{args.library}: .nv_fatbin {size} bytes, {n_containers} fat binaries"
+        + (f" ({n_whole} without sm_{args.keep_arch}, left whole)" if n_whole else "")
+    )
     for key in sorted(before):
-        print(f"  {key[0]:5s} sm_{key[1]:<4d} {before[key]:>11d} bytes -> {after.get(key, 0):>11d}"
-              + ("" if args.list else " kept" if after.get(key) else " zeroed"))
+        print(
+            f"  {key[0]:5s} sm_{key[1]:<4d} {before[key]:>11d} bytes -> {after.get(key, 0):>11d}"
+            + ("" if args.list else " kept" if after.get(key) else " zeroed")
+        )
     if args.list:
         return
     print(f"kept {sum(after.values())} of {sum(before.values())} bytes of device code")

@@ -1,4 +1,5 @@
 """Shared helpers: run the real CLI in a subprocess, read its metrics."""
+
 from __future__ import annotations
 
 import json
@@ -27,21 +28,37 @@ def train_cmd(*overrides: str) -> list[str]:
 
 
 def run_train(*overrides: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(train_cmd(*overrides), cwd=REPO, env=cli_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        train_cmd(*overrides), cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"training failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
 
 
-def run_torchrun(*overrides: str, launcher: str = "nvfp4train.dist.run", nproc: int = 2, env: dict | None = None,
-                 timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+def run_torchrun(
+    *overrides: str,
+    launcher: str = "nvfp4train.dist.run",
+    nproc: int = 2,
+    env: dict | None = None,
+    timeout: float = 600,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
     """The trainer on ``nproc`` local ranks (gloo on CPU) under ``launcher`` (nvfp4train.dist.run or stock
     torch.distributed.run) with --standalone: a free rendezvous port, so runs side by side never collide."""
-    cmd = [sys.executable, "-m", launcher, "--standalone", f"--nproc_per_node={nproc}", "-m", "nvfp4train.train",
-           *overrides]
-    proc = subprocess.run(cmd, cwd=REPO, env=env or cli_env(OMP_NUM_THREADS=1), capture_output=True, text=True,
-                          timeout=timeout)
+    cmd = [
+        sys.executable,
+        "-m",
+        launcher,
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "nvfp4train.train",
+        *overrides,
+    ]
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=env or cli_env(OMP_NUM_THREADS=1), capture_output=True, text=True, timeout=timeout
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     return proc
@@ -55,4 +72,3 @@ def read_metrics(out_dir: Path) -> list[dict]:
 def quick():
     """Overrides for a fast CPU run of the default model and data."""
     return ["train.max_steps=12", "train.log_every=1", "train.eval_sequences=2", "train.progress=false"]
-

@@ -1,6 +1,7 @@
 """The one config mechanism (nvfp4train/config/): every Hydra-style command composes configs/<name>.yaml the
 same way, checks it against its dataclass, answers bad input with one line naming the key, and has a --help
 generated from the YAML and the dataclass."""
+
 import dataclasses
 import subprocess
 import sys
@@ -57,21 +58,25 @@ def test_missing_run_dir_and_words_that_are_not_overrides(name, capsys):
     assert capsys.readouterr().err.strip() == "error: run_dir: required, no default (e.g. run_dir=runs/default)"
     assert _main(name)(["runs/x"]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"error: argument 'runs/x': expected key=value (see configs/{name}.yaml or --help)")
+        f"error: argument 'runs/x': expected key=value (see configs/{name}.yaml or --help)"
+    )
 
 
-@pytest.mark.parametrize("name, arg, message", [
-    ("eval", "device=tpu", "device='tpu': allowed auto, cpu, cuda"),
-    ("eval", "batch_size=0", "batch_size=0: must be a positive integer"),
-    ("eval", "step=-2", "step=-2: must be an integer >= 0"),
-    ("eval", "max_items=many", "max_items: expected int, got 'many' (str)"),
-    ("export", "dtype=fp8", "dtype='fp8': allowed float32, bfloat16"),
-    ("export", "overwrite=maybe", "overwrite: expected bool (true or false), got 'maybe' (str)"),
-    ("generate", "top_k=-1", "top_k=-1: must be an integer >= 0"),
-    ("generate", "temperature=nan", "temperature=nan: must be a finite number"),
-    ("generate", "dtype=fp16", "dtype='fp16': allowed auto, float32, bfloat16"),
-    ("generate", "model=hybrid_tiny", "unknown key 'model'; allowed: run_dir"),  # not a config group here
-])
+@pytest.mark.parametrize(
+    "name, arg, message",
+    [
+        ("eval", "device=tpu", "device='tpu': allowed auto, cpu, cuda"),
+        ("eval", "batch_size=0", "batch_size=0: must be a positive integer"),
+        ("eval", "step=-2", "step=-2: must be an integer >= 0"),
+        ("eval", "max_items=many", "max_items: expected int, got 'many' (str)"),
+        ("export", "dtype=fp8", "dtype='fp8': allowed float32, bfloat16"),
+        ("export", "overwrite=maybe", "overwrite: expected bool (true or false), got 'maybe' (str)"),
+        ("generate", "top_k=-1", "top_k=-1: must be an integer >= 0"),
+        ("generate", "temperature=nan", "temperature=nan: must be a finite number"),
+        ("generate", "dtype=fp16", "dtype='fp16': allowed auto, float32, bfloat16"),
+        ("generate", "model=hybrid_tiny", "unknown key 'model'; allowed: run_dir"),  # not a config group here
+    ],
+)
 def test_bad_value_is_one_line_before_any_checkpoint_is_read(name, arg, message, capsys, tmp_path):
     # run_dir does not exist: the config is refused before anything looks at it
     assert _main(name)([f"run_dir={tmp_path / 'none'}", arg]) == 2
@@ -81,8 +86,13 @@ def test_bad_value_is_one_line_before_any_checkpoint_is_read(name, arg, message,
 
 @pytest.mark.parametrize("name", [*FLAT, "summary"])
 def test_help_lists_every_option_with_its_default(name):
-    proc = subprocess.run([sys.executable, "-m", f"nvfp4train.{name}", "--help"], env=cli_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"nvfp4train.{name}", "--help"],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     out = proc.stdout
     assert out.startswith(f"usage: python -m nvfp4train.{name} ")
@@ -92,9 +102,11 @@ def test_help_lists_every_option_with_its_default(name):
     for key in yaml.safe_load((CONFIG_DIR / f"{name}.yaml").read_text()):
         assert f"\n  {key}=" in out, (key, out)
     assert "\n  run_dir=(required)  " in out and "\n  step=null  " in out
-    assert {"eval": "\n  device=auto                auto | cpu | cuda",
-            "export": "\n  dtype=float32              float32 | ",
-            "generate": "\n  top_k=50                   sample among"}[name] in out
+    assert {
+        "eval": "\n  device=auto                auto | cpu | cuda",
+        "export": "\n  dtype=float32              float32 | ",
+        "generate": "\n  top_k=50                   sample among",
+    }[name] in out
 
 
 def test_summary_takes_model_group_fields_and_seq_len_alias():

@@ -10,6 +10,7 @@ and each gap checked against the baseline's seed-to-seed spread. With eval.json 
 comparison as one run in the arms' W&B group (online with a key, else offline). Runs trained on other
 data, another model or another token budget are refused unless --allow-mismatch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,17 +25,21 @@ from nvfp4train.eval.weights import RunError
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m nvfp4train.compare", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m nvfp4train.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("runs", nargs="+", help="run directories or wandb:ENTITY/PROJECT/RUN_ID")
     ap.add_argument("--baseline", help="a run of the baseline arm (default: the first run)")
     ap.add_argument("--out", required=True, type=Path, help="directory for the PNG, markdown and JSON")
-    ap.add_argument("--group-by", help="comma-separated config keys that define an arm "
-                                       "(default: every key but seed and out_dir)")
-    ap.add_argument("--smooth", type=float, default=0.05,
-                    help="smoothing window as a fraction of the token budget (default 0.05)")
-    ap.add_argument("--allow-mismatch", action="store_true",
-                    help="compare runs whose data, model or token budget differ")
+    ap.add_argument(
+        "--group-by", help="comma-separated config keys that define an arm (default: every key but seed and out_dir)"
+    )
+    ap.add_argument(
+        "--smooth", type=float, default=0.05, help="smoothing window as a fraction of the token budget (default 0.05)"
+    )
+    ap.add_argument(
+        "--allow-mismatch", action="store_true", help="compare runs whose data, model or token budget differ"
+    )
     ap.add_argument("--no-plots", action="store_true", help="markdown and JSON only")
     ap.add_argument("--wandb", action="store_true", help="log the comparison as a run in the arms' W&B group")
     ap.add_argument("--wandb-mode", default="auto", choices=["auto", "online", "offline"])
@@ -47,6 +52,7 @@ def run(args) -> dict:
         raise RunError(f"--smooth {args.smooth}: expected a fraction of the token budget in [0, 1)")
     if args.wandb:
         import_wandb("--wandb")  # before anything is read or written
+
     def identity(source: str) -> str:  # runs/a and runs/a/ name the same run
         return source if source.startswith(WANDB_PREFIX) else str(Path(source).resolve())
 
@@ -59,8 +65,11 @@ def run(args) -> dict:
     runs = [load_run(s) for s in sources]
     for r in runs:  # said, not silently cut: the curves hold every intact record around a damaged line
         if r.skipped:
-            print(f"warning: {len(r.skipped)} damaged metrics line(s) skipped: {', '.join(r.skipped[:5])}"
-                  f"{' ...' if len(r.skipped) > 5 else ''}", file=sys.stderr)
+            print(
+                f"warning: {len(r.skipped)} damaged metrics line(s) skipped: {', '.join(r.skipped[:5])}"
+                f"{' ...' if len(r.skipped) > 5 else ''}",
+                file=sys.stderr,
+            )
     if not args.allow_mismatch:
         check_comparable(runs)
     group_by = [k.strip() for k in args.group_by.split(",") if k.strip()] if args.group_by else None
@@ -70,17 +79,28 @@ def run(args) -> dict:
     arms = [baseline] + [a for a in arms if a is not baseline]
     result = analysis.compare(arms, baseline, markers(baseline.runs[0].config), args.smooth)
     written = report.write(result, args.out, figures=not args.no_plots)
-    summary = {"out": str(args.out), "files": written, "baseline": baseline.label,
-               "arms": [a.label for a in arms],
-               "gaps_pct": {f"{g['arm']}@{g['milestone']}": None if g["gap_pct"] is None else round(g["gap_pct"], 4)
-                            for g in result["gaps"]}}
+    summary = {
+        "out": str(args.out),
+        "files": written,
+        "baseline": baseline.label,
+        "arms": [a.label for a in arms],
+        "gaps_pct": {
+            f"{g['arm']}@{g['milestone']}": None if g["gap_pct"] is None else round(g["gap_pct"], 4)
+            for g in result["gaps"]
+        },
+    }
     if args.wandb:
         config = baseline.runs[0].config
         wandb_cfg = config.get("train", {}).get("wandb", {}) or {}
         group = wandb_cfg.get("group") or config.get("experiment") or "default"
-        summary["wandb_dir"] = report.log_wandb(result, group, args.out, args.wandb_mode,
-                                                args.wandb_project or wandb_cfg.get("project") or "nvfp4train",
-                                                wandb_cfg.get("entity"))
+        summary["wandb_dir"] = report.log_wandb(
+            result,
+            group,
+            args.out,
+            args.wandb_mode,
+            args.wandb_project or wandb_cfg.get("project") or "nvfp4train",
+            wandb_cfg.get("entity"),
+        )
     return summary
 
 

@@ -2,6 +2,7 @@
 difference to the baseline, gaps at the milestones, held-out losses, stability signals and the
 downstream table. Everything returned is plain JSON data; the report draws and prints only from it.
 """
+
 from __future__ import annotations
 
 import math
@@ -90,17 +91,23 @@ def heldout(arm: Arm) -> dict:
     """The arm's held-out losses at the last token count every seed evaluated: mean over seeds per source."""
     per_run = []
     for run in arm.runs:
-        evals = {int(r["tokens"]): {k[4:]: float(v) for k, v in r.items() if k.startswith("val/")}
-                 for r in run.records if "val/mean" in r and "tokens" in r}
+        evals = {
+            int(r["tokens"]): {k[4:]: float(v) for k, v in r.items() if k.startswith("val/")}
+            for r in run.records
+            if "val/mean" in r and "tokens" in r
+        }
         per_run.append(evals)
     common = set.intersection(*(set(e) for e in per_run)) if per_run else set()
     if not common:
         return {}
     tokens = max(common)
     sources = sorted(set.intersection(*(set(e[tokens]) for e in per_run)))
-    return {"tokens": tokens, "loss": {s: float(np.mean([e[tokens][s] for e in per_run])) for s in sources},
-            "min": {s: float(min(e[tokens][s] for e in per_run)) for s in sources},
-            "max": {s: float(max(e[tokens][s] for e in per_run)) for s in sources}}
+    return {
+        "tokens": tokens,
+        "loss": {s: float(np.mean([e[tokens][s] for e in per_run])) for s in sources},
+        "min": {s: float(min(e[tokens][s] for e in per_run)) for s in sources},
+        "max": {s: float(max(e[tokens][s] for e in per_run)) for s in sources},
+    }
 
 
 def stability(run: Run) -> dict:
@@ -112,16 +119,20 @@ def stability(run: Run) -> dict:
     mems = [float(r[PEAK_MEMORY_KEY]) for r in run.records if r.get(PEAK_MEMORY_KEY) is not None]
     ckpt = [float(r[CHECKPOINT_TIME_KEY]) for r in run.records if r.get(CHECKPOINT_TIME_KEY) is not None]
     # The loop's running counters, or the flagged records where a history has no counters.
-    skipped = max([int(r.get("skipped_steps", 0)) for r in run.records] + [sum(bool(r.get("step_skipped"))
-                                                                               for r in run.records)])
-    spikes = max([int(r.get("loss_spikes", 0)) for r in run.records] + [sum(bool(r.get("loss_spike"))
-                                                                             for r in run.records)])
+    skipped = max(
+        [int(r.get("skipped_steps", 0)) for r in run.records] + [sum(bool(r.get("step_skipped")) for r in run.records)]
+    )
+    spikes = max(
+        [int(r.get("loss_spikes", 0)) for r in run.records] + [sum(bool(r.get("loss_spike")) for r in run.records)]
+    )
     return {
-        "run": run.name, "source": run.source,
+        "run": run.name,
+        "source": run.source,
         "last_step": int(max(r.get("step", 0) for r in run.records)),
         "last_tokens": int(max(r.get("tokens", 0) for r in run.records)),
         "final_loss": float(recs[-1]["loss"]) if recs else None,
-        "skipped_steps": int(skipped), "loss_spikes": int(spikes),
+        "skipped_steps": int(skipped),
+        "loss_spikes": int(spikes),
         "grad_norm_max": max(finite_norms) if finite_norms else None,
         "grad_norm_median": float(np.median(finite_norms)) if finite_norms else None,
         "nonfinite_grad_norms": len(norms) - len(finite_norms),
@@ -145,8 +156,9 @@ def eval_table(arms: list[Arm]) -> dict:
                 values.setdefault(f"{task} ({v['primary']})", []).append(v[v["primary"]])
             n = e.get("heldout_sequences")  # eval.json of this version on: say which held-out set it is
             for source, v in e.get("heldout", {}).items():
-                values.setdefault(f"held-out {source} (loss; BF16 evaluation{f', {n} sequences' if n else ''})",
-                                  []).append(v["loss"])
+                values.setdefault(
+                    f"held-out {source} (loss; BF16 evaluation{f', {n} sequences' if n else ''})", []
+                ).append(v["loss"])
         for name, vals in values.items():
             rows.setdefault(name, {})[arm.label] = {"mean": float(np.mean(vals)), "seeds": len(vals)}
     return rows
@@ -158,30 +170,66 @@ def compare(arms: list[Arm], baseline: Arm, milestones: list[dict], window_fract
     window = max(window_fraction * total, 1.0)
     curves = {arm.label: arm_curve(arm, window) for arm in arms}
     base = curves[baseline.label]
-    out = {"baseline": baseline.label, "smoothing_window_tokens": window, "markers": milestones,
-           "arms": [], "gaps": [], "heldout": {}, "stability": {}, "eval": eval_table(arms), "curves": {}}
+    out = {
+        "baseline": baseline.label,
+        "smoothing_window_tokens": window,
+        "markers": milestones,
+        "arms": [],
+        "gaps": [],
+        "heldout": {},
+        "stability": {},
+        "eval": eval_table(arms),
+        "curves": {},
+    }
     for arm in arms:
         c = curves[arm.label]
-        out["arms"].append({"label": arm.label, "runs": [r.source for r in arm.runs], "seeds": len(arm.runs),
-                            "key": arm.key,  # held-out sequences per source of the in-training evaluation
-                            "eval_sequences": (arm.runs[0].config.get("train") or {}).get("eval_sequences")})
+        out["arms"].append(
+            {
+                "label": arm.label,
+                "runs": [r.source for r in arm.runs],
+                "seeds": len(arm.runs),
+                "key": arm.key,  # held-out sequences per source of the in-training evaluation
+                "eval_sequences": (arm.runs[0].config.get("train") or {}).get("eval_sequences"),
+            }
+        )
         rel = relative_curve(c, base)
         out["curves"][arm.label] = {
-            "train_tokens": c["tokens"].tolist(), "train_loss_mean": c["mean"].tolist(),
-            "train_loss_min": c["min"].tolist(), "train_loss_max": c["max"].tolist(),
-            "relative_tokens": rel["tokens"].tolist(), "relative_pct_mean": rel["mean"].tolist(),
-            "relative_pct_min": rel["min"].tolist(), "relative_pct_max": rel["max"].tolist(),
-            "grad_norm": {run.name: [[r["tokens"], r["grad_norm"]] for r in run.records
-                                     if r.get("grad_norm") is not None and "tokens" in r] for run in arm.runs},
-            "tokens_per_s": {run.name: [[r["tokens"], r["tokens_per_s"]] for r in run.records
-                                        if r.get("tokens_per_s") is not None and "tokens" in r][1:]
-                             for run in arm.runs},
-            "events": {run.name: [[r["tokens"], r.get("loss"), "skipped" if r.get("step_skipped") else "spike"]
-                                  for r in run.records
-                                  if (r.get("step_skipped") or r.get("loss_spike")) and "tokens" in r]
-                       for run in arm.runs},
-            "heldout_points": {run.name: [[r["tokens"], r["val/mean"]] for r in run.records
-                                          if "val/mean" in r and "tokens" in r] for run in arm.runs},
+            "train_tokens": c["tokens"].tolist(),
+            "train_loss_mean": c["mean"].tolist(),
+            "train_loss_min": c["min"].tolist(),
+            "train_loss_max": c["max"].tolist(),
+            "relative_tokens": rel["tokens"].tolist(),
+            "relative_pct_mean": rel["mean"].tolist(),
+            "relative_pct_min": rel["min"].tolist(),
+            "relative_pct_max": rel["max"].tolist(),
+            "grad_norm": {
+                run.name: [
+                    [r["tokens"], r["grad_norm"]]
+                    for r in run.records
+                    if r.get("grad_norm") is not None and "tokens" in r
+                ]
+                for run in arm.runs
+            },
+            "tokens_per_s": {
+                run.name: [
+                    [r["tokens"], r["tokens_per_s"]]
+                    for r in run.records
+                    if r.get("tokens_per_s") is not None and "tokens" in r
+                ][1:]
+                for run in arm.runs
+            },
+            "events": {
+                run.name: [
+                    [r["tokens"], r.get("loss"), "skipped" if r.get("step_skipped") else "spike"]
+                    for r in run.records
+                    if (r.get("step_skipped") or r.get("loss_spike")) and "tokens" in r
+                ]
+                for run in arm.runs
+            },
+            "heldout_points": {
+                run.name: [[r["tokens"], r["val/mean"]] for r in run.records if "val/mean" in r and "tokens" in r]
+                for run in arm.runs
+            },
         }
         out["heldout"][arm.label] = heldout(arm)
         out["stability"][arm.label] = [stability(r) for r in arm.runs]
@@ -195,13 +243,24 @@ def compare(arms: list[Arm], baseline: Arm, milestones: list[dict], window_fract
             a, b = at(c, "mean", T), at(base, "mean", T)
             gap = (a - b) / b * 100 if a is not None and b is not None else None
             base_spread, arm_spread = spread_pct(base, T), spread_pct(c, T)
-            out["gaps"].append({
-                "arm": arm.label, "milestone": m["label"], "tokens": T, "arm_loss": a, "baseline_loss": b,
-                "gap_pct": gap, "baseline_spread_pct": base_spread, "arm_spread_pct": arm_spread,
-                "exceeds_baseline_spread": (abs(gap) > base_spread) if gap is not None and base_spread is not None
-                else None})
+            out["gaps"].append(
+                {
+                    "arm": arm.label,
+                    "milestone": m["label"],
+                    "tokens": T,
+                    "arm_loss": a,
+                    "baseline_loss": b,
+                    "gap_pct": gap,
+                    "baseline_spread_pct": base_spread,
+                    "arm_spread_pct": arm_spread,
+                    "exceeds_baseline_spread": (abs(gap) > base_spread)
+                    if gap is not None and base_spread is not None
+                    else None,
+                }
+            )
         hb, ha = out["heldout"][baseline.label], out["heldout"][arm.label]
         if hb and ha and hb["tokens"] == ha["tokens"]:
-            ha["relative_pct"] = {s: (ha["loss"][s] - hb["loss"][s]) / hb["loss"][s] * 100
-                                  for s in ha["loss"] if s in hb["loss"]}
+            ha["relative_pct"] = {
+                s: (ha["loss"][s] - hb["loss"][s]) / hb["loss"][s] * 100 for s in ha["loss"] if s in hb["loss"]
+            }
     return out

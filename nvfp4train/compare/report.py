@@ -2,6 +2,7 @@
 
 Everything here reads the result of `analysis.compare`; the markdown shows no number the JSON lacks.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,10 @@ def clean(value):
 
 
 # ------------------------------------------------------------------------------------- figures
-MATPLOTLIB_MISSING = ("no figures: drawing them needs matplotlib: pip install 'nvfp4train[plots]' "
-                      "(compare.md and compare.json are written; --no-plots skips figures)")
+MATPLOTLIB_MISSING = (
+    "no figures: drawing them needs matplotlib: pip install 'nvfp4train[plots]' "
+    "(compare.md and compare.json are written; --no-plots skips figures)"
+)
 
 
 def can_draw() -> bool:
@@ -66,7 +69,7 @@ def _log_axis(ax, values, axis: str = "y") -> bool:
     ticks = []
     for exp in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1):
         for m in (1, 1.5, 2, 3, 4, 5, 6, 8) if hi / lo < 20 else (1, 2, 5):
-            ticks.append(m * 10.0 ** exp)
+            ticks.append(m * 10.0**exp)
     shown = [t for t in ticks if lo / 1.1 <= t <= hi * 1.1]
     target = getattr(ax, f"{axis}axis")
     target.set_major_locator(FixedLocator(shown))
@@ -98,12 +101,16 @@ def _nan(values):
 
 def _heldout_label(arm: dict) -> str:
     n = arm.get("eval_sequences")
-    return f"held-out: in training, training precision, {n} sequences per source" if n else \
-        "held-out: in training, training precision"
+    return (
+        f"held-out: in training, training precision, {n} sequences per source"
+        if n
+        else "held-out: in training, training precision"
+    )
 
 
 def write_figures(result: dict, out: Path) -> list[str]:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -156,10 +163,13 @@ def write_figures(result: dict, out: Path) -> list[str]:
     from matplotlib.lines import Line2D
 
     handles, _ = ax_all.get_legend_handles_labels()
-    handles = handles + [Line2D([], [], ls="", marker="o", color="white", markeredgecolor="black", label=text)
-                         for text in sorted(heldout_labels)]
-    handles.append(Line2D([], [], color="gray", alpha=0.4, lw=6,
-                          label="training loss, smoothed; band: min-max over seeds"))
+    handles = handles + [
+        Line2D([], [], ls="", marker="o", color="white", markeredgecolor="black", label=text)
+        for text in sorted(heldout_labels)
+    ]
+    handles.append(
+        Line2D([], [], color="gray", alpha=0.4, lw=6, label="training loss, smoothed; band: min-max over seeds")
+    )
     ax_all.legend(handles=handles, fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(out / "loss.png", dpi=120)
@@ -176,8 +186,10 @@ def write_figures(result: dict, out: Path) -> list[str]:
         ax.fill_between(t, _nan(c["relative_pct_min"]), _nan(c["relative_pct_max"]), color=colors[label], alpha=0.2)
     _mark(ax, result["markers"], with_labels=True)
     _tokens_axis(ax)
-    ax.set(ylabel=f"relative difference to {result['baseline']} (%)",
-           title="(arm - baseline) / baseline: training loss, smoothed (band: min-max over seeds)")
+    ax.set(
+        ylabel=f"relative difference to {result['baseline']} (%)",
+        title="(arm - baseline) / baseline: training loss, smoothed (band: min-max over seeds)",
+    )
     if len(curves) > 1:
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -223,40 +235,86 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def markdown(result: dict, figures: list[str]) -> str:
     lines = [f"# Comparison against {result['baseline']}", ""]
-    lines += _table(["arm", "seeds", "runs"], [[a["label"], str(a["seeds"]), ", ".join(a["runs"])]
-                                               for a in result["arms"]])
-    lines += ["", f"Training loss smoothed with a trailing mean over {result['smoothing_window_tokens']:,.0f} tokens; "
-              "gap = (arm − baseline) / baseline in % of the smoothed mean over seeds; spread = (max − min) / mean "
-              "of the baseline's seeds.", ""]
+    lines += _table(
+        ["arm", "seeds", "runs"], [[a["label"], str(a["seeds"]), ", ".join(a["runs"])] for a in result["arms"]]
+    )
+    lines += [
+        "",
+        f"Training loss smoothed with a trailing mean over {result['smoothing_window_tokens']:,.0f} tokens; "
+        "gap = (arm − baseline) / baseline in % of the smoothed mean over seeds; spread = (max − min) / mean "
+        "of the baseline's seeds.",
+        "",
+    ]
     lines += ["## Gaps at milestones", ""]
-    rows = [[g["arm"], g["milestone"], f"{g['tokens']:,.0f}", _f(g["arm_loss"]), _f(g["baseline_loss"]),
-             _f(g["gap_pct"], "+.3f"), _f(g["baseline_spread_pct"], ".3f", "n/a (1 seed)"),
-             {True: "yes", False: "no", None: "—"}[g["exceeds_baseline_spread"]]] for g in result["gaps"]]
-    lines += _table(["arm", "milestone", "tokens", "arm loss", "baseline loss", "gap %", "baseline spread %",
-                     "gap > spread"], rows)
+    rows = [
+        [
+            g["arm"],
+            g["milestone"],
+            f"{g['tokens']:,.0f}",
+            _f(g["arm_loss"]),
+            _f(g["baseline_loss"]),
+            _f(g["gap_pct"], "+.3f"),
+            _f(g["baseline_spread_pct"], ".3f", "n/a (1 seed)"),
+            {True: "yes", False: "no", None: "—"}[g["exceeds_baseline_spread"]],
+        ]
+        for g in result["gaps"]
+    ]
+    lines += _table(
+        ["arm", "milestone", "tokens", "arm loss", "baseline loss", "gap %", "baseline spread %", "gap > spread"], rows
+    )
     held = {k: v for k, v in result["heldout"].items() if v}
     if held:
         sources = sorted(set().union(*(v["loss"] for v in held.values())))
         counts = sorted({str(a.get("eval_sequences")) for a in result["arms"] if a.get("eval_sequences")})
         what = f", {' / '.join(counts)} sequences per source" if counts else ""
-        lines += ["", f"## Held-out loss (in training, training precision{what}; the last evaluation all seeds share)",
-                  ""]
+        lines += [
+            "",
+            f"## Held-out loss (in training, training precision{what}; the last evaluation all seeds share)",
+            "",
+        ]
         rows = []
         for label, v in held.items():
             rel = v.get("relative_pct", {})
-            rows.append([label, f"{v['tokens']:,}"] + [
-                _f(v["loss"].get(s)) + (f" ({rel[s]:+.2f}%)" if s in rel else "") for s in sources])
+            rows.append(
+                [label, f"{v['tokens']:,}"]
+                + [_f(v["loss"].get(s)) + (f" ({rel[s]:+.2f}%)" if s in rel else "") for s in sources]
+            )
         lines += _table(["arm", "tokens"] + sources, rows)
     lines += ["", "## Stability and cost", ""]
     rows = []
     for label, runs in result["stability"].items():
         for s in runs:
-            rows.append([label, s["run"], str(s["last_step"]), _f(s["final_loss"]), str(s["skipped_steps"]),
-                         str(s["loss_spikes"]), _f(s["grad_norm_median"], ".3f"), _f(s["grad_norm_max"], ".3f"),
-                         _f(s["tokens_per_s"], ",.0f"), _f(s["peak_mem_gib"], ".2f", "not recorded"),
-                         _f(s["checkpoint_time_s"], ".2f", "not recorded")])
-    lines += _table(["arm", "run", "last step", "final loss", "skipped steps", "loss spikes", "grad norm median",
-                     "grad norm max", "tokens/s", "peak memory GiB", "checkpoint s"], rows)
+            rows.append(
+                [
+                    label,
+                    s["run"],
+                    str(s["last_step"]),
+                    _f(s["final_loss"]),
+                    str(s["skipped_steps"]),
+                    str(s["loss_spikes"]),
+                    _f(s["grad_norm_median"], ".3f"),
+                    _f(s["grad_norm_max"], ".3f"),
+                    _f(s["tokens_per_s"], ",.0f"),
+                    _f(s["peak_mem_gib"], ".2f", "not recorded"),
+                    _f(s["checkpoint_time_s"], ".2f", "not recorded"),
+                ]
+            )
+    lines += _table(
+        [
+            "arm",
+            "run",
+            "last step",
+            "final loss",
+            "skipped steps",
+            "loss spikes",
+            "grad norm median",
+            "grad norm max",
+            "tokens/s",
+            "peak memory GiB",
+            "checkpoint s",
+        ],
+        rows,
+    )
     if result["eval"]:
         labels = [a["label"] for a in result["arms"]]
         lines += ["", "## Downstream evaluation (eval.json, BF16; mean over seeds)", ""]
@@ -281,8 +339,9 @@ def write(result: dict, out: Path, figures: bool = True) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------- W&B
-def log_wandb(result: dict, group: str, out: Path, mode: str = "auto", project: str = "nvfp4train",
-              entity: str | None = None) -> str:
+def log_wandb(
+    result: dict, group: str, out: Path, mode: str = "auto", project: str = "nvfp4train", entity: str | None = None
+) -> str:
     """One W&B run in the arms' group: relative-loss and loss curves against tokens, the gap table.
     Returns the run's local directory (an `offline-run-*` directory in offline mode)."""
     import wandb
@@ -292,10 +351,20 @@ def log_wandb(result: dict, group: str, out: Path, mode: str = "auto", project: 
         has_key = bool(os.environ.get("WANDB_API_KEY")) or (Path.home() / ".netrc").exists()
         mode = "online" if has_key else "offline"
     arms = [a["label"] for a in result["arms"]]
-    run = wandb.init(project=project, entity=entity, group=group, job_type="compare",
-                     name=f"compare: {' vs '.join(arms)}", dir=str(out), mode=mode,
-                     config={"baseline": result["baseline"], "arms": result["arms"],
-                             "smoothing_window_tokens": result["smoothing_window_tokens"]})
+    run = wandb.init(
+        project=project,
+        entity=entity,
+        group=group,
+        job_type="compare",
+        name=f"compare: {' vs '.join(arms)}",
+        dir=str(out),
+        mode=mode,
+        config={
+            "baseline": result["baseline"],
+            "arms": result["arms"],
+            "smoothing_window_tokens": result["smoothing_window_tokens"],
+        },
+    )
     run.define_metric("tokens")
     for prefix in ("relative_loss_pct", "train_loss"):
         run.define_metric(f"{prefix}/*", step_metric="tokens")
@@ -308,8 +377,16 @@ def log_wandb(result: dict, group: str, out: Path, mode: str = "auto", project: 
                 rows.setdefault(t, {})[f"relative_loss_pct/{label}"] = v
     for t in sorted(rows):
         run.log({"tokens": t, **{k: v for k, v in rows[t].items() if v is not None}})
-    columns = ["arm", "milestone", "tokens", "arm_loss", "baseline_loss", "gap_pct", "baseline_spread_pct",
-               "exceeds_baseline_spread"]
+    columns = [
+        "arm",
+        "milestone",
+        "tokens",
+        "arm_loss",
+        "baseline_loss",
+        "gap_pct",
+        "baseline_spread_pct",
+        "exceeds_baseline_spread",
+    ]
     run.log({"gaps": wandb.Table(columns=columns, data=[[g[c] for c in columns] for g in result["gaps"]])})
     for g in result["gaps"]:
         run.summary[f"gap_pct/{g['arm']}/{g['milestone']}"] = g["gap_pct"]

@@ -4,6 +4,7 @@ A run is its resolved config (`config.yaml`, or the W&B run's config, which the 
 same dict), its metrics records (`metrics.jsonl`, or the W&B history) and, when present, its
 `eval.json`. Runs whose config differs only in `seed` and `out_dir` (by default) are seeds of one arm.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,8 @@ MODEL_KEYS_IGNORED = ("model.ssd_backend", "model.name")
 
 @dataclass
 class Run:
-    name: str                     # short name for legends: the directory name or the W&B run id
-    source: str                   # the directory or wandb:ENTITY/PROJECT/RUN_ID given on the command line
+    name: str  # short name for legends: the directory name or the W&B run id
+    source: str  # the directory or wandb:ENTITY/PROJECT/RUN_ID given on the command line
     config: dict
     records: list[dict]
     eval: dict | None = None
@@ -56,8 +57,10 @@ def load_local(path: Path) -> Run:
     try:
         config = read_run_config(path)
     except (UnicodeDecodeError, OSError) as e:
-        raise RunError(f"{path / 'config.yaml'}: unreadable ({getattr(e, 'strerror', None) or e.__class__.__name__}); "
-                       "not a training run's config") from None
+        raise RunError(
+            f"{path / 'config.yaml'}: unreadable ({getattr(e, 'strerror', None) or e.__class__.__name__}); "
+            "not a training run's config"
+        ) from None
     metrics = metrics_path(path)
     if not metrics.is_file():
         raise RunError(f"{metrics} not found: the run has logged no metrics yet")
@@ -86,11 +89,13 @@ def load_local(path: Path) -> Run:
         try:
             evaluation = json.loads(eval_path.read_text())
         except (OSError, ValueError) as e:
-            raise RunError(f"{eval_path}: not a JSON file ({e}); run python -m nvfp4train.eval again or remove it") \
-                from None
+            raise RunError(
+                f"{eval_path}: not a JSON file ({e}); run python -m nvfp4train.eval again or remove it"
+            ) from None
         _check_eval(eval_path, evaluation)
-    return Run(name=path.resolve().name, source=str(path), config=config, records=records, eval=evaluation,
-               skipped=skipped)
+    return Run(
+        name=path.resolve().name, source=str(path), config=config, records=records, eval=evaluation, skipped=skipped
+    )
 
 
 # The one metrics field that holds text; every other value of a record is a number, a bool or null.
@@ -107,15 +112,18 @@ def _is_record(record) -> bool:
         return False
     if "tokens" in record and not (isinstance(record["tokens"], int) and not isinstance(record["tokens"], bool)):
         return False
-    return all(v is None or isinstance(v, (int, float)) or (k in TEXT_FIELDS and isinstance(v, str))
-               for k, v in record.items())
+    return all(
+        v is None or isinstance(v, (int, float)) or (k in TEXT_FIELDS and isinstance(v, str)) for k, v in record.items()
+    )
 
 
 def _check_eval(path: Path, evaluation) -> None:
     """eval.json as `python -m nvfp4train.eval` writes it, in the parts the comparison tabulates."""
+
     def refuse(what: str):
-        raise RunError(f"{path}: {what}; not an evaluation written by python -m nvfp4train.eval (run it again "
-                       "or remove the file)")
+        raise RunError(
+            f"{path}: {what}; not an evaluation written by python -m nvfp4train.eval (run it again or remove the file)"
+        )
 
     if not isinstance(evaluation, dict):
         refuse(f"holds a {type(evaluation).__name__}, not a JSON object")
@@ -141,7 +149,7 @@ def import_wandb(what: str):
 
 def load_wandb(spec: str) -> Run:
     """`wandb:ENTITY/PROJECT/RUN_ID` through the W&B public API (needs an API key and the network)."""
-    run_path = spec[len(WANDB_PREFIX):]
+    run_path = spec[len(WANDB_PREFIX) :]
     if run_path.count("/") != 2 or not all(run_path.split("/")):
         raise RunError(f"{spec}: expected wandb:ENTITY/PROJECT/RUN_ID")
     wandb = import_wandb(f"{spec}: reading a W&B run")
@@ -176,7 +184,7 @@ def budget(run: Run) -> int | None:
 
 def _short(value, width: int = 60) -> str:
     text = repr(value)
-    return text if len(text) <= width else text[:width - 3] + "..."
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def check_comparable(runs: list[Run]) -> None:
@@ -187,13 +195,17 @@ def check_comparable(runs: list[Run]) -> None:
             keys = sorted(k for k in set(ref.flat) | set(run.flat) if k.startswith(room + ".") and k not in ignored)
             for key in keys:
                 if ref.flat.get(key) != run.flat.get(key):
-                    raise RunError(f"{run.source} and {ref.source} differ in {key} ({_short(run.flat.get(key))} "
-                                   f"vs {_short(ref.flat.get(key))}): not the same {room}; pass --allow-mismatch "
-                                   "to compare anyway")
+                    raise RunError(
+                        f"{run.source} and {ref.source} differ in {key} ({_short(run.flat.get(key))} "
+                        f"vs {_short(ref.flat.get(key))}): not the same {room}; pass --allow-mismatch "
+                        "to compare anyway"
+                    )
         if budget(run) != budget(ref):
-            raise RunError(f"{run.source} and {ref.source} differ in token budget (train.max_steps x "
-                           f"global_batch_size x seq_len: {budget(run)} vs {budget(ref)}); pass --allow-mismatch "
-                           "to compare anyway")
+            raise RunError(
+                f"{run.source} and {ref.source} differ in token budget (train.max_steps x "
+                f"global_batch_size x seq_len: {budget(run)} vs {budget(ref)}); pass --allow-mismatch "
+                "to compare anyway"
+            )
 
 
 # ------------------------------------------------------------------------------ arms
@@ -201,12 +213,13 @@ def check_comparable(runs: list[Run]) -> None:
 class Arm:
     label: str
     runs: list[Run]
-    key: dict                     # the values of the config keys that tell this arm from the others
+    key: dict  # the values of the config keys that tell this arm from the others
 
 
 def group_runs(runs: list[Run], group_by: list[str] | None) -> list[Arm]:
     """Runs that agree on the grouping keys form one arm (their seeds). Without `group_by`, every key but
     seed and out_dir groups; arms are labelled by the keys whose values tell them apart."""
+
     def key_of(run: Run) -> dict:
         if group_by:
             return {k: run.flat.get(k) for k in group_by}

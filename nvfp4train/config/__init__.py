@@ -19,6 +19,7 @@ The package's modules, by topic: `run` (RunConfig, TrainConfig), `commands` (the
 COMMANDS, GROUPS), `compose` (Hydra composition, checking, presets), `usage` (--help). Import the names from
 `nvfp4train.config`.
 """
+
 from nvfp4train.config.commands import (
     COMMANDS,
     GROUPS,
@@ -43,7 +44,29 @@ from nvfp4train.config.run import SECTIONS, RunConfig, TrainConfig, WandbConfig,
 from nvfp4train.config.usage import help_requested, usage
 from nvfp4train.schema import ConfigError
 
-__all__ = ["COMMANDS", "CONFIG_DIR", "GROUPS", "SECTIONS", "ConfigError", "EvalConfig", "ExportConfig",
-           "GenerateConfig", "RunConfig", "SummaryConfig", "SummarySeqLen", "TrainConfig", "WandbConfig",
-           "check_complete", "check_overrides", "compose", "from_node", "group_options", "help_requested", "load",
-           "load_preset", "register_defaults", "resolve_micro_batch", "usage"]
+__all__ = [
+    "COMMANDS",
+    "CONFIG_DIR",
+    "GROUPS",
+    "SECTIONS",
+    "ConfigError",
+    "EvalConfig",
+    "ExportConfig",
+    "GenerateConfig",
+    "RunConfig",
+    "SummaryConfig",
+    "SummarySeqLen",
+    "TrainConfig",
+    "WandbConfig",
+    "check_complete",
+    "check_overrides",
+    "compose",
+    "from_node",
+    "group_options",
+    "help_requested",
+    "load",
+    "load_preset",
+    "register_defaults",
+    "resolve_micro_batch",
+    "usage",
+]

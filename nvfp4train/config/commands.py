@@ -1,5 +1,6 @@
 """The options of the commands other than train (eval, export, generate, summary), which dataclass checks each
 command's configs/<name>.yaml (`COMMANDS`) and which config groups it takes (`GROUPS`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ GenerateDtype = StrEnum("GenerateDtype", "auto float32 bfloat16")
 @dataclass(frozen=True)
 class EvalConfig:
     """`python -m nvfp4train.eval`: configs/eval.yaml."""
+
     run_dir: Path
     step: int | None = bounded(None, ge=0)
     tasks: Any = "all"  # all, comma-separated names or a list: eval.harness.select_tasks names a wrong one
@@ -37,6 +39,7 @@ class EvalConfig:
 @dataclass(frozen=True)
 class ExportConfig:
     """`python -m nvfp4train.export`: configs/export.yaml."""
+
     run_dir: Path
     step: int | None = bounded(None, ge=0)
     out: Path | None = None
@@ -50,6 +53,7 @@ class ExportConfig:
 @dataclass(frozen=True)
 class GenerateConfig:
     """`python -m nvfp4train.generate`: configs/generate.yaml."""
+
     run_dir: Path
     step: int | None = bounded(None, ge=0)
     prompt: str = ""
@@ -77,6 +81,7 @@ class SummarySeqLen:
 @dataclass(frozen=True)
 class SummaryConfig:
     """`python -m nvfp4train.summary`: configs/summary.yaml (a model config and the sequence length)."""
+
     model: ModelConfig
     train: SummarySeqLen = field(default_factory=SummarySeqLen)
 
@@ -85,6 +90,11 @@ class SummaryConfig:
 
 
 # Each command's configs/<name>.yaml and the dataclass that checks it; the config groups it takes.
-COMMANDS = {"train": RunConfig, "eval": EvalConfig, "export": ExportConfig, "generate": GenerateConfig,
-            "summary": SummaryConfig}
+COMMANDS = {
+    "train": RunConfig,
+    "eval": EvalConfig,
+    "export": ExportConfig,
+    "generate": GenerateConfig,
+    "summary": SummaryConfig,
+}
 GROUPS = {"train": ("model", "precision", "data"), "summary": ("model",)}

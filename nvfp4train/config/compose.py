@@ -1,5 +1,6 @@
 """Composing a command's config with Hydra: `compose(name, overrides)`, `load` (composed and checked against
 COMMANDS[name]), the overrides checked before Hydra sees them, and the config groups' presets."""
+
 from __future__ import annotations
 
 import functools
@@ -95,8 +96,10 @@ def _explain(message: str) -> str:
     train on one's own files instead of suggesting `+key`, which would add it to the bundled blend."""
     m = re.match(r"Could not override '(data\.sources\.([^.']+)[^']*)'", message)
     if m:
-        return (f"{m.group(1)}: the data config has no source {m.group(2)!r}; to train on your own files: "
-                "data=own data.sources.own.train=[a.jsonl,b.txt] data.sources.own.val=held.jsonl (docs/data.md)")
+        return (
+            f"{m.group(1)}: the data config has no source {m.group(2)!r}; to train on your own files: "
+            "data=own data.sources.own.train=[a.jsonl,b.txt] data.sources.own.val=held.jsonl (docs/data.md)"
+        )
     return message
 
 
@@ -137,8 +140,13 @@ def check_complete(cfg) -> None:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         key = missing[0]
-        example = (" (e.g. run_dir=runs/default)" if key == "run_dir" else
-                   f" (e.g. {key}=data/mine.jsonl; see docs/data.md)" if key.startswith("data.") else "")
+        example = (
+            " (e.g. run_dir=runs/default)"
+            if key == "run_dir"
+            else f" (e.g. {key}=data/mine.jsonl; see docs/data.md)"
+            if key.startswith("data.")
+            else ""
+        )
         raise ConfigError(f"{key}: required, no default{example}")
 
 

@@ -1,5 +1,6 @@
 """A training run's config: `RunConfig`, made of sections (model, precision, data as plain data that their
 own dataclasses check; optim; train), and `TrainConfig` (steps, batch, checkpoints, parallelism, logging)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,6 +48,7 @@ class WandbConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     """The CPU default: a few minutes on 2 cores."""
+
     max_steps: int = bounded(300, ge=1)
     """Optimizer steps to train for."""
     seq_len: int = bounded(128, ge=1)
@@ -131,11 +133,15 @@ class TrainConfig:
         if not self.resume:
             raise ConfigError(f"train.resume={self.resume!r}: allowed auto, never, or a checkpoint directory")
         if self.resume not in ("auto", "never") and not Path(self.resume).is_dir():
-            raise ConfigError(f"train.resume={self.resume!r}: not a checkpoint directory "
-                              "(allowed: auto, never, or the path of a checkpoint directory)")
+            raise ConfigError(
+                f"train.resume={self.resume!r}: not a checkpoint directory "
+                "(allowed: auto, never, or the path of a checkpoint directory)"
+            )
         if self.micro_batch_size is not None and self.global_batch_size % self.micro_batch_size:
-            raise ConfigError(f"train.global_batch_size={self.global_batch_size} must be a multiple of "
-                              f"train.micro_batch_size={self.micro_batch_size}")
+            raise ConfigError(
+                f"train.global_batch_size={self.global_batch_size} must be a multiple of "
+                f"train.micro_batch_size={self.micro_batch_size}"
+            )
 
 
 def resolve_micro_batch(train: TrainConfig, world_size: int) -> TrainConfig:
@@ -144,19 +150,28 @@ def resolve_micro_batch(train: TrainConfig, world_size: int) -> TrainConfig:
     micro = train.micro_batch_size
     if micro is None:
         if train.global_batch_size % world_size:
-            raise ConfigError(f"train.global_batch_size={train.global_batch_size} must be a multiple of the world "
-                              f"size {world_size} (or set train.micro_batch_size with gradient accumulation)")
+            raise ConfigError(
+                f"train.global_batch_size={train.global_batch_size} must be a multiple of the world "
+                f"size {world_size} (or set train.micro_batch_size with gradient accumulation)"
+            )
         micro = train.global_batch_size // world_size
     if train.global_batch_size % (micro * world_size):
-        raise ConfigError(f"train.global_batch_size={train.global_batch_size} must be a multiple of "
-                          f"train.micro_batch_size x world size = {micro} x {world_size} = {micro * world_size} "
-                          f"(leave train.micro_batch_size unset to derive it)")
+        raise ConfigError(
+            f"train.global_batch_size={train.global_batch_size} must be a multiple of "
+            f"train.micro_batch_size x world size = {micro} x {world_size} = {micro * world_size} "
+            f"(leave train.micro_batch_size unset to derive it)"
+        )
     return dataclasses.replace(train, micro_batch_size=micro)
 
 
 # The sections a run is made of and the dataclass each one is checked against.
-SECTIONS = {"model": ModelConfig, "precision": PrecisionPolicy, "data": DataConfig, "optim": OptimConfig,
-            "train": TrainConfig}
+SECTIONS = {
+    "model": ModelConfig,
+    "precision": PrecisionPolicy,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "train": TrainConfig,
+}
 
 
 @dataclass(frozen=True)
@@ -181,8 +196,9 @@ class RunConfig:
     def __post_init__(self):
         check(self, "")
         # parsed once, here; the plain data above stays what config.yaml and checkpoints record
-        object.__setattr__(self, "_parsed", (ModelConfig.from_dict(self.model),
-                                             PrecisionPolicy.from_dict(self.precision)))
+        object.__setattr__(
+            self, "_parsed", (ModelConfig.from_dict(self.model), PrecisionPolicy.from_dict(self.precision))
+        )
         parse_data_config(self.data)  # the data room parses it again where it reads the files
 
     @property

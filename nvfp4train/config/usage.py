@@ -1,5 +1,6 @@
 """`--help` of the commands that take `key=value` arguments (eval, export, generate, summary): the options of
 configs/<name>.yaml with their defaults, comments and choices."""
+
 from __future__ import annotations
 
 import dataclasses

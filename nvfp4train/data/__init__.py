@@ -1,11 +1,12 @@
 """Data: tokenizer, raw documents -> token shards, phased blends, deterministic resumable loader.
 
-    tok = load_tokenizer("bpe8k")
-    loader = build_train_loader(data_cfg, seq_len=..., global_batch_size=..., micro_batch_size=...,
-                                rank=..., world_size=..., seed=..., total_samples=...)
-    x, y = loader.next_microbatch()
-    val = build_val_data(data_cfg, seq_len=..., max_sequences_per_domain=...)
+tok = load_tokenizer("bpe8k")
+loader = build_train_loader(data_cfg, seq_len=..., global_batch_size=..., micro_batch_size=...,
+                            rank=..., world_size=..., seed=..., total_samples=...)
+x, y = loader.next_microbatch()
+val = build_val_data(data_cfg, seq_len=..., max_sequences_per_domain=...)
 """
+
 from .config import DataConfig, Phase, SourceConfig, parse_data_config
 from .loader import BlendedTrainLoader, build_train_loader, build_val_data
 from .shards import TokenShards
@@ -17,10 +18,21 @@ def __getattr__(name: str):
     # was not imported already (runpy warns about that on every run otherwise)
     if name in ("prepare_all", "prepare_split"):
         from . import prepare
+
         return getattr(prepare, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __all__ = [
-    "load_tokenizer", "build_train_loader", "build_val_data", "BlendedTrainLoader", "prepare_all",
-    "prepare_split", "TokenShards", "parse_data_config", "DataConfig", "Phase", "SourceConfig",
+    "load_tokenizer",
+    "build_train_loader",
+    "build_val_data",
+    "BlendedTrainLoader",
+    "prepare_all",
+    "prepare_split",
+    "TokenShards",
+    "parse_data_config",
+    "DataConfig",
+    "Phase",
+    "SourceConfig",
 ]

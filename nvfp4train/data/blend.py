@@ -18,6 +18,7 @@ ahead starts at its fraction of the new total, but not before the resumed positi
 inside phase 0 therefore stretches the whole plan; extending a finished run continues in its last phase.
 The phase starts travel in the loader's state, so every later resume applies the same rule.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,7 +26,7 @@ import math
 import numpy as np
 
 _TWO64 = 1 << 64
-_GOLDEN_STEP = np.uint64(0x9E3779B97F4A7C15)   # round(2**64 / golden ratio), odd
+_GOLDEN_STEP = np.uint64(0x9E3779B97F4A7C15)  # round(2**64 / golden ratio), odd
 _CHUNK = 1 << 20
 
 
@@ -66,7 +67,7 @@ class BlendSchedule:
         for p in np.unique(phase):
             mask = phase == p
             local = (index[mask] - self.phase_starts[p]).astype(np.uint64)
-            x = local * _GOLDEN_STEP + self.offsets[p]           # wraps mod 2**64 by design
+            x = local * _GOLDEN_STEP + self.offsets[p]  # wraps mod 2**64 by design
             out[mask] = self.columns[p][np.searchsorted(self.thresholds[p], x, side="right")]
         return out
 
@@ -90,5 +91,7 @@ def replan_starts(saved_starts: list[int], phases, total_samples: int, consumed:
     """The phase starts of a run resumed after `consumed` samples with a new `total_samples`: a phase
     already reached (saved start <= consumed) keeps its start, a later one moves to its fraction of the
     new total, not before `consumed`. The sources of samples [0, consumed) do not change."""
-    return [saved if saved <= consumed else max(int(consumed), new)
-            for saved, new in zip(saved_starts, planned_starts(phases, total_samples))]
+    return [
+        saved if saved <= consumed else max(int(consumed), new)
+        for saved, new in zip(saved_starts, planned_starts(phases, total_samples))
+    ]

@@ -17,6 +17,7 @@
 
 Every key, its default and its meaning: the dataclasses below (DataConfig, SourceConfig, PhaseSpec).
 """
+
 from __future__ import annotations
 
 import math
@@ -58,13 +59,14 @@ class SourceConfig:
 
 @dataclass(frozen=True)
 class Phase:
-    start: Fraction               # fraction of total training tokens where this phase begins
-    weights: dict                 # source name -> normalized token fraction (sums to 1)
+    start: Fraction  # fraction of total training tokens where this phase begins
+    weights: dict  # source name -> normalized token fraction (sums to 1)
 
 
 @dataclass(frozen=True)
 class PhaseSpec:
     """One entry of `phases` as written (Phase is its exact, normalized form)."""
+
     index: int = not_a_key()
     """The phase's position in `phases` (not a config key)."""
     weights: dict[str, float]
@@ -112,11 +114,10 @@ def parse_data_config(cfg: dict) -> DataConfig:
     raw = parse(DataConfig, cfg, "data")
     if not isinstance(raw.sources, dict) or not raw.sources:
         raise ConfigError("data.sources must be a non-empty mapping of source name -> {train: ..., val: ...}")
-    sources = {name: parse(SourceConfig, spec, f"data.sources.{name}", name=name)
-               for name, spec in raw.sources.items()}
+    sources = {name: parse(SourceConfig, spec, f"data.sources.{name}", name=name) for name, spec in raw.sources.items()}
 
     raw_phases = raw.phases
-    if raw_phases is None:   # one phase, equal token fractions
+    if raw_phases is None:  # one phase, equal token fractions
         raw_phases = [{"start": 0.0, "weights": {name: 1.0 for name in sources}}]
     if not raw_phases:
         raise ConfigError("data.phases must be a non-empty list of {start, weights}")
@@ -130,8 +131,10 @@ def parse_data_config(cfg: dict) -> DataConfig:
         if i == 0 and start != 0:
             raise ConfigError(f"data.phases[0].start must be 0 (phases cover the whole run), got {spec.start}")
         if i > 0 and start <= phases[-1].start:
-            raise ConfigError(f"{key}.start={spec.start} must be greater than data.phases[{i - 1}].start"
-                              f"={float(phases[-1].start)} (phase starts must increase)")
+            raise ConfigError(
+                f"{key}.start={spec.start} must be greater than data.phases[{i - 1}].start"
+                f"={float(phases[-1].start)} (phase starts must increase)"
+            )
         if start >= 1:
             raise ConfigError(f"{key}.start={spec.start} must be < 1 (a fraction of the training tokens)")
         if not spec.weights:
@@ -141,8 +144,10 @@ def parse_data_config(cfg: dict) -> DataConfig:
             if src not in sources:
                 raise ConfigError(f"{key}.weights.{src}: unknown source; data.sources has {list(sources)}")
             if w <= 0:
-                raise ConfigError(f"{key}.weights.{src}={phase['weights'][src]} must be > 0 (leave a source out "
-                                  "of a phase instead of giving it weight 0)")
+                raise ConfigError(
+                    f"{key}.weights.{src}={phase['weights'][src]} must be > 0 (leave a source out "
+                    "of a phase instead of giving it weight 0)"
+                )
             parsed[src] = _fraction(w, f"{key}.weights.{src}")
         total = sum(parsed.values())
         phases.append(Phase(start=start, weights={s: w / total for s, w in parsed.items()}))

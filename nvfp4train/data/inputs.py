@@ -2,6 +2,7 @@
 `text_field`), .txt/.txt.gz (one document per file), .parquet, a directory or glob of those, or a `datasets`
 dataset ({hf: ..., name: config, split: train, data_files: ...}); and the fingerprint of the inputs (sizes and
 sha256) that decides whether a finished shard directory is still current."""
+
 from __future__ import annotations
 
 import glob
@@ -21,8 +22,15 @@ def _format_of(path: Path, fmt: str | None) -> str:
     if fmt:
         return fmt
     name = path.name.lower()
-    for suffix, kind in ((".jsonl", "jsonl"), (".jsonl.gz", "jsonl"), (".json", "jsonl"), (".json.gz", "jsonl"),
-                         (".txt", "txt"), (".txt.gz", "txt"), (".parquet", "parquet")):
+    for suffix, kind in (
+        (".jsonl", "jsonl"),
+        (".jsonl.gz", "jsonl"),
+        (".json", "jsonl"),
+        (".json.gz", "jsonl"),
+        (".txt", "txt"),
+        (".txt.gz", "txt"),
+        (".parquet", "parquet"),
+    ):
         if name.endswith(suffix):
             return kind
     raise ValueError(f"cannot tell the format of {path}; use one of {KNOWN_SUFFIXES} or set `format`")
@@ -64,8 +72,10 @@ def _hf_local_inputs(spec: dict, key: str) -> tuple[Path | None, list[Path]]:
     """The local directory `hf` names (None for a hub name or a builder) and the data_files, resolved."""
     unknown = sorted(set(spec) - set(HF_KEYS))
     if "hf" not in spec or unknown:
-        raise ValueError(f"{key}: a mapping input is a `datasets` dataset with keys {', '.join(HF_KEYS)} "
-                         f"(hf required){f'; unknown: {unknown}' if unknown else ''}")
+        raise ValueError(
+            f"{key}: a mapping input is a `datasets` dataset with keys {', '.join(HF_KEYS)} "
+            f"(hf required){f'; unknown: {unknown}' if unknown else ''}"
+        )
     if not isinstance(spec["hf"], str) or not spec["hf"]:
         raise ValueError(f"{key}.hf: expected a dataset name or directory, got {spec['hf']!r}")
     local = resolve_path(spec["hf"])
@@ -89,22 +99,28 @@ def _iter_hf_documents(spec: dict, text_field: str, key: str):
     local_dir, data_files = _hf_local_inputs(spec, key)
     split = spec.get("split", "train")
     if local_dir is not None and any((local_dir / f).is_file() for f in ("state.json", "dataset_dict.json")):
-        ds = datasets.load_from_disk(str(local_dir))     # written by Dataset(Dict).save_to_disk
+        ds = datasets.load_from_disk(str(local_dir))  # written by Dataset(Dict).save_to_disk
         if isinstance(ds, datasets.DatasetDict):
             if split not in ds:
                 raise ValueError(f"{key}.split={split!r}: {local_dir} has splits {', '.join(ds)}")
             ds = ds[split]
     else:
         try:
-            ds = datasets.load_dataset(str(local_dir or spec["hf"]), spec.get("name"), split=split, streaming=True,
-                                       data_files={split: [str(p) for p in data_files]} if data_files else None)
+            ds = datasets.load_dataset(
+                str(local_dir or spec["hf"]),
+                spec.get("name"),
+                split=split,
+                streaming=True,
+                data_files={split: [str(p) for p in data_files]} if data_files else None,
+            )
         except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetsError) as e:
-            raise ValueError(f"{key}.hf={spec['hf']!r}: not a local directory, and `datasets` cannot load it "
-                             f"({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})") from None
+            raise ValueError(
+                f"{key}.hf={spec['hf']!r}: not a local directory, and `datasets` cannot load it "
+                f"({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})"
+            ) from None
     where = f"{key} ({local_dir or spec['hf']})"
     if ds.column_names is not None and text_field not in ds.column_names:
-        raise ValueError(f"{where}: no {text_field!r} column (columns: {', '.join(ds.column_names)}); "
-                         "set text_field")
+        raise ValueError(f"{where}: no {text_field!r} column (columns: {', '.join(ds.column_names)}); set text_field")
     for i, row in enumerate(ds.select_columns([text_field])):
         text = row[text_field]
         if not isinstance(text, str):
@@ -122,8 +138,10 @@ def iter_documents(spec, *, text_field: str = "text", fmt: str | None = None, ke
             yield from _iter_file(path, _format_of(path, fmt), text_field, key)
         except (OSError, EOFError, UnicodeDecodeError, zlib.error) as err:  # garbage, truncated, not UTF-8
             why = " ".join(str(err).split()) or type(err).__name__
-            raise ValueError(f"{path}: unreadable ({why}); {key} must name readable UTF-8 "
-                             f"{'files compressed with gzip' if path.name.endswith('.gz') else 'files'}") from None
+            raise ValueError(
+                f"{path}: unreadable ({why}); {key} must name readable UTF-8 "
+                f"{'files compressed with gzip' if path.name.endswith('.gz') else 'files'}"
+            ) from None
 
 
 def _iter_file(path: Path, kind: str, text_field: str, key: str):
@@ -155,15 +173,17 @@ def _iter_file(path: Path, kind: str, text_field: str, key: str):
 
 
 def _describe_files(files: list[Path], root: Path | None = None) -> list[dict]:
-    return [{"name": str(p.relative_to(root)) if root else p.name, "size": p.stat().st_size,
-             "sha256": sha256_file(p)} for p in files]
+    return [
+        {"name": str(p.relative_to(root)) if root else p.name, "size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in files
+    ]
 
 
 def inputs_fingerprint(spec, text_field: str, fmt: str | None, key: str) -> dict:
     if isinstance(spec, dict):
         local_dir, data_files = _hf_local_inputs(spec, key)
         fingerprint = {"hub": spec, "text_field": text_field}
-        if local_dir is not None:   # local data: rebuild when its files change, as for files given directly
+        if local_dir is not None:  # local data: rebuild when its files change, as for files given directly
             fingerprint["files"] = _describe_files(sorted(p for p in local_dir.rglob("*") if p.is_file()), local_dir)
         if data_files:
             fingerprint["data_files"] = _describe_files(data_files)

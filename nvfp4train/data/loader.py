@@ -13,6 +13,7 @@ One global step is global samples [step * G, (step + 1) * G). Rank r takes the c
 [r * G / W, (r + 1) * G / W) of it, in micro-batches of micro_batch_size: the union over ranks is
 the same for every world size, and no two ranks share a sample.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,9 +38,11 @@ class SourceStream:
         self.name, self.shards, self.seq_len, self.seed = name, shards, seq_len, seed
         self.samples_per_epoch = (shards.n_tokens - 1) // seq_len
         if self.samples_per_epoch < 1:
-            raise ValueError(f"source {name!r} ({shards.dir}) has {shards.n_tokens} tokens, fewer than "
-                             f"seq_len + 1 = {seq_len + 1}: not enough for one sample")
-        self._name_key = zlib.crc32(name.encode())   # the shuffle of one source ignores the others
+            raise ValueError(
+                f"source {name!r} ({shards.dir}) has {shards.n_tokens} tokens, fewer than "
+                f"seq_len + 1 = {seq_len + 1}: not enough for one sample"
+            )
+        self._name_key = zlib.crc32(name.encode())  # the shuffle of one source ignores the others
         self._epochs = {}
 
     def _epoch(self, epoch: int):
@@ -64,14 +67,26 @@ class SourceStream:
             offset = start + pos - starts[i]
             n = min(int(s.doc_len[doc] - offset), want - pos)
             begin = s.doc_start[doc] + offset
-            out[pos:pos + n] = s.arrays[s.doc_shard[doc]][begin:begin + n]
+            out[pos : pos + n] = s.arrays[s.doc_shard[doc]][begin : begin + n]
             pos += n
             i += 1
 
 
 class BlendedTrainLoader:
-    def __init__(self, cfg: DataConfig, streams: dict, tokenizer, *, seq_len: int, global_batch_size: int,
-                 micro_batch_size: int, rank: int, world_size: int, seed: int, total_samples: int):
+    def __init__(
+        self,
+        cfg: DataConfig,
+        streams: dict,
+        tokenizer,
+        *,
+        seq_len: int,
+        global_batch_size: int,
+        micro_batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        total_samples: int,
+    ):
         self.cfg, self.tokenizer, self.streams = cfg, tokenizer, streams
         self.seq_len, self.global_batch_size, self.micro_batch_size = seq_len, global_batch_size, micro_batch_size
         self.rank, self.world_size, self.seed, self.total_samples = rank, world_size, seed, total_samples
@@ -93,8 +108,9 @@ class BlendedTrainLoader:
         for s in np.unique(sources):
             mask = sources == s
             k[mask] = drawn[s] + np.arange(int(mask.sum()))
-        step_counts = np.bincount(self.schedule.phase_of(index) * len(self.source_names) + sources,
-                                  minlength=self.counts.size).reshape(self.counts.shape)
+        step_counts = np.bincount(
+            self.schedule.phase_of(index) * len(self.source_names) + sources, minlength=self.counts.size
+        ).reshape(self.counts.shape)
         return step, sources, k, step_counts
 
     def next_microbatch(self):
@@ -108,7 +124,7 @@ class BlendedTrainLoader:
             stream = self.streams[self.source_names[sources[first + row]]]
             stream.read(k[first + row], batch[row])
         self.microbatch += 1
-        if self.microbatch == self.grad_accum:   # this rank finished its share of the global step
+        if self.microbatch == self.grad_accum:  # this rank finished its share of the global step
             self._finish_step(step_counts)
         tokens = torch.from_numpy(batch)
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
@@ -119,10 +135,14 @@ class BlendedTrainLoader:
         after = self.counts.sum(axis=0)
         for s, name in enumerate(self.source_names):
             spe = self.streams[name].samples_per_epoch
-            begun_before, begun_after = -(-int(before[s]) // spe), -(-int(after[s]) // spe)   # ceil
+            begun_before, begun_after = -(-int(before[s]) // spe), -(-int(after[s]) // spe)  # ceil
             if begun_after > max(begun_before, 1):
-                log.info("data source %r ran out: epoch %d (fresh shuffle) begins in global step %d",
-                         name, begun_after - 1, self.step)
+                log.info(
+                    "data source %r ran out: epoch %d (fresh shuffle) begins in global step %d",
+                    name,
+                    begun_after - 1,
+                    self.step,
+                )
         self.step += 1
         self.microbatch = 0
 
@@ -130,17 +150,22 @@ class BlendedTrainLoader:
     def _fingerprint(self) -> dict:
         return {
             # total_samples is not here: a run may be extended (see load_state_dict)
-            "seed": self.seed, "seq_len": self.seq_len,
-            "phases": [{"start": str(p.start), "weights": {s: str(w) for s, w in p.weights.items()}}
-                       for p in self.cfg.phases],
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "phases": [
+                {"start": str(p.start), "weights": {s: str(w) for s, w in p.weights.items()}} for p in self.cfg.phases
+            ],
             "sources": {name: st.shards.fingerprint() for name, st in self.streams.items()},
         }
 
     def state_dict(self) -> dict:
         return {
-            "version": STATE_VERSION, "fingerprint": self._fingerprint(),
-            "consumed_samples": self.step * self.global_batch_size, "microbatch": self.microbatch,
-            "global_batch_size": self.global_batch_size, "micro_batch_size": self.micro_batch_size,
+            "version": STATE_VERSION,
+            "fingerprint": self._fingerprint(),
+            "consumed_samples": self.step * self.global_batch_size,
+            "microbatch": self.microbatch,
+            "global_batch_size": self.global_batch_size,
+            "micro_batch_size": self.micro_batch_size,
             "world_size": self.world_size,
             "source_samples": {name: int(n) for name, n in zip(self.source_names, self.counts.sum(axis=0))},
             "phase_starts": [int(s) for s in self.schedule.phase_starts],
@@ -152,39 +177,57 @@ class BlendedTrainLoader:
         mine = self._fingerprint()
         differ = [key for key in mine if state["fingerprint"].get(key) != mine[key]]
         if differ:
-            raise ValueError(f"data loader state comes from a different run: {', '.join(differ)} differ "
-                             f"(saved {[state['fingerprint'].get(k) for k in differ]}, "
-                             f"now {[mine[k] for k in differ]})")
+            raise ValueError(
+                f"data loader state comes from a different run: {', '.join(differ)} differ "
+                f"(saved {[state['fingerprint'].get(k) for k in differ]}, "
+                f"now {[mine[k] for k in differ]})"
+            )
         consumed = int(state["consumed_samples"])
-        if state["microbatch"] != 0 and (state["world_size"], state["micro_batch_size"], state["global_batch_size"]) \
-                != (self.world_size, self.micro_batch_size, self.global_batch_size):
-            raise ValueError("data loader state was saved in the middle of a global step; it can only be continued "
-                             "with the same world_size, micro_batch_size and global_batch_size "
-                             f"(saved {state['world_size']}, {state['micro_batch_size']}, "
-                             f"{state['global_batch_size']})")
+        if state["microbatch"] != 0 and (
+            state["world_size"],
+            state["micro_batch_size"],
+            state["global_batch_size"],
+        ) != (self.world_size, self.micro_batch_size, self.global_batch_size):
+            raise ValueError(
+                "data loader state was saved in the middle of a global step; it can only be continued "
+                "with the same world_size, micro_batch_size and global_batch_size "
+                f"(saved {state['world_size']}, {state['micro_batch_size']}, "
+                f"{state['global_batch_size']})"
+            )
         if consumed % self.global_batch_size:
-            raise ValueError(f"data loader state has consumed {consumed} samples, not a multiple of "
-                             f"global_batch_size={self.global_batch_size}: cannot continue at a step boundary")
+            raise ValueError(
+                f"data loader state has consumed {consumed} samples, not a multiple of "
+                f"global_batch_size={self.global_batch_size}: cannot continue at a step boundary"
+            )
         saved_starts = state.get("phase_starts")  # absent in states written before runs could be extended
         if saved_starts is not None:
-            if (not isinstance(saved_starts, list) or len(saved_starts) != self.schedule.num_phases
-                    or not all(isinstance(s, int) for s in saved_starts)):
-                raise ValueError(f"data loader state's phase_starts {saved_starts!r} are not "
-                                 f"{self.schedule.num_phases} sample indices")
+            if (
+                not isinstance(saved_starts, list)
+                or len(saved_starts) != self.schedule.num_phases
+                or not all(isinstance(s, int) for s in saved_starts)
+            ):
+                raise ValueError(
+                    f"data loader state's phase_starts {saved_starts!r} are not "
+                    f"{self.schedule.num_phases} sample indices"
+                )
             starts = replan_starts(saved_starts, self.cfg.phases, self.total_samples, consumed)
             if starts != [int(s) for s in self.schedule.phase_starts]:  # the run was extended or shortened
-                log.info("data blend phases start at global samples %s (phases already reached keep their start)",
-                         starts)
-                self.schedule = BlendSchedule(self.cfg.phases, self.source_names, self.total_samples, self.seed,
-                                              phase_starts=starts)
+                log.info(
+                    "data blend phases start at global samples %s (phases already reached keep their start)", starts
+                )
+                self.schedule = BlendSchedule(
+                    self.cfg.phases, self.source_names, self.total_samples, self.seed, phase_starts=starts
+                )
         counts = self.schedule.counts_before(consumed)
         recomputed = {name: int(n) for name, n in zip(self.source_names, counts.sum(axis=0))}
         if recomputed != state["source_samples"]:
             # a state without phase_starts, from a run of another length: it continues exactly only if the
             # samples already consumed are the same ones (always true for a blend of one phase)
-            raise ValueError(f"data loader state's per-source sample counts {state['source_samples']} do not match "
-                             f"this blend's {recomputed} at {consumed} samples (the state predates extensible "
-                             "runs and train.max_steps moves its blend phases: resume with the original max_steps)")
+            raise ValueError(
+                f"data loader state's per-source sample counts {state['source_samples']} do not match "
+                f"this blend's {recomputed} at {consumed} samples (the state predates extensible "
+                "runs and train.max_steps moves its blend phases: resume with the original max_steps)"
+            )
         self.counts = counts
         self.step = consumed // self.global_batch_size
         self.microbatch = int(state["microbatch"])
@@ -195,8 +238,11 @@ class BlendedTrainLoader:
         """Token accounting over all ranks for the completed global steps (targets: seq_len per sample)."""
         consumed = self.step * self.global_batch_size
         L = self.seq_len
-        out = {"data/phase": int(self.schedule.phase_of(consumed)), "data/consumed_samples": consumed,
-               "data/consumed_tokens": consumed * L}
+        out = {
+            "data/phase": int(self.schedule.phase_of(consumed)),
+            "data/consumed_samples": consumed,
+            "data/consumed_tokens": consumed * L,
+        }
         per_source = self.counts.sum(axis=0)
         for s, name in enumerate(self.source_names):
             spe = self.streams[name].samples_per_epoch
@@ -216,8 +262,17 @@ def _check_int(name: str, value, minimum: int) -> int:
     return int(value)
 
 
-def build_train_loader(data_cfg: dict, *, seq_len: int, global_batch_size: int, micro_batch_size: int,
-                       rank: int, world_size: int, seed: int, total_samples: int) -> BlendedTrainLoader:
+def build_train_loader(
+    data_cfg: dict,
+    *,
+    seq_len: int,
+    global_batch_size: int,
+    micro_batch_size: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+    total_samples: int,
+) -> BlendedTrainLoader:
     seq_len = _check_int("seq_len", seq_len, 1)
     global_batch_size = _check_int("global_batch_size", global_batch_size, 1)
     micro_batch_size = _check_int("micro_batch_size", micro_batch_size, 1)
@@ -228,20 +283,39 @@ def build_train_loader(data_cfg: dict, *, seq_len: int, global_batch_size: int, 
     if rank >= world_size:
         raise ValueError(f"rank={rank} must be < world_size={world_size}")
     if global_batch_size % (micro_batch_size * world_size):
-        raise ValueError(f"global_batch_size={global_batch_size} must be divisible by micro_batch_size * "
-                         f"world_size = {micro_batch_size} * {world_size} (grad_accum = global / (micro * world))")
+        raise ValueError(
+            f"global_batch_size={global_batch_size} must be divisible by micro_batch_size * "
+            f"world_size = {micro_batch_size} * {world_size} (grad_accum = global / (micro * world))"
+        )
     cfg = parse_data_config(data_cfg)
     tokenizer = load_tokenizer(cfg.tokenizer)
     used = [name for name in cfg.sources if any(name in p.weights for p in cfg.phases)]
     from .prepare import prepare_all  # here, not at import: see __init__.py
 
     dirs = prepare_all(cfg, splits=("train",), names=used)
-    streams = {name: SourceStream(name, TokenShards(dirs[f"{name}/train"], expected_tokenizer=tokenizer.identity,
-                                                    verify_checksums=cfg.verify_checksums), seq_len, seed)
-               for name in used}
-    return BlendedTrainLoader(cfg, streams, tokenizer, seq_len=seq_len, global_batch_size=global_batch_size,
-                              micro_batch_size=micro_batch_size, rank=rank, world_size=world_size, seed=seed,
-                              total_samples=total_samples)
+    streams = {
+        name: SourceStream(
+            name,
+            TokenShards(
+                dirs[f"{name}/train"], expected_tokenizer=tokenizer.identity, verify_checksums=cfg.verify_checksums
+            ),
+            seq_len,
+            seed,
+        )
+        for name in used
+    }
+    return BlendedTrainLoader(
+        cfg,
+        streams,
+        tokenizer,
+        seq_len=seq_len,
+        global_batch_size=global_batch_size,
+        micro_batch_size=micro_batch_size,
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        total_samples=total_samples,
+    )
 
 
 def build_val_data(data_cfg: dict, *, seq_len: int, max_sequences_per_domain: int) -> dict:
@@ -263,8 +337,10 @@ def build_val_data(data_cfg: dict, *, seq_len: int, max_sequences_per_domain: in
         shards = TokenShards(split_dir, expected_tokenizer=tokenizer.identity, verify_checksums=cfg.verify_checksums)
         n = min(max_sequences_per_domain, (shards.n_tokens - 1) // seq_len)
         if n < 1:
-            raise ValueError(f"validation split of source {name!r} ({split_dir}) has {shards.n_tokens} tokens, "
-                             f"fewer than seq_len + 1 = {seq_len + 1}")
+            raise ValueError(
+                f"validation split of source {name!r} ({split_dir}) has {shards.n_tokens} tokens, "
+                f"fewer than seq_len + 1 = {seq_len + 1}"
+            )
         need = n * seq_len + 1
         tokens = np.concatenate([np.asarray(a[:need]) for a in shards.arrays])[:need].astype(np.int64)
         rows = np.lib.stride_tricks.sliding_window_view(tokens, seq_len + 1)[::seq_len][:n]

@@ -5,6 +5,7 @@ nothing enters the environment. Two shims make the 2019 generator run on current
 (`np.object`, and `base_solution_linear`, which moved into `sympy.solvers.diophantine.diophantine`).
 Used by scripts/build_corpora.py (the math training domain) and evals/build_tasks.py (arithmetic).
 """
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,12 @@ def run(workdir: Path, body: str, *args: str) -> list[dict]:
     """Run PRELUDE + `body` (which prints one JSON object per line) with `args` as sys.argv[1:]."""
     deps = Path(workdir) / "math_deps"
     if not (deps / "mathematics_dataset").is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(deps),
-                        *PACKAGES], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(deps), *PACKAGES],
+            check=True,
+        )
     env = {**os.environ, "PYTHONPATH": str(deps), "PYTHONHASHSEED": "0"}
-    out = subprocess.run([sys.executable, "-c", PRELUDE + body, *args], env=env, check=True, capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PRELUDE + body, *args], env=env, check=True, capture_output=True, text=True
+    )
     return [json.loads(line) for line in out.stdout.splitlines()]

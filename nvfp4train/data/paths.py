@@ -6,6 +6,7 @@ are written relative to the repository root, not the working directory, so a run
 from wherever it is started. An installed wheel has no repository: it ships a copy of the files the
 default run reads as nvfp4train/_shipped/ (setup.py), laid out as in the repository, and writes its token
 cache under a per-user cache directory, laid out the same way (never into site-packages)."""
+
 from __future__ import annotations
 
 import os
@@ -49,8 +50,9 @@ def git_commit(short: bool = False) -> str:
         return "unknown"
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=30,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.strip()
 
     try:
         head = git("rev-parse", *(["--short"] if short else []), "HEAD")

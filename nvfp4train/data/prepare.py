@@ -14,6 +14,7 @@ is left alone. Resumable: every `docs_per_shard` input documents a shard is fini
 progress.json; a restarted build skips those documents and continues with the next shard.
 Reading the inputs is inputs.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -137,14 +138,30 @@ def _is_current(out_dir: Path, identity: str, fingerprint: dict) -> bool:
         manifest = read_manifest(out_dir)
     except (FileNotFoundError, ValueError):
         return False
-    return manifest.get("tokenizer") == identity and manifest.get("inputs") == fingerprint and all(
-        (out_dir / s["file"]).is_file() and (out_dir / s["file"]).stat().st_size ==
-        s["n_tokens"] * np.dtype(manifest["dtype"]).itemsize for s in manifest["shards"])
+    return (
+        manifest.get("tokenizer") == identity
+        and manifest.get("inputs") == fingerprint
+        and all(
+            (out_dir / s["file"]).is_file()
+            and (out_dir / s["file"]).stat().st_size == s["n_tokens"] * np.dtype(manifest["dtype"]).itemsize
+            for s in manifest["shards"]
+        )
+    )
 
 
-def prepare_split(spec, out_dir, *, tokenizer: str, text_field: str = "text", fmt: str | None = None,
-                  num_proc: int = 1, docs_per_shard: int = 100_000, key: str = "input",
-                  progress: bool | None = None, fingerprint: dict | None = None) -> dict:
+def prepare_split(
+    spec,
+    out_dir,
+    *,
+    tokenizer: str,
+    text_field: str = "text",
+    fmt: str | None = None,
+    num_proc: int = 1,
+    docs_per_shard: int = 100_000,
+    key: str = "input",
+    progress: bool | None = None,
+    fingerprint: dict | None = None,
+) -> dict:
     """Tokenize the documents of `spec` into shards under `out_dir`; return the manifest. `fingerprint`:
     inputs_fingerprint(spec, ...) when the caller has it already (it reads every input file)."""
     out_dir = resolve_path(out_dir)
@@ -153,10 +170,11 @@ def prepare_split(spec, out_dir, *, tokenizer: str, text_field: str = "text", fm
     if _is_current(out_dir, tok.identity, fingerprint):
         return read_manifest(out_dir)
     with _locked(out_dir):
-        if _is_current(out_dir, tok.identity, fingerprint):    # another process finished it meanwhile
+        if _is_current(out_dir, tok.identity, fingerprint):  # another process finished it meanwhile
             return read_manifest(out_dir)
-        return _build(spec, out_dir, tok, tokenizer, fingerprint, text_field, fmt, num_proc, docs_per_shard,
-                      key, progress)
+        return _build(
+            spec, out_dir, tok, tokenizer, fingerprint, text_field, fmt, num_proc, docs_per_shard, key, progress
+        )
 
 
 def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num_proc, docs_per_shard, key, progress):
@@ -167,18 +185,23 @@ def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num
     if progress_path.is_file():
         saved = json.loads(progress_path.read_text())
         if saved.get("header") == header:
-            done = saved["shards"]        # resume after the last finished shard
+            done = saved["shards"]  # resume after the last finished shard
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST).unlink(missing_ok=True)
-    if not done:                          # stale or foreign: start clean (only our own files go)
+    if not done:  # stale or foreign: start clean (only our own files go)
         for old in [*out_dir.glob("shard_*"), *out_dir.glob("*.tmp"), progress_path]:
             old.unlink(missing_ok=True)
 
     skip_docs = sum(s["n_input_docs"] for s in done)
     docs = iter_documents(spec, text_field=text_field, fmt=fmt, key=key)
     # progress=None: a bar only on a terminal; False: never.
-    bar = tqdm(desc=f"tokenizing -> {out_dir}", unit="doc", initial=skip_docs,
-               disable=True if progress is False else None, file=sys.stderr)
+    bar = tqdm(
+        desc=f"tokenizing -> {out_dir}",
+        unit="doc",
+        initial=skip_docs,
+        disable=True if progress is False else None,
+        file=sys.stderr,
+    )
     for _ in range(skip_docs):
         next(docs)
 
@@ -202,9 +225,16 @@ def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num
         with open(out_dir / f"{name}.idx.npy.tmp", "wb") as f:
             np.save(f, np.asarray(offsets, dtype=np.int64))
         os.replace(out_dir / f"{name}.idx.npy.tmp", out_dir / f"{name}.idx.npy")
-        done.append({"file": f"{name}.bin", "index": f"{name}.idx.npy", "n_tokens": int(tokens.size),
-                     "n_docs": len(offsets) - 1, "n_input_docs": n_input,
-                     "sha256": sha256_file(out_dir / f"{name}.bin")})
+        done.append(
+            {
+                "file": f"{name}.bin",
+                "index": f"{name}.idx.npy",
+                "n_tokens": int(tokens.size),
+                "n_docs": len(offsets) - 1,
+                "n_input_docs": n_input,
+                "sha256": sha256_file(out_dir / f"{name}.bin"),
+            }
+        )
         (out_dir / f"{PROGRESS}.tmp").write_text(json.dumps({"header": header, "shards": done}))
         os.replace(out_dir / f"{PROGRESS}.tmp", progress_path)
         chunks, offsets, n_input = [], [0], 0
@@ -213,7 +243,7 @@ def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num
         for batch in encoded_batches:
             for ids in batch:
                 n_input += 1
-                if ids.size:               # empty documents carry no text: skip them
+                if ids.size:  # empty documents carry no text: skip them
                     if ids.max() >= tok.vocab_size:
                         raise ValueError(f"token id {ids.max()} >= vocab size {tok.vocab_size}")
                     chunks.append(ids.astype(dtype))  # the shard's dtype: 2 bytes a token while the shard grows
@@ -229,9 +259,15 @@ def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num
         if pool is not None:
             pool.terminate()
 
-    manifest = {"format_version": FORMAT_VERSION, **header, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
-                "n_docs": sum(s["n_docs"] for s in done), "n_tokens": sum(s["n_tokens"] for s in done),
-                "shards": done}
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        **header,
+        "vocab_size": tok.vocab_size,
+        "eos_id": tok.eos_id,
+        "n_docs": sum(s["n_docs"] for s in done),
+        "n_tokens": sum(s["n_tokens"] for s in done),
+        "shards": done,
+    }
     if manifest["n_tokens"] == 0:
         raise ValueError(f"{key}: no text in {spec!r} (empty source)")
     tmp = out_dir / f"{MANIFEST}.tmp"
@@ -253,8 +289,9 @@ def _cache_split_dir(cfg: DataConfig, identity: str, source: str, split: str, fi
     return resolve_path(cfg.cache_dir, cache=True) / identity.replace(":", "-") / f"{source}-{digest}" / split
 
 
-def prepare_all(data_cfg, *, num_proc: int | None = None, progress: bool | None = None,
-                splits=("train", "val"), names=None) -> dict:
+def prepare_all(
+    data_cfg, *, num_proc: int | None = None, progress: bool | None = None, splits=("train", "val"), names=None
+) -> dict:
     """Make sure every configured source split has token shards; return {"name/split": dir}.
     Raw sources are tokenized into cache_dir/<tokenizer identity>/<source>-<inputs hash>/<split> (other
     inputs get another directory); `shards:` sources are used as given and only checked when opened."""
@@ -273,22 +310,39 @@ def prepare_all(data_cfg, *, num_proc: int | None = None, progress: bool | None 
                 fingerprint = inputs_fingerprint(raw, src.text_field, src.format, key)
                 out = _cache_split_dir(cfg, tok.identity, name, split, fingerprint)
                 try:
-                    prepare_split(raw, out, tokenizer=cfg.tokenizer, text_field=src.text_field, fmt=src.format,
-                                  num_proc=num_proc or cfg.num_proc, docs_per_shard=cfg.docs_per_shard,
-                                  key=key, progress=progress, fingerprint=fingerprint)
+                    prepare_split(
+                        raw,
+                        out,
+                        tokenizer=cfg.tokenizer,
+                        text_field=src.text_field,
+                        fmt=src.format,
+                        num_proc=num_proc or cfg.num_proc,
+                        docs_per_shard=cfg.docs_per_shard,
+                        key=key,
+                        progress=progress,
+                        fingerprint=fingerprint,
+                    )
                 except OSError as e:  # the inputs were read above (fingerprint): this is the cache's side
-                    raise ValueError(f"data.cache_dir={str(cfg.cache_dir)!r}: cannot write the token shards of {key} "
-                                     f"there ({e.strerror or e}: {e.filename}); choose a writable directory") from None
+                    raise ValueError(
+                        f"data.cache_dir={str(cfg.cache_dir)!r}: cannot write the token shards of {key} "
+                        f"there ({e.strerror or e}: {e.filename}); choose a writable directory"
+                    ) from None
                 dirs[f"{name}/{split}"] = out
     return dirs
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m nvfp4train.data.prepare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m nvfp4train.data.prepare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--input", nargs="+", help="files, globs or directories of documents")
-    parser.add_argument("--hf", help="a `datasets` dataset: a hub name (needs a reachable hub), a directory written "
-                        "by save_to_disk or of data files, or a builder (json, parquet) with --data-files")
+    parser.add_argument(
+        "--hf",
+        help="a `datasets` dataset: a hub name (needs a reachable hub), a directory written "
+        "by save_to_disk or of data files, or a builder (json, parquet) with --data-files",
+    )
     parser.add_argument("--hf-config", default=None)
     parser.add_argument("--data-files", nargs="+", help="with --hf json|parquet|csv|text: the files to load")
     parser.add_argument("--split", default="train")
@@ -300,6 +354,7 @@ def main(argv=None) -> None:
     parser.add_argument("--docs-per-shard", type=int, default=100_000)
     parser.add_argument("--config", help="a data config yaml: prepare every source (train and val) it names")
     args = parser.parse_args(argv)
+
     def fail(message: str):
         print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
         sys.exit(2)
@@ -343,10 +398,20 @@ def _main(args) -> None:
         spec = {"hf": args.hf, "name": args.hf_config, "split": args.split}
         if args.data_files:
             spec["data_files"] = args.data_files
-    manifest = prepare_split(spec, args.out, tokenizer=args.tokenizer, text_field=args.text_field, fmt=args.format,
-                             num_proc=args.num_proc, docs_per_shard=args.docs_per_shard, progress=True)
-    print(f"{args.out}: {manifest['n_docs']} documents, {manifest['n_tokens']} tokens, "
-          f"{len(manifest['shards'])} shard(s), tokenizer {manifest['tokenizer']}")
+    manifest = prepare_split(
+        spec,
+        args.out,
+        tokenizer=args.tokenizer,
+        text_field=args.text_field,
+        fmt=args.format,
+        num_proc=args.num_proc,
+        docs_per_shard=args.docs_per_shard,
+        progress=True,
+    )
+    print(
+        f"{args.out}: {manifest['n_docs']} documents, {manifest['n_tokens']} tokens, "
+        f"{len(manifest['shards'])} shard(s), tokenizer {manifest['tokenizer']}"
+    )
 
 
 if __name__ == "__main__":

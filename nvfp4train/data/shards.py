@@ -7,6 +7,7 @@ A prepared split is one directory:
     shard_00000.idx.npy      int64 document offsets into the .bin (n_docs + 1 entries)
 The manifest is written last (atomically): a directory without one is an unfinished build.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,8 +35,9 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 def read_manifest(split_dir: Path) -> dict:
     path = Path(split_dir) / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(f"no token shards at {split_dir}: {path} is missing "
-                                "(prepare them with scripts/prepare_data.py)")
+        raise FileNotFoundError(
+            f"no token shards at {split_dir}: {path} is missing (prepare them with scripts/prepare_data.py)"
+        )
     try:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as err:
@@ -58,8 +60,10 @@ def _check_inside(path: Path, where: str, name: str) -> None:
     split_dir = path.parent.resolve()
     target = (split_dir / name).resolve()
     if Path(name).is_absolute() or ".." in Path(name).parts or not target.is_relative_to(split_dir):
-        raise ValueError(f"{path}: field {where} is {name!r}, which is not a file inside {path.parent}; "
-                         "a manifest names only its own shard files; prepare the shards again")
+        raise ValueError(
+            f"{path}: field {where} is {name!r}, which is not a file inside {path.parent}; "
+            "a manifest names only its own shard files; prepare the shards again"
+        )
 
 
 # What the reader needs of a manifest (written by prepare.py), and of each of its shards.
@@ -86,16 +90,20 @@ class TokenShards:
         self.dir = Path(split_dir)
         self.manifest = read_manifest(self.dir)
         if expected_tokenizer is not None and self.manifest["tokenizer"] != expected_tokenizer:
-            raise ValueError(f"token shards at {self.dir} were made with tokenizer {self.manifest['tokenizer']}, "
-                             f"but the configured tokenizer is {expected_tokenizer}; prepare them again with "
-                             "this tokenizer or configure the one they were made with")
+            raise ValueError(
+                f"token shards at {self.dir} were made with tokenizer {self.manifest['tokenizer']}, "
+                f"but the configured tokenizer is {expected_tokenizer}; prepare them again with "
+                "this tokenizer or configure the one they were made with"
+            )
         self.eos_id = int(self.manifest["eos_id"])
         self.vocab_size = int(self.manifest["vocab_size"])
         try:
             self.dtype = np.dtype(self.manifest["dtype"])
         except TypeError:
-            raise ValueError(f"{self.dir / MANIFEST}: dtype {self.manifest['dtype']!r} is not a numpy dtype; "
-                             "prepare the shards again") from None
+            raise ValueError(
+                f"{self.dir / MANIFEST}: dtype {self.manifest['dtype']!r} is not a numpy dtype; "
+                "prepare the shards again"
+            ) from None
         self.tokenizer = self.manifest["tokenizer"]
         self.arrays, starts, lengths, shard_ids = [], [], [], []
         for i, shard in enumerate(self.manifest["shards"]):
@@ -106,8 +114,10 @@ class TokenShards:
             expected_bytes = shard["n_tokens"] * self.dtype.itemsize
             actual_bytes = bin_path.stat().st_size
             if actual_bytes != expected_bytes:
-                raise ValueError(f"truncated or corrupt shard {bin_path}: {actual_bytes} bytes, manifest says "
-                                 f"{shard['n_tokens']} tokens = {expected_bytes} bytes; prepare it again")
+                raise ValueError(
+                    f"truncated or corrupt shard {bin_path}: {actual_bytes} bytes, manifest says "
+                    f"{shard['n_tokens']} tokens = {expected_bytes} bytes; prepare it again"
+                )
             if verify_checksums and sha256_file(bin_path) != shard["sha256"]:
                 raise ValueError(f"checksum mismatch for shard {bin_path}; prepare it again")
             try:
@@ -115,14 +125,18 @@ class TokenShards:
             except (ValueError, EOFError, OSError) as err:
                 raise ValueError(f"unreadable document index {idx_path} ({err}); prepare it again") from None
             if offsets.shape != (shard["n_docs"] + 1,) or offsets[0] != 0 or offsets[-1] != shard["n_tokens"]:
-                raise ValueError(f"document index {idx_path} does not match {bin_path} "
-                                 f"({shard['n_docs']} docs, {shard['n_tokens']} tokens); prepare it again")
+                raise ValueError(
+                    f"document index {idx_path} does not match {bin_path} "
+                    f"({shard['n_docs']} docs, {shard['n_tokens']} tokens); prepare it again"
+                )
             tokens = np.memmap(bin_path, dtype=self.dtype, mode="r") if shard["n_tokens"] else np.zeros(0, self.dtype)
             # a shard damaged at the same size (no checksum asked for) must not feed ids past the embedding:
             # one pass over the file: ~0.15 ms per million tokens in the page cache (the bundled data: 0.4 ms)
             if tokens.size and int(tokens.max()) >= self.vocab_size:
-                raise ValueError(f"corrupt shard {bin_path}: token id {int(tokens.max())} >= the tokenizer's vocab "
-                                 f"size {self.vocab_size} (manifest); prepare it again")
+                raise ValueError(
+                    f"corrupt shard {bin_path}: token id {int(tokens.max())} >= the tokenizer's vocab "
+                    f"size {self.vocab_size} (manifest); prepare it again"
+                )
             self.arrays.append(tokens)
             starts.append(offsets[:-1].astype(np.int64))
             lengths.append(np.diff(offsets).astype(np.int64))
@@ -137,9 +151,10 @@ class TokenShards:
 
     def document(self, i: int) -> np.ndarray:
         s = self.doc_start[i]
-        return self.arrays[self.doc_shard[i]][s:s + self.doc_len[i]]
+        return self.arrays[self.doc_shard[i]][s : s + self.doc_len[i]]
 
     def fingerprint(self) -> str:
         """Identifies the content (used by loader state to refuse resuming onto different data)."""
-        return hashlib.sha256(json.dumps([self.tokenizer, [s["sha256"] for s in self.manifest["shards"]]]
-                                         ).encode()).hexdigest()[:16]
+        return hashlib.sha256(
+            json.dumps([self.tokenizer, [s["sha256"] for s in self.manifest["shards"]]]).encode()
+        ).hexdigest()[:16]

@@ -3,6 +3,7 @@
 `identity` is a content hash of the tokenizer file: shards record it, and the loader refuses shards
 made with another tokenizer.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,8 +32,10 @@ class HFTokenizer:
         try:
             self._tok = Tokenizer.from_file(str(path))
         except Exception as e:  # the Rust library raises a bare Exception for garbage or truncated JSON
-            raise ValueError(f"tokenizer file {path} is unreadable ({' '.join(str(e).split())[:200]}); "
-                             "data.tokenizer must name a `tokenizers` JSON file") from None
+            raise ValueError(
+                f"tokenizer file {path} is unreadable ({' '.join(str(e).split())[:200]}); "
+                "data.tokenizer must name a `tokenizers` JSON file"
+            ) from None
         eos = self._tok.token_to_id(EOS_TOKEN)
         if eos is None:
             raise ValueError(f"tokenizer {path} has no {EOS_TOKEN!r} token; the data pipeline needs it as EOS")
@@ -61,10 +64,13 @@ class TiktokenGPT2:
         try:
             ranks = load_tiktoken_bpe(str(path))
         except Exception as e:  # garbage or truncated: base64 or int parsing fails somewhere in the file
-            raise ValueError(f"tokenizer file {path} is unreadable ({type(e).__name__}: "
-                             f"{' '.join(str(e).split())[:200]}); it must be a .tiktoken ranks file") from None
-        self._enc = tiktoken.Encoding(name="gpt2_local", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
-                                      special_tokens={EOS_TOKEN: len(ranks)})
+            raise ValueError(
+                f"tokenizer file {path} is unreadable ({type(e).__name__}: "
+                f"{' '.join(str(e).split())[:200]}); it must be a .tiktoken ranks file"
+            ) from None
+        self._enc = tiktoken.Encoding(
+            name="gpt2_local", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={EOS_TOKEN: len(ranks)}
+        )
         self.path = path
         self.eos_id = len(ranks)
         self.vocab_size = len(ranks) + 1
@@ -87,11 +93,16 @@ def load_tokenizer(name_or_path: str):
         raise ValueError(f"data.tokenizer must be a name (bpe8k, gpt2) or a path, got {name_or_path!r}")
     name = str(name_or_path)
     if name == "gpt2":
-        path = Path(os.environ.get("NVFP4TRAIN_GPT2_TIKTOKEN", "")) if os.environ.get("NVFP4TRAIN_GPT2_TIKTOKEN") \
+        path = (
+            Path(os.environ.get("NVFP4TRAIN_GPT2_TIKTOKEN", ""))
+            if os.environ.get("NVFP4TRAIN_GPT2_TIKTOKEN")
             else resolve_path("data/tokenizer/gpt2.tiktoken")
+        )
         if not path.is_file():
-            raise FileNotFoundError(f"tokenizer 'gpt2' needs a gpt2.tiktoken ranks file at {path} "
-                                    "(or set NVFP4TRAIN_GPT2_TIKTOKEN); see data/README.md")
+            raise FileNotFoundError(
+                f"tokenizer 'gpt2' needs a gpt2.tiktoken ranks file at {path} "
+                "(or set NVFP4TRAIN_GPT2_TIKTOKEN); see data/README.md"
+            )
         return TiktokenGPT2(path)
     path = resolve_path(ALIASES.get(name, name))
     if not path.is_file():

@@ -8,6 +8,7 @@ Writes `<run_dir>/eval.json` and prints its summary as JSON on the last line. Ba
 checkpoint, a checkpoint of another model, an unknown task or key) ends with one line and exit code 2,
 before anything is written. Options: configs/eval.yaml.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,7 @@ def _evaluate(cfg: EvalConfig, device: str) -> dict:
 
     seq_len = int(run_config["train"]["seq_len"])
     try:
-        val_data = build_val_data(run_config["data"], seq_len=seq_len,
-                                  max_sequences_per_domain=cfg.heldout_sequences)
+        val_data = build_val_data(run_config["data"], seq_len=seq_len, max_sequences_per_domain=cfg.heldout_sequences)
         tokenizer = load_tokenizer(run_config["data"]["tokenizer"])
     except (ValueError, FileNotFoundError) as e:
         raise RunError(f"{run_dir / 'config.yaml'}: data: {e}") from None
@@ -65,11 +65,18 @@ def _evaluate(cfg: EvalConfig, device: str) -> dict:
         tasks[name] = {"kind": spec["kind"], "primary": harness.PRIMARY_METRIC[spec["kind"]], **scores}
     meta = json.loads((ckpt / "meta.json").read_text())
     result = {
-        "run_dir": str(run_dir), "checkpoint": str(ckpt), "step": int(meta["step"]), "tokens": meta.get("tokens"),
-        "precision": run_config.get("precision", {}).get("name"), "eval_precision": "bf16",
-        "max_len": seq_len, "heldout_sequences": cfg.heldout_sequences, "heldout": heldout,
+        "run_dir": str(run_dir),
+        "checkpoint": str(ckpt),
+        "step": int(meta["step"]),
+        "tokens": meta.get("tokens"),
+        "precision": run_config.get("precision", {}).get("name"),
+        "eval_precision": "bf16",
+        "max_len": seq_len,
+        "heldout_sequences": cfg.heldout_sequences,
+        "heldout": heldout,
         "heldout_mean_loss": sum(v["loss"] for v in heldout.values()) / len(heldout),
-        "tasks": tasks, "seconds": round(time.perf_counter() - t0, 2),
+        "tasks": tasks,
+        "seconds": round(time.perf_counter() - t0, 2),
     }
     return result
 
@@ -94,8 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     for source, v in result["heldout"].items():
         print(f"held-out {source:<14} loss {v['loss']:.4f}  ppl {v['ppl']:.1f}")
     for name, v in result["tasks"].items():
-        metrics = "  ".join(f"{k} {v[k]:.4f}" for k in ("acc", "acc_norm", "exact_match", "ppl", "loss",
-                                                           "bits_per_byte", "chance") if k in v)
+        metrics = "  ".join(
+            f"{k} {v[k]:.4f}"
+            for k in ("acc", "acc_norm", "exact_match", "ppl", "loss", "bits_per_byte", "chance")
+            if k in v
+        )
         print(f"task {name:<22} {metrics}  (n={v['n']})")
     print(json.dumps(summary(result, path)))
     return 0

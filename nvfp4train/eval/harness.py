@@ -13,6 +13,7 @@ Scoring follows lm-evaluation-harness (`loglikelihood` requests):
   - loss: mean next-token loss on the target (nats/token) and bits per byte.
 Task definitions (kind, data file, description) are read from `evals/tasks.yaml`.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,14 @@ KINDS = ("multiple_choice", "cloze", "exact_match", "loss")
 
 # ------------------------------------------------------------------------------ log-likelihoods
 @torch.no_grad()
-def loglikelihoods(model, requests: list[tuple[list[int], list[int]]], max_len: int, batch_size: int = 16,
-                   device="cpu", dtype: torch.dtype = torch.bfloat16) -> list[tuple[float, bool]]:
+def loglikelihoods(
+    model,
+    requests: list[tuple[list[int], list[int]]],
+    max_len: int,
+    batch_size: int = 16,
+    device="cpu",
+    dtype: torch.dtype = torch.bfloat16,
+) -> list[tuple[float, bool]]:
     """(sum of log p(continuation | context), continuation is greedy) for each (context, continuation)
     token-id pair. Inputs longer than max_len + 1 tokens lose their oldest context tokens. The forward
     runs under `dtype` autocast (BF16, as the paper evaluates; torch.float32: none)."""
@@ -41,28 +48,28 @@ def loglikelihoods(model, requests: list[tuple[list[int], list[int]]], max_len: 
     # Longest first, so a batch's padding is small and memory peaks at the start (as lm-eval does).
     order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][0]) + len(requests[i][1])))
     for start in range(0, len(order), batch_size):
-        batch = order[start:start + batch_size]
+        batch = order[start : start + batch_size]
         rows, spans = [], []
         for i in batch:
             context, continuation = requests[i]
             if not continuation:
                 raise ValueError("a request has an empty continuation: nothing to score")
-            tokens = (list(context) + list(continuation))[-(max_len + 1):]
+            tokens = (list(context) + list(continuation))[-(max_len + 1) :]
             n_cont = min(len(continuation), len(tokens) - 1)
             rows.append(tokens)
             spans.append(n_cont)
         width = max(len(r) for r in rows)
         ids = torch.zeros(len(rows), width, dtype=torch.long)
         for j, r in enumerate(rows):  # right padding: a causal model's earlier positions never see it
-            ids[j, :len(r)] = torch.tensor(r)
+            ids[j, : len(r)] = torch.tensor(r)
         ids = ids.to(device)
         with torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32):
             logits = model(ids[:, :-1])
         logprobs = F.log_softmax(logits.float(), dim=-1)
         for j, i in enumerate(batch):
             length, n = len(rows[j]), spans[j]
-            target = ids[j, length - n:length]
-            lp = logprobs[j, length - n - 1:length - 1]
+            target = ids[j, length - n : length]
+            lp = logprobs[j, length - n - 1 : length - 1]
             score = lp.gather(-1, target[:, None]).sum().item()
             greedy = bool((lp.argmax(-1) == target).all().item())
             results[i] = (score, greedy)
@@ -76,7 +83,7 @@ def heldout_losses(model, val_data: dict[str, torch.Tensor], batch_size: int = 1
     for source, seqs in val_data.items():
         total, count = 0.0, 0
         for i in range(0, len(seqs), batch_size):
-            chunk = seqs[i:i + batch_size].to(device)
+            chunk = seqs[i : i + batch_size].to(device)
             with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
                 logits = model(chunk[:, :-1])
             total += F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item()
@@ -131,13 +138,17 @@ def score_task(model, tokenizer, spec: dict, items: list[dict], max_len: int, ba
         at = 0
         for item in items:
             n = len(item["choices"])
-            lls = [s for s, _ in scores[at:at + n]]
+            lls = [s for s, _ in scores[at : at + n]]
             norm = [ll / max(len(c), 1) for ll, c in zip(lls, item["choices"])]  # characters, as lm-eval
             acc += int(max(range(n), key=lls.__getitem__) == item["gold"])
             acc_norm += int(max(range(n), key=norm.__getitem__) == item["gold"])
             at += n
-        return {"acc": acc / len(items), "acc_norm": acc_norm / len(items), "n": len(items),
-                "chance": sum(1 / len(i["choices"]) for i in items) / len(items)}
+        return {
+            "acc": acc / len(items),
+            "acc_norm": acc_norm / len(items),
+            "n": len(items),
+            "chance": sum(1 / len(i["choices"]) for i in items) / len(items),
+        }
     requests = [(encode(item["context"]), encode(item["target"])) for item in items]
     scores = loglikelihoods(model, requests, max_len, batch_size, device)
     if kind == "cloze":

@@ -21,6 +21,7 @@ where the context's tokens end, trailing spaces of the context go to the continu
 is the end-of-text token. The checkpoint is evaluated with plain linears (nvfp4train.eval.load_run_model);
 log-likelihoods come from the same function as `python -m nvfp4train.eval` (harness.loglikelihoods).
 """
+
 from __future__ import annotations
 
 import sys
@@ -48,8 +49,9 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 @register_model("nvfp4train")
 class NVFP4TrainLM(TemplateLM):
-    def __init__(self, run_dir: str, step=None, batch_size=16, device="auto", max_length=None, dtype="bfloat16",
-                 **_ignored):
+    def __init__(
+        self, run_dir: str, step=None, batch_size=16, device="auto", max_length=None, dtype="bfloat16", **_ignored
+    ):
         super().__init__()
         from nvfp4train.data import load_tokenizer
 
@@ -58,8 +60,9 @@ class NVFP4TrainLM(TemplateLM):
         self.dtype = DTYPES[str(dtype)]
         # lm-eval passes device="cuda" by default; like its HF model, fall back to the CPU without one.
         self.device_name = "cuda" if torch.cuda.is_available() and str(device) != "cpu" else "cpu"
-        self.model, config, self.checkpoint = load_run_model(run_dir, int(step) if step not in (None, "") else None,
-                                                             self.device_name)
+        self.model, config, self.checkpoint = load_run_model(
+            run_dir, int(step) if step not in (None, "") else None, self.device_name
+        )
         self.nvfp4_tokenizer = load_tokenizer(config["data"]["tokenizer"])
         self.max_length = int(max_length or config["train"]["seq_len"])
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 16  # lm-eval may pass "auto"
@@ -76,8 +79,7 @@ class NVFP4TrainLM(TemplateLM):
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         pairs = [(context_enc, continuation_enc) for _, context_enc, continuation_enc in requests]
-        return harness.loglikelihoods(self.model, pairs, self.max_length, self.batch_size, self.device_name,
-                                      self.dtype)
+        return harness.loglikelihoods(self.model, pairs, self.max_length, self.batch_size, self.device_name, self.dtype)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Each token scored once, in disjoint windows of max_length predictions that see one token before
@@ -85,10 +87,18 @@ class NVFP4TrainLM(TemplateLM):
         out = []
         for req in requests:
             tokens = [self.prefix_token_id] + self.tok_encode(req.args[0])
-            pairs = [(tokens[:start], tokens[start:start + self.max_length])
-                     for start in range(1, len(tokens), self.max_length)]
-            out.append(sum(s for s, _ in harness.loglikelihoods(self.model, pairs, self.max_length, self.batch_size,
-                                                                  self.device_name, self.dtype)))
+            pairs = [
+                (tokens[:start], tokens[start : start + self.max_length])
+                for start in range(1, len(tokens), self.max_length)
+            ]
+            out.append(
+                sum(
+                    s
+                    for s, _ in harness.loglikelihoods(
+                        self.model, pairs, self.max_length, self.batch_size, self.device_name, self.dtype
+                    )
+                )
+            )
         return out
 
     @torch.no_grad()
@@ -104,11 +114,12 @@ class NVFP4TrainLM(TemplateLM):
             until = gen_kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             max_new = int(gen_kwargs.get("max_gen_toks", 256))
-            tokens = (self.tok_encode(context) or [self.eot_token_id])[-max(self.max_length - max_new, 1):]
+            tokens = (self.tok_encode(context) or [self.eot_token_id])[-max(self.max_length - max_new, 1) :]
             generated: list[int] = []
             text = ""
-            with torch.autocast(torch.device(self.device_name).type, dtype=self.dtype,
-                                enabled=self.dtype != torch.float32):
+            with torch.autocast(
+                torch.device(self.device_name).type, dtype=self.dtype, enabled=self.dtype != torch.float32
+            ):
                 logits, cache = prefill(self.model, torch.tensor([tokens], device=self.device_name))
                 for _ in range(max_new):
                     next_id = int(logits[0].float().argmax())
@@ -134,8 +145,11 @@ def lm_eval_version() -> tuple[int, ...]:
 def main() -> None:
     """lm-eval's command line, with the `nvfp4train` model registered."""
     if lm_eval_version() < MIN_LM_EVAL:
-        print(f"error: lm-eval {'.'.join(map(str, lm_eval_version()))} is installed; this command needs lm-eval >= "
-              f"{'.'.join(map(str, MIN_LM_EVAL))}: pip install 'nvfp4train[lm-eval]'", file=sys.stderr)
+        print(
+            f"error: lm-eval {'.'.join(map(str, lm_eval_version()))} is installed; this command needs lm-eval >= "
+            f"{'.'.join(map(str, MIN_LM_EVAL))}: pip install 'nvfp4train[lm-eval]'",
+            file=sys.stderr,
+        )
         sys.exit(2)
     from lm_eval.__main__ import cli_evaluate
 

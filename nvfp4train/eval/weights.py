@@ -7,6 +7,7 @@ Only model tensors are read: the optimizer moments and per-rank trainer state st
 
 Every refusal is a `RunError` with one line naming the file and what is wrong.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -78,6 +79,7 @@ def _deepspeed_state_dict(ckpt: Path, model: HybridLM) -> dict[str, torch.Tensor
     try:
         try:
             from nvfp4train.train.engines import load_deepspeed_file
+
             saved = load_deepspeed_file(str(path))
         except ImportError:  # DeepSpeed not installed: its records cannot be named, plain tensors still load
             saved = checkpoint.load_weights_only(path)

@@ -1,7 +1,7 @@
 """The hybrid Mamba-2 / attention / MLP model family (Nemotron-H style).
 
-    from nvfp4train.model import build_model, flops_per_token
-    model = build_model({"pattern": "M-*-M-", "d_model": 128}, linear_factory=None)
+from nvfp4train.model import build_model, flops_per_token
+model = build_model({"pattern": "M-*-M-", "d_model": 128}, linear_factory=None)
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from .flops import flops_per_token
 from .hybrid import HybridLM, param_groups
 from .loss import linear_cross_entropy
 
-__all__ = ["ModelConfig", "HybridLM", "param_groups", "flops_per_token", "build_model",
-           "linear_cross_entropy"]
+__all__ = ["ModelConfig", "HybridLM", "param_groups", "flops_per_token", "build_model", "linear_cross_entropy"]
 
 
 def build_model(cfg_dict: Mapping[str, Any] | ModelConfig, linear_factory: LinearFactory | None = None) -> HybridLM:

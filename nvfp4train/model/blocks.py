@@ -207,8 +207,12 @@ class Attention(nn.Module):
         if self.rope_theta is not None:
             q, k = apply_rope(q, self.rope_theta), apply_rope(k, self.rope_theta)
         gqa = self.n_kv_heads != self.n_heads
-        backend = attention_backend(x.is_cuda, torch.are_deterministic_algorithms_enabled(),
-                                    torch.compiler.is_compiling(), _deterministic_attention_choice())
+        backend = attention_backend(
+            x.is_cuda,
+            torch.are_deterministic_algorithms_enabled(),
+            torch.compiler.is_compiling(),
+            _deterministic_attention_choice(),
+        )
         if backend == "flex":
             y = flex_causal_attention(q, k, v, gqa)
         elif backend == "math":

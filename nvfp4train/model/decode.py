@@ -15,6 +15,7 @@ prompt's end is the scan's closed form, sum_t exp(sum_{s>t} dt_s A) dt_t x_t B_t
 from the end (no difference of cumulative sums, which cancels). `decode_step` is the step-by-step
 recurrence; tests/model/test_decode.py checks it against the full forward.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from .ssd import causal_conv1d_silu
 @dataclass
 class DecodeCache:
     """Per-block state after `length` tokens: {block index: {"conv", "ssm"} or {"k", "v"}}."""
+
     length: int = 0
     blocks: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
 
@@ -51,8 +53,11 @@ def _mamba_cache(m: Mamba2Mixer, zxbcdt: torch.Tensor) -> dict[str, torch.Tensor
     b, T, _ = zxbcdt.shape
     k = m.conv1d.kernel_size[0]
     _, xBC, dt = torch.split(zxbcdt, [m.d_inner, m.conv1d.in_channels, m.n_heads], dim=-1)
-    conv = (F.pad(xBC.transpose(1, 2), (max(k - 1 - T, 0), 0))[:, :, -(k - 1):] if k > 1
-            else xBC.new_zeros(b, xBC.shape[2], 0))
+    conv = (
+        F.pad(xBC.transpose(1, 2), (max(k - 1 - T, 0), 0))[:, :, -(k - 1) :]
+        if k > 1
+        else xBC.new_zeros(b, xBC.shape[2], 0)
+    )
     act = causal_conv1d_silu(xBC, m.conv1d.weight, m.conv1d.bias)
     x, B, _ = torch.split(act, [m.d_inner, m.groups * m.state, m.groups * m.state], dim=-1)
     with torch.autocast(zxbcdt.device.type, enabled=False):
@@ -84,8 +89,11 @@ def prefill(model: HybridLM, tokens: torch.Tensor) -> tuple[torch.Tensor, Decode
     for i, block in enumerate(model.blocks):
         linear = {"M": "in_proj", "*": "qkv"}.get(block.kind)
         if linear:
-            hooks.append(getattr(block.mixer, linear).register_forward_hook(
-                lambda _m, _inp, out, i=i: captured.__setitem__(i, out)))
+            hooks.append(
+                getattr(block.mixer, linear).register_forward_hook(
+                    lambda _m, _inp, out, i=i: captured.__setitem__(i, out)
+                )
+            )
     try:
         logits = model(tokens)
     finally:

@@ -78,8 +78,9 @@ class HybridLM(nn.Module):
                 if linear is not None:
                     nn.init.normal_(linear.weight, 0.0, out_std if name in OUTPUT_LINEARS else std)
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
-                reduction: str = "mean") -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"
+    ) -> torch.Tensor:
         """tokens [B, T] (int64) -> logits [B, T, vocab] (float32, or the autocast dtype); with targets
         [B, T], the FP32 next-token cross-entropy instead ("mean" or "sum" over tokens), computed chunk
         by chunk from the final hidden state so the full FP32 logits never exist (loss.py)."""

@@ -10,6 +10,7 @@ and the gradients equal its gradients up to where the 1/N of the mean is applied
 GEMMs here, before them there). The FP32 weight gradient (vocab x d_model) is held from forward to
 backward.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,8 +41,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, hidden.shape[0], chunk_tokens):
-                h = hidden[start:start + chunk_tokens].to(dtype)
-                y = targets[start:start + chunk_tokens]
+                h = hidden[start : start + chunk_tokens].to(dtype)
+                y = targets[start : start + chunk_tokens]
                 valid = (y != ignore_index).unsqueeze(-1)
                 logp = torch.log_softmax(F.linear(h, w).float(), dim=-1)
                 index = y.clamp(min=0).unsqueeze(-1)
@@ -51,7 +52,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     grad_logits.scatter_add_(1, index, -valid.float())
                     grad_logits = (grad_logits * valid).to(dtype)
                     if need_hidden:
-                        grad_hidden[start:start + chunk_tokens] = grad_logits @ w
+                        grad_hidden[start : start + chunk_tokens] = grad_logits @ w
                     if need_weight:
                         grad_weight += (grad_logits.t() @ h).float()
         ctx.save_for_backward(grad_hidden, grad_weight)
@@ -68,9 +69,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None, None
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         reduction: str = "mean", chunk_tokens: int = CHUNK_TOKENS,
-                         ignore_index: int = -100) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    reduction: str = "mean",
+    chunk_tokens: int = CHUNK_TOKENS,
+    ignore_index: int = -100,
+) -> torch.Tensor:
     """cross_entropy(hidden @ weight.T, targets) without materialising all the logits.
 
     hidden [..., d], weight [vocab, d], targets [...] (int64). reduction: "mean" over the non-ignored
@@ -78,8 +84,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction={reduction!r}: allowed mean, sum")
     hidden, targets = hidden.flatten(0, -2), targets.flatten()
-    total = _LinearCrossEntropy.apply(hidden, weight, targets, chunk_tokens, _compute_dtype(hidden, weight),
-                                      ignore_index)
+    total = _LinearCrossEntropy.apply(
+        hidden, weight, targets, chunk_tokens, _compute_dtype(hidden, weight), ignore_index
+    )
     if reduction == "sum":
         return total
     return total / (targets != ignore_index).sum().clamp(min=1)

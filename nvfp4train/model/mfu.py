@@ -55,8 +55,13 @@ def peak_flops(device: torch.device | str | int | None = None, precision: str = 
     return lookup_peak(torch.cuda.get_device_name(device), precision)
 
 
-def mfu(flops_per_token: float, tokens_per_second: float, n_gpus: int = 1,
-        device: torch.device | str | int | None = None, precision: str = "bf16") -> tuple[float, str] | None:
+def mfu(
+    flops_per_token: float,
+    tokens_per_second: float,
+    n_gpus: int = 1,
+    device: torch.device | str | int | None = None,
+    precision: str = "bf16",
+) -> tuple[float, str] | None:
     """(model FLOPs utilization in [0, 1], label of the peak used), or None when the peak is unknown.
     `tokens_per_second` is the global throughput over `n_gpus` identical GPUs."""
     peak = peak_flops(device, precision)

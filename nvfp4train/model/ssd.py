@@ -321,8 +321,16 @@ def triton_ssd_available() -> bool:
 # instead of breaking around mamba-ssm's autograd.Function. Forward and backward call mamba-ssm's own
 # `_mamba_chunk_scan_combined_fwd/_bwd`, exactly what `mamba_chunk_scan_combined` runs.
 @torch.library.custom_op("nvfp4train::ssd_scan_triton", mutates_args=())
-def _ssd_scan_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                     D: torch.Tensor, dt_bias: torch.Tensor, chunk_size: int) -> torch.Tensor:
+def _ssd_scan_triton(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    chunk_size: int,
+) -> torch.Tensor:
     load_triton_ssd()
     _match_triton_determinism()
     fwd = sys.modules["mamba_ssm.ops.triton.ssd_combined"]._mamba_chunk_scan_combined_fwd
@@ -337,14 +345,24 @@ def _(x, dt, A, B, C, D, dt_bias, chunk_size):
 
 
 @torch.library.custom_op("nvfp4train::ssd_scan_triton_backward", mutates_args=())
-def _ssd_scan_triton_backward(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
-                              B: torch.Tensor, C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor,
-                              out: torch.Tensor, chunk_size: int) -> list[torch.Tensor]:
+def _ssd_scan_triton_backward(
+    dout: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    dt_bias: torch.Tensor,
+    out: torch.Tensor,
+    chunk_size: int,
+) -> list[torch.Tensor]:
     _match_triton_determinism()
     bwd = sys.modules["mamba_ssm.ops.triton.ssd_combined"]._mamba_chunk_scan_combined_bwd
     with _mamba_backward_cumsums_allowed():
-        dx, ddt, dA, dB, dC, dD, _, ddt_bias, _ = bwd(dout.contiguous(), x, dt, A, B, C, out, chunk_size, D=D,
-                                                      dt_bias=dt_bias, dt_softplus=True)
+        dx, ddt, dA, dB, dC, dD, _, ddt_bias, _ = bwd(
+            dout.contiguous(), x, dt, A, B, C, out, chunk_size, D=D, dt_bias=dt_bias, dt_softplus=True
+        )
     return [g.contiguous() for g in (dx, ddt, dA, dB, dC, dD, ddt_bias)]
 
 
@@ -377,8 +395,9 @@ def _triton_ssd_deterministic() -> bool:
     return triton_ssd_deterministic_mode()
 
 
-def resolve_ssd_backend(backend: str, is_cuda: bool, deterministic: bool, triton_available: bool,
-                        triton_deterministic: bool) -> str:
+def resolve_ssd_backend(
+    backend: str, is_cuda: bool, deterministic: bool, triton_available: bool, triton_deterministic: bool
+) -> str:
     """The scan that runs: "auto" takes mamba-ssm's Triton kernels on CUDA when they are installed (in
     deterministic mode only a mamba-ssm that has one), else the PyTorch scan. ValueError in one line for
     what cannot run."""
@@ -389,8 +408,10 @@ def resolve_ssd_backend(backend: str, is_cuda: bool, deterministic: bool, triton
         if not is_cuda:
             raise ValueError("ssd_backend='triton' needs CUDA tensors; use 'torch' or 'auto' on CPU")
         if deterministic and not triton_deterministic:
-            raise ValueError("ssd_backend='triton' in deterministic mode needs mamba-ssm >= 2.3 (its deterministic "
-                             "backward); use model.ssd_backend=auto or torch")
+            raise ValueError(
+                "ssd_backend='triton' in deterministic mode needs mamba-ssm >= 2.3 (its deterministic "
+                "backward); use model.ssd_backend=auto or torch"
+            )
         return "triton"
     if backend == "torch":
         return "torch"
@@ -401,9 +422,13 @@ def ssd_scan(x, dt, A, B, C, D, dt_bias, chunk_size: int, backend: str = "auto")
     """Dispatch to a backend: "torch", "triton" (CUDA tensors only) or "auto" (resolve_ssd_backend)."""
     deterministic = torch.are_deterministic_algorithms_enabled()
     use_triton_check = x.is_cuda and backend != "torch"
-    backend = resolve_ssd_backend(backend, x.is_cuda, deterministic,
-                                  triton_ssd_available() if use_triton_check else False,
-                                  _triton_ssd_deterministic() if use_triton_check and deterministic else False)
+    backend = resolve_ssd_backend(
+        backend,
+        x.is_cuda,
+        deterministic,
+        triton_ssd_available() if use_triton_check else False,
+        _triton_ssd_deterministic() if use_triton_check and deterministic else False,
+    )
     if backend == "torch":
         return ssd_chunked_torch(x, dt, A, B, C, D, dt_bias, chunk_size)
     return ssd_chunked_triton(x, dt, A, B, C, D, dt_bias, chunk_size)
@@ -450,8 +475,9 @@ def conv_backend(is_cuda: bool, deterministic: bool, extension_available: bool, 
     return "torch"
 
 
-def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       use_kernel: bool = True) -> torch.Tensor:
+def causal_conv1d_silu(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, use_kernel: bool = True
+) -> torch.Tensor:
     """SiLU(depthwise causal conv) over time. x [b, T, channels] (channels contiguous; the mixer's slice
     of in_proj's output), weight [channels, 1, k]; the output is [b, T, channels].
 
@@ -463,8 +489,12 @@ def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     k = weight.shape[-1]
     backend = "torch"
     if use_kernel and x.is_cuda:
-        backend = conv_backend(True, torch.are_deterministic_algorithms_enabled(), causal_conv1d_kernel_available(),
-                               bias is not None and triton_conv_available())
+        backend = conv_backend(
+            True,
+            torch.are_deterministic_algorithms_enabled(),
+            causal_conv1d_kernel_available(),
+            bias is not None and triton_conv_available(),
+        )
     if backend == "causal_conv1d":
         return _causal_conv1d_kernel(x.transpose(1, 2), weight, bias).transpose(1, 2)
     if backend == "triton":

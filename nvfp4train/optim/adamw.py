@@ -4,6 +4,7 @@ The model's parameters are kept in FP32 and are the master weights; forward and 
 BF16 autocast (or FSDP2's bf16 `param_dtype`), so every GEMM sees BF16 (or quantized) compute
 weights while gradients, their accumulation over micro-batches and both Adam moments stay FP32.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -52,8 +53,14 @@ def build_optimizer(param_groups: list[dict], cfg: OptimConfig, fused: bool = Fa
             if p.dtype != torch.float32:
                 raise TypeError(f"master weights must be FP32, found a {p.dtype} parameter of shape {tuple(p.shape)}")
     # foreach and fused are the fast paths on CPU and GPU; both are bit-reproducible run to run.
-    return torch.optim.AdamW(param_groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                             weight_decay=cfg.weight_decay, **({"fused": True} if fused else {"foreach": True}))
+    return torch.optim.AdamW(
+        param_groups,
+        lr=cfg.lr,
+        betas=cfg.betas,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        **({"fused": True} if fused else {"foreach": True}),
+    )
 
 
 HYPERPARAMETERS = ("betas", "eps", "weight_decay")

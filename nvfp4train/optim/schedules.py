@@ -5,6 +5,7 @@ constant, then a decay over the last `decay_fraction` of the steps down to `min_
 Megatron's four shapes (`--lr-wsd-decay-style`). The paper trains its 12B model with WSD, decaying
 over the last 20% to 1% of the peak.
 """
+
 from __future__ import annotations
 
 import math

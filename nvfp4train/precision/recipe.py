@@ -161,8 +161,10 @@ class SwitchConfig:
 # A run's saved config (config.yaml, a checkpoint's meta.json, a W&B run) records the precision section as it
 # was then. Before one BF16-blocks knob per side, a side took two keys, a count and a fraction (set one, the
 # other 0). The user-facing config accepts only today's keys; the tools that read records translate them.
-RETIRED_BF16_KEYS = {"bf16_first": ("bf16_first_blocks", "bf16_first_fraction"),
-                     "bf16_last": ("bf16_last_blocks", "bf16_last_fraction")}
+RETIRED_BF16_KEYS = {
+    "bf16_first": ("bf16_first_blocks", "bf16_first_fraction"),
+    "bf16_last": ("bf16_last_blocks", "bf16_last_fraction"),
+}
 
 
 def recorded_precision(section: Mapping[str, Any]) -> dict[str, Any]:

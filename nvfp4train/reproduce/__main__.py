@@ -17,6 +17,7 @@ runs/repro/<experiment>/<arm>/seed<k>/ (--runs-dir): the trainer's out_dir, plus
 commands' output), eval.json (BF16 evaluation of the final checkpoint) and run.json (commit, GPU, torch,
 deterministic flag, wall time, exit codes).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,10 @@ def cmd_plan(args) -> int:
     for line in describe(exp, runs):
         print(line)
     for run in runs:
-        print(f"\n# {run.key} [{run_state(run.out_dir)}]  out_dir={run.out_dir}  ({run.max_steps} steps, "
-              f"{run.tokens:,} tokens, {run.precision})")
+        print(
+            f"\n# {run.key} [{run_state(run.out_dir)}]  out_dir={run.out_dir}  ({run.max_steps} steps, "
+            f"{run.tokens:,} tokens, {run.precision})"
+        )
         print(shell(run.train_command(args.gpus_per_run)))
         if run.eval_args is not None:
             print(shell(run.eval_command()))
@@ -74,8 +77,9 @@ def cmd_run(args) -> int:
     exp = load_experiment(args.experiment, args.experiments_dir)
     if args.executor == "slurm":
         runs = select(args, exp, "cuda")
-        path, _ = executors.render_slurm(exp.name, runs, Path(args.runs_dir), args.experiments_dir,
-                                            args.gpus_per_run, extra_sbatch=args.sbatch)
+        path, _ = executors.render_slurm(
+            exp.name, runs, Path(args.runs_dir), args.experiments_dir, args.gpus_per_run, extra_sbatch=args.sbatch
+        )
         print(f"{path}: job array of {len(runs)} task(s), {args.gpus_per_run} GPU(s) each")
         for i, run in enumerate(runs):
             print(f"  task {i}: {run.key} [{run_state(run.out_dir)}]")
@@ -147,8 +151,10 @@ def cmd_status(args) -> int:
             rec = last_record(run.out_dir) or {}
             step = rec.get("step", 0)
             speed = rec.get("tokens_per_s")
-            print(f"{run.key:<46} {state:<12} {f'{step}/{run.max_steps}':>13} {rec.get('tokens', 0):>13,} "
-                  f"{rec.get('loss', float('nan')):>7.3f} {'-' if speed is None else f'{speed:,.0f}':>10}")
+            print(
+                f"{run.key:<46} {state:<12} {f'{step}/{run.max_steps}':>13} {rec.get('tokens', 0):>13,} "
+                f"{rec.get('loss', float('nan')):>7.3f} {'-' if speed is None else f'{speed:,.0f}':>10}"
+            )
     print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs planned")
     return 0
 
@@ -163,22 +169,25 @@ def cmd_copy_results(args) -> int:
 def cmd_report(args) -> int:
     from nvfp4train.reproduce.report import write_report
 
-    path = write_report([Path(p) for p in args.runs_dir], Path(args.out), args.experiments_dir,
-                        figures=not args.no_figures)
+    path = write_report(
+        [Path(p) for p in args.runs_dir], Path(args.out), args.experiments_dir, figures=not args.no_figures
+    )
     print(f"wrote {path}")
     return 0
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="python -m nvfp4train.reproduce", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m nvfp4train.reproduce", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--experiments-dir", type=Path, default=EXPERIMENTS_DIR, help="where the experiment files are")
     verbs = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     def common(p, runs_dir=True):
         p.add_argument("experiment", help="configs/reproduce/NAME.yaml")
-        p.add_argument("--arms", type=lambda s: [a for a in s.split(",") if a],
-                       help="comma-separated arms (default all)")
+        p.add_argument(
+            "--arms", type=lambda s: [a for a in s.split(",") if a], help="comma-separated arms (default all)"
+        )
         p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], help="comma-separated seeds")
         p.add_argument("--gpus-per-run", type=int, default=1, help="GPUs per run (torchrun) (default 1)")
         if runs_dir:
@@ -194,10 +203,16 @@ def parse_args(argv):
     p.add_argument("--gpus", help="local: GPU indices to use, e.g. 0,1 (default: every visible GPU)")
     p.add_argument("--device", choices=["cuda", "cpu"], help="local: default cuda where available, else cpu")
     p.add_argument("--retry-failed", action="store_true", help="local: run failed runs again (resuming)")
-    p.add_argument("--commit", help="local: the commit to record in run.json (default: git rev-parse HEAD of this "
-                   "checkout; a copy of the tree without .git records 'unknown')")
-    p.add_argument("--sbatch", action="append", help="slurm: an extra #SBATCH option, e.g. partition=gpu or "
-                   "--sbatch=--account=abc (repeatable)")
+    p.add_argument(
+        "--commit",
+        help="local: the commit to record in run.json (default: git rev-parse HEAD of this "
+        "checkout; a copy of the tree without .git records 'unknown')",
+    )
+    p.add_argument(
+        "--sbatch",
+        action="append",
+        help="slurm: an extra #SBATCH option, e.g. partition=gpu or --sbatch=--account=abc (repeatable)",
+    )
     p.add_argument("--dry-run", action="store_true", help="show what would run / render the array, start nothing")
 
     p = verbs.add_parser("run-one", help="(SLURM array task) one run of a rendered array")
@@ -217,8 +232,11 @@ def parse_args(argv):
     p.add_argument("--to", default="docs/results/runs", help="the results dir (default docs/results/runs)")
 
     p = verbs.add_parser("report", help="docs/results/reproduction.md from the finished runs")
-    p.add_argument("--runs-dir", action="append",
-                   help=f"a results dir (repeatable; default: docs/results/runs and {DEFAULT_RUNS_DIR})")
+    p.add_argument(
+        "--runs-dir",
+        action="append",
+        help=f"a results dir (repeatable; default: docs/results/runs and {DEFAULT_RUNS_DIR})",
+    )
     p.add_argument("--out", default="docs/results", help="where reproduction.md and its figures go")
     p.add_argument("--no-figures", action="store_true")
     args = ap.parse_args(argv)
@@ -229,8 +247,14 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    verbs = {"plan": cmd_plan, "run": cmd_run, "run-one": cmd_run_one, "status": cmd_status,
-             "copy-results": cmd_copy_results, "report": cmd_report}
+    verbs = {
+        "plan": cmd_plan,
+        "run": cmd_run,
+        "run-one": cmd_run_one,
+        "status": cmd_status,
+        "copy-results": cmd_copy_results,
+        "report": cmd_report,
+    }
     try:
         return verbs[args.verb](args)
     except UsageError as e:  # bad input: one line, exit 2

@@ -10,6 +10,7 @@ slurm: one job array over the runs (slurm/reproduce_array.sbatch), each task `ru
 slot of the local executor. Preemption: SLURM signals the batch shell, which passes SIGTERM to the trainer
 (it checkpoints and exits 0) and requeues the task; the requeued task resumes.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,9 +35,12 @@ def gpu_model(device: str, gpus: str | None) -> str:
     if device == "cpu":
         return "cpu"
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader",
-                              "-i", (gpus or "0").split(",")[0]],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", (gpus or "0").split(",")[0]],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         name = out.stdout.strip().splitlines()
         if name:
             return name[0]
@@ -99,8 +103,9 @@ class RunProcess:
         console.flush()
         # A session of its own: a terminal's Ctrl-C reaches the executor only, which passes it on once
         # (a second SIGINT makes the trainer exit without its checkpoint).
-        self.proc = subprocess.Popen(command, stdout=console, stderr=console, stdin=subprocess.DEVNULL, env=env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            command, stdout=console, stderr=console, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
         if self.stopping:
             self.stop()
         rc = self.proc.wait()
@@ -133,18 +138,34 @@ class RunProcess:
         finally:
             marker.unlink(missing_ok=True)
         finished = time.time()
-        info = {"experiment": run.experiment, "arm": run.arm, "seed": run.seed, "state": state,
-                "train_command": shell(run.train_command(self.gpus_per_run)),
-                "eval_command": shell(run.eval_command()) if run.eval_args is not None else None,
-                "commit": self.commit, "gpu": gpu_model(run.device, self.gpus), "gpus": self.gpus_per_run,
-                "torch": package_version("torch"), "python": sys.version.split()[0], "host": socket.gethostname(),
-                "deterministic": deterministic_flag(out_dir), "started": previous.get("started", started),
-                "finished": finished, "wall_s": round(float(previous.get("wall_s", 0.0)) + finished - started, 1),
-                "attempts": attempts, "train_rc": train_rc, "eval_rc": eval_rc, "max_steps": run.max_steps,
-                "tokens": run.tokens}
+        info = {
+            "experiment": run.experiment,
+            "arm": run.arm,
+            "seed": run.seed,
+            "state": state,
+            "train_command": shell(run.train_command(self.gpus_per_run)),
+            "eval_command": shell(run.eval_command()) if run.eval_args is not None else None,
+            "commit": self.commit,
+            "gpu": gpu_model(run.device, self.gpus),
+            "gpus": self.gpus_per_run,
+            "torch": package_version("torch"),
+            "python": sys.version.split()[0],
+            "host": socket.gethostname(),
+            "deterministic": deterministic_flag(out_dir),
+            "started": previous.get("started", started),
+            "finished": finished,
+            "wall_s": round(float(previous.get("wall_s", 0.0)) + finished - started, 1),
+            "attempts": attempts,
+            "train_rc": train_rc,
+            "eval_rc": eval_rc,
+            "max_steps": run.max_steps,
+            "tokens": run.tokens,
+        }
         (out_dir / "run.json").write_text(json.dumps(info, indent=1) + "\n")
-        self.log(f"{run.key}: {state} (train exit {train_rc}, eval exit {eval_rc}, {finished - started:.0f} s)"
-                 + ("" if state != "failed" else f"; see {out_dir / 'console.log'}"))
+        self.log(
+            f"{run.key}: {state} (train exit {train_rc}, eval exit {eval_rc}, {finished - started:.0f} s)"
+            + ("" if state != "failed" else f"; see {out_dir / 'console.log'}")
+        )
         return state
 
 
@@ -172,7 +193,7 @@ def gpu_slots(gpus: list[str], gpus_per_run: int) -> list[str | None]:
     if gpus_per_run < 1 or gpus_per_run > len(gpus):
         raise UsageError(f"--gpus-per-run {gpus_per_run}: allowed 1 to {len(gpus)} (the GPUs given: {','.join(gpus)})")
     n = len(gpus) // gpus_per_run
-    return [",".join(gpus[i * gpus_per_run:(i + 1) * gpus_per_run]) for i in range(n)]
+    return [",".join(gpus[i * gpus_per_run : (i + 1) * gpus_per_run]) for i in range(n)]
 
 
 def run_local(runs: list[Run], slots: list[str | None], commit: str, gpus_per_run: int) -> int:
@@ -187,8 +208,11 @@ def run_local(runs: list[Run], slots: list[str | None], commit: str, gpus_per_ru
         if stopping.is_set():
             return
         stopping.set()
-        print(f"\nreceived {signal.Signals(signum).name}: the running runs checkpoint and stop; "
-              "run the same command again to resume them", flush=True)
+        print(
+            f"\nreceived {signal.Signals(signum).name}: the running runs checkpoint and stop; "
+            "run the same command again to resume them",
+            flush=True,
+        )
         with lock:
             for rp in active:
                 rp.stop()
@@ -218,14 +242,24 @@ def run_local(runs: list[Run], slots: list[str | None], commit: str, gpus_per_ru
         for s, h in previous.items():
             signal.signal(s, h)
     unfinished = [r.key for r in runs if results.get(r.key) != "done"]
-    print(f"{len(runs) - len(unfinished)} of {len(runs)} run(s) done"
-          + (f"; not done: {', '.join(unfinished)}" if unfinished else ""), flush=True)
+    print(
+        f"{len(runs) - len(unfinished)} of {len(runs)} run(s) done"
+        + (f"; not done: {', '.join(unfinished)}" if unfinished else ""),
+        flush=True,
+    )
     return len(unfinished)
 
 
 # ------------------------------------------------------------------------------------- slurm
-def render_slurm(experiment: str, runs: list[Run], runs_dir: Path, experiments_dir: Path, gpus_per_run: int,
-                 template: Path = SLURM_TEMPLATE, extra_sbatch: list[str] | None = None) -> tuple[Path, str]:
+def render_slurm(
+    experiment: str,
+    runs: list[Run],
+    runs_dir: Path,
+    experiments_dir: Path,
+    gpus_per_run: int,
+    template: Path = SLURM_TEMPLATE,
+    extra_sbatch: list[str] | None = None,
+) -> tuple[Path, str]:
     """Write <runs-dir>/<experiment>/slurm/{runs.txt, array.sbatch}; return (the sbatch path, its text)."""
     if not template.is_file():
         raise UsageError(f"{template}: the SLURM template is missing")
@@ -233,17 +267,27 @@ def render_slurm(experiment: str, runs: list[Run], runs_dir: Path, experiments_d
     where.mkdir(parents=True, exist_ok=True)
     (where / "runs.txt").write_text("".join(f"{r.arm} {r.seed}\n" for r in runs))
     text = template.read_text()
-    values = {"@JOB_NAME@": f"repro-{experiment}", "@ARRAY@": f"0-{len(runs) - 1}", "@GPUS@": str(gpus_per_run),
-              "@EXPERIMENT@": experiment, "@RUNS_DIR@": str(Path(runs_dir).resolve()),
-              "@EXPERIMENTS_DIR@": str(Path(experiments_dir).resolve()),
-              "@RUN_LIST@": str((where / "runs.txt").resolve()),
-              "@LOG_DIR@": str(where.resolve()), "@REPO@": str(REPO)}
+    values = {
+        "@JOB_NAME@": f"repro-{experiment}",
+        "@ARRAY@": f"0-{len(runs) - 1}",
+        "@GPUS@": str(gpus_per_run),
+        "@EXPERIMENT@": experiment,
+        "@RUNS_DIR@": str(Path(runs_dir).resolve()),
+        "@EXPERIMENTS_DIR@": str(Path(experiments_dir).resolve()),
+        "@RUN_LIST@": str((where / "runs.txt").resolve()),
+        "@LOG_DIR@": str(where.resolve()),
+        "@REPO@": str(REPO),
+    }
     for key, value in values.items():
         text = text.replace(key, value)
     if extra_sbatch:
         head, _, rest = text.partition("\n")
-        text = head + "\n" + "".join(f"#SBATCH {'' if line.startswith('-') else '--'}{line}\n"
-                                     for line in extra_sbatch) + rest
+        text = (
+            head
+            + "\n"
+            + "".join(f"#SBATCH {'' if line.startswith('-') else '--'}{line}\n" for line in extra_sbatch)
+            + rest
+        )
     path = where / "array.sbatch"
     path.write_text(text)
     return path, text
@@ -253,8 +297,10 @@ def submit_slurm(path: Path) -> str:
     try:
         out = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=120)
     except FileNotFoundError:
-        raise UsageError("sbatch: not found on this machine (submit from a SLURM login node, or use --dry-run "
-                         "to render the job array only)") from None
+        raise UsageError(
+            "sbatch: not found on this machine (submit from a SLURM login node, or use --dry-run "
+            "to render the job array only)"
+        ) from None
     if out.returncode != 0:
         raise UsageError(f"sbatch {path}: {' '.join((out.stderr or out.stdout).split())}")
     return out.stdout.strip()

@@ -19,6 +19,7 @@ others are measured against. Keys:
 
 Files whose name starts with `_` are includes, not experiments.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -36,8 +37,19 @@ def _configs_dir() -> Path:
 
 
 EXPERIMENTS_DIR = _configs_dir() / "reproduce"
-KEYS = ("description", "tier", "include", "tokens", "seeds", "baseline", "base", "arms", "borrow", "eval",
-        "eval_points")
+KEYS = (
+    "description",
+    "tier",
+    "include",
+    "tokens",
+    "seeds",
+    "baseline",
+    "base",
+    "arms",
+    "borrow",
+    "eval",
+    "eval_points",
+)
 TIERS = ("A", "B", "earlier")
 
 
@@ -94,8 +106,11 @@ def _read_yaml(path: Path) -> dict:
 
 
 def _int_list(path: Path, key: str, value) -> tuple[int, ...]:
-    if (not isinstance(value, list) or not value
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)):
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    ):
         raise UsageError(f"{path}: {key}={value!r}; expected a non-empty list of seeds (integers >= 0)")
     if len(set(value)) != len(value):
         raise UsageError(f"{path}: {key}={value!r}; a seed is listed twice")
@@ -162,10 +177,20 @@ def load_experiment(name: str, directory: Path = EXPERIMENTS_DIR) -> Experiment:
     if isinstance(eval_points, bool) or not isinstance(eval_points, int) or eval_points < 0:
         raise UsageError(f"{path}: eval_points={eval_points!r}; expected an integer >= 0 (20: every 5% of the tokens)")
     eval_args = spec.get("eval")
-    return Experiment(name=name, description=" ".join(str(spec.get("description", "")).split()), tier=tier,
-                      tokens=tokens, seeds=seeds, baseline=str(spec["baseline"]), base=tuple(base), arms=arms,
-                      borrow=dict(borrow), eval=None if eval_args is None else _str_list(path, "eval", eval_args),
-                      eval_points=eval_points, path=path)
+    return Experiment(
+        name=name,
+        description=" ".join(str(spec.get("description", "")).split()),
+        tier=tier,
+        tokens=tokens,
+        seeds=seeds,
+        baseline=str(spec["baseline"]),
+        base=tuple(base),
+        arms=arms,
+        borrow=dict(borrow),
+        eval=None if eval_args is None else _str_list(path, "eval", eval_args),
+        eval_points=eval_points,
+        path=path,
+    )
 
 
 def all_experiments(directory: Path = EXPERIMENTS_DIR) -> list[Experiment]:

@@ -6,6 +6,7 @@ files (config.yaml, metrics.jsonl, checkpoints/) and the evaluator's eval.json, 
 run.json when an attempt ends: its state (done | failed | interrupted), the exit codes, the commit, GPU
 model, torch version, whether the run was deterministic, and the wall time summed over the attempts.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ from pathlib import Path
 from nvfp4train.reproduce.experiments import Experiment, UsageError
 
 DEFAULT_RUNS_DIR = Path("runs/repro")
-WHOLE_SPLIT = 1_000_000   # heldout_sequences for the final evaluation: every validation sequence there is
+WHOLE_SPLIT = 1_000_000  # heldout_sequences for the final evaluation: every validation sequence there is
 
 
 @dataclass
@@ -32,7 +33,7 @@ class Run:
     max_steps: int
     tokens: int
     precision: str
-    device: str = "cuda"            # cuda | cpu
+    device: str = "cuda"  # cuda | cpu
     info: dict = field(default_factory=dict)
 
     @property
@@ -41,8 +42,16 @@ class Run:
 
     def train_command(self, gpus_per_run: int = 1) -> list[str]:
         if gpus_per_run > 1:
-            return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus_per_run}",
-                    "-m", "nvfp4train.train", *self.train_overrides]
+            return [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={gpus_per_run}",
+                "-m",
+                "nvfp4train.train",
+                *self.train_overrides,
+            ]
         return [sys.executable, "-m", "nvfp4train.train", *self.train_overrides]
 
     def eval_command(self) -> list[str] | None:
@@ -76,8 +85,13 @@ def compose_arm(overrides: list[str]) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-def plan_experiment(exp: Experiment, runs_dir: Path = DEFAULT_RUNS_DIR, arms: list[str] | None = None,
-                    seeds: list[int] | None = None, device: str = "cuda") -> list[Run]:
+def plan_experiment(
+    exp: Experiment,
+    runs_dir: Path = DEFAULT_RUNS_DIR,
+    arms: list[str] | None = None,
+    seeds: list[int] | None = None,
+    device: str = "cuda",
+) -> list[Run]:
     """Every run of `exp` (its own arms, not the borrowed ones), optionally only some arms or seeds, seed by
     seed: the runs of one seed (every arm) come together, so a campaign stopped part-way leaves whole seeds,
     which are what the paired comparison needs."""
@@ -97,16 +111,40 @@ def plan_experiment(exp: Experiment, runs_dir: Path = DEFAULT_RUNS_DIR, arms: li
             if seeds is not None and seed not in seeds:
                 continue
             out_dir = Path(runs_dir) / exp.name / arm_name / f"seed{seed}"
-            overrides = list(exp.base) + list(arm.overrides) + extra + every + [
-                f"train.max_steps={steps}", f"seed={seed}", f"experiment={exp.name}", f"out_dir={out_dir}",
-                "train.progress=false"]
+            overrides = (
+                list(exp.base)
+                + list(arm.overrides)
+                + extra
+                + every
+                + [
+                    f"train.max_steps={steps}",
+                    f"seed={seed}",
+                    f"experiment={exp.name}",
+                    f"out_dir={out_dir}",
+                    "train.progress=false",
+                ]
+            )
             eval_args = None if exp.eval is None else list(exp.eval) + (["device=cpu"] if device == "cpu" else [])
-            runs.append(Run(exp.name, arm_name, seed, out_dir, overrides, eval_args, steps, steps * per_step,
-                            str(cfg["precision"].get("name") or cfg["precision"].get("format")), device,
-                            {"model": cfg["model"], "data": cfg["data"], "per_step": per_step}))
+            runs.append(
+                Run(
+                    exp.name,
+                    arm_name,
+                    seed,
+                    out_dir,
+                    overrides,
+                    eval_args,
+                    steps,
+                    steps * per_step,
+                    str(cfg["precision"].get("name") or cfg["precision"].get("format")),
+                    device,
+                    {"model": cfg["model"], "data": cfg["data"], "per_step": per_step},
+                )
+            )
     if seeds is not None and not runs:
-        raise UsageError(f"--seeds {','.join(map(str, seeds))}: no arm of {exp.name} runs these seeds "
-                         f"(its seeds: {', '.join(map(str, exp.seeds))})")
+        raise UsageError(
+            f"--seeds {','.join(map(str, seeds))}: no arm of {exp.name} runs these seeds "
+            f"(its seeds: {', '.join(map(str, exp.seeds))})"
+        )
     return sorted(runs, key=lambda run: run.seed)  # stable: arms keep their order within a seed
 
 
@@ -241,13 +279,21 @@ def describe(exp: Experiment, runs: list[Run]) -> list[str]:
     first = runs[0]
     params, non_embedding = model_params(first.info["model"])
     passes = data_passes(first.info["data"], first.tokens)
-    where = ("passes over each source " + ", ".join(f"{k} {v:.1f}" for k, v in passes.items()) if passes else
-             "passes over the data: unknown until the token shards are prepared")
-    return [f"{exp.name} (tier {exp.tier}): {exp.description}",
-            f"  model {first.info['model']['name']}: {params / 1e6:.2f}M parameters, {non_embedding / 1e6:.2f}M "
-            f"without embedding and LM head; {first.tokens:,} tokens per run ({first.max_steps} steps x "
-            f"{first.info['per_step']:,}) = {first.tokens / non_embedding:.1f} tokens per non-embedding parameter; "
-            f"{where}",
-            f"  baseline {exp.baseline}"
-            + (f"; compared with borrowed arms {', '.join(f'{a} ({e})' for a, e in exp.borrow.items())}"
-               if exp.borrow else "")]
+    where = (
+        "passes over each source " + ", ".join(f"{k} {v:.1f}" for k, v in passes.items())
+        if passes
+        else "passes over the data: unknown until the token shards are prepared"
+    )
+    return [
+        f"{exp.name} (tier {exp.tier}): {exp.description}",
+        f"  model {first.info['model']['name']}: {params / 1e6:.2f}M parameters, {non_embedding / 1e6:.2f}M "
+        f"without embedding and LM head; {first.tokens:,} tokens per run ({first.max_steps} steps x "
+        f"{first.info['per_step']:,}) = {first.tokens / non_embedding:.1f} tokens per non-embedding parameter; "
+        f"{where}",
+        f"  baseline {exp.baseline}"
+        + (
+            f"; compared with borrowed arms {', '.join(f'{a} ({e})' for a, e in exp.borrow.items())}"
+            if exp.borrow
+            else ""
+        ),
+    ]

@@ -6,6 +6,7 @@ differ in GPU model, commit, token budget or evaluation. Held-out numbers say wh
 in-training validation (at the precision it names, N sequences per source) or the BF16 evaluation of
 the final checkpoint (eval.json).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,11 @@ from nvfp4train.reproduce.experiments import (
 from nvfp4train.reproduce.plan import model_params
 from nvfp4train.train.metrics import metrics_path, read_metrics_text
 
-TIER_TITLES = {"A": "Tier A: hybrid_repro, 1.75 tokens per parameter",
-               "B": "Tier B: hybrid_5m, 20 tokens per parameter",
-               "earlier": "Earlier runs (≤ 1.75 tokens per parameter, one GPU shared by many runs)"}
+TIER_TITLES = {
+    "A": "Tier A: hybrid_repro, 1.75 tokens per parameter",
+    "B": "Tier B: hybrid_5m, 20 tokens per parameter",
+    "earlier": "Earlier runs (≤ 1.75 tokens per parameter, one GPU shared by many runs)",
+}
 
 
 @dataclass(frozen=True)
@@ -42,43 +45,93 @@ class ClaimRow:
 # widening (val_decay - val_stable per seed), eval_end (BF16 evaluation of the final checkpoint),
 # token_ratio (tokens the arm spends per token of the baseline at the same loss, in % above 1x).
 CLAIMS = [
-    ClaimRow("nvfp4", "fp8_blockwise", "val_stable", "< 1% over the whole stable phase (12B, validation)",
-             stats.Claim("below", 1.0)),
+    ClaimRow(
+        "nvfp4",
+        "fp8_blockwise",
+        "val_stable",
+        "< 1% over the whole stable phase (12B, validation)",
+        stats.Claim("below", 1.0),
+    ),
     ClaimRow("nvfp4", "fp8_blockwise", "train_stable", "< 1% in the stable phase (12B)", stats.Claim("below", 1.0)),
-    ClaimRow("nvfp4", "fp8_blockwise", "val_decay", "≈ 1.5% by the end of the decay (12B): NVFP4 worse",
-             stats.Claim("worse")),
-    ClaimRow("nvfp4", "fp8_blockwise", "widening", "the gap widens during the LR decay (12B, Fig. 2)",
-             stats.Claim("worse")),
-    ClaimRow("nvfp4", "fp8_blockwise", "eval_end", "≈ 1.5% at the end (12B, validation): NVFP4 worse",
-             stats.Claim("worse")),
-    ClaimRow("no_sr", "nvfp4", "train_stable", "worse without SR on gradients (12B Fig. 4; 1.2B diverges)",
-             stats.Claim("worse")),
-    ClaimRow("no_rht", "nvfp4", "train_stable", "worse without RHT on Wgrad (12B Fig. 4; 1.2B Fig. 11)",
-             stats.Claim("worse")),
-    ClaimRow("no_2d", "nvfp4", "train_stable", "worse with 1x16 weight scales (12B Fig. 4; 1.2B Fig. 14)",
-             stats.Claim("worse")),
-    ClaimRow("all_layers", "nvfp4", "train_stable", "worse with no BF16 blocks (1.2B diverges, App. E.2)",
-             stats.Claim("worse")),
-    ClaimRow("rht_everywhere", "nvfp4", "train_stable", "worse with RHT on Fprop/Dgrad too (1.2B, Fig. 11)",
-             stats.Claim("worse")),
+    ClaimRow(
+        "nvfp4", "fp8_blockwise", "val_decay", "≈ 1.5% by the end of the decay (12B): NVFP4 worse", stats.Claim("worse")
+    ),
+    ClaimRow(
+        "nvfp4", "fp8_blockwise", "widening", "the gap widens during the LR decay (12B, Fig. 2)", stats.Claim("worse")
+    ),
+    ClaimRow(
+        "nvfp4", "fp8_blockwise", "eval_end", "≈ 1.5% at the end (12B, validation): NVFP4 worse", stats.Claim("worse")
+    ),
+    ClaimRow(
+        "no_sr",
+        "nvfp4",
+        "train_stable",
+        "worse without SR on gradients (12B Fig. 4; 1.2B diverges)",
+        stats.Claim("worse"),
+    ),
+    ClaimRow(
+        "no_rht", "nvfp4", "train_stable", "worse without RHT on Wgrad (12B Fig. 4; 1.2B Fig. 11)", stats.Claim("worse")
+    ),
+    ClaimRow(
+        "no_2d",
+        "nvfp4",
+        "train_stable",
+        "worse with 1x16 weight scales (12B Fig. 4; 1.2B Fig. 14)",
+        stats.Claim("worse"),
+    ),
+    ClaimRow(
+        "all_layers",
+        "nvfp4",
+        "train_stable",
+        "worse with no BF16 blocks (1.2B diverges, App. E.2)",
+        stats.Claim("worse"),
+    ),
+    ClaimRow(
+        "rht_everywhere",
+        "nvfp4",
+        "train_stable",
+        "worse with RHT on Fprop/Dgrad too (1.2B, Fig. 11)",
+        stats.Claim("worse"),
+    ),
     ClaimRow("nvfp4", "bf16", "train_decay", "≈ 1.5% at the end (8B, 1T tokens, training loss)", stats.Claim("worse")),
     ClaimRow("mxfp4", "bf16", "train_decay", "≈ 2.5% at the end (8B, 1T tokens, training loss)", stats.Claim("worse")),
-    ClaimRow("mxfp4", "nvfp4", "train_decay", "MXFP4 worse than NVFP4 (8B: 2.5% vs 1.5% to BF16)",
-             stats.Claim("worse")),
-    ClaimRow("mxfp4", "nvfp4", "token_ratio", "MXFP4 needs 1.36x the tokens of NVFP4 for its loss (8B)",
-             stats.Claim("worse")),
-    ClaimRow("switch_forward", "nvfp4", "eval_end", "forward-only switch to BF16 at 82% recovers most of the gap "
-             "(12B: 1.5% → 0.5%)", stats.Claim("better")),
-    ClaimRow("switch_full", "nvfp4", "eval_end", "full switch at 82% recovers the gap (12B: 1.5% → ≈0)",
-             stats.Claim("better")),
-    ClaimRow("switch_full", "fp8_blockwise", "eval_end", "full switch matches FP8 (12B: ≈0; tested as within ±0.2%)",
-             stats.Claim("equal", 0.2)),
+    ClaimRow(
+        "mxfp4", "nvfp4", "train_decay", "MXFP4 worse than NVFP4 (8B: 2.5% vs 1.5% to BF16)", stats.Claim("worse")
+    ),
+    ClaimRow(
+        "mxfp4", "nvfp4", "token_ratio", "MXFP4 needs 1.36x the tokens of NVFP4 for its loss (8B)", stats.Claim("worse")
+    ),
+    ClaimRow(
+        "switch_forward",
+        "nvfp4",
+        "eval_end",
+        "forward-only switch to BF16 at 82% recovers most of the gap (12B: 1.5% → 0.5%)",
+        stats.Claim("better"),
+    ),
+    ClaimRow(
+        "switch_full",
+        "nvfp4",
+        "eval_end",
+        "full switch at 82% recovers the gap (12B: 1.5% → ≈0)",
+        stats.Claim("better"),
+    ),
+    ClaimRow(
+        "switch_full",
+        "fp8_blockwise",
+        "eval_end",
+        "full switch matches FP8 (12B: ≈0; tested as within ±0.2%)",
+        stats.Claim("equal", 0.2),
+    ),
 ]
-METRIC_TEXT = {"train_stable": "training loss, stable phase (20–80% of tokens)",
-               "train_decay": "training loss, decay (80–100%)",
-               "val_stable": "{val}, stable phase (20–80%)", "val_decay": "{val}, decay (80–100%)",
-               "widening": "{val}: decay gap − stable gap",
-               "eval_end": "{eval}", "token_ratio": "tokens for the baseline's loss at the arm's end, {val}"}
+METRIC_TEXT = {
+    "train_stable": "training loss, stable phase (20–80% of tokens)",
+    "train_decay": "training loss, decay (80–100%)",
+    "val_stable": "{val}, stable phase (20–80%)",
+    "val_decay": "{val}, decay (80–100%)",
+    "widening": "{val}: decay gap − stable gap",
+    "eval_end": "{eval}",
+    "token_ratio": "tokens for the baseline's loss at the arm's end, {val}",
+}
 
 
 # ------------------------------------------------------------------------------------------- runs
@@ -129,8 +182,9 @@ def load_run(path: Path, experiment: str, arm: str, seed: int) -> RunData | None
         except json.JSONDecodeError:
             continue
         tokens = float(r.get("tokens", r.get("step", 0) * per_step))
-        if repeats_from is None and any(k.startswith("data/epochs/") and isinstance(v, (int, float)) and v >= 1
-                                        for k, v in r.items()):
+        if repeats_from is None and any(
+            k.startswith("data/epochs/") and isinstance(v, (int, float)) and v >= 1 for k, v in r.items()
+        ):
             repeats_from = tokens
         last = max(last, int(r.get("step", 0)))
         if r.get("loss") is not None:
@@ -140,8 +194,17 @@ def load_run(path: Path, experiment: str, arm: str, seed: int) -> RunData | None
     if not train or last < int(t.get("max_steps", 0)):
         return None
     eval_json = json.loads((path / "eval.json").read_text()) if (path / "eval.json").is_file() else None
-    return RunData((experiment, arm, seed), path, config, train, val, float(int(t["max_steps"]) * per_step), info,
-                   eval_json, repeats_from)
+    return RunData(
+        (experiment, arm, seed),
+        path,
+        config,
+        train,
+        val,
+        float(int(t["max_steps"]) * per_step),
+        info,
+        eval_json,
+        repeats_from,
+    )
 
 
 def load_runs(results_dirs: list[Path]) -> dict[tuple[str, str, int], RunData]:
@@ -174,8 +237,9 @@ def compare(arm: dict[int, RunData], base: dict[int, RunData], metric: str):
         kind, window = metric.split("_")
         window = stats.STABLE if window == "stable" else stats.DECAY
         curves = (lambda r: r.train) if kind == "train" else (lambda r: r.val)
-        return stats.paired_window_gap({s: curves(arm[s]) for s in seeds}, {s: curves(base[s]) for s in seeds},
-                                       total, window)
+        return stats.paired_window_gap(
+            {s: curves(arm[s]) for s in seeds}, {s: curves(base[s]) for s in seeds}, total, window
+        )
     if metric == "widening":
         _, stable = compare(arm, base, "val_stable")
         _, decay = compare(arm, base, "val_decay")
@@ -216,16 +280,22 @@ def flags(runs: list[RunData]) -> list[str]:
     if shared and max(shared) > 1:
         out.append(f"{max(shared)} runs shared a GPU")
     det = [bool(r.info.get("deterministic", False)) for r in runs]
-    out.append("deterministic" if all(det) else ("not deterministic" if not any(det) else
-                                                  f"deterministic {sum(det)} of {len(det)} runs"))
+    out.append(
+        "deterministic"
+        if all(det)
+        else ("not deterministic" if not any(det) else f"deterministic {sum(det)} of {len(det)} runs")
+    )
     return out
 
 
 def metric_text(metric: str, runs: list[RunData]) -> str:
     val = runs[0].val_label if runs else "in-training validation"
     n_eval = [r.eval_sequences for r in runs if r.eval_sequences]
-    ev = (f"BF16 evaluation of the final checkpoint (eval.json, {min(n_eval)} sequences)" if n_eval else
-          "BF16 evaluation of the final checkpoint (eval.json)")
+    ev = (
+        f"BF16 evaluation of the final checkpoint (eval.json, {min(n_eval)} sequences)"
+        if n_eval
+        else "BF16 evaluation of the final checkpoint (eval.json)"
+    )
     return METRIC_TEXT[metric].format(val=val, eval=ev)
 
 
@@ -242,12 +312,22 @@ def claim_rows(exp: Experiment, runs: dict, summary: dict | None = None) -> list
         v = stats.verdict(interval, c.claim)
         if c.metric == "token_ratio" and interval is not None:
             ours = f"{1 + interval.mean / 100:.3f}x" + (
-                "" if interval.lo is None
-                else f" [{1 + interval.lo / 100:.3f}, {1 + interval.hi / 100:.3f}] (n={interval.n})")
+                ""
+                if interval.lo is None
+                else f" [{1 + interval.lo / 100:.3f}, {1 + interval.hi / 100:.3f}] (n={interval.n})"
+            )
         else:
             ours = "not run" if interval is None else interval.text()
-        rows.append([f"{c.arm} vs {c.baseline}", metric_text(c.metric, paired), c.paper, ours,
-                     "no paired runs" if interval is None else v.text(), "; ".join(flags(paired)) if paired else "—"])
+        rows.append(
+            [
+                f"{c.arm} vs {c.baseline}",
+                metric_text(c.metric, paired),
+                c.paper,
+                ours,
+                "no paired runs" if interval is None else v.text(),
+                "; ".join(flags(paired)) if paired else "—",
+            ]
+        )
         if summary is not None and interval is not None:
             budget = max(r.total for r in paired)
             summary.setdefault(index, []).append((exp.tier, exp.name, interval.n, v.verdict, ours, budget))
@@ -278,8 +358,11 @@ def relative_figure(exp: Experiment, runs: dict, path: Path) -> bool:
                 # a moving mean over 5% of the tokens (identical batches: the noise is the recipe's)
                 if kind == "train":
                     total, ts = base[s].total, sorted(gaps)
-                    gaps = {t: sum(gaps[u] for u in ts if t - 0.05 * total < u <= t) /
-                            max(1, sum(1 for u in ts if t - 0.05 * total < u <= t)) for t in ts}
+                    gaps = {
+                        t: sum(gaps[u] for u in ts if t - 0.05 * total < u <= t)
+                        / max(1, sum(1 for u in ts if t - 0.05 * total < u <= t))
+                        for t in ts
+                    }
                 per_seed.append(gaps)
             common = sorted(set.intersection(*(set(g) for g in per_seed))) if per_seed else []
             common = [t for t in common if t >= 0.05 * base[seeds[0]].total]
@@ -287,21 +370,25 @@ def relative_figure(exp: Experiment, runs: dict, path: Path) -> bool:
                 continue
             intervals = [stats.mean_interval([g[t] for g in per_seed]) for t in common]
             x = [t / 1e6 for t in common]
-            line, = ax.plot(x, [i.mean for i in intervals], label=f"{arm_name} (n={len(seeds)})")
+            (line,) = ax.plot(x, [i.mean for i in intervals], label=f"{arm_name} (n={len(seeds)})")
             if len(seeds) > 1:
-                ax.fill_between(x, [i.lo for i in intervals], [i.hi for i in intervals],
-                                color=line.get_color(), alpha=0.2)
-    for ax, title in zip(axes, ("training loss (identical batches), 5% moving mean",
-                                next(iter(base.values())).val_label)):
+                ax.fill_between(
+                    x, [i.lo for i in intervals], [i.hi for i in intervals], color=line.get_color(), alpha=0.2
+                )
+    for ax, title in zip(
+        axes, ("training loss (identical batches), 5% moving mean", next(iter(base.values())).val_label)
+    ):
         ax.axhline(0, color="black", linewidth=0.8)
-        ax.axvspan(0.8 * next(iter(base.values())).total / 1e6, next(iter(base.values())).total / 1e6, color="grey",
-                   alpha=0.1)
+        ax.axvspan(
+            0.8 * next(iter(base.values())).total / 1e6, next(iter(base.values())).total / 1e6, color="grey", alpha=0.1
+        )
         ax.set_xlabel("tokens (M)")
         ax.set_ylabel(f"(arm − {exp.baseline}) / {exp.baseline}, %")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{exp.name}: paired gap to {exp.baseline}, mean over seeds with 95% interval (decay shaded)",
-                 fontsize=10)
+    fig.suptitle(
+        f"{exp.name}: paired gap to {exp.baseline}, mean over seeds with 95% interval (decay shaded)", fontsize=10
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -325,12 +412,18 @@ def setup_line(exp: Experiment, runs: dict) -> str:
     counts = {a: len(arm_runs(runs, exp, a)) for a in exp.compared_arms}
     arms = ", ".join(f"{a} ({n} seed{'' if n == 1 else 's'})" for a, n in counts.items())
     repeats = [r.repeats_from for r in own if r.repeats_from is not None]
-    data = (f" The data starts repeating (a source's second pass) at {min(repeats) / 1e6:.1f}M tokens, "
-            f"{100 * min(repeats) / own[0].total:.0f}% of the run: from there the training loss is on batches "
-            "seen before." if repeats else "")
-    return (f"Model `{cfg['model']['name']}` ({non_embedding / 1e6:.1f}M non-embedding parameters), "
-            f"{own[0].total:,.0f} tokens per run = {own[0].total / non_embedding:.2f} tokens per non-embedding "
-            f"parameter. Baseline `{exp.baseline}`; arms with finished runs: {arms}. GPUs: {', '.join(gpus)}.{data}")
+    data = (
+        f" The data starts repeating (a source's second pass) at {min(repeats) / 1e6:.1f}M tokens, "
+        f"{100 * min(repeats) / own[0].total:.0f}% of the run: from there the training loss is on batches "
+        "seen before."
+        if repeats
+        else ""
+    )
+    return (
+        f"Model `{cfg['model']['name']}` ({non_embedding / 1e6:.1f}M non-embedding parameters), "
+        f"{own[0].total:,.0f} tokens per run = {own[0].total / non_embedding:.2f} tokens per non-embedding "
+        f"parameter. Baseline `{exp.baseline}`; arms with finished runs: {arms}. GPUs: {', '.join(gpus)}.{data}"
+    )
 
 
 def summary_lines(summary: dict) -> list[str]:
@@ -342,14 +435,28 @@ def summary_lines(summary: dict) -> list[str]:
         for tier in ("B", "A", "earlier"):
             found = sorted((e for e in summary.get(index, []) if e[0] == tier), key=lambda e: (-e[2], -e[5]))
             cells.append("not run" if not found else f"**{found[0][3]}**: {found[0][4]} ({found[0][1]})")
-        rows.append([f"{c.arm} vs {c.baseline}", METRIC_TEXT[c.metric].format(
-            val="validation", eval="BF16 evaluation of the final checkpoint"), c.paper, *cells])
-    return ["## Summary: the paper's claims", "",
+        rows.append(
+            [
+                f"{c.arm} vs {c.baseline}",
+                METRIC_TEXT[c.metric].format(val="validation", eval="BF16 evaluation of the final checkpoint"),
+                c.paper,
+                *cells,
+            ]
+        )
+    return (
+        [
+            "## Summary: the paper's claims",
+            "",
             "Per tier, the experiment with the most paired seeds (the most tokens among equals); "
             "the sections below give every comparison, "
-            "what its held-out figures are, and its flags.", ""] + table(
-        ["arms", "measure", "paper", "tier B (20 tokens/param)", "tier A (1.75 tokens/param)", "earlier runs"],
-        rows) + [""]
+            "what its held-out figures are, and its flags.",
+            "",
+        ]
+        + table(
+            ["arms", "measure", "paper", "tier B (20 tokens/param)", "tier A (1.75 tokens/param)", "earlier runs"], rows
+        )
+        + [""]
+    )
 
 
 def left_out_lines(runs: dict, experiments: list[Experiment]) -> list[str]:
@@ -358,10 +465,15 @@ def left_out_lines(runs: dict, experiments: list[Experiment]) -> list[str]:
     extra = sorted({f"{k[0]}/{k[1]}" for k in runs if (k[0], k[1]) not in known})
     if not extra:
         return []
-    return ["## Runs not compared", "",
-            "Finished runs whose arm no experiment file has any more: " + ", ".join(f"`{x}`" for x in extra)
-            + ". (The earlier `mxfp4_1.36x` arm trained MXFP4 on 1.36x the tokens; at these budgets 36% more "
-            "tokens is worth far more loss than any precision gap, so the token-equivalent replaces it.)", ""]
+    return [
+        "## Runs not compared",
+        "",
+        "Finished runs whose arm no experiment file has any more: "
+        + ", ".join(f"`{x}`" for x in extra)
+        + ". (The earlier `mxfp4_1.36x` arm trained MXFP4 on 1.36x the tokens; at these budgets 36% more "
+        "tokens is worth far more loss than any precision gap, so the token-equivalent replaces it.)",
+        "",
+    ]
 
 
 def replicate_lines(replicates: dict, runs: dict) -> list[str]:
@@ -369,11 +481,16 @@ def replicate_lines(replicates: dict, runs: dict) -> list[str]:
     they must be bitwise equal; otherwise their difference is the run-to-run noise floor."""
     if not replicates:
         return []
-    lines = ["## Replicates", "",
-             "Runs made a second time, in a later batch of runs, compared with the original (`docs/results/"
-             "replicates/`, copied with `reproduce copy-results --to docs/results/replicates`).", "",
-             "| run | GPU, commit (original / replicate) | deterministic | training loss at the logged steps | "
-             "BF16 evaluation of the final checkpoint |", "|---|---|---|---|---|"]
+    lines = [
+        "## Replicates",
+        "",
+        "Runs made a second time, in a later batch of runs, compared with the original (`docs/results/"
+        "replicates/`, copied with `reproduce copy-results --to docs/results/replicates`).",
+        "",
+        "| run | GPU, commit (original / replicate) | deterministic | training loss at the logged steps | "
+        "BF16 evaluation of the final checkpoint |",
+        "|---|---|---|---|---|",
+    ]
     for key, rep in sorted(replicates.items()):
         orig = runs.get(key)
         if orig is None:
@@ -385,36 +502,50 @@ def replicate_lines(replicates: dict, runs: dict) -> list[str]:
             train = f"identical at all {len(common)}"
         else:
             worst = max(abs(rep.train[t] / orig.train[t] - 1) for t in differing)
-            train = (f"{len(differing)} of {len(common)} differ, from {differing[0] / 1e6:.1f}M tokens "
-                     f"(max {100 * worst:.3f}%)")
+            train = (
+                f"{len(differing)} of {len(common)} differ, from {differing[0] / 1e6:.1f}M tokens "
+                f"(max {100 * worst:.3f}%)"
+            )
         a, b = [r.eval.get("heldout_mean_loss") if r.eval else None for r in (orig, rep)]
-        evaluation = ("—" if a is None or b is None else "identical" if a == b
-                      else f"{a:.6f} vs {b:.6f} ({100 * (b / a - 1):+.4f}%)")
+        evaluation = (
+            "—"
+            if a is None or b is None
+            else "identical"
+            if a == b
+            else f"{a:.6f} vs {b:.6f} ({100 * (b / a - 1):+.4f}%)"
+        )
         where = " / ".join(f"{r.info.get('gpu', '?')}, {r.info.get('commit', '?')}" for r in (orig, rep))
         deterministic = "yes" if all(r.config.get("train", {}).get("deterministic") for r in (orig, rep)) else "no"
         lines.append(f"| {'/'.join(map(str, key))} | {where} | {deterministic} | {train} | {evaluation} |")
     return lines + [""]
 
 
-def write_report(results_dirs: list[Path], out: Path, experiments_dir: Path = EXPERIMENTS_DIR,
-                 figures: bool = True) -> Path:
+def write_report(
+    results_dirs: list[Path], out: Path, experiments_dir: Path = EXPERIMENTS_DIR, figures: bool = True
+) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     runs = load_runs([d for d in results_dirs if Path(d).is_dir()])
     experiments = all_experiments(experiments_dir)
-    lines = ["# Reproduction: Pretraining LLMs with NVFP4 (arXiv 2509.25149), scaled down", "",
-             "Generated by `python -m nvfp4train.reproduce report` from the finished runs under "
-             + ", ".join(f"`{d}/`" for d in results_dirs) + "; the experiments are "
-             "`configs/reproduce/*.yaml`.", "",
-             "How to read it: runs are **paired by seed** (one seed = the same initial weights and the same "
-             "batches in every arm). Gap = (arm − baseline) / baseline of the loss in %, positive = the arm is "
-             "worse, computed per seed and averaged over a window of the training tokens (stable phase 20–80%, "
-             "decay 80–100%); the table gives the mean over seeds, its 95% interval (Student's t) and the SD "
-             "between seeds. Verdict: *reproduced* when the interval lies on the paper's side and excludes 0, "
-             "*contradicted* when it lies on the other side, *unresolved* otherwise (with the seeds a paired "
-             "t-test at α = 0.05 would need for power 0.8 at the observed SD); one seed gives no interval. "
-             "Held-out figures are either the **in-training validation** (at the precision it names, N "
-             "sequences per source) or the **BF16 evaluation of the final checkpoint** (eval.json, the whole "
-             "validation split or N sequences); flags name what differs between the paired runs.", ""]
+    lines = [
+        "# Reproduction: Pretraining LLMs with NVFP4 (arXiv 2509.25149), scaled down",
+        "",
+        "Generated by `python -m nvfp4train.reproduce report` from the finished runs under "
+        + ", ".join(f"`{d}/`" for d in results_dirs)
+        + "; the experiments are "
+        "`configs/reproduce/*.yaml`.",
+        "",
+        "How to read it: runs are **paired by seed** (one seed = the same initial weights and the same "
+        "batches in every arm). Gap = (arm − baseline) / baseline of the loss in %, positive = the arm is "
+        "worse, computed per seed and averaged over a window of the training tokens (stable phase 20–80%, "
+        "decay 80–100%); the table gives the mean over seeds, its 95% interval (Student's t) and the SD "
+        "between seeds. Verdict: *reproduced* when the interval lies on the paper's side and excludes 0, "
+        "*contradicted* when it lies on the other side, *unresolved* otherwise (with the seeds a paired "
+        "t-test at α = 0.05 would need for power 0.8 at the observed SD); one seed gives no interval. "
+        "Held-out figures are either the **in-training validation** (at the precision it names, N "
+        "sequences per source) or the **BF16 evaluation of the final checkpoint** (eval.json, the whole "
+        "validation split or N sequences); flags name what differs between the paired runs.",
+        "",
+    ]
     body, summary = [], {}
     for tier in ("B", "A", "earlier"):
         exps = [e for e in experiments if e.tier == tier]
@@ -425,30 +556,35 @@ def write_report(results_dirs: list[Path], out: Path, experiments_dir: Path = EX
             lines_tier += [f"### {exp.name}: {exp.description}", "", setup_line(exp, runs), ""]
             rows = claim_rows(exp, runs, summary)
             if rows:
-                lines_tier += table(["arms", "measure", "paper", "here: paired gap, 95% interval", "verdict",
-                                     "flags"], rows) + [""]
+                lines_tier += table(
+                    ["arms", "measure", "paper", "here: paired gap, 95% interval", "verdict", "flags"], rows
+                ) + [""]
             if figures and relative_figure(exp, runs, out / "reproduction" / f"{exp.name}.png"):
                 lines_tier += [f"![{exp.name}: paired relative gap](reproduction/{exp.name}.png)", ""]
         body += lines_tier
     lines += summary_lines(summary) + body + left_out_lines(runs, experiments)
     lines += replicate_lines(load_runs([out / "replicates"]) if (out / "replicates").is_dir() else {}, runs)
-    lines += ["## Where this scale differs from the paper's", "",
-              "- Tokens per parameter: the paper's 12B saw ~800 tokens per parameter (10T tokens), its 8B ~125 and "
-              "its 1.2B ablations ~1,300; here tier A is at 1.75 and tier B at 20. Quantization error has less "
-              "time to accumulate, and the paper warns that \"smaller models trained on shorter token horizons may "
-              "not require all of these techniques\" (§4).",
-              "- Model size: 5–23M non-embedding parameters against 1.2–12B; the BF16 blocks are the last 2 of 12 "
-              "(17% of the linears, as the 12B's 16%).",
-              "- FP4 is emulated on Hopper (no FP4 tensor cores), bit-exact with Transformer Engine's reference "
-              "quantizer; the FP8 baseline is the paper's blockwise recipe.",
-              "- Data: a few tens of millions of tokens from offline sources (data/README.md), in the paper's three "
-              "phases; the longer runs pass over a source up to ~4 times (each experiment's setup line says where "
-              "repetition begins), the paper's data never repeats. Gaps measured after that point include how well "
-              "each precision fits data it has seen before, which the paper's runs never measure.",
-              "- Token efficiency: the token-equivalent reads the baseline's in-training validation curve, which "
-              "is under a WSD schedule: a loss reached during the baseline's decay is reached sooner than a run "
-              "of fewer tokens (with its own decay) would, so the ratio is a lower bound of the paper's measure "
-              "(separate runs at several budgets).", ""]
+    lines += [
+        "## Where this scale differs from the paper's",
+        "",
+        "- Tokens per parameter: the paper's 12B saw ~800 tokens per parameter (10T tokens), its 8B ~125 and "
+        "its 1.2B ablations ~1,300; here tier A is at 1.75 and tier B at 20. Quantization error has less "
+        'time to accumulate, and the paper warns that "smaller models trained on shorter token horizons may '
+        'not require all of these techniques" (§4).',
+        "- Model size: 5–23M non-embedding parameters against 1.2–12B; the BF16 blocks are the last 2 of 12 "
+        "(17% of the linears, as the 12B's 16%).",
+        "- FP4 is emulated on Hopper (no FP4 tensor cores), bit-exact with Transformer Engine's reference "
+        "quantizer; the FP8 baseline is the paper's blockwise recipe.",
+        "- Data: a few tens of millions of tokens from offline sources (data/README.md), in the paper's three "
+        "phases; the longer runs pass over a source up to ~4 times (each experiment's setup line says where "
+        "repetition begins), the paper's data never repeats. Gaps measured after that point include how well "
+        "each precision fits data it has seen before, which the paper's runs never measure.",
+        "- Token efficiency: the token-equivalent reads the baseline's in-training validation curve, which "
+        "is under a WSD schedule: a loss reached during the baseline's decay is reached sooner than a run "
+        "of fewer tokens (with its own decay) would, so the ratio is a lower bound of the paper's measure "
+        "(separate runs at several budgets).",
+        "",
+    ]
     path = out / "reproduction.md"
     path.write_text("\n".join(lines))
     return path

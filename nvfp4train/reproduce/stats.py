@@ -9,6 +9,7 @@ confidence interval from Student's t distribution, and the verdict comes from th
 scipy is not needed: the t distribution's CDF is the regularized incomplete beta function (a continued
 fraction, as in Numerical Recipes §6.4), and its quantile is found by bisection.
 """
+
 from __future__ import annotations
 
 import math
@@ -92,6 +93,7 @@ def t_quantile(p: float, df: float) -> float:
 @dataclass(frozen=True)
 class Interval:
     """Mean of n paired values with its 95% interval (None for one value) and their SD."""
+
     n: int
     mean: float
     sd: float | None
@@ -101,8 +103,10 @@ class Interval:
     def text(self, unit: str = "%", digits: int = 2) -> str:
         if self.lo is None:
             return f"{self.mean:+.{digits}f}{unit} (1 seed, no interval)"
-        return (f"{self.mean:+.{digits}f}{unit} [{self.lo:+.{digits}f}, {self.hi:+.{digits}f}] "
-                f"(n={self.n}, SD {self.sd:.{digits}f})")
+        return (
+            f"{self.mean:+.{digits}f}{unit} [{self.lo:+.{digits}f}, {self.hi:+.{digits}f}] "
+            f"(n={self.n}, SD {self.sd:.{digits}f})"
+        )
 
 
 def mean_interval(values: list[float], alpha: float = ALPHA) -> Interval:
@@ -147,8 +151,9 @@ def window_mean(curve: dict[float, float], total: float, window: tuple[float, fl
     return sum(inside) / len(inside) if inside else None
 
 
-def paired_window_gap(arm: dict[int, dict[float, float]], base: dict[int, dict[float, float]], total: float,
-                      window: tuple[float, float]) -> tuple[Interval | None, dict[int, float]]:
+def paired_window_gap(
+    arm: dict[int, dict[float, float]], base: dict[int, dict[float, float]], total: float, window: tuple[float, float]
+) -> tuple[Interval | None, dict[int, float]]:
     """Per seed present in both: the mean relative gap over the window; then their interval."""
     per_seed = {}
     for seed in sorted(set(arm) & set(base)):
@@ -169,6 +174,7 @@ def paired_end_gap(arm: dict[int, float], base: dict[int, float]) -> tuple[Inter
 class Claim:
     """What the paper says a gap (in %, positive = the arm's loss is higher) is: `side` "worse" (> 0),
     "better" (< 0), "below" (between 0 and `bound`: e.g. < 1%), or "equal" (within +-`bound` of 0)."""
+
     side: str
     bound: float | None = None
 
@@ -181,7 +187,7 @@ class Claim:
 
 @dataclass(frozen=True)
 class Verdict:
-    verdict: str            # reproduced | contradicted | unresolved
+    verdict: str  # reproduced | contradicted | unresolved
     reason: str
     seeds_needed: int | None = None
 
@@ -213,8 +219,9 @@ def verdict(interval: Interval | None, claim: Claim) -> Verdict:
             return Verdict(REPRODUCED, f"the interval lies between 0 and {bound:g}%")
         if hi < 0 or lo > bound:
             return Verdict(CONTRADICTED, f"the interval lies {'below 0' if hi < 0 else f'above {bound:g}%'}")
-        return Verdict(UNRESOLVED, f"the interval crosses {'0' if lo <= 0 else f'{bound:g}%'}",
-                       need if lo <= 0 else None)
+        return Verdict(
+            UNRESOLVED, f"the interval crosses {'0' if lo <= 0 else f'{bound:g}%'}", need if lo <= 0 else None
+        )
     # equal: within +-bound
     if -bound < lo and hi < bound:
         return Verdict(REPRODUCED, f"the interval lies within ±{bound:g}%")

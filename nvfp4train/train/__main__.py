@@ -5,6 +5,7 @@ Hydra's own flags (`--cfg job`, `-m` sweeps). A bad key or value ends with one l
 what is allowed, and exit code 2, before anything is written: the overrides are checked against the
 config dataclasses (and, for one run, composed) before Hydra runs the job.
 """
+
 from __future__ import annotations
 
 import logging
@@ -112,6 +113,7 @@ def _cli() -> None:
     register_defaults()
     hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(_main)()
     from nvfp4train import dist
+
     dist.shutdown()  # once, after every run: the runs of a sweep share the process group
 
 

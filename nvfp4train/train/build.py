@@ -1,6 +1,7 @@
 """What Trainer(cfg) sets up and checks before it writes anything: the host (CPU threads, kernel caches),
 out_dir's writability, and the model (with the precision room's linears), precision controller and data,
 all validated, and the peak FLOP/s MFU is measured against."""
+
 from __future__ import annotations
 
 import os
@@ -70,17 +71,28 @@ def build_model_and_data(cfg: RunConfig, info: dist.DistInfo):
     model_cfg, policy = cfg.model_config, cfg.policy  # parsed and checked once, by RunConfig
     t = cfg.train
     try:
-        loader = build_train_loader(cfg.data, seq_len=t.seq_len, global_batch_size=t.global_batch_size,
-                                    micro_batch_size=t.micro_batch_size, rank=info.rank,
-                                    world_size=info.world_size, seed=cfg.seed,
-                                    total_samples=t.max_steps * t.global_batch_size)
-        val_data = (build_val_data(cfg.data, seq_len=t.seq_len, max_sequences_per_domain=t.eval_sequences)
-                    if t.eval_sequences else {})  # 0: no held-out evaluation
+        loader = build_train_loader(
+            cfg.data,
+            seq_len=t.seq_len,
+            global_batch_size=t.global_batch_size,
+            micro_batch_size=t.micro_batch_size,
+            rank=info.rank,
+            world_size=info.world_size,
+            seed=cfg.seed,
+            total_samples=t.max_steps * t.global_batch_size,
+        )
+        val_data = (
+            build_val_data(cfg.data, seq_len=t.seq_len, max_sequences_per_domain=t.eval_sequences)
+            if t.eval_sequences
+            else {}
+        )  # 0: no held-out evaluation
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(f"data: {e}") from None
     if loader.tokenizer.vocab_size > model_cfg.vocab_size:
-        raise ConfigError(f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
-                          f"{loader.tokenizer.vocab_size} tokens (data.tokenizer)")
+        raise ConfigError(
+            f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
+            f"{loader.tokenizer.vocab_size} tokens (data.tokenizer)"
+        )
 
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     try:  # a backend that cannot run here (e.g. backend=te, nvfp4 on Hopper) is one line, exit 2
@@ -97,12 +109,16 @@ def build_model(model_cfg: ModelConfig, build, device: torch.device):
     model whose FP32 weights (built in host memory first) do not fit: counted on the meta device, and
     an allocation that fails anyway is caught."""
     if model_cfg.ssd_backend == "triton" and (device.type != "cuda" or not triton_ssd_available()):
-        raise ConfigError(f"model.ssd_backend=triton needs a CUDA GPU and mamba-ssm's Triton kernels (device "
-                          f"{device.type}); use model.ssd_backend=auto or torch")
+        raise ConfigError(
+            f"model.ssd_backend=triton needs a CUDA GPU and mamba-ssm's Triton kernels (device "
+            f"{device.type}); use model.ssd_backend=auto or torch"
+        )
     with torch.device("meta"):
         n_params = sum(p.numel() for p in build().parameters())
-    need = (f"model {model_cfg.name}: {n_params:,} parameters need {4 * n_params / 1e9:,.1f} GB for the "
-            "FP32 weights alone (about 4x that to train: gradients and AdamW moments)")
+    need = (
+        f"model {model_cfg.name}: {n_params:,} parameters need {4 * n_params / 1e9:,.1f} GB for the "
+        "FP32 weights alone (about 4x that to train: gradients and AdamW moments)"
+    )
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if 4 * n_params > host:
         raise ConfigError(f"{need}; this machine has {host / 1e9:,.1f} GB of memory: choose a smaller model")
@@ -118,4 +134,3 @@ def mfu_peak(cfg: RunConfig, controller: PrecisionController, info: dist.DistInf
     """The peak FLOP/s MFU is measured against (None off CUDA or on a GPU not in the table)."""
     gemm_precision = gemm_peak_kind(controller.policy, controller.backend_name)  # emulated: the BF16 peak
     return peak_flops(info.device, gemm_precision) if info.device.type == "cuda" else None
-

@@ -13,6 +13,7 @@ mid-save leaves the previous checkpoint as the latest loadable one. Loading uses
 for `torch.load` and a restricted unpickler for DCP's metadata file; non-tensor optimizer fields
 travel in meta.json, so DCP never has to unpickle a Python object.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,14 +60,25 @@ def _single_process_quiet():
 # (module, name) pairs and nothing else. A dotted name is refused outright: pickle protocol 4+ walks
 # "a.b.c" as attributes, so an allowed module would otherwise lead to everything it imports (`os`).
 _DCP = "torch.distributed.checkpoint.metadata"
-METADATA_GLOBALS = frozenset({
-    (_DCP, "Metadata"), (_DCP, "StorageMeta"), (_DCP, "MetadataIndex"), (_DCP, "TensorStorageMetadata"),
-    (_DCP, "ChunkStorageMetadata"), (_DCP, "TensorProperties"), (_DCP, "_MEM_FORMAT_ENCODING"),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch", "Size"), ("torch.serialization", "_get_layout"),  # maps "torch.strided" to the layout object
-    ("collections", "OrderedDict"),
-    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"),
-})
+METADATA_GLOBALS = frozenset(
+    {
+        (_DCP, "Metadata"),
+        (_DCP, "StorageMeta"),
+        (_DCP, "MetadataIndex"),
+        (_DCP, "TensorStorageMetadata"),
+        (_DCP, "ChunkStorageMetadata"),
+        (_DCP, "TensorProperties"),
+        (_DCP, "_MEM_FORMAT_ENCODING"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),  # maps "torch.strided" to the layout object
+        ("collections", "OrderedDict"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "PurePosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("pathlib", "PureWindowsPath"),
+    }
+)
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -99,12 +111,13 @@ class SafeFileSystemReader(FileSystemReader):
         except Exception as e:  # any damage to the file: truncated, garbage, foreign objects
             raise CheckpointError(f"{path}: refused ({e}); not loaded") from None
         if not isinstance(metadata, Metadata):
-            raise CheckpointError(f"{path}: refused (holds a {type(metadata).__name__}, not DCP metadata); "
-                                  "not loaded")
+            raise CheckpointError(f"{path}: refused (holds a {type(metadata).__name__}, not DCP metadata); not loaded")
         for fqn, md in metadata.state_dict_metadata.items():
             if not isinstance(md, TensorStorageMetadata):
-                raise CheckpointError(f"{path}: refused ({fqn} is stored as {type(md).__name__}; a checkpoint "
-                                      "holds tensors only); not loaded")
+                raise CheckpointError(
+                    f"{path}: refused ({fqn} is stored as {type(md).__name__}; a checkpoint "
+                    "holds tensors only); not loaded"
+                )
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -121,9 +134,13 @@ class _TensorsOnlyLoadPlanner(DefaultLoadPlanner):
 def _refused(path: Path, e: pickle.UnpicklingError) -> CheckpointError:
     """One line for torch's weights-only refusal, without its advice to switch the check off."""
     glob, op = re.search(r"GLOBAL ([\w.]+)", str(e)), re.search(r"Unsupported operand (\d+)", str(e))
-    what = (f"it refers to {glob.group(1)}, which is not allowed in a checkpoint" if glob else
-            f"it uses pickle opcode {int(op.group(1)):#x}, which a checkpoint never needs" if op else
-            "it holds objects other than tensors and plain data")
+    what = (
+        f"it refers to {glob.group(1)}, which is not allowed in a checkpoint"
+        if glob
+        else f"it uses pickle opcode {int(op.group(1)):#x}, which a checkpoint never needs"
+        if op
+        else "it holds objects other than tensors and plain data"
+    )
     return CheckpointError(f"{path}: refused ({what}); not loaded")
 
 
@@ -150,13 +167,16 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
     """Complete checkpoints (renamed into place, meta.json present), oldest first."""
     if not ckpt_root.is_dir():
         return []
-    found = [p for p in ckpt_root.iterdir()
-             if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit() and (p / META).is_file()]
+    found = [
+        p
+        for p in ckpt_root.iterdir()
+        if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit() and (p / META).is_file()
+    ]
     return sorted(found, key=step_of)
 
 
 def step_of(ckpt: Path) -> int:
-    return int(ckpt.name[len(PREFIX):])
+    return int(ckpt.name[len(PREFIX) :])
 
 
 def remove_leftovers(ckpt_root: Path) -> None:
@@ -201,8 +221,14 @@ def prune(ckpt_root: Path, keep_last: int, newest: int) -> None:
 # What every meta.json holds (save() writes more: the run's config, the W&B id, the optimizer's groups).
 META_FIELDS = {"step": int, "world_size": int, "model_config": dict}
 # Fields save() may write, checked when present (a hand-edited or foreign meta.json is one line, not a traceback).
-OPTIONAL_META_FIELDS = {"tokens": (int,), "wandb_id": (str, type(None)),
-                        "run_config": (dict,), "engine": (str,), "param_groups": (list,), "healthy": (bool,)}
+OPTIONAL_META_FIELDS = {
+    "tokens": (int,),
+    "wandb_id": (str, type(None)),
+    "run_config": (dict,),
+    "engine": (str,),
+    "param_groups": (list,),
+    "healthy": (bool,),
+}
 # What every rank file holds (the trainer's save() writes it): the state each part restores from.
 RANK_FIELDS = {"loader": dict, "precision": dict, "guard": dict, "spikes": dict, "rng_cpu": torch.Tensor}
 
@@ -217,17 +243,21 @@ def read_meta(ckpt: Path) -> dict:
         raise CheckpointError(f"{path}: unreadable ({e}); not loaded") from None
     _check_fields(path, meta, META_FIELDS)
     if meta["step"] < 0 or meta["world_size"] < 1:
-        raise CheckpointError(f"{path}: step={meta['step']}, world_size={meta['world_size']} are not a checkpoint's; "
-                              "not loaded")
+        raise CheckpointError(
+            f"{path}: step={meta['step']}, world_size={meta['world_size']} are not a checkpoint's; not loaded"
+        )
     for name, kinds in OPTIONAL_META_FIELDS.items():
         if name in meta and (not isinstance(meta[name], kinds) or isinstance(meta[name], bool) and bool not in kinds):
             allowed = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-            raise CheckpointError(f"{path}: field {name!r} is a {type(meta[name]).__name__}, expected {allowed}; "
-                                  "not loaded")
-    if ckpt.name.startswith(PREFIX) and ckpt.name[len(PREFIX):].isdigit() and step_of(ckpt) != meta["step"]:
-        raise CheckpointError(f"{path}: records step {meta['step']}, but the directory is named for step "
-                              f"{step_of(ckpt)}: renamed or hand-edited, so it is not loaded; move it out of "
-                              f"{ckpt.parent} or pass train.resume=<another checkpoint>")
+            raise CheckpointError(
+                f"{path}: field {name!r} is a {type(meta[name]).__name__}, expected {allowed}; not loaded"
+            )
+    if ckpt.name.startswith(PREFIX) and ckpt.name[len(PREFIX) :].isdigit() and step_of(ckpt) != meta["step"]:
+        raise CheckpointError(
+            f"{path}: records step {meta['step']}, but the directory is named for step "
+            f"{step_of(ckpt)}: renamed or hand-edited, so it is not loaded; move it out of "
+            f"{ckpt.parent} or pass train.resume=<another checkpoint>"
+        )
     return meta
 
 
@@ -239,16 +269,19 @@ def _check_fields(path: Path, node, fields: dict) -> None:
         if name not in node:
             raise CheckpointError(f"{path}: field {name!r} missing; not loaded")
         if not isinstance(node[name], kind) or isinstance(node[name], bool):
-            raise CheckpointError(f"{path}: field {name!r} is a {type(node[name]).__name__}, expected "
-                                  f"{kind.__name__}; not loaded")
+            raise CheckpointError(
+                f"{path}: field {name!r} is a {type(node[name]).__name__}, expected {kind.__name__}; not loaded"
+            )
 
 
 def check_compatible(ckpt: Path, meta: dict, model_config: dict) -> None:
     """Refuse, before any step, a checkpoint written for another model."""
     saved = meta.get("model_config", {})
-    diffs = [f"{k} ({saved.get(k)!r} in the checkpoint, {model_config.get(k)!r} now)"
-             for k in sorted(set(saved) | set(model_config)) if saved.get(k) != model_config.get(k)
-             and k != "ssd_backend"]
+    diffs = [
+        f"{k} ({saved.get(k)!r} in the checkpoint, {model_config.get(k)!r} now)"
+        for k in sorted(set(saved) | set(model_config))
+        if saved.get(k) != model_config.get(k) and k != "ssd_backend"
+    ]
     if diffs:
         raise CheckpointError(f"{ckpt} was written for another model: " + "; ".join(diffs))
 
@@ -259,8 +292,10 @@ def load(ckpt: Path, engine, rank: int, model_config: dict) -> tuple[dict, dict]
     check_compatible(ckpt, meta, model_config)
     world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     if meta["world_size"] != world_size:  # decided from meta.json alike on every rank, before any collective
-        raise CheckpointError(f"{ckpt} was written by {meta['world_size']} rank(s), this run has {world_size}: "
-                              "exact resume (per-rank RNG and data position) needs the same world size")
+        raise CheckpointError(
+            f"{ckpt} was written by {meta['world_size']} rank(s), this run has {world_size}: "
+            "exact resume (per-rank RNG and data position) needs the same world size"
+        )
     rank_file = ckpt / f"rank_{rank:05d}.pt"
     if not rank_file.is_file():
         raise CheckpointError(f"{rank_file} missing: the checkpoint is incomplete")
@@ -285,9 +320,14 @@ def load_model_optim(ckpt: Path, model, optimizer, meta: dict) -> None:
     state = {"model": model_sd, "optim": optim_sd["state"]}
     _dcp_load(ckpt, state, "cannot load")
     if kept:
-        log.info("%s: %d stochastic-rounding seed / RHT sign buffer(s) (e.g. %s) are not in the checkpoint or have "
-                 "another size there (written before they were stored, or under another RHT size): each keeps the "
-                 "value this run's seed and precision config give it", ckpt, len(kept), kept[0])
+        log.info(
+            "%s: %d stochastic-rounding seed / RHT sign buffer(s) (e.g. %s) are not in the checkpoint or have "
+            "another size there (written before they were stored, or under another RHT size): each keeps the "
+            "value this run's seed and precision config give it",
+            ckpt,
+            len(kept),
+            kept[0],
+        )
     # The moments and step counts come from the checkpoint; the hyperparameters (betas, eps, weight_decay)
     # stay those of this run's config, which a resume may change (train/resume_policy.py: optim).
     optim_sd = {"state": state["optim"], "param_groups": optim_sd["param_groups"]}
@@ -301,8 +341,9 @@ def _keep_config_derived_buffers(ckpt: Path, model_sd: dict) -> list[str]:
     if not names:
         return []
     stored = SafeFileSystemReader(str(ckpt / "model_optim")).read_metadata().state_dict_metadata
-    kept = [k for k in names if f"model.{k}" not in stored
-            or tuple(stored[f"model.{k}"].size) != tuple(model_sd[k].shape)]
+    kept = [
+        k for k in names if f"model.{k}" not in stored or tuple(stored[f"model.{k}"].size) != tuple(model_sd[k].shape)
+    ]
     for k in kept:
         del model_sd[k]
     return kept
@@ -341,8 +382,10 @@ def _dcp_load(ckpt: Path, state: dict, failing: str) -> None:
 def _dcp_metadata_warnings_quiet():
     """dcp.load logs a failed metadata read with its traceback on the root logger before raising; the
     refusal that follows is the one line the user needs (a second guard behind the read above)."""
+
     def drop(record: logging.LogRecord) -> bool:
         return "metadata is not found" not in str(record.msg)
+
     root = logging.getLogger()
     root.addFilter(drop)
     try:
@@ -356,9 +399,11 @@ def _dcp_metadata_warnings_quiet():
 def check_param_groups(path: Path, saved, current: list[dict]) -> None:
     """The optimizer groups meta.json records must be this model's, as save() wrote them: the same groups
     of the same parameters, and hyperparameters AdamW accepts. One line naming the field otherwise."""
+
     def refuse(where: str, what: str):
-        raise CheckpointError(f"{path}: param_groups{where} {what}; not loaded (written by another model or "
-                              "edited by hand)")
+        raise CheckpointError(
+            f"{path}: param_groups{where} {what}; not loaded (written by another model or edited by hand)"
+        )
 
     if not isinstance(saved, list) or not all(isinstance(g, dict) for g in saved):
         refuse("", "is not a list of groups")
@@ -366,22 +411,39 @@ def check_param_groups(path: Path, saved, current: list[dict]) -> None:
         refuse("", f"has {len(saved)} group(s), this model's optimizer has {len(current)}")
     for i, (group, ours) in enumerate(zip(saved, current)):
         if group.get("params") != list(ours["params"]):
-            refuse(f"[{i}].params", f"differs from this model's group {i} ({ours.get('group', '')}: "
-                   f"{len(ours['params'])} parameters)")
-        for key, ok, allowed in (("lr", lambda v: v >= 0, ">= 0"), ("eps", lambda v: v > 0, "> 0"),
-                                 ("weight_decay", lambda v: v >= 0, ">= 0")):
+            refuse(
+                f"[{i}].params",
+                f"differs from this model's group {i} ({ours.get('group', '')}: {len(ours['params'])} parameters)",
+            )
+        for key, ok, allowed in (
+            ("lr", lambda v: v >= 0, ">= 0"),
+            ("eps", lambda v: v > 0, "> 0"),
+            ("weight_decay", lambda v: v >= 0, ">= 0"),
+        ):
             v = group.get(key)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not ok(v):
                 refuse(f"[{i}].{key}", f"is {v!r}, expected a finite number {allowed}")
         betas = group.get("betas")
-        if not (isinstance(betas, list) and len(betas) == 2 and all(
-                isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
+        if not (
+            isinstance(betas, list)
+            and len(betas) == 2
+            and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)
+        ):
             refuse(f"[{i}].betas", f"is {betas!r}, expected two numbers in [0, 1)")
 
 
 # ----------------------------------------------------------------------------------------- writing
-def save(ckpt_root: Path, step: int, engine, rank: int, world_size: int, meta: dict, trainer_state: dict,
-         keep_last: int, barrier) -> Path:
+def save(
+    ckpt_root: Path,
+    step: int,
+    engine,
+    rank: int,
+    world_size: int,
+    meta: dict,
+    trainer_state: dict,
+    keep_last: int,
+    barrier,
+) -> Path:
     """Write a checkpoint for `step` atomically (all ranks call this); return its final path."""
     final = ckpt_root / f"{PREFIX}{step:08d}"
     tmp = ckpt_root / f"{final.name}.tmp"
@@ -428,8 +490,11 @@ def _write_failed(ckpt_root: Path, tmp: Path, e: BaseException) -> CheckpointErr
 
 def tensors_are_finite(tensors) -> torch.Tensor:
     """One device-side bool for "every element of every tensor is finite" (no host sync here)."""
-    flags = [torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all() for t in tensors
-             if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    flags = [
+        torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all()
+        for t in tensors
+        if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
     if not flags:
         return torch.tensor(True)
     device = next((f.device for f in flags if f.device.type != "cpu"), flags[0].device)
@@ -458,5 +523,3 @@ def _groups_to_json(groups: list[dict]) -> list[dict]:
                 g[k] = v.item()
         out.append(g)
     return out
-
-

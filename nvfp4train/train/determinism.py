@@ -23,6 +23,7 @@ Our own kernels are deterministic as they stand: the causal conv's backward writ
 sums that one torch sum reduces (model/causal_conv.py), the quantizers' amax is a maximum (order-free)
 and stochastic rounding draws Philox bits by element index (formats/). docs/determinism.md has the cost.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,8 +50,10 @@ def _set_cublas_workspace() -> None:
         os.environ[CUBLAS_ENV] = CUBLAS_DETERMINISTIC[0]
         return
     now = f"{CUBLAS_ENV}={value}" if value is not None else f"{CUBLAS_ENV} unset"
-    raise ConfigError(f"train.deterministic=true needs {CUBLAS_ENV}=:4096:8 (or :16:8) before CUDA starts, "
-                      f"and this process started CUDA with {now}: set it in the environment of the command")
+    raise ConfigError(
+        f"train.deterministic=true needs {CUBLAS_ENV}=:4096:8 (or :16:8) before CUDA starts, "
+        f"and this process started CUDA with {now}: set it in the environment of the command"
+    )
 
 
 @contextlib.contextmanager
@@ -66,8 +69,10 @@ def deterministic_mode(enabled: bool):
 
     attention = os.environ.get(DETERMINISTIC_ATTENTION_ENV, "math")
     if attention not in DETERMINISTIC_ATTENTION_CHOICES:
-        raise ConfigError(f"{DETERMINISTIC_ATTENTION_ENV}={attention}: allowed "
-                          f"{', '.join(DETERMINISTIC_ATTENTION_CHOICES)} (the attention of train.deterministic=true)")
+        raise ConfigError(
+            f"{DETERMINISTIC_ATTENTION_ENV}={attention}: allowed "
+            f"{', '.join(DETERMINISTIC_ATTENTION_CHOICES)} (the attention of train.deterministic=true)"
+        )
     _set_cublas_workspace()
     saved = {
         "algorithms": torch.are_deterministic_algorithms_enabled(),
@@ -113,10 +118,12 @@ def _inductor_config():
 def describe() -> str:
     """One line for train.log: the settings in force."""
     inductor = _inductor_config()
-    return (f"torch deterministic algorithms {'on' if torch.are_deterministic_algorithms_enabled() else 'off'}, "
-            f"{CUBLAS_ENV}={os.environ.get(CUBLAS_ENV, 'unset')}, cudnn.deterministic="
-            f"{torch.backends.cudnn.deterministic}, inductor deterministic="
-            f"{inductor.deterministic if inductor is not None else 'n/a (torch too old)'}, attention: "
-            f"{os.environ.get('NVFP4TRAIN_DETERMINISTIC_ATTENTION', 'math')} (math SDPA where eager), "
-            "SSD: mamba-ssm Triton in its deterministic mode with pinned configs (PyTorch scan without mamba-ssm), "
-            "conv: our Triton kernels")
+    return (
+        f"torch deterministic algorithms {'on' if torch.are_deterministic_algorithms_enabled() else 'off'}, "
+        f"{CUBLAS_ENV}={os.environ.get(CUBLAS_ENV, 'unset')}, cudnn.deterministic="
+        f"{torch.backends.cudnn.deterministic}, inductor deterministic="
+        f"{inductor.deterministic if inductor is not None else 'n/a (torch too old)'}, attention: "
+        f"{os.environ.get('NVFP4TRAIN_DETERMINISTIC_ATTENTION', 'math')} (math SDPA where eager), "
+        "SSD: mamba-ssm Triton in its deterministic mode with pinned configs (PyTorch scan without mamba-ssm), "
+        "conv: our Triton kernels"
+    )

@@ -6,6 +6,7 @@ Both give the loop the same small interface:
     engine.module                                       the model to evaluate
 The loop stays the same whichever engine runs; checkpoint directories share one layout.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 class StepStats:
     """One optimizer step's loss (mean over the global batch), gradient norm and whether the update
     was applied, as device tensors: the loop reads them on the host only when it logs (trainer.py)."""
+
     loss: torch.Tensor
     grad_norm: torch.Tensor
     applied: torch.Tensor
@@ -45,8 +47,10 @@ def _to_device(micro_batches, device: torch.device) -> list[tuple[torch.Tensor, 
     asynchronous copies, so later micro-batches travel while the first one computes."""
     if device.type != "cuda":
         return [(x.to(device), y.to(device)) for x, y in micro_batches]
-    return [(x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True))
-            for x, y in micro_batches]
+    return [
+        (x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True))
+        for x, y in micro_batches
+    ]
 
 
 def resolve_compile(setting: str, device: torch.device) -> bool:
@@ -54,8 +58,9 @@ def resolve_compile(setting: str, device: torch.device) -> bool:
     return device.type == "cuda" if setting == "auto" else setting == "true"
 
 
-def resolve_cuda_graph(setting: str, model: nn.Module, info: dist.DistInfo, parallel: str,
-                       activation_checkpointing: str = "none") -> bool:
+def resolve_cuda_graph(
+    setting: str, model: nn.Module, info: dist.DistInfo, parallel: str, activation_checkpointing: str = "none"
+) -> bool:
     """train.cuda_graph: auto captures the step where it can (cuda_graph.cuda_graph_blocker), true
     refuses a run where it cannot, naming why."""
     if setting == "false":
@@ -64,8 +69,10 @@ def resolve_cuda_graph(setting: str, model: nn.Module, info: dist.DistInfo, para
     if blocker is None:
         return True
     if setting == "true":
-        raise ConfigError(f"train.cuda_graph=true: cannot capture the step here: {blocker}; "
-                          f"allowed: auto (captures where it can) or false")
+        raise ConfigError(
+            f"train.cuda_graph=true: cannot capture the step here: {blocker}; "
+            f"allowed: auto (captures where it can) or false"
+        )
     log.info("train.cuda_graph=auto: eager steps (%s)", blocker)
     return False
 
@@ -78,19 +85,36 @@ class TorchEngine:
     GradScaler uses it: weights, moments and step count untouched). The host NonFiniteGuard replays
     the same decision from the values when the loop reads them (trainer.py)."""
 
-    def __init__(self, model: nn.Module, groups: list[dict], optim_cfg: OptimConfig, parallel: str,
-                 info: dist.DistInfo, compile: bool = False, reshard_after_forward: bool | str = True,
-                 cuda_graph: bool = False, fsdp_prefetch: int = 1, ddp_bucket_cap_mb: int = 25):
+    def __init__(
+        self,
+        model: nn.Module,
+        groups: list[dict],
+        optim_cfg: OptimConfig,
+        parallel: str,
+        info: dist.DistInfo,
+        compile: bool = False,
+        reshard_after_forward: bool | str = True,
+        cuda_graph: bool = False,
+        fsdp_prefetch: int = 1,
+        ddp_bucket_cap_mb: int = 25,
+    ):
         self.model, self.info, self.parallel = model, info, parallel
         self.fsdp = parallel == "fsdp2" and info.world_size > 1
         if self.fsdp:
             n_params = sum(p.numel() for p in model.parameters())
             reshard_after_forward, why = dist.resolve_reshard_after_forward(
-                str(reshard_after_forward).lower(), n_params, info)
+                str(reshard_after_forward).lower(), n_params, info
+            )
             log.info("FSDP2: %s; prefetch %d block(s)", why, fsdp_prefetch)
         # FSDP2 swaps parameters: the optimizer is built after
-        self.wrapped = dist.wrap_model(model, parallel, info, reshard_after_forward=bool(reshard_after_forward),
-                                       prefetch=fsdp_prefetch, ddp_bucket_cap_mb=ddp_bucket_cap_mb)
+        self.wrapped = dist.wrap_model(
+            model,
+            parallel,
+            info,
+            reshard_after_forward=bool(reshard_after_forward),
+            prefetch=fsdp_prefetch,
+            ddp_bucket_cap_mb=ddp_bucket_cap_mb,
+        )
         self.reshard_after_forward = bool(reshard_after_forward) if self.fsdp else None
         self.optimizer = build_optimizer(groups(model), optim_cfg, fused=True)
         drop_weight_caches_after_each_step(self.optimizer, model)  # the fused AdamW does not bump versions
@@ -152,7 +176,6 @@ class TorchEngine:
 
     def save(self, tmp_dir: Path) -> dict:
         return checkpoint.save_model_optim(tmp_dir, self.model, self.optimizer)
-
 
     def load(self, ckpt_dir: Path, meta: dict) -> None:
         checkpoint.load_model_optim(ckpt_dir, self.model, self.optimizer, meta)
@@ -225,8 +248,9 @@ def import_deepspeed():
             import deepspeed
     except Exception as e:
         why = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-        raise ConfigError(f"train.parallel=deepspeed: deepspeed cannot be imported ({why}); "
-                          "pip install 'nvfp4train[deepspeed]'") from None
+        raise ConfigError(
+            f"train.parallel=deepspeed: deepspeed cannot be imported ({why}); pip install 'nvfp4train[deepspeed]'"
+        ) from None
     return deepspeed
 
 
@@ -242,8 +266,16 @@ class DeepSpeedEngine:
     TORCH_CUDA_ARCH_LIST), which torch's CUDA wheels on Hopper do not give it.
     """
 
-    def __init__(self, model: nn.Module, groups, optim_cfg: OptimConfig, zero_stage: int, grad_accum: int,
-                 micro_batch_size: int, info: dist.DistInfo):
+    def __init__(
+        self,
+        model: nn.Module,
+        groups,
+        optim_cfg: OptimConfig,
+        zero_stage: int,
+        grad_accum: int,
+        micro_batch_size: int,
+        info: dist.DistInfo,
+    ):
         deepspeed = import_deepspeed()
         _ensure_rendezvous_env()
         self.info = info
@@ -257,16 +289,27 @@ class DeepSpeedEngine:
             "bf16": {"enabled": True},
             "zero_optimization": {"stage": zero_stage},
             "gradient_clipping": optim_cfg.grad_clip,
-            "optimizer": {"type": "AdamW", "params": {
-                "lr": optim_cfg.lr, "betas": list(optim_cfg.betas), "eps": optim_cfg.eps,
-                "weight_decay": optim_cfg.weight_decay, "torch_adam": True, **({} if on_cpu else {"fused": True})}},
+            "optimizer": {
+                "type": "AdamW",
+                "params": {
+                    "lr": optim_cfg.lr,
+                    "betas": list(optim_cfg.betas),
+                    "eps": optim_cfg.eps,
+                    "weight_decay": optim_cfg.weight_decay,
+                    "torch_adam": True,
+                    **({} if on_cpu else {"fused": True}),
+                },
+            },
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
         with _deepspeed_output_to_log():
             self.engine, self.optimizer, _, _ = deepspeed.initialize(
-                model=model, model_parameters=groups(model), config=config,
-                dist_init_required=not torch.distributed.is_initialized())
+                model=model,
+                model_parameters=groups(model),
+                config=config,
+                dist_init_required=not torch.distributed.is_initialized(),
+            )
         self.engine.checkpoint_engine.load = load_deepspeed_file
         self.module = self.engine
 
@@ -289,15 +332,21 @@ class DeepSpeedEngine:
         norm_value = float(norm) if norm is not None and math.isfinite(loss_value) else math.nan
         as_tensor = lambda v: torch.tensor(v, device=self.engine.device)  # noqa: E731
         # DeepSpeed decides on the host (it reads the loss above); the same StepStats as TorchEngine's
-        return StepStats(as_tensor(loss_value), as_tensor(norm_value),
-                         as_tensor(math.isfinite(loss_value) and math.isfinite(norm_value)))
+        return StepStats(
+            as_tensor(loss_value),
+            as_tensor(norm_value),
+            as_tensor(math.isfinite(loss_value) and math.isfinite(norm_value)),
+        )
 
     def state_is_finite(self) -> torch.Tensor:
         """This rank's BF16 weights, FP32 master partitions and Adam moments, all finite (a device bool)."""
         zero = self.engine.optimizer
         inner = getattr(zero, "optimizer", zero)
-        tensors = [*self.engine.module.parameters(), *getattr(zero, "single_partition_of_fp32_groups", []),
-                   *(v for st in inner.state.values() for v in st.values())]
+        tensors = [
+            *self.engine.module.parameters(),
+            *getattr(zero, "single_partition_of_fp32_groups", []),
+            *(v for st in inner.state.values() for v in st.values()),
+        ]
         return checkpoint.tensors_are_finite(tensors)
 
     def save(self, tmp_dir: Path) -> dict:
@@ -306,8 +355,10 @@ class DeepSpeedEngine:
 
     def load(self, ckpt_dir: Path, meta: dict) -> None:
         if meta.get("engine") != "deepspeed":
-            raise checkpoint.CheckpointError(f"{ckpt_dir} was written by the {meta.get('engine', 'torch')} engine; "
-                                             "train.parallel=deepspeed resumes only DeepSpeed checkpoints")
+            raise checkpoint.CheckpointError(
+                f"{ckpt_dir} was written by the {meta.get('engine', 'torch')} engine; "
+                "train.parallel=deepspeed resumes only DeepSpeed checkpoints"
+            )
         path, _ = self.engine.load_checkpoint(str(ckpt_dir), tag="deepspeed", load_lr_scheduler_states=False)
         if path is None:
             raise checkpoint.CheckpointError(f"{ckpt_dir}/deepspeed: DeepSpeed could not load it")
@@ -320,8 +371,9 @@ def load_deepspeed_file(path: str, map_location=None):
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    return checkpoint.load_weights_only(Path(path), map_location,
-                                        safe_globals=[LossScaler, ZeroStageEnum, fragment_address, argparse.Namespace])
+    return checkpoint.load_weights_only(
+        Path(path), map_location, safe_globals=[LossScaler, ZeroStageEnum, fragment_address, argparse.Namespace]
+    )
 
 
 def _ensure_rendezvous_env() -> None:
@@ -337,15 +389,32 @@ def _ensure_rendezvous_env() -> None:
 def build_engine(model, groups, optim_cfg, train_cfg, info, grad_accum):
     model.set_activation_checkpointing(str(train_cfg.activation_checkpointing))
     if train_cfg.parallel == "deepspeed":
-        return DeepSpeedEngine(model, groups, optim_cfg, train_cfg.zero_stage, grad_accum,
-                               train_cfg.micro_batch_size, info)
-    return TorchEngine(model, groups, optim_cfg, train_cfg.parallel, info,
-                       compile=resolve_compile(str(train_cfg.compile), info.device),
-                       reshard_after_forward=str(train_cfg.fsdp_reshard_after_forward),
-                       fsdp_prefetch=train_cfg.fsdp_prefetch, ddp_bucket_cap_mb=train_cfg.ddp_bucket_cap_mb,
-                       cuda_graph=resolve_cuda_graph(str(train_cfg.cuda_graph), model, info, train_cfg.parallel,
-                                                     str(train_cfg.activation_checkpointing)))
+        return DeepSpeedEngine(
+            model, groups, optim_cfg, train_cfg.zero_stage, grad_accum, train_cfg.micro_batch_size, info
+        )
+    return TorchEngine(
+        model,
+        groups,
+        optim_cfg,
+        train_cfg.parallel,
+        info,
+        compile=resolve_compile(str(train_cfg.compile), info.device),
+        reshard_after_forward=str(train_cfg.fsdp_reshard_after_forward),
+        fsdp_prefetch=train_cfg.fsdp_prefetch,
+        ddp_bucket_cap_mb=train_cfg.ddp_bucket_cap_mb,
+        cuda_graph=resolve_cuda_graph(
+            str(train_cfg.cuda_graph), model, info, train_cfg.parallel, str(train_cfg.activation_checkpointing)
+        ),
+    )
 
 
-__all__ = ["StepStats", "TorchEngine", "DeepSpeedEngine", "build_engine", "deepspeed_arch_list", "import_deepspeed",
-           "resolve_compile", "resolve_cuda_graph"]
+__all__ = [
+    "StepStats",
+    "TorchEngine",
+    "DeepSpeedEngine",
+    "build_engine",
+    "deepspeed_arch_list",
+    "import_deepspeed",
+    "resolve_compile",
+    "resolve_cuda_graph",
+]

@@ -1,4 +1,5 @@
 """Guards against bad steps: non-finite loss/gradients (skip, count, halt) and loss spikes (log)."""
+
 from __future__ import annotations
 
 import math
@@ -30,7 +31,8 @@ class NonFiniteGuard:
             raise TrainingHalted(
                 f"step {step}: {self.in_row} steps in a row had a non-finite loss or gradient "
                 f"(loss={loss}, grad_norm={grad_norm}); halting. Lower optim.lr or keep more blocks in BF16 "
-                f"(precision config)")
+                f"(precision config)"
+            )
         return False
 
     def state_dict(self) -> dict:

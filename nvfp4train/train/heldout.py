@@ -1,6 +1,7 @@
 """Held-out evaluation during training: the mean next-token loss per held-out domain (train.eval_every and
 the last step), in the training precision or, with train.eval_precision=bf16, with the precision linears
 running their GEMMs in BF16."""
+
 from __future__ import annotations
 
 import contextlib
@@ -41,7 +42,7 @@ def _evaluate(model, val_data: dict, micro_batch_size: int, device: torch.device
     for domain, seqs in val_data.items():
         total, count = torch.zeros((), device=device), 0
         for i in range(0, len(seqs), micro_batch_size):
-            chunk = seqs[i:i + micro_batch_size].to(device)
+            chunk = seqs[i : i + micro_batch_size].to(device)
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 total += model(chunk[:, :-1], chunk[:, 1:], reduction="sum")  # FP32, chunked (model/loss.py)
             count += chunk[:, 1:].numel()
@@ -50,4 +51,3 @@ def _evaluate(model, val_data: dict, micro_batch_size: int, device: torch.device
         out["val/mean"] = sum(out.values()) / len(out)
     model.train(was_training)
     return out
-

@@ -7,6 +7,7 @@ step and an exit code the job script can requeue on: ranks agree on one every tr
 steps (a single process checks its flag every step). The process group outlives run() (the runs of a
 Hydra sweep share it): train/__main__.py destroys it once, at the end.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,11 +52,19 @@ def _run(cfg: RunConfig, stop: StopSignal) -> dict:
     if trainer.step >= cfg.train.max_steps:  # a finished run, run again
         stop.starting = False
         trainer.close()
-        note = (f"nothing to do: {trainer.resumed_from} is at step {trainer.step} and train.max_steps="
-                f"{cfg.train.max_steps} (raise train.max_steps to train further, or train.resume=never "
-                f"train.overwrite=true to start again)")
-        return {"step": trainer.step, "loss": math.nan, "checkpoint": str(trainer.resumed_from),
-                "out_dir": str(cfg.out_dir), "rank": info.rank, "note": note}
+        note = (
+            f"nothing to do: {trainer.resumed_from} is at step {trainer.step} and train.max_steps="
+            f"{cfg.train.max_steps} (raise train.max_steps to train further, or train.resume=never "
+            f"train.overwrite=true to start again)"
+        )
+        return {
+            "step": trainer.step,
+            "loss": math.nan,
+            "checkpoint": str(trainer.resumed_from),
+            "out_dir": str(cfg.out_dir),
+            "rank": info.rank,
+            "note": note,
+        }
     trainer.open_outputs()
     last_ckpt, loss = None, math.nan
     trainer.model.train()
@@ -66,8 +75,9 @@ def _run(cfg: RunConfig, stop: StopSignal) -> dict:
         while trainer.step < cfg.train.max_steps:
             trainer.train_step()
             # one process reads its flag every step; ranks agree (a host sync) every preempt_check_every steps
-            preempted = ((info.world_size == 1 or trainer.step % cfg.train.preempt_check_every == 0)
-                         and _agree(stop.received is not None, info))
+            preempted = (info.world_size == 1 or trainer.step % cfg.train.preempt_check_every == 0) and _agree(
+                stop.received is not None, info
+            )
             if not (trainer.read_due() or preempted):
                 continue
             for result in trainer.collect():
@@ -79,15 +89,25 @@ def _run(cfg: RunConfig, stop: StopSignal) -> dict:
                 break
         if info.is_main:  # the last line of the terminal and of train.log
             if stop.received == signal.SIGINT:
-                trainer.bar.write(f"interrupted at step {trainer.step} of {cfg.train.max_steps}: checkpoint "
-                                  f"{last_ckpt} saved; run the same command to resume")
+                trainer.bar.write(
+                    f"interrupted at step {trainer.step} of {cfg.train.max_steps}: checkpoint "
+                    f"{last_ckpt} saved; run the same command to resume"
+                )
             elif stop.received is not None:
-                trainer.bar.write(f"received {stop.name}: checkpoint {last_ckpt} saved at step {trainer.step}; "
-                                  "exiting so the job can be requeued (the same command resumes)")
+                trainer.bar.write(
+                    f"received {stop.name}: checkpoint {last_ckpt} saved at step {trainer.step}; "
+                    "exiting so the job can be requeued (the same command resumes)"
+                )
             elif last_ckpt:
                 trainer.bar.write(f"done: step {trainer.step}, loss {loss:.4f}, checkpoint {last_ckpt}")
     finally:
         trainer.close()
     dist.barrier(info)
-    return {"step": trainer.step, "loss": loss, "checkpoint": str(last_ckpt) if last_ckpt else None,
-            "out_dir": str(cfg.out_dir), "rank": info.rank, "exit_code": exit_code(stop.received)}
+    return {
+        "step": trainer.step,
+        "loss": loss,
+        "checkpoint": str(last_ckpt) if last_ckpt else None,
+        "out_dir": str(cfg.out_dir),
+        "rank": info.rank,
+        "exit_code": exit_code(stop.received),
+    }

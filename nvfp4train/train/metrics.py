@@ -11,6 +11,7 @@ number (the loss of a step the guard skipped, flagged `step_skipped`) is written
 JavaScript reject NaN. A resumed run continues the same W&B run (its id is stored in the checkpoint)
 in the same group.
 """
+
 from __future__ import annotations
 
 import json
@@ -109,8 +110,10 @@ class MetricsLogger:
                 except OSError as e:
                     raise write_failed(quarantine, e) from None
                 where = ", ".join(str(n) for n, _ in damaged[:5]) + (" ..." if len(damaged) > 5 else "")
-                notes.append(f"{self.path}: {len(damaged)} damaged line(s) skipped (line {where}), moved to "
-                             f"{quarantine}; the {len(intact)} intact records are kept")
+                notes.append(
+                    f"{self.path}: {len(damaged)} damaged line(s) skipped (line {where}), moved to "
+                    f"{quarantine}; the {len(intact)} intact records are kept"
+                )
         if dropped and dropped_to is not None:
             write_atomic(dropped_to, "".join(line + "\n" for line in dropped))
         write_atomic(self.path, "".join(line + "\n" for line in kept))
@@ -120,8 +123,9 @@ class MetricsLogger:
             raise write_failed(self.path, e) from None
         return notes
 
-    def start_wandb(self, cfg: WandbConfig, run_config: dict, experiment: str, out_dir: Path,
-                    run_id: str | None) -> str | None:
+    def start_wandb(
+        self, cfg: WandbConfig, run_config: dict, experiment: str, out_dir: Path, run_id: str | None
+    ) -> str | None:
         """Start (or continue) the W&B run; return its id for the checkpoint."""
         if not (self.enabled and cfg.enabled):
             return run_id
@@ -131,10 +135,18 @@ class MetricsLogger:
         if mode == "auto":  # wandb.init fails at once without a key in online mode: go offline instead
             has_key = bool(os.environ.get("WANDB_API_KEY")) or (Path.home() / ".netrc").exists()
             mode = "online" if has_key else "offline"
-        self._wandb_run = wandb.init(project=cfg.project, entity=cfg.entity, group=cfg.group or experiment,
-                                     name=cfg.name, config=run_config, dir=str(out_dir), mode=mode,
-                                     id=run_id, resume="allow" if run_id else None,
-                                     settings=wandb.Settings(silent=True))  # its banner goes to its own log
+        self._wandb_run = wandb.init(
+            project=cfg.project,
+            entity=cfg.entity,
+            group=cfg.group or experiment,
+            name=cfg.name,
+            config=run_config,
+            dir=str(out_dir),
+            mode=mode,
+            id=run_id,
+            resume="allow" if run_id else None,
+            settings=wandb.Settings(silent=True),
+        )  # its banner goes to its own log
         # the run's summary shows the loss, held-out losses and throughput, not dozens of data/ and quant/
         # counters (they stay in the charts)
         for prefix in ("data/*", "quant/*"):
@@ -149,7 +161,7 @@ class MetricsLogger:
         start = self._file.tell()
         try:
             while data:
-                data = data[self._file.write(data):]
+                data = data[self._file.write(data) :]
         except OSError as e:
             try:  # no torn line: cut the partial record off again (shrinking needs no space)
                 self._file.truncate(start)
@@ -212,11 +224,15 @@ class ProgressBar:
     def __init__(self, setting: str, enabled: bool, total: int, initial: int, log_every: int = 10):
         setting = str(setting).lower()
         self.enabled, self.log_every = enabled, log_every
-        show = (enabled and (setting == "true" or (setting == "auto" and sys.stderr.isatty()))
-                and _terminal_columns() >= self.MIN_COLUMNS)
+        show = (
+            enabled
+            and (setting == "true" or (setting == "auto" and sys.stderr.isatty()))
+            and _terminal_columns() >= self.MIN_COLUMNS
+        )
         self._bar = None
         if show:
             from tqdm import tqdm
+
             self._bar = tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)
 
     def update(self, step: int, loss: float, tokens_per_s: float) -> None:
@@ -246,7 +262,6 @@ def peak_memory_gib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-
 
 
 class LogFile:
@@ -284,4 +299,3 @@ class LogFile:
         root.setLevel(self.root_level)
         if LogFile.active is self:
             LogFile.active = None
-

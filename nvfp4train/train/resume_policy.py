@@ -8,6 +8,7 @@ the key, its old and new value and what may change.
 Keys are dotted paths into RunConfig.to_dict(); a rule for a section ("precision") covers every key
 under it. The most specific rule wins.
 """
+
 from __future__ import annotations
 
 from nvfp4train.precision.recipe import recorded_run_config
@@ -17,8 +18,11 @@ NOTE, QUIET, REFUSE = "note", "quiet", "refuse"
 
 POLICY: dict[str, tuple[str, str]] = {
     # legitimate experiments: allowed, and each change gets a line in the log
-    "train.max_steps": (NOTE, "the LR and precision schedules are recomputed for the new length; blend phases "
-                              "already reached keep their start, later ones move to their fraction of it"),
+    "train.max_steps": (
+        NOTE,
+        "the LR and precision schedules are recomputed for the new length; blend phases "
+        "already reached keep their start, later ones move to their fraction of it",
+    ),
     "precision": (NOTE, "a precision switch on resume; the weights and optimizer state carry over"),
     "optim": (NOTE, "the optimizer carries its AdamW moments over; the new values apply from this step"),
     "train.micro_batch_size": (NOTE, "gradient accumulation changes; the global batch stays"),
@@ -27,13 +31,23 @@ POLICY: dict[str, tuple[str, str]] = {
     "train.max_nonfinite_steps": (NOTE, ""),
     "train.spike_factor": (NOTE, ""),
     # bookkeeping: allowed silently
-    "train.log_every": (QUIET, ""), "train.eval_every": (QUIET, ""), "train.eval_sequences": (QUIET, ""),
-    "train.save_every": (QUIET, ""), "train.keep_last": (QUIET, ""), "train.resume": (QUIET, ""),
-    "train.overwrite": (QUIET, ""), "train.device": (QUIET, ""), "train.compile": (QUIET, ""),
-    "train.progress": (QUIET, ""), "train.wandb": (QUIET, ""), "out_dir": (QUIET, ""), "experiment": (QUIET, ""),
-    "train.activation_checkpointing": (QUIET, ""), "train.preempt_check_every": (QUIET, ""),
+    "train.log_every": (QUIET, ""),
+    "train.eval_every": (QUIET, ""),
+    "train.eval_sequences": (QUIET, ""),
+    "train.save_every": (QUIET, ""),
+    "train.keep_last": (QUIET, ""),
+    "train.resume": (QUIET, ""),
+    "train.overwrite": (QUIET, ""),
+    "train.device": (QUIET, ""),
+    "train.compile": (QUIET, ""),
+    "train.progress": (QUIET, ""),
+    "train.wandb": (QUIET, ""),
+    "out_dir": (QUIET, ""),
+    "experiment": (QUIET, ""),
+    "train.activation_checkpointing": (QUIET, ""),
+    "train.preempt_check_every": (QUIET, ""),
     "train.fsdp_reshard_after_forward": (QUIET, ""),
-    "model.ssd_backend": (QUIET, ""),   # a kernel choice: the same weights
+    "model.ssd_backend": (QUIET, ""),  # a kernel choice: the same weights
     # a different run: refused
     "seed": (REFUSE, "the seed fixes the data order and stochastic rounding"),
     "train.seq_len": (REFUSE, "the data stream is cut into samples of seq_len tokens"),
@@ -41,8 +55,10 @@ POLICY: dict[str, tuple[str, str]] = {
     "data": (REFUSE, "the checkpoint's data position belongs to this data config"),
     "model": (QUIET, ""),  # refused by checkpoint.check_compatible, which names every differing key
 }
-ALLOWED = ("train.max_steps, precision, optim, train.micro_batch_size (same global batch), parallelism, "
-           "logging/eval/save intervals, keep_last, device, compile, progress, wandb, out_dir")
+ALLOWED = (
+    "train.max_steps, precision, optim, train.micro_batch_size (same global batch), parallelism, "
+    "logging/eval/save intervals, keep_last, device, compile, progress, wandb, out_dir"
+)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -62,7 +78,7 @@ def rule_for(key: str) -> tuple[str, str]:
         rule = POLICY.get(".".join(parts[:n]))
         if rule is not None:
             return rule
-    return NOTE, ""   # a key this table does not know yet: allowed, but said
+    return NOTE, ""  # a key this table does not know yet: allowed, but said
 
 
 def check(old: dict, new: dict, ckpt) -> list[str]:
@@ -75,9 +91,11 @@ def check(old: dict, new: dict, ckpt) -> list[str]:
             continue
         kind, why = rule_for(key)
         if kind == REFUSE:
-            raise ConfigError(f"{key}={after!r} differs from {before!r} in the run being resumed ({ckpt}); "
-                              f"{why}, so it cannot change on resume. Allowed to change: {ALLOWED}; or start "
-                              "a new run in another out_dir")
+            raise ConfigError(
+                f"{key}={after!r} differs from {before!r} in the run being resumed ({ckpt}); "
+                f"{why}, so it cannot change on resume. Allowed to change: {ALLOWED}; or start "
+                "a new run in another out_dir"
+            )
         if kind == NOTE:
             notes.append(f"resume changes {key}: {before!r} -> {after!r}" + (f" ({why})" if why else ""))
     return notes

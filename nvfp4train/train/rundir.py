@@ -17,6 +17,7 @@
                                    config.step_<N>.yaml (never overwriting one kept earlier)
 Only the main rank calls these; the caller shares the outcome with the other ranks.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -96,11 +97,14 @@ class RunDirLock:
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise RunDirError(f"out_dir={str(self.path.parent)!r} is in use by another run ({holder}); "
-                              "wait for it to finish or choose another out_dir") from None
+            raise RunDirError(
+                f"out_dir={str(self.path.parent)!r} is in use by another run ({holder}); "
+                "wait for it to finish or choose another out_dir"
+            ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
-                  .encode(), 0)
+        os.pwrite(
+            fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0
+        )
         self._fd = fd
         return self
 
@@ -135,21 +139,35 @@ def check_out_dir_place(out_dir: Path, data_cache: Path | None) -> None:
     here = Path(out_dir).resolve()
     for place in (here, *here.parents):
         if place.name == "checkpoints" and describe_run(place.parent) is not None:
-            raise RunDirError(f"out_dir={str(out_dir)!r} is inside the checkpoints of the run in {place.parent}; "
-                              "choose a directory of its own")
+            raise RunDirError(
+                f"out_dir={str(out_dir)!r} is inside the checkpoints of the run in {place.parent}; "
+                "choose a directory of its own"
+            )
         if place.name.startswith(checkpoint.PREFIX) and (place / checkpoint.META).is_file():
-            raise RunDirError(f"out_dir={str(out_dir)!r} is inside the checkpoint {place}; choose a directory of "
-                              "its own")
+            raise RunDirError(
+                f"out_dir={str(out_dir)!r} is inside the checkpoint {place}; choose a directory of its own"
+            )
     if data_cache is not None:
         cache = Path(data_cache).resolve()
         if here == cache or cache in here.parents:
-            raise RunDirError(f"out_dir={str(out_dir)!r} is {'in ' if here != cache else ''}the data cache "
-                              f"(data.cache_dir: {cache}); choose a directory of its own")
+            raise RunDirError(
+                f"out_dir={str(out_dir)!r} is {'in ' if here != cache else ''}the data cache "
+                f"(data.cache_dir: {cache}); choose a directory of its own"
+            )
 
 
 # What a run (and the tools that add to its directory) writes in out_dir: all that train.overwrite=true moves.
-RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "metrics.jsonl.damaged", "train.log", "checkpoints", "wandb",
-               "eval.json", "run.json", "executor.json")  # the last two: python -m nvfp4train.reproduce's record
+RUN_ENTRIES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "metrics.jsonl.damaged",
+    "train.log",
+    "checkpoints",
+    "wandb",
+    "eval.json",
+    "run.json",
+    "executor.json",
+)  # the last two: python -m nvfp4train.reproduce's record
 
 
 def _is_run_entry(name: str) -> bool:
@@ -166,10 +184,12 @@ def check_fresh_start(out_dir: Path, overwrite: bool) -> Path | None:
     if held is None:
         return None
     if not overwrite:
-        raise RunDirError(f"out_dir={str(out_dir)!r} already holds a run ({held}); train.resume=never would "
-                          "overwrite it: resume it (train.resume=auto), choose another out_dir, or pass "
-                          "train.overwrite=true to move the old run aside")
-    stamp = time.strftime('%Y%m%d-%H%M%S')
+        raise RunDirError(
+            f"out_dir={str(out_dir)!r} already holds a run ({held}); train.resume=never would "
+            "overwrite it: resume it (train.resume=auto), choose another out_dir, or pass "
+            "train.overwrite=true to move the old run aside"
+        )
+    stamp = time.strftime("%Y%m%d-%H%M%S")
     aside, n = out_dir.with_name(f"{out_dir.name}.replaced-{stamp}"), 1
     while aside.exists():
         aside, n = out_dir.with_name(f"{out_dir.name}.replaced-{stamp}~{n}"), n + 1

@@ -10,6 +10,7 @@ instead of a traceback or a silent kill. Until the first step the handler raises
 it only sets `received`, and the loop checkpoints after the current step and leaves. A second Ctrl-C
 exits at once.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,8 +55,9 @@ class StopSignal:
         return signal.Signals(self.received).name if self.received else "none"
 
     def stopped(self) -> StoppedBeforeFirstStep:
-        return StoppedBeforeFirstStep(f"received {self.name} before the first step: stopped, nothing to save",
-                                      self.received)
+        return StoppedBeforeFirstStep(
+            f"received {self.name} before the first step: stopped, nothing to save", self.received
+        )
 
     def _handle(self, signum, frame):
         if signum == signal.SIGINT and self.received == signal.SIGINT:

@@ -29,6 +29,7 @@ every step's values in order, so skipped and spiking steps are still recorded; a
 train.max_nonfinite_steps non-finite steps in a row is raised at the next read (the steps in between
 were computed but, as the run ends without a checkpoint, change nothing).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,15 +64,16 @@ from nvfp4train.train.metrics import LogFile, MetricsLogger, ProgressBar, peak_m
 @dataclass
 class StepResult:
     """What one optimizer step produced: read by log(), and by run() for the summary."""
+
     step: int
     lr: float
     loss: float
     grad_norm: float
-    applied: bool              # False: a non-finite loss or gradient skipped the update
+    applied: bool  # False: a non-finite loss or gradient skipped the update
     spike: bool
     seconds: float
     tokens_per_s: float
-    precision_switch: str | None   # the controller's message when its schedule switched at this step
+    precision_switch: str | None  # the controller's message when its schedule switched at this step
 
 
 class Trainer:
@@ -103,28 +105,30 @@ class Trainer:
                 cfg.out_dir.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise rundir.RunDirError(f"out_dir={str(cfg.out_dir)!r}: not writable ({e.strerror})") from None
-            self.lock.acquire()   # held until the process ends: one run per out_dir
+            self.lock.acquire()  # held until the process ends: one run per out_dir
+
         self._on_main(claim_out_dir)
 
         self.grad_accum = t.global_batch_size // (t.micro_batch_size * info.world_size)
         self.tokens_per_step = t.global_batch_size * t.seq_len
         self.ckpt_root = cfg.out_dir / "checkpoints"
         self.guard, self.spikes = NonFiniteGuard(t.max_nonfinite_steps), SpikeDetector(t.spike_factor)
-        self.engine = build_engine(self.model, lambda m: param_groups(m, cfg.optim.weight_decay), cfg.optim, t,
-                                   info, self.grad_accum)
+        self.engine = build_engine(
+            self.model, lambda m: param_groups(m, cfg.optim.weight_decay), cfg.optim, t, info, self.grad_accum
+        )
         self.pending: list[tuple[int, float, str | None, StepStats]] = []  # enqueued steps not read yet
         self.read_at = time.perf_counter()  # when the host last waited for the device
         self.time_to_first_step: float | None = None  # build, compilation and kernel autotuning included
         self.flops_per_token = flops_per_token(self.model_cfg, t.seq_len)["total"]
         self.peak = mfu_peak(cfg, self.controller, info)
-        self.step = 0                   # optimizer steps done
-        self.start_step = 0             # where this process began (> 0 after a resume)
+        self.step = 0  # optimizer steps done
+        self.start_step = 0  # where this process began (> 0 after a resume)
         self.resumed_from: Path | None = None
         self.abandoned: Path | None = None  # later checkpoints set aside by a resume from an older one
         self.checkpoint_seconds: float | None = None  # how long the latest save took, until it is logged
         self.wandb_id: str | None = None
-        self.resume_notes: list[str] = []   # the changes this resume makes to the run (resume_policy)
-        self.unhealthy_since_save = False   # a loss spike or skipped step since the last checkpoint
+        self.resume_notes: list[str] = []  # the changes this resume makes to the run (resume_policy)
+        self.unhealthy_since_save = False  # a loss spike or skipped step since the last checkpoint
         self.logger = MetricsLogger(cfg.out_dir, enabled=info.is_main)
         self.bar: ProgressBar | None = None
         self.log_file = LogFile.active or LogFile()
@@ -159,9 +163,13 @@ class Trainer:
             self.loader.load_state_dict(state["loader"])
         except ValueError as e:
             raise checkpoint.CheckpointError(f"{self.resumed_from}: {e}") from None
-        parts = [("loader", self.loader.load_state_dict), ("precision", self.controller.load_state_dict),
-                 ("guard", self.guard.load_state_dict), ("spikes", self.spikes.load_state_dict),
-                 ("rng_cpu", torch.set_rng_state)]
+        parts = [
+            ("loader", self.loader.load_state_dict),
+            ("precision", self.controller.load_state_dict),
+            ("guard", self.guard.load_state_dict),
+            ("spikes", self.spikes.load_state_dict),
+            ("rng_cpu", torch.set_rng_state),
+        ]
         if self.info.device.type == "cuda" and "rng_cuda" in state:
             parts.append(("rng_cuda", torch.cuda.set_rng_state))
         for name, restore in parts:  # a crafted or damaged field is one line naming it, not a traceback
@@ -169,8 +177,9 @@ class Trainer:
                 restore(state[name])
             except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as e:
                 rank_file = self.resumed_from / f"rank_{self.info.rank:05d}.pt"
-                raise checkpoint.CheckpointError(f"{rank_file}: field {name!r} cannot be restored "
-                                                 f"({type(e).__name__}: {str(e)[:200]}); not loaded") from None
+                raise checkpoint.CheckpointError(
+                    f"{rank_file}: field {name!r} cannot be restored ({type(e).__name__}: {str(e)[:200]}); not loaded"
+                ) from None
 
     def _resumed_run_config(self) -> dict:
         """The config of the run being resumed: from the checkpoint's meta.json, or (checkpoints written
@@ -186,28 +195,38 @@ class Trainer:
         metrics.jsonl (cut back to the resumed step), W&B, progress bar and banner."""
         cfg, t, info = self.cfg, self.cfg.train, self.info
         if info.is_main:  # written whole or not at all; a resume keeps the previous one (rundir.save_config)
-            rundir.save_config(cfg.out_dir, OmegaConf.to_yaml(cfg.to_dict()),
-                               self.start_step if self.resumed_from is not None else None)
+            rundir.save_config(
+                cfg.out_dir,
+                OmegaConf.to_yaml(cfg.to_dict()),
+                self.start_step if self.resumed_from is not None else None,
+            )
             self.log_file.open(cfg.out_dir / "train.log")
-        self.resume_notes += self.logger.open(resume_step=self.start_step if self.resumed_from is not None else None,
-                                              dropped_to=self.abandoned / "metrics.jsonl" if self.abandoned else None)
+        self.resume_notes += self.logger.open(
+            resume_step=self.start_step if self.resumed_from is not None else None,
+            dropped_to=self.abandoned / "metrics.jsonl" if self.abandoned else None,
+        )
         self.wandb_id = self.logger.start_wandb(t.wandb, cfg.to_dict(), cfg.experiment, cfg.out_dir, self.wandb_id)
-        self.bar = ProgressBar(t.progress, info.is_main, total=t.max_steps, initial=self.start_step,
-                               log_every=t.log_every)
+        self.bar = ProgressBar(
+            t.progress, info.is_main, total=t.max_steps, initial=self.start_step, log_every=t.log_every
+        )
         if info.is_main:
             n_params = sum(p.numel() for p in self.model.parameters())
             where = f"resumed from {self.resumed_from}" if self.resumed_from else "from scratch"
             parallel = t.parallel if info.world_size > 1 or t.parallel == "deepspeed" else "single"
-            self.bar.write(f"model {self.model_cfg.name}: {n_params / 1e6:.2f}M params | precision "
-                           f"{cfg.precision.get('name', '?')} ({self.controller.backend_name}) | {parallel} "
-                           f"x{info.world_size} on {info.device.type}{self.threads_note} | {t.max_steps} steps x "
-                           f"{self.tokens_per_step} tokens | {where}"
-                           f"{' | deterministic' if t.deterministic else ''}")
+            self.bar.write(
+                f"model {self.model_cfg.name}: {n_params / 1e6:.2f}M params | precision "
+                f"{cfg.precision.get('name', '?')} ({self.controller.backend_name}) | {parallel} "
+                f"x{info.world_size} on {info.device.type}{self.threads_note} | {t.max_steps} steps x "
+                f"{self.tokens_per_step} tokens | {where}"
+                f"{' | deterministic' if t.deterministic else ''}"
+            )
             for note in self.resume_notes:
                 self.bar.write(note)
             if self.abandoned:
-                self.bar.write(f"checkpoints after step {self.start_step} and their metrics moved to "
-                               f"{self.abandoned} (a new timeline starts at step {self.start_step})")
+                self.bar.write(
+                    f"checkpoints after step {self.start_step} and their metrics moved to "
+                    f"{self.abandoned} (a new timeline starts at step {self.start_step})"
+                )
 
     # ------------------------------------------------------------------------------- one step
     def train_step(self) -> None:
@@ -226,8 +245,13 @@ class Trainer:
         """Whether the host reads the results now: a log, evaluation or checkpoint step, or the first or
         last step of this process (and, in run(), a preemption)."""
         t, s = self.cfg.train, self.step
-        return (s % t.log_every == 0 or s == self.start_step + 1 or s == t.max_steps
-                or bool(t.eval_every and s % t.eval_every == 0) or self.save_due())
+        return (
+            s % t.log_every == 0
+            or s == self.start_step + 1
+            or s == t.max_steps
+            or bool(t.eval_every and s % t.eval_every == 0)
+            or self.save_due()
+        )
 
     def collect(self) -> list[StepResult]:
         """The results of the steps enqueued since the last read, in one device-to-host transfer; the
@@ -235,8 +259,9 @@ class Trainer:
         step that tripped the guard and the ones before it)."""
         if not self.pending:
             return []
-        values = torch.stack([torch.stack([stats.loss.float(), stats.grad_norm.float()])
-                              for *_, stats in self.pending]).tolist()  # waits for the device
+        values = torch.stack(
+            [torch.stack([stats.loss.float(), stats.grad_norm.float()]) for *_, stats in self.pending]
+        ).tolist()  # waits for the device
         now = time.perf_counter()
         seconds, self.read_at = (now - self.read_at) / len(self.pending), now  # the mean over the window
         if self.pending[0][0] == self.start_step + 1:
@@ -250,12 +275,33 @@ class Trainer:
                 self.pending = []
                 for r in results:
                     self.log(r)
-                self.log(StepResult(step=step, lr=lr, loss=loss, grad_norm=grad_norm, applied=False, spike=False,
-                                    seconds=seconds, tokens_per_s=tokens_per_s, precision_switch=switch))
+                self.log(
+                    StepResult(
+                        step=step,
+                        lr=lr,
+                        loss=loss,
+                        grad_norm=grad_norm,
+                        applied=False,
+                        spike=False,
+                        seconds=seconds,
+                        tokens_per_s=tokens_per_s,
+                        precision_switch=switch,
+                    )
+                )
                 raise TrainingHalted(f"{halt}; {self._latest_checkpoint_note()}") from None
-            results.append(StepResult(step=step, lr=lr, loss=loss, grad_norm=grad_norm, applied=applied,
-                                      spike=self.spikes.update(loss), seconds=seconds, tokens_per_s=tokens_per_s,
-                                      precision_switch=switch))
+            results.append(
+                StepResult(
+                    step=step,
+                    lr=lr,
+                    loss=loss,
+                    grad_norm=grad_norm,
+                    applied=applied,
+                    spike=self.spikes.update(loss),
+                    seconds=seconds,
+                    tokens_per_s=tokens_per_s,
+                    precision_switch=switch,
+                )
+            )
             if results[-1].spike or not applied:  # the next checkpoint is not one to fall back on
                 self.unhealthy_since_save = True
         self.pending = []
@@ -271,19 +317,35 @@ class Trainer:
         if r.step == self.start_step + 1 and self.time_to_first_step is not None:
             logging.getLogger(__name__).info(
                 f"time to first step: {self.time_to_first_step:.1f} s (build, resume, compilation, kernel "
-                f"autotuning{'; kernel caches in ' + self.kernel_cache if self.kernel_cache else ''})")
+                f"autotuning{'; kernel caches in ' + self.kernel_cache if self.kernel_cache else ''})"
+            )
         self.bar.update(r.step, r.loss, r.tokens_per_s)
         if r.spike and is_main:
             self.bar.write(f"step {r.step}: loss spike {r.loss:.4f} (running mean {self.spikes.ema:.4f})")
 
         is_last = r.step == t.max_steps
         record = None
-        if (r.step % t.log_every == 0 or is_last or r.step == self.start_step + 1 or not r.applied or r.spike
-                or r.precision_switch):
-            record = {"step": r.step, "tokens": r.step * self.tokens_per_step, "loss": r.loss, "lr": r.lr,
-                      "grad_norm": r.grad_norm, "tokens_per_s": r.tokens_per_s, "step_time_s": r.seconds,
-                      "skipped_steps": self.guard.total_skipped, "loss_spikes": self.spikes.spikes,
-                      "step_skipped": not r.applied, "loss_spike": r.spike}
+        if (
+            r.step % t.log_every == 0
+            or is_last
+            or r.step == self.start_step + 1
+            or not r.applied
+            or r.spike
+            or r.precision_switch
+        ):
+            record = {
+                "step": r.step,
+                "tokens": r.step * self.tokens_per_step,
+                "loss": r.loss,
+                "lr": r.lr,
+                "grad_norm": r.grad_norm,
+                "tokens_per_s": r.tokens_per_s,
+                "step_time_s": r.seconds,
+                "skipped_steps": self.guard.total_skipped,
+                "loss_spikes": self.spikes.spikes,
+                "step_skipped": not r.applied,
+                "loss_spike": r.spike,
+            }
             if self.peak is not None:
                 record["mfu"] = self.flops_per_token * r.tokens_per_s / self.info.world_size / self.peak[0]
             record["peak_mem_gib"] = peak_memory_gib(self.info.device)
@@ -306,7 +368,8 @@ class Trainer:
                 precision = "BF16" if t.eval_precision == "bf16" else "training precision"
                 logging.getLogger(__name__).info(
                     f"held-out loss at step {r.step} (in training, {precision}, up to {t.eval_sequences} "
-                    "sequences per source): " + ", ".join(f"{k[4:]} {v:.4f}" for k, v in held_out.items()))
+                    "sequences per source): " + ", ".join(f"{k[4:]} {v:.4f}" for k, v in held_out.items())
+                )
         if record is not None:
             try:
                 self.logger.log(record)
@@ -332,27 +395,51 @@ class Trainer:
             torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
         advice = "Lower optim.lr or keep more blocks in BF16 (precision config)"
         if not bool(finite):
-            raise TrainingHalted(f"step {self.step}: the weights or optimizer state are not finite, so no checkpoint "
-                                 f"was written; {self._latest_checkpoint_note()}. {advice}")
+            raise TrainingHalted(
+                f"step {self.step}: the weights or optimizer state are not finite, so no checkpoint "
+                f"was written; {self._latest_checkpoint_note()}. {advice}"
+            )
         if self.guard.in_row:  # the same on every rank: the loss is all-reduced before the guard sees it
             if final:
-                raise TrainingHalted(f"step {self.step}: the run ends on a step with a non-finite loss, so no "
-                                     f"checkpoint was written; {self._latest_checkpoint_note()}. {advice}")
+                raise TrainingHalted(
+                    f"step {self.step}: the run ends on a step with a non-finite loss, so no "
+                    f"checkpoint was written; {self._latest_checkpoint_note()}. {advice}"
+                )
             if self.info.is_main:
-                self.bar.write(f"step {self.step}: non-finite loss, checkpoint skipped (the next one is due "
-                               f"in {self.cfg.train.save_every} steps)")
+                self.bar.write(
+                    f"step {self.step}: non-finite loss, checkpoint skipped (the next one is due "
+                    f"in {self.cfg.train.save_every} steps)"
+                )
             return None
-        state = {"loader": self.loader.state_dict(), "precision": self.controller.state_dict(),
-                 "guard": self.guard.state_dict(), "spikes": self.spikes.state_dict(),
-                 "rng_cpu": torch.get_rng_state()}
+        state = {
+            "loader": self.loader.state_dict(),
+            "precision": self.controller.state_dict(),
+            "guard": self.guard.state_dict(),
+            "spikes": self.spikes.state_dict(),
+            "rng_cpu": torch.get_rng_state(),
+        }
         if self.info.device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state()
-        meta = {"model_config": self.cfg.model, "tokens": self.step * self.tokens_per_step,
-                "wandb_id": self.wandb_id, "experiment": self.cfg.experiment, "run_config": self.cfg.to_dict(),
-                "healthy": not self.unhealthy_since_save}  # pruning keeps the last healthy one (checkpoint.prune)
+        meta = {
+            "model_config": self.cfg.model,
+            "tokens": self.step * self.tokens_per_step,
+            "wandb_id": self.wandb_id,
+            "experiment": self.cfg.experiment,
+            "run_config": self.cfg.to_dict(),
+            "healthy": not self.unhealthy_since_save,
+        }  # pruning keeps the last healthy one (checkpoint.prune)
         t0 = time.perf_counter()
-        path = checkpoint.save(self.ckpt_root, self.step, self.engine, self.info.rank, self.info.world_size, meta,
-                               state, self.cfg.train.keep_last, barrier=lambda: dist.barrier(self.info))
+        path = checkpoint.save(
+            self.ckpt_root,
+            self.step,
+            self.engine,
+            self.info.rank,
+            self.info.world_size,
+            meta,
+            state,
+            self.cfg.train.keep_last,
+            barrier=lambda: dist.barrier(self.info),
+        )
         self.checkpoint_seconds = time.perf_counter() - t0  # reported with the next metrics record
         self.unhealthy_since_save = False
         return path
@@ -381,8 +468,12 @@ class Trainer:
         good = checkpoint.last_healthy(done)
         if good is not None and good != done[-1]:  # the later ones were written after a loss spike
             later = [p.name for p in done if checkpoint.step_of(p) > checkpoint.step_of(good)]
-            return (f"the checkpoints after {good.name} ({', '.join(later)}) were written after a loss spike or "
-                    f"skipped steps; the last one before it is kept: resume from it with train.resume={good}")
-        return (f"the latest checkpoint ({done[-1]}) is kept: resume from it with train.resume={done[-1]}"
-                if done else "no checkpoint was written")
-
+            return (
+                f"the checkpoints after {good.name} ({', '.join(later)}) were written after a loss spike or "
+                f"skipped steps; the last one before it is kept: resume from it with train.resume={good}"
+            )
+        return (
+            f"the latest checkpoint ({done[-1]}) is kept: resume from it with train.resume={done[-1]}"
+            if done
+            else "no checkpoint was written"
+        )

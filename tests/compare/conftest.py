@@ -1,11 +1,21 @@
 """Three tiny runs shared by the comparison tests: two seeds of a baseline arm and one other arm."""
+
 import pytest
 
 from tests.conftest import run_train
 
-TINY = ["train.max_steps=8", "train.seq_len=32", "train.global_batch_size=4", "train.micro_batch_size=4",
-        "train.log_every=1", "train.eval_every=4", "train.eval_sequences=2", "train.progress=false",
-        "optim.schedule.warmup_steps=2", "experiment=cmp_test"]
+TINY = [
+    "train.max_steps=8",
+    "train.seq_len=32",
+    "train.global_batch_size=4",
+    "train.micro_batch_size=4",
+    "train.log_every=1",
+    "train.eval_every=4",
+    "train.eval_sequences=2",
+    "train.progress=false",
+    "optim.schedule.warmup_steps=2",
+    "experiment=cmp_test",
+]
 
 
 @pytest.fixture(scope="session")

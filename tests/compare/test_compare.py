@@ -1,5 +1,6 @@
 """`python -m nvfp4train.compare`: figures, markdown and JSON from real runs; gaps recomputed by hand from
 metrics.jsonl; seeds, short runs, mismatches, bad input; the W&B run written offline."""
+
 import importlib.util
 import json
 import shutil
@@ -23,9 +24,27 @@ def final_loss(run_dir):
 
 def test_compare_writes_figures_markdown_and_json(runs, tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "nvfp4train.compare", str(runs["base_s1"]), str(runs["base_s2"]),
-                           str(runs["arm"]), "--baseline", str(runs["base_s1"]), "--out", str(out), "--smooth", "0"],
-                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nvfp4train.compare",
+            str(runs["base_s1"]),
+            str(runs["base_s2"]),
+            str(runs["arm"]),
+            "--baseline",
+            str(runs["base_s1"]),
+            "--out",
+            str(out),
+            "--smooth",
+            "0",
+        ],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("loss.png", "relative_loss.png", "stability.png"):
         assert (out / name).read_bytes()[:8] == PNG
@@ -34,8 +53,11 @@ def test_compare_writes_figures_markdown_and_json(runs, tmp_path):
     assert base["label"] == "optim.lr=0.003" and base["seeds"] == 2 and arm["label"] == "optim.lr=0.001"
     # 8 steps x 128 tokens: phases at 70% / 90%, the WSD decay over the last 2 steps, the end.
     assert [(m["label"], m["tokens"]) for m in result["markers"]] == [
-        ("data phase 1", pytest.approx(716.8)), ("LR decay", 768), ("data phase 2", pytest.approx(921.6)),
-        ("end of run", 1024)]
+        ("data phase 1", pytest.approx(716.8)),
+        ("LR decay", 768),
+        ("data phase 2", pytest.approx(921.6)),
+        ("end of run", 1024),
+    ]
     # Without smoothing the end-of-run gap is plain arithmetic on the three final losses.
     b1, b2, a = final_loss(runs["base_s1"]), final_loss(runs["base_s2"]), final_loss(runs["arm"])
     end = next(g for g in result["gaps"] if g["milestone"] == "end of run")
@@ -64,28 +86,36 @@ def test_short_runs_missing_steps_recorded_extras_and_eval_table(runs, tmp_path)
     short = tmp_path / "short"
     shutil.copytree(runs["base_s2"], short, ignore=shutil.ignore_patterns("checkpoints"))
     records = read_metrics(short)
-    kept = [r for r in records if r["step"] <= 5 and r["step"] != 3]          # stopped at 5, step 3 lost
+    kept = [r for r in records if r["step"] <= 5 and r["step"] != 3]  # stopped at 5, step 3 lost
     kept[-1].update(peak_mem_gib=1.5, checkpoint_time_s=0.25)
-    kept[1].update(loss=float("nan"), step_skipped=True, skipped_steps=1)     # a skipped non-finite step
+    kept[1].update(loss=float("nan"), step_skipped=True, skipped_steps=1)  # a skipped non-finite step
     kept[2].update(loss_spike=True, loss_spikes=1)
     (short / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
     arm = tmp_path / "arm"
     shutil.copytree(runs["arm"], arm, ignore=shutil.ignore_patterns("checkpoints"))
-    (arm / "eval.json").write_text(json.dumps({"tasks": {"t": {"primary": "acc", "acc": 0.75}},
-                                               "heldout": {"code": {"loss": 5.0}}, "heldout_sequences": 64}))
+    (arm / "eval.json").write_text(
+        json.dumps(
+            {
+                "tasks": {"t": {"primary": "acc", "acc": 0.75}},
+                "heldout": {"code": {"loss": 5.0}},
+                "heldout_sequences": 64,
+            }
+        )
+    )
     out = tmp_path / "out"
     assert main([str(runs["base_s1"]), str(short), str(arm), "--out", str(out), "--no-plots"]) == 0
     result = json.loads((out / "compare.json").read_text())
     curve = result["curves"]["optim.lr=0.003"]
-    assert curve["train_tokens"][-1] == 1024      # the longer seed carries the curve to the end
+    assert curve["train_tokens"][-1] == 1024  # the longer seed carries the curve to the end
     s2 = next(s for s in result["stability"]["optim.lr=0.003"] if s["source"] == str(short))
     assert s2["last_step"] == 5 and s2["peak_mem_gib"] == 1.5 and s2["checkpoint_time_s"] == 0.25
     assert s2["skipped_steps"] == 1 and s2["loss_spikes"] == 1
     assert [e[2] for e in curve["events"]["short"]] == ["skipped", "spike"]
     assert all(v is not None for v in curve["train_loss_mean"])  # the NaN of the skipped step stays out
-    assert result["eval"] == {"t (acc)": {"optim.lr=0.001": {"mean": 0.75, "seeds": 1}},
-                              "held-out code (loss; BF16 evaluation, 64 sequences)":
-                                  {"optim.lr=0.001": {"mean": 5.0, "seeds": 1}}}
+    assert result["eval"] == {
+        "t (acc)": {"optim.lr=0.001": {"mean": 0.75, "seeds": 1}},
+        "held-out code (loss; BF16 evaluation, 64 sequences)": {"optim.lr=0.001": {"mean": 5.0, "seeds": 1}},
+    }
     assert "| t (acc) | — | 0.7500 |" in (out / "compare.md").read_text()
 
 
@@ -118,10 +148,12 @@ def test_mismatched_and_bad_runs_are_refused_with_nothing_written(runs, tmp_path
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc either
     if importlib.util.find_spec("wandb") is not None:  # without the package the extra is named first (below)
-        assert "needs an API key" in one_line_error(capsys, str(runs["base_s1"]), "wandb:me/proj/abc123",
-                                                    "--out", str(out))
-    assert "--group-by colour" in one_line_error(capsys, str(runs["base_s1"]), "--group-by", "colour",
-                                                 "--out", str(out))
+        assert "needs an API key" in one_line_error(
+            capsys, str(runs["base_s1"]), "wandb:me/proj/abc123", "--out", str(out)
+        )
+    assert "--group-by colour" in one_line_error(
+        capsys, str(runs["base_s1"]), "--group-by", "colour", "--out", str(out)
+    )
     assert not out.exists()
     assert main([str(runs["base_s1"]), str(other), "--out", str(out), "--allow-mismatch", "--no-plots"]) == 0
 
@@ -137,11 +169,11 @@ def read_wandb_file(path):
         if left < 7:
             pos += left
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if length == 0 and kind == 0:
             pos += left
             continue
-        partial += data[pos + 7:pos + 7 + length]
+        partial += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST fragment
             record = wandb_internal_pb2.Record()
@@ -155,8 +187,21 @@ def test_wandb_offline_run_holds_the_comparison(runs, tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "out"
-    assert main([str(runs["base_s1"]), str(runs["arm"]), "--out", str(out), "--no-plots", "--wandb",
-                 "--wandb-mode", "offline"]) == 0
+    assert (
+        main(
+            [
+                str(runs["base_s1"]),
+                str(runs["arm"]),
+                "--out",
+                str(out),
+                "--no-plots",
+                "--wandb",
+                "--wandb-mode",
+                "offline",
+            ]
+        )
+        == 0
+    )
     result = json.loads((out / "compare.json").read_text())
     files = list(out.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 1
@@ -168,8 +213,11 @@ def test_wandb_offline_run_holds_the_comparison(runs, tmp_path, monkeypatch):
         time.sleep(0.5)
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert run.run_group == "cmp_test" and run.job_type == "compare"
-    history = [{(i.key or ".".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
-               for r in records if r.WhichOneof("record_type") == "history"]
+    history = [
+        {(i.key or ".".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
     key = "relative_loss_pct/optim.lr=0.001"
     rel = {h["tokens"]: h[key] for h in history if key in h}
     curve = result["curves"]["optim.lr=0.001"]
@@ -182,15 +230,29 @@ def test_wandb_offline_run_holds_the_comparison(runs, tmp_path, monkeypatch):
 
 def test_command_line_writes_the_comparison(runs, tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "nvfp4train.compare", str(runs["base_s1"]), str(runs["arm"]),
-                           "--out", str(out), "--no-plots"], cwd=REPO, env=cli_env(), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nvfp4train.compare",
+            str(runs["base_s1"]),
+            str(runs["arm"]),
+            "--out",
+            str(out),
+            "--no-plots",
+        ],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "compare.json").is_file() and (out / "compare.md").is_file()
 
 
 def test_wandb_without_the_extra_names_it(runs, tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "wandb", None)   # `import wandb` fails as it does without the package
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` fails as it does without the package
     out = tmp_path / "out"
     for argv in (["wandb:me/proj/abc123"], [str(runs["base_s1"]), str(runs["arm"]), "--wandb"]):
         line = one_line_error(capsys, *argv, "--out", str(out))

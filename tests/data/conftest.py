@@ -3,6 +3,7 @@
 Source `lower` writes only lowercase words, `digits` only numbers, `upper` only uppercase words, so
 decoding any packed window says which source it came from (EOS aside).
 """
+
 import json
 import os
 import random

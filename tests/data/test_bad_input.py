@@ -1,4 +1,5 @@
 """Every bad input gets one clear error naming the key or file, before any training step."""
+
 import copy
 import json
 import os
@@ -27,11 +28,15 @@ def test_missing_path_names_the_file(corpus, tmp_path):
         build(corpus)
 
 
-@pytest.mark.parametrize("source, name, records, match", [
-    ("digits", "empty.jsonl", [{"text": ""}], r"data.sources.digits.train.*empty source"),
-    ("digits", "tiny.jsonl", [{"text": "abc def"}], r"'digits'.*fewer than seq_len"),
-    ("lower", "bad.jsonl", [{"text": "ok"}, {"body": "x"}], r"bad.jsonl:2: no 'text' field"),
-], ids=["empty", "smaller-than-one-sample", "no-text-field"])
+@pytest.mark.parametrize(
+    "source, name, records, match",
+    [
+        ("digits", "empty.jsonl", [{"text": ""}], r"data.sources.digits.train.*empty source"),
+        ("digits", "tiny.jsonl", [{"text": "abc def"}], r"'digits'.*fewer than seq_len"),
+        ("lower", "bad.jsonl", [{"text": "ok"}, {"body": "x"}], r"bad.jsonl:2: no 'text' field"),
+    ],
+    ids=["empty", "smaller-than-one-sample", "no-text-field"],
+)
 def test_bad_source_file_names_the_source(corpus, tmp_path, source, name, records, match):
     path = tmp_path / name
     path.write_text("".join(json.dumps(record) + "\n" for record in records))
@@ -53,12 +58,15 @@ def test_unknown_source_in_weights(corpus):
         build(cfg)
 
 
-@pytest.mark.parametrize("starts, match", [
-    ((0.1, 0.7), r"phases\[0\].start must be 0"),
-    ((0.0, 0.7, 0.7), r"phases\[2\].start=0.7 must be greater"),
-    ((0.0, 0.9, 0.7), r"phases\[2\].start=0.7 must be greater"),
-    ((0.0, 1.0), r"phases\[1\].start=1.0 must be < 1"),
-])
+@pytest.mark.parametrize(
+    "starts, match",
+    [
+        ((0.1, 0.7), r"phases\[0\].start must be 0"),
+        ((0.0, 0.7, 0.7), r"phases\[2\].start=0.7 must be greater"),
+        ((0.0, 0.9, 0.7), r"phases\[2\].start=0.7 must be greater"),
+        ((0.0, 1.0), r"phases\[1\].start=1.0 must be < 1"),
+    ],
+)
 def test_phase_starts_must_begin_at_zero_and_increase(corpus, starts, match):
     cfg = with_phases(corpus, [{"start": s, "weights": {"lower": 1}} for s in starts])
     with pytest.raises(ValueError, match=match):
@@ -101,7 +109,7 @@ def test_corrupt_shard_is_caught_by_checksums(prepared):
     tokens = np.fromfile(shard, dtype="<u2")
     tokens[10] ^= 1
     tokens.tofile(shard)
-    build(corpus)                                  # sizes fine: only a checksum sees it
+    build(corpus)  # sizes fine: only a checksum sees it
     corpus["verify_checksums"] = True
     with pytest.raises(ValueError, match="checksum mismatch.*shard_00000.bin"):
         build(corpus)
@@ -126,12 +134,13 @@ def test_damaged_gz_input_names_the_file(corpus, tmp_path, damage):
     good = "".join(json.dumps({"text": f"doc {i} " * 20}) + "\n" for i in range(200))
     bad = tmp_path / "lower.train.jsonl.gz"
     data = _gz(bad, good)
-    if damage == "garbage":                        # a download that saved an error page under the name
+    if damage == "garbage":  # a download that saved an error page under the name
         bad.write_bytes(b"<html>502 Bad Gateway</html>" * 10)
-    elif damage == "truncated":                    # a copy killed part-way
+    elif damage == "truncated":  # a copy killed part-way
         bad.write_bytes(data[: len(data) // 2])
     else:
         import gzip
+
         bad.write_bytes(gzip.compress(b'{"text": "\xff\xfe latin-1 bytes"}\n'))
     corpus["sources"]["lower"]["train"] = str(bad)
     with pytest.raises(ValueError, match=r"lower.train.jsonl.gz: unreadable \(.*\); data.sources.lower.train must"):
@@ -150,37 +159,54 @@ def test_damaged_tokenizer_file_names_the_file(corpus, tmp_path, damage):
         build(corpus)
 
 
-@pytest.mark.parametrize("unusable, reason", [
-    ("a_file", "File exists|Not a directory"),
-    pytest.param("read_only", "Permission denied",
-                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")),
-])
+@pytest.mark.parametrize(
+    "unusable, reason",
+    [
+        ("a_file", "File exists|Not a directory"),
+        pytest.param(
+            "read_only",
+            "Permission denied",
+            marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory"),
+        ),
+    ],
+)
 def test_unusable_cache_dir_is_named(corpus, tmp_path, unusable, reason):
-    cache = tmp_path / "cache"                     # the corpus fixture's cache_dir
+    cache = tmp_path / "cache"  # the corpus fixture's cache_dir
     if unusable == "a_file":
         cache.write_text("not a directory")
     else:
         cache.mkdir()
         cache.chmod(0o555)
     try:
-        with pytest.raises(ValueError, match=r"data.cache_dir=.*cache': cannot write the token shards of "
-                                             rf"data.sources.lower.train there.*({reason})"):
+        with pytest.raises(
+            ValueError,
+            match=r"data.cache_dir=.*cache': cannot write the token shards of "
+            rf"data.sources.lower.train there.*({reason})",
+        ):
             build(corpus)
     finally:
         if cache.is_dir():
             cache.chmod(0o755)
 
 
-@pytest.mark.parametrize("edit, match", [
-    (lambda m: m.pop("dtype"), "manifest.json: field dtype missing"),
-    (lambda m: m.pop("vocab_size"), "manifest.json: field vocab_size missing"),
-    (lambda m: m["shards"][0].pop("n_tokens"), r"manifest.json: field shards\[0\].n_tokens missing"),
-    (lambda m: m["shards"][0].update(n_docs="many"),
-     r"manifest.json: field shards\[0\].n_docs is 'many', expected an integer"),
-    (lambda m: m.update(shards={}), "manifest.json: field shards is {}, expected a list"),
-    # shards from another tokenizer are refused
-    (lambda m: m.update(tokenizer="tokenizers:0123456789abcdef"), "made with tokenizer tokenizers:0123456789abcdef"),
-])
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda m: m.pop("dtype"), "manifest.json: field dtype missing"),
+        (lambda m: m.pop("vocab_size"), "manifest.json: field vocab_size missing"),
+        (lambda m: m["shards"][0].pop("n_tokens"), r"manifest.json: field shards\[0\].n_tokens missing"),
+        (
+            lambda m: m["shards"][0].update(n_docs="many"),
+            r"manifest.json: field shards\[0\].n_docs is 'many', expected an integer",
+        ),
+        (lambda m: m.update(shards={}), "manifest.json: field shards is {}, expected a list"),
+        # shards from another tokenizer are refused
+        (
+            lambda m: m.update(tokenizer="tokenizers:0123456789abcdef"),
+            "made with tokenizer tokenizers:0123456789abcdef",
+        ),
+    ],
+)
 def test_bad_manifest_names_the_field(prepared, edit, match):
     corpus, out = prepared
     manifest = json.loads((out / "manifest.json").read_text())
@@ -195,8 +221,11 @@ def test_shard_corrupted_at_the_same_size_is_caught_by_the_vocab_check(prepared)
     corpus, out = prepared
     shard = out / "shard_00000.bin"
     tokens = np.fromfile(shard, dtype="<u2")
-    tokens[10] |= 0x8000                            # 8192-token vocab: any id >= 32768 is out of range
+    tokens[10] |= 0x8000  # 8192-token vocab: any id >= 32768 is out of range
     tokens.tofile(shard)
-    with pytest.raises(ValueError, match=r"corrupt shard .*shard_00000.bin: token id \d+ >= the tokenizer's "
-                                         r"vocab size 8192"):
+    with pytest.raises(
+        ValueError,
+        match=r"corrupt shard .*shard_00000.bin: token id \d+ >= the tokenizer's "
+        r"vocab size 8192",
+    ):
         build(corpus)

@@ -1,5 +1,6 @@
 """The data room's modules import one way (tokenizer/shards <- prepare <- loader), counting imports
 inside functions too: a cycle hidden in a function body is still a cycle."""
+
 import ast
 
 from nvfp4train.data.paths import REPO_ROOT
@@ -26,7 +27,7 @@ def test_data_modules_have_no_import_cycle():
     done, path = set(), []
 
     def visit(module):
-        assert module not in path, "import cycle: " + " -> ".join(path[path.index(module):] + [module])
+        assert module not in path, "import cycle: " + " -> ".join(path[path.index(module) :] + [module])
         if module in done:
             return
         path.append(module)

@@ -40,8 +40,13 @@ def test_microbatch_shapes_and_shift(corpus, tokenizer, source_of):
 
 
 def test_blend_proportions_match_weights():
-    cfg = parse_data_config({"tokenizer": "bpe8k", "sources": {n: {"train": "x"} for n in "abcd"},
-                             "phases": [{"start": 0, "weights": {"a": 0.5, "b": 0.3, "c": 0.15, "d": 0.05}}]})
+    cfg = parse_data_config(
+        {
+            "tokenizer": "bpe8k",
+            "sources": {n: {"train": "x"} for n in "abcd"},
+            "phases": [{"start": 0, "weights": {"a": 0.5, "b": 0.3, "c": 0.15, "d": 0.05}}],
+        }
+    )
     schedule = BlendSchedule(cfg.phases, list("abcd"), total_samples=100_000, seed=3)
     for n in (100, 1_000, 20_000):
         counts = schedule.counts_before(n)[0]
@@ -58,7 +63,7 @@ def test_blend_proportions_match_weights():
 def test_loader_rows_come_from_sources_in_proportion(corpus, tokenizer, source_of):
     loader = make(corpus, global_batch_size=20, micro_batch_size=10, total_samples=10_000)
     seen = Counter()
-    for _ in range(20):      # 200 samples, all in phase 0
+    for _ in range(20):  # 200 samples, all in phase 0
         x, y = loader.next_microbatch()
         for row in torch.cat([x, y[:, -1:]], 1):
             seen[source_of(row)] += 1
@@ -75,8 +80,11 @@ def test_loader_rows_come_from_sources_in_proportion(corpus, tokenizer, source_o
 
 @pytest.mark.parametrize("total_samples", [100, 33])
 def test_phase_switch_happens_at_the_right_token(corpus, tokenizer, source_of, total_samples):
-    corpus["phases"] = [{"start": 0.0, "weights": {"lower": 1}}, {"start": 0.7, "weights": {"digits": 1}},
-                        {"start": 0.9, "weights": {"upper": 1}}]
+    corpus["phases"] = [
+        {"start": 0.0, "weights": {"lower": 1}},
+        {"start": 0.7, "weights": {"digits": 1}},
+        {"start": 0.9, "weights": {"upper": 1}},
+    ]
     seq_len = 32
     loader = make(corpus, global_batch_size=1, micro_batch_size=1, total_samples=total_samples, seq_len=seq_len)
     total_tokens = total_samples * seq_len
@@ -89,24 +97,25 @@ def test_phase_switch_happens_at_the_right_token(corpus, tokenizer, source_of, t
     for name, start in (("digits", 0.7), ("upper", 0.9)):
         first = sources.index(name)
         assert first * seq_len >= start * total_tokens > (first - 1) * seq_len
-    assert set(sources[:sources.index("digits")]) == {"lower"}
-    assert sources[-1] == "upper"          # past total_samples the last phase continues
+    assert set(sources[: sources.index("digits")]) == {"lower"}
+    assert sources[-1] == "upper"  # past total_samples the last phase continues
     stats = loader.stats()
     assert stats["data/phase"] == 2
     assert stats["data/phase1/tokens"] == sources.count("digits") * seq_len
 
 
 def test_resume_is_exact_also_across_phase_boundaries(corpus):
-    kw = dict(global_batch_size=8, micro_batch_size=2, total_samples=80)   # phases at steps 7 and 9
+    kw = dict(global_batch_size=8, micro_batch_size=2, total_samples=80)  # phases at steps 7 and 9
     reference = make(corpus, **kw)
     expected = [reference.next_microbatch() for _ in range(4 * 10)]
-    for stop in (4 * 6, 4 * 6 + 1, 4 * 7 + 3, 4 * 9):   # before, mid-step, inside phase 1, at phase 2
+    for stop in (4 * 6, 4 * 6 + 1, 4 * 7 + 3, 4 * 9):  # before, mid-step, inside phase 1, at phase 2
         first = make(corpus, **kw)
         for _ in range(stop):
             first.next_microbatch()
         state = first.state_dict()
         import json
-        state = json.loads(json.dumps(state))            # what goes into a checkpoint
+
+        state = json.loads(json.dumps(state))  # what goes into a checkpoint
         resumed = make(corpus, **kw)
         resumed.load_state_dict(state)
         for i in range(stop, len(expected)):
@@ -121,7 +130,7 @@ def test_same_global_batches_for_any_world_size_and_ranks_disjoint(corpus):
     for world_size, micro in ((2, 2), (4, 1), (8, 1), (2, 4)):
         assert all(torch.equal(a, b) for a, b in zip(single, global_batches(corpus, 8, world_size, micro, **kw)))
     rows = [tuple(r.tolist()) for batch in single for r in batch]
-    assert len(set(rows)) == len(rows)     # no sample served twice (so no two ranks share one)
+    assert len(set(rows)) == len(rows)  # no sample served twice (so no two ranks share one)
 
 
 def test_world_size_can_change_at_a_step_boundary_but_not_mid_step(corpus):
@@ -129,10 +138,10 @@ def test_world_size_can_change_at_a_step_boundary_but_not_mid_step(corpus):
     single = global_batches(corpus, 6, world_size=1, micro=8, **kw)
     two = [make(corpus, rank=r, world_size=2, micro_batch_size=2, **kw) for r in range(2)]
     for loader in two:
-        for _ in range(2 * 3):            # 3 global steps
+        for _ in range(2 * 3):  # 3 global steps
             loader.next_microbatch()
     state = two[0].state_dict()
-    assert state == two[1].state_dict()    # any rank's state can be saved
+    assert state == two[1].state_dict()  # any rank's state can be saved
     one = make(corpus, world_size=1, micro_batch_size=4, **kw)
     one.load_state_dict(state)
     for step in range(3, 6):
@@ -167,7 +176,7 @@ def test_exhausted_source_is_reepoched_with_a_fresh_shuffle_and_counted(corpus, 
     all_docs = {tuple(stream.shards.document(i).tolist()) for i in range(stream.shards.n_docs)}
     orders = []
     for epoch in range(2):
-        epoch_rows = rows[epoch * per_epoch:(epoch + 1) * per_epoch]
+        epoch_rows = rows[epoch * per_epoch : (epoch + 1) * per_epoch]
         # Windows overlap by one token: x of every row plus the last token rebuilds the epoch stream.
         tokens = torch.cat([r[:-1] for r in epoch_rows] + [epoch_rows[-1][-1:]]).tolist()
         docs, current = [], []
@@ -176,16 +185,17 @@ def test_exhausted_source_is_reepoched_with_a_fresh_shuffle_and_counted(corpus, 
             if t == eos:
                 docs.append(tuple(current))
                 current = []
-        assert len(set(docs)) == len(docs)                 # no document twice in an epoch
-        assert set(docs) <= all_docs                       # documents intact, EOS-terminated
-        assert len(docs) >= len(all_docs) - 6              # all but the cut tail (< seq_len tokens)
+        assert len(set(docs)) == len(docs)  # no document twice in an epoch
+        assert set(docs) <= all_docs  # documents intact, EOS-terminated
+        assert len(docs) >= len(all_docs) - 6  # all but the cut tail (< seq_len tokens)
         orders.append(docs)
-    assert orders[0][:20] != orders[1][:20]                # a fresh shuffle per epoch
+    assert orders[0][:20] != orders[1][:20]  # a fresh shuffle per epoch
     stats = loader.stats()
     assert stats["data/reepochs/upper"] == 2
     assert [r.getMessage() for r in caplog.records if "ran out" in r.getMessage()] == [
         f"data source 'upper' ran out: epoch {e} (fresh shuffle) begins in global step {(e * per_epoch) // 4}"
-        for e in (1, 2)]
+        for e in (1, 2)
+    ]
     assert math.isclose(stats["data/epochs/upper"], len(rows) / per_epoch)
 
 
@@ -194,7 +204,7 @@ def test_val_data_is_consecutive_windows_of_held_out_documents(corpus, tokenizer
     assert set(val) == {"lower", "digits", "upper"}
     for name, rows in val.items():
         assert rows.dtype == torch.long and rows.shape == (5, 17)
-        assert torch.equal(rows[1:, 0], rows[:-1, -1])    # stride seq_len: every token a target once
+        assert torch.equal(rows[1:, 0], rows[:-1, -1])  # stride seq_len: every token a target once
         assert source_of(rows.flatten()) == name
     big = build_val_data(corpus, seq_len=16, max_sequences_per_domain=10**6)
     assert 5 < big["upper"].shape[0] < 10**6

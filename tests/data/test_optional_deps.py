@@ -1,5 +1,6 @@
 """`datasets` (with pyarrow) and wandb are extras: the default run needs neither, and an input or option
 that does names the extra to install in one line."""
+
 import sys
 from pathlib import Path
 

@@ -19,8 +19,8 @@ def test_documents_round_trip_with_eos(corpus, tmp_path, tokenizer):
     texts = [json.loads(line)["text"] for line in open(src)]
     shards = TokenShards(out, expected_tokenizer=tokenizer.identity, verify_checksums=True)
     assert shards.n_docs == len(texts) == manifest["n_docs"] and len(manifest["shards"]) == 4
-    assert shards.dtype == np.dtype("<u2")                    # vocab 8192 fits in uint16
-    for i in (0, 39, 40, len(texts) - 1):                     # across shard boundaries
+    assert shards.dtype == np.dtype("<u2")  # vocab 8192 fits in uint16
+    for i in (0, 39, 40, len(texts) - 1):  # across shard boundaries
         doc = shards.document(i).tolist()
         assert doc[-1] == tokenizer.eos_id and tokenizer.decode(doc[:-1]) == texts[i]
 
@@ -31,7 +31,7 @@ def test_idempotent_and_rebuilt_when_inputs_change(corpus, tmp_path):
     prepare_split(src, out, tokenizer="bpe8k", progress=False)
     stamp = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     prepare_split(src, out, tokenizer="bpe8k", progress=False)
-    assert stamp == {p.name: p.stat().st_mtime_ns for p in out.iterdir()}     # nothing rewritten
+    assert stamp == {p.name: p.stat().st_mtime_ns for p in out.iterdir()}  # nothing rewritten
     with open(src, "a") as f:
         f.write(json.dumps({"text": "123 456"}) + "\n")
     manifest = prepare_split(src, out, tokenizer="bpe8k", progress=False)
@@ -56,6 +56,7 @@ def test_interrupted_build_resumes_after_finished_shards(corpus, tmp_path, monke
                 if i == n:
                     raise KeyboardInterrupt
                 yield doc
+
         return fake
 
     out = tmp_path / "resumed"
@@ -64,11 +65,11 @@ def test_interrupted_build_resumes_after_finished_shards(corpus, tmp_path, monke
         prepare_split(src, out, tokenizer="bpe8k", docs_per_shard=64, progress=False)
     assert not (out / "manifest.json").exists()
     finished = json.loads((out / "progress.json").read_text())["shards"]
-    assert len(finished) == 3                                   # 192 of 200 documents were sealed
+    assert len(finished) == 3  # 192 of 200 documents were sealed
     before = {p.name: p.stat().st_mtime_ns for p in out.glob("shard_0000[0-2].bin")}
     monkeypatch.setattr(prepare_mod, "iter_documents", real_iter)
     prepare_split(src, out, tokenizer="bpe8k", docs_per_shard=64, progress=False)
-    assert before == {p.name: p.stat().st_mtime_ns for p in out.glob("shard_0000[0-2].bin")}   # kept
+    assert before == {p.name: p.stat().st_mtime_ns for p in out.glob("shard_0000[0-2].bin")}  # kept
     assert shard_bytes(out) == shard_bytes(tmp_path / "ref")
 
 
@@ -88,8 +89,9 @@ def test_parquet_input(tmp_path, tokenizer):
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"content": ["alpha beta", "gamma"]}), tmp_path / "d.parquet")
-    prepare_split(str(tmp_path / "d.parquet"), tmp_path / "out", tokenizer="bpe8k", text_field="content",
-                  progress=False)
+    prepare_split(
+        str(tmp_path / "d.parquet"), tmp_path / "out", tokenizer="bpe8k", text_field="content", progress=False
+    )
     assert TokenShards(tmp_path / "out").n_docs == 2
 
 
@@ -100,13 +102,35 @@ def test_command_line(corpus, tmp_path):
     from nvfp4train.data.paths import REPO_ROOT
 
     out = tmp_path / "cli"
-    run = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "prepare_data.py"), "--input",
-                          corpus["sources"]["upper"]["train"], "--out", str(out), "--num-proc", "1"],
-                         capture_output=True, text=True, cwd=tmp_path)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "prepare_data.py"),
+            "--input",
+            corpus["sources"]["upper"]["train"],
+            "--out",
+            str(out),
+            "--num-proc",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr
     assert "60 documents" in run.stdout and TokenShards(out).n_docs == 60
-    run = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "prepare_data.py"), "--input",
-                          str(tmp_path / "nope.jsonl"), "--out", str(out)], capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "prepare_data.py"),
+            "--input",
+            str(tmp_path / "nope.jsonl"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode != 0 and "nope.jsonl" in run.stderr
 
 
@@ -137,7 +161,8 @@ def test_datasets_inputs_saved_locally_give_the_same_shards_as_the_files(corpus,
 
     # Local data is fingerprinted by content: saving the dataset again with a row more rebuilds.
     datasets.Dataset.from_dict({"id": list(range(len(texts) + 1)), "text": texts + ["123 456"]}).save_to_disk(
-        str(tmp_path / "saved2"))
+        str(tmp_path / "saved2")
+    )
     shutil.rmtree(tmp_path / "saved")
     shutil.move(tmp_path / "saved2", tmp_path / "saved")
     manifest = prepare_split(specs["save_to_disk"], tmp_path / "save_to_disk", tokenizer="bpe8k", progress=False)
@@ -147,15 +172,27 @@ def test_datasets_inputs_saved_locally_give_the_same_shards_as_the_files(corpus,
 def test_datasets_input_through_a_data_config_and_its_errors(tmp_path, tokenizer):
     datasets = pytest.importorskip("datasets")
     saved = str(tmp_path / "saved")
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": ["alpha beta gamma " * 40] * 30})}
-                         ).save_to_disk(saved)
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": ["alpha beta gamma " * 40] * 30})}).save_to_disk(
+        saved
+    )
 
     def data_config(spec, text_field="body"):
-        return {"tokenizer": "bpe8k", "cache_dir": str(tmp_path / "cache"),
-                "sources": {"local": {"train": spec, "text_field": text_field}}}
+        return {
+            "tokenizer": "bpe8k",
+            "cache_dir": str(tmp_path / "cache"),
+            "sources": {"local": {"train": spec, "text_field": text_field}},
+        }
 
-    loader = build_train_loader(data_config({"hf": saved}), seq_len=32, global_batch_size=2, micro_batch_size=2,
-                                rank=0, world_size=1, seed=0, total_samples=10)
+    loader = build_train_loader(
+        data_config({"hf": saved}),
+        seq_len=32,
+        global_batch_size=2,
+        micro_batch_size=2,
+        rank=0,
+        world_size=1,
+        seed=0,
+        total_samples=10,
+    )
     x, _ = loader.next_microbatch()
     text = tokenizer.decode(x.flatten().tolist()).replace("<|endoftext|>", "")
     assert "beta gamma alpha" in text and set(text) <= set("alpha beta gamma")

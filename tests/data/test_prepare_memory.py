@@ -1,5 +1,6 @@
 """Preparing data with one giant document: memory stays bounded (the document is encoded in pieces) and
 the tokens are exactly those of encoding it whole."""
+
 import json
 import random
 import subprocess
@@ -55,8 +56,14 @@ def test_a_giant_document_is_prepared_under_a_memory_limit(tmp_path):
     limit = int(1.25 * 2**30)
     # one tokenizer thread and two malloc arenas: the address space then reflects the data, not the core count
     env = cli_env(RAYON_NUM_THREADS=1, MALLOC_ARENA_MAX=2, TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run([sys.executable, "-c", PREPARE, str(doc), str(tmp_path / "out"), str(limit)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", PREPARE, str(doc), str(tmp_path / "out"), str(limit)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     n_tokens, max_rss_kib = map(int, proc.stdout.split()[-2:])

@@ -1,6 +1,7 @@
 """Malformed input to the command-line tools (compare, data.prepare, summary): a non-zero exit, one line
 on stderr (no traceback) and nothing created. Each case builds its inputs in a fresh directory and
 checks that the directory holds exactly the same files afterwards."""
+
 import json
 import shutil
 import subprocess
@@ -40,6 +41,7 @@ def summary(*args):
 
 def _compare_with(name, content):
     """compare on a copy of the real run whose file ``name`` holds ``content`` (None: the file is removed)."""
+
     def case(tmp):
         run = _run_dir(tmp)
         if content is None:
@@ -49,34 +51,41 @@ def _compare_with(name, content):
         else:
             (run / name).write_text(content)
         return compare(run, "--out", tmp / "cmp")
+
     return case
 
 
 def _compare_out_taken(out):
     """compare with --out at ``out`` (a path under tmp) where tmp/taken is a file."""
+
     def case(tmp):
         run = _run_dir(tmp)
         (tmp / "taken").write_text("x")
         return compare(run, "--out", tmp / out, "--no-plots")
+
     return case
 
 
 def _prepare_docs(docs, *args, out="shards"):
     """data.prepare on tmp/docs.jsonl holding ``docs`` (bytes) into tmp/``out`` (below tmp/taken, a file, where
     ``out`` starts with it), with ``args`` ({tmp}: the directory)."""
+
     def case(tmp):
         (tmp / "docs.jsonl").write_bytes(docs)
         if out.startswith("taken/"):
             (tmp / "taken").write_text("x")
         return prepare("--input", tmp / "docs.jsonl", "--out", tmp / out, *(a.format(tmp=tmp) for a in args))
+
     return case
 
 
 def _prepare_config(text):
     """data.prepare --config tmp/data.yaml holding ``text``."""
+
     def case(tmp):
         (tmp / "data.yaml").write_text(text)
         return prepare("--config", tmp / "data.yaml")
+
     return case
 
 
@@ -129,8 +138,14 @@ def test_compare_reports_a_damaged_metrics_line_and_keeps_the_records_after_it(t
     run = _run_dir(tmp_path)
     n = len((run / "metrics.jsonl").read_text().splitlines())
     _edit_metrics(run, 4, lambda line: line[:30])
-    proc = subprocess.run(compare(run, "--out", tmp_path / "cmp", "--no-plots"), cwd=tmp_path, env=cli_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        compare(run, "--out", tmp_path / "cmp", "--no-plots"),
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"1 damaged metrics line(s) skipped: {run / 'metrics.jsonl'}:5" in proc.stderr
     # the curve runs to the end of the run: the records after the damaged line are all there
@@ -147,6 +162,7 @@ class _PlantedPickle:
 
     def __reduce__(self):
         import os
+
         return (os.system, (f"touch {self.marker}",))
 
 
@@ -154,9 +170,14 @@ class _PlantedPickle:
 def one_step_run(tmp_path_factory):
     """A run trained for one step, copied by each test that damages it."""
     run = tmp_path_factory.mktemp("one_step") / "run"
-    subprocess.run([sys.executable, "-m", "nvfp4train.train", "train.max_steps=1", f"out_dir={run}",
-                    "train.eval_sequences=0"], cwd=run.parent, env=cli_env(), capture_output=True, check=True,
-                   timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "nvfp4train.train", "train.max_steps=1", f"out_dir={run}", "train.eval_sequences=0"],
+        cwd=run.parent,
+        env=cli_env(),
+        capture_output=True,
+        check=True,
+        timeout=600,
+    )
     return run
 
 
@@ -164,14 +185,21 @@ def one_step_run(tmp_path_factory):
 @pytest.mark.parametrize("tool", ["eval", "export"])
 def test_planted_pickle_shard_is_one_line_and_never_runs(tmp_path, tool, one_step_run):
     import pickle
+
     run = tmp_path / "run"
     shutil.copytree(one_step_run, run)
     marker = tmp_path / "PLANTED_CODE_RAN"
     shard = next((run / "checkpoints").glob("step_*/model_optim/*.distcp"))
     shard.write_bytes(pickle.dumps(_PlantedPickle(marker)))
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    proc = subprocess.run([sys.executable, "-m", f"nvfp4train.{tool}", f"run_dir={run}"], cwd=tmp_path,
-                          env=cli_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"nvfp4train.{tool}", f"run_dir={run}"],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "refused" in proc.stderr, proc.stderr
     assert "weights_only" not in proc.stderr + proc.stdout

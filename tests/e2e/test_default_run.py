@@ -1,4 +1,5 @@
 """The README's main job, run as a user runs it."""
+
 import json
 import math
 

@@ -1,6 +1,7 @@
 """What a new user meets in the first hour (issue 31): each entry point's --help, training on their own
 files, train.log as the full log, one held-out set size, quiet eval/export, CPU threads, the comparison
 without matplotlib, `torchrun --standalone` in the docs."""
+
 from __future__ import annotations
 
 import json
@@ -17,13 +18,19 @@ from nvfp4train.config import CONFIG_DIR, TrainConfig
 from tests.conftest import REPO, cli_env, read_metrics
 from tests.e2e.test_optional_imports import run_blocked
 
-TINY = ["train.max_steps=3", "train.log_every=1", "train.seq_len=32", "train.global_batch_size=2",
-        "train.progress=false"]
+TINY = [
+    "train.max_steps=3",
+    "train.log_every=1",
+    "train.seq_len=32",
+    "train.global_batch_size=2",
+    "train.progress=false",
+]
 
 
 def _run(argv, cwd=REPO, **env):
-    return subprocess.run([sys.executable, "-m", *argv], cwd=cwd, env=cli_env(**env), capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", *argv], cwd=cwd, env=cli_env(**env), capture_output=True, text=True, timeout=600
+    )
 
 
 def test_train_help_is_a_short_usage_text():
@@ -33,13 +40,18 @@ def test_train_help_is_a_short_usage_text():
     assert out.startswith("usage: python -m nvfp4train.train") and len(out.splitlines()) < 40
     assert "powered by Hydra" not in out and "== Config ==" not in out
     groups = dict(re.findall(r"^  (\w+): +(.+)$", out, flags=re.MULTILINE))
-    assert set(groups) == {"model", "precision", "data"}           # no `reproduce` group: it is refused
+    assert set(groups) == {"model", "precision", "data"}  # no `reproduce` group: it is refused
     assert "hybrid_tiny" in groups["model"] and "nvfp4" in groups["precision"] and "own" in groups["data"]
     assert "--cfg job" in out and "train.max_steps" in out and "--standalone" in out
 
 
-@pytest.mark.parametrize("entry, options", [("nvfp4train.eval", ["run_dir=", "heldout_sequences=64", "tasks="]),
-                                            ("nvfp4train.export", ["run_dir=", "dtype=float32", "out="])])
+@pytest.mark.parametrize(
+    "entry, options",
+    [
+        ("nvfp4train.eval", ["run_dir=", "heldout_sequences=64", "tasks="]),
+        ("nvfp4train.export", ["run_dir=", "dtype=float32", "out="]),
+    ],
+)
 def test_eval_and_export_help_list_their_options(entry, options):
     proc = _run([entry, "--help"])
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
@@ -56,8 +68,10 @@ def test_one_held_out_set_size_for_training_and_eval():
 def test_own_data_without_files_is_one_line():
     proc = _run(["nvfp4train.train", "data=own"])
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("error: data.sources.own.train: required, no default "
-                                   "(e.g. data.sources.own.train=data/mine.jsonl; see docs/data.md)")
+    assert proc.stderr.strip() == (
+        "error: data.sources.own.train: required, no default "
+        "(e.g. data.sources.own.train=data/mine.jsonl; see docs/data.md)"
+    )
 
 
 def test_a_source_the_data_config_lacks_points_to_data_own():
@@ -78,8 +92,18 @@ def own_run(tmp_path_factory):
     (cwd / "notes.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs[:30]))
     (cwd / "book.txt").write_text("\n\n".join(paragraphs[30:50]))
     (cwd / "held.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs[50:]))
-    proc = _run(["nvfp4train.train", "data=own", "data.sources.own.train=[notes.jsonl,book.txt]",
-                 "data.sources.own.val=held.jsonl", "out_dir=runs/own", "train.eval_sequences=4", *TINY], cwd=cwd)
+    proc = _run(
+        [
+            "nvfp4train.train",
+            "data=own",
+            "data.sources.own.train=[notes.jsonl,book.txt]",
+            "data.sources.own.val=held.jsonl",
+            "out_dir=runs/own",
+            "train.eval_sequences=4",
+            *TINY,
+        ],
+        cwd=cwd,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return cwd, cwd / "runs" / "own", proc
 
@@ -97,13 +121,15 @@ def test_train_log_is_the_full_log(own_run):
     for step in (1, 2, 3):
         assert re.search(rf"nvfp4train.train INFO: step {step} loss \d+\.\d{{4}} ", log), log
     assert "held-out loss at step 3 (in training, training precision, up to 4 sequences per source): own " in log
-    assert log.rstrip().endswith(proc.stdout.strip().splitlines()[-1])   # the done line, last
+    assert log.rstrip().endswith(proc.stdout.strip().splitlines()[-1])  # the done line, last
 
 
 def test_eval_and_export_print_no_torch_warning(own_run):
     cwd, out, _ = own_run
-    proc = _run(["nvfp4train.eval", f"run_dir={out}", "tasks=arithmetic", "max_items=2", "heldout_sequences=4",
-                 "batch_size=2"], cwd=cwd)
+    proc = _run(
+        ["nvfp4train.eval", f"run_dir={out}", "tasks=arithmetic", "max_items=2", "heldout_sequences=4", "batch_size=2"],
+        cwd=cwd,
+    )
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     result = json.loads((out / "eval.json").read_text())
     assert list(result["heldout"]) == ["own"] and result["heldout_sequences"] == 4
@@ -113,14 +139,22 @@ def test_eval_and_export_print_no_torch_warning(own_run):
 
 def test_compare_without_matplotlib_writes_the_tables_and_says_so_once(own_run, tmp_path):
     _, out, _ = own_run
-    proc = run_blocked("""
+    proc = run_blocked(
+        """
         import runpy, sys
         sys.argv = sys.argv[1:]
         runpy.run_module("nvfp4train.compare", run_name="__main__", alter_sys=True)
-    """, "nvfp4train.compare", str(out), "--out", str(tmp_path / "cmp"))
+    """,
+        "nvfp4train.compare",
+        str(out),
+        "--out",
+        str(tmp_path / "cmp"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.strip() == ("no figures: drawing them needs matplotlib: pip install 'nvfp4train[plots]' "
-                                   "(compare.md and compare.json are written; --no-plots skips figures)")
+    assert proc.stderr.strip() == (
+        "no figures: drawing them needs matplotlib: pip install 'nvfp4train[plots]' "
+        "(compare.md and compare.json are written; --no-plots skips figures)"
+    )
     assert sorted(p.name for p in (tmp_path / "cmp").iterdir()) == ["compare.json", "compare.md"]
 
 
@@ -157,8 +191,12 @@ def test_lm_eval_adapter_without_lm_eval_is_one_line():
 
 def test_torchrun_lines_in_docs_and_scripts_are_standalone_or_rendezvous():
     """Two users on one machine collide on torchrun's default port 29500 without --standalone."""
-    paths = [*(REPO / "docs").glob("*.md"), *(REPO / "slurm").glob("*.sbatch"), *(REPO / "scripts").glob("*.sh"),
-             REPO / "nvfp4train" / "train" / "__main__.py"]
+    paths = [
+        *(REPO / "docs").glob("*.md"),
+        *(REPO / "slurm").glob("*.sbatch"),
+        *(REPO / "scripts").glob("*.sh"),
+        REPO / "nvfp4train" / "train" / "__main__.py",
+    ]
     checked = 0
     for path in paths:
         for line in path.read_text().splitlines():

@@ -5,6 +5,7 @@ wheel brings no triton. Each check runs in a subprocess whose sys.meta_path star
 raises ImportError for the optional packages, as if they were not installed, so a top-level import of
 one of them anywhere on an entry point's import path fails here.
 """
+
 from __future__ import annotations
 
 import pkgutil
@@ -17,8 +18,22 @@ import pytest
 import nvfp4train
 from tests.conftest import REPO, cli_env
 
-OPTIONAL = ("triton", "matplotlib", "datasets", "wandb", "deepspeed", "transformer_engine", "mamba_ssm",
-            "causal_conv1d", "lm_eval", "tiktoken", "torchao", "transformers", "einops", "pyarrow")
+OPTIONAL = (
+    "triton",
+    "matplotlib",
+    "datasets",
+    "wandb",
+    "deepspeed",
+    "transformer_engine",
+    "mamba_ssm",
+    "causal_conv1d",
+    "lm_eval",
+    "tiktoken",
+    "torchao",
+    "transformers",
+    "einops",
+    "pyarrow",
+)
 # Modules that are themselves code for an optional package, imported only where it is used; each must
 # name what to pip install when the package is missing.
 KERNEL_MODULES = ("", "common", "amax", "rounding", "e2m1", "nvfp4", "mxfp4", "rht", "fp8", "dequant", "sm90")
@@ -27,8 +42,16 @@ OPTIONAL_MODULES = {
     "nvfp4train.model.causal_conv": "triton",
     "nvfp4train.eval.lm_eval_adapter": "pip install",
 }
-ENTRY_POINTS = ["nvfp4train.train", "nvfp4train.eval", "nvfp4train.export", "nvfp4train.summary",
-                "nvfp4train.compare", "nvfp4train.reproduce", "nvfp4train.data.prepare", "nvfp4train.generate"]
+ENTRY_POINTS = [
+    "nvfp4train.train",
+    "nvfp4train.eval",
+    "nvfp4train.export",
+    "nvfp4train.summary",
+    "nvfp4train.compare",
+    "nvfp4train.reproduce",
+    "nvfp4train.data.prepare",
+    "nvfp4train.generate",
+]
 
 BLOCKER = textwrap.dedent(f"""
     import sys
@@ -47,8 +70,14 @@ BLOCKER = textwrap.dedent(f"""
 
 def run_blocked(code: str, *args: str) -> subprocess.CompletedProcess:
     """Run `code` (after the blocker) in a fresh interpreter, as `python -c`, with argv = args."""
-    return subprocess.run([sys.executable, "-c", BLOCKER + textwrap.dedent(code), *args], cwd=REPO,
-                          env=cli_env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", BLOCKER + textwrap.dedent(code), *args],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def all_modules() -> list[str]:
@@ -68,7 +97,8 @@ def test_every_module_imports_without_optional_packages():
     modules = all_modules()
     assert set(ENTRY_POINTS) <= set(modules) | {"nvfp4train.train", "nvfp4train.eval"}
     assert set(OPTIONAL_MODULES) <= set(modules)
-    proc = run_blocked("""
+    proc = run_blocked(
+        """
         import importlib, json, sys, traceback
         failures = {}
         for name in sys.argv[1:]:
@@ -77,9 +107,12 @@ def test_every_module_imports_without_optional_packages():
             except BaseException as e:
                 failures[name] = f"{type(e).__name__}: {e}"
         print(json.dumps(failures))
-    """, *modules)
+    """,
+        *modules,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
+
     failures = json.loads(proc.stdout.strip().splitlines()[-1])
     unexpected = {k: v for k, v in failures.items() if k not in OPTIONAL_MODULES}
     assert not unexpected, f"modules that import an optional package at top level: {unexpected}"
@@ -89,13 +122,17 @@ def test_every_module_imports_without_optional_packages():
 
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 def test_entry_point_help_without_optional_packages(entry):
-    proc = run_blocked("""
+    proc = run_blocked(
+        """
         import runpy, sys
         sys.argv = [sys.argv[1], "--help"]
         runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-    """, entry)
-    assert proc.returncode == 0, (f"{entry} --help failed ({proc.returncode}):\n"
-                                  f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    """,
+        entry,
+    )
+    assert proc.returncode == 0, (
+        f"{entry} --help failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    )
     assert "Traceback" not in proc.stderr
     out = proc.stdout.lower()
     assert "usage" in out and len(proc.stdout.splitlines()) < 80, proc.stdout

@@ -1,13 +1,21 @@
 """Each low-precision policy trains the real hybrid model end to end on CPU: finite, learning, and
 close to BF16 (the paper's gaps are ~1-2% at scale; a few percent is the bar for 30 tiny steps)."""
+
 import math
 
 import pytest
 
 from tests.conftest import read_metrics, run_train
 
-SHORT = ["train.max_steps=30", "train.log_every=1", "train.progress=false", "train.eval_sequences=2",
-         "train.seq_len=64", "train.global_batch_size=8", "train.micro_batch_size=8"]
+SHORT = [
+    "train.max_steps=30",
+    "train.log_every=1",
+    "train.progress=false",
+    "train.eval_sequences=2",
+    "train.seq_len=64",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=8",
+]
 
 
 @pytest.fixture(scope="module")

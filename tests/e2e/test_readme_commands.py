@@ -10,6 +10,7 @@ then the test install and this suite; test_ci_runs_the_first_two_lines_as_writte
 validate at that world size. The runs that the compare / eval / export examples read (runs/exp/*) are trained
 first, tiny, in the same scratch directory.
 """
+
 import re
 import shlex
 import subprocess
@@ -38,9 +39,14 @@ def readme_commands() -> list[str]:
 def classify(cmd: str) -> tuple[str, str]:
     words = shlex.split(cmd)
     env = [w for w in words if re.fullmatch(r"[A-Z_]+=\S*", w)]
-    prog = words[len(env):]
-    if prog[:2] == ["python3", "-m"] and prog[2] == "venv" or prog[0] in (".", "source", "pip") \
-            or "pip" in prog[:1] or "install" in prog[:2]:
+    prog = words[len(env) :]
+    if (
+        prog[:2] == ["python3", "-m"]
+        and prog[2] == "venv"
+        or prog[0] in (".", "source", "pip")
+        or "pip" in prog[:1]
+        or "install" in prog[:2]
+    ):
         return "skip", "installs packages (README's first two lines: .ci/run runs them as written in CI)"
     if prog[:3] == ["python", "-m", "pytest"]:
         return "skip", "the whole test suite (.ci/run runs it in CI)"
@@ -82,15 +88,27 @@ def scratch(tmp_path_factory):
     root = tmp_path_factory.mktemp("readme")
     (root / "slurm").symlink_to(REPO / "slurm")
     for arm in ("bf16", "nvfp4"):
-        _run([sys.executable, "-m", "nvfp4train.train", f"precision={arm}", f"out_dir=runs/exp/{arm}",
-              "train.max_steps=4", "train.log_every=1", "train.eval_sequences=2"], root)
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "nvfp4train.train",
+                f"precision={arm}",
+                f"out_dir=runs/exp/{arm}",
+                "train.max_steps=4",
+                "train.log_every=1",
+                "train.eval_sequences=2",
+            ],
+            root,
+        )
     return root
 
 
 def _run(argv, cwd, env=None):
     proc = subprocess.run(argv, cwd=cwd, env=cli_env(**(env or {})), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (f"{shlex.join(argv)} failed ({proc.returncode}):\n"
-                                  f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    assert proc.returncode == 0, (
+        f"{shlex.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    )
     return proc
 
 
@@ -101,11 +119,11 @@ def test_readme_command_runs(cmd, scratch):
         pytest.skip(reason)
     words = shlex.split(cmd)
     env = dict(w.split("=", 1) for w in words if re.fullmatch(r"[A-Z_]+=\S*", w))
-    prog = words[len(env):]
+    prog = words[len(env) :]
     if kind == "sbatch":  # the job script as sbatch would start it on GPU nodes, rendered only
         nodes = next((int(w.split("=")[1]) for w in prog if w.startswith("--nodes=")), 1)
         script = next(w for w in prog if w.startswith("slurm/"))
-        overrides = prog[prog.index(script) + 1:]
+        overrides = prog[prog.index(script) + 1 :]
         env.update(DRY_RUN="1", SLURM_NNODES=str(nodes), SLURM_GPUS_ON_NODE=str(GPUS_PER_NODE))
         _check_rendered_job(_run(["bash", script, *overrides], scratch, env).stdout)
         return
@@ -127,6 +145,6 @@ def _check_rendered_job(rendered: str) -> None:
     words = shlex.split(line)
     nnodes = next((int(w.split("=")[1]) for w in words if w.startswith("--nnodes=")), 1)
     nproc = next(int(w.split("=")[1]) for w in words if w.startswith("--nproc_per_node="))
-    overrides = words[words.index("nvfp4train.train") + 1:]
+    overrides = words[words.index("nvfp4train.train") + 1 :]
     cfg = RunConfig.from_omegaconf(compose("train", overrides))
     resolve_micro_batch(cfg.train, nnodes * nproc)

@@ -1,5 +1,6 @@
 """`python -m nvfp4train.eval`: BF16 evaluation of a checkpoint, lm-eval-style log-likelihood scoring,
 and bad input refused in one line with nothing written."""
+
 import json
 import math
 import shutil
@@ -15,8 +16,14 @@ from tests.conftest import REPO, cli_env, read_metrics
 
 
 def run_eval(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "nvfp4train.eval", *args], cwd=REPO, env=cli_env(),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nvfp4train.eval", *args],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
@@ -45,18 +52,20 @@ def test_eval_writes_heldout_losses_and_task_scores(tiny_run):
 def test_loglikelihood_matches_a_direct_forward_and_ignores_batching(tiny_run):
     model, config, _ = load_run_model(tiny_run)
     g = torch.Generator().manual_seed(0)
-    requests = [(torch.randint(1, 8192, (n,), generator=g).tolist(), torch.randint(1, 8192, (k,), generator=g).tolist())
-                for n, k in [(5, 1), (20, 3), (9, 7), (2, 2)]]
+    requests = [
+        (torch.randint(1, 8192, (n,), generator=g).tolist(), torch.randint(1, 8192, (k,), generator=g).tolist())
+        for n, k in [(5, 1), (20, 3), (9, 7), (2, 2)]
+    ]
     batched = harness.loglikelihoods(model, requests, max_len=64, batch_size=4)
     single = harness.loglikelihoods(model, requests, max_len=64, batch_size=1)
     for (context, continuation), (score, greedy), (score1, _) in zip(requests, batched, single):
         ids = torch.tensor([context + continuation])
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             logprobs = torch.log_softmax(model(ids[:, :-1]).float(), -1)[0]
-        targets = ids[0, len(context):]
-        direct = logprobs[len(context) - 1:].gather(-1, targets[:, None]).sum().item()
+        targets = ids[0, len(context) :]
+        direct = logprobs[len(context) - 1 :].gather(-1, targets[:, None]).sum().item()
         assert score == pytest.approx(direct, abs=0.05) and score == pytest.approx(score1, abs=0.05)
-        assert greedy == bool((logprobs[len(context) - 1:].argmax(-1) == targets).all())
+        assert greedy == bool((logprobs[len(context) - 1 :].argmax(-1) == targets).all())
 
 
 class FavoursToken(torch.nn.Module):
@@ -74,14 +83,23 @@ class Chars:
 
 def test_multiple_choice_acc_and_acc_norm_follow_lm_eval():
     # "f" is token 5, the favoured one.
-    items = [{"context": "ab", "choices": ["ff", "f", "fbc"], "gold": 0},
-             {"context": "ab", "choices": ["ffffff", "bf", "f"], "gold": 2}]
+    items = [
+        {"context": "ab", "choices": ["ff", "f", "fbc"], "gold": 0},
+        {"context": "ab", "choices": ["ffffff", "bf", "f"], "gold": 2},
+    ]
     # Item 1: acc picks "f" (ln .9 > 2 ln .9: wrong), acc_norm ties "ff" and "f" at ln .9 per byte and
     # takes the first, "ff" (right). Item 2: acc picks "f" (right), acc_norm "ffffff" (wrong).
     scores = harness.score_task(FavoursToken(), Chars, {"kind": "multiple_choice"}, items, 16, 4, "cpu")
     assert scores["acc"] == 0.5 and scores["acc_norm"] == 0.5 and scores["chance"] == pytest.approx(1 / 3)
-    cloze = harness.score_task(FavoursToken(), Chars, {"kind": "exact_match"},
-                               [{"context": "a", "target": "ff"}, {"context": "a", "target": "fa"}], 16, 4, "cpu")
+    cloze = harness.score_task(
+        FavoursToken(),
+        Chars,
+        {"kind": "exact_match"},
+        [{"context": "a", "target": "ff"}, {"context": "a", "target": "fa"}],
+        16,
+        4,
+        "cpu",
+    )
     assert cloze["exact_match"] == 0.5
     loss = harness.score_task(FavoursToken(), Chars, {"kind": "loss"}, [{"context": "a", "target": "ff"}], 16, 4, "cpu")
     assert loss["loss"] == pytest.approx(-math.log(0.9), rel=1e-4)
@@ -100,7 +118,8 @@ def one_line_error(capsys, *args):
 def test_bad_input_is_one_line_and_writes_nothing(tiny_run, tmp_path, capsys):
     proc = run_eval(f"run_dir={tiny_run}", "tasks=nope", check=False)  # the CLI itself: exit 2, one line
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        f"error: tasks: unknown task 'nope'; available: all, {', '.join(harness.load_task_definitions())}"]
+        f"error: tasks: unknown task 'nope'; available: all, {', '.join(harness.load_task_definitions())}"
+    ]
     assert "step=99: no checkpoint" in one_line_error(capsys, f"run_dir={tiny_run}", "step=99")
     assert "unknown key 'colour'; allowed: run_dir, step" in one_line_error(capsys, f"run_dir={tiny_run}", "colour=red")
     assert "run_dir: required" in one_line_error(capsys)

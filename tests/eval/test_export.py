@@ -1,5 +1,6 @@
 """`python -m nvfp4train.export`: a Hugging Face model directory from any checkpoint, with the checkpoint's
 weights under Nemotron-H's names, readable with safetensors alone and back into nvfp4train's model."""
+
 import json
 import subprocess
 import sys
@@ -34,8 +35,14 @@ def assert_round_trip(run_dir, out):
 
 def test_export_cli_writes_a_hugging_face_directory(tiny_run, tmp_path):
     out = tmp_path / "export"
-    proc = subprocess.run([sys.executable, "-m", "nvfp4train.export", f"run_dir={tiny_run}", f"out={out}"],
-                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nvfp4train.export", f"run_dir={tiny_run}", f"out={out}"],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["out"] == str(out)
     config = assert_round_trip(tiny_run, out)
@@ -50,6 +57,7 @@ def test_export_cli_writes_a_hugging_face_directory(tiny_run, tmp_path):
     tok_config = json.loads((out / "tokenizer_config.json").read_text())
     assert tok_config["eos_token"] == "<|endoftext|>" and config["eos_token_id"] == 0
     from tokenizers import Tokenizer
+
     assert Tokenizer.from_file(str(out / "tokenizer.json")).encode("Hello world").ids  # a tokenizer, rewritten
 
 
@@ -97,8 +105,7 @@ def test_export_of_a_tokenizer_path_that_is_no_tokenizer_is_refused(tiny_run, tm
     secret = tmp_path / "secret.json"
     secret.write_text('{"api_key": "do-not-copy"}')
     config = (tiny_run / "config.yaml").read_text()
-    (run_dir / "config.yaml").write_text(config.replace("tokenizer: data/tokenizer/bpe8k.json",
-                                                        f"tokenizer: {secret}"))
+    (run_dir / "config.yaml").write_text(config.replace("tokenizer: data/tokenizer/bpe8k.json", f"tokenizer: {secret}"))
     assert main([f"run_dir={run_dir}", f"out={tmp_path / 'x'}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: data.tokenizer='{secret}':") and "unreadable" in err
@@ -108,8 +115,19 @@ def test_export_of_a_tokenizer_path_that_is_no_tokenizer_is_refused(tiny_run, tm
 @pytest.mark.slow
 def test_export_consolidates_fsdp2_shards(tmp_path):
     run_dir = tmp_path / "fsdp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-           "nvfp4train.train", f"out_dir={run_dir}", "train.parallel=fsdp2", *TINY, "train.micro_batch_size=2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "nvfp4train.train",
+        f"out_dir={run_dir}",
+        "train.parallel=fsdp2",
+        *TINY,
+        "train.micro_batch_size=2",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=cli_env(OMP_NUM_THREADS=1), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     shards = list((run_dir / "checkpoints" / "step_00000004" / "model_optim").glob("*.distcp"))

@@ -1,5 +1,6 @@
 """`python -m nvfp4train.generate`: text sampled from a run's checkpoint with the decode cache; greedy
 decoding gives the tokens of a full forward per token; the same seed gives the same text."""
+
 import json
 import subprocess
 import sys
@@ -27,9 +28,23 @@ def reference_greedy(model, ids: list[int], n: int, eos_id: int) -> list[int]:
 
 
 def test_generate_cli_greedy_matches_full_forward_decoding(tiny_run):
-    proc = subprocess.run([sys.executable, "-m", "nvfp4train.generate", f"run_dir={tiny_run}", f"prompt={PROMPT}",
-                           "temperature=0", "max_new_tokens=40", "json=true"],
-                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nvfp4train.generate",
+            f"run_dir={tiny_run}",
+            f"prompt={PROMPT}",
+            "temperature=0",
+            "max_new_tokens=40",
+            "json=true",
+        ],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     line = json.loads(proc.stdout.strip().splitlines()[-1])
     assert line["prompt"] == PROMPT  # verbatim: not parsed as a list or a number
@@ -53,10 +68,12 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy(tiny_run):
 def test_generate_help_and_bad_input(tiny_run, capsys):
     assert main(["--help"]) == 0
     assert "max_new_tokens" in capsys.readouterr().out
-    for args, message in [([f"run_dir={tiny_run}", "temperature=-1"], "error: temperature=-1.0: must be >= 0"),
-                          ([f"run_dir={tiny_run}", "top_kk=3"], "error: unknown key 'top_kk'; allowed: run_dir"),
-                          ([f"run_dir={tiny_run}", "max_new_tokens=0"], "error: max_new_tokens=0: must be a positive"),
-                          ([f"run_dir={tiny_run / 'nope'}"], "error: run_dir=")]:
+    for args, message in [
+        ([f"run_dir={tiny_run}", "temperature=-1"], "error: temperature=-1.0: must be >= 0"),
+        ([f"run_dir={tiny_run}", "top_kk=3"], "error: unknown key 'top_kk'; allowed: run_dir"),
+        ([f"run_dir={tiny_run}", "max_new_tokens=0"], "error: max_new_tokens=0: must be a positive"),
+        ([f"run_dir={tiny_run / 'nope'}"], "error: run_dir="),
+    ]:
         assert main(args) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(message) and len(err.splitlines()) == 1, err

@@ -2,6 +2,7 @@
 wrongly beyond one chunk) and computes what nvfp4train computes: FP32 logits within 1e-4, the same
 greedy tokens from `generate()`, the same tokenizer. For a BF16-trained and an NVFP4-trained run (the
 latter evaluated with BF16 linears, as `python -m nvfp4train.eval` does)."""
+
 import pytest
 import torch
 

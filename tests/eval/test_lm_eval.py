@@ -1,6 +1,7 @@
 """The lm-evaluation-harness adapter, offline: lm-eval's own CLI scores a checkpoint on the shipped task YAMLs
 (evals/lm_eval/), its `hf` model on the export gives the same numbers, and the adapter encodes, rolls and
 generates as lm-eval's own models do."""
+
 import json
 import subprocess
 import sys
@@ -18,10 +19,31 @@ pytest.importorskip("lm_eval")
 
 def lm_eval_cli(tmp_path, name: str, model: str, model_args: str, tasks: str, limit: int) -> dict:
     out = tmp_path / name
-    proc = subprocess.run([sys.executable, "-m", "nvfp4train.eval.lm_eval_adapter", "run", "--model", model,
-                           "--model_args", model_args, "--tasks", tasks, "--include_path", "evals/lm_eval",
-                           "--limit", str(limit), "--output_path", str(out)],
-                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nvfp4train.eval.lm_eval_adapter",
+            "run",
+            "--model",
+            model,
+            "--model_args",
+            model_args,
+            "--tasks",
+            tasks,
+            "--include_path",
+            "evals/lm_eval",
+            "--limit",
+            str(limit),
+            "--output_path",
+            str(out),
+        ],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(next(out.rglob("results_*.json")).read_text())["results"]
 
@@ -48,16 +70,26 @@ def test_shipped_task_yaml_scores_like_our_harness(tiny_run, tmp_path):
     results = lm_eval_cli(tmp_path, "yaml", "nvfp4train", f"run_dir={tiny_run}", "humaneval_solutions", 8)
     model, config, _ = load_run_model(tiny_run)
     items = harness.read_items({"data": "tasks/humaneval_solutions.jsonl"})[:8]
-    ours = harness.score_task(model, load_tokenizer(config["data"]["tokenizer"]), {"kind": "loss"}, items,
-                              config["train"]["seq_len"], 16, "cpu")
+    ours = harness.score_task(
+        model,
+        load_tokenizer(config["data"]["tokenizer"]),
+        {"kind": "loss"},
+        items,
+        config["train"]["seq_len"],
+        16,
+        "cpu",
+    )
     assert results["humaneval_solutions"]["bits_per_byte,none"] == pytest.approx(ours["bits_per_byte"], rel=2e-3)
 
 
 def test_registration_leaves_lm_evals_own_models_usable():
-    code = ("import nvfp4train.eval.lm_eval_adapter\nfrom lm_eval.api.registry import get_model\n"
-            "print(get_model('nvfp4train').__name__, get_model('dummy').__name__)")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cli_env(), capture_output=True, text=True,
-                          timeout=300)
+    code = (
+        "import nvfp4train.eval.lm_eval_adapter\nfrom lm_eval.api.registry import get_model\n"
+        "print(get_model('nvfp4train').__name__, get_model('dummy').__name__)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["NVFP4TrainLM", "DummyLM"]
 
@@ -69,10 +101,10 @@ def test_encode_pair_splits_the_whole_encoding_like_lm_eval(tiny_run):
     tok = lm.nvfp4_tokenizer
     context, continuation = lm._encode_pair("The cat", "s sat")
     whole = tok.encode("The cats sat")
-    assert context == tok.encode("The cat") and continuation == whole[len(context):]
+    assert context == tok.encode("The cat") and continuation == whole[len(context) :]
     assert continuation != tok.encode("s sat")  # what encoding the two parts separately would have scored
     answer = tok.encode("Answer:")
-    assert lm._encode_pair("Answer: ", "12") == (answer, tok.encode("Answer: 12")[len(answer):])
+    assert lm._encode_pair("Answer: ", "12") == (answer, tok.encode("Answer: 12")[len(answer) :])
 
 
 def test_rolling_loglikelihood_and_greedy_generation(tiny_run):
@@ -96,16 +128,37 @@ def test_rolling_loglikelihood_and_greedy_generation(tiny_run):
     with torch.no_grad():
         for _ in range(6):
             ids.append(int(lm32.model(torch.tensor([ids]))[0, -1].argmax()))
-    expected = tok.decode(ids[len(tok.encode("The quick")):])
+    expected = tok.decode(ids[len(tok.encode("The quick")) :])
     got = lm32.generate_until([Instance("generate_until", {}, ("The quick", {"until": [], "max_gen_toks": 6}), 0)])
     if tok.eos_id not in ids:
         assert got == [expected]
 
 
 def test_bad_model_args_give_one_line(tiny_run, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "nvfp4train.eval.lm_eval_adapter", "run", "--model", "nvfp4train",
-                           "--model_args", f"run_dir={tiny_run},dtype=fp8", "--tasks", "humaneval_solutions",
-                           "--include_path", "evals/lm_eval", "--limit", "1", "--output_path", str(tmp_path / "o")],
-                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nvfp4train.eval.lm_eval_adapter",
+            "run",
+            "--model",
+            "nvfp4train",
+            "--model_args",
+            f"run_dir={tiny_run},dtype=fp8",
+            "--tasks",
+            "humaneval_solutions",
+            "--include_path",
+            "evals/lm_eval",
+            "--limit",
+            "1",
+            "--output_path",
+            str(tmp_path / "o"),
+        ],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == "error: dtype='fp8': allowed: bfloat16, float32"

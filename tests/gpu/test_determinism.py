@@ -4,6 +4,7 @@ called twice, mamba-ssm's SSD kernels are pinned to one configuration, and whole
 
     python -m pytest -q tests/gpu/test_determinism.py
 """
+
 from __future__ import annotations
 
 import json
@@ -43,10 +44,15 @@ def _assert_bitwise(a, b):
 def _ssd_inputs(b=4, T=1024, h=16, p=64, g=4, n=64):
     torch.manual_seed(0)
     cuda = torch.device("cuda")
-    return (torch.randn(b, T, h, p, device=cuda, dtype=torch.bfloat16), torch.randn(b, T, h, device=cuda),
-            -torch.rand(h, device=cuda) * 8 - 1, torch.randn(b, T, g, n, device=cuda, dtype=torch.bfloat16),
-            torch.randn(b, T, g, n, device=cuda, dtype=torch.bfloat16), torch.randn(h, device=cuda),
-            torch.randn(h, device=cuda))
+    return (
+        torch.randn(b, T, h, p, device=cuda, dtype=torch.bfloat16),
+        torch.randn(b, T, h, device=cuda),
+        -torch.rand(h, device=cuda) * 8 - 1,
+        torch.randn(b, T, g, n, device=cuda, dtype=torch.bfloat16),
+        torch.randn(b, T, g, n, device=cuda, dtype=torch.bfloat16),
+        torch.randn(h, device=cuda),
+        torch.randn(h, device=cuda),
+    )
 
 
 @pytest.mark.parametrize("backend", ["auto", "torch"])
@@ -59,6 +65,7 @@ def test_the_ssd_repeats_bitwise_in_deterministic_mode(backend):
         if backend == "auto":
             modules = [sys.modules[f"mamba_ssm.ops.triton.{m}"] for m in ssd.SSD_TRITON_MODULES]
             from triton.runtime.autotuner import Autotuner
+
             tuners = [k for m in modules for k in vars(m).values() if isinstance(k, Autotuner)]
             assert tuners and all(len(k.configs) == 1 for k in tuners)
     if backend == "auto":  # given back at the first call outside the mode
@@ -102,10 +109,35 @@ def test_math_attention_repeats_bitwise():
 @pytest.mark.slow
 def test_two_runs_are_bitwise_equal(tmp_path):
     """hybrid_tiny, BF16 and NVFP4 compiled with the CUDA graph, 30 steps each, run twice (at once on two GPUs)."""
-    proc = subprocess.run([sys.executable, "scripts/check_determinism_gpu.py", "--model", "hybrid_tiny", "--seq", "256",
-                           "--batch", "8", "--steps", "30", "--kill-at", "10", "--cases", "graph", "resume",
-                           "--deadline", "900", "--out", str(tmp_path / "check")],
-                          cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=1200, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "scripts/check_determinism_gpu.py",
+            "--model",
+            "hybrid_tiny",
+            "--seq",
+            "256",
+            "--batch",
+            "8",
+            "--steps",
+            "30",
+            "--kill-at",
+            "10",
+            "--cases",
+            "graph",
+            "resume",
+            "--deadline",
+            "900",
+            "--out",
+            str(tmp_path / "check"),
+        ],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "check" / "determinism.json").read_text())
     for row in rows:
@@ -121,8 +153,9 @@ def test_compiled_flex_attention_repeats_bitwise_and_matches_sdpa():
     with deterministic_mode(True):
         first, second = _twice(flex, q, k, v)
     _assert_bitwise(first, second)
-    expected = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
-                                                                enable_gqa=True)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), is_causal=True, enable_gqa=True
+    )
     assert ((first[0].float() - expected).norm() / expected.norm()).item() < 1e-2
 
 
@@ -132,16 +165,37 @@ def test_evaluating_a_deterministic_run_twice_gives_the_same_eval_json(tmp_path)
     of one checkpoint agree to the last digit (without it, mamba-ssm's timing-picked kernels made the
     held-out losses differ around 1e-5)."""
     run = tmp_path / "run"
-    train = subprocess.run([sys.executable, "-m", "nvfp4train.train", "model=hybrid_tiny", "train.max_steps=5",
-                            "train.seq_len=256", "train.global_batch_size=8", "train.deterministic=true",
-                            "train.progress=false", f"out_dir={run}"],
-                           cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
+    train = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nvfp4train.train",
+            "model=hybrid_tiny",
+            "train.max_steps=5",
+            "train.seq_len=256",
+            "train.global_batch_size=8",
+            "train.deterministic=true",
+            "train.progress=false",
+            f"out_dir={run}",
+        ],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert train.returncode == 0, train.stderr[-3000:]
     results = []
     for k in range(2):
         env = {**cli_env(), "TRITON_CACHE_DIR": str(tmp_path / f"triton{k}")}  # no autotuning result shared
-        proc = subprocess.run([sys.executable, "-m", "nvfp4train.eval", f"run_dir={run}", "tasks=all",
-                               "max_items=20"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(
+            [sys.executable, "-m", "nvfp4train.eval", f"run_dir={run}", "tasks=all", "max_items=20"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = json.loads((run / "eval.json").read_text())
         assert result["deterministic"] is True

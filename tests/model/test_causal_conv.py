@@ -2,6 +2,7 @@
 the gradients of x, weight and bias, for a strided x (the mixer's slice of in_proj's output), sequences
 that no tile divides, FP32 and BF16 inputs. On CPU the kernels run in Triton's interpreter (a subprocess
 with TRITON_INTERPRET=1, read when triton is imported); on a GPU natively (marked gpu)."""
+
 from __future__ import annotations
 
 import os
@@ -33,16 +34,24 @@ def check(device: str) -> None:
             for triton_path in (True, False):
                 x = wide.to(device, dtype).requires_grad_(True)
                 w, bb = weight.to(device).requires_grad_(True), bias.to(device).requires_grad_(True)
-                xs = x[:, :, 8:8 + C]
+                xs = x[:, :, 8 : 8 + C]
                 with torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):  # as in training
-                    y = (causal_conv1d_silu_triton(xs, w, bb) if triton_path
-                         else causal_conv1d_silu(xs, w, bb, use_kernel=False))
+                    y = (
+                        causal_conv1d_silu_triton(xs, w, bb)
+                        if triton_path
+                        else causal_conv1d_silu(xs, w, bb, use_kernel=False)
+                    )
                 (y.float() * grad.to(device)).sum().backward()
                 results.append([t.float().cpu() for t in (y, x.grad, w.grad, bb.grad)])
                 assert y.dtype == dtype and y.shape == (b, T, C)
             for name, got, want in zip(("y", "dx", "dw", "dbias"), *results):
-                torch.testing.assert_close(got, want, rtol=tol, atol=tol * max(1.0, want.abs().max().item()),
-                                           msg=lambda m: f"{name} {dtype} {(b, T, C, K)}: {m}")
+                torch.testing.assert_close(
+                    got,
+                    want,
+                    rtol=tol,
+                    atol=tol * max(1.0, want.abs().max().item()),
+                    msg=lambda m: f"{name} {dtype} {(b, T, C, K)}: {m}",
+                )
             assert results[0][1][:, :, :8].abs().max() == 0  # no gradient outside the slice
 
 
@@ -50,8 +59,14 @@ def check(device: str) -> None:
 def test_triton_conv_in_the_interpreter():
     pytest.importorskip("triton")
     code = "from tests.model.test_causal_conv import check; check('cpu')"
-    run = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=REPO, capture_output=True, text=True,
-                         timeout=600, env=dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO)))
+    run = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO)),
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
 
 
@@ -84,18 +99,28 @@ def test_conv_kernels_compile_for_sm90():
 
     from nvfp4train.model import causal_conv as cc
 
-    common = {"x_ptr": "*bf16", "w_ptr": "*fp32", "bias_ptr": "*fp32", "T": "i32", "C": "i32", "stride_b": "i64",
-              "stride_t": "i32"}
+    common = {
+        "x_ptr": "*bf16",
+        "w_ptr": "*fp32",
+        "bias_ptr": "*fp32",
+        "T": "i32",
+        "C": "i32",
+        "stride_b": "i64",
+        "stride_t": "i32",
+    }
     fwd = {**common, "y_ptr": "*bf16"}
     bwd = {**common, "dy_ptr": "*bf16", "dx_ptr": "*bf16", "dw_ptr": "*fp32", "db_ptr": "*fp32", "n_t": "i32"}
     tiles = {"K": 4, "BT": cc.BLOCK_T, "BC": cc.BLOCK_C}
     rows = {"ROWS": cc.ROWS4, "BC": cc.BLOCK_C4, "FAST": True}
-    for kernel, signature, constexprs in ((cc._conv_silu_fwd_kernel, fwd, tiles),
-                                          (cc._conv_silu_bwd_kernel, bwd, tiles),
-                                          (cc._conv4_silu_fwd_kernel, fwd, rows),
-                                          (cc._conv4_silu_bwd_kernel, bwd, rows)):
+    for kernel, signature, constexprs in (
+        (cc._conv_silu_fwd_kernel, fwd, tiles),
+        (cc._conv_silu_bwd_kernel, bwd, tiles),
+        (cc._conv4_silu_fwd_kernel, fwd, rows),
+        (cc._conv4_silu_bwd_kernel, bwd, rows),
+    ):
         signature = {**{k: "constexpr" for k in constexprs}, **signature}
         signature = {name: signature[name] for name in kernel.arg_names}
-        compiled = triton_compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                                  target=GPUTarget("cuda", 90, 32))
+        compiled = triton_compile(
+            ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32)
+        )
         assert ".entry" in compiled.asm["ptx"]

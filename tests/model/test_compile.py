@@ -1,6 +1,7 @@
 """torch.compile of the whole model: one graph (no break outside the quantized linear), and the compiled
 loss and gradients equal eager ones. On CPU with the PyTorch SSD; the Triton SSD's custom op is checked
 on a GPU (test_compile_triton_ssd_one_graph)."""
+
 import pytest
 import torch
 import torch._dynamo
@@ -32,8 +33,11 @@ def _loss(model, x, y):
 def test_no_graph_break_outside_the_quantized_linear(precision):
     model = _model(precision)
     explained = torch._dynamo.explain(_loss)(model, *_batch(model))
-    outside = [b.reason for b in explained.break_reasons
-               if not any("precision/linear.py" in frame.filename for frame in b.user_stack)]
+    outside = [
+        b.reason
+        for b in explained.break_reasons
+        if not any("precision/linear.py" in frame.filename for frame in b.user_stack)
+    ]
     assert outside == []
     if precision == "bf16":
         assert explained.graph_break_count == 0 and explained.graph_count == 1

@@ -12,8 +12,16 @@ FIELDS = [f for f in ModelConfig.__dataclass_fields__]
 
 
 def test_all_presets_present():
-    assert set(PRESETS) >= {"hybrid_tiny", "hybrid_50m", "hybrid_125m", "hybrid_350m", "hybrid_1b",
-                            "nemotron_h_12b", "nemotron_h_8b", "transformer_1p2b"}
+    assert set(PRESETS) >= {
+        "hybrid_tiny",
+        "hybrid_50m",
+        "hybrid_125m",
+        "hybrid_350m",
+        "hybrid_1b",
+        "nemotron_h_12b",
+        "nemotron_h_8b",
+        "transformer_1p2b",
+    }
 
 
 @pytest.mark.parametrize("name", PRESETS)

@@ -1,6 +1,7 @@
 """Incremental decoding (nvfp4train.model.decode): prefill + one token at a time gives the logits of the full
 forward over the whole sequence, for the hybrid (Mamba state + attention KV cache) and a RoPE Transformer,
 and leaves the training forward as it was (same bits, no hooks left)."""
+
 import pytest
 import torch
 

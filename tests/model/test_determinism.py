@@ -3,6 +3,7 @@ model picks its deterministic attention and SSD paths, and two CPU runs with it 
 
 What only a GPU can show (bitwise-equal GPU runs, eager and compiled, DDP, kill -9 and resume) is in
 tests/gpu/test_determinism.py and scripts/check_determinism_gpu.py."""
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,18 @@ from nvfp4train.train import determinism
 from nvfp4train.train.loop import run
 from tests.conftest import read_metrics
 
-TINY = ["train.max_steps=3", "train.progress=false", "train.eval_sequences=2", "train.seq_len=32",
-        "train.global_batch_size=2", "train.micro_batch_size=2", "train.log_every=1", "model.d_model=64",
-        "model.vocab_size=8192", "train.device=cpu"]
+TINY = [
+    "train.max_steps=3",
+    "train.progress=false",
+    "train.eval_sequences=2",
+    "train.seq_len=32",
+    "train.global_batch_size=2",
+    "train.micro_batch_size=2",
+    "train.log_every=1",
+    "model.d_model=64",
+    "model.vocab_size=8192",
+    "train.device=cpu",
+]
 
 
 def config(out, *overrides) -> RunConfig:
@@ -46,13 +56,16 @@ def test_a_bad_value_is_one_line_naming_the_key(tmp_path):
 
 # ------------------------------------------------------------------------------------- torch's modes
 def _modes() -> dict:
-    return {"algorithms": torch.are_deterministic_algorithms_enabled(),
-            "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
-            "cudnn": torch.backends.cudnn.deterministic, "benchmark": torch.backends.cudnn.benchmark,
-            "flash": torch.backends.cuda.flash_sdp_enabled(),
-            "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
-            "cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled(),
-            "inductor": torch._inductor.config.deterministic}
+    return {
+        "algorithms": torch.are_deterministic_algorithms_enabled(),
+        "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "cudnn": torch.backends.cudnn.deterministic,
+        "benchmark": torch.backends.cudnn.benchmark,
+        "flash": torch.backends.cuda.flash_sdp_enabled(),
+        "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+        "cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled(),
+        "inductor": torch._inductor.config.deterministic,
+    }
 
 
 def test_the_mode_switches_everything_on_and_restores_it(no_cublas_env):
@@ -63,8 +76,16 @@ def test_the_mode_switches_everything_on_and_restores_it(no_cublas_env):
     with determinism.deterministic_mode(True):
         inside = _modes()
         assert os.environ[determinism.CUBLAS_ENV] == ":4096:8"
-    assert inside == {"algorithms": True, "warn_only": False, "cudnn": True, "benchmark": False, "flash": False,
-                      "mem_efficient": False, "cudnn_sdp": False, "inductor": True}
+    assert inside == {
+        "algorithms": True,
+        "warn_only": False,
+        "cudnn": True,
+        "benchmark": False,
+        "flash": False,
+        "mem_efficient": False,
+        "cudnn_sdp": False,
+        "inductor": True,
+    }
     assert _modes() == before
     with determinism.deterministic_mode(False):
         assert _modes() == before
@@ -83,8 +104,10 @@ def test_a_cublas_workspace_it_cannot_set_is_refused_in_one_line(monkeypatch, va
     else:
         monkeypatch.setenv(determinism.CUBLAS_ENV, value)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: cuda_started)
-    with (pytest.raises(ConfigError, match=r"CUBLAS_WORKSPACE_CONFIG=:4096:8") as e,
-          determinism.deterministic_mode(True)):
+    with (
+        pytest.raises(ConfigError, match=r"CUBLAS_WORKSPACE_CONFIG=:4096:8") as e,
+        determinism.deterministic_mode(True),
+    ):
         pass
     assert "\n" not in str(e.value)
     assert not torch.are_deterministic_algorithms_enabled()
@@ -112,41 +135,52 @@ def test_flex_causal_attention_is_causal_sdpa():
 
 def test_an_unknown_deterministic_attention_is_refused_in_one_line(monkeypatch, no_cublas_env):
     monkeypatch.setenv(blocks.DETERMINISTIC_ATTENTION_ENV, "fast")
-    with pytest.raises(ConfigError, match="NVFP4TRAIN_DETERMINISTIC_ATTENTION=fast: allowed math, flex"), \
-            determinism.deterministic_mode(True):
+    with (
+        pytest.raises(ConfigError, match="NVFP4TRAIN_DETERMINISTIC_ATTENTION=fast: allowed math, flex"),
+        determinism.deterministic_mode(True),
+    ):
         pass
     assert not torch.are_deterministic_algorithms_enabled()
 
 
-@pytest.mark.parametrize("backend, cuda, det, available, det_mode, expected", [
-    ("auto", True, False, True, False, "triton"),
-    ("auto", True, True, True, True, "triton"),     # mamba-ssm >= 2.3: its deterministic mode, configs pinned
-    ("auto", True, True, True, False, "torch"),     # an older mamba-ssm accumulates with atomics
-    ("auto", True, True, False, False, "torch"),
-    ("auto", False, True, True, True, "torch"),
-    ("torch", True, True, True, True, "torch"),
-    ("triton", True, True, True, True, "triton"),
-])
+@pytest.mark.parametrize(
+    "backend, cuda, det, available, det_mode, expected",
+    [
+        ("auto", True, False, True, False, "triton"),
+        ("auto", True, True, True, True, "triton"),  # mamba-ssm >= 2.3: its deterministic mode, configs pinned
+        ("auto", True, True, True, False, "torch"),  # an older mamba-ssm accumulates with atomics
+        ("auto", True, True, False, False, "torch"),
+        ("auto", False, True, True, True, "torch"),
+        ("torch", True, True, True, True, "torch"),
+        ("triton", True, True, True, True, "triton"),
+    ],
+)
 def test_the_ssd_backend_resolves(backend, cuda, det, available, det_mode, expected):
     assert ssd.resolve_ssd_backend(backend, cuda, det, available, det_mode) == expected
 
 
-@pytest.mark.parametrize("backend, cuda, det_mode, message", [
-    ("triton", False, True, "needs CUDA"),
-    ("triton", True, False, "mamba-ssm >= 2.3"),
-    ("bogus", True, True, "not one of auto, torch, triton"),
-])
+@pytest.mark.parametrize(
+    "backend, cuda, det_mode, message",
+    [
+        ("triton", False, True, "needs CUDA"),
+        ("triton", True, False, "mamba-ssm >= 2.3"),
+        ("bogus", True, True, "not one of auto, torch, triton"),
+    ],
+)
 def test_an_ssd_backend_that_cannot_run_is_one_line(backend, cuda, det_mode, message):
     with pytest.raises(ValueError, match=message):
         ssd.resolve_ssd_backend(backend, cuda, True, True, det_mode)
 
 
-@pytest.mark.parametrize("cuda, det, extension, triton_ok, expected", [
-    (True, False, True, True, "causal_conv1d"),
-    (True, True, True, True, "triton"),         # the extension's backward is not audited: our kernels
-    (True, True, False, False, "torch"),         # F.conv1d: cuDNN, deterministic with cudnn.deterministic
-    (False, True, True, True, "torch"),
-])
+@pytest.mark.parametrize(
+    "cuda, det, extension, triton_ok, expected",
+    [
+        (True, False, True, True, "causal_conv1d"),
+        (True, True, True, True, "triton"),  # the extension's backward is not audited: our kernels
+        (True, True, False, False, "torch"),  # F.conv1d: cuDNN, deterministic with cudnn.deterministic
+        (False, True, True, True, "torch"),
+    ],
+)
 def test_the_conv_backend_resolves(cuda, det, extension, triton_ok, expected):
     assert ssd.conv_backend(cuda, det, extension, triton_ok) == expected
 
@@ -198,10 +232,12 @@ def test_mamba_ssm_s_autotuned_kernels_are_pinned_and_given_back():
     triton = pytest.importorskip("triton")
     import triton.language as tl
 
-    configs = [triton.Config({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 64}, num_stages=3, num_warps=8),
-               triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 32}, num_stages=4, num_warps=4),  # 8192
-               triton.Config({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64}, num_stages=4, num_warps=2),  # 8192 too
-               triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64}, num_stages=2, num_warps=4)]
+    configs = [
+        triton.Config({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 64}, num_stages=3, num_warps=8),
+        triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 32}, num_stages=4, num_warps=4),  # 8192
+        triton.Config({"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64}, num_stages=4, num_warps=2),  # 8192 too
+        triton.Config({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64}, num_stages=2, num_warps=4),
+    ]
 
     @triton.autotune(configs=configs, key=["n"])
     @triton.jit
@@ -235,8 +271,10 @@ def test_two_deterministic_cpu_runs_are_bitwise_equal_and_say_so(tmp_path, no_cu
 def test_a_default_run_records_that_it_was_not_deterministic(tmp_path):
     run(config(tmp_path))
     assert read_metrics(tmp_path)[0]["deterministic"] is False
-    assert json.loads(json.dumps(yaml.safe_load((tmp_path / "config.yaml").read_text())))["train"][
-        "deterministic"] is False
+    assert (
+        json.loads(json.dumps(yaml.safe_load((tmp_path / "config.yaml").read_text())))["train"]["deterministic"]
+        is False
+    )
 
 
 def test_mamba_s_backward_cumsums_are_let_through_only_for_that_call():

@@ -1,5 +1,6 @@
 """The Triton RMSNorm and gated RMSNorm (CUDA) equal the PyTorch ones in blocks.py: outputs and the
 gradients of input, gate and weight, for the residual stream's FP32 and the mixer's BF16 inputs."""
+
 import pytest
 import torch
 
@@ -112,10 +113,12 @@ def test_backward_launcher_matches_mamba_ssm(group_size):
     x, dy, z = (torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
     w = torch.rand(N, device="cuda", generator=g) + 0.5
     z = z if group_size < N else None
-    _, _, rstd = _kernels()._layer_norm_fwd(x, w, None, 1e-5, z=z, group_size=group_size, norm_before_gate=False,
-                                           is_rms_norm=True)
-    want_dx, want_dw, _, want_dz = _kernels()._layer_norm_bwd(dy, x, w, None, 1e-5, None, rstd, z, group_size,
-                                                              False, True)
+    _, _, rstd = _kernels()._layer_norm_fwd(
+        x, w, None, 1e-5, z=z, group_size=group_size, norm_before_gate=False, is_rms_norm=True
+    )
+    want_dx, want_dw, _, want_dz = _kernels()._layer_norm_bwd(
+        dy, x, w, None, 1e-5, None, rstd, z, group_size, False, True
+    )
     for warps_per_sm in (4, 32, 10_000):
         dx, dw, dz = rms_norm_backward(dy, x, w, z, rstd, 1e-5, group_size, warps_per_sm=warps_per_sm)
         assert torch.equal(dx, want_dx)

@@ -1,5 +1,6 @@
 """The chunked linear cross-entropy equals F.cross_entropy of the full logits: loss and gradients,
 in FP32 and under BF16 autocast, for chunks that do and do not divide the token count."""
+
 import pytest
 import torch
 import torch.nn.functional as F

@@ -83,11 +83,15 @@ def test_linear_factory_gets_every_block_linear_and_nothing_else(small_cfg_dict)
     expected = []
     for i, kind in enumerate(cfg.pattern):
         if kind == "M":
-            expected += [(i, "in_proj", cfg.d_model, cfg.mamba_in_proj_dim),
-                         (i, "out_proj", cfg.mamba_d_inner, cfg.d_model)]
+            expected += [
+                (i, "in_proj", cfg.d_model, cfg.mamba_in_proj_dim),
+                (i, "out_proj", cfg.mamba_d_inner, cfg.d_model),
+            ]
         elif kind == "*":
-            expected += [(i, "qkv", cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim),
-                         (i, "out", cfg.n_heads * cfg.head_dim, cfg.d_model)]
+            expected += [
+                (i, "qkv", cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim),
+                (i, "out", cfg.n_heads * cfg.head_dim, cfg.d_model),
+            ]
         else:
             expected += [(i, "fc1", cfg.d_model, cfg.ffn_hidden), (i, "fc2", cfg.ffn_hidden, cfg.d_model)]
     assert requests == expected
@@ -106,16 +110,34 @@ def test_default_linears_have_no_bias(small_cfg_dict):
 
 
 def test_init_stds_follow_megatron():
-    cfg = ModelConfig.from_dict({"pattern": "M*-" * 4, "d_model": 256, "ffn_hidden": 1024, "n_heads": 8,
-                                 "n_kv_heads": 2, "head_dim": 32, "mamba_head_dim": 64, "mamba_groups": 2,
-                                 "init_std": 0.02, "vocab_size": 4096})
+    cfg = ModelConfig.from_dict(
+        {
+            "pattern": "M*-" * 4,
+            "d_model": 256,
+            "ffn_hidden": 1024,
+            "n_heads": 8,
+            "n_kv_heads": 2,
+            "head_dim": 32,
+            "mamba_head_dim": 64,
+            "mamba_groups": 2,
+            "init_std": 0.02,
+            "vocab_size": 4096,
+        }
+    )
     torch.manual_seed(0)
     model = HybridLM(cfg)
     out_std = 0.02 / math.sqrt(2 * cfg.n_blocks)
     m, a, f = model.blocks[0].mixer, model.blocks[1].mixer, model.blocks[2].mixer
-    for w, std in [(model.embedding.weight, 0.02), (model.lm_head.weight, 0.02), (m.in_proj.weight, 0.02),
-                   (a.qkv.weight, 0.02), (f.fc1.weight, 0.02), (m.out_proj.weight, out_std),
-                   (a.out.weight, out_std), (f.fc2.weight, out_std)]:
+    for w, std in [
+        (model.embedding.weight, 0.02),
+        (model.lm_head.weight, 0.02),
+        (m.in_proj.weight, 0.02),
+        (a.qkv.weight, 0.02),
+        (f.fc1.weight, 0.02),
+        (m.out_proj.weight, out_std),
+        (a.out.weight, out_std),
+        (f.fc2.weight, out_std),
+    ]:
         assert abs(w.std().item() / std - 1) < 0.05, (w.shape, w.std().item(), std)
     # Mamba-2 SSM parameters: A = -exp(A_log) in [-16, -1], D = 1, softplus(dt_bias) in [1e-3, 0.1].
     A = -torch.exp(m.A_log)
@@ -138,8 +160,15 @@ def test_param_groups_split_matrices_from_vectors(small_cfg_dict):
     for name, p in named.items():
         in_no_decay = id(p) in no_decay
         assert in_no_decay == (p.ndim < 2 or name.endswith(".bias")), name
-    for name in ["blocks.0.mixer.A_log", "blocks.0.mixer.D", "blocks.0.mixer.dt_bias", "blocks.0.mixer.conv1d.bias",
-                 "blocks.0.norm.weight", "blocks.0.mixer.norm.weight", "final_norm.weight"]:
+    for name in [
+        "blocks.0.mixer.A_log",
+        "blocks.0.mixer.D",
+        "blocks.0.mixer.dt_bias",
+        "blocks.0.mixer.conv1d.bias",
+        "blocks.0.norm.weight",
+        "blocks.0.mixer.norm.weight",
+        "final_norm.weight",
+    ]:
         assert id(named[name]) in no_decay, name
     for name in ["embedding.weight", "lm_head.weight", "blocks.0.mixer.in_proj.weight", "blocks.2.mixer.fc2.weight"]:
         assert id(named[name]) in decay, name
@@ -186,8 +215,9 @@ def test_block_norms_write_the_autocast_dtype_with_the_same_bits(small_cfg_dict,
     model = build_model({**small_cfg_dict, "pattern": "M*-M"})
     tokens = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(0))
     seen = []
-    monkeypatch.setattr(blocks.MLP, "forward",
-                        lambda self, x: seen.append(x.dtype) or self.fc2(F.relu(self.fc1(x)).square()))
+    monkeypatch.setattr(
+        blocks.MLP, "forward", lambda self, x: seen.append(x.dtype) or self.fc2(F.relu(self.fc1(x)).square())
+    )
 
     def logits_and_grads():
         model.zero_grad(set_to_none=True)
@@ -206,9 +236,19 @@ def test_block_norms_write_the_autocast_dtype_with_the_same_bits(small_cfg_dict,
 
 def test_meta_device_build_allocates_nothing():
     with torch.device("meta"):
-        model = build_model({"pattern": "M*-", "d_model": 1024, "vocab_size": 131072, "n_heads": 8,
-                             "n_kv_heads": 8, "head_dim": 128, "mamba_head_dim": 64, "mamba_groups": 8,
-                             "ffn_hidden": 4096})
+        model = build_model(
+            {
+                "pattern": "M*-",
+                "d_model": 1024,
+                "vocab_size": 131072,
+                "n_heads": 8,
+                "n_kv_heads": 8,
+                "head_dim": 128,
+                "mamba_head_dim": 64,
+                "mamba_groups": 8,
+                "ffn_hidden": 4096,
+            }
+        )
     assert all(p.is_meta for p in model.parameters())
     assert model.num_params() > 268_000_000
 

@@ -103,7 +103,7 @@ def test_conv_is_causal_and_matches_explicit_sum():
     bias = torch.randn(6, dtype=torch.float64)
     y = causal_conv1d_silu(x.transpose(1, 2), w, bias).transpose(1, 2)  # it takes and gives [b, T, channels]
     xp = torch.nn.functional.pad(x, (3, 0))
-    expected = torch.stack([(xp[:, :, t:t + 4] * w[:, 0]).sum(-1) for t in range(10)], dim=-1) + bias[:, None]
+    expected = torch.stack([(xp[:, :, t : t + 4] * w[:, 0]).sum(-1) for t in range(10)], dim=-1) + bias[:, None]
     torch.testing.assert_close(y, torch.nn.functional.silu(expected))
 
 
@@ -154,9 +154,12 @@ def test_triton_custom_op_equals_mamba_function_and_passes_opcheck(cuda_device):
     args = make_inputs(b=2, T=300, h=8, p=64, g=2, n=64, dtype=torch.float32, device=cuda_device)
     args = [a.to(torch.bfloat16) if i in (0, 1, 3, 4) else a.float() for i, a in enumerate(args)]
     results = []
-    for scan in (lambda x, dt, A, B, C, D, dt_bias: _ssd_scan_triton(x, dt, A, B, C, D, dt_bias, 64),
-                 lambda x, dt, A, B, C, D, dt_bias: load_triton_ssd()(x, dt, A, B, C, 64, D=D, dt_bias=dt_bias,
-                                                                      dt_softplus=True)):
+    for scan in (
+        lambda x, dt, A, B, C, D, dt_bias: _ssd_scan_triton(x, dt, A, B, C, D, dt_bias, 64),
+        lambda x, dt, A, B, C, D, dt_bias: load_triton_ssd()(
+            x, dt, A, B, C, 64, D=D, dt_bias=dt_bias, dt_softplus=True
+        ),
+    ):
         leaves = [a.detach().clone().requires_grad_() for a in args]
         y = scan(*leaves)
         y.float().pow(2).sum().backward()

@@ -9,8 +9,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_summary(*args):
-    return subprocess.run([sys.executable, "-m", "nvfp4train.summary", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "nvfp4train.summary", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_summary_12b_last_line_is_json():
@@ -29,8 +30,12 @@ def test_summary_overrides_and_errors():
     assert cfg.d_model == 192 and cfg.rope is True and seq_len == 256
     base = summarize(load_model_config(["model=hybrid_tiny"])[0], 256)
     assert summarize(cfg, 256)["params"] > base["params"]
-    for bad, word in [(["model=nope"], "no such model config"), (["model.nope=1"], "unknown key 'nope'"),
-                      (["model.pattern=M-Q"], "model.pattern"), (["lr=1"], "unknown key 'lr'")]:
+    for bad, word in [
+        (["model=nope"], "no such model config"),
+        (["model.nope=1"], "unknown key 'nope'"),
+        (["model.pattern=M-Q"], "model.pattern"),
+        (["lr=1"], "unknown key 'lr'"),
+    ]:
         with pytest.raises(ValueError, match=word):
             load_model_config(bad)
     result = run_summary("model.n_kv_heads=3")

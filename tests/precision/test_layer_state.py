@@ -16,8 +16,17 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs 
 
 
 def _layer(policy, seed=0, rht_signs=None, device=None, block_index=0):
-    layer = QuantLinear(64, 48, policy=policy, block_index=block_index, n_blocks=4, name="fc2", seed=seed,
-                        rht_signs=rht_signs, device=device)
+    layer = QuantLinear(
+        64,
+        48,
+        policy=policy,
+        block_index=block_index,
+        n_blocks=4,
+        name="fc2",
+        seed=seed,
+        rht_signs=rht_signs,
+        device=device,
+    )
     with torch.no_grad():
         layer.weight.copy_(torch.randn(48, 64, generator=torch.Generator().manual_seed(0)) * 0.1)
     return layer
@@ -101,8 +110,9 @@ def test_on_a_gpu_the_buffers_move_and_seed_the_cuda_streams():
     assert gpu.sr_seeds.is_cuda and gpu.rht_signs.is_cuda
     generators = gpu.sr_generators(torch.device("cuda"))  # what a CUDA graph capture registers
     assert [g.device.type for g in generators] == ["cuda", "cuda"]
-    assert [g.initial_seed() for g in generators] == [cpu.sr_seeds[ROLES.index(r)].item() for r in
-                                                      ("dgrad_dy", "wgrad_dy")]
+    assert [g.initial_seed() for g in generators] == [
+        cpu.sr_seeds[ROLES.index(r)].item() for r in ("dgrad_dy", "wgrad_dy")
+    ]
     built = _layer(policy, seed=9, device="cuda")
     x, grad = inputs(out_f=48)
     x, grad = x.cuda(), grad.cuda()

@@ -214,9 +214,7 @@ def test_saved_activations_are_packed_not_bf16():
     assert nv / ref < 0.3
     bf = saved_activation_bytes(make_layer(load_preset("bf16"), in_f, out_f), x)
     assert bf == ref
-    fp8 = saved_activation_bytes(
-        make_layer(load_preset("fp8_tensorwise", bf16_first=0, bf16_last=0), in_f, out_f), x
-    )
+    fp8 = saved_activation_bytes(make_layer(load_preset("fp8_tensorwise", bf16_first=0, bf16_last=0), in_f, out_f), x)
     assert fp8 == tokens * in_f + 4  # FP8 X + its scale; W is re-quantized from the parameter
     # A backward switched to BF16 must keep the BF16 copy again.
     switched = make_layer(

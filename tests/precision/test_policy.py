@@ -97,9 +97,11 @@ def test_committed_run_records_read_as_todays_precision_config():
         assert not set(current) & {k for keys in RETIRED_BF16_KEYS.values() for k in keys}, path
         policy = PrecisionPolicy.from_dict(current)
         for n in (8, 12, 62):
+
             def old_count(side):
                 frac, count = saved[f"bf16_{side}_fraction"], saved[f"bf16_{side}_blocks"]
                 return min(n, math.floor(frac * n + 0.5)) if frac else min(n, count)
+
             assert policy.bf16_block_counts(n) == (old_count("first"), old_count("last")), (path, n)
         preset = load_preset(saved["name"]).to_dict()
         assert (current["bf16_first"], current["bf16_last"]) == (preset["bf16_first"], preset["bf16_last"]), path

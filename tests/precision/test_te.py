@@ -65,7 +65,8 @@ def test_trainer_stops_with_one_line_for_te_nvfp4_below_blackwell(monkeypatch, t
 
     fake_machine(monkeypatch, (9, 0))
     out = tmp_path / "run"
-    cfg = compose("train",
+    cfg = compose(
+        "train",
         [
             "precision=nvfp4",
             "precision.backend=te",
@@ -73,7 +74,7 @@ def test_trainer_stops_with_one_line_for_te_nvfp4_below_blackwell(monkeypatch, t
             "train.max_steps=1",
             "train.progress=false",
             "train.eval_sequences=2",
-        ]
+        ],
     )
     with pytest.raises(SystemExit) as e:
         _main(cfg)

@@ -2,6 +2,7 @@
 of hybrid_tiny, one run interrupted by SIGINT and resumed by running the same command again), status,
 report; the SLURM array rendered by a dry run and executed by bash in its DRY_RUN mode; no verb that
 carries archives; the report of the committed runs."""
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,14 @@ eval: [tasks=arithmetic, max_items=4, heldout_sequences=2, batch_size=2]
 
 def reproduce(*args, experiments: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     prefix = ["--experiments-dir", str(experiments)] if experiments else []
-    return subprocess.run([sys.executable, "-m", "nvfp4train.reproduce", *prefix, *args], cwd=REPO,
-                          env=cli_env(OMP_NUM_THREADS=1), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "nvfp4train.reproduce", *prefix, *args],
+        cwd=REPO,
+        env=cli_env(OMP_NUM_THREADS=1),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.slow  # 4 runs, a resume and their evaluations: minutes on 2 shared CPU cores
@@ -53,10 +60,23 @@ def test_plan_run_interrupt_resume_status_report(tmp_path):
     assert planned.stdout.count("python -m nvfp4train.eval run_dir=") == 4
     assert "train.eval_every=25" in planned.stdout and "4 run(s)" in planned.stdout
 
-    command = [sys.executable, "-m", "nvfp4train.reproduce", "--experiments-dir", str(experiments), "run", "tiny",
-               "--executor", "local", "--device", "cpu", *common]
-    first = subprocess.Popen(command, cwd=REPO, env=cli_env(OMP_NUM_THREADS=1), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "nvfp4train.reproduce",
+        "--experiments-dir",
+        str(experiments),
+        "run",
+        "tiny",
+        "--executor",
+        "local",
+        "--device",
+        "cpu",
+        *common,
+    ]
+    first = subprocess.Popen(
+        command, cwd=REPO, env=cli_env(OMP_NUM_THREADS=1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     victim = runs / "tiny" / "bf16" / "seed1"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # interrupt the first run once it has trained a few steps
@@ -109,21 +129,41 @@ def test_plan_run_interrupt_resume_status_report(tmp_path):
 
 def test_slurm_array_dry_run(tmp_path):
     runs = tmp_path / "runs"
-    proc = reproduce("run", "b_fp8_vs_nvfp4", "--executor", "slurm", "--dry-run", "--runs-dir", str(runs),
-                     "--sbatch", "partition=gpu")
+    proc = reproduce(
+        "run",
+        "b_fp8_vs_nvfp4",
+        "--executor",
+        "slurm",
+        "--dry-run",
+        "--runs-dir",
+        str(runs),
+        "--sbatch",
+        "partition=gpu",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "job array of 15 task(s)" in proc.stdout and "not submitted" in proc.stdout
     where = runs / "b_fp8_vs_nvfp4" / "slurm"
     text = (where / "array.sbatch").read_text()
-    for needle in ("#SBATCH --array=0-14", "#SBATCH --requeue", "#SBATCH --signal=B:USR1@180",
-                   "#SBATCH --partition=gpu", "#SBATCH --gpus=1", "run-one \"b_fp8_vs_nvfp4\""):
+    for needle in (
+        "#SBATCH --array=0-14",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=B:USR1@180",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --gpus=1",
+        'run-one "b_fp8_vs_nvfp4"',
+    ):
         assert needle in text, needle
-    assert not re.search(r"@[A-Z_]+@", text)   # every field filled in
+    assert not re.search(r"@[A-Z_]+@", text)  # every field filled in
     lines = (where / "runs.txt").read_text().splitlines()
     assert len(lines) == 15 and lines[0] == "bf16 1" and lines[-1] == "nvfp4 5"
     assert subprocess.run(["bash", "-n", str(where / "array.sbatch")]).returncode == 0
-    rendered = subprocess.run(["bash", str(where / "array.sbatch")], capture_output=True, text=True, timeout=60,
-                              env=dict(os.environ, DRY_RUN="1", SLURM_ARRAY_TASK_ID="7", SLURM_JOB_ID="42"))
+    rendered = subprocess.run(
+        ["bash", str(where / "array.sbatch")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, DRY_RUN="1", SLURM_ARRAY_TASK_ID="7", SLURM_JOB_ID="42"),
+    )
     assert rendered.returncode == 0, rendered.stderr
     assert "nvfp4train.reproduce" in rendered.stdout and "--index 7" in rendered.stdout
 
@@ -149,10 +189,12 @@ def test_bad_input_is_one_line(tmp_path):
     bad = tmp_path / "exp"
     bad.mkdir()
     (bad / "typo.yaml").write_text("tokens: 100\nseeds: [1]\nbaseline: a\narms: {a: []}\nseed: 3\n")
-    for args, needle in [(["plan", "no_such_experiment"], "no_such_experiment"),
-                         (["plan", "a_fp8_vs_nvfp4", "--arms", "fp4_typo"], "fp4_typo"),
-                         (["--experiments-dir", str(bad), "plan", "typo"], "unknown key 'seed'"),
-                         (["run", "a_fp8_vs_nvfp4", "--device", "cuda", "--gpus", "x"], "--gpus")]:
+    for args, needle in [
+        (["plan", "no_such_experiment"], "no_such_experiment"),
+        (["plan", "a_fp8_vs_nvfp4", "--arms", "fp4_typo"], "fp4_typo"),
+        (["--experiments-dir", str(bad), "plan", "typo"], "unknown key 'seed'"),
+        (["run", "a_fp8_vs_nvfp4", "--device", "cuda", "--gpus", "x"], "--gpus"),
+    ]:
         proc = reproduce(*args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, proc.stderr
@@ -163,9 +205,13 @@ def test_report_of_the_committed_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     text = (tmp_path / "reproduction.md").read_text()
     section = text.split("### fp8_vs_nvfp4_long")[1].split("###")[0]
-    row = next(line for line in section.splitlines()
-               if line.startswith("| nvfp4 vs fp8_blockwise | in-training validation "
-                                  "(training precision, 16 seq/source), stable"))
+    row = next(
+        line
+        for line in section.splitlines()
+        if line.startswith(
+            "| nvfp4 vs fp8_blockwise | in-training validation (training precision, 16 seq/source), stable"
+        )
+    )
     assert "(n=3, SD" in row and "reproduced" in row
     assert "BF16 evaluation of the final checkpoint (eval.json" in section
     assert "mixed GPUs: NVIDIA H100 80GB HBM3, NVIDIA H200" in text
@@ -181,19 +227,42 @@ def test_slurm_array_task_preempted_requeued_and_resumed(tmp_path):
     experiments.mkdir()
     (experiments / "tiny.yaml").write_text(TINY.replace("base: [", "base: [train.device=cpu, "))
     runs = tmp_path / "runs"
-    rendered = reproduce("run", "tiny", "--executor", "slurm", "--dry-run", "--runs-dir", str(runs), "--arms", "nvfp4",
-                         "--seeds", "2", experiments=experiments)
+    rendered = reproduce(
+        "run",
+        "tiny",
+        "--executor",
+        "slurm",
+        "--dry-run",
+        "--runs-dir",
+        str(runs),
+        "--arms",
+        "nvfp4",
+        "--seeds",
+        "2",
+        experiments=experiments,
+    )
     assert rendered.returncode == 0, rendered.stderr
     script = runs / "tiny" / "slurm" / "array.sbatch"
     calls, bin_dir = tmp_path / "scontrol_calls", tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text(f"#!/bin/bash\necho \"$@\" >> {calls}\n")
+    (bin_dir / "scontrol").write_text(f'#!/bin/bash\necho "$@" >> {calls}\n')
     (bin_dir / "scontrol").chmod(0o755)
-    env = cli_env(SLURM_JOB_ID=4242, SLURM_ARRAY_TASK_ID=0, OMP_NUM_THREADS=1,
-                  PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]]))
+    env = cli_env(
+        SLURM_JOB_ID=4242,
+        SLURM_ARRAY_TASK_ID=0,
+        OMP_NUM_THREADS=1,
+        PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]]),
+    )
     run_dir = runs / "tiny" / "nvfp4" / "seed2"
-    proc = subprocess.Popen(["bash", str(script)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         metrics = run_dir / "metrics.jsonl"

@@ -1,5 +1,6 @@
 """`reproduce copy-results`: a finished run's results (no checkpoints) copied for committing, metrics gzipped and
 read back the same by `report` and `compare`; never overwriting; replicates compared in the report."""
+
 from __future__ import annotations
 
 import gzip
@@ -51,8 +52,8 @@ def test_replicates_section_says_whether_runs_repeat(tmp_path):
     for seed in (1, 2):
         write_run(runs_dir, "fp8_blockwise", seed, 0.0)
         write_run(runs_dir, "nvfp4", seed, 0.4)
-    write_run(out / "replicates", "fp8_blockwise", 1, 0.0)     # the same run again: equal
-    write_run(out / "replicates", "nvfp4", 2, 0.41)            # a run that did not repeat
+    write_run(out / "replicates", "fp8_blockwise", 1, 0.0)  # the same run again: equal
+    write_run(out / "replicates", "nvfp4", 2, 0.41)  # a run that did not repeat
     experiments, _ = planned(tmp_path, runs_dir)
     text = report.write_report([runs_dir], out, experiments, figures=False).read_text()
     section = text.split("## Replicates")[1].split("\n## ")[0]

@@ -1,5 +1,6 @@
 """train.eval_precision=bf16: the in-training validation of an NVFP4 model runs its linears in BF16 (the
 same losses as the same weights in a BF16 model), and the model is back in NVFP4 afterwards."""
+
 from __future__ import annotations
 
 import torch
@@ -31,5 +32,5 @@ def test_bf16_evaluation_of_an_nvfp4_model():
     in_nvfp4 = evaluate(nvfp4, val, 2, cpu)
     assert in_bf16 == reference
     assert in_nvfp4["val/mean"] != reference["val/mean"]
-    assert any(layer.quantized for layer in controller.layers)   # restored after the evaluation
+    assert any(layer.quantized for layer in controller.layers)  # restored after the evaluation
     assert evaluate(nvfp4, val, 2, cpu) == in_nvfp4

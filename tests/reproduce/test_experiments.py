@@ -1,6 +1,7 @@
 """The experiment files: every one loads; tiers A and B are what the campaign needs (seeds, tokens per
 parameter, BF16 validation at every 5% on >= 64 sequences per source, one run per GPU at the trainer's
 GPU defaults); hybrid_5m is ~5M non-embedding parameters in hybrid_repro's block mix."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,15 @@ from tests.conftest import REPO, cli_env
 
 def test_every_experiment_loads_and_borrows_from_its_own_tier():
     experiments = {e.name: e for e in all_experiments()}
-    assert {"a_fp8_vs_nvfp4", "a_nvfp4_ablations", "a_mxfp4", "a_bf16_switch",
-            "b_fp8_vs_nvfp4", "b_mxfp4", "b_bf16_switch"} <= set(experiments)
+    assert {
+        "a_fp8_vs_nvfp4",
+        "a_nvfp4_ablations",
+        "a_mxfp4",
+        "a_bf16_switch",
+        "b_fp8_vs_nvfp4",
+        "b_mxfp4",
+        "b_bf16_switch",
+    } <= set(experiments)
     for exp in experiments.values():
         for arm, source in exp.borrow.items():
             assert experiments[source].tier == exp.tier and arm in experiments[source].arms, (exp.name, arm)
@@ -25,12 +33,22 @@ def test_every_experiment_loads_and_borrows_from_its_own_tier():
 
 
 def test_tiers_as_the_campaign_plans_them():
-    seeds = {name: {a: len(arm.seeds) for a, arm in load_experiment(name).arms.items()}
-             for name in ("a_fp8_vs_nvfp4", "a_nvfp4_ablations", "a_mxfp4", "a_bf16_switch",
-                          "b_fp8_vs_nvfp4", "b_mxfp4", "b_bf16_switch")}
+    seeds = {
+        name: {a: len(arm.seeds) for a, arm in load_experiment(name).arms.items()}
+        for name in (
+            "a_fp8_vs_nvfp4",
+            "a_nvfp4_ablations",
+            "a_mxfp4",
+            "a_bf16_switch",
+            "b_fp8_vs_nvfp4",
+            "b_mxfp4",
+            "b_bf16_switch",
+        )
+    }
     assert set(seeds["a_fp8_vs_nvfp4"].values()) == {6} and seeds["a_nvfp4_ablations"]["rht_everywhere"] == 3
     assert {a: n for a, n in seeds["a_nvfp4_ablations"].items() if a != "rht_everywhere"} == dict.fromkeys(
-        ("no_sr", "no_rht", "no_2d", "all_layers"), 6)
+        ("no_sr", "no_rht", "no_2d", "all_layers"), 6
+    )
     assert set(seeds["a_mxfp4"].values()) == set(seeds["a_bf16_switch"].values()) == {6}
     assert all(set(seeds[f"b_{n}"].values()) == {5} for n in ("fp8_vs_nvfp4", "mxfp4", "bf16_switch"))
     for name, per_param in (("a_fp8_vs_nvfp4", 1.75), ("b_fp8_vs_nvfp4", 20.0)):
@@ -40,14 +58,20 @@ def test_tiers_as_the_campaign_plans_them():
         assert abs(run.tokens / non_embedding - per_param) < 0.05 * per_param, (name, run.tokens / non_embedding)
         overrides = dict(o.split("=", 1) for o in run.train_overrides)
         assert overrides["train.eval_precision"] == "bf16" and int(overrides["train.eval_sequences"]) >= 64
-        assert abs(run.max_steps / int(overrides["train.eval_every"]) - 20) < 1   # every 5% of the tokens
+        assert abs(run.max_steps / int(overrides["train.eval_every"]) - 20) < 1  # every 5% of the tokens
         assert "train.compile" not in overrides and "train.cuda_graph" not in overrides  # the GPU defaults
         assert overrides["data"] == "repro30m" and "heldout_sequences=1000000" in run.eval_args
 
 
 def test_hybrid_5m_size_and_block_mix():
-    proc = subprocess.run([sys.executable, "-m", "nvfp4train.summary", "model=hybrid_5m"], cwd=REPO, env=cli_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nvfp4train.summary", "model=hybrid_5m"],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "5 mamba, 1 attention, 6 mlp" in proc.stdout
     repro = yaml.safe_load((EXPERIMENTS_DIR.parent / "model" / "hybrid_repro.yaml").read_text())

@@ -1,6 +1,7 @@
 """stats.py: the t distribution against tables (and scipy where installed), seed counts, and verdicts of
 synthetic paired runs with known gaps and noise; report.py on synthetic run dirs (unequal seeds, one
 seed, mismatched commits)."""
+
 from __future__ import annotations
 
 import json
@@ -48,15 +49,18 @@ def synthetic(gap_pct: float, sd_pct: float, seeds, points: int = 50, seed: int 
     return arm, base, points * 1000.0
 
 
-@pytest.mark.parametrize("gap, sd, seeds, claim, expected", [
-    (0.35, 0.05, [1, 2, 3, 4, 5], stats.Claim("worse"), stats.REPRODUCED),          # resolved
-    (0.35, 0.05, [1, 2, 3, 4, 5], stats.Claim("below", 1.0), stats.REPRODUCED),
-    (0.05, 0.5, [1, 2, 3], stats.Claim("worse"), stats.UNRESOLVED),                 # noise >> gap
-    (-0.4, 0.05, [1, 2, 3, 4], stats.Claim("worse"), stats.CONTRADICTED),           # the other side
-    (1.8, 0.05, [1, 2, 3, 4], stats.Claim("below", 1.0), stats.CONTRADICTED),       # above the bound
-    (0.01, 0.02, [1, 2, 3, 4, 5, 6], stats.Claim("equal", 0.2), stats.REPRODUCED),
-    (0.35, 0.05, [7], stats.Claim("worse"), stats.UNRESOLVED),                      # one seed
-])
+@pytest.mark.parametrize(
+    "gap, sd, seeds, claim, expected",
+    [
+        (0.35, 0.05, [1, 2, 3, 4, 5], stats.Claim("worse"), stats.REPRODUCED),  # resolved
+        (0.35, 0.05, [1, 2, 3, 4, 5], stats.Claim("below", 1.0), stats.REPRODUCED),
+        (0.05, 0.5, [1, 2, 3], stats.Claim("worse"), stats.UNRESOLVED),  # noise >> gap
+        (-0.4, 0.05, [1, 2, 3, 4], stats.Claim("worse"), stats.CONTRADICTED),  # the other side
+        (1.8, 0.05, [1, 2, 3, 4], stats.Claim("below", 1.0), stats.CONTRADICTED),  # above the bound
+        (0.01, 0.02, [1, 2, 3, 4, 5, 6], stats.Claim("equal", 0.2), stats.REPRODUCED),
+        (0.35, 0.05, [7], stats.Claim("worse"), stats.UNRESOLVED),  # one seed
+    ],
+)
 def test_verdicts_of_synthetic_runs(gap, sd, seeds, claim, expected):
     arm, base, total = synthetic(gap, sd, seeds)
     interval, per_seed = stats.paired_window_gap(arm, base, total, stats.STABLE)
@@ -81,8 +85,8 @@ def test_unequal_seeds_pair_only_the_common_ones():
 
 def test_window_and_token_ratio():
     curve = {float(t): float(t) for t in range(11)}
-    assert stats.window_mean(curve, 10, (0.2, 0.8)) == pytest.approx(5.5)   # 3..8
-    assert stats.window_mean(curve, 10, (0.8, 1.0)) == pytest.approx(9.5)   # 9, 10
+    assert stats.window_mean(curve, 10, (0.2, 0.8)) == pytest.approx(5.5)  # 3..8
+    assert stats.window_mean(curve, 10, (0.8, 1.0)) == pytest.approx(9.5)  # 9, 10
     base = {0.0: 10.0, 100.0: 5.0, 200.0: 4.0}
     assert stats.tokens_to_reach(base, 4.5) == pytest.approx(150.0)
     assert stats.token_ratio(4.5, 200.0, base) == pytest.approx(200 / 150)
@@ -106,8 +110,16 @@ arms:
 def write_run(root, arm, seed, gap_pct, commit="abc", gpu="NVIDIA H100"):
     d = root / "synth" / arm / f"seed{seed}"
     d.mkdir(parents=True)
-    cfg = {"train": {"max_steps": 50, "global_batch_size": 10, "seq_len": 10, "eval_sequences": 64,
-                     "eval_precision": "bf16"}, "model": {"name": "hybrid_tiny"}}
+    cfg = {
+        "train": {
+            "max_steps": 50,
+            "global_batch_size": 10,
+            "seq_len": 10,
+            "eval_sequences": 64,
+            "eval_precision": "bf16",
+        },
+        "model": {"name": "hybrid_tiny"},
+    }
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     rng = random.Random(seed)
     lines = []
@@ -117,8 +129,15 @@ def write_run(root, arm, seed, gap_pct, commit="abc", gpu="NVIDIA H100"):
         lines.append(json.dumps({"step": step, "tokens": step * 100, "loss": loss, "val/mean": loss + 0.1}))
     (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     (d / "run.json").write_text(json.dumps({"state": "done", "train_rc": 0, "commit": commit, "gpu": gpu}))
-    (d / "eval.json").write_text(json.dumps({"heldout_mean_loss": 3.0 * (1 + gap_pct / 100), "max_len": 10,
-                                             "heldout": {"a": {"tokens": 640, "loss": 3.0}}}))
+    (d / "eval.json").write_text(
+        json.dumps(
+            {
+                "heldout_mean_loss": 3.0 * (1 + gap_pct / 100),
+                "max_len": 10,
+                "heldout": {"a": {"tokens": 640, "loss": 3.0}},
+            }
+        )
+    )
 
 
 def test_report_rows_flags_and_labels(tmp_path):
@@ -129,11 +148,12 @@ def test_report_rows_flags_and_labels(tmp_path):
     for seed, noise in ((1, 0.0), (2, 0.02), (3, -0.02)):
         write_run(runs, "fp8_blockwise", seed, 0.0)
         write_run(runs, "nvfp4", seed, 0.4 + noise, commit="abc" if seed < 3 else "def")
-    write_run(runs, "fp8_blockwise", 4, 0.0)   # a baseline seed without its pair: left out of the pairing
+    write_run(runs, "fp8_blockwise", 4, 0.0)  # a baseline seed without its pair: left out of the pairing
     exp = load_experiment("synth", experiments)
     loaded = report.load_runs([runs])
-    interval, per_seed = report.compare(report.arm_runs(loaded, exp, "nvfp4"),
-                                        report.arm_runs(loaded, exp, "fp8_blockwise"), "val_stable")
+    interval, per_seed = report.compare(
+        report.arm_runs(loaded, exp, "nvfp4"), report.arm_runs(loaded, exp, "fp8_blockwise"), "val_stable"
+    )
     assert sorted(per_seed) == [1, 2, 3] and interval.lo > 0
     rows = report.claim_rows(exp, loaded)
     val_row = next(r for r in rows if "stable" in r[1] and "validation" in r[1])

@@ -32,8 +32,13 @@ def make(seed=0):
     """A real single-process engine (FP32 weights, AdamW) around a small model."""
     torch.manual_seed(seed)
     model = Toy()
-    engine = TorchEngine(model, lambda m: [{"params": list(m.parameters())}], OptimConfig(lr=1e-2), "ddp",
-                         DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")))
+    engine = TorchEngine(
+        model,
+        lambda m: [{"params": list(m.parameters())}],
+        OptimConfig(lr=1e-2),
+        "ddp",
+        DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")),
+    )
     return model, engine
 
 
@@ -52,8 +57,17 @@ def rank_state(step):
 
 
 def save(root, step, model, engine, keep_last=3, state=None):
-    return checkpoint.save(root, step, engine, rank=0, world_size=1, meta={"model_config": MODEL_CFG},
-                           trainer_state=state or rank_state(step), keep_last=keep_last, barrier=lambda: None)
+    return checkpoint.save(
+        root,
+        step,
+        engine,
+        rank=0,
+        world_size=1,
+        meta={"model_config": MODEL_CFG},
+        trainer_state=state or rank_state(step),
+        keep_last=keep_last,
+        barrier=lambda: None,
+    )
 
 
 def load(path, engine, model_config=MODEL_CFG):
@@ -95,8 +109,11 @@ def test_crash_mid_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", dying_save)
-    with pytest.raises(CheckpointError, match=r"step_00000002: cannot write the checkpoint \(disk full\); "
-                                              r".*step_00000001 is intact"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"step_00000002: cannot write the checkpoint \(disk full\); "
+        r".*step_00000001 is intact",
+    ):
         save(tmp_path, 2, model, opt)
     assert not (tmp_path / "step_00000002.tmp").exists()
     monkeypatch.setattr(torch, "save", real_save)
@@ -130,10 +147,12 @@ def test_single_process_warning_is_silenced_only_inside_checkpointing(tmp_path):
     """DCP warns that no process group exists on every single-process save/load; checkpoint.py hides
     that warning around its own DCP calls and leaves the program's warning filters as they were."""
     message = "torch.distributed is disabled, unavailable or uninitialized"
-    probe = ("import warnings, nvfp4train.train.checkpoint; "
-             f"assert not (m := [f for f in warnings.filters if f[1] and f[1].match({message!r})]), m")
+    probe = (
+        "import warnings, nvfp4train.train.checkpoint; "
+        f"assert not (m := [f for f in warnings.filters if f[1] and f[1].match({message!r})]), m"
+    )
     proc = subprocess.run([sys.executable, "-c", probe], env=cli_env(), capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]          # importing installs no global filter
+    assert proc.returncode == 0, proc.stderr[-2000:]  # importing installs no global filter
     model, opt = make()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -1,6 +1,7 @@
 """train.cuda_graph: where a step can be captured (CPU), and on a GPU that a replayed step is the eager
 step: the same losses and weights, the same stochastic-rounding streams, a recapture when the precision
 switches, and telemetry steps run eagerly."""
+
 import pytest
 import torch
 
@@ -72,8 +73,9 @@ def _engines(precision: str):
     out = []
     for graphed in (False, True):
         model, ctl, cfg = _model(precision, "cuda")
-        engine = TorchEngine(model, lambda m: param_groups(m, 0.1), OptimConfig(lr=3e-3), "ddp", _info("cuda"),
-                             cuda_graph=graphed)
+        engine = TorchEngine(
+            model, lambda m: param_groups(m, 0.1), OptimConfig(lr=3e-3), "ddp", _info("cuda"), cuda_graph=graphed
+        )
         out.append((model, ctl, engine))
     return out, cfg
 
@@ -85,8 +87,12 @@ def _batches(cfg, steps: int, micro: int, rows: int = 2, seq: int = 64):
 
 
 def _sr_states(model):
-    return {(m.label, role): state for m in model.modules() if isinstance(m, QuantLinear)
-            for role, state in m.generator_state().items()}
+    return {
+        (m.label, role): state
+        for m in model.modules()
+        if isinstance(m, QuantLinear)
+        for role, state in m.generator_state().items()
+    }
 
 
 @pytest.mark.gpu

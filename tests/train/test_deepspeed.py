@@ -1,5 +1,6 @@
 """DeepSpeed ZeRO as the alternative engine (CPU, gloo): it trains like the PyTorch engine, and its
 checkpoints resume exactly through the same atomic layout (loaded with weights_only=True)."""
+
 import shutil
 
 import pytest
@@ -7,8 +8,16 @@ import pytest
 from tests.conftest import read_metrics, run_train
 
 pytest.importorskip("deepspeed")
-COMMON = ["train.parallel=deepspeed", "train.max_steps=8", "train.save_every=4", "train.log_every=1",
-          "train.progress=false", "train.global_batch_size=16", "train.micro_batch_size=8", "train.eval_sequences=2"]
+COMMON = [
+    "train.parallel=deepspeed",
+    "train.max_steps=8",
+    "train.save_every=4",
+    "train.log_every=1",
+    "train.progress=false",
+    "train.global_batch_size=16",
+    "train.micro_batch_size=8",
+    "train.eval_sequences=2",
+]
 
 
 @pytest.mark.parametrize("stage", [1, 2])
@@ -16,7 +25,7 @@ def test_deepspeed_resume_is_exact_and_matches_torch_engine(tmp_path, stage):
     full, cut, torch_run = tmp_path / "full", tmp_path / "cut", tmp_path / "torch"
     run_train(f"out_dir={full}", f"train.zero_stage={stage}", *COMMON)
     shutil.copytree(full, cut)
-    shutil.rmtree(cut / "checkpoints" / "step_00000008")      # as if killed after the step-4 checkpoint
+    shutil.rmtree(cut / "checkpoints" / "step_00000008")  # as if killed after the step-4 checkpoint
     resumed = run_train(f"out_dir={cut}", f"train.zero_stage={stage}", *COMMON)
     assert "resumed from" in resumed.stdout and "deepspeed" in resumed.stdout
     a = [r["loss"] for r in read_metrics(full) if "loss" in r]  # not the checkpoint records

@@ -1,5 +1,6 @@
 """Data parallelism on CPU with gloo: one rank with gradient accumulation and two DDP ranks see the
 same global batches and give the same losses; the SLURM launch path runs under simulated SLURM env."""
+
 import os
 import shutil
 import subprocess
@@ -9,8 +10,14 @@ import pytest
 
 from tests.conftest import REPO, cli_env, read_metrics, run_torchrun, run_train
 
-COMMON = ["train.max_steps=6", "train.global_batch_size=8", "train.micro_batch_size=4", "train.log_every=1",
-          "train.progress=false", "train.eval_sequences=2"]
+COMMON = [
+    "train.max_steps=6",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=4",
+    "train.log_every=1",
+    "train.progress=false",
+    "train.eval_sequences=2",
+]
 
 
 def _torchrun(out, *extra):
@@ -41,13 +48,25 @@ def test_fsdp2_two_ranks_tracks_one_rank(tmp_path):
 
 
 def test_slurm_single_node_script_runs_two_cpu_ranks(tmp_path):
-    env = cli_env(SLURM_JOB_ID=4242, SLURM_JOB_NODELIST="localhost", SLURM_NNODES=1, NPROC_PER_NODE=2,
-                  OMP_NUM_THREADS=1, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    env = cli_env(
+        SLURM_JOB_ID=4242,
+        SLURM_JOB_NODELIST="localhost",
+        SLURM_NNODES=1,
+        NPROC_PER_NODE=2,
+        OMP_NUM_THREADS=1,
+        PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+    )
     if shutil.which("torchrun", path=env["PATH"]) is None:
         pytest.skip("torchrun is not on PATH next to this Python")
     out = tmp_path / "slurm"
-    proc = subprocess.run(["bash", "slurm/single_node.sbatch", f"out_dir={out}", *COMMON], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        ["bash", "slurm/single_node.sbatch", f"out_dir={out}", *COMMON],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert len(read_metrics(out)) == 6
 
@@ -56,13 +75,26 @@ def test_plain_srun_environment_is_understood(tmp_path):
     """Tasks started by `srun` alone carry only SLURM_* variables: two such processes form a group."""
     procs = []
     for rank in range(2):
-        env = cli_env(SLURM_PROCID=rank, SLURM_NTASKS=2, SLURM_LOCALID=rank, SLURM_JOB_ID=4243,
-                      SLURM_JOB_NODELIST="localhost", OMP_NUM_THREADS=1)
+        env = cli_env(
+            SLURM_PROCID=rank,
+            SLURM_NTASKS=2,
+            SLURM_LOCALID=rank,
+            SLURM_JOB_ID=4243,
+            SLURM_JOB_NODELIST="localhost",
+            OMP_NUM_THREADS=1,
+        )
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(k, None)
-        procs.append(subprocess.Popen([sys.executable, "-m", "nvfp4train.train", f"out_dir={tmp_path / 'srun'}",
-                                       *COMMON], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "nvfp4train.train", f"out_dir={tmp_path / 'srun'}", *COMMON],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     for p in procs:
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-4000:]

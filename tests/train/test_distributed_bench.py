@@ -1,22 +1,57 @@
 """benchmarks/bench_distributed.py end to end on CPU (one tiny run) and bench_comm.py on two gloo ranks:
 the rows carry docs/results/bench/train.json's keys and the distributed ones."""
+
 import json
 import subprocess
 import sys
 
 from tests.conftest import REPO, cli_env
 
-TRAIN_KEYS = {"model", "seq", "batch", "precision", "backend", "compiled", "cuda_graph", "step_ms", "tokens_per_s",
-              "mfu", "peak_gib", "gpu", "commit"}
+TRAIN_KEYS = {
+    "model",
+    "seq",
+    "batch",
+    "precision",
+    "backend",
+    "compiled",
+    "cuda_graph",
+    "step_ms",
+    "tokens_per_s",
+    "mfu",
+    "peak_gib",
+    "gpu",
+    "commit",
+}
 
 
 def test_bench_distributed_one_run_on_cpu(tmp_path):
     out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, "benchmarks/bench_distributed.py", "--device", "cpu",
-                           "--model", "hybrid_tiny",
-                           "--seq", "32", "--steps", "2", "--runs", "1gpu", "--no-comm", "--out", str(out),
-                           "--work", str(tmp_path / "work")], cwd=REPO, env=cli_env(OMP_NUM_THREADS=1),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/bench_distributed.py",
+            "--device",
+            "cpu",
+            "--model",
+            "hybrid_tiny",
+            "--seq",
+            "32",
+            "--steps",
+            "2",
+            "--runs",
+            "1gpu",
+            "--no-comm",
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+        ],
+        cwd=REPO,
+        env=cli_env(OMP_NUM_THREADS=1),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = json.loads(out.read_text())
     assert TRAIN_KEYS <= set(row)
@@ -29,10 +64,31 @@ def test_bench_distributed_one_run_on_cpu(tmp_path):
 
 def test_bench_comm_two_gloo_ranks(tmp_path):
     out = tmp_path / "comm.json"
-    proc = subprocess.run([sys.executable, "-m", "nvfp4train.dist.run", "--standalone", "--nproc_per_node=2",
-                           "benchmarks/bench_comm.py", "--device", "cpu", "--model", "hybrid_tiny", "--iters", "2",
-                           "--warmup", "1", "--json", str(out)], cwd=REPO, env=cli_env(OMP_NUM_THREADS=1),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nvfp4train.dist.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "benchmarks/bench_comm.py",
+            "--device",
+            "cpu",
+            "--model",
+            "hybrid_tiny",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        env=cli_env(OMP_NUM_THREADS=1),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["world_size"] == 2 and data["backend"] == "gloo"

@@ -4,6 +4,7 @@ Stock torchrun: rank 0 prints the line once and every rank records it in torchru
 torchrun's summary shows it instead of "To enable traceback see ..." (torchrun's own traceback of its
 ChildFailedError stays: stock torchrun always prints one). `python -m nvfp4train.dist.run`, torchrun with
 the same options, prints only the line and exits with the worker's code."""
+
 import subprocess
 import sys
 
@@ -49,9 +50,22 @@ def test_stock_torchrun_shows_the_line_once_and_in_its_summary(tmp_path):
 
 def test_eval_sequences_zero_means_no_evaluation(tmp_path):
     """train.eval_sequences=0 (as Megatron's --eval-iters 0): the run trains and logs no held-out loss."""
-    proc = subprocess.run([sys.executable, "-m", "nvfp4train.train", f"out_dir={tmp_path / 'run'}", *TINY,
-                           "train.eval_sequences=0", "train.log_every=1"], cwd=REPO, env=cli_env(OMP_NUM_THREADS=1),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nvfp4train.train",
+            f"out_dir={tmp_path / 'run'}",
+            *TINY,
+            "train.eval_sequences=0",
+            "train.log_every=1",
+        ],
+        cwd=REPO,
+        env=cli_env(OMP_NUM_THREADS=1),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = read_metrics(tmp_path / "run")
     assert [r["step"] for r in records if "loss" in r] == [1, 2]
@@ -61,6 +75,7 @@ def test_eval_sequences_zero_means_no_evaluation(tmp_path):
 @pytest.mark.parametrize("argv, code", [(["-m", "nvfp4train.train", "train.zero_stage=3"], 2)])
 def test_precheck_names_the_key(argv, code):
     from nvfp4train.dist.run import precheck
+
     line = precheck(argv[2:])
     assert line is not None and line.startswith("error: train.zero_stage=3")
     assert precheck(["train.max_steps=3"]) is None

@@ -17,15 +17,27 @@ from nvfp4train.train.engines import TorchEngine
 from tests.conftest import read_metrics, run_torchrun, run_train
 from tests.precision.helpers import load_preset
 
-SMALL = {"name": "fsdp_small", "pattern": "M*-M", "vocab_size": 97, "d_model": 32, "ffn_hidden": 64, "n_heads": 4,
-         "n_kv_heads": 2, "head_dim": 8, "mamba_groups": 2, "mamba_state": 8, "mamba_head_dim": 8, "mamba_chunk": 8,
-         "ssd_backend": "torch"}
+SMALL = {
+    "name": "fsdp_small",
+    "pattern": "M*-M",
+    "vocab_size": 97,
+    "d_model": 32,
+    "ffn_hidden": 64,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "head_dim": 8,
+    "mamba_groups": 2,
+    "mamba_state": 8,
+    "mamba_head_dim": 8,
+    "mamba_chunk": 8,
+    "ssd_backend": "torch",
+}
 CPU = dist.DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
 
 
 def test_reshard_auto_keeps_gathered_weights_when_they_are_small():
     memory = dist.device_memory_bytes(CPU.device)
-    small = int(dist.KEEP_GATHERED_MAX_SHARE * memory / 2)        # exactly at the limit: kept
+    small = int(dist.KEEP_GATHERED_MAX_SHARE * memory / 2)  # exactly at the limit: kept
     keep, why = dist.resolve_reshard_after_forward("auto", small, CPU)
     assert keep is False and "auto -> false" in why and "GB" in why
     reshard, why = dist.resolve_reshard_after_forward("auto", small + 10**6, CPU)
@@ -71,8 +83,9 @@ def test_nvfp4_weights_are_quantized_once_per_step_under_fsdp2(one_rank_group, m
     torch.manual_seed(0)
     model = HybridLM(cfg, linear_factory=build_linear_factory(policy, n_blocks=len(cfg.pattern), seed=3))
     controller = PrecisionController(policy, model)
-    engine = TorchEngine(model, lambda m: param_groups(m, 0.1), OptimConfig(), "fsdp2", CPU,
-                         reshard_after_forward=reshard)
+    engine = TorchEngine(
+        model, lambda m: param_groups(m, 0.1), OptimConfig(), "fsdp2", CPU, reshard_after_forward=reshard
+    )
     assert engine.reshard_after_forward is (reshard == "true")
     calls = []
     for method in ("pack", "quantize", "quantize_with_transpose"):
@@ -82,6 +95,7 @@ def test_nvfp4_weights_are_quantized_once_per_step_under_fsdp2(one_rank_group, m
             if role.endswith("_w"):
                 calls.append((state.sr.label, role))
             return real(state, role, *args)
+
         monkeypatch.setattr(LayerState, method, spy)
     g = torch.Generator().manual_seed(1)
     quantized = [layer for layer in controller.layers if layer.quantized]
@@ -98,8 +112,16 @@ def test_nvfp4_weights_are_quantized_once_per_step_under_fsdp2(one_rank_group, m
         assert sorted(fprop) == sorted((layer.label, "fprop_w") for layer in quantized), calls
 
 
-COMMON = ["train.max_steps=4", "train.global_batch_size=8", "train.micro_batch_size=2", "train.log_every=1",
-          "train.progress=false", "train.eval_sequences=2", "train.seq_len=64", "precision=nvfp4"]
+COMMON = [
+    "train.max_steps=4",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=2",
+    "train.log_every=1",
+    "train.progress=false",
+    "train.eval_sequences=2",
+    "train.seq_len=64",
+    "precision=nvfp4",
+]
 
 
 def _torchrun(out, *extra):

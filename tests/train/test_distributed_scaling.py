@@ -1,4 +1,5 @@
 """benchmarks/scaling_model.py: the arithmetic of FSDP2's step time versus GPU count."""
+
 import json
 import sys
 
@@ -10,8 +11,18 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import scaling_model as sm
 
 NET = sm.Network(intra_bus_gbytes=100.0, inter_bus_gbytes=10.0, gpus_per_node=8, intra_source="t", inter_source="t")
-SETUP = sm.Setup("m", params=10**9, blocks=10, root_params=10**8, flops_per_token=6e9, seq=1000, micro=2,
-                 micro_batches=3, one_gpu_tokens_per_s=6000.0, throughput_source="t")
+SETUP = sm.Setup(
+    "m",
+    params=10**9,
+    blocks=10,
+    root_params=10**8,
+    flops_per_token=6e9,
+    seq=1000,
+    micro=2,
+    micro_batches=3,
+    one_gpu_tokens_per_s=6000.0,
+    throughput_source="t",
+)
 
 
 def test_one_gpu_is_pure_compute():
@@ -54,6 +65,7 @@ def test_calibrated_overhead_reproduces_the_measurement():
 
 def test_auto_reshard_matches_the_trainer_policy():
     from nvfp4train import dist
+
     assert sm.KEEP_GATHERED_MAX_SHARE == dist.KEEP_GATHERED_MAX_SHARE
     assert sm.reshard_auto(sm.MODELS["hybrid_1b"]["params"]) is False
     assert sm.reshard_auto(sm.MODELS["nemotron_h_8b"]["params"]) is True
@@ -63,10 +75,17 @@ def test_slurm_line_and_measured_bandwidth(tmp_path):
     line = sm.slurm_command("hybrid_1b", 16, 8)
     assert "--nodes=2" in line and "train.global_batch_size=64" in line and "train.micro_batch_size=4" in line
     comm = tmp_path / "comm.json"
-    comm.write_text(json.dumps({"rows": [
-        {"op": "all_gather", "bytes": 10**8, "bus_gbytes": 250.0, "world_size": 2},
-        {"op": "reduce_scatter", "bytes": 10**8, "bus_gbytes": 200.0, "world_size": 2},
-        {"op": "all_gather", "bytes": 10**6, "bus_gbytes": 20.0, "world_size": 2}]}))
+    comm.write_text(
+        json.dumps(
+            {
+                "rows": [
+                    {"op": "all_gather", "bytes": 10**8, "bus_gbytes": 250.0, "world_size": 2},
+                    {"op": "reduce_scatter", "bytes": 10**8, "bus_gbytes": 200.0, "world_size": 2},
+                    {"op": "all_gather", "bytes": 10**6, "bus_gbytes": 20.0, "world_size": 2},
+                ]
+            }
+        )
+    )
     net = sm.network_from(comm, 400, 8)
     assert net.intra_bus_gbytes == 200.0 and "measured" in net.intra_source and net.inter_bus_gbytes == 50.0
 
@@ -77,6 +96,7 @@ def test_model_numbers_are_the_presets():
 
     from nvfp4train.config import load_preset
     from nvfp4train.model import HybridLM, ModelConfig, flops_per_token
+
     for name, m in sm.MODELS.items():
         cfg = ModelConfig.from_dict(load_preset("model", name))
         with torch.device("meta"):

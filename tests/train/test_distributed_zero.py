@@ -2,20 +2,36 @@
 weights, torch's AdamW inside DeepSpeed (`torch_adam`, no JIT-built op): the loss curves agree within the
 rounding of DeepSpeed's BF16 weights (the PyTorch engine computes from FP32 masters under autocast) and
 of the gradient reductions' order."""
+
 import pytest
 
 from nvfp4train.train.engines import deepspeed_arch_list
 from tests.conftest import read_metrics, run_torchrun
 
 STEPS = 50
-COMMON = [f"train.max_steps={STEPS}", "train.global_batch_size=8", "train.micro_batch_size=2", "train.seq_len=64",
-          "train.log_every=1", "train.progress=false", "train.eval_sequences=0", "train.save_every=0"]
+COMMON = [
+    f"train.max_steps={STEPS}",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=2",
+    "train.seq_len=64",
+    "train.log_every=1",
+    "train.progress=false",
+    "train.eval_sequences=0",
+    "train.save_every=0",
+]
 
 
-@pytest.mark.parametrize("current, expected", [
-    (None, "9.0"), ("", "9.0"), ("9.0a", "9.0"), ("8.0;9.0a+PTX", "8.0;9.0+PTX"), ("9.0 9.0a 10.0f", "9.0;10.0"),
-    ("8.6", "8.6"),
-])
+@pytest.mark.parametrize(
+    "current, expected",
+    [
+        (None, "9.0"),
+        ("", "9.0"),
+        ("9.0a", "9.0"),
+        ("8.0;9.0a+PTX", "8.0;9.0+PTX"),
+        ("9.0 9.0a 10.0f", "9.0;10.0"),
+        ("8.6", "8.6"),
+    ],
+)
 def test_deepspeed_arch_list_is_parsable(current, expected):
     assert deepspeed_arch_list(current, (9, 0)) == expected
     for entry in deepspeed_arch_list(current, (9, 0)).split(";"):  # what DeepSpeed's builder does with it

@@ -1,6 +1,7 @@
 """The PyTorch engine's step: gradient accumulation equals one big batch; a non-finite loss skips the
 update on the device (weights and optimizer state untouched, no leftover gradients) and the guard,
 fed the step's values afterwards, counts it and halts after K in a row."""
+
 import math
 
 import pytest
@@ -31,21 +32,22 @@ class TinyLM(nn.Module):
 def make_engine():
     torch.manual_seed(0)
     model = TinyLM()
-    engine = TorchEngine(model, lambda m: [{"params": list(m.parameters())}], OptimConfig(lr=1e-2, grad_clip=0.0),
-                         "ddp", CPU)
+    engine = TorchEngine(
+        model, lambda m: [{"params": list(m.parameters())}], OptimConfig(lr=1e-2, grad_clip=0.0), "ddp", CPU
+    )
     return model, engine
 
 
 def batches(n, rows, seed=0):
     g = torch.Generator().manual_seed(seed)
     toks = torch.randint(0, 32, (n * rows, 9), generator=g)
-    return [(toks[i * rows:(i + 1) * rows, :-1], toks[i * rows:(i + 1) * rows, 1:]) for i in range(n)]
+    return [(toks[i * rows : (i + 1) * rows, :-1], toks[i * rows : (i + 1) * rows, 1:]) for i in range(n)]
 
 
 def test_accumulation_matches_one_big_batch():
     (m1, e1), (m2, e2) = make_engine(), make_engine()
     big = batches(1, 8)
-    small = [(big[0][0][i:i + 2], big[0][1][i:i + 2]) for i in range(0, 8, 2)]
+    small = [(big[0][0][i : i + 2], big[0][1][i : i + 2]) for i in range(0, 8, 2)]
     s1, s2 = e1.train_step(big, lr=1e-2, step=1), e2.train_step(small, lr=1e-2, step=1)
     assert s1.loss.item() == pytest.approx(s2.loss.item(), rel=1e-5)
     assert s1.grad_norm.item() == pytest.approx(s2.grad_norm.item(), rel=1e-4)
@@ -64,10 +66,10 @@ def test_nonfinite_step_is_skipped_on_the_device_then_the_guard_halts():
     stats = engine.train_step(batches(1, 4, seed=1), lr=1e-2, step=2)
     assert not bool(stats.applied) and math.isnan(stats.loss.item())
     for p, q in zip(before, model.parameters()):
-        assert torch.equal(p, q)                                   # no update from the bad step
+        assert torch.equal(p, q)  # no update from the bad step
     for m, v in zip(moments, (v for st in engine.optimizer.state.values() for v in st.values())):
-        assert torch.equal(m, v)                                   # moments and step count untouched
-    assert all(p.grad is None for p in model.parameters())        # nor leftover gradients
+        assert torch.equal(m, v)  # moments and step count untouched
+    assert all(p.grad is None for p in model.parameters())  # nor leftover gradients
     assert not guard.check(2, stats.loss.item(), stats.grad_norm.item()) and guard.total_skipped == 1
     stats = engine.train_step(batches(1, 4, seed=2), lr=1e-2, step=3)
     with pytest.raises(TrainingHalted, match="2 steps in a row"):
@@ -117,9 +119,15 @@ def test_evaluation_does_not_compile_the_model_again():
     counters.clear()
     torch.manual_seed(0)
     model = TinyLM()
-    engine = TorchEngine(model, lambda m: [{"params": list(m.parameters())}], OptimConfig(lr=1e-2, grad_clip=0.0),
-                         "ddp", CPU, compile=True)
-    (x, y), = batches(1, 4)
+    engine = TorchEngine(
+        model,
+        lambda m: [{"params": list(m.parameters())}],
+        OptimConfig(lr=1e-2, grad_clip=0.0),
+        "ddp",
+        CPU,
+        compile=True,
+    )
+    ((x, y),) = batches(1, 4)
     engine.train_step([(x, y)], lr=1e-2, step=1)
     graphs = counters["stats"]["unique_graphs"]
     assert graphs >= 1  # the training step ran compiled

@@ -1,6 +1,7 @@
 """FSDP2's layout (a one-rank gloo group in this process): after forward, every block but the last has
 given its gathered weights back (reshard_after_forward=True) or kept them (False); the loss and the
 gradients are those of the unsharded model either way."""
+
 import pytest
 import torch
 import torch.distributed
@@ -9,9 +10,21 @@ from torch.distributed.tensor import DTensor
 from nvfp4train.dist import shard_fsdp2
 from nvfp4train.model import HybridLM, ModelConfig
 
-SMALL = {"name": "fsdp_small", "pattern": "M*-M", "vocab_size": 97, "d_model": 32, "ffn_hidden": 64, "n_heads": 4,
-         "n_kv_heads": 2, "head_dim": 8, "mamba_groups": 2, "mamba_state": 8, "mamba_head_dim": 8, "mamba_chunk": 8,
-         "ssd_backend": "torch"}
+SMALL = {
+    "name": "fsdp_small",
+    "pattern": "M*-M",
+    "vocab_size": 97,
+    "d_model": 32,
+    "ffn_hidden": 64,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "head_dim": 8,
+    "mamba_groups": 2,
+    "mamba_state": 8,
+    "mamba_head_dim": 8,
+    "mamba_chunk": 8,
+    "ssd_backend": "torch",
+}
 
 
 @pytest.fixture

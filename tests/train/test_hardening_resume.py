@@ -2,6 +2,7 @@
 hand-edited param_groups, crafted rank/meta fields or a renamed checkpoint are refused in one line with
 nothing written; a damaged metrics line costs only itself; a damaged `.metadata` is one line, not
 DCP's tracebacks."""
+
 import json
 import shutil
 
@@ -10,8 +11,16 @@ import torch
 
 from tests.conftest import read_metrics, run_train
 
-ARGS = ["train.progress=false", "train.eval_sequences=2", "train.seq_len=32", "train.global_batch_size=4",
-        "train.micro_batch_size=4", "train.log_every=1", "train.max_steps=4", "train.save_every=2"]
+ARGS = [
+    "train.progress=false",
+    "train.eval_sequences=2",
+    "train.seq_len=32",
+    "train.global_batch_size=4",
+    "train.micro_batch_size=4",
+    "train.log_every=1",
+    "train.max_steps=4",
+    "train.save_every=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +67,15 @@ def test_resume_applies_changed_optimizer_settings(finished, tmp_path):
     assert "eps: 0.1" in (out / "config.yaml").read_text()
 
 
-@pytest.mark.parametrize("edit, words", [
-    (lambda g: g[0].update(eps=-1e-8), ["param_groups[0].eps", "-1e-08"]),
-    (lambda g: g.reverse(), ["param_groups[0].params", "differs"]),
-    (lambda g: g[1].update(betas="0.9"), ["param_groups[1].betas"]),
-    (lambda g: g.pop(), ["1 group(s)"]),
-])
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda g: g[0].update(eps=-1e-8), ["param_groups[0].eps", "-1e-08"]),
+        (lambda g: g.reverse(), ["param_groups[0].params", "differs"]),
+        (lambda g: g[1].update(betas="0.9"), ["param_groups[1].betas"]),
+        (lambda g: g.pop(), ["1 group(s)"]),
+    ],
+)
 def test_hand_edited_param_groups_are_refused(finished, tmp_path, edit, words):
     out = _at_step_2(finished, tmp_path)
     meta_path = out / "checkpoints" / "step_00000002" / "meta.json"
@@ -75,11 +87,14 @@ def test_hand_edited_param_groups_are_refused(finished, tmp_path, edit, words):
     assert _snapshot(out) == before
 
 
-@pytest.mark.parametrize("field, value, words", [
-    ("guard", {"in_row": "x"}, ["'guard'"]),
-    ("spikes", {}, ["'spikes'"]),
-    ("precision", {"nonsense": 1}, ["'precision'"]),
-])
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("guard", {"in_row": "x"}, ["'guard'"]),
+        ("spikes", {}, ["'spikes'"]),
+        ("precision", {"nonsense": 1}, ["'precision'"]),
+    ],
+)
 def test_crafted_rank_file_fields_are_one_line(finished, tmp_path, field, value, words):
     out = _at_step_2(finished, tmp_path)
     rank_file = out / "checkpoints" / "step_00000002" / "rank_00000.pt"

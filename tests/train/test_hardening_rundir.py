@@ -1,5 +1,6 @@
 """Hardening, round 2 (issue 38): the run directory survives a full disk, a diverging run keeps the
 checkpoint to go back to, out_dir must be a place of its own, and refusals write nothing."""
+
 import json
 import resource
 import signal
@@ -11,14 +12,21 @@ import pytest
 from nvfp4train.data import TokenShards, prepare_split
 from tests.conftest import REPO, cli_env, read_metrics, run_train, train_cmd
 
-ARGS = ["train.progress=false", "train.eval_sequences=2", "train.seq_len=32", "train.global_batch_size=4",
-        "train.micro_batch_size=4", "train.log_every=1"]
+ARGS = [
+    "train.progress=false",
+    "train.eval_sequences=2",
+    "train.seq_len=32",
+    "train.global_batch_size=4",
+    "train.micro_batch_size=4",
+    "train.log_every=1",
+]
 
 
 def _one_line(proc, code=2):
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == code and len(lines) == 1 and "Traceback" not in proc.stderr, \
+    assert proc.returncode == code and len(lines) == 1 and "Traceback" not in proc.stderr, (
         f"rc={proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    )
     return lines[0]
 
 
@@ -29,11 +37,20 @@ def _files(root):
 def _train_with_file_size_limit(limit, *overrides):
     """The trainer in a process whose files cannot grow past `limit` bytes: a write past it fails with
     EFBIG as on a full disk (SIGXFSZ ignored, so the write returns the error instead of killing)."""
+
     def set_limit():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return subprocess.run(train_cmd(*overrides), cwd=REPO, env=cli_env(), capture_output=True, text=True,
-                          timeout=600, preexec_fn=set_limit)
+
+    return subprocess.run(
+        train_cmd(*overrides),
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=set_limit,
+    )
 
 
 def test_a_full_disk_outside_the_save_is_one_line_and_loses_nothing(tmp_path):
@@ -49,8 +66,9 @@ def test_a_full_disk_outside_the_save_is_one_line_and_loses_nothing(tmp_path):
     assert _files(out) == before
 
     # 2. metrics.jsonl fills up at step 6: one line naming it and the checkpoint to resume from; no torn line
-    line = _one_line(_train_with_file_size_limit(len((out / "metrics.jsonl").read_bytes()) + 1400, *args,
-                                                 "train.max_steps=6"))
+    line = _one_line(
+        _train_with_file_size_limit(len((out / "metrics.jsonl").read_bytes()) + 1400, *args, "train.max_steps=6")
+    )
     assert "metrics.jsonl: cannot write" in line and "step_00000004" in line, line
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3, 4, 5]  # read_metrics parses every line
     assert (out / "config.step_00000004.yaml").read_text() == original
@@ -71,8 +89,15 @@ def test_a_full_disk_outside_the_save_is_one_line_and_loses_nothing(tmp_path):
 
 def test_a_diverging_run_keeps_the_checkpoint_before_the_spike_and_points_at_it(tmp_path):
     out = tmp_path / "run"
-    common = [f"out_dir={out}", *ARGS, "train.save_every=4", "train.keep_last=1", "optim.schedule.name=constant",
-              "optim.schedule.warmup_steps=0", "train.max_nonfinite_steps=3"]
+    common = [
+        f"out_dir={out}",
+        *ARGS,
+        "train.save_every=4",
+        "train.keep_last=1",
+        "optim.schedule.name=constant",
+        "optim.schedule.warmup_steps=0",
+        "train.max_nonfinite_steps=3",
+    ]
     run_train(*common, "train.max_steps=24")
     # the same run continued at a learning rate that makes it diverge: finite, huge losses, then NaN
     proc = run_train(*common, "train.max_steps=48", "optim.lr=30", "optim.min_lr=0", check=False)
@@ -92,8 +117,15 @@ def test_out_dir_inside_a_run_or_the_data_cache_is_refused_before_anything_is_wr
     before = _files(tmp_path)
     line = _one_line(run_train(f"out_dir={run / 'checkpoints' / 'new'}", *ARGS, "train.max_steps=2", check=False))
     assert "inside the checkpoints of the run" in line, line
-    line = _one_line(run_train(f"out_dir={tmp_path / 'cache'}", f"data.cache_dir={tmp_path / 'cache'}", *ARGS,
-                               "train.max_steps=2", check=False))
+    line = _one_line(
+        run_train(
+            f"out_dir={tmp_path / 'cache'}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            *ARGS,
+            "train.max_steps=2",
+            check=False,
+        )
+    )
     assert "data cache" in line, line
     assert _files(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
@@ -107,8 +139,14 @@ def test_refusals_write_nothing_in_out_dir(tmp_path):
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text("raise ImportError('no wandb here')\n")
     env = cli_env(PYTHONPATH=f"{stub.parent}:{REPO}")
-    proc = subprocess.run(train_cmd(f"out_dir={out}", "train.wandb.enabled=true", *ARGS), cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        train_cmd(f"out_dir={out}", "train.wandb.enabled=true", *ARGS),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert "wandb" in _one_line(proc)
     assert not out.exists()
 
@@ -118,9 +156,16 @@ def test_overwrite_in_the_working_directory_moves_only_the_run(tmp_path):
     work.mkdir()
     (work / "notes.txt").write_text("mine")
     (work / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
-    proc = subprocess.run(train_cmd("out_dir=.", "train.resume=never", "train.overwrite=true", *ARGS,
-                                    "train.max_steps=2", "train.save_every=0"),
-                          cwd=work, env=cli_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        train_cmd(
+            "out_dir=.", "train.resume=never", "train.overwrite=true", *ARGS, "train.max_steps=2", "train.save_every=0"
+        ),
+        cwd=work,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (work / "notes.txt").read_text() == "mine"
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("work.replaced-")]
@@ -142,12 +187,22 @@ def test_a_manifest_naming_a_file_outside_its_directory_is_refused(tmp_path, nam
 
 
 def test_ab_array_index_past_the_arms_is_one_line(tmp_path):
-    proc = subprocess.run(["bash", str(REPO / "slurm" / "ab_array.sbatch"), "model=hybrid_tiny"], cwd=tmp_path,
-                          env=cli_env(DRY_RUN=1, SLURM_ARRAY_TASK_ID=3, ARMS="bf16 nvfp4"), capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(REPO / "slurm" / "ab_array.sbatch"), "model=hybrid_tiny"],
+        cwd=tmp_path,
+        env=cli_env(DRY_RUN=1, SLURM_ARRAY_TASK_ID=3, ARMS="bf16 nvfp4"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     line = _one_line(proc)
     assert "SLURM_ARRAY_TASK_ID=3" in line and "--array=0-1" in line, line
-    ok = subprocess.run(["bash", str(REPO / "slurm" / "ab_array.sbatch")], cwd=tmp_path,
-                        env=cli_env(DRY_RUN=1, SLURM_ARRAY_TASK_ID=1, ARMS="bf16 nvfp4"), capture_output=True,
-                        text=True, timeout=60)
+    ok = subprocess.run(
+        ["bash", str(REPO / "slurm" / "ab_array.sbatch")],
+        cwd=tmp_path,
+        env=cli_env(DRY_RUN=1, SLURM_ARRAY_TASK_ID=1, ARMS="bf16 nvfp4"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ok.returncode == 0 and "precision=nvfp4" in ok.stdout, ok.stderr

@@ -5,6 +5,7 @@ the files a checkpoint holds, then resumes through the real CLI with the default
 The run must stop with exit code 2 and one line naming the file, must not repeat PyTorch's advice to
 load with weights_only=False, and the marker must not exist.
 """
+
 from __future__ import annotations
 
 import io
@@ -20,8 +21,15 @@ import torch
 from nvfp4train.train.checkpoint import CheckpointError, SafeFileSystemReader, _MetadataUnpickler
 from tests.conftest import run_train
 
-RUN = ["train.max_steps=2", "train.save_every=2", "train.progress=false", "train.eval_sequences=2",
-       "train.seq_len=64", "train.global_batch_size=4", "train.micro_batch_size=4"]
+RUN = [
+    "train.max_steps=2",
+    "train.save_every=2",
+    "train.progress=false",
+    "train.eval_sequences=2",
+    "train.seq_len=64",
+    "train.global_batch_size=4",
+    "train.micro_batch_size=4",
+]
 
 
 # --------------------------------------------------------------------------------- hostile pickles
@@ -45,11 +53,14 @@ def _shell_payload(marker: Path, how: str, protocol: int) -> bytes:
     elif how == "dotted_global":
         fn = b"ctorch.distributed.checkpoint.metadata\nos.system\n"
     else:
-        module, name = ((os.system.__module__, "system") if how == "stack"
-                        else ("torch.distributed.checkpoint.filesystem", "os.system"))
+        module, name = (
+            (os.system.__module__, "system")
+            if how == "stack"
+            else ("torch.distributed.checkpoint.filesystem", "os.system")
+        )
         fn = _str(module) + _str(name) + b"\x93"
     arg = _str(cmd) if protocol >= 4 else b"X" + struct.pack("<I", len(cmd)) + cmd.encode()
-    return head + fn + arg + b"\x85" + b"R" + b"."   # TUPLE1, REDUCE, STOP
+    return head + fn + arg + b"\x85" + b"R" + b"."  # TUPLE1, REDUCE, STOP
 
 
 class _Reduce:
@@ -139,8 +150,7 @@ def _copy_run(src: Path, dst: Path) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("case", ["reduce-p2", "reduce-p5", "global-p2", "stack-p4", "dotted-p4",
-                                  "dotted-global-p4"])
+@pytest.mark.parametrize("case", ["reduce-p2", "reduce-p5", "global-p2", "stack-p4", "dotted-p4", "dotted-global-p4"])
 def test_planted_metadata_is_refused_on_auto_resume(tmp_path, saved_run, case):
     out = _copy_run(saved_run, tmp_path / "run")
     marker = tmp_path / "pwned"
@@ -169,8 +179,9 @@ def test_planted_tensor_data_file_is_refused_on_auto_resume(tmp_path, saved_run)
     evil = _torch_zip(dict(_payloads(marker))["reduce-p2"])
     for f in model_optim.glob("*.distcp"):
         f.write_bytes(evil)
-    md.storage_data = {k: _StorageInfo(relative_path=v.relative_path, offset=0, length=len(evil))
-                       for k, v in md.storage_data.items()}
+    md.storage_data = {
+        k: _StorageInfo(relative_path=v.relative_path, offset=0, length=len(evil)) for k, v in md.storage_data.items()
+    }
     (model_optim / ".metadata").write_bytes(pickle.dumps(md))
     _resume_refused(out, model_optim / "x.distcp", marker)
 
@@ -181,7 +192,7 @@ def test_planted_deepspeed_files_are_refused_on_auto_resume(tmp_path):
     out = tmp_path / "run"
     run_train(f"out_dir={out}", *RUN, *ds)
     ckpt_files = sorted((out / "checkpoints" / "step_00000002" / "deepspeed").glob("*.pt"))
-    assert len(ckpt_files) >= 2      # model states and ZeRO optimizer states
+    assert len(ckpt_files) >= 2  # model states and ZeRO optimizer states
     for i, planted in enumerate(ckpt_files):
         run = _copy_run(out, tmp_path / f"run{i}")
         target = run / planted.relative_to(out)

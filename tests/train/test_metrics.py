@@ -1,5 +1,6 @@
 """metrics.jsonl is strict JSON (jq, JavaScript): a skipped step's non-finite loss is written as null,
 with the step's step_skipped flag kept; resume still cuts the file back to the checkpoint's step."""
+
 import json
 import math
 
@@ -9,6 +10,7 @@ from nvfp4train.train.metrics import MetricsLogger
 def strict_records(path):
     def refuse(constant):
         raise ValueError(f"{constant} is not JSON")
+
     return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
 
 
@@ -24,7 +26,6 @@ def test_nonfinite_numbers_are_written_as_null(tmp_path):
     assert records[0]["loss"] == 2.5 and records[2]["grad_norm"] is None
 
     logger = MetricsLogger(tmp_path, enabled=True)
-    logger.open(resume_step=2)                                    # resumed from the step-2 checkpoint
+    logger.open(resume_step=2)  # resumed from the step-2 checkpoint
     logger.close()
     assert [r["step"] for r in strict_records(tmp_path / "metrics.jsonl")] == [1, 2]
-

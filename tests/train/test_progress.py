@@ -1,5 +1,6 @@
 """The progress bar falls back to plain lines whenever it cannot draw: a terminal without a size (a pty
 that reports 0x0 columns, as some job consoles do) used to show nothing between start and `done:`."""
+
 import os
 import pty
 import subprocess
@@ -19,8 +20,15 @@ bar.close()
 def _run_on_sizeless_tty(setting: str) -> str:
     primary, secondary = pty.openpty()  # a fresh pty has no size (0 rows, 0 columns)
     try:
-        proc = subprocess.run([sys.executable, "-c", SCRIPT.format(setting=setting)], cwd=REPO, env=cli_env(),
-                              stdout=subprocess.PIPE, stderr=secondary, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", SCRIPT.format(setting=setting)],
+            cwd=REPO,
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=secondary,
+            text=True,
+            timeout=120,
+        )
     finally:
         os.close(secondary)
         os.close(primary)
@@ -30,5 +38,7 @@ def _run_on_sizeless_tty(setting: str) -> str:
 
 def test_sizeless_terminal_gets_plain_lines():
     for setting in ("auto", "true"):
-        assert _run_on_sizeless_tty(setting).splitlines() == ["step 2 loss 5.0000 1,000 tok/s",
-                                                              "step 4 loss 5.0000 1,000 tok/s"]
+        assert _run_on_sizeless_tty(setting).splitlines() == [
+            "step 2 loss 5.0000 1,000 tok/s",
+            "step 4 loss 5.0000 1,000 tok/s",
+        ]

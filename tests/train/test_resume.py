@@ -1,5 +1,6 @@
 """Exact resume: a run killed with SIGKILL after a checkpoint, then resumed, repeats the uninterrupted
 run's per-step losses bit for bit on CPU. SIGTERM (preemption) checkpoints and exits cleanly."""
+
 import json
 import shutil
 import signal
@@ -8,9 +9,17 @@ import time
 
 from tests.conftest import REPO, cli_env, read_metrics, run_train, train_cmd
 
-COMMON = ["train.max_steps=16", "train.save_every=4", "train.log_every=1", "train.progress=false",
-          "train.eval_sequences=2", "train.seq_len=64", "train.global_batch_size=8", "train.micro_batch_size=4",
-          "precision=nvfp4"]
+COMMON = [
+    "train.max_steps=16",
+    "train.save_every=4",
+    "train.log_every=1",
+    "train.progress=false",
+    "train.eval_sequences=2",
+    "train.seq_len=64",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=4",
+    "precision=nvfp4",
+]
 
 
 def _wait_for(path, proc, timeout=300):
@@ -24,8 +33,14 @@ def _wait_for(path, proc, timeout=300):
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     ref, cut = tmp_path / "ref", tmp_path / "cut"
     run_train(f"out_dir={ref}", *COMMON)
-    proc = subprocess.Popen(train_cmd(f"out_dir={cut}", *COMMON), cwd=REPO, env=cli_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        train_cmd(f"out_dir={cut}", *COMMON),
+        cwd=REPO,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for(cut / "checkpoints" / "step_00000004" / "meta.json", proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -42,8 +57,9 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
 def test_sigterm_checkpoints_and_exits_cleanly(tmp_path):
     out = tmp_path / "run"
     args = [f"out_dir={out}", "train.max_steps=400", "train.log_every=1", "train.progress=false"]
-    proc = subprocess.Popen(train_cmd(*args), cwd=REPO, env=cli_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        train_cmd(*args), cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     _wait_for(out / "metrics.jsonl", proc)
     time.sleep(1.0)
     proc.send_signal(signal.SIGTERM)
@@ -58,22 +74,38 @@ def test_sigterm_checkpoints_and_exits_cleanly(tmp_path):
 
 def test_checkpoint_of_another_model_is_refused_before_training(tmp_path):
     out = tmp_path / "run"
-    args = [f"out_dir={out}", "train.max_steps=2", "train.progress=false", "train.eval_sequences=2",
-            "train.seq_len=64", "train.global_batch_size=4", "train.micro_batch_size=4"]
+    args = [
+        f"out_dir={out}",
+        "train.max_steps=2",
+        "train.progress=false",
+        "train.eval_sequences=2",
+        "train.seq_len=64",
+        "train.global_batch_size=4",
+        "train.micro_batch_size=4",
+    ]
     run_train(*args)
     before = (out / "metrics.jsonl").read_text()
     proc = run_train(*args, "train.max_steps=4", "model.d_model=64", check=False)
     assert proc.returncode == 2
     line = proc.stderr.strip().splitlines()[-1]
     assert "written for another model" in line and "d_model (128 in the checkpoint, 64 now)" in line
-    assert (out / "metrics.jsonl").read_text() == before      # nothing trained, nothing overwritten
+    assert (out / "metrics.jsonl").read_text() == before  # nothing trained, nothing overwritten
 
 
 def test_wandb_offline_run_continues_after_resume(tmp_path):
     out = tmp_path / "run"
-    args = [f"out_dir={out}", "train.max_steps=4", "train.save_every=2", "train.progress=false",
-            "train.eval_sequences=2", "train.seq_len=64", "train.global_batch_size=4", "train.micro_batch_size=4",
-            "train.wandb.enabled=true", "experiment=wb"]
+    args = [
+        f"out_dir={out}",
+        "train.max_steps=4",
+        "train.save_every=2",
+        "train.progress=false",
+        "train.eval_sequences=2",
+        "train.seq_len=64",
+        "train.global_batch_size=4",
+        "train.micro_batch_size=4",
+        "train.wandb.enabled=true",
+        "experiment=wb",
+    ]
     run_train(*args)
     first_id = json.loads((out / "checkpoints" / "step_00000004" / "meta.json").read_text())["wandb_id"]
     assert first_id

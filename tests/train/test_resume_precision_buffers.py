@@ -1,6 +1,7 @@
 """Checkpoints written before the quantized linears stored their SR seeds and RHT signs (`sr_seeds`,
 `rht_signs` buffers) still resume bit for bit: each layer keeps the values the run's seed and precision
 config give it, which are the values the writing run used, and the trainer says so in one line."""
+
 import json
 import shutil
 
@@ -11,9 +12,19 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from nvfp4train.train import resume_policy
 from tests.conftest import read_metrics, run_train
 
-ARGS = ["train.max_steps=6", "train.save_every=3", "train.log_every=1", "train.progress=false",
-        "train.eval_sequences=2", "train.seq_len=64", "train.global_batch_size=8", "train.micro_batch_size=4",
-        "precision=nvfp4", "precision.bf16_first=0", "precision.bf16_last=0"]  # every linear quantized, SR on
+ARGS = [
+    "train.max_steps=6",
+    "train.save_every=3",
+    "train.log_every=1",
+    "train.progress=false",
+    "train.eval_sequences=2",
+    "train.seq_len=64",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=4",
+    "precision=nvfp4",
+    "precision.bf16_first=0",
+    "precision.bf16_last=0",
+]  # every linear quantized, SR on
 
 
 def _strip_precision_buffers(ckpt, scratch) -> int:
@@ -64,11 +75,21 @@ def test_a_checkpoint_without_the_seed_and_sign_buffers_resumes_bit_for_bit(tmp_
 def test_resuming_a_run_recorded_with_the_retired_bf16_keys_notes_no_precision_change():
     """meta.json's run_config of an older run has bf16_{side}_blocks / _fraction; the same preset today says
     bf16_{side}: the resume check reads the record in today's keys, so nothing is reported as changed."""
-    old = {"seed": 1, "precision": {"name": "nvfp4", "format": "nvfp4", "bf16_first_blocks": 0,
-                                    "bf16_first_fraction": 0.03, "bf16_last_blocks": 0, "bf16_last_fraction": 0.13}}
+    old = {
+        "seed": 1,
+        "precision": {
+            "name": "nvfp4",
+            "format": "nvfp4",
+            "bf16_first_blocks": 0,
+            "bf16_first_fraction": 0.03,
+            "bf16_last_blocks": 0,
+            "bf16_last_fraction": 0.13,
+        },
+    }
     new = {"seed": 1, "precision": {"name": "nvfp4", "format": "nvfp4", "bf16_first": 0.03, "bf16_last": 0.13}}
     assert resume_policy.check(old, new, "ckpt") == []
     changed = dict(new, precision=dict(new["precision"], bf16_last=4))
     assert resume_policy.check(old, changed, "ckpt") == [
         "resume changes precision.bf16_last: 0.13 -> 4 (a precision switch on resume; the weights and optimizer "
-        "state carry over)"]
+        "state carry over)"
+    ]

@@ -1,5 +1,6 @@
 """What a run shows: a short banner on the terminal, the full log in out_dir/train.log (the backend choice
 once), and the mid-run precision switch recorded in metrics.jsonl so comparisons can mark it."""
+
 import pytest
 
 from tests.conftest import read_metrics, run_train
@@ -7,9 +8,17 @@ from tests.conftest import read_metrics, run_train
 
 def test_short_banner_full_log_and_switch_in_metrics(tmp_path):
     out = tmp_path / "run"
-    proc = run_train(f"out_dir={out}", "precision=nvfp4", "precision.switch.at_fraction=0.5", "train.max_steps=4",
-                     "train.log_every=10", "train.progress=false", "train.seq_len=32", "train.global_batch_size=2",
-                     "train.eval_sequences=1")
+    proc = run_train(
+        f"out_dir={out}",
+        "precision=nvfp4",
+        "precision.switch.at_fraction=0.5",
+        "train.max_steps=4",
+        "train.log_every=10",
+        "train.progress=false",
+        "train.seq_len=32",
+        "train.global_batch_size=2",
+        "train.eval_sequences=1",
+    )
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("model hybrid_tiny:") and lines[-1].startswith("done: step 4")
     assert len(lines) == 3 and lines[1].startswith("step 3: precision: switched full to BF16"), lines
@@ -26,8 +35,16 @@ def test_wandb_summary_leads_with_the_loss(tmp_path):
     from tests.compare.test_compare import read_wandb_file
 
     out = tmp_path / "run"
-    proc = run_train(f"out_dir={out}", "train.wandb.enabled=true", "train.wandb.mode=offline", "train.max_steps=2",
-                     "train.progress=false", "train.seq_len=32", "train.global_batch_size=2", "train.eval_sequences=1")
+    proc = run_train(
+        f"out_dir={out}",
+        "train.wandb.enabled=true",
+        "train.wandb.mode=offline",
+        "train.max_steps=2",
+        "train.progress=false",
+        "train.seq_len=32",
+        "train.global_batch_size=2",
+        "train.eval_sequences=1",
+    )
     assert "wandb:" not in proc.stdout + proc.stderr
     (log,) = out.glob("wandb/offline-run-*/run-*.wandb")
     metrics = [r.metric for r in read_wandb_file(log) if r.WhichOneof("record_type") == "metric"]
@@ -37,7 +54,14 @@ def test_wandb_summary_leads_with_the_loss(tmp_path):
 def test_deepspeed_start_up_lines_go_to_the_log_file(tmp_path):
     pytest.importorskip("deepspeed")
     out = tmp_path / "run"
-    proc = run_train(f"out_dir={out}", "train.parallel=deepspeed", "train.max_steps=1", "train.progress=false",
-                     "train.seq_len=32", "train.global_batch_size=2", "train.eval_sequences=1")
+    proc = run_train(
+        f"out_dir={out}",
+        "train.parallel=deepspeed",
+        "train.max_steps=1",
+        "train.progress=false",
+        "train.seq_len=32",
+        "train.global_batch_size=2",
+        "train.eval_sequences=1",
+    )
     assert [line.split(":")[0] for line in proc.stdout.splitlines()] == ["model hybrid_tiny", "done"], proc.stdout
     assert "DeepSpeed" not in proc.stderr and "deepspeed INFO" in (out / "train.log").read_text()

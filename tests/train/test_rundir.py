@@ -1,5 +1,6 @@
 """The run directory's guards, built the way the damage happens: a second process, a kill, a resume
 from an older checkpoint, non-finite weights."""
+
 from __future__ import annotations
 
 import json
@@ -21,13 +22,21 @@ from tests.train.test_checkpoint import make, save, train_steps
 
 
 def test_second_process_is_refused_and_a_killed_holder_leaves_no_stuck_lock(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import sys, time
         from nvfp4train.train.rundir import RunDirLock
         RunDirLock({str(tmp_path)!r}).acquire()
         print("locked", flush=True)
         time.sleep(600)
-    """)], stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(RunDirError, match=rf"in use by another run \(pid {holder.pid} on "):
@@ -35,19 +44,19 @@ def test_second_process_is_refused_and_a_killed_holder_leaves_no_stuck_lock(tmp_
     finally:
         holder.kill()
         holder.wait()
-    with rundir.RunDirLock(tmp_path):      # the kernel dropped the dead holder's lock
+    with rundir.RunDirLock(tmp_path):  # the kernel dropped the dead holder's lock
         pass
 
 
 def test_fresh_start_refuses_an_existing_run_unless_overwrite_moves_it_aside(tmp_path):
     out = tmp_path / "run"
-    assert rundir.check_fresh_start(out, overwrite=False) is None           # nothing there yet
+    assert rundir.check_fresh_start(out, overwrite=False) is None  # nothing there yet
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
     (out / "config.yaml").write_text("seed: 1\n")
     with pytest.raises(RunDirError, match=r"already holds a run \(metrics.jsonl\).*train.overwrite=true"):
         rundir.check_fresh_start(out, overwrite=False)
-    assert (out / "metrics.jsonl").read_text() == '{"step": 1}\n'            # untouched
+    assert (out / "metrics.jsonl").read_text() == '{"step": 1}\n'  # untouched
     aside = rundir.check_fresh_start(out, overwrite=True)
     assert (aside / "metrics.jsonl").read_text() == '{"step": 1}\n' and (aside / "config.yaml").is_file()
     assert out.is_dir() and not any(out.iterdir()) and aside.parent == out.parent
@@ -57,10 +66,10 @@ def test_resume_from_an_older_checkpoint_abandons_the_later_ones_and_pruning_kee
     model, engine = make()
     for step in (4, 8, 12):
         save(tmp_path, step, model, engine, keep_last=3)
-    moved = rundir.abandon_later(tmp_path, 4)                                # resume from step 4
+    moved = rundir.abandon_later(tmp_path, 4)  # resume from step 4
     assert sorted(p.name for p in moved.iterdir()) == ["step_00000008", "step_00000012"]
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step_00000004"]
-    for step in (6, 7):                                                       # the new timeline
+    for step in (6, 7):  # the new timeline
         save(tmp_path, step, model, engine, keep_last=2)
     # the checkpoint just written survives, and auto-resume's "latest" is on this timeline
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step_00000006", "step_00000007"]
@@ -81,15 +90,16 @@ def test_kill_during_pruning_leaves_no_half_deleted_checkpoint(tmp_path, monkeyp
 
     def killed_half_way(path, *a, **k):
         victim = sorted(p for p in path.rglob("*") if p.is_file())
-        victim[-1].unlink()                    # some files gone (meta.json last in name order) ...
-        raise KeyboardInterrupt                # ... then the process dies
+        victim[-1].unlink()  # some files gone (meta.json last in name order) ...
+        raise KeyboardInterrupt  # ... then the process dies
+
     monkeypatch.setattr(checkpoint.shutil, "rmtree", killed_half_way)
     with pytest.raises(KeyboardInterrupt):
         save(tmp_path, 2, model, engine, keep_last=1)
     monkeypatch.setattr(checkpoint.shutil, "rmtree", real_rmtree)
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step_00000002"]
     assert (tmp_path / "step_00000001.deleting").exists()
-    save(tmp_path, 3, model, engine, keep_last=1)                            # the next save cleans up
+    save(tmp_path, 3, model, engine, keep_last=1)  # the next save cleans up
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000003"]
 
 
@@ -125,17 +135,31 @@ def test_disk_full_during_a_save_is_one_line_and_keeps_the_previous_checkpoint(t
     import resource
 
     out = tmp_path / "run"
-    args = [f"out_dir={out}", "train.save_every=2", "train.progress=false", "train.eval_sequences=2",
-            "train.seq_len=64", "train.global_batch_size=4", "train.micro_batch_size=4"]
-    subprocess.run(train_cmd(*args, "train.max_steps=4"), cwd=REPO, env=cli_env(), check=True,
-                   capture_output=True)
-    shutil.rmtree(out / "checkpoints" / "step_00000004")     # as if killed after step 2's checkpoint
+    args = [
+        f"out_dir={out}",
+        "train.save_every=2",
+        "train.progress=false",
+        "train.eval_sequences=2",
+        "train.seq_len=64",
+        "train.global_batch_size=4",
+        "train.micro_batch_size=4",
+    ]
+    subprocess.run(train_cmd(*args, "train.max_steps=4"), cwd=REPO, env=cli_env(), check=True, capture_output=True)
+    shutil.rmtree(out / "checkpoints" / "step_00000004")  # as if killed after step 2's checkpoint
     size = max(p.stat().st_size for p in out.rglob("*.distcp"))
 
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
-    proc = subprocess.run(train_cmd(*args, "train.max_steps=4"), cwd=REPO, env=cli_env(), capture_output=True,
-                          text=True, preexec_fn=small_files, timeout=600)
+
+    proc = subprocess.run(
+        train_cmd(*args, "train.max_steps=4"),
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        preexec_fn=small_files,
+        timeout=600,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "step_00000004: cannot write the checkpoint (" in lines[0], lines[0][-400:]
@@ -145,8 +169,14 @@ def test_disk_full_during_a_save_is_one_line_and_keeps_the_previous_checkpoint(t
 
 # ------------------------------------------------------------------------------- through the CLI
 
-SMALL = ["train.progress=false", "train.eval_sequences=2", "train.seq_len=64", "train.global_batch_size=4",
-         "train.micro_batch_size=4", "train.log_every=1"]
+SMALL = [
+    "train.progress=false",
+    "train.eval_sequences=2",
+    "train.seq_len=64",
+    "train.global_batch_size=4",
+    "train.micro_batch_size=4",
+    "train.log_every=1",
+]
 
 
 def _one_error_line(proc, code):
@@ -182,7 +212,7 @@ def test_non_finite_weights_are_never_checkpointed_and_nothing_is_pruned_for_the
     out = tmp_path / "run"
     common = [f"out_dir={out}", *SMALL, "train.max_steps=6", "train.save_every=2"]
     run_train(*common)
-    shutil.rmtree(out / "checkpoints" / "step_00000006")            # as if killed after step 4's checkpoint
+    shutil.rmtree(out / "checkpoints" / "step_00000006")  # as if killed after step 4's checkpoint
     _poison_embedding_row(out / "checkpoints" / "step_00000004")
     proc = run_train(*common, "train.keep_last=1", check=False)
     line = _one_error_line(proc, 3)
@@ -195,10 +225,18 @@ def test_non_finite_weights_are_never_checkpointed_and_nothing_is_pruned_for_the
 def test_a_run_ending_on_a_non_finite_loss_exits_non_zero_and_keeps_the_good_checkpoint(tmp_path):
     out = tmp_path / "run"
     run_train(f"out_dir={out}", *SMALL, "train.max_steps=6", "train.save_every=2", "train.keep_last=2")
-    shutil.rmtree(out / "checkpoints" / "step_00000006")            # as if killed after step 4's checkpoint
+    shutil.rmtree(out / "checkpoints" / "step_00000006")  # as if killed after step 4's checkpoint
     # step 5 applies an update with a huge learning rate: step 6's loss overflows
-    proc = run_train(f"out_dir={out}", *SMALL, "train.max_steps=6", "train.save_every=2", "train.keep_last=1",
-                     "optim.lr=1e30", "optim.min_lr=0", check=False)
+    proc = run_train(
+        f"out_dir={out}",
+        *SMALL,
+        "train.max_steps=6",
+        "train.save_every=2",
+        "train.keep_last=1",
+        "optim.lr=1e30",
+        "optim.min_lr=0",
+        check=False,
+    )
     line = _one_error_line(proc, 3)
     assert "step 6: the run ends on a step with a non-finite loss, so no checkpoint was written" in line
     assert [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")] == ["step_00000004"]
@@ -206,8 +244,16 @@ def test_a_run_ending_on_a_non_finite_loss_exits_non_zero_and_keeps_the_good_che
 
 def test_the_step_that_trips_the_halt_is_logged(tmp_path):
     out = tmp_path / "run"
-    proc = run_train(f"out_dir={out}", *SMALL, "train.max_steps=10", "train.max_nonfinite_steps=2",
-                     "optim.lr=1e30", "optim.min_lr=0", "optim.schedule.warmup_steps=0", check=False)
+    proc = run_train(
+        f"out_dir={out}",
+        *SMALL,
+        "train.max_steps=10",
+        "train.max_nonfinite_steps=2",
+        "optim.lr=1e30",
+        "optim.min_lr=0",
+        "optim.schedule.warmup_steps=0",
+        check=False,
+    )
     line = _one_error_line(proc, 3)
     assert "2 steps in a row had a non-finite loss" in line and "no checkpoint was written" in line
     records = read_metrics(out)
@@ -219,8 +265,9 @@ def test_resume_never_on_an_existing_run_refuses_unless_overwrite(tmp_path):
     out = tmp_path / "run"
     run_train(f"out_dir={out}", *SMALL, "train.max_steps=2")
     before = {p.name: p.read_bytes() for p in (out / "metrics.jsonl", out / "config.yaml")}
-    line = _one_error_line(run_train(f"out_dir={out}", *SMALL, "train.max_steps=2", "train.resume=never",
-                                     "seed=7", check=False), 2)
+    line = _one_error_line(
+        run_train(f"out_dir={out}", *SMALL, "train.max_steps=2", "train.resume=never", "seed=7", check=False), 2
+    )
     assert "already holds a run" in line and "train.overwrite=true" in line
     assert {p.name: p.read_bytes() for p in (out / "metrics.jsonl", out / "config.yaml")} == before
     run_train(f"out_dir={out}", *SMALL, "train.max_steps=2", "train.resume=never", "seed=7", "train.overwrite=true")
@@ -247,8 +294,9 @@ def test_resume_from_an_older_checkpoint_starts_a_new_timeline(tmp_path):
 def test_a_second_run_on_the_same_out_dir_is_refused_and_a_killed_run_leaves_no_lock(tmp_path):
     out = tmp_path / "run"
     args = [f"out_dir={out}", *SMALL, "train.max_steps=100000"]
-    first = subprocess.Popen(train_cmd(*args), cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        train_cmd(*args), cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         t0 = time.time()
         while not (out / "metrics.jsonl").exists() or not read_metrics(out):
@@ -256,12 +304,12 @@ def test_a_second_run_on_the_same_out_dir_is_refused_and_a_killed_run_leaves_no_
             time.sleep(0.1)
         line = _one_error_line(run_train(*args, check=False), 2)
         assert "is in use by another run (pid" in line
-        assert first.poll() is None                                 # the first run goes on
+        assert first.poll() is None  # the first run goes on
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
     line = _one_error_line(run_train(*args[:-1], "train.max_steps=2", "train.resume=never", check=False), 2)
-    assert "already holds a run" in line                            # refused for its history, not a stale lock
+    assert "already holds a run" in line  # refused for its history, not a stale lock
 
 
 @pytest.mark.gpu

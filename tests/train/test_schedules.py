@@ -10,10 +10,10 @@ from nvfp4train.optim.schedules import DECAY_STYLES, decay_coefficient
 def test_wsd_warmup_constant_then_decay_to_min(style):
     cfg = ScheduleConfig(name="wsd", warmup_steps=10, decay_fraction=0.2, decay_style=style)
     lrs = [lr_at(s, 100, 1.0, 0.01, cfg) for s in range(100)]
-    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)          # linear warmup
-    assert all(lr == 1.0 for lr in lrs[10:80])                                      # stable phase
-    assert all(a >= b for a, b in zip(lrs[80:], lrs[81:]))                          # monotone decay
-    assert lrs[80] < 1.0 and lrs[-1] == pytest.approx(0.01)                          # reaches min_lr
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)  # linear warmup
+    assert all(lr == 1.0 for lr in lrs[10:80])  # stable phase
+    assert all(a >= b for a, b in zip(lrs[80:], lrs[81:]))  # monotone decay
+    assert lrs[80] < 1.0 and lrs[-1] == pytest.approx(0.01)  # reaches min_lr
 
 
 def test_decay_shapes_match_megatron_formulas():

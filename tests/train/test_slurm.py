@@ -6,6 +6,7 @@ training step, let every rank save a checkpoint, call `scontrol requeue <job id>
 records its arguments (the only part of SLURM that cannot run on this machine); torchrun and the
 training ranks are real.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,15 @@ import pytest
 
 from tests.conftest import REPO, cli_env, read_metrics
 
-ARGS = ["train.max_steps=100000", "train.log_every=1", "train.progress=false", "train.eval_sequences=2",
-        "train.seq_len=64", "train.global_batch_size=4", "train.micro_batch_size=4"]
+ARGS = [
+    "train.max_steps=100000",
+    "train.log_every=1",
+    "train.progress=false",
+    "train.eval_sequences=2",
+    "train.seq_len=64",
+    "train.global_batch_size=4",
+    "train.micro_batch_size=4",
+]
 
 
 def _stand_ins(bin_dir: Path, calls: Path) -> None:
@@ -55,32 +63,52 @@ def stand_ins(tmp_path):
 @pytest.mark.parametrize("script", ["single_node.sbatch", "multi_node.sbatch", "ab_array.sbatch"])
 def test_usr1_checkpoints_requeues_once_and_exits_zero(tmp_path, stand_ins, script):
     calls, path = stand_ins
-    env = cli_env(SLURM_JOB_ID=777, SLURM_JOB_NODELIST="localhost", SLURM_NNODES=1, SLURM_ARRAY_TASK_ID=0,
-                  NPROC_PER_NODE=1, OMP_NUM_THREADS=1, PATH=path, EXPERIMENT="slurmtest")
+    env = cli_env(
+        SLURM_JOB_ID=777,
+        SLURM_JOB_NODELIST="localhost",
+        SLURM_NNODES=1,
+        SLURM_ARRAY_TASK_ID=0,
+        NPROC_PER_NODE=1,
+        OMP_NUM_THREADS=1,
+        PATH=path,
+        EXPERIMENT="slurmtest",
+    )
     out = tmp_path / "run"
-    proc = subprocess.Popen(["bash", f"slurm/{script}", *ARGS, f"out_dir={out}"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", f"slurm/{script}", *ARGS, f"out_dir={out}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     t0 = time.time()
     while not (out / "metrics.jsonl").exists() or len(read_metrics(out)) < 2:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.time() - t0 < 300, "training never logged a step"
         time.sleep(0.1)
-    os.kill(proc.pid, signal.SIGUSR1)          # the batch shell only, as --signal=B: does
+    os.kill(proc.pid, signal.SIGUSR1)  # the batch shell only, as --signal=B: does
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
     requeues = [line for line in calls.read_text().splitlines() if line.startswith("requeue")]
     assert requeues == ["requeue 777"]
     ckpts = sorted((out / "checkpoints").glob("step_*"))
     assert len(ckpts) == 1 and not ckpts[0].name.endswith(".tmp")
-    assert read_metrics(out)[-1]["step"] == int(ckpts[0].name[len("step_"):])
+    assert read_metrics(out)[-1]["step"] == int(ckpts[0].name[len("step_") :])
 
 
 def test_training_failure_is_the_job_status_and_never_requeues(tmp_path, stand_ins):
     """Without a preemption signal the step's own exit status is the job's, and nothing is requeued."""
     calls, path = stand_ins
-    env = cli_env(SLURM_JOB_ID=778, SLURM_JOB_NODELIST="localhost", NPROC_PER_NODE=1, OMP_NUM_THREADS=1,
-                  PATH=path)
-    proc = subprocess.run(["bash", "slurm/single_node.sbatch", "train.max_steps=-1", f"out_dir={tmp_path / 'r'}"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    env = cli_env(SLURM_JOB_ID=778, SLURM_JOB_NODELIST="localhost", NPROC_PER_NODE=1, OMP_NUM_THREADS=1, PATH=path)
+    proc = subprocess.run(
+        ["bash", "slurm/single_node.sbatch", "train.max_steps=-1", f"out_dir={tmp_path / 'r'}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0
     assert not calls.exists() or "requeue" not in calls.read_text()

@@ -4,6 +4,7 @@ SIGINT checkpoints like SIGTERM but exits 130 (so `train && eval` stops there) w
 N of M"; SIGTERM/SIGUSR1 exit 0 (SLURM requeues); a second Ctrl-C exits at once (130); a signal that
 arrives while the run is starting ends it with one line; a finished run run again says there was nothing
 to do; the default micro-batch follows the world size."""
+
 import signal
 import subprocess
 import time
@@ -13,13 +14,24 @@ import pytest
 from nvfp4train.config import ConfigError, TrainConfig, resolve_micro_batch
 from tests.conftest import REPO, cli_env, read_metrics, run_train, train_cmd
 
-TINY = ["train.log_every=1", "train.progress=false", "train.eval_sequences=2", "train.seq_len=32",
-        "train.global_batch_size=4"]
+TINY = [
+    "train.log_every=1",
+    "train.progress=false",
+    "train.eval_sequences=2",
+    "train.seq_len=32",
+    "train.global_batch_size=4",
+]
 
 
 def _start(out, *extra):
-    return subprocess.Popen(train_cmd(f"out_dir={out}", *TINY, *extra), cwd=REPO, env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        train_cmd(f"out_dir={out}", *TINY, *extra),
+        cwd=REPO,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for_steps(out, proc, n=2, timeout=300):

@@ -79,7 +79,21 @@ def gemm_peak_kind(precision: PrecisionPolicy | Mapping[str, Any], backend: Back
 
 
 __all__ = [
-    "BACKENDS", "EMULATED", "SCALED_MM", "TE", "TILE_K_MULTIPLE", "Backend", "EmulatedBackend", "ScaledMMBackend",
-    "TEBackend", "TELinear", "gemm_fp32", "gemm_k_multiple", "gemm_peak_kind", "get_backend", "pad_fp8_k",
-    "resolve_backend", "scale_and_cast",
+    "BACKENDS",
+    "EMULATED",
+    "SCALED_MM",
+    "TE",
+    "TILE_K_MULTIPLE",
+    "Backend",
+    "EmulatedBackend",
+    "ScaledMMBackend",
+    "TEBackend",
+    "TELinear",
+    "gemm_fp32",
+    "gemm_k_multiple",
+    "gemm_peak_kind",
+    "get_backend",
+    "pad_fp8_k",
+    "resolve_backend",
+    "scale_and_cast",
 ]

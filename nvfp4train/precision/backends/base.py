@@ -15,4 +15,3 @@ class Backend:
 
     def unsupported(self, policy: PrecisionPolicy) -> str | None:
         raise NotImplementedError
-

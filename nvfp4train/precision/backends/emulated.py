@@ -67,4 +67,3 @@ class EmulatedBackend(Backend):
                     alpha = scale if alpha is None else alpha * scale
             return cublas.scaled_gemm(av, bv, alpha, out_dtype)
         return scale_and_cast(gemm_fp32(av, bv), a.decode_scale, b.decode_scale, out_dtype)
-
