@@ -164,7 +164,7 @@ def write_tokenizer(tokenizer_setting: str, out: Path, max_length: int) -> tuple
             "exported": False,
             "why": "a tiktoken tokenizer: load GPT-2's tokenizer with AutoTokenizer instead",
         }, tokenizer.eos_id
-    tokenizer._tok.save(str(out / "tokenizer.json"))
+    tokenizer.save(out / "tokenizer.json")
     special = {"bos_token": EOS_TOKEN, "eos_token": EOS_TOKEN, "pad_token": EOS_TOKEN, "unk_token": None}
     (out / "tokenizer_config.json").write_text(
         json.dumps(

@@ -52,6 +52,10 @@ class HFTokenizer:
     def decode(self, ids) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
+    def save(self, path: Path) -> None:
+        """The tokenizer as a `tokenizers` JSON file (what transformers' PreTrainedTokenizerFast loads)."""
+        self._tok.save(str(path))
+
 
 class TiktokenGPT2:
     """GPT-2's BPE via tiktoken from a local `gpt2.tiktoken` ranks file (tiktoken ships none offline;
