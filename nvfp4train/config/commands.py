@@ -14,7 +14,7 @@ from nvfp4train.schema import bounded, check
 
 # ------------------------------------------------------------------------------- the other commands' options
 # Their keys, defaults and meanings are in configs/<name>.yaml (shown by --help); the dataclasses hold the
-# same defaults (tests/test_config.py compares them) and the types, choices and ranges.
+# same defaults (tests/test_config_commands.py compares them) and the types, choices and ranges.
 
 ExportDtype = StrEnum("ExportDtype", "float32 bfloat16")
 GenerateDtype = StrEnum("GenerateDtype", "auto float32 bfloat16")

@@ -2,6 +2,7 @@
 on stderr (no traceback) and nothing created. Each case builds its inputs in a fresh directory and
 checks that the directory holds exactly the same files afterwards."""
 
+import gzip
 import json
 import shutil
 import subprocess
@@ -15,8 +16,12 @@ RUN = REPO / "docs" / "results" / "runs" / "fp8_vs_nvfp4" / "bf16" / "seed1"  # 
 
 
 def _run_dir(tmp, name="run"):
+    """The committed run as the trainer left it: its metrics unpacked to metrics.jsonl."""
     dst = tmp / name
     shutil.copytree(RUN, dst)
+    packed = dst / "metrics.jsonl.gz"
+    (dst / "metrics.jsonl").write_bytes(gzip.decompress(packed.read_bytes()))
+    packed.unlink()
     return dst
 
 
