@@ -11,7 +11,7 @@
 #    a CUDA graph (the trainer's CUDA defaults): bf16, fp8_tensorwise, fp8_blockwise, nvfp4 and torchao's float8
 #    on the blocks fp8_tensorwise quantizes, one row each; with FULL=1 (a few minutes more) also
 #    benchmarks/bench_mixer.py (the Mamba conv and norm kernels) and eager rows of hybrid_repro (every precision)
-#    and hybrid_350m (bf16 and nvfp4, with --profile: device time by kind of kernel).
+#    and hybrid_350m (bf16 and nvfp4, with --profile: GPU time by kind of kernel).
 # Each step has its own time limit, so one that hangs or fails leaves the others their time; the exit
 # code is the number of failed steps. DIR gets summary.txt, one log per step in logs/, and the bench rows
 # in {quant,train}.json (docs/results/bench/ holds earlier ones). Triton's and Inductor's kernel caches

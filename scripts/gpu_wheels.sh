@@ -12,14 +12,14 @@
 # SSD without importing the package's __init__ (see nvfp4train/model/ssd.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=.whl
-mkdir -p "$out"
+wheel_dir=.whl
+mkdir -p "$wheel_dir"
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || grep -qx '/.whl/' .gitignore || echo '/.whl/' >> .git/info/exclude
 
 binary() {  # wheels as published, for the GPU machine's Python
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d "$out" "$@"
+    -d "$wheel_dir" "$@"
 }
 binary hydra-core==1.3.2 omegaconf==2.3.0 hjson==3.1.0 \
   pydantic==2.12.5 pydantic-core==2.41.5 annotated-types==0.7.0 typing-inspection==0.4.2
@@ -30,9 +30,9 @@ binary pytest-xdist==3.8.0 execnet==2.1.2
 # extensions unused; 3.4 MB): it ran on the GPU machine's torch 2.11 (2026-11-25)
 binary torchao==0.18.0
 # sdist-only packages, built here into pure wheels
-python3 -m pip wheel -q --no-deps -w "$out" antlr4-python3-runtime==4.9.3
-DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation -w "$out" deepspeed==0.19.8
+python3 -m pip wheel -q --no-deps -w "$wheel_dir" antlr4-python3-runtime==4.9.3
+DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation -w "$wheel_dir" deepspeed==0.19.8
 MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE python3 -m pip wheel -q --no-deps --no-build-isolation \
-  -w "$out" mamba-ssm==2.3.2.post1
-ls -la "$out"
-du -sh "$out"
+  -w "$wheel_dir" mamba-ssm==2.3.2.post1
+ls -la "$wheel_dir"
+du -sh "$wheel_dir"

@@ -11,6 +11,24 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A small model with all three block types, groups > 1, GQA and a sequence that spans several
+# SSD chunks: big enough to exercise every code path, small enough for 2 CPU cores.
+SMALL_MODEL = {
+    "name": "test_small",
+    "pattern": "M*-M",
+    "vocab_size": 97,
+    "d_model": 32,
+    "ffn_hidden": 64,
+    "n_heads": 4,
+    "n_kv_heads": 2,
+    "head_dim": 8,
+    "mamba_groups": 2,
+    "mamba_state": 8,
+    "mamba_head_dim": 8,
+    "mamba_chunk": 8,
+    "ssd_backend": "torch",
+}
 # Offline everywhere: no hub retries, no W&B network.
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -95,7 +95,7 @@ def test_the_triton_causal_conv_repeats_bitwise():
 
 def test_math_attention_repeats_bitwise():
     from nvfp4train.model.config import ModelConfig
-    from tests.model.conftest import SMALL
+    from tests.conftest import SMALL_MODEL as SMALL
 
     cfg = ModelConfig.from_dict({**SMALL, "d_model": 512, "n_heads": 8, "n_kv_heads": 2, "head_dim": 64})
     torch.manual_seed(0)

@@ -14,24 +14,10 @@ from nvfp4train.optim import OptimConfig
 from nvfp4train.precision import PrecisionController, build_linear_factory
 from nvfp4train.precision.ops import LayerState
 from nvfp4train.train.engines import TorchEngine
-from tests.conftest import read_metrics, run_torchrun, run_train
+from tests.conftest import SMALL_MODEL, read_metrics, run_torchrun, run_train
 from tests.precision.helpers import load_preset
 
-SMALL = {
-    "name": "fsdp_small",
-    "pattern": "M*-M",
-    "vocab_size": 97,
-    "d_model": 32,
-    "ffn_hidden": 64,
-    "n_heads": 4,
-    "n_kv_heads": 2,
-    "head_dim": 8,
-    "mamba_groups": 2,
-    "mamba_state": 8,
-    "mamba_head_dim": 8,
-    "mamba_chunk": 8,
-    "ssd_backend": "torch",
-}
+SMALL = {**SMALL_MODEL, "name": "fsdp_small"}
 CPU = dist.DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
 
 

@@ -9,22 +9,9 @@ from torch.distributed.tensor import DTensor
 
 from nvfp4train.dist import shard_fsdp2
 from nvfp4train.model import HybridLM, ModelConfig
+from tests.conftest import SMALL_MODEL
 
-SMALL = {
-    "name": "fsdp_small",
-    "pattern": "M*-M",
-    "vocab_size": 97,
-    "d_model": 32,
-    "ffn_hidden": 64,
-    "n_heads": 4,
-    "n_kv_heads": 2,
-    "head_dim": 8,
-    "mamba_groups": 2,
-    "mamba_state": 8,
-    "mamba_head_dim": 8,
-    "mamba_chunk": 8,
-    "ssd_backend": "torch",
-}
+SMALL = {**SMALL_MODEL, "name": "fsdp_small"}
 
 
 @pytest.fixture
