@@ -12,7 +12,6 @@ Numerics: the reference (`ssd.causal_conv1d_silu`'s PyTorch path) rounds the con
 before SiLU, the kernels do not; results agree to that rounding (tests/model/test_causal_conv.py, on
 CPU through Triton's interpreter and on a GPU).
 """
-
 from __future__ import annotations
 
 import torch
@@ -28,15 +27,13 @@ ROWS4, BLOCK_C4, WARPS4 = 64, 256, 2
 @triton.jit
 def _load_x(x_ptr, b, ts, c, T, C, stride_b, stride_t):
     mask = ((ts >= 0) & (ts < T))[:, None] & (c < C)[None, :]
-    return tl.load(x_ptr + b * stride_b + ts[:, None].to(tl.int64) * stride_t + c[None, :], mask=mask, other=0.0).to(
-        tl.float32
-    )
+    return tl.load(x_ptr + b * stride_b + ts[:, None].to(tl.int64) * stride_t + c[None, :], mask=mask,
+                   other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _conv_silu_fwd_kernel(
-    x_ptr, w_ptr, bias_ptr, y_ptr, T, C, stride_b, stride_t, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr
-):
+def _conv_silu_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, T, C, stride_b, stride_t, K: tl.constexpr,
+                          BT: tl.constexpr, BC: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1) * BT + tl.arange(0, BT)
     c = tl.program_id(2) * BC + tl.arange(0, BC)
@@ -51,23 +48,8 @@ def _conv_silu_fwd_kernel(
 
 
 @triton.jit
-def _conv_silu_bwd_kernel(
-    x_ptr,
-    w_ptr,
-    bias_ptr,
-    dy_ptr,
-    dx_ptr,
-    dw_ptr,
-    db_ptr,
-    T,
-    C,
-    stride_b,
-    stride_t,
-    n_t,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BC: tl.constexpr,
-):
+def _conv_silu_bwd_kernel(x_ptr, w_ptr, bias_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, T, C, stride_b, stride_t,
+                          n_t, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
     """dx[t] = sum_m w[K-1-m] dz[t+m], dz = dy * silu'(z); this tile's sums of dz * x[t-(K-1)+k] (dw)
     and of dz (dbias) into row (b, tile) of the partial buffers."""
     b = tl.program_id(0).to(tl.int64)
@@ -85,9 +67,8 @@ def _conv_silu_bwd_kernel(
             w = tl.load(w_ptr + c * K + j, mask=cmask, other=0.0).to(tl.float32)
             z += _load_x(x_ptr, b, s - (K - 1) + j, c, T, C, stride_b, stride_t) * w[None, :]
         dmask = (s < T)[:, None] & cmask[None, :]
-        dy = tl.load(dy_ptr + b * T * C + s[:, None].to(tl.int64) * C + c[None, :], mask=dmask, other=0.0).to(
-            tl.float32
-        )
+        dy = tl.load(dy_ptr + b * T * C + s[:, None].to(tl.int64) * C + c[None, :], mask=dmask,
+                     other=0.0).to(tl.float32)
         sg = tl.sigmoid(z)
         dz = dy * sg * (1.0 + z * (1.0 - sg))
         w_m = tl.load(w_ptr + c * K + (K - 1 - m), mask=cmask, other=0.0).to(tl.float32)
@@ -98,7 +79,8 @@ def _conv_silu_bwd_kernel(
                 tl.store(dw_ptr + row * K + k, tl.sum(dz * xk, axis=0), mask=cmask)
             tl.store(db_ptr + row, tl.sum(dz, axis=0), mask=cmask)
     mask = (t < T)[:, None] & cmask[None, :]
-    tl.store(dx_ptr + b * T * C + t[:, None].to(tl.int64) * C + c[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    tl.store(dx_ptr + b * T * C + t[:, None].to(tl.int64) * C + c[None, :], dx.to(dx_ptr.dtype.element_ty),
+             mask=mask)
 
 
 # K = 4 (every Mamba preset): each program owns BC channels of ROWS consecutive positions and walks down
@@ -131,22 +113,13 @@ def _conv4_prologue(x_ptr, w_ptr, bias_ptr, t0, c, T, C, stride_t):
     w2 = tl.load(w_ptr + c * 4 + 2, mask=cmask, other=0.0).to(tl.float32)
     w3 = tl.load(w_ptr + c * 4 + 3, mask=cmask, other=0.0).to(tl.float32)
     bias = tl.load(bias_ptr + c, mask=cmask, other=0.0).to(tl.float32)
-    return (
-        w0,
-        w1,
-        w2,
-        w3,
-        bias,
-        _load_row(x_ptr, t0 - 3, c, T, C, stride_t),
-        _load_row(x_ptr, t0 - 2, c, T, C, stride_t),
-        _load_row(x_ptr, t0 - 1, c, T, C, stride_t),
-    )
+    return (w0, w1, w2, w3, bias, _load_row(x_ptr, t0 - 3, c, T, C, stride_t),
+            _load_row(x_ptr, t0 - 2, c, T, C, stride_t), _load_row(x_ptr, t0 - 1, c, T, C, stride_t))
 
 
 @triton.jit
-def _conv4_silu_fwd_kernel(
-    x_ptr, w_ptr, bias_ptr, y_ptr, T, C, stride_b, stride_t, ROWS: tl.constexpr, BC: tl.constexpr, FAST: tl.constexpr
-):
+def _conv4_silu_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, T, C, stride_b, stride_t, ROWS: tl.constexpr,
+                           BC: tl.constexpr, FAST: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     t0 = tl.program_id(1) * ROWS
     c = tl.program_id(2) * BC + tl.arange(0, BC)
@@ -164,23 +137,8 @@ def _conv4_silu_fwd_kernel(
 
 
 @triton.jit
-def _conv4_silu_bwd_kernel(
-    x_ptr,
-    w_ptr,
-    bias_ptr,
-    dy_ptr,
-    dx_ptr,
-    dw_ptr,
-    db_ptr,
-    T,
-    C,
-    stride_b,
-    stride_t,
-    n_t,
-    ROWS: tl.constexpr,
-    BC: tl.constexpr,
-    FAST: tl.constexpr,
-):
+def _conv4_silu_bwd_kernel(x_ptr, w_ptr, bias_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, T, C, stride_b, stride_t,
+                           n_t, ROWS: tl.constexpr, BC: tl.constexpr, FAST: tl.constexpr):
     """dz[s] = dy[s] silu'(z[s]) for s in the program's rows and 3 past them; dx[s-3] = dz[s-3] w3 + dz[s-2] w2
     + dz[s-1] w1 + dz[s] w0 once dz[s] is known; the weight and bias gradient sums over the program's rows."""
     b = tl.program_id(0).to(tl.int64)
@@ -215,9 +173,8 @@ def _conv4_silu_bwd_kernel(
         dw3 += dzo * x0
         db += dzo
         dx = tl.zeros((BC,), tl.float32) + dz_3 * w3 + dz_2 * w2 + dz_1 * w1 + dz * w0
-        tl.store(
-            dx_ptr + (s - 3).to(tl.int64) * C + c, dx.to(dx_ptr.dtype.element_ty), mask=cmask & (i >= 3) & (s - 3 < T)
-        )
+        tl.store(dx_ptr + (s - 3).to(tl.int64) * C + c, dx.to(dx_ptr.dtype.element_ty),
+                 mask=cmask & (i >= 3) & (s - 3 < T))
         x_3, x_2, x_1 = x_2, x_1, x0
         dz_3, dz_2, dz_1 = dz_2, dz_1, dz
     row = (b * n_t + pid_t) * C + c
@@ -246,18 +203,15 @@ def conv_silu_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor)
     args = (x, weight.contiguous(), bias.contiguous(), y, T, C, x.stride(0), x.stride(1))
     if K == 4:
         _conv4_silu_fwd_kernel[(b, triton.cdiv(T, ROWS4), triton.cdiv(C, BLOCK_C4))](
-            *args, ROWS=ROWS4, BC=BLOCK_C4, FAST=x.is_cuda, **_launch_options(x, WARPS4)
-        )
+            *args, ROWS=ROWS4, BC=BLOCK_C4, FAST=x.is_cuda, **_launch_options(x, WARPS4))
     else:
         _conv_silu_fwd_kernel[(b, triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))](
-            *args, K=K, BT=BLOCK_T, BC=BLOCK_C, **_launch_options(x)
-        )
+            *args, K=K, BT=BLOCK_T, BC=BLOCK_C, **_launch_options(x))
     return y
 
 
-def conv_silu_backward(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def conv_silu_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                       bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     x = _channels_contiguous(x)
     b, T, C = x.shape
     K = weight.shape[-1]
@@ -268,13 +222,11 @@ def conv_silu_backward(
     db = torch.empty((b * n_t, C), dtype=torch.float32, device=x.device)
     args = (x, weight.contiguous(), bias.contiguous(), dy.contiguous(), dx, dw, db, T, C, x.stride(0), x.stride(1), n_t)
     if K == 4:
-        _conv4_silu_bwd_kernel[(b, n_t, triton.cdiv(C, BLOCK_C4))](
-            *args, ROWS=ROWS4, BC=BLOCK_C4, FAST=x.is_cuda, **_launch_options(x, WARPS4)
-        )
+        _conv4_silu_bwd_kernel[(b, n_t, triton.cdiv(C, BLOCK_C4))](*args, ROWS=ROWS4, BC=BLOCK_C4, FAST=x.is_cuda,
+                                                                   **_launch_options(x, WARPS4))
     else:
-        _conv_silu_bwd_kernel[(b, n_t, triton.cdiv(C, BLOCK_C))](
-            *args, K=K, BT=BLOCK_T, BC=BLOCK_C, **_launch_options(x)
-        )
+        _conv_silu_bwd_kernel[(b, n_t, triton.cdiv(C, BLOCK_C))](*args, K=K, BT=BLOCK_T, BC=BLOCK_C,
+                                                                 **_launch_options(x))
     return dx, dw.sum(0).reshape(weight.shape).to(weight.dtype), db.sum(0).to(bias.dtype)
 
 
@@ -291,9 +243,8 @@ def _(x, weight, bias):
 
 
 @torch.library.custom_op("nvfp4train::causal_conv1d_silu_triton_backward", mutates_args=())
-def _causal_conv1d_silu_triton_backward(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
-) -> list[torch.Tensor]:
+def _causal_conv1d_silu_triton_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                                        bias: torch.Tensor) -> list[torch.Tensor]:
     return list(conv_silu_backward(dy, x, weight, bias))
 
 

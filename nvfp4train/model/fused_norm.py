@@ -7,7 +7,6 @@ kernels and as many round trips through memory per norm, forward and backward. m
 torch.compile keeps the model in one graph. Used on CUDA when mamba-ssm's Triton modules import
 (blocks.py); elsewhere the PyTorch versions run.
 """
-
 from __future__ import annotations
 
 import math
@@ -36,13 +35,11 @@ def fused_norm_available() -> bool:
 
 
 @torch.library.custom_op("nvfp4train::rms_norm_triton", mutates_args=())
-def _rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor | None, eps: float, group_size: int, out_dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor | None, eps: float,
+              group_size: int, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)  # the kernel rounds its FP32 result on the store
-    out, _, rstd = _kernels()._layer_norm_fwd(
-        x, weight, None, eps, z=z, out=out, group_size=group_size, norm_before_gate=False, is_rms_norm=True
-    )
+    out, _, rstd = _kernels()._layer_norm_fwd(x, weight, None, eps, z=z, out=out, group_size=group_size,
+                                              norm_before_gate=False, is_rms_norm=True)
     return out, rstd
 
 
@@ -55,15 +52,8 @@ def _(x, weight, z, eps, group_size, out_dtype):
 
 
 @torch.library.custom_op("nvfp4train::rms_norm_triton_backward", mutates_args=())
-def _rms_norm_backward(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    z: torch.Tensor | None,
-    rstd: torch.Tensor,
-    eps: float,
-    group_size: int,
-) -> list[torch.Tensor]:
+def _rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor | None,
+                       rstd: torch.Tensor, eps: float, group_size: int) -> list[torch.Tensor]:
     dx, dw, dz = rms_norm_backward(dy.contiguous(), x, weight, z, rstd, eps, group_size)
     return [dx, dw] if z is None else [dx, dw, dz]
 
@@ -75,16 +65,10 @@ def _rms_norm_backward(
 NORM_BWD_WARPS_PER_SM = 32
 
 
-def rms_norm_backward(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    z: torch.Tensor | None,
-    rstd: torch.Tensor,
-    eps: float,
-    group_size: int,
-    warps_per_sm: int = NORM_BWD_WARPS_PER_SM,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor | None,
+                      rstd: torch.Tensor, eps: float, group_size: int,
+                      warps_per_sm: int = NORM_BWD_WARPS_PER_SM
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """dx, dweight, dz of RMSNorm(x [* silu(z)]) * weight with mamba-ssm's Triton kernel, its launcher's
     arguments but more programs (and so more partial weight-gradient rows, summed in FP32 at the end)."""
     M, N = x.shape
@@ -102,35 +86,11 @@ def rms_norm_backward(
     dw_partial = torch.empty((programs, N), dtype=torch.float32, device=x.device)
     with torch.cuda.device(x.device.index):
         _kernels()._layer_norm_bwd_kernel[(programs, ngroups)](
-            x,
-            weight,
-            None,
-            z,
-            None,
-            dy,
-            dx,
-            dw_partial,
-            None,
-            dz,
-            None,
-            rstd,
-            x.stride(0),
-            z.stride(0) if z is not None else 0,
-            0,
-            dy.stride(0),
-            dx.stride(0),
-            dz.stride(0) if dz is not None else 0,
-            dw_partial.stride(0),
-            0,
-            M,
-            group_size,
-            eps,
-            rows_per_program,
-            BLOCK_N=block_n,
-            NORM_BEFORE_GATE=False,
-            IS_RMS_NORM=True,
-            num_warps=num_warps,
-        )
+            x, weight, None, z, None, dy, dx, dw_partial, None, dz, None, rstd,
+            x.stride(0), z.stride(0) if z is not None else 0, 0, dy.stride(0), dx.stride(0),
+            dz.stride(0) if dz is not None else 0, dw_partial.stride(0), 0,
+            M, group_size, eps, rows_per_program,
+            BLOCK_N=block_n, NORM_BEFORE_GATE=False, IS_RMS_NORM=True, num_warps=num_warps)
     return dx, dw_partial.sum(0).to(weight.dtype), dz
 
 
@@ -155,14 +115,8 @@ def _backward(ctx, dy, _drstd):
 _rms_norm.register_autograd(_backward, setup_context=_setup_context)
 
 
-def fused_rms_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    z: torch.Tensor | None = None,
-    group_size: int | None = None,
-    out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
+def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, z: torch.Tensor | None = None,
+                   group_size: int | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """RMSNorm(x) * weight, or with z: RMSNorm(x * silu(z)) * weight over groups of group_size channels.
     FP32 inside; returns `out_dtype`, default x's (as blocks.RMSNorm and blocks.GatedRMSNorm). dx has
     x's dtype whatever the output's (the backward reads dy in its own dtype)."""
