@@ -36,7 +36,9 @@ os.environ.setdefault("WANDB_MODE", "offline")
 
 
 def cli_env(**extra) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    # the repository first, then whatever the caller's PYTHONPATH holds (dependencies installed there)
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
