@@ -21,8 +21,10 @@ What must hold for a replay to be the eager step, and how it is kept:
 - Python state the forward reads: a precision switch changes the layers' recipes (recapture);
   telemetry steps read statistics on the host inside the forward, so they run eagerly, after the
   graph and its memory are released (recaptured on the next step).
-- The first `warmup_steps` steps run eagerly: mamba-ssm's autotuning, Triton compilation, cuBLAS
-  workspaces and the lazily created SR generators happen outside a capture.
+- The first `warmup_steps` steps of every new shape and recipe set run eagerly: mamba-ssm's autotuning,
+  Triton compilation, torch.compile's recompilation after a precision switch (Inductor reads values on
+  the host while compiling, which a capture forbids), cuBLAS workspaces and the lazily created SR
+  generators happen outside a capture.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class StepGraph:
         self.warmup_steps = warmup_steps
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
-        self.eager_steps = 0
+        self.eager_steps: dict[tuple, int] = {}  # eager warm-up steps run per (shapes, recipes)
         self.captures = 0  # how many times a step was captured (tests and logs read it)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.key = None
@@ -78,12 +80,12 @@ class StepGraph:
 
     # ------------------------------------------------------------------ per step
     def run(self, micro_batches) -> torch.Tensor | None:
-        eager = self.eager_steps < self.warmup_steps or any(m.stats_enabled for m in self.layers)
-        if eager:
+        warm = self._shapes_and_recipes(micro_batches)
+        if self.eager_steps.get(warm, 0) < self.warmup_steps or any(m.stats_enabled for m in self.layers):
             self.release()
-            self.eager_steps += 1
+            self.eager_steps[warm] = self.eager_steps.get(warm, 0) + 1
             return None
-        key = self._key(micro_batches)
+        key = (*warm, tuple(id(g) for g in self._sr_generators()))
         if key != self.key:
             self.release()
             self._capture(micro_batches, key)
@@ -108,12 +110,12 @@ class StepGraph:
         """Every SR generator the current recipes draw from, created now if a layer has not yet."""
         return [gen for layer in self.layers for gen in layer.sr_generators(self.device)]
 
-    def _key(self, micro_batches) -> tuple:
-        """What the captured graph depends on besides tensor contents: batch shapes, the layers' recipes
-        (a precision switch changes them) and the generator objects (a resume re-creates them)."""
+    def _shapes_and_recipes(self, micro_batches) -> tuple:
+        """What the captured graph depends on besides tensor contents, and what a recompilation follows:
+        batch shapes and the layers' recipes (a precision switch changes them). The capture's key adds
+        the generator objects (a resume re-creates them)."""
         shapes = tuple((tuple(x.shape), x.dtype, tuple(y.shape), y.dtype) for x, y in micro_batches)
-        recipes = tuple(m.recipe_key for m in self.layers)
-        return shapes, recipes, tuple(id(g) for g in self._sr_generators())
+        return shapes, tuple(m.recipe_key for m in self.layers)
 
     def _capture(self, micro_batches, key) -> None:
         n = len(micro_batches)

@@ -2,6 +2,9 @@
 step: the same losses and weights, the same stochastic-rounding streams, a recapture when the precision
 switches, and telemetry steps run eagerly."""
 
+import json
+import math
+
 import pytest
 import torch
 
@@ -14,6 +17,7 @@ from nvfp4train.precision.linear import QuantLinear
 from nvfp4train.schema import ConfigError
 from nvfp4train.train.cuda_graph import cuda_graph_blocker
 from nvfp4train.train.engines import TorchEngine, resolve_cuda_graph
+from tests.conftest import run_train
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -52,8 +56,6 @@ def test_true_refuses_a_run_that_cannot_capture_naming_the_key():
 def test_train_cli_refuses_cuda_graph_true_on_cpu_with_one_line(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    from tests.conftest import run_train
-
     proc = run_train("train.cuda_graph=true", "train.max_steps=1", f"out_dir={tmp_path / 'run'}", check=False)
     assert proc.returncode != 0
     assert "train.cuda_graph=true" in proc.stderr + proc.stdout
@@ -61,8 +63,6 @@ def test_train_cli_refuses_cuda_graph_true_on_cpu_with_one_line(tmp_path):
 
 
 def test_bad_value_names_the_key(tmp_path):
-    from tests.conftest import run_train
-
     proc = run_train("train.cuda_graph=sometimes", "train.max_steps=1", f"out_dir={tmp_path / 'run'}", check=False)
     assert proc.returncode != 0
     assert "train.cuda_graph" in proc.stderr + proc.stdout
@@ -120,20 +120,50 @@ def test_replayed_steps_are_the_eager_steps(precision, micro):
 @requires_cuda
 def test_switch_recaptures_and_telemetry_steps_run_eagerly():
     (_, (model, ctl, engine)), cfg = _engines("nvfp4")
-    batches = _batches(cfg, 8, 1)
+    batches = _batches(cfg, 10, 1)
     for step in range(1, 4):
         engine.train_step(batches[step - 1], lr=3e-3, step=step)
     assert engine.step_graph.captures == 1
-    ctl._apply_switch(True)  # the schedule's switch to BF16: other recipes, another graph
-    loss = engine.train_step(batches[3], lr=3e-3, step=4).loss
+    # the schedule's switch to BF16: other recipes, so two eager warm-up steps (where torch.compile
+    # recompiles), then another graph
+    ctl._apply_switch(True)
+    for step in (4, 5):
+        engine.train_step(batches[step - 1], lr=3e-3, step=step)
+        assert engine.step_graph.graph is None and engine.step_graph.captures == 1
+    loss = engine.train_step(batches[5], lr=3e-3, step=6).loss
     assert engine.step_graph.captures == 2 and torch.isfinite(loss)
     for layer in ctl.layers:
         layer.stats_enabled = True
     ctl._apply_switch(False)
-    engine.train_step(batches[4], lr=3e-3, step=5)  # telemetry: eager, the graph released
+    engine.train_step(batches[6], lr=3e-3, step=7)  # telemetry: eager, the graph released
     assert engine.step_graph.graph is None and ctl.quant_stats()
     for layer in ctl.layers:
         layer.stats_enabled = False
-    for step in (6, 7):
+    for step in (8, 9):  # NVFP4 recipes again: warmed up before, so captured at once
         loss = engine.train_step(batches[step - 1], lr=3e-3, step=step).loss
     assert engine.step_graph.captures == 3 and torch.isfinite(loss)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("mode", ["full", "forward_only"])
+def test_compiled_graphed_run_switches_to_bf16(tmp_path, mode):
+    """The trainer's GPU defaults (compiled, CUDA graph) through a mid-run switch to BF16: torch.compile
+    recompiles for the new recipes in eager warm-up steps, not inside a capture (which failed)."""
+    run_train(
+        "model=hybrid_tiny",
+        "precision=nvfp4",
+        "precision.switch.at_fraction=0.5",
+        f"precision.switch.mode={mode}",
+        "train.max_steps=12",
+        "train.seq_len=128",
+        "train.global_batch_size=4",
+        "train.log_every=1",
+        "train.eval_sequences=0",
+        "train.progress=false",
+        f"out_dir={tmp_path}",
+    )
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = {r["step"]: r["loss"] for r in rows if "loss" in r}
+    assert sorted(losses) == list(range(1, 13)) and all(math.isfinite(v) for v in losses.values())
+    assert "capture #2" in (tmp_path / "train.log").read_text()
