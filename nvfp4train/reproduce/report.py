@@ -10,7 +10,7 @@ the final checkpoint (eval.json).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -209,6 +209,8 @@ def claim_rows(exp: Experiment, runs: dict, summary: dict | None = None) -> list
         interval, _ = compare(arm, base, c.metric)
         v = stats.verdict(interval, c.claim)
         if c.metric == "token_ratio" and interval is not None:
+            # the interval is of (ratio - 1) in %: its 0 is a ratio of 1x
+            v = replace(v, reason=v.reason.replace("0", "1x") if v.reason.endswith(" 0") else v.reason)
             ours = f"{1 + interval.mean / 100:.3f}x" + (
                 ""
                 if interval.lo is None
@@ -374,25 +376,28 @@ def left_out_lines(runs: dict, experiments: list[Experiment]) -> list[str]:
     ]
 
 
-def replicate_lines(replicates: dict, runs: dict) -> list[str]:
-    """Runs made again (same command, later batch) against the originals: with train.deterministic=true
-    they must be bitwise equal; otherwise their difference is the run-to-run noise floor."""
+def replicate_lines(replicates_dir: Path, runs: dict) -> list[str]:
+    """Runs made again (same command, a later batch) against the originals, from replicates_dir/<batch>/
+    <experiment>/<arm>/seed<k>/: with train.deterministic=true they must be bitwise equal; otherwise
+    their difference is the run-to-run noise floor."""
+    batches = sorted(d for d in Path(replicates_dir).glob("*") if d.is_dir()) if Path(replicates_dir).is_dir() else []
+    replicates = [(b.name, key, rep) for b in batches for key, rep in sorted(load_runs([b]).items())]
     if not replicates:
         return []
     lines = [
         "## Replicates",
         "",
         "Runs made a second time, in a later batch of runs, compared with the original (`docs/results/"
-        "replicates/`, copied with `reproduce copy-results --to docs/results/replicates`).",
+        "replicates/<batch>/`, copied with `reproduce copy-results --to docs/results/replicates/<batch>`).",
         "",
-        "| run | GPU, commit (original / replicate) | deterministic | training loss at the logged steps | "
+        "| run | batch | GPU, commit (original / replicate) | deterministic | training loss at the logged steps | "
         "BF16 evaluation of the final checkpoint |",
-        "|---|---|---|---|---|",
+        "|---|---|---|---|---|---|",
     ]
-    for key, rep in sorted(replicates.items()):
+    for batch, key, rep in replicates:
         orig = runs.get(key)
         if orig is None:
-            lines.append(f"| {'/'.join(map(str, key))} | — | — | no original run | — |")
+            lines.append(f"| {'/'.join(map(str, key))} | {batch} | — | — | no original run | — |")
             continue
         common = sorted(set(orig.train) & set(rep.train))
         differing = [t for t in common if orig.train[t] != rep.train[t]]
@@ -414,7 +419,7 @@ def replicate_lines(replicates: dict, runs: dict) -> list[str]:
         )
         where = " / ".join(f"{r.info.get('gpu', '?')}, {r.info.get('commit', '?')}" for r in (orig, rep))
         deterministic = "yes" if all(r.config.get("train", {}).get("deterministic") for r in (orig, rep)) else "no"
-        lines.append(f"| {'/'.join(map(str, key))} | {where} | {deterministic} | {train} | {evaluation} |")
+        lines.append(f"| {'/'.join(map(str, key))} | {batch} | {where} | {deterministic} | {train} | {evaluation} |")
     return lines + [""]
 
 
@@ -461,7 +466,7 @@ def write_report(
                 lines_tier += [f"![{exp.name}: paired relative gap](reproduction/{exp.name}.png)", ""]
         body += lines_tier
     lines += summary_lines(summary) + body + left_out_lines(runs, experiments)
-    lines += replicate_lines(load_runs([out / "replicates"]) if (out / "replicates").is_dir() else {}, runs)
+    lines += replicate_lines(out / "replicates", runs)
     lines += [
         "## Where this scale differs from the paper's",
         "",

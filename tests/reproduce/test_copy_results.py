@@ -52,15 +52,18 @@ def test_replicates_section_says_whether_runs_repeat(tmp_path):
     for seed in (1, 2):
         write_run(runs_dir, "fp8_blockwise", seed, 0.0)
         write_run(runs_dir, "nvfp4", seed, 0.4)
-    write_run(out / "replicates", "fp8_blockwise", 1, 0.0)  # the same run again: equal
-    write_run(out / "replicates", "nvfp4", 2, 0.41)  # a run that did not repeat
+    write_run(out / "replicates" / "batch2", "fp8_blockwise", 1, 0.0)  # the same run again: equal
+    write_run(out / "replicates" / "batch2", "nvfp4", 2, 0.41)  # a run that did not repeat
+    write_run(out / "replicates" / "batch3", "nvfp4", 2, 0.4)  # and again in another batch: equal
     experiments, _ = planned(tmp_path, runs_dir)
     text = report.write_report([runs_dir], out, experiments, figures=False).read_text()
     section = text.split("## Replicates")[1].split("\n## ")[0]
-    same = next(line for line in section.splitlines() if line.startswith("| synth/fp8_blockwise/1 "))
+    same = next(line for line in section.splitlines() if line.startswith("| synth/fp8_blockwise/1 | batch2 "))
     assert "identical at all 50" in same and same.endswith("| identical |")
-    other = next(line for line in section.splitlines() if line.startswith("| synth/nvfp4/2 "))
+    other = next(line for line in section.splitlines() if line.startswith("| synth/nvfp4/2 | batch2 "))
     assert "50 of 50 differ" in other and "+0.0100%" in other
+    again = next(line for line in section.splitlines() if line.startswith("| synth/nvfp4/2 | batch3 "))
+    assert "identical at all 50" in again
 
 
 def test_setup_line_says_where_the_data_starts_repeating(tmp_path):
