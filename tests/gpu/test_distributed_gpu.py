@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nvfp4train.dist.processes import kill_tree
 from nvfp4train.precision import hardware
 from tests.conftest import REPO, cli_env, read_metrics
 
@@ -72,42 +73,6 @@ def finish(proc: subprocess.Popen, out: Path, expect_ok: bool = True) -> str:
     if expect_ok:
         assert proc.returncode == 0, f"{out.name}: exit code {proc.returncode}\n{text[-5000:]}"
     return text
-
-
-def _children() -> dict[int, list[int]]:
-    """Every live process's children, from /proc (state Z, a zombie, counts as gone)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
-        except (OSError, ValueError):
-            continue
-        if state != "Z":
-            children.setdefault(int(ppid), []).append(int(entry.name))
-    return children
-
-
-def kill_run(proc: subprocess.Popen) -> None:
-    """SIGKILL to the launcher and every process under it, as a node failure would end them. killpg of the
-    launcher's group is not enough: torchrun starts each worker in a session of its own, and workers whose
-    launcher died go on training (and would finish the run the test means to resume)."""
-    children, pids, todo = _children(), [], [proc.pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        pids += kids
-        todo += kids
-    for pid in [*pids, proc.pid]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait()
-    deadline = time.monotonic() + 60
-    while alive := set(pids) & {pid for kids in _children().values() for pid in kids}:
-        assert time.monotonic() < deadline, f"processes {sorted(alive)} outlived SIGKILL"
-        time.sleep(0.05)
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -251,7 +216,7 @@ def test_te_layers_under_fsdp2_resume_after_a_kill(tmp_path, recipe):
             text = finish(cut_proc, cut, expect_ok=False)
             pytest.fail(f"{recipe}: the run ended or hung before its step-{TE_SAVE_EVERY} checkpoint:\n{text[-5000:]}")
         time.sleep(0.01)
-    kill_run(cut_proc)
+    kill_tree(cut_proc)  # SIGKILL to the launcher and both ranks (each rank is in a session of its own)
     finish(cut_proc, cut, expect_ok=False)
     assert cut_proc.returncode == -signal.SIGKILL, cut_proc.returncode
     ref_out = finish(ref_proc, ref)
