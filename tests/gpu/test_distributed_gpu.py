@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
-import os
 import re
 import signal
 import subprocess
@@ -36,12 +35,24 @@ from tests.conftest import REPO, cli_env, read_metrics
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not TWO_GPUS, reason="needs 2 CUDA GPUs")]
-RUN_TIMEOUT = 600  # seconds a run may take (each one takes well under a minute on 2 H100s)
+RUN_TIMEOUT = 600  # seconds before a run counts as hung (the runs here are small)
 
 
-def launch(out: Path, *overrides: str) -> subprocess.Popen:
-    """The trainer on 2 local ranks, in its own process group (so a kill reaches the launcher and both
-    workers); stdout and stderr go to `out`.log beside the run directory."""
+@pytest.fixture
+def jobs():
+    """The jobs a test launches; those still running when it ends (after a failed assertion) are killed with
+    their ranks, so that no orphaned rank holds a GPU for the next test."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            kill_tree(proc)
+        proc.log.close()
+
+
+def launch(jobs: list, out: Path, *overrides: str) -> subprocess.Popen:
+    """The trainer on 2 local ranks (added to `jobs`); stdout and stderr go to `out`.log beside the run
+    directory. Each rank runs in a session of its own (torchrun's way): kill_tree ends the job whole."""
     cmd = [
         sys.executable,
         "-m",
@@ -56,19 +67,20 @@ def launch(out: Path, *overrides: str) -> subprocess.Popen:
     log = open(out.with_name(out.name + ".log"), "a")  # noqa: SIM115 (closed by finish())
     log.write(f"$ {' '.join(cmd)}\n")
     log.flush()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=cli_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=cli_env(), stdout=log, stderr=subprocess.STDOUT)
     proc.log = log
+    jobs.append(proc)
     return proc
 
 
 def finish(proc: subprocess.Popen, out: Path, expect_ok: bool = True) -> str:
-    """Wait for `proc` (killing its group past RUN_TIMEOUT); its output, asserted successful when expect_ok."""
+    """Wait for `proc` (killing it with its ranks past RUN_TIMEOUT); its output, asserted successful when
+    expect_ok."""
     try:
         proc.wait(timeout=RUN_TIMEOUT)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    proc.log.close()
+        kill_tree(proc)
+    proc.log.flush()
     text = out.with_name(out.name + ".log").read_text()
     if expect_ok:
         assert proc.returncode == 0, f"{out.name}: exit code {proc.returncode}\n{text[-5000:]}"
@@ -111,7 +123,7 @@ ZERO_COMMON = [
 ZERO_STEP1_REL, ZERO_CURVE_REL = 1e-3, 1e-2
 
 
-def test_zero1_and_zero2_track_ddp_on_two_gpus(tmp_path):
+def test_zero1_and_zero2_track_ddp_on_two_gpus(tmp_path, jobs):
     """DDP, ZeRO-1 and ZeRO-2 on the same two GPUs, side by side: the same model (hybrid_tiny, the trainer's
     default, as the CPU test), seed, initial weights and global batches (the loader shards by rank alike for
     every engine). Both engines run eager: the DeepSpeed engine always does, and compiling only the DDP run
@@ -123,7 +135,7 @@ def test_zero1_and_zero2_track_ddp_on_two_gpus(tmp_path):
         "zero1": ["train.parallel=deepspeed", "train.zero_stage=1"],
         "zero2": ["train.parallel=deepspeed", "train.zero_stage=2"],
     }
-    procs = {name: launch(tmp_path / name, *ZERO_COMMON, *extra) for name, extra in arms.items()}
+    procs = {name: launch(jobs, tmp_path / name, *ZERO_COMMON, *extra) for name, extra in arms.items()}
     outputs = {name: finish(proc, tmp_path / name) for name, proc in procs.items()}
     curves = {name: losses(tmp_path / name) for name in arms}
     for name, curve in curves.items():
@@ -194,7 +206,7 @@ TE_RESUME_REL = 1e-2
 
 
 @pytest.mark.parametrize("recipe", ["fp8_tensorwise", "fp8_blockwise"])
-def test_te_layers_under_fsdp2_resume_after_a_kill(tmp_path, recipe):
+def test_te_layers_under_fsdp2_resume_after_a_kill(tmp_path, jobs, recipe):
     """hybrid_tiny with every linear a TE layer (its in_proj's 648 outputs padded for TE), sharded per block by
     FSDP2 on two GPUs: run `ref` straight through; run `cut`, started beside it with the same command, is
     killed (SIGKILL to the launcher and both ranks) once its step-6 checkpoint is complete, and the same
@@ -208,7 +220,7 @@ def test_te_layers_under_fsdp2_resume_after_a_kill(tmp_path, recipe):
         pytest.skip(why)
     overrides = [f"precision={recipe}", *TE_COMMON]
     ref, cut = tmp_path / "ref", tmp_path / "cut"
-    ref_proc, cut_proc = launch(ref, *overrides), launch(cut, *overrides)
+    ref_proc, cut_proc = launch(jobs, ref, *overrides), launch(jobs, cut, *overrides)
     marker = cut / "checkpoints" / f"step_{TE_SAVE_EVERY:08d}" / "meta.json"  # written last, then renamed in
     deadline = time.monotonic() + RUN_TIMEOUT
     while not marker.exists():
@@ -224,7 +236,7 @@ def test_te_layers_under_fsdp2_resume_after_a_kill(tmp_path, recipe):
     shards = sorted((ref / "checkpoints" / f"step_{TE_STEPS:08d}" / "model_optim").glob("*.distcp"))
     assert len(shards) == 2, shards  # one DCP shard per rank: the weights and moments were sharded
 
-    resume_out = finish(launch(cut, *overrides), cut)
+    resume_out = finish(launch(jobs, cut, *overrides), cut)
     found = re.search(r"resumed from \S*step_(\d+)", resume_out)
     assert found, resume_out[-2000:]
     resumed_at = int(found.group(1))
