@@ -20,6 +20,7 @@ under FSDP2 are not part of it: add `--runs te_fsdp2` where TE is installed.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -147,7 +148,8 @@ def merge_rows(path: Path, rows: list[dict]) -> None:
     path.write_text(json.dumps(ordered, indent=1) + "\n")
 
 
-def earlier_baseline(args) -> float | None:
+def earlier_baseline(args) -> tuple[float, str] | None:
+    """The one-GPU row of an earlier invocation with the same model, shape and GPU (tokens/s, its commit)."""
     if not args.out.is_file():
         return None
     gpu = gpu_name(args.device)
@@ -159,7 +161,36 @@ def earlier_baseline(args) -> float | None:
             and r.get("batch") == args.batch
             and r.get("gpu") == gpu
         ):
-            return r["tokens_per_s"]
+            return r["tokens_per_s"], str(r.get("commit"))
+    return None
+
+
+def baseline(rows: list[dict], earlier: tuple[float, str] | None) -> tuple[float | None, str]:
+    """tokens/s of one GPU, and where it comes from: this invocation's 1gpu run, else an earlier one's row."""
+    here = next((r["tokens_per_s"] for r in rows if r.get("run") == "1gpu" and "error" not in r), None)
+    if here is not None:
+        return here, "the 1gpu run above"
+    if earlier is not None:
+        return earlier[0], f"the 1gpu row of commit {earlier[1]} in the --out file"
+    return None, "no 1gpu row"
+
+
+def finished_rows(rows: list[dict], base: float | None) -> list[dict]:
+    """The rows of the runs that finished, with vs_1gpu, as --out stores them."""
+    done = []
+    for r in rows:
+        if "error" not in r:
+            r["vs_1gpu"] = round(r["tokens_per_s"] / base, 3) if base else None
+            done.append({k: v for k, v in r.items() if k != "seconds"})
+    return done
+
+
+def unavailable(name: str) -> str | None:
+    """Why run `name` cannot start here (None: it can), found without starting it."""
+    if "precision.backend=te" in RUNS[name][1] and importlib.util.find_spec("transformer_engine") is None:
+        return "transformer_engine is not installed (docs/results/te.md)"
+    if "train.parallel=deepspeed" in RUNS[name][1] and importlib.util.find_spec("deepspeed") is None:
+        return "deepspeed is not installed (pip install 'nvfp4train[deepspeed]')"
     return None
 
 
@@ -168,7 +199,8 @@ def print_table(rows: list[dict], base: float | None) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['run']} | {r['gpus']} | failed: {r['error']} | | | | | {r['seconds']:.0f} |")
+            what = r["error"] if r["error"].startswith("skipped") else f"failed: {r['error']}"
+            print(f"| {r['run']} | {r['gpus']} | {what} | | | | | {r['seconds']:.0f} |")
             continue
         vs = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
         reshard = "" if r["reshard_after_forward"] is None else str(r["reshard_after_forward"]).lower()
@@ -176,6 +208,21 @@ def print_table(rows: list[dict], base: float | None) -> None:
             f"| {r['run']} | {r['gpus']} | {r['tokens_per_s'] / 1e3:.1f}k | {vs} | {r['peak_gib']} | "
             f"{r['final_loss']} | {reshard} | {r['seconds']:.0f} |"
         )
+
+
+def rest_of(argv: list[str] | None, left_out: list[str]) -> list[str]:
+    """This invocation's arguments for the runs in `left_out` only (and bench_comm where it is among them)."""
+    kept, skipping = [], False
+    for arg in argv if argv is not None else sys.argv[1:]:
+        if arg.startswith("-"):
+            skipping = arg == "--runs"
+            if skipping or arg.startswith("--runs=") or arg == "--no-comm":
+                continue
+        elif skipping:
+            continue
+        kept.append(arg)
+    runs = [name for name in left_out if name in RUNS]
+    return [*kept, *(["--runs", *runs] if runs else []), *([] if "bench_comm" in left_out else ["--no-comm"])]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -189,6 +236,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gpus", type=int, default=2, help="GPUs of the multi-GPU runs")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--timeout", type=float, default=420, help="seconds per run")
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds for the whole invocation: no run starts after it and a run is stopped at it; the runs "
+        "left out are printed as the command that runs them (rows are merged into --out as each run ends)",
+    )
     ap.add_argument("--no-comm", action="store_true", help="skip bench_comm.py")
     ap.add_argument(
         "--work",
@@ -200,23 +254,37 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=REPO / "docs/results/bench/distributed.json")
     ap.add_argument("--comm-out", type=Path, default=REPO / "docs/results/bench/comm.json")
     args = ap.parse_args(argv)
+    sys.path.insert(0, str(REPO))  # run as a script: the package of this checkout
+    from nvfp4train.dist.processes import run_and_kill_on_timeout  # a timed-out run ends with its workers
 
     shm = Path("/dev/shm")
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_distributed_", dir=shm if shm.is_dir() else None))
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    rows, started = [], time.perf_counter()
+    rows, left_out, started = [], [], time.perf_counter()
+    earlier = earlier_baseline(args)
     for name in args.runs:
+        remaining = None if args.deadline is None else args.deadline - (time.perf_counter() - started)
+        if remaining is not None and remaining <= 0:
+            left_out.append(name)
+            continue
+        skip = unavailable(name)
+        if skip:
+            print(f"[{time.perf_counter() - started:5.0f}s] {name}: skipped: {skip}", flush=True)
+            rows.append({"run": name, "gpus": RUNS[name][0], "error": f"skipped: {skip}", "seconds": 0.0})
+            continue
         out_dir = work / name
         shutil.rmtree(out_dir, ignore_errors=True)
         cmd = command(name, out_dir, args)
         print(f"[{time.perf_counter() - started:5.0f}s] {name}: {' '.join(cmd[1:])}", flush=True)
+        timeout = args.timeout if remaining is None else min(args.timeout, remaining)
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
+            proc = run_and_kill_on_timeout(cmd, timeout, cwd=REPO, env=env)
             failed = proc.returncode != 0
             why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1][:200] if failed else ""
         except subprocess.TimeoutExpired:
-            failed, why = True, f"timed out after {args.timeout:.0f} s"
+            cut = "at --deadline" if timeout < args.timeout else ""
+            failed, why = True, f"timed out after {timeout:.0f} s {cut}".strip()
         seconds = time.perf_counter() - t0
         if failed:
             row = {"run": name, "gpus": RUNS[name][0], "error": why, "seconds": seconds}
@@ -234,17 +302,15 @@ def main(argv: list[str] | None = None) -> None:
             )
         rows.append(row)
         shutil.rmtree(out_dir, ignore_errors=True)
-    base = next((r["tokens_per_s"] for r in rows if r.get("run") == "1gpu" and "error" not in r), None)
-    if base is None:  # the one-GPU row of an earlier invocation with the same model, shape and GPU
-        base = earlier_baseline(args)
-    done = []
-    for r in rows:
-        if "error" not in r:
-            r["vs_1gpu"] = round(r["tokens_per_s"] / base, 3) if base else None
-            done.append({k: v for k, v in r.items() if k != "seconds"})
+        if not failed:  # stored now: an invocation stopped later keeps the rows of the runs that ended
+            merge_rows(args.out, finished_rows([row], baseline(rows, earlier)[0]))
+    base, base_source = baseline(rows, earlier)
+    done = finished_rows(rows, base)
     if done:
         merge_rows(args.out, done)
-    if not args.no_comm:
+    if not args.no_comm and args.deadline is not None and time.perf_counter() - started >= args.deadline:
+        left_out.append("bench_comm")
+    elif not args.no_comm:
         comm = [
             sys.executable,
             "-m",
@@ -260,10 +326,19 @@ def main(argv: list[str] | None = None) -> None:
             str(args.comm_out),
         ]
         print(f"[{time.perf_counter() - started:5.0f}s] bench_comm: {' '.join(comm[1:])}", flush=True)
-        proc = subprocess.run(comm, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
+        elapsed = time.perf_counter() - started
+        timeout = args.timeout if args.deadline is None else min(args.timeout, args.deadline - elapsed)
+        try:
+            proc = run_and_kill_on_timeout(comm, timeout, cwd=REPO, env=env)
+        except subprocess.TimeoutExpired:
+            proc = subprocess.CompletedProcess(comm, 1, "", f"timed out after {timeout:.0f} s")
         print(proc.stdout if proc.returncode == 0 else f"    failed: {proc.stderr.strip()[-400:]}")
     print_table(rows, base)
-    print(f"\n{len(done)} rows merged into {args.out}; total {time.perf_counter() - started:.0f} s")
+    print(f"\nvs 1 GPU: {base_source}")
+    print(f"{len(done)} rows merged into {args.out}; total {time.perf_counter() - started:.0f} s")
+    if left_out:
+        print(f"not started by --deadline {args.deadline:.0f} s: {' '.join(left_out)}; to run them:")
+        print("    " + " ".join(["python", "benchmarks/bench_distributed.py", *rest_of(argv, left_out)]))
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
+import re
 import subprocess
 import sys
 import time
@@ -60,14 +59,29 @@ def run(cmd: list[str], log: Path) -> float:
 
 
 def run_killed(cmd: list[str], marker: Path, log: Path) -> None:
+    """Start `cmd`, SIGKILL it and all its processes once `marker` exists. The workers too: torchrun starts
+    each in a session of its own, so killpg of the launcher left them training to the end (and the "resume"
+    that followed had nothing to do)."""
+    sys.path.insert(0, str(ROOT))
+    from nvfp4train.dist.processes import kill_tree
+
     with open(log, "a") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
         while not marker.exists():
             if proc.poll() is not None:
                 raise RuntimeError(f"{cmd} ended before {marker} appeared; see {log}")
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+            time.sleep(0.02)
+        kill_tree(proc)
+
+
+def run_resumed(cmd: list[str], log: Path) -> int:
+    """Run `cmd` again; the step it resumed from (its banner says), or RuntimeError if it did not resume."""
+    start = log.stat().st_size
+    run(cmd, log)
+    found = re.search(r"resumed from \S*step_(\d+)", log.read_text()[start:])
+    if not found:
+        raise RuntimeError(f"{cmd} did not resume from a checkpoint; see {log}")
+    return int(found.group(1))
 
 
 def main() -> None:
@@ -105,17 +119,17 @@ def main() -> None:
             command(nproc, cut, common, extra), cut / "checkpoints" / f"step_{args.kill_at:08d}" / "meta.json", log
         )
         killed_at = max(losses(cut))
-        run(command(nproc, cut, common, extra), log)
+        resumed_from = run_resumed(command(nproc, cut, common, extra), log)
         a, b = losses(ref), losses(cut)
-        resumed = [s for s in sorted(a) if s > args.kill_at]
-        before = [s for s in sorted(a) if s <= args.kill_at]  # both runs uninterrupted: run-to-run noise
+        resumed = [s for s in sorted(a) if s > resumed_from]
+        before = [s for s in sorted(a) if s <= resumed_from]  # both runs uninterrupted: run-to-run noise
         diffs = [abs(a[s] - b[s]) for s in resumed]
         row = {
             "arm": arm,
             "gpus": nproc,
             "steps": args.steps,
             "killed_after_step": killed_at,
-            "resumed_from": args.kill_at,
+            "resumed_from": resumed_from,
             "resumed_steps": len(resumed),
             "bitwise_equal": sum(a[s] == b[s] for s in resumed),
             "max_abs_diff": max(diffs),

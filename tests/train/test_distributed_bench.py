@@ -96,3 +96,25 @@ def test_bench_comm_two_gloo_ranks(tmp_path):
     assert any("largest block" in w for w in whats) and any("root" in w for w in whats)
     for r in data["rows"]:
         assert r["bus_gbytes"] == round(r["alg_gbytes"] / 2, 2) or abs(r["bus_gbytes"] - r["alg_gbytes"] / 2) < 0.02
+
+
+def test_bench_distributed_deadline_stops_and_prints_the_rest(tmp_path):
+    """--deadline: the run under way is stopped at it (with its ranks), later runs do not start, and the
+    command for them is printed; nothing is merged for a run that did not end."""
+    out = tmp_path / "rows.json"
+    args = ["--device", "cpu", "--model", "hybrid_tiny", "--seq", "32", "--steps", "200", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_distributed.py", *args, "--runs", "ddp", "fsdp2", "--deadline", "4"],
+        cwd=REPO,
+        env=cli_env(OMP_NUM_THREADS=1),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| ddp | 2 | failed: timed out after 4 s at --deadline |" in proc.stdout, proc.stdout
+    assert "not started by --deadline 4 s: fsdp2 bench_comm; to run them:" in proc.stdout
+    rest = proc.stdout.strip().splitlines()[-1].split()
+    assert rest[:2] == ["python", "benchmarks/bench_distributed.py"] and rest[-2:] == ["--runs", "fsdp2"]
+    assert " ".join(args) in " ".join(rest) and "--no-comm" not in rest  # bench_comm was left out too
+    assert not out.exists()

@@ -1,0 +1,73 @@
+"""Ending a launched job whole: torchrun (and `python -m nvfp4train.dist.run`) starts each worker in a session
+of its own, so a signal to the launcher's process group does not reach the workers, and workers whose
+launcher was killed go on running (training to the end, holding their GPUs). The benchmarks, the GPU resume
+checks and the tests that kill a job on purpose end it here: the launcher and every process under it.
+
+Linux only (reads /proc). Imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def _children() -> dict[int, list[int]]:
+    """Each live process's children, from /proc (a zombie counts as gone)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(entry.name))
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes under `pid` (children, their children, ...)."""
+    children, found, todo = _children(), [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def kill_tree(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGKILL to `proc` and every process under it, as a node failure would end them; returns once all are
+    gone (reaping `proc`). The processes are listed first, then killed: a worker whose launcher died first
+    would be re-parented out of reach."""
+    pids = descendants(proc.pid)
+    for pid in [*pids, proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    deadline = time.monotonic() + timeout
+    while alive := set(pids) & {p for kids in _children().values() for p in kids}:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"processes {sorted(alive)} outlived SIGKILL for {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def run_and_kill_on_timeout(cmd: list[str], timeout: float, **popen_kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout), except that a timeout ends the
+    launched job whole (kill_tree), not only its first process; raises subprocess.TimeoutExpired after it."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_kwargs) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+__all__ = ["descendants", "kill_tree", "run_and_kill_on_timeout"]
