@@ -1,10 +1,9 @@
 """Pairs of GEMM operands quantized from one read of a tensor: Fprop's X and Wgrad's Xᵀ, Dgrad's dY and
-Wgrad's dYᵀ, Fprop's W and Dgrad's Wᵀ. Each pair gives the bits of its two separate quantizations (`operands.fake_quantize` /
-`operands.pack`) through one call into the formats' dispatch (`nvfp4.quantize_rowwise_and_rht_t`,
-`fp8.quantize_blockwise_rowcol`, `fp8.quantize_tensorwise_rowcol`; and a 128x128-tiled FP8 weight and its
-transpose, `fp8.quantize_tiles_rowcol`), which picks the fused Triton kernel on
-CUDA and the PyTorch reference elsewhere; a pair these do not cover returns None, and the caller quantizes
-the two operands separately.
+Wgrad's dYᵀ, Fprop's W and Dgrad's Wᵀ. Each pair gives the bits of its two separate quantizations
+(`operands.fake_quantize` / `operands.pack`) through one call into the formats' dispatch
+(`nvfp4.quantize_rowwise_and_rht_t`, `fp8.quantize_blockwise_rowcol`, `fp8.quantize_tensorwise_rowcol`,
+`fp8.quantize_tiles_rowcol`), which picks the fused Triton kernel on CUDA and the PyTorch reference elsewhere;
+a pair these do not cover returns None, and the caller quantizes the two operands separately.
 """
 
 from __future__ import annotations
