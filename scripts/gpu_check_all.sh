@@ -35,7 +35,8 @@ step() {  # SECONDS NAME COMMAND...: run it with a limit, its output in $LOGS/NA
 # compiling on the CPU: with pytest-xdist installed six workers share the GPU and the CPU cores.
 xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n 6)
 step 240 gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu "${xdist[@]}" --durations=10 -rfE \
-  tests/formats/test_triton.py tests/formats/test_cuda.py tests/model/test_causal_conv.py tests/model/test_fused_norm.py \
+  tests/formats/test_triton.py tests/formats/test_fp8_tiles.py tests/formats/test_cuda.py tests/model/test_causal_conv.py \
+  tests/model/test_fused_norm.py \
   tests/gpu \
   tests/precision/test_cublas_gemm.py tests/precision/test_layer_state.py tests/train/test_cuda_graph.py
 step 50 bench_quant python3 -m benchmarks.bench_quant --shapes 8192x8192 --out "$DIR/quant.json"

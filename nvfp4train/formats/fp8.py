@@ -246,6 +246,49 @@ def quantize_blockwise_rowcol(
     )
 
 
+def quantize_tiles_rowcol(
+    x: torch.Tensor,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    pow2_scales: bool = False,
+    *,
+    row_width: int | None = None,
+    col_width: int | None = None,
+    impl: str = "auto",
+):
+    """``((data, scales), (data_t, scales_t))``: ``quantize_blockwise(x zero-padded to [rows rounded up to 128,
+    row_width], (128, 128))`` of a 2-D x [rows, cols], and the same codes and scales transposed, the K of the
+    transpose zero-padded to ``col_width``: data_t [row_width, col_width] (padding bytes 0), scales_t
+    [row_width / 128, col_width / 128] (padding scales 1). A 128x128 tile's scale covers the same elements in
+    either orientation, so those are also the bits of quantizing xᵀ zero-padded to [row_width, col_width].
+    Blockwise FP8's weight: Fprop reads W, Dgrad Wᵀ. On CUDA one pass reads x once and writes both (no padded
+    copy of x, no transposed copy of the codes). ``row_width`` / ``col_width``: multiples of 128, at least cols
+    / rows (default: rounded up to 128)."""
+    _check_input(x)
+    _check_fp8_dtype(dtype)
+    if x.ndim != 2:
+        raise ValueError(f"fp8.quantize_tiles_rowcol: x must be 2-D, got shape {tuple(x.shape)}")
+    rows, cols = x.shape
+    padded_rows, padded_cols = -(-rows // 128) * 128, -(-cols // 128) * 128
+    row_width = padded_cols if row_width is None else row_width
+    col_width = padded_rows if col_width is None else col_width
+    for name, width, least in (("row_width", row_width, cols), ("col_width", col_width, rows)):
+        if width % 128 or width < least:
+            raise ValueError(
+                f"fp8.quantize_tiles_rowcol: {name}={width} must be a multiple of 128 and at least {least} "
+                f"(x has shape {tuple(x.shape)})"
+            )
+    if use_triton(x, impl, "fp8.quantize_tiles_rowcol"):
+        from . import kernels
+
+        (data, scales), (data_t, scales_t) = kernels.fp8.tiles_rowcol(x, dtype, pow2_scales, row_width, col_width)
+        return (data.view(dtype), scales), (data_t.view(dtype), scales_t)
+    padded = torch.nn.functional.pad(x, (0, row_width - cols, 0, padded_rows - rows))
+    data, scales = quantize_blockwise(padded, (128, 128), dtype, pow2_scales, impl="reference")
+    data_t = torch.nn.functional.pad(data.view(torch.uint8).t(), (0, col_width - padded_rows)).view(dtype)
+    scales_t = torch.nn.functional.pad(scales.t(), (0, (col_width - padded_rows) // 128), value=1.0)
+    return (data, scales), (data_t.contiguous(), scales_t.contiguous())
+
+
 def dequantize_blockwise(
     data: torch.Tensor, scales: torch.Tensor, block=(1, 128), dtype: torch.dtype = torch.float32, impl: str = "auto"
 ) -> torch.Tensor:

@@ -93,6 +93,8 @@ class Mamba2Mixer(nn.Module):
         conv_dim = cfg.mamba_conv_dim
 
         self.in_proj = linear_factory(cfg.d_model, cfg.mamba_in_proj_dim, block_index=block_index, name="in_proj")
+        if hasattr(self.in_proj, "strided_output"):  # a precision layer: its output is read through the splits
+            self.in_proj.strided_output = True  # below only, so a GEMM's padded output needs no cropping copy
         self.conv1d = nn.Conv1d(conv_dim, conv_dim, cfg.mamba_conv, groups=conv_dim, bias=True)
         self.dt_bias = nn.Parameter(torch.empty(self.n_heads))
         self.A_log = nn.Parameter(torch.empty(self.n_heads))

@@ -52,6 +52,11 @@ class PrecisionLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's default; models re-init
         self.switched = False
+        # Whether the caller reads the output only through views along features (e.g. a split, as a Mamba
+        # in_proj's is), so it may be the first out_features columns of a wider row-major buffer: a GEMM that
+        # pads N (blockwise FP8 on scaled_mm: W's 128-row tiles) then returns its output without the copy that
+        # would crop it. False: a contiguous output, as nn.Linear's.
+        self.strided_output = False
         # Each (block, name) draws its own SR streams: 8 stream ids per name, 8 names per block (a name outside
         # LINEAR_NAMES, e.g. a test's, takes slot 7), one per operand role.
         name_id = LINEAR_NAMES.index(name) if name in LINEAR_NAMES else 7

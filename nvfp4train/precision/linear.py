@@ -270,6 +270,14 @@ class QuantLinear(PrecisionLinear):
             # dtype, widened by the cast's own backward where the producer wants FP32.
             x = x.to(torch.get_autocast_dtype(x.device.type))
         outputs = ops.quant_linear_fprop(
-            x, self.weight, self.layer_id, self.recipe_key, self.backend.name, x.dtype, save_x, save_w
+            x,
+            self.weight,
+            self.layer_id,
+            self.recipe_key,
+            self.backend.name,
+            x.dtype,
+            save_x,
+            save_w,
+            self.strided_output,
         )
         return outputs[0]

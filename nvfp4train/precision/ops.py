@@ -27,7 +27,7 @@ import weakref
 import torch
 
 from . import operands, pairs
-from .backends import Backend, gemm_k_multiple, get_backend, pad_fp8_k
+from .backends import Backend, gemm_k_multiple, gemm_out_width, get_backend, pad_fp8_k
 from .operands import round_up
 from .recipe import ROLES, LayerRecipe, OperandSpec
 
@@ -114,6 +114,14 @@ class LayerState:
         both = pairs.tensorwise_rowcol(x, spec, k_row, k_col)
         return None if both is None else (both[0], both[1].dequantize())
 
+    def pack_with_transpose(self, role: str, w: torch.Tensor, spec, k_row: int, k_col: int):
+        """(packed W, Q(Wᵀ)) of a 128x128-tiled FP8 weight from one pass (`pairs.weight_and_transpose`: Wᵀ's
+        tiles are W's transposed), or None where that does not apply (another spec; telemetry, which records
+        `pack`'s statistics: quantize W alone then)."""
+        if self.stats is not None:
+            return None
+        return pairs.weight_and_transpose(w, spec, k_row, k_col)
+
 
 _STATES: weakref.WeakValueDictionary[int, LayerState] = weakref.WeakValueDictionary()
 _STATE_IDS = itertools.count()
@@ -135,15 +143,28 @@ def _state(layer_id: int) -> LayerState:
 
 
 def _fprop_weight(
-    state: LayerState, weight: torch.Tensor, recipe: LayerRecipe, backend: Backend, k_f: int, training: bool
+    state: LayerState,
+    weight: torch.Tensor,
+    recipe: LayerRecipe,
+    backend: Backend,
+    k_f: int,
+    training: bool,
+    wants_dgrad: bool = False,
 ):
     """(W operand of Fprop, its packed form when Dgrad reuses it, Dgrad's Wᵀ operand when the same cast made
-    it), cached per weight version."""
+    it), cached per weight version. `wants_dgrad`: this forward saves W for a Dgrad."""
     spec = recipe.fprop_w
 
     def build():
         if recipe.reuses_fprop_weight:
             # Quantize W once into its storage form: Fprop uses it, Dgrad reuses the same bits.
+            if training and wants_dgrad and state.weights.enabled:
+                # 128x128 FP8 tiles: Dgrad's Wᵀ (the same tiles transposed, its K padded) written by the same
+                # pass, into this cache entry, instead of a transposing copy of Fprop's codes in Dgrad.
+                k_d = _dgrad_k(weight.shape[0], recipe, backend.name)
+                both = state.pack_with_transpose("fprop_w", weight, spec, k_f, k_d)
+                if both is not None:
+                    return both[0].dequantize(), both[0], both[1]
             packed = state.pack("fprop_w", weight, spec, k_f)
             return packed.dequantize(), packed, None
         if training and state.weights.enabled and pairs.tensorwise_pair(spec, recipe.dgrad_w):
@@ -171,6 +192,20 @@ def _transposed_weight(w_q: operands.Quantized, in_f: int, k_d: int) -> operands
     return operands.Quantized(operands.pad2d(wt_values, in_f, k_d), w_q.decode_scale)
 
 
+def _fprop_out_width(out_f: int, recipe: LayerRecipe, backend_name: str) -> int:
+    """The row length of the buffer Fprop's GEMM writes Y [tokens, out_f] into (`backends.gemm_out_width`)."""
+    return gemm_out_width(backend_name, recipe.fprop_x, recipe.fprop_w, out_f)
+
+
+def _with_row_stride(y2d: torch.Tensor, width: int) -> torch.Tensor:
+    """y2d [m, n] as the first n columns of an [m, width] row-major buffer, the layout the fake promises: as it
+    is where the GEMM wrote it so (no copy), else copied into one (a GEMM that did not pad as predicted)."""
+    if y2d.stride() == (width, 1):
+        return y2d
+    out = y2d.new_empty((y2d.shape[0], width))[:, : y2d.shape[1]]
+    return out.copy_(y2d)
+
+
 def _saves_x_copy(recipe: LayerRecipe, x_dtype: torch.dtype) -> bool:
     """Whether Fprop returns a copy of X for Wgrad: a quantized one, or a BF16 copy of a non-BF16 X
     (a BF16 X is saved as it is)."""
@@ -194,15 +229,18 @@ def quant_linear_fprop(
     out_dtype: torch.dtype,
     save_x: bool,
     save_w: bool,
+    strided_out: bool,
 ) -> list[torch.Tensor]:
     """[Y = Q(X) Q(W)ᵀ, *the Wgrad copy of X (packed) if save_x, *the packed W if save_w and Dgrad
-    reuses it]. Y is in `out_dtype`; every tensor is new and contiguous."""
+    reuses it]. Y is in `out_dtype`; every tensor is new and contiguous, except Y with `strided_out`: the first
+    out_features columns of a [tokens, width] buffer, width the GEMM's padded N (`_fprop_out_width`), so a GEMM
+    that pads N is not followed by a copy that crops it (for a caller that reads Y through views anyway)."""
     state, recipe, backend = _state(layer_id), decode_recipe(recipe_key), get_backend(backend_name)
     out_f, in_f = weight.shape
     with torch.autocast(x.device.type, enabled=False):
         x2d = x.reshape(-1, in_f)
         k_f = _fprop_k(in_f, recipe, backend_name)
-        w_q, w_packed, _ = _fprop_weight(state, weight, recipe, backend, k_f, training=save_x or save_w)
+        w_q, w_packed, _ = _fprop_weight(state, weight, recipe, backend, k_f, save_x or save_w, save_w)
         saves_xt = save_x and _saves_x_copy(recipe, x.dtype) and not recipe.wgrad_x.is_bf16
         k_w = _k_pad(x2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)
         # Fprop's X and the Wgrad Xᵀ from one read of X where the recipe allows (telemetry wants each alone)
@@ -212,7 +250,10 @@ def quant_linear_fprop(
             else None
         )
         x_q = both[0] if both else state.quantize("fprop_x", x2d, recipe.fprop_x, k_f)
-        y = backend.gemm(x_q, w_q.first_rows(out_f), out_dtype).reshape(*x.shape[:-1], out_f)
+        y2d = backend.gemm(x_q, w_q.first_rows(out_f), out_dtype)
+        if strided_out:
+            y2d = _with_row_stride(y2d, _fprop_out_width(out_f, recipe, backend_name))
+        y = y2d.reshape(*x.shape[:-1], out_f)
         outputs = [y]
         if save_x and _saves_x_copy(recipe, x.dtype):
             if recipe.wgrad_x.is_bf16:
@@ -223,14 +264,19 @@ def quant_linear_fprop(
                 outputs.extend(state.pack("wgrad_x", x2d.t(), recipe.wgrad_x, k_w).tensors)
         if save_w and w_packed is not None:
             outputs.extend(t.clone() for t in w_packed.tensors)  # the cache keeps its own
-    return [t.contiguous() for t in outputs]
+    return [outputs[0] if strided_out else outputs[0].contiguous()] + [t.contiguous() for t in outputs[1:]]
 
 
 @quant_linear_fprop.register_fake
-def _(x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w):
+def _(x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w, strided_out):
     recipe = decode_recipe(recipe_key)
     out_f, in_f = weight.shape
-    outputs = [x.new_empty((*x.shape[:-1], out_f), dtype=out_dtype)]
+    if strided_out:  # the layout the op returns Y in: see _with_row_stride
+        width = _fprop_out_width(out_f, recipe, backend_name)
+        y = x.new_empty((x.numel() // in_f, width), dtype=out_dtype)[:, :out_f].reshape(*x.shape[:-1], out_f)
+    else:
+        y = x.new_empty((*x.shape[:-1], out_f), dtype=out_dtype)
+    outputs = [y]
     storage = []
     if save_x and _saves_x_copy(recipe, x.dtype):
         tokens = x.numel() // in_f
@@ -264,6 +310,8 @@ def quant_linear_dgrad(
 
             def build():
                 cached = state.weights.peek(("fprop", recipe_key, backend.name, k_f), weight)
+                if cached is not None and cached[2] is not None:  # Wᵀ written with W (128x128 FP8 tiles)
+                    return cached[2]
                 if cached is not None:
                     w_q = cached[0]
                 else:  # Fprop's bits, from what it saved
@@ -389,7 +437,7 @@ def _(dy, layer_id, recipe_key, backend_name):
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w = inputs
+    x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w, _ = inputs
     recipe = decode_recipe(recipe_key)
     n_x = len(output) - 1
     if save_w and recipe.reuses_fprop_weight:
@@ -421,7 +469,7 @@ def _backward(ctx, grads):
         dw = quant_linear_wgrad(
             dy, saved[: ctx.n_x], layer_id, recipe_key, backend_name, weight.shape[1], weight.dtype, dy_q[2:]
         )
-    return dx, dw, None, None, None, None, None, None
+    return dx, dw, None, None, None, None, None, None, None
 
 
 quant_linear_fprop.register_autograd(_backward, setup_context=_setup_context)

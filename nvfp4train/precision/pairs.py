@@ -1,9 +1,9 @@
 """Pairs of GEMM operands quantized from one read of a tensor: Fprop's X and Wgrad's Xᵀ, Dgrad's dY and
-Wgrad's dYᵀ. Each pair gives the bits of its two separate quantizations (`operands.fake_quantize` /
-`operands.pack`) through one call into the formats' dispatch (`nvfp4.quantize_rowwise_and_rht_t`,
-`fp8.quantize_blockwise_rowcol`, `fp8.quantize_tensorwise_rowcol`), which picks the fused Triton kernel on
-CUDA and the PyTorch reference elsewhere; a pair these do not cover returns None, and the caller quantizes
-the two operands separately.
+Wgrad's dYᵀ, Fprop's W and Dgrad's Wᵀ. Each pair gives the bits of its two separate quantizations
+(`operands.fake_quantize` / `operands.pack`) through one call into the formats' dispatch
+(`nvfp4.quantize_rowwise_and_rht_t`, `fp8.quantize_blockwise_rowcol`, `fp8.quantize_tensorwise_rowcol`,
+`fp8.quantize_tiles_rowcol`), which picks the fused Triton kernel on CUDA and the PyTorch reference elsewhere;
+a pair these do not cover returns None, and the caller quantizes the two operands separately.
 """
 
 from __future__ import annotations
@@ -110,6 +110,35 @@ def tensorwise_rowcol(
         fmt.dequantize((data, decode), spec, tuple(x2d.shape)),
         operands.Packed(operands.PackedLayout(spec, tuple(data_t.shape)), (data_t, decode.clone())),
     )
+
+
+def weight_and_transpose(
+    w: torch.Tensor, spec: OperandSpec, k_row: int, k_col: int
+) -> tuple[operands.Packed, operands.Quantized] | None:
+    """Fprop's packed W [out_p, k_row] and Dgrad's Wᵀ operand [k_row, k_col] (its rows past in_features marked
+    as padding) of a 128x128-tiled FP8 weight from one read of W (fp8.quantize_tiles_rowcol): the bits
+    `operands.pack` gives W and the same codes and scales transposed, Dgrad's K zero-padded to k_col (as
+    `ops._transposed_weight` makes them from Fprop's). None for any other spec (or widths the tiles do not
+    fit): quantize W alone."""
+    out_f, in_f = w.shape
+    if not (
+        spec.format in ("fp8_e4m3", "fp8_e5m2")
+        and spec.tile is not None
+        and tuple(spec.tile) == (128, 128)
+        and not spec.rht_dim
+        and w.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and k_row % 128 == 0
+        and k_row >= in_f
+        and k_col % 128 == 0
+        and k_col >= out_f
+    ):
+        return None
+    fmt = operands.operand_format(spec)
+    (data, scales), (data_t, scales_t) = fp8.quantize_tiles_rowcol(
+        w, fmt.dtype, spec.scale_mode == "pow2", row_width=k_row, col_width=k_col, impl=operands.QUANT_IMPL
+    )
+    packed = operands.Packed(operands.PackedLayout(spec, tuple(data.shape)), (data, scales))
+    return packed, operands.Quantized(None, None, data_t, scales_t, spec, rows=in_f)
 
 
 def dy_pair(dgrad_spec: OperandSpec, wgrad_spec: OperandSpec) -> bool:

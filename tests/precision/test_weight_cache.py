@@ -58,6 +58,15 @@ def _train(policy, cache: bool, monkeypatch=None, steps=2, micro_batches=3):
             return both
 
         monkeypatch.setattr(LayerState, "quantize_with_transpose", spy_pair)
+        real_tiles = LayerState.pack_with_transpose
+
+        def spy_tiles(state, role, w, spec, k_row, k_col):  # 128x128 FP8 tiles of W and Wᵀ in one pass: W's
+            both = real_tiles(state, role, w, spec, k_row, k_col)
+            if both is not None:
+                calls[-1].append((state.sr.label, role))
+            return both
+
+        monkeypatch.setattr(LayerState, "pack_with_transpose", spy_tiles)
     g = torch.Generator().manual_seed(1)
     losses = []
     for step in range(steps):

@@ -317,3 +317,56 @@ def blockwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool, row
         POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x), RAGGED=row_width != n_features, **options,
     )
     return (row_data, row_scales), (col_data, col_scales)
+
+
+@triton.jit
+def _fp8_tiles_rowcol_kernel(
+    x_ptr, data_ptr, scales_ptr, data_t_ptr, scales_t_ptr, rows, cols, padded_rows, row_width, col_width,
+    scale_for_inf, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, POW2: tl.constexpr,
+    HW_CVT: tl.constexpr,
+):
+    """One 128 x 128 tile of x [rows, cols] zero-padded to [col_width, row_width], quantized with one scale as
+    _fp8_blockwise_kernel quantizes a 128x128 tile, and stored twice: as it lies into data [padded_rows,
+    row_width] (tiles above padded_rows only) and transposed into data_t [row_width, col_width]; its decode
+    scale into scales [padded_rows / 128, row_width / 128] and scales_t (the transposed grid). A tile of the
+    padding (past rows or cols) reads zeros: codes 0, decode scale 1."""
+    i, j = tl.program_id(0), tl.program_id(1)
+    r = i * 128 + tl.arange(0, 128)
+    c = j * 128 + tl.arange(0, 128)
+    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    x = to_fp32(tl.load(x_ptr + r[:, None].to(tl.int64) * cols + c[None, :], mask=mask, other=0.0))
+    magnitude_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    amax = tl.max(tl.max(magnitude_bits, axis=1, keep_dims=True), axis=0, keep_dims=True)  # [1, 1]
+    encode, decode = _fp8_block_scales(amax.to(tl.float32, bitcast=True), scale_for_inf, FP8_MAX, POW2)
+    code = _fp8_codes(x * encode, FP8_MAX, MANT, BIAS, HW_CVT).to(tl.uint8)
+    here = tl.zeros([1, 1], dtype=tl.int64)  # the one scale's offset, as a [1, 1] block like `decode`
+    if i * 128 < padded_rows:
+        tl.store(data_ptr + r[:, None].to(tl.int64) * row_width + c[None, :], code)
+        tl.store(scales_ptr + here + i * (row_width // 128) + j, decode)
+    tl.store(data_t_ptr + c[:, None].to(tl.int64) * col_width + r[None, :], tl.trans(code))
+    tl.store(scales_t_ptr + here + j * (col_width // 128) + i, decode)
+
+
+def tiles_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool, row_width: int, col_width: int):
+    """((data [rows_p, row_width], scales [rows_p / 128, row_width / 128]), (data_t [row_width, col_width],
+    scales_t [row_width / 128, col_width / 128])) of a 2-D x [rows, cols], rows_p = rows rounded up to 128:
+    fp8.quantize_tiles_rowcol (arguments checked by the caller: row_width >= cols, col_width >= rows_p, both
+    multiples of 128); data as uint8 bits of ``dtype``. One read of x: no padded copy of it, no transposed
+    copy of the codes."""
+    x = x.contiguous()
+    rows, cols = x.shape
+    padded_rows = -(-rows // 128) * 128
+    mant, bias = (3, 7) if dtype == torch.float8_e4m3fn else (2, 15)
+    data = torch.empty((padded_rows, row_width), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((padded_rows // 128, row_width // 128), dtype=torch.float32, device=x.device)
+    data_t = torch.empty((row_width, col_width), dtype=torch.uint8, device=x.device)
+    scales_t = torch.empty((row_width // 128, col_width // 128), dtype=torch.float32, device=x.device)
+    options = launch_options(x)
+    if x.is_cuda:
+        options["num_warps"] = 8
+    _fp8_tiles_rowcol_kernel[(col_width // 128, row_width // 128)](
+        x, data, scales, data_t, scales_t, rows, cols, padded_rows, row_width, col_width,
+        float(torch.finfo(x.dtype).max), FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias,
+        POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x), **options,
+    )
+    return (data, scales), (data_t, scales_t)

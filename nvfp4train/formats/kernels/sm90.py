@@ -84,6 +84,19 @@ FP8_BLOCKWISE_ROWCOL_ARGS = {
     "row_width": "i32",
     "scale_for_inf": "fp32",
 }
+FP8_TILES_ROWCOL_ARGS = {
+    "x_ptr": "*fp32",
+    "data_ptr": "*u8",
+    "scales_ptr": "*fp32",
+    "data_t_ptr": "*u8",
+    "scales_t_ptr": "*fp32",
+    "rows": "i32",
+    "cols": "i32",
+    "padded_rows": "i32",
+    "row_width": "i32",
+    "col_width": "i32",
+    "scale_for_inf": "fp32",
+}
 RHT_BLOCKS = {"SIGN_MASK": 0xB7E8, "GROUPS": rht.RHT_GROUPS, "BLOCK_F": rht.RHT_BLOCK_F}
 
 
@@ -213,6 +226,14 @@ VARIANTS = {
         fp8._fp8_blockwise_rowcol_kernel,
         FP8_BLOCKWISE_ROWCOL_ARGS,
         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True, "RAGGED": False},
+        128 * 128,
+        8,
+    ),
+    # the FP32 master weight: its 128x128 tiles for Fprop and the same transposed for Dgrad, once per step
+    "fp8_tiles_rowcol": Variant(
+        fp8._fp8_tiles_rowcol_kernel,
+        FP8_TILES_ROWCOL_ARGS,
+        {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True},
         128 * 128,
         8,
     ),

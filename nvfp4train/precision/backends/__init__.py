@@ -29,7 +29,7 @@ from ..operands import operand_format
 from ..recipe import PrecisionPolicy
 from .base import Backend
 from .emulated import EmulatedBackend, gemm_fp32, scale_and_cast
-from .scaled_mm import TILE_K_MULTIPLE, ScaledMMBackend, gemm_k_multiple, pad_fp8_k
+from .scaled_mm import TILE_K_MULTIPLE, ScaledMMBackend, gemm_k_multiple, gemm_out_width, pad_fp8_k
 from .te import TEBackend, TELinear
 
 EMULATED, SCALED_MM, TE = EmulatedBackend(), ScaledMMBackend(), TEBackend()
@@ -91,6 +91,7 @@ __all__ = [
     "TELinear",
     "gemm_fp32",
     "gemm_k_multiple",
+    "gemm_out_width",
     "gemm_peak_kind",
     "get_backend",
     "pad_fp8_k",

@@ -110,6 +110,21 @@ def gemm_k_multiple(backend_name: str, a: OperandSpec, b: OperandSpec) -> int:
     return 1
 
 
+def gemm_out_width(backend_name: str, a: OperandSpec, b: OperandSpec, n: int) -> int:
+    """The row length of the buffer `backend_name`'s GEMM of a [M, K] by b [N = n, K] writes, its [M, n] output
+    being the first n columns: scaled_mm pads N for cuBLASLt (to b's 128-row tiles for a 128x128-tiled FP8 b,
+    else to 16) and returns the output cropped, a view; every other GEMM writes exactly n. (On a CPU tensor
+    scaled_mm runs the emulated GEMM: n; a caller that relies on the width checks the stride it got.)"""
+    fp8_pair = backend_name == "scaled_mm" and a.format == b.format and b.format in ("fp8_e4m3", "fp8_e5m2")
+    if not fp8_pair:
+        return n
+    if a.tile is None and b.tile is None:
+        return round_up(n, 16)  # _tensorwise_gemm
+    if a.tile is not None and tuple(a.tile) == (1, 128) and b.tile is not None:
+        return round_up(n, 128 if tuple(b.tile) == (128, 128) else 16)  # _blockwise_gemm
+    return n
+
+
 def pad_fp8_k(data: torch.Tensor, scales: torch.Tensor, k_pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 data [R, K] zero-padded to [R, k_pad] and its per-128 scales [R', K/128] padded with ones."""
     k = data.shape[1]
