@@ -271,8 +271,8 @@ def quant_linear_fprop(
 def _(x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w, strided_out):
     recipe = decode_recipe(recipe_key)
     out_f, in_f = weight.shape
-    if strided_out:  # the layout the op returns Y in: see _with_row_stride
-        width = _fprop_out_width(out_f, recipe, backend_name)
+    width = _fprop_out_width(out_f, recipe, backend_name) if strided_out else out_f
+    if width != out_f:  # the layout the op returns Y in: see _with_row_stride
         y = x.new_empty((x.numel() // in_f, width), dtype=out_dtype)[:, :out_f].reshape(*x.shape[:-1], out_f)
     else:
         y = x.new_empty((*x.shape[:-1], out_f), dtype=out_dtype)
