@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ("graph", "eager", "baseline", "ddp", "resume", "flex", "cost_1b")
 DEFAULT_CASES = ("graph", "eager", "baseline", "ddp", "resume", "flex")
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every process under it (torchrun gives each rank a session of its own)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # the repository's package, also where it is not installed
+    from nvfp4train.dist.processes import kill_tree as kill_all
+
+    kill_all(proc)
 
 
 class Clock:
@@ -79,15 +87,14 @@ def start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
 
 
 def finish(procs: list[subprocess.Popen], timeout: float) -> list[int]:
-    """Wait for the processes; kill (SIGKILL, their own process groups) what is still running at the limit."""
+    """Wait for the processes; kill (SIGKILL, with every process under them) what is still running at the limit."""
     end = time.time() + max(timeout, 1)
     codes = []
     for p in procs:
         try:
             codes.append(p.wait(timeout=max(end - time.time(), 0.1)))
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+            kill_tree(p)
             codes.append(124)
     return codes
 
@@ -265,8 +272,7 @@ def run_resume(args, clock: Clock, reference: Path) -> dict:
     while not marker.exists() and proc.poll() is None and clock.left() > 0:
         time.sleep(0.05)
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_tree(proc)
     killed_after = max(steps_of(case / "cut"), default=0)
     codes = [proc.returncode]
     if marker.exists():

@@ -89,7 +89,9 @@ class RunProcess:
         self.stopping = True
         if self.proc is not None and self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, signum)  # its own session: torchrun and every rank
+                # the run's own session: the trainer, or torchrun, which forwards SIGINT/SIGTERM to its ranks
+                # (each rank has a session of its own, so only the launcher can reach them)
+                os.killpg(self.proc.pid, signum)
             except ProcessLookupError:
                 pass
 
