@@ -38,6 +38,7 @@ RUNS = {
     "1gpu": (1, []),
     "ddp": (2, ["train.parallel=ddp"]),
     "ddp_bucket100": (2, ["train.parallel=ddp", "train.ddp_bucket_cap_mb=100"]),
+    "ddp_bucket400": (2, ["train.parallel=ddp", "train.ddp_bucket_cap_mb=400"]),
     "fsdp2": (2, ["train.parallel=fsdp2"]),
     "fsdp2_prefetch2": (2, ["train.parallel=fsdp2", "train.fsdp_prefetch=2"]),
     "fsdp2_prefetch0": (2, ["train.parallel=fsdp2", "train.fsdp_prefetch=0"]),
