@@ -76,8 +76,10 @@ install() {  # the core and meta wheels into this environment, then transformer_
   download
   python3 -m pip install -q --no-deps --no-index "$DOWNLOADS/$CORE_WHEEL" "$DOWNLOADS/$META_WHEEL"
   t1=$(date +%s)
-  if python3 -c "import transformer_engine_torch" 2>/dev/null; then
-    say "transformer_engine_torch already installed"
+  # its .so lives in transformer_engine/wheel_lib/ (imported by transformer_engine.pytorch), so ask pip's record
+  if python3 -c "import sys; from importlib.metadata import version; sys.exit(version('transformer_engine_torch') != sys.argv[1])" \
+      "$TE_VERSION" 2>/dev/null; then
+    say "transformer_engine_torch $TE_VERSION already installed"
     return
   fi
   command -v nvcc >/dev/null || export PATH=${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
@@ -186,8 +188,6 @@ train() {  # N [DIR]: hybrid_125m, te vs emulated (two seeds: the emulated path'
 }
 
 cmd=${1:-}; shift || true
-cmd=${1:-}
-shift || true
 case "$cmd" in
   download) download ;;
   install) install ;;
