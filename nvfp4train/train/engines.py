@@ -122,7 +122,10 @@ class TorchEngine:
             for layer in model.modules():
                 if isinstance(layer, QuantLinear):
                     layer.keep_weight_cache_until_cleared()
-        self.forward = torch.compile(self.wrapped) if compile else self.wrapped
+        # Static shapes: a step's shapes are fixed, and a shape that does change (another batch or sequence
+        # length) recompiles for it rather than turning the sequence length symbolic, which Inductor could not
+        # lower for the SSD scan's chunking (torch 2.13: "cannot determine truth value of Relational").
+        self.forward = torch.compile(self.wrapped, dynamic=False) if compile else self.wrapped
         self.grad_clip = optim_cfg.grad_clip
         # Evaluation runs the uncompiled model: a held-out pass is a few dozen sequences, and through the
         # compiled one it compiled the whole forward again (grad mode is one of its guards) at every run's
