@@ -50,6 +50,7 @@ def test_tiers_as_the_campaign_plans_them():
         ("no_sr", "no_rht", "no_2d", "all_layers"), 6
     )
     assert set(seeds["a_mxfp4"].values()) == set(seeds["a_bf16_switch"].values()) == {6}
+    assert set(seeds["a_bf16_switch"]) == {"switch_full", "switch_forward", "switch_backward"}
     assert all(set(seeds[f"b_{n}"].values()) == {5} for n in ("fp8_vs_nvfp4", "mxfp4", "bf16_switch"))
     for name, per_param in (("a_fp8_vs_nvfp4", 1.75), ("b_fp8_vs_nvfp4", 20.0)):
         exp = load_experiment(name)
