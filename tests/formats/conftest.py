@@ -3,10 +3,36 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def rerun_in_triton_interpreter(test_file: str, timeout: float) -> str:
+    """Run one test file again in a subprocess with TRITON_INTERPRET=1 (its Triton kernels on the CPU); returns
+    pytest's last output line after asserting the run passed. One process: not the -n of a parallel outer run
+    (.ci/run's PYTEST_ADDOPTS), which would only add workers."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        # numpy warns of a division by a zero amax in the interpreter (the kernels handle it)
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning"]
+        + [str(Path(test_file).resolve().relative_to(root))],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    return run.stdout.strip().splitlines()[-1]
+
 
 # Committed with the tests (provenance and licence in its README.md). A missing file is an error,
 # never a skip: the bit-exactness tests must run in every clone and in CI.

@@ -6,11 +6,7 @@ as tests/formats/test_triton.py does) gives the reference's bits, ragged shapes 
 from __future__ import annotations
 
 import functools
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +14,8 @@ import torch.nn.functional as F
 
 from nvfp4train.formats import fp8
 
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+from .conftest import INTERPRETING, rerun_in_triton_interpreter
+
 DEVICE = torch.device("cpu" if INTERPRETING else "cuda")
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 
@@ -114,27 +111,5 @@ def test_bad_widths_are_refused_in_one_line():
 @pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
 def test_tiles_kernel_in_the_triton_interpreter():
     pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[2]
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, "TRITON_INTERPRET": "1"}
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-x",
-            "-p",
-            "no:cacheprovider",
-            "-W",
-            "ignore::RuntimeWarning",  # numpy's division by a zero amax in the interpreter (the kernel handles it)
-            str(Path(__file__).relative_to(root)),
-        ],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    summary = run.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"\d+ passed, 1 skipped in .*", summary), run.stdout[-2000:]
+    summary = rerun_in_triton_interpreter(__file__, timeout=600)
+    assert re.fullmatch(r"\d+ passed, 1 skipped in .*", summary), summary

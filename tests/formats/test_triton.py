@@ -15,11 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,9 +23,8 @@ import torch
 from nvfp4train.formats import fp8, hadamard, mxfp4, nvfp4, sr_generator
 from nvfp4train.formats.rounding import random_bits_like
 
-from .conftest import golden_manifest, load_golden
+from .conftest import INTERPRETING, golden_manifest, load_golden, rerun_in_triton_interpreter
 
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = torch.device("cpu" if INTERPRETING else "cuda")
 
 
@@ -44,32 +39,9 @@ def kernel_test(fn):
 @pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
 def test_kernels_in_the_triton_interpreter():
     pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[2]
-    # One process: not the -n of a parallel outer run (.ci/run's PYTEST_ADDOPTS), which would only add workers.
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, "TRITON_INTERPRET": "1"}
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-x",
-            "-p",
-            "no:cacheprovider",
-            "-W",
-            "ignore::RuntimeWarning",
-            str(Path(__file__).relative_to(root)),
-        ],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    summary = rerun_in_triton_interpreter(__file__, timeout=900)
     # Skipped there by design: this test, the GPU compile check and the hardware bf16 rounding check.
-    summary = run.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"\d+ passed, 3 skipped in .*", summary), run.stdout[-2000:]
+    assert re.fullmatch(r"\d+ passed, 3 skipped in .*", summary), summary
 
 
 def test_triton_on_cpu_needs_the_interpreter_or_says_so():
