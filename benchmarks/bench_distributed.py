@@ -14,7 +14,9 @@ autotuning and CUDA-graph capture happen before), peak memory (rank 0), the fina
 table and merges a row per run into --out, in the format of docs/results/bench/train.json plus the keys
 parallel, gpus, micro_batch, reshard_after_forward, zero_stage, vs_1gpu, final_loss and command. DeepSpeed
 runs are not compiled (its engine runs the eager model). Transformer Engine layers (precision.backend=te)
-under FSDP2 are not part of it: add `--runs te_fsdp2` where TE is installed.
+under FSDP2 are not part of it: add `--runs te_1gpu te_fsdp2` where TE is installed. A multi-GPU run's vs_1gpu
+is against the one-GPU run of the same precision and backend (nvfp4_fsdp2 against nvfp4_1gpu): of this
+invocation, else the row of an earlier one on the same GPU model in --out.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUNS = {
     "1gpu": (1, []),
     "ddp": (2, ["train.parallel=ddp"]),
-    "ddp_bucket100": (2, ["train.parallel=ddp", "train.ddp_bucket_cap_mb=100"]),
+    "ddp_bucket25": (2, ["train.parallel=ddp", "train.ddp_bucket_cap_mb=25"]),
     "ddp_bucket400": (2, ["train.parallel=ddp", "train.ddp_bucket_cap_mb=400"]),
     "fsdp2": (2, ["train.parallel=fsdp2"]),
     "fsdp2_prefetch2": (2, ["train.parallel=fsdp2", "train.fsdp_prefetch=2"]),
@@ -47,6 +49,7 @@ RUNS = {
     "zero2": (2, ["train.parallel=deepspeed", "train.zero_stage=2"]),
     "nvfp4_fsdp2": (2, ["train.parallel=fsdp2", "precision=nvfp4"]),
     "nvfp4_1gpu": (1, ["precision=nvfp4"]),
+    "te_1gpu": (1, ["precision=fp8_tensorwise", "precision.backend=te"]),
     "te_fsdp2": (2, ["train.parallel=fsdp2", "precision=fp8_tensorwise", "precision.backend=te"]),
 }
 DEFAULT_RUNS = ["1gpu", "ddp", "fsdp2", "fsdp2_reshard", "zero1", "zero2", "nvfp4_fsdp2"]
@@ -137,10 +140,23 @@ def commit() -> str:
     return git_commit(short=True)
 
 
-KEY = ("model", "seq", "batch", "precision", "parallel", "gpus", "reshard_after_forward", "zero_stage", "run")
+KEY = (
+    "model",
+    "seq",
+    "batch",
+    "precision",
+    "backend",
+    "parallel",
+    "gpus",
+    "reshard_after_forward",
+    "zero_stage",
+    "run",
+    "gpu",
+)
 
 
 def merge_rows(path: Path, rows: list[dict]) -> None:
+    """Rows keyed by configuration and GPU model: a run on another GPU adds a row, the same one replaces it."""
     existing = json.loads(path.read_text()) if path.is_file() else []
     merged = {tuple(r.get(k) for k in KEY): r for r in existing}
     merged.update({tuple(r.get(k) for k in KEY): r for r in rows})
@@ -149,38 +165,46 @@ def merge_rows(path: Path, rows: list[dict]) -> None:
     path.write_text(json.dumps(ordered, indent=1) + "\n")
 
 
-def earlier_baseline(args) -> tuple[float, str] | None:
-    """The one-GPU row of an earlier invocation with the same model, shape and GPU (tokens/s, its commit)."""
+def one_gpu_run(name: str) -> str | None:
+    """The one-GPU run a run is compared with: the one with the same precision overrides (None: there is none)."""
+    precision = [o for o in RUNS[name][1] if o.startswith("precision")]
+    return next((n for n, (gpus, extra) in RUNS.items() if gpus == 1 and extra == precision), None)
+
+
+def earlier_baselines(args) -> dict[str, tuple[float, str]]:
+    """One-GPU rows of earlier invocations with the same model, shape and GPU: run name -> (tokens/s, commit)."""
     if not args.out.is_file():
-        return None
+        return {}
     gpu = gpu_name(args.device)
-    for r in json.loads(args.out.read_text()):
-        if (
-            r.get("run") == "1gpu"
-            and r.get("model") == args.model
-            and r.get("seq") == args.seq
-            and r.get("batch") == args.batch
-            and r.get("gpu") == gpu
-        ):
-            return r["tokens_per_s"], str(r.get("commit"))
-    return None
+    return {
+        r["run"]: (r["tokens_per_s"], str(r.get("commit")))
+        for r in json.loads(args.out.read_text())
+        if r.get("gpus") == 1
+        and r.get("model") == args.model
+        and r.get("seq") == args.seq
+        and r.get("batch") == args.batch
+        and r.get("gpu") == gpu
+        and r.get("run") in RUNS
+    }
 
 
-def baseline(rows: list[dict], earlier: tuple[float, str] | None) -> tuple[float | None, str]:
-    """tokens/s of one GPU, and where it comes from: this invocation's 1gpu run, else an earlier one's row."""
-    here = next((r["tokens_per_s"] for r in rows if r.get("run") == "1gpu" and "error" not in r), None)
+def baseline(name: str, rows: list[dict], earlier: dict[str, tuple[float, str]]) -> tuple[float | None, str]:
+    """tokens/s of run `name`'s one-GPU counterpart, and where it comes from: this invocation, else --out."""
+    single = one_gpu_run(name)
+    here = next((r["tokens_per_s"] for r in rows if r.get("run") == single and "error" not in r), None)
     if here is not None:
-        return here, "the 1gpu run above"
-    if earlier is not None:
-        return earlier[0], f"the 1gpu row of commit {earlier[1]} in the --out file"
-    return None, "no 1gpu row"
+        return here, f"{single} above"
+    if single in earlier:
+        return earlier[single][0], f"{single} of commit {earlier[single][1]} in --out"
+    return None, f"no {single} row" if single else "no one-GPU run of this precision"
 
 
-def finished_rows(rows: list[dict], base: float | None) -> list[dict]:
+def finished_rows(rows: list[dict], earlier: dict[str, tuple[float, str]]) -> list[dict]:
     """The rows of the runs that finished, with vs_1gpu, as --out stores them."""
     done = []
     for r in rows:
         if "error" not in r:
+            base = baseline(r["run"], rows, earlier)[0]
             r["vs_1gpu"] = round(r["tokens_per_s"] / base, 3) if base else None
             done.append({k: v for k, v in r.items() if k != "seconds"})
     return done
@@ -195,18 +219,19 @@ def unavailable(name: str) -> str | None:
     return None
 
 
-def print_table(rows: list[dict], base: float | None) -> None:
-    print("\n| run | GPUs | tokens/s | vs 1 GPU | peak GiB | final loss | reshard | s |")
-    print("|---|---|---|---|---|---|---|---|")
+def print_table(rows: list[dict], earlier: dict[str, tuple[float, str]]) -> None:
+    print("\n| run | GPUs | tokens/s | vs 1 GPU | against | peak GiB | final loss | reshard | s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
             what = r["error"] if r["error"].startswith("skipped") else f"failed: {r['error']}"
-            print(f"| {r['run']} | {r['gpus']} | {what} | | | | | {r['seconds']:.0f} |")
+            print(f"| {r['run']} | {r['gpus']} | {what} | | | | | | {r['seconds']:.0f} |")
             continue
+        base, source = baseline(r["run"], rows, earlier)
         vs = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
         reshard = "" if r["reshard_after_forward"] is None else str(r["reshard_after_forward"]).lower()
         print(
-            f"| {r['run']} | {r['gpus']} | {r['tokens_per_s'] / 1e3:.1f}k | {vs} | {r['peak_gib']} | "
+            f"| {r['run']} | {r['gpus']} | {r['tokens_per_s'] / 1e3:.1f}k | {vs} | {source} | {r['peak_gib']} | "
             f"{r['final_loss']} | {reshard} | {r['seconds']:.0f} |"
         )
 
@@ -262,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_distributed_", dir=shm if shm.is_dir() else None))
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     rows, left_out, started = [], [], time.perf_counter()
-    earlier = earlier_baseline(args)
+    earlier = earlier_baselines(args)
     for name in args.runs:
         remaining = None if args.deadline is None else args.deadline - (time.perf_counter() - started)
         if remaining is not None and remaining <= 0:
@@ -304,9 +329,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         shutil.rmtree(out_dir, ignore_errors=True)
         if not failed:  # stored now: an invocation stopped later keeps the rows of the runs that ended
-            merge_rows(args.out, finished_rows([row], baseline(rows, earlier)[0]))
-    base, base_source = baseline(rows, earlier)
-    done = finished_rows(rows, base)
+            merge_rows(args.out, finished_rows(rows, earlier)[-1:])  # this run's row, the last finished
+    done = finished_rows(rows, earlier)
     if done:
         merge_rows(args.out, done)
     if not args.no_comm and args.deadline is not None and time.perf_counter() - started >= args.deadline:
@@ -334,8 +358,7 @@ def main(argv: list[str] | None = None) -> None:
         except subprocess.TimeoutExpired:
             proc = subprocess.CompletedProcess(comm, 1, "", f"timed out after {timeout:.0f} s")
         print(proc.stdout if proc.returncode == 0 else f"    failed: {proc.stderr.strip()[-400:]}")
-    print_table(rows, base)
-    print(f"\nvs 1 GPU: {base_source}")
+    print_table(rows, earlier)
     print(f"{len(done)} rows merged into {args.out}; total {time.perf_counter() - started:.0f} s")
     if left_out:
         print(f"not started by --deadline {args.deadline:.0f} s: {' '.join(left_out)}; to run them:")

@@ -105,7 +105,7 @@ def resolve_reshard_after_forward(setting: str, n_params: int, info: DistInfo) -
 
 
 def wrap_model(model: nn.Module, mode: str, info: DistInfo, reshard_after_forward: bool = True,
-               prefetch: int = 1, ddp_bucket_cap_mb: int = 25) -> nn.Module:
+               prefetch: int = 1, ddp_bucket_cap_mb: int = 100) -> nn.Module:
     """Wrap for data parallelism. World size 1 runs the bare model (DeepSpeed wraps in its own engine)."""
     if mode not in PARALLEL_MODES:
         raise ConfigError(f"train.parallel={mode!r}: allowed {', '.join(PARALLEL_MODES)}")

@@ -2,13 +2,14 @@
 (arXiv 2509.25149) on your GPU node or SLURM cluster.
 
     plan EXPERIMENT                      every run (arm x seed): its training and evaluation commands, out_dir
-    run EXPERIMENT --executor local      run them on this machine's GPUs (one run per GPU; --gpus-per-run N
-                   [--gpus 0,1]          with torchrun), queueing the rest; skips finished runs, resumes
-                                         interrupted ones; on a machine without CUDA, one at a time on the CPU
-    run EXPERIMENT --executor slurm      ONE job array over arm x seed (slurm/reproduce_array.sbatch);
-                   [--dry-run]           --dry-run renders it without submitting
+    run EXPERIMENT... --executor local   run them on this machine's GPUs (one run per GPU; --gpus-per-run N
+                   [--gpus 0,1]          with torchrun), queueing the rest seed by seed (every arm of every
+                                         experiment named for seed 1, then seed 2, ...); skips finished runs,
+                                         resumes interrupted ones; without CUDA, one at a time on the CPU
+    run EXPERIMENT... --executor slurm   one job array per experiment over arm x seed
+                   [--dry-run]           (slurm/reproduce_array.sbatch); --dry-run renders without submitting
     status [EXPERIMENT...]               a table of every run's progress
-    copy-results EXPERIMENT [--to DIR]   copy finished runs' results (config, metrics gzipped, eval, run.json;
+    copy-results EXPERIMENT... [--to D]  copy finished runs' results (config, metrics gzipped, eval, run.json;
                                          no checkpoints) to docs/results/runs/, to commit them
     report                               docs/results/reproduction.md (+ figures) from the finished runs
 
@@ -21,6 +22,7 @@ deterministic flag, wall time, exit codes).
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 from pathlib import Path
@@ -70,26 +72,44 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def experiments_named(args) -> list:
+    """The experiments of a verb that takes several; --arms names one experiment's arms, so it takes one."""
+    if len(args.experiments) > 1 and args.arms:
+        raise UsageError(
+            f"--arms {','.join(args.arms)}: arms belong to one experiment, and {len(args.experiments)} are named "
+            f"({', '.join(args.experiments)}): name one experiment, or leave --arms out to run every arm"
+        )
+    if len(set(args.experiments)) < len(args.experiments):
+        raise UsageError(f"an experiment is named twice: {' '.join(args.experiments)}")
+    return [load_experiment(name, args.experiments_dir) for name in args.experiments]
+
+
 def cmd_run(args) -> int:
     from nvfp4train.data.paths import git_commit
     from nvfp4train.reproduce import executors
 
-    exp = load_experiment(args.experiment, args.experiments_dir)
+    exps = experiments_named(args)
     if args.executor == "slurm":
-        runs = select(args, exp, "cuda")
-        path, _ = executors.render_slurm(
-            exp.name, runs, Path(args.runs_dir), args.experiments_dir, args.gpus_per_run, extra_sbatch=args.sbatch
-        )
-        print(f"{path}: job array of {len(runs)} task(s), {args.gpus_per_run} GPU(s) each")
-        for i, run in enumerate(runs):
-            print(f"  task {i}: {run.key} [{run_state(run.out_dir)}]")
+        paths = []
+        for exp in exps:
+            runs = select(args, exp, "cuda")
+            path, _ = executors.render_slurm(
+                exp.name, runs, Path(args.runs_dir), args.experiments_dir, args.gpus_per_run, extra_sbatch=args.sbatch
+            )
+            paths.append(path)
+            print(f"{path}: job array of {len(runs)} task(s), {args.gpus_per_run} GPU(s) each")
+            for i, run in enumerate(runs):
+                print(f"  task {i}: {run.key} [{run_state(run.out_dir)}]")
         if args.dry_run:
-            print("dry run: not submitted (sbatch " + str(path) + " submits it)")
+            print("dry run: not submitted (" + "; ".join(f"sbatch {p}" for p in paths) + " submits it)")
             return 0
-        print(f"submitted job {executors.submit_slurm(path)}")
+        for path in paths:
+            print(f"submitted job {executors.submit_slurm(path)}")
         return 0
     device = args.device or cuda_device()
-    runs = select(args, exp, device)
+    # seed by seed across the experiments (stable: experiments, then arms, keep their order within a seed), so
+    # that a campaign stopped part-way leaves whole seeds of every experiment
+    runs = sorted((run for exp in exps for run in select(args, exp, device)), key=lambda run: run.seed)
     gpus = executors.visible_gpus(args.gpus, device)
     if device == "cuda" and not gpus:
         raise UsageError("no CUDA GPU visible: pass --device cpu to run on the CPU")
@@ -104,10 +124,20 @@ def cmd_run(args) -> int:
             if state == "interrupted":
                 print(f"{run.key}: interrupted before; resumes from its latest checkpoint")
     if args.dry_run or not todo:
+        for i, run in enumerate(todo if args.dry_run else []):
+            print(f"  queued {i + 1}: {run.key}")
         print("dry run: nothing started" if args.dry_run else "nothing to run")
         return 0
-    passes = data_passes(todo[0].info["data"], todo[0].tokens, prepare=True)  # prepared once, before any run
-    print(f"data: passes over each source per run: {', '.join(f'{k} {v:.1f}' for k, v in passes.items())}")
+    datasets: dict[str, tuple[dict, int]] = {}  # each data config once, with the most tokens a run takes of it
+    for run in todo:
+        key = json.dumps(run.info["data"], sort_keys=True, default=str)
+        datasets[key] = (run.info["data"], max(run.tokens, datasets.get(key, ({}, 0))[1]))
+    for data_cfg, tokens in datasets.values():  # prepared once, before any run
+        passes = data_passes(data_cfg, tokens, prepare=True)
+        print(
+            f"data {data_cfg.get('name', '')}: passes over each source in a run of {tokens:,} tokens: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in passes.items())
+        )
     where = "the CPU, one run at a time" if device == "cpu" else f"GPU(s) {','.join(gpus)}, {len(slots)} at a time"
     print(f"{len(todo)} run(s) on {where}")
     commit = args.commit or git_commit(short=True)
@@ -160,9 +190,9 @@ def cmd_status(args) -> int:
 
 
 def cmd_copy_results(args) -> int:
-    exp = load_experiment(args.experiment, args.experiments_dir)
-    for run in select(args, exp, "cuda"):
-        print(f"{run.key}: {copy_results(run, Path(args.to))}")
+    for exp in experiments_named(args):
+        for run in select(args, exp, "cuda"):
+            print(f"{run.key}: {copy_results(run, Path(args.to))}")
     return 0
 
 
@@ -183,8 +213,11 @@ def parse_args(argv):
     ap.add_argument("--experiments-dir", type=Path, default=EXPERIMENTS_DIR, help="where the experiment files are")
     verbs = ap.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    def common(p, runs_dir=True):
-        p.add_argument("experiment", help="configs/reproduce/NAME.yaml")
+    def common(p, runs_dir=True, several=False):
+        if several:
+            p.add_argument("experiments", nargs="+", metavar="experiment", help="configs/reproduce/NAME.yaml ...")
+        else:
+            p.add_argument("experiment", help="configs/reproduce/NAME.yaml")
         p.add_argument(
             "--arms", type=lambda s: [a for a in s.split(",") if a], help="comma-separated arms (default all)"
         )
@@ -197,8 +230,8 @@ def parse_args(argv):
     common(p)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="commands for this device (default cuda)")
 
-    p = verbs.add_parser("run", help="run the experiment here (local) or submit it (slurm)")
-    common(p)
+    p = verbs.add_parser("run", help="run the experiments here (local) or submit them (slurm)")
+    common(p, several=True)
     p.add_argument("--executor", choices=["local", "slurm"], default="local")
     p.add_argument("--gpus", help="local: GPU indices to use, e.g. 0,1 (default: every visible GPU)")
     p.add_argument("--device", choices=["cuda", "cpu"], help="local: default cuda where available, else cpu")
@@ -228,7 +261,7 @@ def parse_args(argv):
     p.add_argument("--all", action="store_true", help="list pending runs too")
 
     p = verbs.add_parser("copy-results", help="copy finished runs' results (no checkpoints) to commit them")
-    common(p)
+    common(p, several=True)
     p.add_argument("--to", default="docs/results/runs", help="the results dir (default docs/results/runs)")
 
     p = verbs.add_parser("report", help="docs/results/reproduction.md from the finished runs")

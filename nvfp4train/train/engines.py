@@ -96,7 +96,7 @@ class TorchEngine:
         reshard_after_forward: bool | str = True,
         cuda_graph: bool = False,
         fsdp_prefetch: int = 1,
-        ddp_bucket_cap_mb: int = 25,
+        ddp_bucket_cap_mb: int = 100,
     ):
         self.model, self.info, self.parallel = model, info, parallel
         self.fsdp = parallel == "fsdp2" and info.world_size > 1

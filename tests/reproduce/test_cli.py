@@ -127,6 +127,46 @@ def test_plan_run_interrupt_resume_status_report(tmp_path):
     assert (out_dir / "reproduction" / "tiny.png").is_file()
 
 
+def test_run_queues_several_experiments_seed_by_seed(tmp_path):
+    """`run A B`: one queue, seed by seed across both experiments (a campaign stopped part-way leaves whole
+    seeds of each); --arms, which names one experiment's arms, is refused with two; slurm: an array each."""
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "tiny.yaml").write_text(TINY)
+    (experiments / "tiny_mx.yaml").write_text(TINY.replace("nvfp4: [precision=nvfp4]", "mxfp4: [precision=mxfp4]"))
+    runs = ["--runs-dir", str(tmp_path / "runs")]
+    local = ["--executor", "local", "--device", "cpu", "--dry-run", *runs]
+    proc = reproduce("run", "tiny", "tiny_mx", *local, experiments=experiments)
+    assert proc.returncode == 0, proc.stderr
+    queued = re.findall(r"queued \d+: (\S+)", proc.stdout)
+    assert queued == [
+        "tiny/bf16/seed1",
+        "tiny/nvfp4/seed1",
+        "tiny_mx/bf16/seed1",
+        "tiny_mx/mxfp4/seed1",
+        "tiny/bf16/seed2",
+        "tiny/nvfp4/seed2",
+        "tiny_mx/bf16/seed2",
+        "tiny_mx/mxfp4/seed2",
+    ], proc.stdout
+    assert not (tmp_path / "runs").exists()  # a dry run starts nothing
+
+    refused = reproduce("run", "tiny", "tiny_mx", "--arms", "bf16", *local, experiments=experiments)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.strip().splitlines() == [
+        "error: --arms bf16: arms belong to one experiment, and 2 are named (tiny, tiny_mx): name one "
+        "experiment, or leave --arms out to run every arm"
+    ]
+    twice = reproduce("run", "tiny", "tiny", *local, experiments=experiments)
+    assert twice.returncode == 2 and "named twice" in twice.stderr
+
+    slurm = reproduce("run", "tiny", "tiny_mx", "--executor", "slurm", "--dry-run", *runs, experiments=experiments)
+    assert slurm.returncode == 0, slurm.stderr
+    assert slurm.stdout.count("job array of 4 task(s)") == 2 and "not submitted" in slurm.stdout
+    for name in ("tiny", "tiny_mx"):
+        assert (tmp_path / "runs" / name / "slurm" / "array.sbatch").is_file()
+
+
 def test_slurm_array_dry_run(tmp_path):
     runs = tmp_path / "runs"
     proc = reproduce(

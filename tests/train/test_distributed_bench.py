@@ -118,3 +118,41 @@ def test_bench_distributed_deadline_stops_and_prints_the_rest(tmp_path):
     assert rest[:2] == ["python", "benchmarks/bench_distributed.py"] and rest[-2:] == ["--runs", "fsdp2"]
     assert " ".join(args) in " ".join(rest) and "--no-comm" not in rest  # bench_comm was left out too
     assert not out.exists()
+
+
+def test_multi_gpu_runs_are_compared_with_the_one_gpu_run_of_their_precision():
+    import benchmarks.bench_distributed as bd
+
+    assert bd.one_gpu_run("ddp") == bd.one_gpu_run("zero2") == bd.one_gpu_run("fsdp2") == "1gpu"
+    assert bd.one_gpu_run("nvfp4_fsdp2") == "nvfp4_1gpu" and bd.one_gpu_run("te_fsdp2") == "te_1gpu"
+    rows = [
+        {"run": "1gpu", "tokens_per_s": 100.0},
+        {"run": "nvfp4_fsdp2", "tokens_per_s": 150.0},
+        {"run": "ddp", "tokens_per_s": 190.0},
+        {"run": "te_fsdp2", "tokens_per_s": 120.0},
+        {"run": "zero1", "error": "exit code 1", "seconds": 3.0},
+    ]
+    earlier = {"nvfp4_1gpu": (80.0, "abc1234")}  # an earlier invocation's row on the same GPU model
+    done = bd.finished_rows(rows, earlier)
+    assert [(r["run"], r["vs_1gpu"]) for r in done] == [
+        ("1gpu", 1.0),
+        ("nvfp4_fsdp2", 1.875),
+        ("ddp", 1.9),
+        ("te_fsdp2", None),  # no te_1gpu row anywhere: no ratio against another precision's run
+    ]
+    assert bd.baseline("te_fsdp2", rows, earlier) == (None, "no te_1gpu row")
+    assert bd.baseline("nvfp4_fsdp2", rows, earlier) == (80.0, "nvfp4_1gpu of commit abc1234 in --out")
+
+
+def test_rows_of_two_gpu_models_are_both_kept(tmp_path):
+    import benchmarks.bench_distributed as bd
+
+    path = tmp_path / "rows.json"
+    row = {"model": "hybrid_1b", "seq": 4096, "batch": 8, "precision": "bf16", "run": "ddp", "gpus": 2}
+    bd.merge_rows(path, [{**row, "gpu": "NVIDIA H100 80GB HBM3", "tokens_per_s": 1.0}])
+    bd.merge_rows(path, [{**row, "gpu": "NVIDIA H200", "tokens_per_s": 2.0}])
+    bd.merge_rows(path, [{**row, "gpu": "NVIDIA H200", "tokens_per_s": 3.0}])  # the same GPU model: replaced
+    assert sorted((r["gpu"], r["tokens_per_s"]) for r in json.loads(path.read_text())) == [
+        ("NVIDIA H100 80GB HBM3", 1.0),
+        ("NVIDIA H200", 3.0),
+    ]
