@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from nvfp4train.reproduce.experiments import UsageError
-from nvfp4train.reproduce.plan import Run, read_json, shell
+from nvfp4train.reproduce.plan import Run, read_json, run_state, shell
 
 REPO = Path(__file__).resolve().parents[2]
 SLURM_TEMPLATE = REPO / "slurm" / "reproduce_array.sbatch"
@@ -114,13 +114,41 @@ class RunProcess:
         self.proc = None
         return rc
 
-    def execute(self) -> str:
-        run, out_dir = self.run, self.run.out_dir
+    def claim(self) -> bool:
+        """Take the run for this process: its out_dir's executor.json, created only where none exists, so that
+        two executors sharing a runs directory (two `run` commands on one node) never train the same run. A
+        marker whose process is gone is replaced. False: another live executor holds the run."""
+        out_dir = self.run.out_dir
         out_dir.mkdir(parents=True, exist_ok=True)
+        marker = out_dir / "executor.json"
+        record = json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "started": time.time()})
+        for _ in range(2):
+            try:
+                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if run_state(out_dir) == "running":
+                    return False
+                marker.unlink(missing_ok=True)  # left by an executor that is gone
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(record)
+            return True
+        return False
+
+    def execute(self) -> str:
+        """The run's state when this returns: done | failed | interrupted, or running (another executor
+        holds it: nothing was started here)."""
+        run, out_dir = self.run, self.run.out_dir
+        if not self.claim():
+            self.log(f"{run.key}: running in another executor; left to it")
+            return "running"
+        if (read_json(out_dir / "run.json") or {}).get("state") == "done":  # by another executor, since planned
+            (out_dir / "executor.json").unlink(missing_ok=True)
+            self.log(f"{run.key}: done by another executor")
+            return "done"
         previous = read_json(out_dir / "run.json") or {}
         attempts = int(previous.get("attempts", 0)) + 1
         marker = out_dir / "executor.json"
-        marker.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}))
         started = time.time()
         train_rc, eval_rc, state = None, None, "interrupted"
         try:
