@@ -38,6 +38,8 @@ import math
 
 import torch
 
+from .impl import use_triton
+
 WGRAD_SIGNS_16 = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 DEFAULT_SIGN_SEED = 0
 
@@ -109,14 +111,31 @@ def check_wgrad_input(x: torch.Tensor, d: int, who: str) -> None:
         )
 
 
-def rht(x: torch.Tensor, d: int = 16, signs=None) -> torch.Tensor:
+KERNEL_DIMS = (16, 32)  # the d of the Triton kernel (kernels.rht.rows): NVFP4's and MXFP4's blocks
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def rht(x: torch.Tensor, d: int = 16, signs=None, impl: str = "auto") -> torch.Tensor:
     """Transform ``x`` along its last dim in blocks of d; same shape and dtype as x (the sum
-    order and roundings are in the module docstring)."""
+    order and roundings are in the module docstring). impl: "reference" (the PyTorch loop below),
+    "triton" (kernels.rht.rows, one pass, the same bits; d 16 or 32, float32/bfloat16/float16) or
+    "auto" (see impl.py)."""
     _check_d(d)
     if not x.is_floating_point():
         raise TypeError(f"hadamard.rht: x must be a floating tensor, got {x.dtype}")
     if x.ndim == 0 or x.shape[-1] % d != 0:
         raise ValueError(f"hadamard.rht: the last dim of shape {tuple(x.shape)} must be a multiple of d={d}")
+    kernel_fits = d in KERNEL_DIMS and x.dtype in KERNEL_DTYPES and x.numel() > 0
+    if impl == "triton" and not kernel_fits:
+        raise ValueError(
+            f"hadamard.rht: impl='triton' takes d in {KERNEL_DIMS} and {KERNEL_DTYPES}, got d={d}, {x.dtype}, "
+            f"shape {tuple(x.shape)}; use impl='reference'"
+        )
+    # "auto" leaves what the kernel does not take to the loop below; use_triton refuses an unknown impl
+    if not (impl == "auto" and not kernel_fits) and use_triton(x, impl, "hadamard.rht"):
+        from . import kernels
+
+        return kernels.rht.rows(x, d, resolve_signs(d, signs))
     compute_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     matrix = _cached_matrix(d, _signs_key(d, signs), compute_dtype, x.device)
     blocks = x.reshape(-1, d).to(compute_dtype)

@@ -231,7 +231,11 @@ def rht_quantize_t(
     scale_rule = check_scale_rule(scale_rule)
     if not use_triton(x, impl, "mxfp4.rht_quantize_t"):
         return quantize(
-            hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator, impl="reference"
+            hadamard.rht(x.t().contiguous(), BLOCK, signs, "reference"),
+            rounding,
+            scale_rule,
+            generator,
+            impl="reference",
         )
     from . import kernels
 
@@ -256,7 +260,12 @@ def rht_fake_quantize_t(
     scale_rule = check_scale_rule(scale_rule)
     if not use_triton(x, impl, "mxfp4.rht_fake_quantize_t"):
         return fake_quantize(
-            hadamard.rht(x.t().contiguous(), BLOCK, signs), rounding, scale_rule, generator, out_dtype, impl="reference"
+            hadamard.rht(x.t().contiguous(), BLOCK, signs, "reference"),
+            rounding,
+            scale_rule,
+            generator,
+            out_dtype,
+            impl="reference",
         )
     from . import kernels
 

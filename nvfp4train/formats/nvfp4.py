@@ -277,7 +277,9 @@ def rht_quantize_t(
     (kernels.rht.program_blocks; a speed knob, the bits do not depend on it)."""
     signs = e2m1.check_wgrad_args(x, BLOCK, rounding, signs, "nvfp4.rht_quantize_t")
     if not use_triton(x, impl, "nvfp4.rht_quantize_t"):
-        return quantize(hadamard.rht(x.t(), BLOCK, signs), (1, BLOCK), rounding, generator, impl="reference")
+        return quantize(
+            hadamard.rht(x.t(), BLOCK, signs, "reference"), (1, BLOCK), rounding, generator, impl="reference"
+        )
     from . import kernels
 
     codes, scales, amax, s_dec = kernels.rht.nvfp4_t(
@@ -301,7 +303,7 @@ def rht_fake_quantize_t(
     signs = e2m1.check_wgrad_args(x, BLOCK, rounding, signs, "nvfp4.rht_fake_quantize_t")
     if not use_triton(x, impl, "nvfp4.rht_fake_quantize_t"):
         return fake_quantize(
-            hadamard.rht(x.t(), BLOCK, signs), (1, BLOCK), rounding, generator, out_dtype, impl="reference"
+            hadamard.rht(x.t(), BLOCK, signs, "reference"), (1, BLOCK), rounding, generator, out_dtype, impl="reference"
         )
     from . import kernels
 

@@ -99,7 +99,7 @@ class OperandFormat:
         if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             x = x.float()
         if spec.rht_dim:
-            x = hadamard.rht(x, d=spec.rht_dim, signs=rht_signs)
+            x = hadamard.rht(x, d=spec.rht_dim, signs=rht_signs, impl=QUANT_IMPL)
         return x.contiguous()
 
     def fake_quantize(self, x: torch.Tensor, spec: OperandSpec, generator) -> Quantized:

@@ -93,3 +93,15 @@ def test_signs_from_seed_and_explicit_vector():
 def test_bad_input_raises_one_clear_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_rht_impl_choices():
+    x = torch.randn(4, 64)
+    assert torch.equal(hadamard.rht(x, 16, impl="auto"), hadamard.rht(x, 16, impl="reference"))  # CPU: the loop
+    with pytest.raises(ValueError, match="impl='bogus' is not supported"):
+        hadamard.rht(x, 16, impl="bogus")
+    with pytest.raises(ValueError, match=r"impl='triton' takes d in \(16, 32\)"):
+        hadamard.rht(x, 64, impl="triton")
+    with pytest.raises(ValueError, match="impl='triton' takes"):
+        hadamard.rht(x.double(), 16, impl="triton")
+    assert hadamard.rht(x.double(), 16).dtype == torch.float64  # "auto" leaves float64 to the loop

@@ -705,6 +705,29 @@ def test_nvfp4_and_mxfp4_dequantize_same_bits_as_the_reference():
             )
 
 
+# ------------------------------------------------------------------------------ RHT along the last dimension
+@kernel_test
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rht_rows_same_bits_as_the_reference_loop(dtype):
+    """hadamard.rht on the kernel (Fprop and Dgrad operands of a recipe with the RHT there): the reference
+    loop's bits, for d 16 and 32, ragged row and block counts (masked programs), default and seeded signs."""
+    gen = torch.Generator().manual_seed(11)
+    for shape, d in (((37, 48), 16), ((3, 5, 96), 32), ((20, 16), 16), ((1, 288), 16), ((17, 160), 32)):
+        x = torch.randn(*shape, generator=gen)
+        x[..., ::7] *= 300
+        x[0, ..., :d] = 0.0  # a zero block
+        if dtype != torch.float16:  # magnitudes over 2^-20..2^20: the FP32 sums round; FP32 subnormal products
+            x = x * torch.exp2(torch.randint(-20, 20, x.shape, generator=gen).float())
+            x.view(-1)[3] = 1e-40 if dtype == torch.float32 else x.view(-1)[3]
+            x.view(-1)[-5] = float("nan")
+        x = x.to(dtype)
+        for signs in (None, 3):
+            got = hadamard.rht(x.to(DEVICE), d, signs, impl="triton")
+            want = hadamard.rht(x, d, signs, impl="reference")
+            assert got.dtype == dtype and got.shape == x.shape
+            assert_same(got, want, f"{tuple(shape)} d={d} signs={signs}")
+
+
 # ------------------------------------------------------------------------------ Wgrad: RHT + transpose
 @kernel_test
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -98,7 +98,7 @@ def rel(a, b) -> float:
 
 
 def check_cuda_equals_cpu(rows):
-    for name in ("nvfp4_no_sr", "mxfp4", "fp8_blockwise", "fp8_tensorwise"):
+    for name in ("nvfp4_no_sr", "nvfp4_rht_everywhere", "mxfp4", "fp8_blockwise", "fp8_tensorwise"):
         policy = all_quantized(name) if name.startswith("fp8") else all_quantized(name, sr="none")
         ops_cpu, _ = captured_operands(layer_on(policy, "cpu"), *data("cpu"))
         ops_gpu, _ = captured_operands(layer_on(policy, DEVICE), *data(DEVICE))

@@ -1,5 +1,7 @@
 """Wgrad operands: the random Hadamard transform along tokens fused with the transpose and NVFP4 / MXFP4
-quantization (mirrors ``hadamard.rht`` then ``nvfp4.quantize`` / ``mxfp4.quantize`` of the transposed tensor)."""
+quantization (mirrors ``hadamard.rht`` then ``nvfp4.quantize`` / ``mxfp4.quantize`` of the transposed tensor);
+and ``rows``: ``hadamard.rht`` itself, along the last dimension (the RHT of Fprop and Dgrad operands, where a
+recipe asks for it there)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .. import hadamard
-from .common import e2m1_outputs, hw_bf16, launch_options, round_to, to_fp32
+from .common import e2m1_outputs, hw_bf16, launch_options, round_to, store_as, to_fp32
 from .e2m1 import round_and_store_t
 from .mxfp4 import e8m0_scales
 from .nvfp4 import block_scales, nvfp4_tile
@@ -31,6 +33,18 @@ def _rht_entry_bits(d: int) -> int:
 
 _RHT16_ENTRY_BITS = tl.constexpr(_rht_entry_bits(16))  # 1/4
 _RHT32_ENTRY_BITS = tl.constexpr(_rht_entry_bits(32))  # fp32(1/sqrt(32)): the products round
+
+
+@triton.jit
+def _rht_matrix_row(i: tl.constexpr, j, ENTRY_BITS: tl.constexpr, SIGN_MASK: tl.constexpr):
+    """Row i of rht_matrix(D) at columns j (FP32): s_i (-1)^popcount(i & j) |m|, |m| the FP32 with bits
+    ENTRY_BITS and s_i = -1 where bit i of SIGN_MASK is set (D <= 256)."""
+    parity = i & j  # popcount(i & j) mod 2, folding 8 bits
+    parity = parity ^ (parity >> 4)
+    parity = parity ^ (parity >> 2)
+    parity = (parity ^ (parity >> 1)) & 1
+    negative = parity ^ ((SIGN_MASK >> i) & 1)
+    return ((negative << 31) | ENTRY_BITS).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -63,12 +77,7 @@ def _rht_tokens(x_ptr, t0, f, mask_f, n_features, D: tl.constexpr, ENTRY_BITS: t
         xi = to_fp32(tl.load(first + i * n_features, mask=mask_f[None, None, :], other=0.0))
         magnitude_bits = xi.to(tl.int32, bitcast=True) & 0x7FFFFFFF  # max|x| (NaN above Inf), where asked
         x_bits = magnitude_bits if i == 0 else tl.maximum(x_bits, magnitude_bits)  # noqa: F821 (static_range: i == 0 first)
-        parity = i & j  # popcount(i & j) mod 2, folding 8 bits
-        parity = parity ^ (parity >> 4)
-        parity = parity ^ (parity >> 2)
-        parity = (parity ^ (parity >> 1)) & 1
-        negative = parity ^ ((SIGN_MASK >> i) & 1)
-        m_i = ((negative << 31) | ENTRY_BITS).to(tl.float32, bitcast=True)  # row i of rht_matrix(D)
+        m_i = _rht_matrix_row(i, j, ENTRY_BITS, SIGN_MASK)
         if i == 0:
             acc = xi * m_i[None, :, None]
         elif EXACT_PRODUCTS:
@@ -156,6 +165,48 @@ def _rht_mxfp4_kernel(
 
     round_and_store_t(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, f, mask_f, t0,
                        n_tokens, ROUNDING, DENSE, GROUPS, 32, BLOCK_F)
+
+
+@triton.jit
+def _rht_rows_kernel(x_ptr, y_ptr, n_rows, n_cols, D: tl.constexpr, ENTRY_BITS: tl.constexpr,
+                     SIGN_MASK: tl.constexpr, BLOCK_R: tl.constexpr, GROUPS: tl.constexpr):
+    """hadamard.rht(x, D) of x [n_rows, n_cols] (n_cols % D == 0) into y: rows r0 .. r0 + BLOCK_R, blocks of D
+    columns g0 .. g0 + GROUPS per program; _rht_tokens' arithmetic (each product rounded to FP32, the D
+    products summed in index order i, one rounding to x's dtype at the store)."""
+    pid_r, pid_g = tl.program_id(0), tl.program_id(1)
+    r = (pid_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    g = pid_g * GROUPS + tl.arange(0, GROUPS)
+    j = tl.arange(0, D)
+    mask = (r < n_rows)[:, None, None] & (g < n_cols // D)[None, :, None]  # [BLOCK_R, GROUPS, 1]
+    first = r[:, None, None] * n_cols + g[None, :, None] * D  # element 0 of each block
+    EXACT_PRODUCTS: tl.constexpr = (D == 16) and (x_ptr.dtype.element_ty != tl.float32)  # as in _rht_tokens
+    for i in tl.static_range(D):
+        xi = to_fp32(tl.load(x_ptr + first + i, mask=mask, other=0.0))  # [BLOCK_R, GROUPS, 1]: element i of each
+        m_i = _rht_matrix_row(i, j, ENTRY_BITS, SIGN_MASK)
+        if i == 0:
+            acc = xi * m_i[None, None, :]
+        elif EXACT_PRODUCTS:
+            acc = tl.fma(xi, m_i[None, None, :], acc)  # noqa: F821 (static_range: i == 0 first)
+        else:
+            acc = acc + xi * m_i[None, None, :]  # noqa: F821
+    store_as(y_ptr, first + j[None, None, :], acc, mask & (j < D)[None, None, :])
+
+
+ROWS_BLOCK_R = 16  # rows per program of ``rows``; 128 columns (128 / D blocks) each
+
+
+def rows(x: torch.Tensor, d: int, signs: torch.Tensor) -> torch.Tensor:
+    """``hadamard.rht(x, d, signs)`` for x [..., n] (n % d == 0, d 16 or 32; float32 / bfloat16 / float16,
+    checked by the caller): the same shape, dtype and bits, one pass over x."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).contiguous()
+    y = torch.empty_like(x2)
+    n_rows, n_cols = x2.shape
+    groups = max(1, 128 // d)
+    grid = (triton.cdiv(n_rows, ROWS_BLOCK_R), triton.cdiv(n_cols // d, groups))
+    _rht_rows_kernel[grid](x2, y, n_rows, n_cols, D=d, ENTRY_BITS=_rht_entry_bits(d), SIGN_MASK=sign_mask(signs),
+                           BLOCK_R=ROWS_BLOCK_R, GROUPS=groups, **launch_options(x2))
+    return y.reshape(shape)
 
 
 def sign_mask(signs: torch.Tensor) -> int:
