@@ -454,7 +454,15 @@ def write_report(
         exps = [e for e in experiments if e.tier == tier]
         if not exps:
             continue
-        lines_tier = [f"## {TIER_TITLES[tier]}", ""]
+        planned = sum(len(arm.seeds) for exp in exps for arm in exp.arms.values())
+        finished = sum(len(arm_runs(runs, exp, name)) for exp in exps for name in exp.arms)
+        lines_tier = [
+            f"## {TIER_TITLES[tier]}",
+            "",
+            f"{finished} of the {planned} runs its experiments plan are finished "
+            "(`python -m nvfp4train.reproduce status` lists each).",
+            "",
+        ]
         for exp in exps:
             lines_tier += [f"### {exp.name}: {exp.description}", "", setup_line(exp, runs), ""]
             rows = claim_rows(exp, runs, summary)

@@ -255,6 +255,10 @@ def test_report_of_the_committed_runs(tmp_path):
     assert "(n=3, SD" in row and "reproduced" in row
     assert "BF16 evaluation of the final checkpoint (eval.json" in section
     assert "mixed GPUs: NVIDIA H100 80GB HBM3, NVIDIA H200" in text
+    tier_a = text.split("## Tier A")[1].split("\n## ")[0]
+    done, planned = map(int, re.search(r"(\d+) of the (\d+) runs its experiments plan are finished", tier_a).groups())
+    committed = sum(1 for _ in (REPO / "docs/results/runs").glob("a_*/*/seed*/run.json"))
+    assert planned == 69 and done == committed > 0, (done, planned, committed)
 
 
 @pytest.mark.slow  # a preempted task and its requeued continuation: a few minutes on 2 shared CPU cores
