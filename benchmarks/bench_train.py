@@ -47,6 +47,7 @@ from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_lin
 from nvfp4train.schema import ConfigError
 from nvfp4train.train.build import persistent_kernel_caches
 from nvfp4train.train.engines import TorchEngine, resolve_compile, resolve_cuda_graph
+from nvfp4train.train.profiling import kernel_rows, summary_lines
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = ("model", "seq", "precision", "backend", "compiled", "cuda_graph")  # one row per key in the JSON file
@@ -84,34 +85,9 @@ def torchao_block_filter(precision: str, n_blocks: int):
     return lambda module, fqn: not policy.is_bf16_block(int(fqn.split(".")[0]), n_blocks)
 
 
-# What a profiled step's device time is spent on, by kernel name (first match wins; lower-case substrings).
-# Triton quantizer kernels are ours (formats/kernels/: _nvfp4_*, _mxfp4_*, _rht_*, _fp8_*,
-# _abs_max_*); the Mamba scan's are mamba-ssm's SSD kernels; GEMMs are cuBLAS/CUTLASS (nvjet, sm90_xmma,
-# cutlass, gemm) or torch._scaled_mm's.
-KERNEL_KINDS = (
-    ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "scaled_mm", "cublas", "addmm", "aten::mm", "aten::bmm")),
-    ("quantize (ours)", ("nvfp4", "mxfp4", "_rht", "fp8", "abs_max", "e2m1", "quantiz")),
-    ("mamba scan", ("chunk_scan", "chunk_state", "state_passing", "bmm_chunk", "chunk_cumsum", "ssd", "selective")),
-    ("conv1d", ("conv", "causal_conv1d")),
-    ("attention", ("flash", "attention", "fmha", "sdpa")),
-    ("norm", ("rms_norm", "layer_norm", "rmsnorm")),
-    ("copy / cast", ("copy", "cast", "to_copy", "cat", "convert")),
-    ("optimizer", ("adam", "foreach", "multi_tensor")),
-)
-
-
-def kernel_kind(name: str) -> str:
-    low = name.lower().replace("nvfp4train::", "")  # our custom ops' namespace is not a format
-    for kind, needles in KERNEL_KINDS:
-        if any(n in low for n in needles):
-            return kind
-    return "other"
-
-
 def profile_step(engine, micro_batch, step: int, device: torch.device, trace: Path | None) -> list[dict]:
     """One more training step under torch.profiler: per kernel (CUDA) or per op (CPU), its self time on
     the device, summed over calls; the chrome trace goes to `trace` when given."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -122,29 +98,7 @@ def profile_step(engine, micro_batch, step: int, device: torch.device, trace: Pa
     if trace is not None:
         trace.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(trace))
-    sources = launch_sites(prof.events()) if cuda else {}
-    rows = []
-    for evt in prof.key_averages():
-        # A record_function range (e.g. "Optimizer.step#AdamW.step") also shows up on the GPU timeline,
-        # spanning kernels that are counted on their own: 10.6 ms counted twice in a hybrid_1b step.
-        if getattr(evt, "is_user_annotation", False):
-            continue
-        if cuda and evt.device_type != DeviceType.CUDA:
-            continue
-        if not cuda and (evt.device_type != DeviceType.CPU or evt.key.startswith("ProfilerStep")):
-            continue
-        us = evt.self_device_time_total if cuda else evt.self_cpu_time_total
-        if us > 0:
-            rows.append(
-                {
-                    "name": evt.key,
-                    "calls": evt.count,
-                    "ms": us / 1e3,
-                    "kind": kernel_kind(evt.key),
-                    "sources": sources.get(evt.key, []),
-                }
-            )
-    return sorted(rows, key=lambda r: -r["ms"])
+    return kernel_rows(prof, cuda, launch_sites(prof.events()) if cuda else {})
 
 
 def launch_sites(events, depth: int = 4) -> dict[str, list[tuple[float, str]]]:
@@ -166,24 +120,9 @@ def launch_sites(events, depth: int = 4) -> dict[str, list[tuple[float, str]]]:
     return {name: sorted(((ms, chain) for chain, ms in chains.items()), reverse=True) for name, chains in sites.items()}
 
 
-def print_profile(rows: list[dict], top: int = 15, sources: int = 2) -> dict[str, float]:
-    """The breakdown by kind and the top kernels, each with its `sources` costliest launch sites
-    (`launch_sites`); returns {kind: ms}."""
-    total = sum(r["ms"] for r in rows) or 1.0
-    kinds: dict[str, float] = {}
-    for r in rows:
-        kinds[r["kind"]] = kinds.get(r["kind"], 0.0) + r["ms"]
-    print(f"    profiled step: {total:.1f} ms of kernel time")
-    for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
-        print(f"      {kind:<16} {ms:9.2f} ms {100 * ms / total:5.1f}%")
-    print(f"    top {top} kernels:")
-    for r in rows[:top]:
-        print(
-            f"      {r['ms']:9.2f} ms {100 * r['ms'] / total:5.1f}% x{r['calls']:<5} {r['kind']:<16} {r['name'][:90]}"
-        )
-        for ms, chain in r.get("sources", [])[:sources]:
-            print(f"          <- {ms:7.2f} ms  {chain[:160]}")
-    return kinds
+def print_profile(rows: list[dict], top: int = 15, sources: int = 2) -> None:
+    """The breakdown by kind and the top kernels, each with its `sources` costliest launch sites."""
+    print("\n".join(summary_lines(rows, top, sources)))
 
 
 def bench_one(

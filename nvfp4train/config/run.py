@@ -121,6 +121,12 @@ class TrainConfig:
     """Halt after this many non-finite steps in a row (each one is skipped)."""
     spike_factor: float = bounded(3.0, gt=1.0)
     """A loss above spike_factor x its running mean (after warmup) is logged as a spike."""
+    profile_start: int = bounded(0, ge=0)
+    """torch.profiler from this optimizer step on (0: off), for train.profile_steps steps: a chrome trace per
+    rank and rank 0's summary (wall vs device time per step, device time by kind of kernel) in
+    out_dir/profile/ (train/profiling.py)."""
+    profile_steps: int = bounded(2, ge=1)
+    """How many steps the profiler window takes (train.profile_start)."""
     progress: Progress = Progress.auto
     """A progress bar: auto (when interactive) | true | false."""
     wandb: WandbConfig = field(default_factory=WandbConfig)

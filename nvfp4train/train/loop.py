@@ -19,6 +19,7 @@ from nvfp4train import dist
 from nvfp4train.config import RunConfig
 from nvfp4train.train import determinism
 from nvfp4train.train.metrics import LogFile
+from nvfp4train.train.profiling import StepProfiler
 from nvfp4train.train.stop import StopSignal, exit_code
 from nvfp4train.train.trainer import Trainer
 
@@ -45,6 +46,23 @@ def run(cfg: RunConfig) -> dict:
         stop.restore()
 
 
+def _profiler(cfg: RunConfig, trainer: Trainer) -> StepProfiler:
+    """train.profile_start's window, moved past the CUDA graph's capture (this process's first graphed step:
+    a capture is not profiled) and said so."""
+    t, start = cfg.train, cfg.train.profile_start
+    graph = getattr(trainer.engine, "step_graph", None)
+    if start and graph is not None:
+        captured = trainer.start_step + graph.warmup_steps + 1
+        if start <= captured:
+            if trainer.info.is_main:
+                trainer.bar.write(
+                    f"train.profile_start={start}: the CUDA graph is captured at step {captured}; "
+                    f"profiling steps {captured + 1}-{captured + t.profile_steps} instead"
+                )
+            start = captured + 1
+    return StepProfiler(start, t.profile_steps, cfg.out_dir, trainer.info.rank, trainer.info.device, trainer.bar.write)
+
+
 def _run(cfg: RunConfig, stop: StopSignal) -> dict:
     trainer = Trainer(cfg)
     trainer.resume()
@@ -68,12 +86,15 @@ def _run(cfg: RunConfig, stop: StopSignal) -> dict:
     trainer.open_outputs()
     last_ckpt, loss = None, math.nan
     trainer.model.train()
+    profiler = _profiler(cfg, trainer)
     try:
         stop.starting = False  # from here a signal is answered with a checkpoint after the current step
         if stop.received is not None:  # arrived between the handler's last check and now
             raise stop.stopped()
         while trainer.step < cfg.train.max_steps:
+            profiler.before_step(trainer.step + 1)
             trainer.train_step()
+            profiler.after_step(trainer.step)
             # one process reads its flag every step; ranks agree (a host sync) every preempt_check_every steps
             preempted = (info.world_size == 1 or trainer.step % cfg.train.preempt_check_every == 0) and _agree(
                 stop.received is not None, info
@@ -87,6 +108,7 @@ def _run(cfg: RunConfig, stop: StopSignal) -> dict:
                 last_ckpt = trainer.save(final=preempted or trainer.step == cfg.train.max_steps) or last_ckpt
             if preempted:
                 break
+        profiler.finish(trainer.step)  # a run that ended inside the window (a preemption): the steps profiled
         if info.is_main:  # the last line of the terminal and of train.log
             if stop.received == signal.SIGINT:
                 trainer.bar.write(

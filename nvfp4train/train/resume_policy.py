@@ -41,6 +41,8 @@ POLICY: dict[str, tuple[str, str]] = {
     "train.device": (QUIET, ""),
     "train.compile": (QUIET, ""),
     "train.progress": (QUIET, ""),
+    "train.profile_start": (QUIET, ""),
+    "train.profile_steps": (QUIET, ""),
     "train.wandb": (QUIET, ""),
     "out_dir": (QUIET, ""),
     "experiment": (QUIET, ""),

@@ -47,7 +47,7 @@ def test_bench_train_smoke_and_json_merge(tmp_path):
 
 
 def test_kernel_kinds_of_real_kernel_names():
-    from benchmarks.bench_train import kernel_kind as kind
+    from nvfp4train.train.profiling import kernel_kind as kind
 
     assert kind("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "gemm"
     assert kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "gemm"

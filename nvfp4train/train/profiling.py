@@ -1,0 +1,151 @@
+"""`train.profile_start=N`: torch.profiler over optimizer steps N .. N + train.profile_steps - 1, as Megatron's
+`--profile-step-start/--profile-step-end` and torchtitan's profiling section.
+
+Every rank writes `out_dir/profile/trace_rank<r>.json` (open it in https://ui.perfetto.dev or
+chrome://tracing); rank 0 also writes `out_dir/profile/summary.txt`: the window's wall time per step beside
+its device time per step (device time far below the wall time means the GPU waits on the host: launches,
+Python, synchronisation, or on communication), then the device time by kind of kernel and the top kernels.
+The window starts and ends with a device synchronisation, so its wall time is the steps' own.
+
+The kinds of kernel (KERNEL_KINDS) are also what benchmarks/bench_train.py --profile reports.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+# What device time is spent on, by kernel name (first match wins; lower-case substrings). Triton quantizer
+# kernels are ours (formats/kernels/: _nvfp4_*, _mxfp4_*, _rht_*, _fp8_*, _abs_max_*); the Mamba scan's are
+# mamba-ssm's SSD kernels; GEMMs are cuBLAS/CUTLASS (nvjet, sm90_xmma, cutlass, gemm) or torch._scaled_mm's.
+KERNEL_KINDS = (
+    ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "scaled_mm", "cublas", "addmm", "aten::mm", "aten::bmm")),
+    ("quantize (ours)", ("nvfp4", "mxfp4", "_rht", "fp8", "abs_max", "e2m1", "quantiz")),
+    ("mamba scan", ("chunk_scan", "chunk_state", "state_passing", "bmm_chunk", "chunk_cumsum", "ssd", "selective")),
+    ("communication", ("nccl", "all_gather", "reduce_scatter", "allreduce", "all_reduce")),
+    ("conv1d", ("conv", "causal_conv1d")),
+    ("attention", ("flash", "attention", "fmha", "sdpa")),
+    ("norm", ("rms_norm", "layer_norm", "rmsnorm")),
+    ("copy / cast", ("copy", "cast", "to_copy", "cat", "convert")),
+    ("optimizer", ("adam", "foreach", "multi_tensor")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower().replace("nvfp4train::", "")  # our custom ops' namespace is not a format
+    for kind, needles in KERNEL_KINDS:
+        if any(n in low for n in needles):
+            return kind
+    return "other"
+
+
+def kernel_rows(prof, cuda: bool, sources: dict | None = None) -> list[dict]:
+    """Per kernel (CUDA) or per op (CPU): self time on the device summed over the profiled calls, most first;
+    `sources`: kernel name -> its launch sites, attached to each row."""
+    from torch.autograd import DeviceType
+
+    rows = []
+    for evt in prof.key_averages():
+        # A record_function range (e.g. "Optimizer.step#AdamW.step") also shows up on the GPU timeline,
+        # spanning kernels that are counted on their own: 10.6 ms counted twice in a hybrid_1b step.
+        if getattr(evt, "is_user_annotation", False):
+            continue
+        if cuda and evt.device_type != DeviceType.CUDA:
+            continue
+        if not cuda and (evt.device_type != DeviceType.CPU or evt.key.startswith("ProfilerStep")):
+            continue
+        us = evt.self_device_time_total if cuda else evt.self_cpu_time_total
+        if us > 0:
+            rows.append(
+                {
+                    "name": evt.key,
+                    "calls": evt.count,
+                    "ms": us / 1e3,
+                    "kind": kernel_kind(evt.key),
+                    "sources": (sources or {}).get(evt.key, []),
+                }
+            )
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
+def summary_lines(rows: list[dict], top: int = 15, sources: int = 2, per: int = 1, what: str = "step") -> list[str]:
+    """Device time by kind and the top kernels (each with its `sources` costliest launch sites), divided by
+    `per` (the number of steps the rows cover)."""
+    total = sum(r["ms"] for r in rows) / per or 1.0
+    kinds: dict[str, float] = {}
+    for r in rows:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0.0) + r["ms"] / per
+    lines = [f"    profiled {what}: {total:.1f} ms of kernel time"]
+    for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        lines.append(f"      {kind:<16} {ms:9.2f} ms {100 * ms / total:5.1f}%")
+    lines.append(f"    top {top} kernels:")
+    for r in rows[:top]:
+        ms = r["ms"] / per
+        lines.append(f"      {ms:9.2f} ms {100 * ms / total:5.1f}% x{r['calls']:<5} {r['kind']:<16} {r['name'][:90]}")
+        for site_ms, chain in r.get("sources", [])[:sources]:
+            lines.append(f"          <- {site_ms / per:7.2f} ms  {chain[:160]}")
+    return lines
+
+
+class StepProfiler:
+    """The profiling window of a run: before_step / after_step around each optimizer step enqueued."""
+
+    def __init__(self, start: int, steps: int, out_dir: Path, rank: int, device: torch.device, log=print):
+        self.start, self.steps, self.end = start, steps, start + steps - 1
+        self.dir, self.rank, self.device, self.log = Path(out_dir) / "profile", rank, device, log
+        self.prof = None
+        self.t0 = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.start > 0
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def before_step(self, step: int) -> None:
+        if not self.enabled or step != self.start:
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        self._sync()
+        self.prof = profile(activities=activities, record_shapes=True)
+        self.prof.__enter__()
+        self.t0 = time.perf_counter()
+
+    def after_step(self, step: int) -> None:
+        if self.prof is not None and step >= self.end:
+            self.finish(step)
+
+    def finish(self, last_step: int) -> None:
+        """End the window at `last_step` (also when the run stops inside it) and write the files."""
+        if self.prof is None:
+            return
+        self._sync()
+        wall_ms = (time.perf_counter() - self.t0) * 1e3
+        self.prof.__exit__(None, None, None)
+        prof, self.prof = self.prof, None
+        steps = last_step - self.start + 1
+        self.dir.mkdir(parents=True, exist_ok=True)
+        trace = self.dir / f"trace_rank{self.rank}.json"
+        prof.export_chrome_trace(str(trace))
+        if self.rank != 0:
+            return
+        rows = kernel_rows(prof, self.device.type == "cuda")
+        device_ms = sum(r["ms"] for r in rows) / steps
+        head = [
+            f"profile of steps {self.start}-{last_step} ({steps} step{'s' if steps > 1 else ''}), rank 0 of the run",
+            f"    wall time per step: {wall_ms / steps:.1f} ms; "
+            + (
+                f"device time per step (kernels, summed over streams): {device_ms:.1f} ms"
+                if self.device.type == "cuda"
+                else f"CPU time per step (ops' self time): {device_ms:.1f} ms"
+            ),
+        ]
+        text = "\n".join(head + summary_lines(rows, per=steps, what="steps, per step")) + "\n"
+        (self.dir / "summary.txt").write_text(text)
+        self.log(f"profile of steps {self.start}-{last_step}: {self.dir}/summary.txt, {trace.name}")
