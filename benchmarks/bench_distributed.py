@@ -5,6 +5,7 @@ FSDP2 (at its defaults and resharding), DeepSpeed ZeRO-1/2 and NVFP4 under FSDP2
     python benchmarks/bench_distributed.py --runs 1gpu ddp fsdp2 fsdp2_reshard --no-comm
     python benchmarks/bench_distributed.py --runs zero1 zero2 nvfp4_fsdp2    # vs 1 GPU: the row of the call above
     python benchmarks/bench_distributed.py --device cpu --model hybrid_tiny --seq 64 --steps 4   # a smoke test
+    python benchmarks/bench_distributed.py --runs 1gpu fsdp2 --no-comm --profile /tmp/prof   # + where time goes
 
 Each run is `python -m nvfp4train.dist.run --standalone --nproc_per_node=N -m nvfp4train.train ...` (the
 one-GPU run: `python -m nvfp4train.train ...`) with the trainer's defaults (train.compile and
@@ -53,6 +54,7 @@ RUNS = {
     "te_fsdp2": (2, ["train.parallel=fsdp2", "precision=fp8_tensorwise", "precision.backend=te"]),
 }
 DEFAULT_RUNS = ["1gpu", "ddp", "fsdp2", "fsdp2_reshard", "zero1", "zero2", "nvfp4_fsdp2"]
+PROFILED_STEPS = 2  # --profile: steps run and profiled after the timed ones
 
 
 def command(name: str, out_dir: Path, args) -> list[str]:
@@ -63,7 +65,7 @@ def command(name: str, out_dir: Path, args) -> list[str]:
         f"train.seq_len={args.seq}",
         f"train.global_batch_size={args.batch}",
         f"train.micro_batch_size={args.micro}",
-        f"train.max_steps={args.steps}",
+        f"train.max_steps={args.steps + (PROFILED_STEPS if args.profile else 0)}",
         "train.log_every=2",
         "train.eval_sequences=0",
         "train.progress=false",
@@ -71,6 +73,8 @@ def command(name: str, out_dir: Path, args) -> list[str]:
         f"train.device={args.device}",
         f"out_dir={out_dir}",
     ]
+    if args.profile:  # after the timed steps, which the row's numbers come from
+        common += [f"train.profile_start={args.steps + 1}", f"train.profile_steps={PROFILED_STEPS}"]
     if gpus == 1:
         return [sys.executable, "-m", "nvfp4train.train", *common, *extra]
     return [
@@ -89,7 +93,7 @@ def command(name: str, out_dir: Path, args) -> list[str]:
 def summarize(name: str, out_dir: Path, args) -> dict:
     """The row of one finished run, from its metrics.jsonl and train.log."""
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "loss" in r and "tokens_per_s" in r]
+    steps = [r for r in records if "loss" in r and "tokens_per_s" in r and r["step"] <= args.steps]  # not profiled
     timed = [r for r in steps if r["step"] > args.steps // 2] or steps[-1:]
     tokens_per_s = sum(r["tokens_per_s"] for r in timed) / len(timed)
     log = (out_dir / "train.log").read_text() if (out_dir / "train.log").is_file() else ""
@@ -271,6 +275,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--no-comm", action="store_true", help="skip bench_comm.py")
     ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="profile 2 more steps of each run after its timed ones (train.profile_start): print rank 0's "
+        "summary (wall vs device time per step, time by kind of kernel) and keep it and the rank traces in DIR",
+    )
+    ap.add_argument(
         "--work",
         type=Path,
         default=None,
@@ -327,6 +338,11 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
         rows.append(row)
+        if args.profile is not None and (out_dir / "profile" / "summary.txt").is_file():
+            args.profile.mkdir(parents=True, exist_ok=True)
+            for f in (out_dir / "profile").iterdir():
+                shutil.copy(f, args.profile / f"{name}_{f.name}")
+            print((out_dir / "profile" / "summary.txt").read_text(), flush=True)
         shutil.rmtree(out_dir, ignore_errors=True)
         if not failed:  # stored now: an invocation stopped later keeps the rows of the runs that ended
             merge_rows(args.out, finished_rows(rows, earlier)[-1:])  # this run's row, the last finished

@@ -156,3 +156,21 @@ def test_rows_of_two_gpu_models_are_both_kept(tmp_path):
         ("NVIDIA H100 80GB HBM3", 1.0),
         ("NVIDIA H200", 3.0),
     ]
+
+
+def test_bench_distributed_profile_runs_past_the_timed_steps(tmp_path):
+    out, prof = tmp_path / "rows.json", tmp_path / "prof"
+    args = ["--device", "cpu", "--model", "hybrid_tiny", "--seq", "32", "--steps", "2", "--runs", "1gpu", "--no-comm"]
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_distributed.py", *args, "--out", str(out), "--profile", str(prof)],
+        cwd=REPO,
+        env=cli_env(OMP_NUM_THREADS=1),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "profile of steps 3-4 (2 steps), rank 0 of the run" in proc.stdout  # after the 2 timed steps
+    assert sorted(p.name for p in prof.iterdir()) == ["1gpu_summary.txt", "1gpu_trace_rank0.json"]
+    (row,) = json.loads(out.read_text())
+    assert "train.profile_start=3" in row["command"] and row["tokens_per_s"] > 0
