@@ -123,8 +123,8 @@ class TrainConfig:
     """A loss above spike_factor x its running mean (after warmup) is logged as a spike."""
     profile_start: int = bounded(0, ge=0)
     """torch.profiler from this optimizer step on (0: off), for train.profile_steps steps: a chrome trace per
-    rank and rank 0's summary (wall vs device time per step, device time by kind of kernel) in
-    out_dir/profile/ (train/profiling.py)."""
+    rank and rank 0's summary (a step's elapsed time beside its GPU kernels' time, that time by kind of
+    kernel) in out_dir/profile/ (train/profiling.py)."""
     profile_steps: int = bounded(2, ge=1)
     """How many steps the profiler window takes (train.profile_start)."""
     progress: Progress = Progress.auto

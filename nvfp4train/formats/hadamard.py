@@ -132,7 +132,7 @@ def rht(x: torch.Tensor, d: int = 16, signs=None, impl: str = "auto") -> torch.T
             f"shape {tuple(x.shape)}; use impl='reference'"
         )
     # "auto" leaves what the kernel does not take to the loop below; use_triton refuses an unknown impl
-    if not (impl == "auto" and not kernel_fits) and use_triton(x, impl, "hadamard.rht"):
+    if (kernel_fits or impl != "auto") and use_triton(x, impl, "hadamard.rht"):
         from . import kernels
 
         return kernels.rht.rows(x, d, resolve_signs(d, signs))

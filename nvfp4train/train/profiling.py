@@ -2,10 +2,10 @@
 `--profile-step-start/--profile-step-end` and torchtitan's profiling section.
 
 Every rank writes `out_dir/profile/trace_rank<r>.json` (open it in https://ui.perfetto.dev or
-chrome://tracing); rank 0 also writes `out_dir/profile/summary.txt`: the window's wall time per step beside
-its device time per step (device time far below the wall time means the GPU waits on the host: launches,
-Python, synchronisation, or on communication), then the device time by kind of kernel and the top kernels.
-The window starts and ends with a device synchronisation, so its wall time is the steps' own.
+chrome://tracing); rank 0 also writes `out_dir/profile/summary.txt`: the window's elapsed time per step beside
+its GPU kernels' time per step (kernel time far below the elapsed time means the GPU waits on the CPU side:
+launches, Python, synchronisation, or on communication), then the kernel time by kind and the top kernels.
+The window starts and ends with a synchronisation, so its elapsed time is the steps' own.
 
 The kinds of kernel (KERNEL_KINDS) are also what benchmarks/bench_train.py --profile reports.
 """

@@ -24,33 +24,23 @@ TRAIN_KEYS = {
 }
 
 
-def test_bench_distributed_one_run_on_cpu(tmp_path):
-    out = tmp_path / "rows.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/bench_distributed.py",
-            "--device",
-            "cpu",
-            "--model",
-            "hybrid_tiny",
-            "--seq",
-            "32",
-            "--steps",
-            "2",
-            "--runs",
-            "1gpu",
-            "--no-comm",
-            "--out",
-            str(out),
-            "--work",
-            str(tmp_path / "work"),
-        ],
+def bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """benchmarks/bench_distributed.py with `args`, on CPU threads of its own."""
+    return subprocess.run(
+        [sys.executable, "benchmarks/bench_distributed.py", *args],
         cwd=REPO,
         env=cli_env(OMP_NUM_THREADS=1),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
+    )
+
+
+def test_bench_distributed_one_run_on_cpu(tmp_path):
+    out = tmp_path / "rows.json"
+    proc = bench(
+        *("--device", "cpu", "--model", "hybrid_tiny", "--seq", "32", "--steps", "2", "--runs", "1gpu", "--no-comm"),
+        *("--out", str(out), "--work", str(tmp_path / "work")),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = json.loads(out.read_text())
@@ -103,14 +93,7 @@ def test_bench_distributed_deadline_stops_and_prints_the_rest(tmp_path):
     command for them is printed; nothing is merged for a run that did not end."""
     out = tmp_path / "rows.json"
     args = ["--device", "cpu", "--model", "hybrid_tiny", "--seq", "32", "--steps", "200", "--out", str(out)]
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/bench_distributed.py", *args, "--runs", "ddp", "fsdp2", "--deadline", "4"],
-        cwd=REPO,
-        env=cli_env(OMP_NUM_THREADS=1),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = bench(*args, "--runs", "ddp", "fsdp2", "--deadline", "4", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| ddp | 2 | failed: timed out after 4 s at --deadline |" in proc.stdout, proc.stdout
     assert "not started by --deadline 4 s: fsdp2 bench_comm; to run them:" in proc.stdout
@@ -161,14 +144,7 @@ def test_rows_of_two_gpu_models_are_both_kept(tmp_path):
 def test_bench_distributed_profile_runs_past_the_timed_steps(tmp_path):
     out, prof = tmp_path / "rows.json", tmp_path / "prof"
     args = ["--device", "cpu", "--model", "hybrid_tiny", "--seq", "32", "--steps", "2", "--runs", "1gpu", "--no-comm"]
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/bench_distributed.py", *args, "--out", str(out), "--profile", str(prof)],
-        cwd=REPO,
-        env=cli_env(OMP_NUM_THREADS=1),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = bench(*args, "--out", str(out), "--profile", str(prof))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "profile of steps 3-4 (2 steps), rank 0 of the run" in proc.stdout  # after the 2 timed steps
     assert sorted(p.name for p in prof.iterdir()) == ["1gpu_summary.txt", "1gpu_trace_rank0.json"]
