@@ -44,8 +44,9 @@ def resolve_path(path, *, cache: bool = False) -> Path:
 
 
 def git_commit(short: bool = False) -> str:
-    """HEAD of the repository (`-dirty` appended when tracked files differ from it), or "unknown" where
-    there is no git or no .git (a copy of the tree, an installed wheel)."""
+    """HEAD of the repository (`-dirty` appended when tracked files other than `docs/results/` differ from
+    it), or "unknown" where there is no git or no .git (a copy of the tree, an installed wheel). Results are
+    left out because the benchmarks merge their rows there: a second row of one invocation is the same code."""
     if SHIPPED_ROOT.is_dir():  # an installed wheel: a .git above site-packages (a venv in a checkout) is not ours
         return "unknown"
 
@@ -56,7 +57,7 @@ def git_commit(short: bool = False) -> str:
 
     try:
         head = git("rev-parse", *(["--short"] if short else []), "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/results")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (head or "unknown") + ("-dirty" if head and dirty else "")
