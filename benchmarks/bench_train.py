@@ -50,7 +50,7 @@ from nvfp4train.train.engines import TorchEngine, resolve_compile, resolve_cuda_
 from nvfp4train.train.profiling import kernel_rows, summary_lines
 
 REPO = Path(__file__).resolve().parents[1]
-KEY = ("model", "seq", "precision", "backend", "compiled", "cuda_graph")  # one row per key in the JSON file
+KEY = ("model", "seq", "precision", "backend", "compiled", "cuda_graph", "gpu")  # one row per key in the JSON file
 
 
 def _key(row: dict) -> tuple:
@@ -221,8 +221,8 @@ def bench_one(
 
 
 def merge_rows(path: Path, rows: list[dict]) -> list[dict]:
-    """The rows of `path` with `rows` merged in: a row with the same model, seq, precision, backend and
-    compile setting is replaced. Written back sorted by that key."""
+    """The rows of `path` with `rows` merged in: a row with the same model, seq, precision, backend, compile
+    setting and GPU model is replaced (an H200's row never replaces an H100's). Written back sorted by that key."""
     existing = json.loads(path.read_text()) if path.is_file() else []
     merged = {_key(r): r for r in existing}
     merged.update({_key(r): r for r in rows})

@@ -68,3 +68,24 @@ def test_torchao_like_for_like_row_converts_only_the_preset_quantized_blocks():
     keep = bench_train.torchao_block_filter("torchao_float8_as_fp8_tensorwise", len(cfg.pattern))
     chosen = {fqn.split(".")[0] for fqn in linears if keep(model.blocks.get_submodule(fqn), fqn)}
     assert chosen == {"1", "2", "3"}  # fp8_tensorwise keeps the first block and the last two in BF16
+
+
+def test_rows_of_two_gpu_models_are_both_kept(tmp_path):
+    import benchmarks.bench_train as bt
+
+    path = tmp_path / "train.json"
+    row = {
+        "model": "hybrid_1b",
+        "seq": 4096,
+        "precision": "bf16",
+        "backend": "emulated",
+        "compiled": True,
+        "cuda_graph": True,
+    }
+    bt.merge_rows(path, [{**row, "gpu": "NVIDIA H100 80GB HBM3", "step_ms": 1.0}])
+    bt.merge_rows(path, [{**row, "gpu": "NVIDIA H200", "step_ms": 2.0}])
+    bt.merge_rows(path, [{**row, "gpu": "NVIDIA H200", "step_ms": 3.0}])  # the same GPU model: replaced
+    assert sorted((r["gpu"], r["step_ms"]) for r in json.loads(path.read_text())) == [
+        ("NVIDIA H100 80GB HBM3", 1.0),
+        ("NVIDIA H200", 3.0),
+    ]
