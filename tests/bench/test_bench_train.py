@@ -26,7 +26,7 @@ def test_bench_train_smoke_and_json_merge(tmp_path):
         "gpu": "H100",
         "commit": "abc",
     }
-    stale = {**keep, "model": "hybrid_tiny", "seq": 32, "precision": "bf16", "step_ms": -1.0}
+    stale = {**keep, "model": "hybrid_tiny", "seq": 32, "precision": "bf16", "gpu": "cpu", "step_ms": -1.0}
     compiled = {**stale, "compiled": True}  # the same case compiled: another row, kept
     out.write_text(json.dumps([keep, stale, compiled]))
     proc = run_benchmark(
