@@ -159,17 +159,24 @@ def compare(arm: dict[int, RunData], base: dict[int, RunData], metric: str):
     raise ValueError(f"unknown metric {metric!r}")
 
 
-def flags(runs: list[RunData]) -> list[str]:
-    """What differs between the runs of one comparison."""
+def short_commit(run: RunData) -> str:
+    return str(run.info.get("commit", "not recorded"))[:10]
+
+
+def flags(runs: list[RunData], same_bits: list[set[str]] = ()) -> list[str]:
+    """What differs between the runs of one comparison. `same_bits`: groups of commits that replicates
+    showed to train bit for bit alike (`bitwise_commit_groups`); mixed commits within one group say so."""
     out = []
     gpus = sorted({str(r.info.get("gpu", "not recorded")) for r in runs})
-    commits = sorted({str(r.info.get("commit", "not recorded"))[:10] for r in runs})
+    commits = sorted({short_commit(r) for r in runs})
     budgets = sorted({int(r.total) for r in runs})
     vals = sorted({r.val_label for r in runs})
     if len(gpus) > 1:
         out.append("mixed GPUs: " + ", ".join(gpus))
     if len(commits) > 1:
-        out.append("mixed commits: " + ", ".join(commits))
+        vetted = any(set(commits) <= group for group in same_bits)
+        note = " (replicates bitwise equal across them)" if vetted else ""
+        out.append("mixed commits: " + ", ".join(commits) + note)
     if len(budgets) > 1:
         out.append("mixed token budgets: " + ", ".join(f"{b:,}" for b in budgets))
     if len(vals) > 1:
@@ -197,9 +204,11 @@ def metric_text(metric: str, runs: list[RunData]) -> str:
     return METRIC_TEXT[metric].format(val=val, eval=ev)
 
 
-def claim_rows(exp: Experiment, runs: dict, summary: dict | None = None) -> list[list[str]]:
+def claim_rows(
+    exp: Experiment, runs: dict, summary: dict | None = None, same_bits: list[set[str]] = ()
+) -> list[list[str]]:
     """The claims' rows of one experiment; `summary` collects (claim index) -> [(tier, experiment, n,
-    verdict cell, ours)]."""
+    verdict cell, ours)]; `same_bits` as for `flags`."""
     rows = []
     for index, c in enumerate(CLAIMS):
         if c.arm not in exp.arms or c.baseline not in exp.compared_arms:
@@ -225,7 +234,7 @@ def claim_rows(exp: Experiment, runs: dict, summary: dict | None = None) -> list
                 c.paper,
                 ours,
                 "no paired runs" if interval is None else v.text(),
-                "; ".join(flags(paired)) if paired else "—",
+                "; ".join(flags(paired, same_bits)) if paired else "—",
             ]
         )
         if summary is not None and interval is not None:
@@ -376,12 +385,41 @@ def left_out_lines(runs: dict, experiments: list[Experiment]) -> list[str]:
     ]
 
 
+def load_replicates(replicates_dir: Path) -> list[tuple[str, tuple, RunData]]:
+    """(batch, run key, run) of every replicate under replicates_dir/<batch>/<experiment>/<arm>/seed<k>/."""
+    batches = sorted(d for d in Path(replicates_dir).glob("*") if d.is_dir()) if Path(replicates_dir).is_dir() else []
+    return [(b.name, key, rep) for b in batches for key, rep in sorted(load_runs([b]).items())]
+
+
+def differing_steps(orig: RunData, rep: RunData) -> tuple[list, list]:
+    """(the logged training steps both runs have, those of them whose losses differ)."""
+    common = sorted(set(orig.train) & set(rep.train))
+    return common, [t for t in common if orig.train[t] != rep.train[t]]
+
+
+def bitwise_commit_groups(replicates_dir: Path, runs: dict) -> list[set[str]]:
+    """Commits linked by deterministic replicates whose every logged training loss equals the original's
+    (the original's commit and the replicate's train the same bits), merged transitively: a run of one
+    commit in a group would have given the same bits at any other commit of it."""
+    groups: list[set[str]] = []
+    for _, key, rep in load_replicates(replicates_dir):
+        orig = runs.get(key)
+        if orig is None or not all(r.config.get("train", {}).get("deterministic") for r in (orig, rep)):
+            continue
+        common, differing = differing_steps(orig, rep)
+        if not common or differing:
+            continue
+        linked = {short_commit(orig), short_commit(rep)}
+        touching = [g for g in groups if g & linked]
+        groups = [g for g in groups if not g & linked] + [linked.union(*touching)]
+    return groups
+
+
 def replicate_lines(replicates_dir: Path, runs: dict) -> list[str]:
     """Runs made again (same command, a later batch) against the originals, from replicates_dir/<batch>/
     <experiment>/<arm>/seed<k>/: with train.deterministic=true they must be bitwise equal; otherwise
     their difference is the run-to-run noise floor."""
-    batches = sorted(d for d in Path(replicates_dir).glob("*") if d.is_dir()) if Path(replicates_dir).is_dir() else []
-    replicates = [(b.name, key, rep) for b in batches for key, rep in sorted(load_runs([b]).items())]
+    replicates = load_replicates(replicates_dir)
     if not replicates:
         return []
     lines = [
@@ -399,8 +437,7 @@ def replicate_lines(replicates_dir: Path, runs: dict) -> list[str]:
         if orig is None:
             lines.append(f"| {'/'.join(map(str, key))} | {batch} | — | — | no original run | — |")
             continue
-        common = sorted(set(orig.train) & set(rep.train))
-        differing = [t for t in common if orig.train[t] != rep.train[t]]
+        common, differing = differing_steps(orig, rep)
         if not differing:
             train = f"identical at all {len(common)}"
         else:
@@ -450,6 +487,7 @@ def write_report(
         "",
     ]
     body, summary = [], {}
+    same_bits = bitwise_commit_groups(out / "replicates", runs)
     for tier in ("B", "A", "earlier"):
         exps = [e for e in experiments if e.tier == tier]
         if not exps:
@@ -465,7 +503,7 @@ def write_report(
         ]
         for exp in exps:
             lines_tier += [f"### {exp.name}: {exp.description}", "", setup_line(exp, runs), ""]
-            rows = claim_rows(exp, runs, summary)
+            rows = claim_rows(exp, runs, summary, same_bits)
             if rows:
                 lines_tier += table(
                     ["arms", "measure", "paper", "here: paired gap, 95% interval", "verdict", "flags"], rows

@@ -107,7 +107,7 @@ arms:
 """
 
 
-def write_run(root, arm, seed, gap_pct, commit="abc", gpu="NVIDIA H100"):
+def write_run(root, arm, seed, gap_pct, commit="abc", gpu="NVIDIA H100", deterministic=False):
     d = root / "synth" / arm / f"seed{seed}"
     d.mkdir(parents=True)
     cfg = {
@@ -117,6 +117,7 @@ def write_run(root, arm, seed, gap_pct, commit="abc", gpu="NVIDIA H100"):
             "seq_len": 10,
             "eval_sequences": 64,
             "eval_precision": "bf16",
+            "deterministic": deterministic,
         },
         "model": {"name": "hybrid_tiny"},
     }
@@ -163,3 +164,31 @@ def test_report_rows_flags_and_labels(tmp_path):
     assert "BF16 evaluation of the final checkpoint (eval.json, 64 sequences)" in eval_row[1]
     path = report.write_report([runs], tmp_path / "out", experiments, figures=False)
     assert "## Tier A" in path.read_text() and "reproduced" in path.read_text()
+
+
+def test_mixed_commits_linked_by_a_bitwise_replicate_say_so(tmp_path):
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "synth.yaml").write_text(EXPERIMENT)
+    runs, replicates = tmp_path / "runs", tmp_path / "replicates"
+    for seed in (1, 2, 3):
+        write_run(runs, "fp8_blockwise", seed, 0.0, deterministic=True)
+        write_run(runs, "nvfp4", seed, 0.4, commit="abc" if seed < 3 else "def", deterministic=True)
+    loaded = report.load_runs([runs])
+    exp = load_experiment("synth", experiments)
+
+    def mixed_flag(groups):
+        rows = report.claim_rows(exp, loaded, same_bits=groups)
+        return next(f for f in rows[0][5].split("; ") if f.startswith("mixed commits"))
+
+    # a replicate at another commit that differs, or that ran without determinism, links nothing
+    write_run(replicates / "b1", "nvfp4", 1, 0.41, commit="def", deterministic=True)
+    write_run(replicates / "b2", "nvfp4", 2, 0.4, commit="def", deterministic=False)
+    assert report.bitwise_commit_groups(replicates, loaded) == []
+    assert mixed_flag([]) == "mixed commits: abc, def"
+    # a deterministic replicate at "def" of a run made at "abc", equal at every logged step: linked
+    write_run(replicates / "b3", "nvfp4", 1, 0.4, commit="def", deterministic=True)
+    groups = report.bitwise_commit_groups(replicates, loaded)
+    assert groups == [{"abc", "def"}]
+    assert mixed_flag(groups) == "mixed commits: abc, def (replicates bitwise equal across them)"
+    assert mixed_flag([{"abc", "xyz"}]) == "mixed commits: abc, def"  # a group must hold every commit
