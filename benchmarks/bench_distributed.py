@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
         type=Path,
         default=None,
         help="profile 2 more steps of each run after its timed ones (train.profile_start): print rank 0's "
-        "summary (wall vs device time per step, time by kind of kernel) and keep it and the rank traces in DIR",
+        "summary (wall vs GPU kernel time per step, time by kind of kernel) and keep it and the rank traces in DIR",
     )
     ap.add_argument(
         "--work",

@@ -18,7 +18,7 @@ first and last blocks stay BF16), the like-for-like comparison.
 during the measured steps; CUDA only) and adds `syncs_per_step` to each row.
 `--backends te scaled_mm emulated` runs each quantized precision on each backend (one that cannot run here
 is skipped with its reason). `--profile DIR` profiles one more step per row after its timed window and
-prints device time by kind of kernel (GEMM, our quantizers, Mamba scan, copies, ...) and the top kernels,
+prints GPU kernel time by kind of kernel (GEMM, our quantizers, Mamba scan, copies, ...) and the top kernels,
 each under the ops that launched it (op, input shapes, enclosing ops such as our custom ops; with
 `--cuda-graph false`, since a replayed graph hides them), with a chrome trace per row in DIR:
     python -m benchmarks.bench_train --models hybrid_350m --seqs 2048 --batch 8 --precisions bf16 nvfp4 \
@@ -272,7 +272,7 @@ def main() -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="after each row's timed steps, profile one more step: print device time by kind of "
+        help="after each row's timed steps, profile one more step: print GPU kernel time by kind of "
         "kernel (GEMM, our quantizers, scan, copies, ...) and the top kernels; chrome traces "
         "into DIR",
     )

@@ -397,12 +397,12 @@ def differing_steps(orig: RunData, rep: RunData) -> tuple[list, list]:
     return common, [t for t in common if orig.train[t] != rep.train[t]]
 
 
-def bitwise_commit_groups(replicates_dir: Path, runs: dict) -> list[set[str]]:
+def bitwise_commit_groups(replicates: list[tuple[str, tuple, RunData]], runs: dict) -> list[set[str]]:
     """Commits linked by deterministic replicates whose every logged training loss equals the original's
     (the original's commit and the replicate's train the same bits), merged transitively: a run of one
     commit in a group would have given the same bits at any other commit of it."""
     groups: list[set[str]] = []
-    for _, key, rep in load_replicates(replicates_dir):
+    for _, key, rep in replicates:
         orig = runs.get(key)
         if orig is None or not all(r.config.get("train", {}).get("deterministic") for r in (orig, rep)):
             continue
@@ -415,11 +415,10 @@ def bitwise_commit_groups(replicates_dir: Path, runs: dict) -> list[set[str]]:
     return groups
 
 
-def replicate_lines(replicates_dir: Path, runs: dict) -> list[str]:
-    """Runs made again (same command, a later batch) against the originals, from replicates_dir/<batch>/
-    <experiment>/<arm>/seed<k>/: with train.deterministic=true they must be bitwise equal; otherwise
-    their difference is the run-to-run noise floor."""
-    replicates = load_replicates(replicates_dir)
+def replicate_lines(replicates: list[tuple[str, tuple, RunData]], runs: dict) -> list[str]:
+    """Runs made again (same command, a later batch; `load_replicates`) against the originals: with
+    train.deterministic=true they must be bitwise equal; otherwise their difference is the run-to-run noise
+    floor."""
     if not replicates:
         return []
     lines = [
@@ -487,7 +486,8 @@ def write_report(
         "",
     ]
     body, summary = [], {}
-    same_bits = bitwise_commit_groups(out / "replicates", runs)
+    replicates = load_replicates(out / "replicates")
+    same_bits = bitwise_commit_groups(replicates, runs)
     for tier in ("B", "A", "earlier"):
         exps = [e for e in experiments if e.tier == tier]
         if not exps:
@@ -512,7 +512,7 @@ def write_report(
                 lines_tier += [f"![{exp.name}: paired relative gap](reproduction/{exp.name}.png)", ""]
         body += lines_tier
     lines += summary_lines(summary) + body + left_out_lines(runs, experiments)
-    lines += replicate_lines(out / "replicates", runs)
+    lines += replicate_lines(replicates, runs)
     lines += [
         "## Where this scale differs from the paper's",
         "",

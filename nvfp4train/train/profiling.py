@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-# What device time is spent on, by kernel name (first match wins; lower-case substrings). Triton quantizer
+# What GPU kernel time is spent on, by kernel name (first match wins; lower-case substrings). Triton quantizer
 # kernels are ours (formats/kernels/: _nvfp4_*, _mxfp4_*, _rht_*, _fp8_*, _abs_max_*); the Mamba scan's are
 # mamba-ssm's SSD kernels; GEMMs are cuBLAS/CUTLASS (nvjet, sm90_xmma, cutlass, gemm) or torch._scaled_mm's.
 KERNEL_KINDS = (
@@ -71,7 +71,7 @@ def kernel_rows(prof, cuda: bool, sources: dict | None = None) -> list[dict]:
 
 
 def summary_lines(rows: list[dict], top: int = 15, sources: int = 2, per: int = 1, what: str = "step") -> list[str]:
-    """Device time by kind and the top kernels (each with its `sources` costliest launch sites), divided by
+    """GPU kernel time by kind and the top kernels (each with its `sources` costliest launch sites), divided by
     `per` (the number of steps the rows cover)."""
     total = sum(r["ms"] for r in rows) / per or 1.0
     kinds: dict[str, float] = {}
@@ -136,14 +136,14 @@ class StepProfiler:
         if self.rank != 0:
             return
         rows = kernel_rows(prof, self.device.type == "cuda")
-        device_ms = sum(r["ms"] for r in rows) / steps
+        kernel_ms = sum(r["ms"] for r in rows) / steps
         head = [
             f"profile of steps {self.start}-{last_step} ({steps} step{'s' if steps > 1 else ''}), rank 0 of the run",
             f"    wall time per step: {wall_ms / steps:.1f} ms; "
             + (
-                f"device time per step (kernels, summed over streams): {device_ms:.1f} ms"
+                f"GPU kernel time per step (summed over streams): {kernel_ms:.1f} ms"
                 if self.device.type == "cuda"
-                else f"CPU time per step (ops' self time): {device_ms:.1f} ms"
+                else f"CPU time per step (ops' self time): {kernel_ms:.1f} ms"
             ),
         ]
         text = "\n".join(head + summary_lines(rows, per=steps, what="steps, per step")) + "\n"

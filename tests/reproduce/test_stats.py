@@ -184,11 +184,11 @@ def test_mixed_commits_linked_by_a_bitwise_replicate_say_so(tmp_path):
     # a replicate at another commit that differs, or that ran without determinism, links nothing
     write_run(replicates / "b1", "nvfp4", 1, 0.41, commit="def", deterministic=True)
     write_run(replicates / "b2", "nvfp4", 2, 0.4, commit="def", deterministic=False)
-    assert report.bitwise_commit_groups(replicates, loaded) == []
+    assert report.bitwise_commit_groups(report.load_replicates(replicates), loaded) == []
     assert mixed_flag([]) == "mixed commits: abc, def"
     # a deterministic replicate at "def" of a run made at "abc", equal at every logged step: linked
     write_run(replicates / "b3", "nvfp4", 1, 0.4, commit="def", deterministic=True)
-    groups = report.bitwise_commit_groups(replicates, loaded)
+    groups = report.bitwise_commit_groups(report.load_replicates(replicates), loaded)
     assert groups == [{"abc", "def"}]
     assert mixed_flag(groups) == "mixed commits: abc, def (replicates bitwise equal across them)"
     assert mixed_flag([{"abc", "xyz"}]) == "mixed commits: abc, def"  # a group must hold every commit
