@@ -114,5 +114,5 @@ METRIC_TEXT = {
     "val_decay": "{val}, decay (80–100%)",
     "widening": "{val}: decay gap − stable gap",
     "eval_end": "{eval}",
-    "token_ratio": "tokens for the baseline's loss at the arm's end, {val}",
+    "token_ratio": "tokens for the same loss (the worse run's final), arm ÷ baseline, {val}",
 }

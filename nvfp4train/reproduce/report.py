@@ -151,8 +151,7 @@ def compare(arm: dict[int, RunData], base: dict[int, RunData], metric: str):
         per_seed = {}
         for s in seeds:
             if arm[s].val and base[s].val:
-                final = arm[s].val[max(arm[s].val)]
-                ratio = stats.token_ratio(final, arm[s].total, base[s].val)
+                ratio = stats.token_ratio(arm[s].val, arm[s].total, base[s].val, base[s].total)
                 if ratio is not None:
                     per_seed[s] = (ratio - 1.0) * 100.0
         return (stats.mean_interval(list(per_seed.values())) if per_seed else None), per_seed

@@ -245,9 +245,18 @@ def tokens_to_reach(curve: dict[float, float], target: float) -> float | None:
     return None
 
 
-def token_ratio(arm_final: float, arm_tokens: float, base_curve: dict[float, float]) -> float | None:
-    """arm_tokens / the tokens the baseline needs to reach the arm's final loss: how many times more tokens
-    the arm spends for the baseline's loss (> 1: the arm is less token-efficient). None: the baseline
-    never reaches it (the arm is better than the baseline's end)."""
-    reached = tokens_to_reach(base_curve, arm_final)
-    return arm_tokens / reached if reached else None
+def token_ratio(
+    arm_curve: dict[float, float], arm_tokens: float, base_curve: dict[float, float], base_tokens: float
+) -> float | None:
+    """The arm's tokens / the baseline's tokens for the same loss, that of the run that ends worse (the
+    better run reaches it within its budget): > 1, the arm is less token-efficient. A worse arm: its
+    tokens / those the baseline needs to reach the arm's final loss; a better arm: the tokens it needs to
+    reach the baseline's final loss / the baseline's. Both cases count, so every seed counts: keeping only
+    seeds where the arm ends worse would bias the mean above 1x. None: the better run starts at or below
+    that loss (a point at 0 tokens), so there is no ratio."""
+    arm_final, base_final = arm_curve[max(arm_curve)], base_curve[max(base_curve)]
+    if arm_final >= base_final:
+        reached = tokens_to_reach(base_curve, arm_final)
+        return arm_tokens / reached if reached else None
+    reached = tokens_to_reach(arm_curve, base_final)
+    return reached / base_tokens if reached else None

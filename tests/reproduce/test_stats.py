@@ -89,8 +89,13 @@ def test_window_and_token_ratio():
     assert stats.window_mean(curve, 10, (0.8, 1.0)) == pytest.approx(9.5)  # 9, 10
     base = {0.0: 10.0, 100.0: 5.0, 200.0: 4.0}
     assert stats.tokens_to_reach(base, 4.5) == pytest.approx(150.0)
-    assert stats.token_ratio(4.5, 200.0, base) == pytest.approx(200 / 150)
-    assert stats.token_ratio(3.0, 200.0, base) is None
+    worse = {0.0: 10.0, 200.0: 4.5}
+    assert stats.token_ratio(worse, 200.0, base, 200.0) == pytest.approx(200 / 150)
+    # a better arm counts too (below 1x): it reaches the baseline's final 4.0 at 150 of the baseline's 200
+    better = {0.0: 10.0, 100.0: 5.0, 200.0: 3.0}
+    assert stats.token_ratio(better, 200.0, base, 200.0) == pytest.approx(150 / 200)
+    # the better run is below the worse one's final loss from 0 tokens on: no ratio
+    assert stats.token_ratio({0.0: 10.0, 200.0: 9.0}, 200.0, {0.0: 8.0, 100.0: 12.0, 200.0: 11.0}, 200.0) is None
 
 
 # ------------------------------------------------------------------------------ report on synthetic runs
