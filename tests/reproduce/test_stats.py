@@ -112,7 +112,7 @@ arms:
 """
 
 
-def write_run(root, arm, seed, gap_pct, commit="abc", gpu="NVIDIA H100", deterministic=False):
+def write_run(root, arm, seed, gap_pct, commit="abc", gpu="NVIDIA H100", deterministic=False, sources=None):
     d = root / "synth" / arm / f"seed{seed}"
     d.mkdir(parents=True)
     cfg = {
@@ -132,7 +132,10 @@ def write_run(root, arm, seed, gap_pct, commit="abc", gpu="NVIDIA H100", determi
     for step in range(1, 51):
         base = 5.0 - step / 25 + rng.gauss(0, 0.01)
         loss = base * (1 + gap_pct / 100)
-        lines.append(json.dumps({"step": step, "tokens": step * 100, "loss": loss, "val/mean": loss + 0.1}))
+        record = {"step": step, "tokens": step * 100, "loss": loss, "val/mean": loss + 0.1}
+        for name, source_gap in (sources or {}).items():  # per-source validation: base * (1 + gap(step))
+            record[f"val/{name}"] = (base + 0.1) * (1 + source_gap(step) / 100)
+        lines.append(json.dumps(record))
     (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     (d / "run.json").write_text(json.dumps({"state": "done", "train_rc": 0, "commit": commit, "gpu": gpu}))
     (d / "eval.json").write_text(
@@ -197,3 +200,27 @@ def test_mixed_commits_linked_by_a_bitwise_replicate_say_so(tmp_path):
     assert groups == [{"abc", "def"}]
     assert mixed_flag(groups) == "mixed commits: abc, def (replicates bitwise equal across them)"
     assert mixed_flag([{"abc", "xyz"}]) == "mixed commits: abc, def"  # a group must hold every commit
+
+
+def test_spread_between_seeds_is_located_by_source_and_fifth(tmp_path):
+    """A source whose gap differs between seeds only in the fourth fifth of the tokens: its spread shows
+    there and nowhere else, and a source with the same gap in every seed shows none."""
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "synth.yaml").write_text(EXPERIMENT)
+    runs = tmp_path / "runs"
+    for seed in (1, 2, 3):
+        steady = {"prose": lambda step: 0.0, "code": lambda step: 0.0}
+        write_run(runs, "fp8_blockwise", seed, 0.0, sources=steady)
+        jump = {"prose": lambda step: 0.3, "code": lambda step, s=seed: 3.0 * (s - 2) if 30 < step <= 40 else 0.3}
+        write_run(runs, "nvfp4", seed, 0.3, sources=jump)
+    loaded = report.load_runs([runs])
+    exp = load_experiment("synth", experiments)
+    arm, base = report.arm_runs(loaded, exp, "nvfp4"), report.arm_runs(loaded, exp, "fp8_blockwise")
+    spread = report.spread_by_source(arm, base)
+    assert sorted(spread) == ["code", "mean", "prose"]
+    assert spread["code"][3] == pytest.approx(3.0, rel=0.05)  # SD of -3, 0, +3 (the noise is common to both arms)
+    assert max(spread["code"][:3] + spread["code"][4:]) < 0.05
+    assert max(spread["prose"]) < 0.05
+    text = report.write_report([runs], tmp_path / "out", experiments, figures=False).read_text()
+    assert "## Where the spread between seeds comes from" in text and "| code |" in text
