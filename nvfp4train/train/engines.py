@@ -53,6 +53,19 @@ def _to_device(micro_batches, device: torch.device) -> list[tuple[torch.Tensor, 
     ]
 
 
+def allow_a_compile_per_block(model: nn.Module) -> None:
+    """Under FSDP2 the compiled forward breaks at each block's FSDP hooks, so each block's forward is a
+    frame of its own, and one code object serves every block. A quantized linear passes its layer id
+    to its custom ops as a constant, so each quantized block compiles its own entry: past dynamo's
+    recompile limit (8 by default) the remaining blocks would run eagerly, the emulated quantizers
+    op by op, and the step would be paced by the host. Raise the limits to cover every block (in
+    both recipes of a BF16 switch)."""
+    n_blocks = len(getattr(model, "blocks", ())) or 1
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, 2 * n_blocks + 8)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 16 * n_blocks + 64)
+
+
 def resolve_compile(setting: str, device: torch.device) -> bool:
     """train.compile: auto compiles on CUDA only (on CPU compiling costs more than it saves)."""
     return device.type == "cuda" if setting == "auto" else setting == "true"
@@ -125,6 +138,8 @@ class TorchEngine:
         # Static shapes: a step's shapes are fixed, and a shape that does change (another batch or sequence
         # length) recompiles for it rather than turning the sequence length symbolic, which Inductor could not
         # lower for the SSD scan's chunking (torch 2.13: "cannot determine truth value of Relational").
+        if compile and self.fsdp:
+            allow_a_compile_per_block(model)
         self.forward = torch.compile(self.wrapped, dynamic=False) if compile else self.wrapped
         self.grad_clip = optim_cfg.grad_clip
         # Evaluation runs the uncompiled model: a held-out pass is a few dozen sequences, and through the

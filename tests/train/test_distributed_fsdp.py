@@ -1,6 +1,8 @@
 """FSDP2 at its defaults: train.fsdp_reshard_after_forward=auto decides by memory (and says why), the
 prefetch setting reaches FSDP2, NVFP4's quantized weights are built once per optimizer step (not once per
-all-gather), and NVFP4 under FSDP2 on two gloo ranks trains like one rank."""
+all-gather), NVFP4 under FSDP2 on two gloo ranks trains like one rank, and compiles every block."""
+
+import math
 
 import pytest
 import torch
@@ -125,3 +127,20 @@ def test_nvfp4_under_fsdp2_on_two_ranks_tracks_one_rank(tmp_path):
     assert fsdp == pytest.approx(one, rel=2e-3)  # measured: within 3.1e-4 over 4 steps
     log = (tmp_path / "fsdp" / "train.log").read_text()
     assert "train.fsdp_reshard_after_forward=auto -> false" in log  # a tiny model: kept, and said
+
+
+def test_compiled_fsdp2_compiles_every_quantized_block(tmp_path):
+    """Compiled under FSDP2, each block's forward is a frame of its own and each quantized block compiles
+    its own entry (its layer id is a constant of its ops): with more blocks than dynamo's default recompile
+    limit (8), the blocks past it would fall back to eager, the emulated quantizers op by op."""
+    proc = _torchrun(
+        tmp_path / "fsdp",
+        "model=hybrid_tiny",
+        "model.pattern='------------'",  # 12 MLP blocks (the CPU compile of a Mamba block is not needed here)
+        "train.parallel=fsdp2",
+        "train.compile=true",
+    )
+    output = proc.stdout + proc.stderr
+    assert "recompile_limit" not in output, output[-3000:]
+    losses = [r["loss"] for r in read_metrics(tmp_path / "fsdp") if "loss" in r]
+    assert len(losses) == 4 and all(math.isfinite(v) for v in losses)
