@@ -86,7 +86,8 @@ class TrainConfig:
     """DeepSpeed ZeRO stage (1 or 2)."""
     compile: Compile = Compile.auto
     """torch.compile the whole model (and its loss): auto (on CUDA, not on CPU, where compiling costs more
-    than it saves) | true | false."""
+    than it saves) | true (refused on CPU for a model with Mamba blocks: Inductor's CPU code for their
+    SSD scan returns NaN) | false."""
     cuda_graph: CudaGraph = CudaGraph.auto
     """Capture each step's forward and backward passes as one CUDA graph and replay it (train/cuda_graph.py):
     auto (single-process CUDA runs without activation checkpointing or the te backend) | true (refuses a

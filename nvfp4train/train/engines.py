@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from nvfp4train import dist
+from nvfp4train.model.blocks import Mamba2Mixer
 from nvfp4train.optim import OptimConfig, build_optimizer
 from nvfp4train.precision.controller import drop_weight_caches_after_each_step
 from nvfp4train.precision.linear import QuantLinear
@@ -66,8 +67,19 @@ def allow_a_compile_per_block(model: nn.Module) -> None:
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 16 * n_blocks + 64)
 
 
-def resolve_compile(setting: str, device: torch.device) -> bool:
-    """train.compile: auto compiles on CUDA only (on CPU compiling costs more than it saves)."""
+def resolve_compile(setting: str, device: torch.device, model: nn.Module | None = None) -> bool:
+    """train.compile: auto compiles on CUDA only (on CPU compiling costs more than it saves); true on CPU
+    is refused for a model with Mamba blocks, whose PyTorch SSD scan Inductor's CPU code gets wrong."""
+    if (
+        setting == "true"
+        and device.type == "cpu"
+        and model is not None
+        and any(isinstance(m, Mamba2Mixer) for m in model.modules())
+    ):
+        raise ConfigError(
+            f"train.compile=true: on CPU, torch {torch.__version__.split('+')[0]}'s compiled code for the Mamba "
+            "blocks' SSD scan returns NaN (eager is right); allowed here: auto (compiles on CUDA only) or false"
+        )
     return device.type == "cuda" if setting == "auto" else setting == "true"
 
 
@@ -416,7 +428,7 @@ def build_engine(model, groups, optim_cfg, train_cfg, info, grad_accum):
         optim_cfg,
         train_cfg.parallel,
         info,
-        compile=resolve_compile(str(train_cfg.compile), info.device),
+        compile=resolve_compile(str(train_cfg.compile), info.device, model),
         reshard_after_forward=str(train_cfg.fsdp_reshard_after_forward),
         fsdp_prefetch=train_cfg.fsdp_prefetch,
         ddp_bucket_cap_mb=train_cfg.ddp_bucket_cap_mb,

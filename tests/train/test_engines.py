@@ -13,6 +13,7 @@ from nvfp4train.dist import DistInfo
 from nvfp4train.optim import OptimConfig
 from nvfp4train.train.engines import TorchEngine, resolve_compile
 from nvfp4train.train.guards import NonFiniteGuard, TrainingHalted
+from tests.conftest import run_train
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
@@ -137,3 +138,17 @@ def test_evaluation_does_not_compile_the_model_again():
     assert counters["stats"]["unique_graphs"] == graphs
     torch.testing.assert_close(loss, F.cross_entropy(model.head(model.emb(x)).float().flatten(0, 1), y.flatten()))
     torch._dynamo.reset()
+
+
+def test_compile_true_on_cpu_is_refused_for_mamba_blocks(tmp_path):
+    """Inductor's CPU code for the PyTorch SSD scan returns NaN where eager does not (hybrid_tiny, seq 128:
+    loss nan from step 1): the trainer refuses the setting with one line instead of training on NaN."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    proc = run_train(
+        "model=hybrid_tiny", "train.compile=true", "train.max_steps=1", f"out_dir={tmp_path / 'run'}", check=False
+    )
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "train.compile=true" in lines[0] and "allowed here: auto" in lines[0], proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
