@@ -19,6 +19,7 @@ STABLE = (0.2, 0.8)
 DECAY = (0.8, 1.0)
 ALPHA = 0.05
 POWER = 0.8
+MAX_SEEDS = 1000  # beyond this a seed count is reported as "more than"
 
 REPRODUCED, CONTRADICTED, UNRESOLVED = "reproduced", "contradicted", "unresolved"
 
@@ -194,8 +195,20 @@ class Verdict:
     def text(self) -> str:
         more = ""
         if self.verdict == UNRESOLVED and self.seeds_needed is not None:
-            more = f"; ~{self.seeds_needed} seeds would resolve it at the observed SD"
+            if self.seeds_needed > MAX_SEEDS:
+                more = f"; more than {MAX_SEEDS} seeds would be needed at the observed SD"
+            else:
+                more = f"; ~{self.seeds_needed} seeds would resolve it at the observed SD"
         return f"{self.verdict} ({self.reason}{more})"
+
+
+def seeds_to_resolve(distance: float, sd: float | None) -> int | None:
+    """`seeds_needed` for the interval to clear a point (0 or the claim's bound) `distance` away from the
+    mean; MAX_SEEDS + 1 where more than MAX_SEEDS would be needed (the mean sits on that point)."""
+    if sd is None:
+        return None
+    n = seeds_needed(distance, sd, max_n=MAX_SEEDS)
+    return n if n is not None else MAX_SEEDS + 1
 
 
 def verdict(interval: Interval | None, claim: Claim) -> Verdict:
@@ -205,7 +218,7 @@ def verdict(interval: Interval | None, claim: Claim) -> Verdict:
     if interval.lo is None:
         return Verdict(UNRESOLVED, "one seed: no interval")
     lo, hi, mean, sd = interval.lo, interval.hi, interval.mean, interval.sd
-    need = seeds_needed(mean, sd) if sd is not None else None
+    need = seeds_to_resolve(mean, sd)
     if claim.side in ("worse", "better"):
         sign = 1 if claim.side == "worse" else -1
         if sign * lo > 0 and sign * hi > 0:
@@ -219,15 +232,15 @@ def verdict(interval: Interval | None, claim: Claim) -> Verdict:
             return Verdict(REPRODUCED, f"the interval lies between 0 and {bound:g}%")
         if hi < 0 or lo > bound:
             return Verdict(CONTRADICTED, f"the interval lies {'below 0' if hi < 0 else f'above {bound:g}%'}")
-        return Verdict(
-            UNRESOLVED, f"the interval crosses {'0' if lo <= 0 else f'{bound:g}%'}", need if lo <= 0 else None
-        )
+        if lo <= 0:
+            return Verdict(UNRESOLVED, "the interval crosses 0", need)
+        return Verdict(UNRESOLVED, f"the interval crosses {bound:g}%", seeds_to_resolve(mean - bound, sd))
     # equal: within +-bound
     if -bound < lo and hi < bound:
         return Verdict(REPRODUCED, f"the interval lies within ±{bound:g}%")
     if lo > bound or hi < -bound:
         return Verdict(CONTRADICTED, f"the interval lies outside ±{bound:g}%")
-    return Verdict(UNRESOLVED, f"the interval crosses ±{bound:g}%")
+    return Verdict(UNRESOLVED, f"the interval crosses ±{bound:g}%", seeds_to_resolve(bound - abs(mean), sd))
 
 
 # --------------------------------------------------------------------------- token equivalent

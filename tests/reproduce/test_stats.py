@@ -75,6 +75,23 @@ def test_verdicts_of_synthetic_runs(gap, sd, seeds, claim, expected):
         assert v.seeds_needed is None or v.seeds_needed > len(seeds)
 
 
+def test_unresolved_against_a_bound_says_the_seeds_it_would_need():
+    """An interval that crosses the claim's bound (not 0) also gets the seeds that would move it off the
+    bound at the observed SD; a mean on the point itself needs more than MAX_SEEDS."""
+
+    def interval(mean, sd, n):
+        half = stats.t_quantile(0.975, n - 1) * sd / n**0.5
+        return stats.Interval(mean=mean, lo=mean - half, hi=mean + half, sd=sd, n=n)
+
+    below = stats.verdict(interval(0.9, 0.3, 5), stats.Claim("below", 1.0))
+    assert below.verdict == stats.UNRESOLVED and "crosses 1%" in below.reason
+    assert below.seeds_needed == stats.seeds_needed(0.1, 0.3) and f"~{below.seeds_needed} seeds" in below.text()
+    equal = stats.verdict(interval(0.1, 0.2, 4), stats.Claim("equal", 0.2))
+    assert equal.verdict == stats.UNRESOLVED and equal.seeds_needed == stats.seeds_needed(0.1, 0.2)
+    on_zero = stats.verdict(interval(0.0, 0.2, 4), stats.Claim("worse"))
+    assert on_zero.seeds_needed == stats.MAX_SEEDS + 1 and "more than 1000 seeds" in on_zero.text()
+
+
 def test_unequal_seeds_pair_only_the_common_ones():
     arm, base, total = synthetic(0.3, 0.02, [1, 2, 3, 4, 5, 6])
     arm = {s: arm[s] for s in (2, 4, 5)}
