@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from nvfp4train.reproduce import stats
-from nvfp4train.reproduce.claims import CLAIMS, METRIC_TEXT
+from nvfp4train.reproduce.claims import CLAIMS, METRIC_TEXT, ClaimRow
 from nvfp4train.reproduce.experiments import (
     EXPERIMENTS_DIR,
     Experiment,
@@ -232,20 +232,33 @@ def claim_rows(
             )
         else:
             ours = "not run" if interval is None else interval.text()
+        size = paper_size(interval, c)
         rows.append(
             [
                 f"{c.arm} vs {c.baseline}",
                 metric_text(c.metric, paired),
                 c.paper,
                 ours,
-                "no paired runs" if interval is None else v.text(),
+                "no paired runs" if interval is None else v.text() + (f"; size: {size}" if size else ""),
                 "; ".join(flags(paired, same_bits)) if paired else "—",
             ]
         )
         if summary is not None and interval is not None:
             budget = max(r.total for r in paired)
-            summary.setdefault(index, []).append((exp.tier, exp.name, interval.n, v.verdict, ours, budget))
+            cell = ours + (f"; {size}" if size else "")
+            summary.setdefault(index, []).append((exp.tier, exp.name, interval.n, v.verdict, cell, budget))
     return rows
+
+
+def paper_size(interval: stats.Interval | None, claim: ClaimRow) -> str:
+    """Where the paper's own size of the gap lies against our interval ("" where the paper gives none or
+    there is no interval): the verdict judges the direction or the bound, this the size."""
+    if claim.paper_value is None or interval is None or interval.lo is None:
+        return ""
+    value = claim.paper_value
+    where = "above" if value > interval.hi else "below" if value < interval.lo else "inside"
+    shown = f"{1 + value / 100:.2f}x" if claim.metric == "token_ratio" else f"{value:+.1f}%"
+    return f"the paper's {shown} lies {where} the interval"
 
 
 # ---------------------------------------------------------------------------------------- figures
@@ -548,7 +561,9 @@ def write_report(
         "decay 80–100%); the table gives the mean over seeds, its 95% interval (Student's t) and the SD "
         "between seeds. Verdict: *reproduced* when the interval lies on the paper's side and excludes 0, "
         "*contradicted* when it lies on the other side, *unresolved* otherwise (with the seeds a paired "
-        "t-test at α = 0.05 would need for power 0.8 at the observed SD); one seed gives no interval. "
+        "t-test at α = 0.05 would need for power 0.8 at the observed SD); one seed gives no interval. The "
+        "verdict judges the direction (or the bound) the paper states; where the paper also gives a size, "
+        "the row says whether that size lies inside our interval. "
         "Held-out figures are either the **in-training validation** (at the precision it names, N "
         "sequences per source) or the **BF16 evaluation of the final checkpoint** (eval.json, the whole "
         "validation split or N sequences); flags name what differs between the paired runs.",

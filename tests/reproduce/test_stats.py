@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 import yaml
 
 from nvfp4train.reproduce import report, stats
+from nvfp4train.reproduce.claims import ClaimRow
 from nvfp4train.reproduce.experiments import load_experiment
 
 # Student's t quantiles from a printed table (two-sided 95%, one-sided 80%)
@@ -241,3 +243,16 @@ def test_spread_between_seeds_is_located_by_source_and_fifth(tmp_path):
     assert max(spread["prose"]) < 0.05
     text = report.write_report([runs], tmp_path / "out", experiments, figures=False).read_text()
     assert "## Where the spread between seeds comes from" in text and "| code |" in text
+
+
+def test_the_paper_size_is_placed_against_the_interval():
+    interval = stats.Interval(n=5, mean=0.9, sd=0.2, lo=0.65, hi=1.15)
+    row = ClaimRow("nvfp4", "fp8_blockwise", "eval_end", "≈ 1.5%", stats.Claim("worse"), 1.5)
+    assert report.paper_size(interval, row) == "the paper's +1.5% lies above the interval"
+    assert report.paper_size(interval, replace(row, paper_value=1.0)) == "the paper's +1.0% lies inside the interval"
+    ratio = replace(row, metric="token_ratio", paper_value=36.0)
+    assert report.paper_size(stats.Interval(n=5, mean=2.5, sd=1, lo=1.3, hi=3.7), ratio) == (
+        "the paper's 1.36x lies above the interval"
+    )
+    assert report.paper_size(interval, replace(row, paper_value=None)) == ""
+    assert report.paper_size(stats.Interval(n=1, mean=0.9, sd=None, lo=None, hi=None), row) == ""
