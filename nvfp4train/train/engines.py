@@ -63,8 +63,14 @@ def allow_a_compile_per_block(model: nn.Module) -> None:
     both recipes of a BF16 switch)."""
     n_blocks = len(getattr(model, "blocks", ())) or 1
     config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, 2 * n_blocks + 8)
-    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 16 * n_blocks + 64)
+    # (torch < 2.7 named them cache_size_limit and accumulated_cache_size_limit)
+    for names, least in (
+        (("recompile_limit", "cache_size_limit"), 2 * n_blocks + 8),
+        (("accumulated_recompile_limit", "accumulated_cache_size_limit"), 16 * n_blocks + 64),
+    ):
+        name = next((n for n in names if hasattr(config, n)), None)
+        if name is not None:
+            setattr(config, name, max(getattr(config, name), least))
 
 
 def resolve_compile(setting: str, device: torch.device, model: nn.Module | None = None) -> bool:
