@@ -10,7 +10,6 @@ the final checkpoint (eval.json).
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -426,7 +425,7 @@ def spread_by_source(arm: dict[int, RunData], base: dict[int, RunData]) -> dict[
                 points = [t for t in a if t in b and lo < t / arm[s].total <= hi]
                 if points:
                     gaps.append(sum((a[t] - b[t]) / b[t] * 100.0 for t in points) / len(points))
-            row.append(statistics.stdev(gaps) if len(gaps) == len(seeds) else None)
+            row.append(stats.mean_interval(gaps).sd if len(gaps) == len(seeds) else None)
         out[source] = row
     return out
 
