@@ -3,7 +3,6 @@ same way, checks it against its dataclass, answers bad input with one line namin
 generated from the YAML and the dataclass."""
 
 import dataclasses
-import subprocess
 import sys
 
 import pytest
@@ -14,7 +13,7 @@ from nvfp4train.config import COMMANDS, CONFIG_DIR, ConfigError, compose, load
 from nvfp4train.model.config import ModelConfig
 from nvfp4train.precision.recipe import PrecisionPolicy
 from nvfp4train.schema import to_plain
-from tests.conftest import cli_env
+from tests.conftest import cli_env, run_process
 
 
 def _main(name):
@@ -86,7 +85,7 @@ def test_bad_value_is_one_line_before_any_checkpoint_is_read(name, arg, message,
 
 @pytest.mark.parametrize("name", [*FLAT, "summary"])
 def test_help_lists_every_option_with_its_default(name):
-    proc = subprocess.run(
+    proc = run_process(
         [sys.executable, "-m", f"nvfp4train.{name}", "--help"],
         env=cli_env(),
         capture_output=True,

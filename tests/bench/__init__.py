@@ -5,12 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import REPO, cli_env
+from tests.conftest import REPO, cli_env, run_process
 
 
 def run_benchmark(name: str, *args) -> subprocess.CompletedProcess:
     """``python -m benchmarks.<name> --device cpu *args`` from the repository root."""
-    return subprocess.run(
+    return run_process(
         [sys.executable, "-m", f"benchmarks.{name}", "--device", "cpu", *map(str, args)],
         cwd=REPO,
         env=cli_env(),

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -15,7 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from nvfp4train.config import CONFIG_DIR, TrainConfig
-from tests.conftest import REPO, cli_env, read_metrics
+from tests.conftest import REPO, cli_env, read_metrics, run_process
 from tests.e2e.test_optional_imports import run_blocked
 
 TINY = [
@@ -28,7 +27,7 @@ TINY = [
 
 
 def _run(argv, cwd=REPO, **env):
-    return subprocess.run(
+    return run_process(
         [sys.executable, "-m", *argv], cwd=cwd, env=cli_env(**env), capture_output=True, text=True, timeout=600
     )
 

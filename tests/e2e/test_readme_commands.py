@@ -13,12 +13,11 @@ first, tiny, in the same scratch directory.
 
 import re
 import shlex
-import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import REPO, cli_env
+from tests.conftest import REPO, cli_env, run_process
 
 STEPS = "train.max_steps=2"
 EVAL_FEW = {"max_items=": 4, "heldout_sequences=": 2}
@@ -74,7 +73,7 @@ def test_ci_runs_the_first_two_lines_as_written():
     environment and checks its loss falls, then the second): the lines it would run are README's."""
     text = (REPO / "README.md").read_text()
     first = re.search(r"```bash\n(.*?)```", text, flags=re.S).group(1).splitlines()
-    proc = subprocess.run(["bash", str(REPO / ".ci" / "run"), "--print"], capture_output=True, text=True, timeout=60)
+    proc = run_process(["bash", str(REPO / ".ci" / "run"), "--print"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == first[:2]
     script = (REPO / ".ci" / "run").read_text()
@@ -105,7 +104,7 @@ def scratch(tmp_path_factory):
 
 
 def _run(argv, cwd, env=None):
-    proc = subprocess.run(argv, cwd=cwd, env=cli_env(**(env or {})), capture_output=True, text=True, timeout=600)
+    proc = run_process(argv, cwd=cwd, env=cli_env(**(env or {})), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (
         f"{shlex.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     )

@@ -3,7 +3,6 @@
 generates as lm-eval's own models do."""
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -12,14 +11,14 @@ import torch
 from nvfp4train.data import load_tokenizer
 from nvfp4train.eval import harness, load_run_model
 from nvfp4train.export import main as export_main
-from tests.conftest import REPO, cli_env
+from tests.conftest import REPO, cli_env, run_process
 
 pytest.importorskip("lm_eval")
 
 
 def lm_eval_cli(tmp_path, name: str, model: str, model_args: str, tasks: str, limit: int) -> dict:
     out = tmp_path / name
-    proc = subprocess.run(
+    proc = run_process(
         [
             sys.executable,
             "-m",
@@ -87,7 +86,7 @@ def test_registration_leaves_lm_evals_own_models_usable():
         "import nvfp4train.eval.lm_eval_adapter\nfrom lm_eval.api.registry import get_model\n"
         "print(get_model('nvfp4train').__name__, get_model('dummy').__name__)"
     )
-    proc = subprocess.run(
+    proc = run_process(
         [sys.executable, "-c", code], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -135,7 +134,7 @@ def test_rolling_loglikelihood_and_greedy_generation(tiny_run):
 
 
 def test_bad_model_args_give_one_line(tiny_run, tmp_path):
-    proc = subprocess.run(
+    proc = run_process(
         [
             sys.executable,
             "-m",

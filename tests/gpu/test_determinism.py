@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -20,7 +19,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 from nvfp4train.model import blocks, ssd
 from nvfp4train.train.determinism import deterministic_mode
-from tests.conftest import REPO, cli_env
+from tests.conftest import REPO, cli_env, run_process
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -109,7 +108,7 @@ def test_math_attention_repeats_bitwise():
 @pytest.mark.slow
 def test_two_runs_are_bitwise_equal(tmp_path):
     """hybrid_tiny, BF16 and NVFP4 compiled with the CUDA graph, 30 steps each, run twice (at once on two GPUs)."""
-    proc = subprocess.run(
+    proc = run_process(
         [
             sys.executable,
             "scripts/check_determinism_gpu.py",
@@ -165,7 +164,7 @@ def test_evaluating_a_deterministic_run_twice_gives_the_same_eval_json(tmp_path)
     of one checkpoint agree to the last digit (without it, mamba-ssm's timing-picked kernels made the
     held-out losses differ around 1e-5)."""
     run = tmp_path / "run"
-    train = subprocess.run(
+    train = run_process(
         [
             sys.executable,
             "-m",
@@ -188,7 +187,7 @@ def test_evaluating_a_deterministic_run_twice_gives_the_same_eval_json(tmp_path)
     results = []
     for k in range(2):
         env = {**cli_env(), "TRITON_CACHE_DIR": str(tmp_path / f"triton{k}")}  # no autotuning result shared
-        proc = subprocess.run(
+        proc = run_process(
             [sys.executable, "-m", "nvfp4train.eval", f"run_dir={run}", "tasks=all", "max_items=20"],
             cwd=REPO,
             env=env,

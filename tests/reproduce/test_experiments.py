@@ -5,14 +5,13 @@ GPU defaults); hybrid_5m is ~5M non-embedding parameters in hybrid_repro's block
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import yaml
 
 from nvfp4train.reproduce.experiments import EXPERIMENTS_DIR, all_experiments, load_experiment
 from nvfp4train.reproduce.plan import model_params, plan_experiment
-from tests.conftest import REPO, cli_env
+from tests.conftest import REPO, cli_env, run_process
 
 
 def test_every_experiment_loads_and_borrows_from_its_own_tier():
@@ -65,7 +64,7 @@ def test_tiers_as_the_campaign_plans_them():
 
 
 def test_hybrid_5m_size_and_block_mix():
-    proc = subprocess.run(
+    proc = run_process(
         [sys.executable, "-m", "nvfp4train.summary", "model=hybrid_5m"],
         cwd=REPO,
         env=cli_env(),

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, cli_env, read_metrics, run_torchrun, run_train
+from tests.conftest import REPO, cli_env, read_metrics, run_process, run_torchrun, run_train
 
 COMMON = [
     "train.max_steps=6",
@@ -59,7 +59,7 @@ def test_slurm_single_node_script_runs_two_cpu_ranks(tmp_path):
     if shutil.which("torchrun", path=env["PATH"]) is None:
         pytest.skip("torchrun is not on PATH next to this Python")
     out = tmp_path / "slurm"
-    proc = subprocess.run(
+    proc = run_process(
         ["bash", "slurm/single_node.sbatch", f"out_dir={out}", *COMMON],
         cwd=REPO,
         env=env,

@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import REPO, cli_env
+from tests.conftest import REPO, cli_env, run_process
 
 TRAIN_KEYS = {
     "model",
@@ -26,7 +26,7 @@ TRAIN_KEYS = {
 
 def bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """benchmarks/bench_distributed.py with `args`, on CPU threads of its own."""
-    return subprocess.run(
+    return run_process(
         [sys.executable, "benchmarks/bench_distributed.py", *args],
         cwd=REPO,
         env=cli_env(OMP_NUM_THREADS=1),
@@ -54,7 +54,7 @@ def test_bench_distributed_one_run_on_cpu(tmp_path):
 
 def test_bench_comm_two_gloo_ranks(tmp_path):
     out = tmp_path / "comm.json"
-    proc = subprocess.run(
+    proc = run_process(
         [
             sys.executable,
             "-m",

@@ -5,12 +5,11 @@ torchrun's summary shows it instead of "To enable traceback see ..." (torchrun's
 ChildFailedError stays: stock torchrun always prints one). `python -m nvfp4train.dist.run`, torchrun with
 the same options, prints only the line and exits with the worker's code."""
 
-import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import REPO, cli_env, read_metrics, run_torchrun
+from tests.conftest import REPO, cli_env, read_metrics, run_process, run_torchrun
 
 TINY = ["train.max_steps=2", "train.global_batch_size=4", "train.seq_len=32", "train.progress=false"]
 # passes the config check; the trainer refuses it on every rank after the process group is up
@@ -50,7 +49,7 @@ def test_stock_torchrun_shows_the_line_once_and_in_its_summary(tmp_path):
 
 def test_eval_sequences_zero_means_no_evaluation(tmp_path):
     """train.eval_sequences=0 (as Megatron's --eval-iters 0): the run trains and logs no held-out loss."""
-    proc = subprocess.run(
+    proc = run_process(
         [
             sys.executable,
             "-m",

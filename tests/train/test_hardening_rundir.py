@@ -4,13 +4,12 @@ checkpoint to go back to, out_dir must be a place of its own, and refusals write
 import json
 import resource
 import signal
-import subprocess
 
 import numpy as np
 import pytest
 
 from nvfp4train.data import TokenShards, prepare_split
-from tests.conftest import REPO, cli_env, read_metrics, run_train, train_cmd
+from tests.conftest import REPO, cli_env, read_metrics, run_process, run_train, train_cmd
 
 ARGS = [
     "train.progress=false",
@@ -42,7 +41,7 @@ def _train_with_file_size_limit(limit, *overrides):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    return subprocess.run(
+    return run_process(
         train_cmd(*overrides),
         cwd=REPO,
         env=cli_env(),
@@ -139,7 +138,7 @@ def test_refusals_write_nothing_in_out_dir(tmp_path):
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text("raise ImportError('no wandb here')\n")
     env = cli_env(PYTHONPATH=f"{stub.parent}:{REPO}")
-    proc = subprocess.run(
+    proc = run_process(
         train_cmd(f"out_dir={out}", "train.wandb.enabled=true", *ARGS),
         cwd=REPO,
         env=env,
@@ -156,7 +155,7 @@ def test_overwrite_in_the_working_directory_moves_only_the_run(tmp_path):
     work.mkdir()
     (work / "notes.txt").write_text("mine")
     (work / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
-    proc = subprocess.run(
+    proc = run_process(
         train_cmd(
             "out_dir=.", "train.resume=never", "train.overwrite=true", *ARGS, "train.max_steps=2", "train.save_every=0"
         ),
@@ -187,7 +186,7 @@ def test_a_manifest_naming_a_file_outside_its_directory_is_refused(tmp_path, nam
 
 
 def test_ab_array_index_past_the_arms_is_one_line(tmp_path):
-    proc = subprocess.run(
+    proc = run_process(
         ["bash", str(REPO / "slurm" / "ab_array.sbatch"), "model=hybrid_tiny"],
         cwd=tmp_path,
         env=cli_env(DRY_RUN=1, SLURM_ARRAY_TASK_ID=3, ARMS="bf16 nvfp4"),
@@ -197,7 +196,7 @@ def test_ab_array_index_past_the_arms_is_one_line(tmp_path):
     )
     line = _one_line(proc)
     assert "SLURM_ARRAY_TASK_ID=3" in line and "--array=0-1" in line, line
-    ok = subprocess.run(
+    ok = run_process(
         ["bash", str(REPO / "slurm" / "ab_array.sbatch")],
         cwd=tmp_path,
         env=cli_env(DRY_RUN=1, SLURM_ARRAY_TASK_ID=1, ARMS="bf16 nvfp4"),
