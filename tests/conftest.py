@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from nvfp4train.dist.processes import run_and_kill_on_timeout
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,33 +45,12 @@ def cli_env(**extra) -> dict:
     return env
 
 
-def run_process(cmd, *, timeout: float, input: str | None = None, check: bool = False, **popen_kwargs):
-    """subprocess.run for commands that start processes of their own (torchrun's ranks, DeepSpeed's
-    launcher): the command leads a new process group, and a timeout kills the whole group. subprocess.run
-    kills only its child, then waits for the pipes to close, which ranks still holding them never do."""
-    if popen_kwargs.pop("capture_output", False):
-        popen_kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    with subprocess.Popen(
-        cmd, start_new_session=True, stdin=subprocess.PIPE if input is not None else None, **popen_kwargs
-    ) as proc:
-        try:
-            stdout, stderr = proc.communicate(input, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
-            raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr) from None
-    completed = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
-    if check:
-        completed.check_returncode()
-    return completed
-
-
 def train_cmd(*overrides: str) -> list[str]:
     return [sys.executable, "-m", "nvfp4train.train", *overrides]
 
 
 def run_train(*overrides: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-    proc = run_process(train_cmd(*overrides), cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=timeout)
+    proc = run_and_kill_on_timeout(train_cmd(*overrides), cwd=REPO, env=cli_env(), timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"training failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -96,9 +76,7 @@ def run_torchrun(
         "nvfp4train.train",
         *overrides,
     ]
-    proc = run_process(
-        cmd, cwd=REPO, env=env or cli_env(OMP_NUM_THREADS=1), capture_output=True, text=True, timeout=timeout
-    )
+    proc = run_and_kill_on_timeout(cmd, cwd=REPO, env=env or cli_env(OMP_NUM_THREADS=1), timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     return proc

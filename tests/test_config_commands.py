@@ -10,10 +10,11 @@ import yaml
 
 from nvfp4train import config
 from nvfp4train.config import COMMANDS, CONFIG_DIR, ConfigError, compose, load
+from nvfp4train.dist.processes import run_and_kill_on_timeout
 from nvfp4train.model.config import ModelConfig
 from nvfp4train.precision.recipe import PrecisionPolicy
 from nvfp4train.schema import to_plain
-from tests.conftest import cli_env, run_process
+from tests.conftest import cli_env
 
 
 def _main(name):
@@ -85,11 +86,9 @@ def test_bad_value_is_one_line_before_any_checkpoint_is_read(name, arg, message,
 
 @pytest.mark.parametrize("name", [*FLAT, "summary"])
 def test_help_lists_every_option_with_its_default(name):
-    proc = run_process(
+    proc = run_and_kill_on_timeout(
         [sys.executable, "-m", f"nvfp4train.{name}", "--help"],
         env=cli_env(),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr

@@ -58,16 +58,30 @@ def kill_tree(proc: subprocess.Popen, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
-def run_and_kill_on_timeout(cmd: list[str], timeout: float, **popen_kwargs) -> subprocess.CompletedProcess:
-    """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout), except that a timeout ends the
-    launched job whole (kill_tree), not only its first process; raises subprocess.TimeoutExpired after it."""
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_kwargs) as proc:
+def run_and_kill_on_timeout(
+    cmd: list[str], timeout: float, *, input: str | bytes | None = None, check: bool = False, **popen_kwargs
+) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout) (those defaults, and its input,
+    check and Popen arguments), except that a timeout ends the launched job whole (kill_tree), not only its
+    first process: subprocess.run would then wait for pipes that the workers still hold, forever. Raises
+    subprocess.TimeoutExpired with the output so far."""
+    if popen_kwargs.pop("capture_output", True):
+        popen_kwargs.setdefault("stdout", subprocess.PIPE)
+        popen_kwargs.setdefault("stderr", subprocess.PIPE)
+    popen_kwargs.setdefault("text", True)
+    if input is not None:
+        popen_kwargs["stdin"] = subprocess.PIPE
+    with subprocess.Popen(cmd, **popen_kwargs) as proc:
         try:
-            stdout, stderr = proc.communicate(timeout=timeout)
+            stdout, stderr = proc.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired:
             kill_tree(proc)
-            raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+            stdout, stderr = proc.communicate()
+            raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr) from None
+    completed = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    if check:
+        completed.check_returncode()
+    return completed
 
 
 __all__ = ["descendants", "kill_tree", "run_and_kill_on_timeout"]

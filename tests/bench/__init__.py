@@ -5,16 +5,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import REPO, cli_env, run_process
+from nvfp4train.dist.processes import run_and_kill_on_timeout
+from tests.conftest import REPO, cli_env
 
 
 def run_benchmark(name: str, *args) -> subprocess.CompletedProcess:
     """``python -m benchmarks.<name> --device cpu *args`` from the repository root."""
-    return run_process(
+    return run_and_kill_on_timeout(
         [sys.executable, "-m", f"benchmarks.{name}", "--device", "cpu", *map(str, args)],
         cwd=REPO,
         env=cli_env(),
-        capture_output=True,
-        text=True,
         timeout=600,
     )

@@ -14,7 +14,8 @@ import torch
 from omegaconf import OmegaConf
 
 from nvfp4train.config import CONFIG_DIR, TrainConfig
-from tests.conftest import REPO, cli_env, read_metrics, run_process
+from nvfp4train.dist.processes import run_and_kill_on_timeout
+from tests.conftest import REPO, cli_env, read_metrics
 from tests.e2e.test_optional_imports import run_blocked
 
 TINY = [
@@ -27,9 +28,7 @@ TINY = [
 
 
 def _run(argv, cwd=REPO, **env):
-    return run_process(
-        [sys.executable, "-m", *argv], cwd=cwd, env=cli_env(**env), capture_output=True, text=True, timeout=600
-    )
+    return run_and_kill_on_timeout([sys.executable, "-m", *argv], cwd=cwd, env=cli_env(**env), timeout=600)
 
 
 def test_train_help_is_a_short_usage_text():

@@ -17,7 +17,8 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, cli_env, run_process
+from nvfp4train.dist.processes import run_and_kill_on_timeout
+from tests.conftest import REPO, cli_env
 
 STEPS = "train.max_steps=2"
 EVAL_FEW = {"max_items=": 4, "heldout_sequences=": 2}
@@ -73,7 +74,7 @@ def test_ci_runs_the_first_two_lines_as_written():
     environment and checks its loss falls, then the second): the lines it would run are README's."""
     text = (REPO / "README.md").read_text()
     first = re.search(r"```bash\n(.*?)```", text, flags=re.S).group(1).splitlines()
-    proc = run_process(["bash", str(REPO / ".ci" / "run"), "--print"], capture_output=True, text=True, timeout=60)
+    proc = run_and_kill_on_timeout(["bash", str(REPO / ".ci" / "run"), "--print"], timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == first[:2]
     script = (REPO / ".ci" / "run").read_text()
@@ -104,7 +105,7 @@ def scratch(tmp_path_factory):
 
 
 def _run(argv, cwd, env=None):
-    proc = run_process(argv, cwd=cwd, env=cli_env(**(env or {})), capture_output=True, text=True, timeout=600)
+    proc = run_and_kill_on_timeout(argv, cwd=cwd, env=cli_env(**(env or {})), timeout=600)
     assert proc.returncode == 0, (
         f"{shlex.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     )

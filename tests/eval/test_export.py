@@ -8,9 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from nvfp4train.dist.processes import run_and_kill_on_timeout
 from nvfp4train.eval import load_run_model
 from nvfp4train.export import from_hf_state, load_export, main
-from tests.conftest import REPO, cli_env, run_process, run_train
+from tests.conftest import REPO, cli_env, run_train
 from tests.eval.conftest import TINY
 
 
@@ -34,12 +35,10 @@ def assert_round_trip(run_dir, out):
 
 def test_export_cli_writes_a_hugging_face_directory(tiny_run, tmp_path):
     out = tmp_path / "export"
-    proc = run_process(
+    proc = run_and_kill_on_timeout(
         [sys.executable, "-m", "nvfp4train.export", f"run_dir={tiny_run}", f"out={out}"],
         cwd=REPO,
         env=cli_env(),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
@@ -127,7 +126,7 @@ def test_export_consolidates_fsdp2_shards(tmp_path):
         *TINY,
         "train.micro_batch_size=2",
     ]
-    proc = run_process(cmd, cwd=REPO, env=cli_env(OMP_NUM_THREADS=1), capture_output=True, text=True, timeout=600)
+    proc = run_and_kill_on_timeout(cmd, cwd=REPO, env=cli_env(OMP_NUM_THREADS=1), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     shards = list((run_dir / "checkpoints" / "step_00000004" / "model_optim").glob("*.distcp"))
     assert len(shards) == 2

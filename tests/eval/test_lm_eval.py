@@ -9,16 +9,17 @@ import pytest
 import torch
 
 from nvfp4train.data import load_tokenizer
+from nvfp4train.dist.processes import run_and_kill_on_timeout
 from nvfp4train.eval import harness, load_run_model
 from nvfp4train.export import main as export_main
-from tests.conftest import REPO, cli_env, run_process
+from tests.conftest import REPO, cli_env
 
 pytest.importorskip("lm_eval")
 
 
 def lm_eval_cli(tmp_path, name: str, model: str, model_args: str, tasks: str, limit: int) -> dict:
     out = tmp_path / name
-    proc = run_process(
+    proc = run_and_kill_on_timeout(
         [
             sys.executable,
             "-m",
@@ -39,8 +40,6 @@ def lm_eval_cli(tmp_path, name: str, model: str, model_args: str, tasks: str, li
         ],
         cwd=REPO,
         env=cli_env(),
-        capture_output=True,
-        text=True,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -86,9 +85,7 @@ def test_registration_leaves_lm_evals_own_models_usable():
         "import nvfp4train.eval.lm_eval_adapter\nfrom lm_eval.api.registry import get_model\n"
         "print(get_model('nvfp4train').__name__, get_model('dummy').__name__)"
     )
-    proc = run_process(
-        [sys.executable, "-c", code], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300
-    )
+    proc = run_and_kill_on_timeout([sys.executable, "-c", code], cwd=REPO, env=cli_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["NVFP4TrainLM", "DummyLM"]
 
@@ -134,7 +131,7 @@ def test_rolling_loglikelihood_and_greedy_generation(tiny_run):
 
 
 def test_bad_model_args_give_one_line(tiny_run, tmp_path):
-    proc = run_process(
+    proc = run_and_kill_on_timeout(
         [
             sys.executable,
             "-m",
@@ -155,8 +152,6 @@ def test_bad_model_args_give_one_line(tiny_run, tmp_path):
         ],
         cwd=REPO,
         env=cli_env(),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert proc.returncode == 2

@@ -17,9 +17,10 @@ import torch
 # cuBLAS reads its workspace setting once, when this process first uses it: set before any test runs
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
+from nvfp4train.dist.processes import run_and_kill_on_timeout
 from nvfp4train.model import blocks, ssd
 from nvfp4train.train.determinism import deterministic_mode
-from tests.conftest import REPO, cli_env, run_process
+from tests.conftest import REPO, cli_env
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -108,7 +109,7 @@ def test_math_attention_repeats_bitwise():
 @pytest.mark.slow
 def test_two_runs_are_bitwise_equal(tmp_path):
     """hybrid_tiny, BF16 and NVFP4 compiled with the CUDA graph, 30 steps each, run twice (at once on two GPUs)."""
-    proc = run_process(
+    proc = run_and_kill_on_timeout(
         [
             sys.executable,
             "scripts/check_determinism_gpu.py",
@@ -132,8 +133,6 @@ def test_two_runs_are_bitwise_equal(tmp_path):
         ],
         cwd=REPO,
         env=cli_env(),
-        capture_output=True,
-        text=True,
         timeout=1200,
         check=False,
     )
@@ -164,7 +163,7 @@ def test_evaluating_a_deterministic_run_twice_gives_the_same_eval_json(tmp_path)
     of one checkpoint agree to the last digit (without it, mamba-ssm's timing-picked kernels made the
     held-out losses differ around 1e-5)."""
     run = tmp_path / "run"
-    train = run_process(
+    train = run_and_kill_on_timeout(
         [
             sys.executable,
             "-m",
@@ -179,20 +178,16 @@ def test_evaluating_a_deterministic_run_twice_gives_the_same_eval_json(tmp_path)
         ],
         cwd=REPO,
         env=cli_env(),
-        capture_output=True,
-        text=True,
         timeout=900,
     )
     assert train.returncode == 0, train.stderr[-3000:]
     results = []
     for k in range(2):
         env = {**cli_env(), "TRITON_CACHE_DIR": str(tmp_path / f"triton{k}")}  # no autotuning result shared
-        proc = run_process(
+        proc = run_and_kill_on_timeout(
             [sys.executable, "-m", "nvfp4train.eval", f"run_dir={run}", "tasks=all", "max_items=20"],
             cwd=REPO,
             env=env,
-            capture_output=True,
-            text=True,
             timeout=900,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]

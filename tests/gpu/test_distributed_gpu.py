@@ -32,9 +32,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4train.dist.processes import kill_tree
+from nvfp4train.dist.processes import kill_tree, run_and_kill_on_timeout
 from nvfp4train.precision import hardware
-from tests.conftest import REPO, cli_env, read_metrics, run_process
+from tests.conftest import REPO, cli_env, read_metrics
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not TWO_GPUS, reason="needs 2 CUDA GPUs")]
@@ -168,12 +168,10 @@ def te_unavailable() -> str | None:
     process, as each rank will import it (an installed but broken TE fails there, not at find_spec)."""
     if not hardware.te_installed():
         return "transformer_engine is not installed (docs/results/te.md: scripts/te_on_gpu.sh install)"
-    proc = run_process(
+    proc = run_and_kill_on_timeout(
         [sys.executable, "-c", "import transformer_engine.pytorch"],
         cwd=REPO,
         env=cli_env(),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     if proc.returncode != 0:

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from nvfp4train.dist.processes import run_and_kill_on_timeout
 from nvfp4train.precision import PrecisionController, build_linear_factory, hardware
 from nvfp4train.precision.backends import EMULATED, TE, resolve_backend
 
@@ -275,7 +276,8 @@ def test_te_training_resumes_from_a_checkpoint(tmp_path):
     then steps 5-8 again from step 4's checkpoint (a new timeline in the same out_dir). GPU kernels are
     not run-to-run deterministic here (docs/results/resume_gpu.md): the resumed losses are compared to
     a tolerance, not bitwise."""
-    from tests.conftest import REPO, cli_env, read_metrics, run_process, train_cmd
+    from nvfp4train.dist.processes import run_and_kill_on_timeout
+    from tests.conftest import REPO, cli_env, read_metrics, train_cmd
 
     common = [
         "precision=fp8_blockwise",
@@ -291,12 +293,10 @@ def test_te_training_resumes_from_a_checkpoint(tmp_path):
     pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)  # keep TE's
 
     def train(*overrides):
-        proc = run_process(
+        proc = run_and_kill_on_timeout(
             train_cmd(*overrides),
             cwd=REPO,
             env=cli_env(PYTHONPATH=pythonpath),
-            capture_output=True,
-            text=True,
             timeout=600,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -322,7 +322,7 @@ def test_te_layers_train_and_resume_under_fsdp2(tmp_path):
     within FP8 + BF16 noise, the checkpoint is one DCP shard per rank, and a resume from step 3 continues."""
     import sys
 
-    from tests.conftest import REPO, cli_env, read_metrics, run_process, train_cmd
+    from tests.conftest import REPO, cli_env, read_metrics, train_cmd
 
     if torch.cuda.device_count() < 2:
         # at world size 1 the trainer runs single-process whatever train.parallel says (on an H100,
@@ -344,7 +344,7 @@ def test_te_layers_train_and_resume_under_fsdp2(tmp_path):
     env = cli_env(PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
 
     def run(cmd):
-        proc = run_process(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        proc = run_and_kill_on_timeout(cmd, cwd=REPO, env=env, timeout=600)
         assert proc.returncode == 0, proc.stderr[-4000:]
         return proc
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli_env, run_process
+from nvfp4train.dist.processes import run_and_kill_on_timeout
+from tests.conftest import REPO, cli_env
 
 TINY = """
 description: two arms of the tiny CPU model
@@ -36,12 +37,10 @@ eval: [tasks=arithmetic, max_items=4, heldout_sequences=2, batch_size=2]
 
 def reproduce(*args, experiments: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     prefix = ["--experiments-dir", str(experiments)] if experiments else []
-    return run_process(
+    return run_and_kill_on_timeout(
         [sys.executable, "-m", "nvfp4train.reproduce", *prefix, *args],
         cwd=REPO,
         env=cli_env(OMP_NUM_THREADS=1),
-        capture_output=True,
-        text=True,
         timeout=timeout,
     )
 
@@ -197,10 +196,8 @@ def test_slurm_array_dry_run(tmp_path):
     lines = (where / "runs.txt").read_text().splitlines()
     assert len(lines) == 15 and lines[0] == "bf16 1" and lines[-1] == "nvfp4 5"
     assert subprocess.run(["bash", "-n", str(where / "array.sbatch")]).returncode == 0
-    rendered = run_process(
+    rendered = run_and_kill_on_timeout(
         ["bash", str(where / "array.sbatch")],
-        capture_output=True,
-        text=True,
         timeout=60,
         env=dict(os.environ, DRY_RUN="1", SLURM_ARRAY_TASK_ID="7", SLURM_JOB_ID="42"),
     )
@@ -320,7 +317,7 @@ def test_slurm_array_task_preempted_requeued_and_resumed(tmp_path):
     assert [line for line in calls.read_text().splitlines() if line.startswith("requeue")] == ["requeue 4242"]
     assert json.loads((run_dir / "run.json").read_text())["state"] == "interrupted"
     assert list((run_dir / "checkpoints").glob("step_*"))
-    again = run_process(["bash", str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    again = run_and_kill_on_timeout(["bash", str(script)], cwd=REPO, env=env, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     info = json.loads((run_dir / "run.json").read_text())
     assert info["state"] == "done" and info["attempts"] == 2 and info["eval_rc"] == 0, info

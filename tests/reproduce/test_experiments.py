@@ -9,9 +9,10 @@ import sys
 
 import yaml
 
+from nvfp4train.dist.processes import run_and_kill_on_timeout
 from nvfp4train.reproduce.experiments import EXPERIMENTS_DIR, all_experiments, load_experiment
 from nvfp4train.reproduce.plan import model_params, plan_experiment
-from tests.conftest import REPO, cli_env, run_process
+from tests.conftest import REPO, cli_env
 
 
 def test_every_experiment_loads_and_borrows_from_its_own_tier():
@@ -64,12 +65,10 @@ def test_tiers_as_the_campaign_plans_them():
 
 
 def test_hybrid_5m_size_and_block_mix():
-    proc = run_process(
+    proc = run_and_kill_on_timeout(
         [sys.executable, "-m", "nvfp4train.summary", "model=hybrid_5m"],
         cwd=REPO,
         env=cli_env(),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr

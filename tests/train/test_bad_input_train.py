@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from nvfp4train.config import ConfigError, RunConfig, compose
+from nvfp4train.dist.processes import run_and_kill_on_timeout
 from nvfp4train.train import checkpoint
 from nvfp4train.train.checkpoint import CheckpointError
 from nvfp4train.train.loop import run
-from tests.conftest import REPO, cli_env, run_process, run_train
+from tests.conftest import REPO, cli_env, run_train
 from tests.train.test_checkpoint import load, make, rank_state, save
 
 SMALL = [
@@ -135,12 +136,10 @@ def test_cli_refusals_are_one_line_and_leave_no_out_dir(tmp_path, case):
         extra, message = ["model.ssd_backend=triton"], "model.ssd_backend=triton needs a CUDA GPU"
     else:
         extra, message = [f"train.resume={tmp_path / 'typo'}"], "not a checkpoint directory"
-    proc = run_process(
+    proc = run_and_kill_on_timeout(
         [sys.executable, "-m", "nvfp4train.train", f"out_dir={out}", *SMALL, *extra],
         cwd=REPO,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert message in one_error_line(proc)
@@ -219,7 +218,7 @@ def test_resuming_a_one_rank_checkpoint_on_two_ranks_is_one_line_per_rank(tmp_pa
     torchrun then reports the failed child in its own words (its ChildFailedError block, exit code 1)."""
     out, args = tmp_path / "run", [a for a in SMALL if not a.startswith("train.micro_batch_size")]
     run_train(f"out_dir={out}", *args)
-    proc = run_process(
+    proc = run_and_kill_on_timeout(
         [
             sys.executable,
             "-m",
@@ -234,8 +233,6 @@ def test_resuming_a_one_rank_checkpoint_on_two_ranks_is_one_line_per_rank(tmp_pa
         ],
         cwd=REPO,
         env=cli_env(OMP_NUM_THREADS=1),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert proc.returncode != 0

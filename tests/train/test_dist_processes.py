@@ -55,3 +55,17 @@ def test_a_finished_command_gives_its_output():
     script = "import sys; print('out'); print('err', file=sys.stderr)"
     done = run_and_kill_on_timeout([sys.executable, "-c", script], timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (0, "out\n", "err\n")
+
+
+def test_it_takes_subprocess_runs_arguments():
+    """The suite's launcher commands run through it as through subprocess.run: the output so far on a timeout,
+    input, check, capture_output=False."""
+    with pytest.raises(subprocess.TimeoutExpired) as timed_out:
+        run_and_kill_on_timeout([sys.executable, "-c", launcher()], timeout=3)
+    assert int(timed_out.value.stdout)  # the worker's pid, printed before the timeout
+    echoed = run_and_kill_on_timeout([sys.executable, "-c", "print(input()[::-1])"], timeout=60, input="abc\n")
+    assert echoed.stdout == "cba\n"
+    with pytest.raises(subprocess.CalledProcessError):
+        run_and_kill_on_timeout([sys.executable, "-c", "raise SystemExit(3)"], timeout=60, check=True)
+    uncaptured = run_and_kill_on_timeout([sys.executable, "-c", "pass"], timeout=60, capture_output=False)
+    assert (uncaptured.returncode, uncaptured.stdout) == (0, None)

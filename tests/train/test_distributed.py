@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, cli_env, read_metrics, run_process, run_torchrun, run_train
+from nvfp4train.dist.processes import run_and_kill_on_timeout
+from tests.conftest import REPO, cli_env, read_metrics, run_torchrun, run_train
 
 COMMON = [
     "train.max_steps=6",
@@ -59,12 +60,10 @@ def test_slurm_single_node_script_runs_two_cpu_ranks(tmp_path):
     if shutil.which("torchrun", path=env["PATH"]) is None:
         pytest.skip("torchrun is not on PATH next to this Python")
     out = tmp_path / "slurm"
-    proc = run_process(
+    proc = run_and_kill_on_timeout(
         ["bash", "slurm/single_node.sbatch", f"out_dir={out}", *COMMON],
         cwd=REPO,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -5,7 +5,8 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import REPO, cli_env, run_process
+from nvfp4train.dist.processes import run_and_kill_on_timeout
+from tests.conftest import REPO, cli_env
 
 TRAIN_KEYS = {
     "model",
@@ -26,12 +27,10 @@ TRAIN_KEYS = {
 
 def bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """benchmarks/bench_distributed.py with `args`, on CPU threads of its own."""
-    return run_process(
+    return run_and_kill_on_timeout(
         [sys.executable, "benchmarks/bench_distributed.py", *args],
         cwd=REPO,
         env=cli_env(OMP_NUM_THREADS=1),
-        capture_output=True,
-        text=True,
         timeout=timeout,
     )
 
@@ -54,7 +53,7 @@ def test_bench_distributed_one_run_on_cpu(tmp_path):
 
 def test_bench_comm_two_gloo_ranks(tmp_path):
     out = tmp_path / "comm.json"
-    proc = run_process(
+    proc = run_and_kill_on_timeout(
         [
             sys.executable,
             "-m",
@@ -75,8 +74,6 @@ def test_bench_comm_two_gloo_ranks(tmp_path):
         ],
         cwd=REPO,
         env=cli_env(OMP_NUM_THREADS=1),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

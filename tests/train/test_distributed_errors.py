@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, cli_env, read_metrics, run_process, run_torchrun
+from nvfp4train.dist.processes import run_and_kill_on_timeout
+from tests.conftest import REPO, cli_env, read_metrics, run_torchrun
 
 TINY = ["train.max_steps=2", "train.global_batch_size=4", "train.seq_len=32", "train.progress=false"]
 # passes the config check; the trainer refuses it on every rank after the process group is up
@@ -49,7 +50,7 @@ def test_stock_torchrun_shows_the_line_once_and_in_its_summary(tmp_path):
 
 def test_eval_sequences_zero_means_no_evaluation(tmp_path):
     """train.eval_sequences=0 (as Megatron's --eval-iters 0): the run trains and logs no held-out loss."""
-    proc = run_process(
+    proc = run_and_kill_on_timeout(
         [
             sys.executable,
             "-m",
@@ -61,8 +62,6 @@ def test_eval_sequences_zero_means_no_evaluation(tmp_path):
         ],
         cwd=REPO,
         env=cli_env(OMP_NUM_THREADS=1),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from nvfp4train.data import TokenShards, prepare_split
-from tests.conftest import REPO, cli_env, read_metrics, run_process, run_train, train_cmd
+from nvfp4train.dist.processes import run_and_kill_on_timeout
+from tests.conftest import REPO, cli_env, read_metrics, run_train, train_cmd
 
 ARGS = [
     "train.progress=false",
@@ -41,12 +42,10 @@ def _train_with_file_size_limit(limit, *overrides):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    return run_process(
+    return run_and_kill_on_timeout(
         train_cmd(*overrides),
         cwd=REPO,
         env=cli_env(),
-        capture_output=True,
-        text=True,
         timeout=600,
         preexec_fn=set_limit,
     )
@@ -138,12 +137,10 @@ def test_refusals_write_nothing_in_out_dir(tmp_path):
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text("raise ImportError('no wandb here')\n")
     env = cli_env(PYTHONPATH=f"{stub.parent}:{REPO}")
-    proc = run_process(
+    proc = run_and_kill_on_timeout(
         train_cmd(f"out_dir={out}", "train.wandb.enabled=true", *ARGS),
         cwd=REPO,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert "wandb" in _one_line(proc)
@@ -155,14 +152,12 @@ def test_overwrite_in_the_working_directory_moves_only_the_run(tmp_path):
     work.mkdir()
     (work / "notes.txt").write_text("mine")
     (work / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
-    proc = run_process(
+    proc = run_and_kill_on_timeout(
         train_cmd(
             "out_dir=.", "train.resume=never", "train.overwrite=true", *ARGS, "train.max_steps=2", "train.save_every=0"
         ),
         cwd=work,
         env=cli_env(),
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -186,22 +181,18 @@ def test_a_manifest_naming_a_file_outside_its_directory_is_refused(tmp_path, nam
 
 
 def test_ab_array_index_past_the_arms_is_one_line(tmp_path):
-    proc = run_process(
+    proc = run_and_kill_on_timeout(
         ["bash", str(REPO / "slurm" / "ab_array.sbatch"), "model=hybrid_tiny"],
         cwd=tmp_path,
         env=cli_env(DRY_RUN=1, SLURM_ARRAY_TASK_ID=3, ARMS="bf16 nvfp4"),
-        capture_output=True,
-        text=True,
         timeout=60,
     )
     line = _one_line(proc)
     assert "SLURM_ARRAY_TASK_ID=3" in line and "--array=0-1" in line, line
-    ok = run_process(
+    ok = run_and_kill_on_timeout(
         ["bash", str(REPO / "slurm" / "ab_array.sbatch")],
         cwd=tmp_path,
         env=cli_env(DRY_RUN=1, SLURM_ARRAY_TASK_ID=1, ARMS="bf16 nvfp4"),
-        capture_output=True,
-        text=True,
         timeout=60,
     )
     assert ok.returncode == 0 and "precision=nvfp4" in ok.stdout, ok.stderr

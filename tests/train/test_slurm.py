@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli_env, read_metrics, run_process
+from nvfp4train.dist.processes import run_and_kill_on_timeout
+from tests.conftest import REPO, cli_env, read_metrics
 
 ARGS = [
     "train.max_steps=100000",
@@ -102,12 +103,10 @@ def test_training_failure_is_the_job_status_and_never_requeues(tmp_path, stand_i
     """Without a preemption signal the step's own exit status is the job's, and nothing is requeued."""
     calls, path = stand_ins
     env = cli_env(SLURM_JOB_ID=778, SLURM_JOB_NODELIST="localhost", NPROC_PER_NODE=1, OMP_NUM_THREADS=1, PATH=path)
-    proc = run_process(
+    proc = run_and_kill_on_timeout(
         ["bash", "slurm/single_node.sbatch", "train.max_steps=-1", f"out_dir={tmp_path / 'r'}"],
         cwd=REPO,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert proc.returncode != 0
