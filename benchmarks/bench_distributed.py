@@ -336,7 +336,11 @@ def main(argv: list[str] | None = None) -> None:
                 **summarize(name, out_dir, args),
                 "command": " ".join(["python", *cmd[1:]]).replace(str(out_dir), "OUT"),
                 "seconds": seconds,
+                # dynamo gave up compiling some frame (they then run eager): the row is not of the compiled step
+                "hit_recompile_limit": "recompile_limit" in proc.stderr,
             }
+            if row["hit_recompile_limit"]:
+                print("    warning: dynamo hit its recompile limit; some frames ran eager", flush=True)
             print(
                 f"    {row['tokens_per_s'] / 1e3:.1f}k tokens/s, peak {row['peak_gib']} GiB, "
                 f"loss {row['final_loss']} ({seconds:.0f} s)",

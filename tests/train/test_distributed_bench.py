@@ -46,6 +46,7 @@ def test_bench_distributed_one_run_on_cpu(tmp_path):
     assert TRAIN_KEYS <= set(row)
     assert row["parallel"] == "single" and row["gpus"] == 1 and row["vs_1gpu"] == 1.0 and row["backend"] == "emulated"
     assert row["tokens_per_s"] > 0 and row["final_loss"] > 0 and "nvfp4train.train" in row["command"]
+    assert row["hit_recompile_limit"] is False
     assert row["command"].endswith("train.device=cpu out_dir=OUT")  # the whole command, its last override included
     assert "| 1gpu | 1 |" in proc.stdout
     assert not (tmp_path / "work" / "1gpu").exists()  # each run's directory is removed after it
