@@ -131,11 +131,18 @@ def seeds_needed(effect: float, sd: float, alpha: float = ALPHA, power: float = 
         return None
     if sd <= 0:
         return 2
-    for n in range(2, max_n + 1):
-        need = ((t_quantile(1 - alpha / 2, n - 1) + t_quantile(power, n - 1)) * sd / abs(effect)) ** 2
-        if need <= n:
-            return n
-    return None
+
+    def enough(n: int) -> bool:
+        return ((t_quantile(1 - alpha / 2, n - 1) + t_quantile(power, n - 1)) * sd / abs(effect)) ** 2 <= n
+
+    # the left side falls with n (the quantiles shrink) and the right one grows: a bisection finds the first n
+    if not enough(max_n):
+        return None
+    lo, hi = 1, max_n  # enough(hi), and not enough(lo) (n = 1 has no t distribution)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi
 
 
 # --------------------------------------------------------------------------- paired gaps
