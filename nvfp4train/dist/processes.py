@@ -64,7 +64,7 @@ def run_and_kill_on_timeout(
     """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout) (those defaults, and its input,
     check and Popen arguments), except that a timeout ends the launched job whole (kill_tree), not only its
     first process: subprocess.run would then wait for pipes that the workers still hold, forever. Raises
-    subprocess.TimeoutExpired with the output so far."""
+    subprocess.TimeoutExpired with the output so far. An interrupt (Ctrl-C) also ends the job whole."""
     if popen_kwargs.pop("capture_output", True):
         popen_kwargs.setdefault("stdout", subprocess.PIPE)
         popen_kwargs.setdefault("stderr", subprocess.PIPE)
@@ -78,6 +78,9 @@ def run_and_kill_on_timeout(
             kill_tree(proc)
             stdout, stderr = proc.communicate()
             raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr) from None
+        except BaseException:  # Ctrl-C, a test's timeout: the job ends with its caller, workers included
+            kill_tree(proc)
+            raise
     completed = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     if check:
         completed.check_returncode()
