@@ -76,7 +76,13 @@ def run_and_kill_on_timeout(
             stdout, stderr = proc.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired:
             kill_tree(proc)
-            stdout, stderr = proc.communicate()
+            try:  # the pipes close with the job, unless a process that left it (re-parented) still holds them
+                stdout, stderr = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired as held:  # its output so far comes as bytes, even in text mode
+                stdout, stderr = (
+                    out.decode(errors="replace") if isinstance(out, bytes) and proc.text_mode else out
+                    for out in (held.stdout, held.stderr)
+                )
             raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr) from None
         except BaseException:  # Ctrl-C, a test's timeout: the job ends with its caller, workers included
             kill_tree(proc)

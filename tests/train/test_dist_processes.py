@@ -69,3 +69,24 @@ def test_it_takes_subprocess_runs_arguments():
         run_and_kill_on_timeout([sys.executable, "-c", "raise SystemExit(3)"], timeout=60, check=True)
     uncaptured = run_and_kill_on_timeout([sys.executable, "-c", "pass"], timeout=60, capture_output=False)
     assert (uncaptured.returncode, uncaptured.stdout) == (0, None)
+
+
+def test_a_timeout_returns_though_a_process_that_left_the_job_holds_its_pipes():
+    """A process re-parented away from the job (a daemon its worker started, say) is out of kill_tree's
+    reach and may hold the job's stdout: the timeout still returns, with the output so far."""
+    tag = f"orphan-{uuid.uuid4().hex}"
+    daemon = (
+        "import os, subprocess, sys, time\n"
+        "if os.fork() == 0:\n"  # the middle process exits at once: its child is re-parented, out of the job
+        f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)  # {tag}'])\n"
+        "    os._exit(0)\n"
+        "print('started', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(subprocess.TimeoutExpired) as timed_out:
+            run_and_kill_on_timeout([sys.executable, "-c", daemon], timeout=3)
+        assert time.monotonic() - t0 < 40 and "started" in timed_out.value.stdout
+    finally:
+        subprocess.run(["pkill", "-f", f"# {tag}"])
