@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nvfp4train.dist.processes import run_and_kill_on_timeout
+from nvfp4train.dist.processes import kill_tree, run_and_kill_on_timeout
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,6 +43,26 @@ def cli_env(**extra) -> dict:
     env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+@pytest.fixture
+def spawn():
+    """subprocess.Popen for a test that signals or watches a job while it runs; at the test's end, pass or
+    fail, whatever of it still runs is ended whole (kill_tree), so a failed test leaves no training behind
+    to slow the tests after it."""
+    started: list[subprocess.Popen] = []
+
+    def start(cmd, **popen_kwargs) -> subprocess.Popen:
+        started.append(subprocess.Popen(cmd, **popen_kwargs))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            kill_tree(proc)
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def train_cmd(*overrides: str) -> list[str]:

@@ -46,7 +46,7 @@ def reproduce(*args, experiments: Path | None = None, timeout: float = 600) -> s
 
 
 @pytest.mark.slow  # 4 runs, a resume and their evaluations: minutes on 2 shared CPU cores
-def test_plan_run_interrupt_resume_status_report(tmp_path):
+def test_plan_run_interrupt_resume_status_report(tmp_path, spawn):
     experiments = tmp_path / "experiments"
     experiments.mkdir()
     (experiments / "tiny.yaml").write_text(TINY)
@@ -73,7 +73,7 @@ def test_plan_run_interrupt_resume_status_report(tmp_path):
         "cpu",
         *common,
     ]
-    first = subprocess.Popen(
+    first = spawn(
         command, cwd=REPO, env=cli_env(OMP_NUM_THREADS=1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     victim = runs / "tiny" / "bf16" / "seed1"
@@ -82,7 +82,7 @@ def test_plan_run_interrupt_resume_status_report(tmp_path):
         metrics = victim / "metrics.jsonl"
         if metrics.is_file() and sum(1 for line in metrics.read_text().splitlines() if '"loss"' in line) >= 5:
             break
-        assert first.poll() is None, first.communicate()[0]
+        assert first.poll() is None, first.communicate(timeout=60)[0]
         time.sleep(0.1)
     first.send_signal(signal.SIGINT)
     out = first.communicate(timeout=300)[0]
@@ -259,7 +259,7 @@ def test_report_of_the_committed_runs(tmp_path):
 
 
 @pytest.mark.slow  # a preempted task and its requeued continuation: a few minutes on 2 shared CPU cores
-def test_slurm_array_task_preempted_requeued_and_resumed(tmp_path):
+def test_slurm_array_task_preempted_requeued_and_resumed(tmp_path, spawn):
     """One task of the rendered array under SLURM's preemption signal: SIGUSR1 to the batch shell ->
     the trainer checkpoints, run.json says interrupted, `scontrol requeue <job>` once, exit 0; the
     requeued task (the same script again) resumes and finishes. scontrol is a stand-in on PATH; the
@@ -295,7 +295,7 @@ def test_slurm_array_task_preempted_requeued_and_resumed(tmp_path):
         PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]]),
     )
     run_dir = runs / "tiny" / "nvfp4" / "seed2"
-    proc = subprocess.Popen(
+    proc = spawn(
         ["bash", str(script)],
         cwd=REPO,
         env=env,
@@ -309,7 +309,7 @@ def test_slurm_array_task_preempted_requeued_and_resumed(tmp_path):
         metrics = run_dir / "metrics.jsonl"
         if metrics.is_file() and sum(1 for line in metrics.read_text().splitlines() if '"loss"' in line) >= 5:
             break
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert proc.poll() is None, proc.communicate(timeout=60)[0][-3000:]
         time.sleep(0.1)
     os.kill(proc.pid, signal.SIGUSR1)  # the batch shell only, as --signal=B: does
     out = proc.communicate(timeout=300)[0]

@@ -70,7 +70,7 @@ def test_slurm_single_node_script_runs_two_cpu_ranks(tmp_path):
     assert len(read_metrics(out)) == 6
 
 
-def test_plain_srun_environment_is_understood(tmp_path):
+def test_plain_srun_environment_is_understood(tmp_path, spawn):
     """Tasks started by `srun` alone carry only SLURM_* variables: two such processes form a group."""
     procs = []
     for rank in range(2):
@@ -85,7 +85,7 @@ def test_plain_srun_environment_is_understood(tmp_path):
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(k, None)
         procs.append(
-            subprocess.Popen(
+            spawn(
                 [sys.executable, "-m", "nvfp4train.train", f"out_dir={tmp_path / 'srun'}", *COMMON],
                 cwd=REPO,
                 env=env,

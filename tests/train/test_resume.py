@@ -30,10 +30,10 @@ def _wait_for(path, proc, timeout=300):
         time.sleep(0.02)
 
 
-def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
+def test_sigkill_then_resume_is_bitwise_identical(tmp_path, spawn):
     ref, cut = tmp_path / "ref", tmp_path / "cut"
     run_train(f"out_dir={ref}", *COMMON)
-    proc = subprocess.Popen(
+    proc = spawn(
         train_cmd(f"out_dir={cut}", *COMMON),
         cwd=REPO,
         env=cli_env(),
@@ -54,12 +54,10 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     assert all(a[s] == b[s] for s in a), [(s, a[s], b[s]) for s in a if a[s] != b[s]][:5]
 
 
-def test_sigterm_checkpoints_and_exits_cleanly(tmp_path):
+def test_sigterm_checkpoints_and_exits_cleanly(tmp_path, spawn):
     out = tmp_path / "run"
     args = [f"out_dir={out}", "train.max_steps=400", "train.log_every=1", "train.progress=false"]
-    proc = subprocess.Popen(
-        train_cmd(*args), cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc = spawn(train_cmd(*args), cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(out / "metrics.jsonl", proc)
     time.sleep(1.0)
     proc.send_signal(signal.SIGTERM)

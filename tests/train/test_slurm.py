@@ -62,7 +62,7 @@ def stand_ins(tmp_path):
 
 
 @pytest.mark.parametrize("script", ["single_node.sbatch", "multi_node.sbatch", "ab_array.sbatch"])
-def test_usr1_checkpoints_requeues_once_and_exits_zero(tmp_path, stand_ins, script):
+def test_usr1_checkpoints_requeues_once_and_exits_zero(tmp_path, stand_ins, script, spawn):
     calls, path = stand_ins
     env = cli_env(
         SLURM_JOB_ID=777,
@@ -75,7 +75,7 @@ def test_usr1_checkpoints_requeues_once_and_exits_zero(tmp_path, stand_ins, scri
         EXPERIMENT="slurmtest",
     )
     out = tmp_path / "run"
-    proc = subprocess.Popen(
+    proc = spawn(
         ["bash", f"slurm/{script}", *ARGS, f"out_dir={out}"],
         cwd=REPO,
         env=env,
@@ -86,7 +86,7 @@ def test_usr1_checkpoints_requeues_once_and_exits_zero(tmp_path, stand_ins, scri
     )
     t0 = time.time()
     while not (out / "metrics.jsonl").exists() or len(read_metrics(out)) < 2:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert proc.poll() is None, proc.communicate(timeout=60)[1][-3000:]
         assert time.time() - t0 < 300, "training never logged a step"
         time.sleep(0.1)
     os.kill(proc.pid, signal.SIGUSR1)  # the batch shell only, as --signal=B: does

@@ -23,8 +23,8 @@ TINY = [
 ]
 
 
-def _start(out, *extra):
-    return subprocess.Popen(
+def _start(spawn, out, *extra):
+    return spawn(
         train_cmd(f"out_dir={out}", *TINY, *extra),
         cwd=REPO,
         env=cli_env(),
@@ -37,14 +37,14 @@ def _start(out, *extra):
 def _wait_for_steps(out, proc, n=2, timeout=300):
     t0 = time.time()
     while not ((out / "metrics.jsonl").exists() and len((out / "metrics.jsonl").read_text().splitlines()) >= n):
-        assert proc.poll() is None, proc.communicate()
+        assert proc.poll() is None, proc.communicate(timeout=60)
         assert time.time() - t0 < timeout, "no steps logged"
         time.sleep(0.05)
 
 
-def test_ctrl_c_checkpoints_and_exits_with_one_line(tmp_path):
+def test_ctrl_c_checkpoints_and_exits_with_one_line(tmp_path, spawn):
     out = tmp_path / "run"
-    proc = _start(out, "train.max_steps=5000")
+    proc = _start(spawn, out, "train.max_steps=5000")
     _wait_for_steps(out, proc)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=300)
@@ -59,9 +59,9 @@ def test_ctrl_c_checkpoints_and_exits_with_one_line(tmp_path):
     assert (out / "train.log").read_text().strip().endswith(last)
 
 
-def test_second_ctrl_c_exits_at_once(tmp_path):
+def test_second_ctrl_c_exits_at_once(tmp_path, spawn):
     out = tmp_path / "run"
-    proc = _start(out, "train.max_steps=5000", "train.seq_len=512", "train.global_batch_size=16")  # slow steps
+    proc = _start(spawn, out, "train.max_steps=5000", "train.seq_len=512", "train.global_batch_size=16")  # slow steps
     _wait_for_steps(out, proc, n=1)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.05)
@@ -72,9 +72,9 @@ def test_second_ctrl_c_exits_at_once(tmp_path):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
-def test_signal_during_start_up_stops_with_one_line(tmp_path, sig):
+def test_signal_during_start_up_stops_with_one_line(tmp_path, sig, spawn):
     out = tmp_path / "run"
-    proc = _start(out, "train.max_steps=5")
+    proc = _start(spawn, out, "train.max_steps=5")
     time.sleep(1.0)  # the handler is installed before torch is imported, and the first step is seconds away
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=300)
