@@ -92,7 +92,7 @@ class DataConfig:
     """Token shards built from raw sources land here (gitignored); a relative path from an installed wheel
     goes under $XDG_CACHE_HOME/nvfp4train (nvfp4train.data.paths)."""
     num_proc: int = bounded(1, ge=1)
-    """Tokenizer processes when building shards."""
+    """Tokenizing threads when building shards (the tokenizers release the GIL; the shards do not depend on it)."""
     verify_checksums: bool = False
     """sha256 every shard at start-up (sizes are always checked)."""
     docs_per_shard: int = bounded(100_000, ge=1)

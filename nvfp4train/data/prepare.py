@@ -7,7 +7,8 @@ Inputs: local .jsonl/.jsonl.gz/.json (one JSON object per line, text in `text_fi
 (one document per file), .parquet, a directory or glob of those, or a `datasets` dataset
 ({hf: ..., name: config, split: train, data_files: ...}): a hub name where a hub is reachable, a
 directory written by `save_to_disk`, a directory of data files, or a builder (json, parquet) with
-data_files. Several processes tokenize (ordered, so the result does not depend on num_proc).
+data_files. Several threads tokenize (`num_proc`; the tokenizers release the GIL), in order, so the result
+does not depend on their number.
 
 Idempotent: a finished directory whose manifest matches the inputs (sizes + sha256) and the tokenizer
 is left alone. Resumable: every `docs_per_shard` input documents a shard is finished and recorded in
@@ -18,14 +19,15 @@ Reading the inputs is inputs.py.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import fcntl
 import json
-import multiprocessing as mp
 import os
 import re
 import shutil
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -92,17 +94,18 @@ def encode_documents(tok, texts: list[str], piece_chars: int = PIECE_CHARS) -> l
     return out
 
 
-_worker_tokenizer = None
-
-
-def _init_worker(tokenizer_name: str) -> None:
-    global _worker_tokenizer
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _worker_tokenizer = load_tokenizer(tokenizer_name)
-
-
-def _encode_batch(texts: list[str]) -> list[np.ndarray]:
-    return encode_documents(_worker_tokenizer, texts)
+def ordered_map(fn, items, workers: int, window: int):
+    """fn(item) for each item on `workers` threads, yielded in the items' order, at most `window` in flight.
+    Threads, not processes: the tokenizers' encoding releases the GIL, and a forked process inherits locks
+    that the parent's other threads (the tokenizer's own thread pool, W&B's, tqdm's) may hold forever."""
+    with ThreadPoolExecutor(workers, thread_name_prefix="tokenize") as pool:
+        pending: collections.deque = collections.deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= window:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def _batches(docs, size, max_chars: int = BATCH_CHARS):
@@ -172,12 +175,10 @@ def prepare_split(
     with _locked(out_dir):
         if _is_current(out_dir, tok.identity, fingerprint):  # another process finished it meanwhile
             return read_manifest(out_dir)
-        return _build(
-            spec, out_dir, tok, tokenizer, fingerprint, text_field, fmt, num_proc, docs_per_shard, key, progress
-        )
+        return _build(spec, out_dir, tok, fingerprint, text_field, fmt, num_proc, docs_per_shard, key, progress)
 
 
-def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num_proc, docs_per_shard, key, progress):
+def _build(spec, out_dir, tok, fingerprint, text_field, fmt, num_proc, docs_per_shard, key, progress):
     dtype = token_dtype(tok.vocab_size)
     header = {"tokenizer": tok.identity, "inputs": fingerprint, "docs_per_shard": docs_per_shard, "dtype": dtype.str}
     done = []
@@ -205,12 +206,11 @@ def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num
     for _ in range(skip_docs):
         next(docs)
 
-    pool = None
+    batches = _batches(docs, min(BATCH_DOCS, docs_per_shard))
     if num_proc > 1:
-        pool = mp.get_context("fork").Pool(num_proc, initializer=_init_worker, initargs=(tokenizer_name,))
-        encoded_batches = pool.imap(_encode_batch, _batches(docs, min(BATCH_DOCS, docs_per_shard)))
+        encoded_batches = ordered_map(lambda batch: encode_documents(tok, batch), batches, num_proc, 2 * num_proc)
     else:
-        encoded_batches = (encode_documents(tok, batch) for batch in _batches(docs, min(BATCH_DOCS, docs_per_shard)))
+        encoded_batches = (encode_documents(tok, batch) for batch in batches)
 
     chunks, offsets, n_input = [], [0], 0
 
@@ -256,8 +256,8 @@ def _build(spec, out_dir, tok, tokenizer_name, fingerprint, text_field, fmt, num
             flush()
     finally:
         bar.close()
-        if pool is not None:
-            pool.terminate()
+        if num_proc > 1:
+            encoded_batches.close()  # the batches in flight finish; no new ones start
 
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -350,7 +350,12 @@ def main(argv=None) -> None:
     parser.add_argument("--tokenizer", default="bpe8k")
     parser.add_argument("--text-field", default="text")
     parser.add_argument("--format", default=None, choices=["jsonl", "json", "txt", "parquet"])
-    parser.add_argument("--num-proc", type=int, default=max(1, (os.cpu_count() or 1) - 1))
+    parser.add_argument(
+        "--num-proc",
+        type=int,
+        default=max(1, (os.cpu_count() or 1) - 1),
+        help="tokenizing threads",
+    )
     parser.add_argument("--docs-per-shard", type=int, default=100_000)
     parser.add_argument("--config", help="a data config yaml: prepare every source (train and val) it names")
     args = parser.parse_args(argv)

@@ -1,11 +1,14 @@
 import json
+import os
 import shutil
+import time
 
 import numpy as np
 import pytest
 
 from nvfp4train.data import TokenShards, build_train_loader, prepare_all, prepare_split
 from nvfp4train.data import prepare as prepare_mod
+from nvfp4train.data.prepare import ordered_map
 
 
 def shard_bytes(out):
@@ -38,11 +41,29 @@ def test_idempotent_and_rebuilt_when_inputs_change(corpus, tmp_path):
     assert manifest["n_docs"] == 151
 
 
-def test_several_processes_give_identical_shards(corpus, tmp_path):
+def test_several_threads_give_identical_shards_and_fork_nothing(corpus, tmp_path, monkeypatch):
+    """num_proc tokenizes on threads: a fork of this (threaded) process could inherit a lock that one of
+    its threads holds and wait on it forever (seen: a pool's workers stuck in encode_batch)."""
     src = corpus["sources"]["lower"]["train"]
     prepare_split(src, tmp_path / "one", tokenizer="bpe8k", num_proc=1, docs_per_shard=100, progress=False)
-    prepare_split(src, tmp_path / "two", tokenizer="bpe8k", num_proc=2, docs_per_shard=100, progress=False)
+    monkeypatch.setattr(os, "fork", lambda: pytest.fail("prepare_split forked"))
+    monkeypatch.setattr(os, "posix_spawn", lambda *a, **k: pytest.fail("prepare_split started a process"))
+    prepare_split(src, tmp_path / "two", tokenizer="bpe8k", num_proc=3, docs_per_shard=100, progress=False)
     assert shard_bytes(tmp_path / "one") == shard_bytes(tmp_path / "two")
+
+
+def test_ordered_map_keeps_the_order_and_bounds_what_is_in_flight():
+    started, done = [], []
+
+    def work(i):
+        started.append(i)
+        time.sleep(0.02 * (5 - i % 5))  # later items finish first
+        done.append(i)
+        return i * i
+
+    results = ordered_map(work, range(20), workers=3, window=4)
+    assert next(results) == 0 and len(started) <= 4  # a window of 4: the rest waits for the consumer
+    assert list(results) == [i * i for i in range(1, 20)]
 
 
 def test_interrupted_build_resumes_after_finished_shards(corpus, tmp_path, monkeypatch):
