@@ -97,20 +97,30 @@ def spread_share(t: torch.Tensor) -> float:
     return float(wide.float().mean())
 
 
-def golden_cases_reproduced(signs: torch.Tensor, matrix: torch.Tensor) -> dict[str, tuple[int, int]]:
-    """{order: (golden RHT cases whose columnwise codes and scales it reproduces, cases)}."""
-    from safetensors.torch import load_file
+def sum_orders() -> dict:
+    """{order: the 16-point transform of blocks [n, 16] in their dtype}: the reference's index order, the
+    exact sum rounded once, an FP32 butterfly."""
+    from nvfp4train.formats import hadamard
 
-    from nvfp4train.formats import hadamard, nvfp4
-
-    golden = REPO / "tests" / "formats" / "golden" / "te_nvfp4_reference"
-    manifest = json.loads((golden / "manifest.json").read_text())
-    tensors = load_file(str(golden / "cases.safetensors"))
-    orders = {
+    signs = hadamard.resolve_signs(16).to(torch.float32)
+    matrix = hadamard.rht_matrix(16, dtype=torch.float64)
+    return {
         "reference": lambda b: hadamard.rht(b, 16, impl="reference"),
         "exact sum": lambda b: (b.double() @ matrix).float().to(b.dtype),
         "FP32 butterfly": lambda b: butterfly(b.float(), signs).to(b.dtype),
     }
+
+
+def golden_cases_reproduced() -> dict[str, tuple[int, int]]:
+    """{order: (golden RHT cases whose columnwise codes and scales it reproduces, cases)}."""
+    from safetensors.torch import load_file
+
+    from nvfp4train.formats import nvfp4
+
+    golden = REPO / "tests" / "formats" / "golden" / "te_nvfp4_reference"
+    manifest = json.loads((golden / "manifest.json").read_text())
+    tensors = load_file(str(golden / "cases.safetensors"))
+    orders = sum_orders()
     counts = {order: [0, 0] for order in orders}
     for case in manifest["cases"]:
         if case["format"] != "nvfp4" or not case["rht_on_columnwise"]:
@@ -127,20 +137,18 @@ def golden_cases_reproduced(signs: torch.Tensor, matrix: torch.Tensor) -> dict[s
     return {order: (done, total) for order, (done, total) in counts.items()}
 
 
-def operand_table(args, signs: torch.Tensor, matrix: torch.Tensor) -> None:
-    from nvfp4train.formats import hadamard
-
+def operand_table(args) -> None:
+    reference, exact, fast = sum_orders().values()
     print("| operand | tokens x features | wide columns | differ: exact sum | differ: FP32 butterfly |")
     print("|---|---|---|---|---|")
     totals = [0, 0, 0]
     for name, t in sorted(operands(args.run_dir, args.seq, args.batch, args.step).items()):
-        xt = t.t().contiguous()  # [features, tokens]: the Wgrad transform runs along tokens
-        reference = hadamard.rht(xt, 16, impl="reference").view(torch.int16)
-        blocks = xt.reshape(-1, 16)
-        exact = (blocks.double() @ matrix).float().to(torch.bfloat16).view(torch.int16).reshape(xt.shape)
-        fast = butterfly(blocks.float(), signs).to(torch.bfloat16).view(torch.int16).reshape(xt.shape)
-        n_exact, n_fast = int((exact != reference).sum()), int((fast != reference).sum())
-        totals = [totals[0] + reference.numel(), totals[1] + n_exact, totals[2] + n_fast]
+        blocks = t.t().contiguous().reshape(-1, 16)  # [features, tokens]: the Wgrad transform runs along tokens
+        want = reference(blocks)
+        n_exact, n_fast = (
+            int((order(blocks).view(torch.int16) != want.view(torch.int16)).sum()) for order in (exact, fast)
+        )
+        totals = [totals[0] + want.numel(), totals[1] + n_exact, totals[2] + n_fast]
         print(
             f"| {name} | {t.shape[0]} x {t.shape[1]} | {spread_share(t):.2%} | {n_exact} | {n_fast} |",
             flush=True,
@@ -158,18 +166,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from nvfp4train.formats import hadamard
-
-    signs = hadamard.resolve_signs(16).to(torch.float32)
-    matrix = hadamard.rht_matrix(16, dtype=torch.float64)
     if not args.golden_only:
         if args.run_dir is None:
             ap.error("RUN_DIR is needed (or --golden-only)")
-        operand_table(args, signs, matrix)
+        operand_table(args)
     print()
     print("| order | TE golden RHT cases reproduced (columnwise codes and scales) |")
     print("|---|---|")
-    for order, (done, total) in golden_cases_reproduced(signs, matrix).items():
+    for order, (done, total) in golden_cases_reproduced().items():
         print(f"| {order} | {done} of {total} |")
 
 

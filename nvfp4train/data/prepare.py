@@ -256,8 +256,7 @@ def _build(spec, out_dir, tok, fingerprint, text_field, fmt, num_proc, docs_per_
             flush()
     finally:
         bar.close()
-        if num_proc > 1:
-            encoded_batches.close()  # the batches in flight finish; no new ones start
+        encoded_batches.close()  # on threads: the batches in flight finish, no new ones start
 
     manifest = {
         "format_version": FORMAT_VERSION,
