@@ -352,6 +352,9 @@ def main(argv: list[str] | None = None) -> None:
             for f in (out_dir / "profile").iterdir():
                 shutil.copy(f, args.profile / f"{name}_{f.name}")
             print((out_dir / "profile" / "summary.txt").read_text(), flush=True)
+            for other in sorted((out_dir / "profile").glob("summary_rank*.txt")):  # the others' timelines beside
+                head = [line for line in other.read_text().splitlines()[:4] if not line.startswith("profile of")]
+                print(f"  {other.stem.removeprefix('summary_')}:\n" + "\n".join(head), flush=True)
         shutil.rmtree(out_dir, ignore_errors=True)
         if not failed:  # stored now: an invocation stopped later keeps the rows of the runs that ended
             merge_rows(args.out, finished_rows(rows, earlier)[-1:])  # this run's row, the last finished

@@ -2,10 +2,13 @@
 `--profile-step-start/--profile-step-end` and torchtitan's profiling section.
 
 Every rank writes `out_dir/profile/trace_rank<r>.json` (open it in https://ui.perfetto.dev or
-chrome://tracing); rank 0 also writes `out_dir/profile/summary.txt`: the window's elapsed time per step beside
-its GPU kernels' time per step (kernel time far below the elapsed time means the GPU waits on the CPU side:
-launches, Python, synchronisation, or on communication), then the kernel time by kind and the top kernels.
-The window starts and ends with a synchronisation, so its elapsed time is the steps' own.
+chrome://tracing) and its summary, `summary.txt` (rank 0) or `summary_rank<r>.txt`: the window's elapsed time
+per step beside its GPU kernels' time per step (kernel time far below the elapsed time means the GPU waits on the
+CPU side: launches, Python, synchronisation, or on communication); on a GPU the device's timeline (how long some
+kernel runs, how long only communication runs, how long nothing runs) and the host's waits on the device; then
+the kernel time by kind and the top kernels. The window starts and ends with a synchronisation, so its elapsed
+time is the steps' own. Comparing ranks' timelines tells a rank that waits for another (its communication
+kernels run alone) from one that keeps the others waiting (its GPU idles while its host works).
 
 The kinds of kernel (KERNEL_KINDS) are also what benchmarks/bench_train.py --profile reports.
 """
@@ -89,6 +92,65 @@ def summary_lines(rows: list[dict], top: int = 15, sources: int = 2, per: int = 
     return lines
 
 
+def busy_us(intervals) -> float:
+    """Length of the union of (start, end) intervals: the time in which at least one of them runs."""
+    total, reached = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reached:
+            total += end - max(start, reached)
+            reached = end
+    return total
+
+
+def device_timeline(activities: list[tuple[float, float, str]], wall_ms: float, steps: int) -> dict:
+    """Per step, from the GPU activities (start µs, end µs, kernel name) of all streams in a window of `wall_ms`
+    over `steps` steps: ms in which some kernel runs (`running`), of it ms in which a kernel other than
+    communication runs (`compute`) and ms in which only communication kernels run (`communication_alone`: waiting
+    for the collective's peers, or transfers not hidden behind compute), ms in which nothing runs (`idle`: the
+    host has not launched the next kernel), and the number of activities."""
+    compute = [(s, e) for s, e, name in activities if kernel_kind(name) != "communication"]
+    running = busy_us((s, e) for s, e, _ in activities) / 1e3
+    computing = busy_us(compute) / 1e3
+    return {
+        "running": running / steps,
+        "compute": computing / steps,
+        "communication_alone": (running - computing) / steps,
+        "idle": max(0.0, wall_ms - running) / steps,
+        "activities": len(activities) / steps,
+    }
+
+
+# CUDA runtime calls in which the host waits for the device (a `.item()`, a copy to host memory, a synchronize).
+HOST_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def timeline_lines(prof, wall_ms: float, steps: int) -> list[str]:
+    """The device timeline (device_timeline) and the host's waits on the device, per step, of a CUDA profile."""
+    from torch.autograd import DeviceType
+
+    activities, waits = [], {}
+    for evt in prof.events():
+        if getattr(evt, "is_user_annotation", False):
+            continue
+        if evt.device_type == DeviceType.CUDA:
+            activities.append((evt.time_range.start, evt.time_range.end, evt.name))
+        elif evt.device_type == DeviceType.CPU and evt.name.startswith(HOST_WAITS) and "Async" not in evt.name:
+            calls, us = waits.get(evt.name, (0, 0.0))
+            waits[evt.name] = (calls + 1, us + evt.time_range.end - evt.time_range.start)
+    t = device_timeline(activities, wall_ms, steps)
+    copies_to_host = sum(1 for *_, name in activities if "DtoH" in name) / steps
+    lines = [
+        f"    device timeline per step: some kernel running {t['running']:.1f} ms (other than communication "
+        f"{t['compute']:.1f}, communication alone {t['communication_alone']:.1f}), nothing running {t['idle']:.1f} ms; "
+        f"{t['activities']:.0f} kernels and copies, {copies_to_host:g} to host memory",
+    ]
+    waited = ", ".join(
+        f"{name} x{calls / steps:g} {us / 1e3 / steps:.2f} ms" for name, (calls, us) in sorted(waits.items())
+    )
+    lines.append(f"    host waits on the device per step: {waited or 'none'}")
+    return lines
+
+
 class StepProfiler:
     """The profiling window of a run: before_step / after_step around each optimizer step enqueued."""
 
@@ -133,12 +195,11 @@ class StepProfiler:
         self.dir.mkdir(parents=True, exist_ok=True)
         trace = self.dir / f"trace_rank{self.rank}.json"
         prof.export_chrome_trace(str(trace))
-        if self.rank != 0:
-            return
         rows = kernel_rows(prof, self.device.type == "cuda")
         kernel_ms = sum(r["ms"] for r in rows) / steps
+        window = f"steps {self.start}-{last_step} ({steps} step{'s' if steps > 1 else ''})"
         head = [
-            f"profile of steps {self.start}-{last_step} ({steps} step{'s' if steps > 1 else ''}), rank 0 of the run",
+            f"profile of {window}, rank {self.rank} of the run",
             f"    wall time per step: {wall_ms / steps:.1f} ms; "
             + (
                 f"GPU kernel time per step (summed over streams): {kernel_ms:.1f} ms"
@@ -146,6 +207,10 @@ class StepProfiler:
                 else f"CPU time per step (ops' self time): {kernel_ms:.1f} ms"
             ),
         ]
+        if self.device.type == "cuda":
+            head += timeline_lines(prof, wall_ms, steps)
         text = "\n".join(head + summary_lines(rows, per=steps, what="steps, per step")) + "\n"
-        (self.dir / "summary.txt").write_text(text)
-        self.log(f"profile of steps {self.start}-{last_step}: {self.dir}/summary.txt, {trace.name}")
+        summary = self.dir / ("summary.txt" if self.rank == 0 else f"summary_rank{self.rank}.txt")
+        summary.write_text(text)
+        if self.rank == 0:
+            self.log(f"profile of steps {self.start}-{last_step}: {self.dir}/summary.txt, {trace.name}")

@@ -4,7 +4,9 @@ benchmarks/bench_train.py --profile share."""
 
 import json
 
-from nvfp4train.train.profiling import kernel_kind
+import pytest
+
+from nvfp4train.train.profiling import busy_us, device_timeline, kernel_kind
 from tests.conftest import run_torchrun, run_train
 
 
@@ -35,7 +37,22 @@ def test_every_rank_writes_its_trace(tmp_path, quick):
     out = tmp_path / "run"
     run_torchrun(*quick, "train.max_steps=3", "train.profile_start=2", "train.profile_steps=1", f"out_dir={out}")
     names = sorted(p.name for p in (out / "profile").iterdir())
-    assert names == ["summary.txt", "trace_rank0.json", "trace_rank1.json"]
+    assert names == ["summary.txt", "summary_rank1.txt", "trace_rank0.json", "trace_rank1.json"]
+    assert (out / "profile" / "summary_rank1.txt").read_text().startswith("profile of steps 2-2 (1 step), rank 1 ")
+
+
+def test_device_timeline_splits_a_step_into_compute_communication_alone_and_idle():
+    assert busy_us([(0, 10), (5, 15), (20, 30), (22, 25)]) == 25  # overlaps counted once
+    assert busy_us([]) == 0
+    gemm, nccl = "nvjet_sm90_tst_128x256", "ncclDevKernel_AllGather_RING_LL"
+    # 2 steps in 100 ms: compute 0-30 and 40-60 ms on one stream, an all-gather 20-50 ms on another
+    activities = [(0, 30_000, gemm), (40_000, 60_000, gemm), (20_000, 50_000, nccl)]
+    t = device_timeline(activities, wall_ms=100.0, steps=2)
+    assert t["running"] == pytest.approx(30.0)  # 0-60 ms, per step
+    assert t["compute"] == pytest.approx(25.0)  # the all-gather is hidden behind compute except 30-40 ms
+    assert t["communication_alone"] == pytest.approx(5.0)
+    assert t["idle"] == pytest.approx(20.0)
+    assert t["activities"] == pytest.approx(1.5)
 
 
 def test_kernel_kinds_of_real_kernel_names():
