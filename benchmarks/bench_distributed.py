@@ -353,7 +353,8 @@ def main(argv: list[str] | None = None) -> None:
                 shutil.copy(f, args.profile / f"{name}_{f.name}")
             print((out_dir / "profile" / "summary.txt").read_text(), flush=True)
             for other in sorted((out_dir / "profile").glob("summary_rank*.txt")):  # the others' timelines beside
-                head = [line for line in other.read_text().splitlines()[:4] if not line.startswith("profile of")]
+                lines = other.read_text().splitlines()
+                head = lines[1 : next((i for i, x in enumerate(lines) if x.startswith("    profiled")), len(lines))]
                 print(f"  {other.stem.removeprefix('summary_')}:\n" + "\n".join(head), flush=True)
         shutil.rmtree(out_dir, ignore_errors=True)
         if not failed:  # stored now: an invocation stopped later keeps the rows of the runs that ended

@@ -120,6 +120,17 @@ def device_timeline(activities: list[tuple[float, float, str]], wall_ms: float, 
     }
 
 
+def launch_lag(launches: dict[int, float], starts: list[tuple[int, float]], near_us: float = 100.0) -> dict | None:
+    """How far ahead of the device the host is: for each kernel (correlation id, start µs) whose launch call
+    (correlation id -> start µs) is in `launches`, the time from its launch to its start. A kernel that starts
+    within `near_us` of its launch found the device waiting for it; most kernels so means the host paces the
+    step. None when no kernel could be matched to its launch."""
+    lags = sorted(start - launches[cid] for cid, start in starts if cid in launches)
+    if not lags:
+        return None
+    return {"median_ms": lags[len(lags) // 2] / 1e3, "near": sum(lag < near_us for lag in lags) / len(lags)}
+
+
 # CUDA runtime calls in which the host waits for the device (a `.item()`, a copy to host memory, a synchronize).
 HOST_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 
@@ -128,12 +139,15 @@ def timeline_lines(prof, wall_ms: float, steps: int) -> list[str]:
     """The device timeline (device_timeline) and the host's waits on the device, per step, of a CUDA profile."""
     from torch.autograd import DeviceType
 
-    activities, waits = [], {}
+    activities, waits, launches, starts = [], {}, {}, []
     for evt in prof.events():
         if getattr(evt, "is_user_annotation", False):
             continue
         if evt.device_type == DeviceType.CUDA:
             activities.append((evt.time_range.start, evt.time_range.end, evt.name))
+            starts.append((evt.id, evt.time_range.start))  # the id is the correlation id of its launch
+        elif evt.device_type == DeviceType.CPU and "LaunchKernel" in evt.name:
+            launches[evt.id] = evt.time_range.start
         elif evt.device_type == DeviceType.CPU and evt.name.startswith(HOST_WAITS) and "Async" not in evt.name:
             calls, us = waits.get(evt.name, (0, 0.0))
             waits[evt.name] = (calls + 1, us + evt.time_range.end - evt.time_range.start)
@@ -148,6 +162,12 @@ def timeline_lines(prof, wall_ms: float, steps: int) -> list[str]:
         f"{name} x{calls / steps:g} {us / 1e3 / steps:.2f} ms" for name, (calls, us) in sorted(waits.items())
     )
     lines.append(f"    host waits on the device per step: {waited or 'none'}")
+    lag = launch_lag(launches, starts)
+    if lag is not None:
+        lines.append(
+            f"    launch to start: median {lag['median_ms']:.2f} ms; {100 * lag['near']:.0f}% of kernels started"
+            f" within 0.1 ms of their launch (the device was waiting for the host)"
+        )
     return lines
 
 
