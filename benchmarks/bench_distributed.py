@@ -55,6 +55,9 @@ RUNS = {
     "zero2": (2, ["train.parallel=deepspeed", "train.zero_stage=2"]),
     "nvfp4_fsdp2": (2, ["train.parallel=fsdp2", "precision=nvfp4"]),
     "nvfp4_1gpu": (1, ["precision=nvfp4"]),
+    "nvfp4_ddp": (2, ["train.parallel=ddp", "precision=nvfp4"]),
+    "fp8_1gpu": (1, ["precision=fp8_tensorwise"]),
+    "fp8_fsdp2": (2, ["train.parallel=fsdp2", "precision=fp8_tensorwise"]),
     "te_1gpu": (1, ["precision=fp8_tensorwise", "precision.backend=te"]),
     "te_fsdp2": (2, ["train.parallel=fsdp2", "precision=fp8_tensorwise", "precision.backend=te"]),
 }
