@@ -174,9 +174,9 @@ def bench(device: torch.device, shapes, impls, repeats: int, rht_blocks=None) ->
 
 
 def merge(path: Path, rows: list[dict]) -> None:
-    """Replace the rows with the same (quantizer, shape, impl), keep the others."""
+    """Replace the rows with the same (quantizer, shape, impl, GPU), keep the others: each GPU model keeps its own."""
     old = json.loads(path.read_text()) if path.exists() else []
-    key = lambda r: (r["quantizer"], r["shape"], r["impl"])  # noqa: E731
+    key = lambda r: (r["quantizer"], r["shape"], r["impl"], r.get("gpu") or "")  # noqa: E731
     new_keys = {key(r) for r in rows}
     merged = [r for r in old if key(r) not in new_keys] + rows
     path.parent.mkdir(parents=True, exist_ok=True)

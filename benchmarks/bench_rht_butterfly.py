@@ -4,6 +4,7 @@ Walsh-Hadamard butterfly, beside a transposing copy of the same bytes.
     python -m benchmarks.bench_rht_butterfly                        # CUDA: 16384x4096 and 8192x8192 bf16
     python -m benchmarks.bench_rht_butterfly --shapes 8192x2048 --blocks 4,64 2,128
     python -m benchmarks.bench_rht_butterfly --device cpu --shapes 128x256 --repeats 1   # bits only
+    python -m benchmarks.bench_rht_butterfly --sass      # sm_90a instructions per element, no GPU needed
 
 Each kernel reads x [tokens, features] (bf16) and writes [features, tokens] (bf16), a program taking
 GROUPS groups of 16 tokens x BLOCK_F features:
@@ -12,6 +13,8 @@ GROUPS groups of 16 tokens x BLOCK_F features:
   output 16 multiply-adds in index order (``hadamard.rht``'s arithmetic, TE's reference);
 - ``butterfly``: the signs and 1/4 applied (exact), then 4 stages of additions and subtractions (pairs
   j, j + h for h = 1, 2, 4, 8: ``benchmarks.rht_sum_order.butterfly``'s order), 4 operations an element;
+- ``register butterfly``: the same arithmetic, the tokens loaded one by one as ``_rht_tokens`` loads them
+  and each stage on named registers (no reshapes of the tile);
 - ``transposing copy``: the same loads and stores, no arithmetic: the memory bound of this layout.
 
 So the table says how far the index order is from the bound and whether a butterfly reaches it. The
@@ -39,11 +42,52 @@ def _parse_args(argv):
     ap.add_argument("--shapes", nargs="+", default=["16384x4096", "8192x8192"], help="TOKENSxFEATURES")
     ap.add_argument("--blocks", nargs="+", default=["4,64"], help="GROUPS,BLOCK_F[,WARPS] per program")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument(
+        "--sass",
+        action="store_true",
+        help="print each kernel's sm_90a instructions per element "
+        "(formats/kernels/sm90.py: compiled here, no GPU) for the first --blocks, and stop",
+    )
     return ap.parse_args(argv)
+
+
+KERNELS = ("index order", "butterfly", "register butterfly", "transposing copy")
+
+
+def _kernel(k, name: str):
+    return getattr(k, name.replace(" ", "_"))
+
+
+def print_sass(blocks_text: str) -> None:
+    """Instructions per element of each kernel as an H100 would run it (the trainer's launch: bf16, aligned)."""
+    from benchmarks import rht_butterfly_kernels as k
+    from nvfp4train.formats import hadamard
+    from nvfp4train.formats.kernels import rht, sm90
+
+    groups, block_f, *warps = (int(v) for v in blocks_text.split(","))
+    warps = warps[0] if warps else rht.program_blocks(1 << 20, 16, (groups, block_f))[2]
+    signature = {"x_ptr": "*bf16", "y_ptr": "*bf16", "n_tokens": "i32", "n_features": "i32"}
+    constexprs = {
+        "SIGN_MASK": rht.sign_mask(hadamard.resolve_signs(16)),
+        "GROUPS": groups,
+        "BLOCK_F": block_f,
+        "HW_BF16": True,
+    }
+    print(f"| kernel (blocks {blocks_text}) | SASS | per element | top opcodes |")
+    print("|---|---|---|---|")
+    for name in KERNELS:
+        variant = sm90.Variant(_kernel(k, name), signature, constexprs, groups * 16 * block_f, warps)
+        ops = sm90.sass_opcodes(variant)
+        total, per_thread = sum(ops.values()), variant.elements // (32 * warps)
+        top = " ".join(f"{op} {n}" for op, n in ops.most_common(5))
+        print(f"| {name} | {total} | {total / per_thread:.1f} | {top} |", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
+    if args.sass:
+        sys.path.insert(0, str(ROOT))
+        return print_sass(args.blocks[0])
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the kernels run on the CPU
     elif not torch.cuda.is_available():
@@ -60,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
 
     signs = hadamard.resolve_signs(16)
     mask_bits = sign_mask(signs)
-    kernels = {"index order": k.index_order, "butterfly": k.butterfly, "transposing copy": k.transposing_copy}
+    kernels = {name: _kernel(k, name) for name in KERNELS}
     device = torch.device(args.device)
     hw_bf16 = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
 
@@ -96,6 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         want = {
             "index order": hadamard.rht(cpu_t, 16, signs, impl="reference"),
             "butterfly": butterfly(cpu_t.reshape(-1, 16).float(), signs.float()).to(x.dtype).reshape(cpu_t.shape),
+            "register butterfly": None,  # the same as butterfly's
             "transposing copy": cpu_t,
         }
         for blocks_text in args.blocks:
@@ -103,10 +148,11 @@ def main(argv: list[str] | None = None) -> None:
             times = {}
             for name, kernel in kernels.items():
                 got = launch(kernel, x, blocks).cpu()
-                if not torch.equal(got.view(torch.int16), want[name].view(torch.int16)):
+                expected = want[name] if want[name] is not None else want["butterfly"]
+                if not torch.equal(got.view(torch.int16), expected.view(torch.int16)):
                     sys.exit(
                         f"bench_rht_butterfly: {name} {shape} blocks {blocks_text}: "
-                        f"{int((got != want[name]).sum())} elements differ from its definition"
+                        f"{int((got != expected).sum())} elements differ from its definition"
                     )
                 times[name] = time_ms(lambda kernel=kernel: launch(kernel, x, blocks), args.repeats, device)
             for name, ms in times.items():

@@ -62,3 +62,13 @@ def test_bad_rht_blocks_exit_2_with_one_line(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench_quant.main(["--device", "cpu", *args])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_merge_keeps_each_gpu_models_rows(tmp_path):
+    out = tmp_path / "quant.json"
+    row = {"quantizer": "nvfp4 1x16 rne", "shape": "16384x4096", "impl": "triton", "ms": 0.3}
+    bench_quant.merge(out, [{**row, "gpu": "NVIDIA H100 80GB HBM3"}])
+    bench_quant.merge(out, [{**row, "gpu": "NVIDIA H200", "ms": 0.25}])
+    bench_quant.merge(out, [{**row, "gpu": "NVIDIA H200", "ms": 0.24}])  # a re-run on the same GPU replaces
+    rows = json.loads(out.read_text())
+    assert sorted((r["gpu"], r["ms"]) for r in rows) == [("NVIDIA H100 80GB HBM3", 0.3), ("NVIDIA H200", 0.24)]
