@@ -124,11 +124,13 @@ def launch_lag(launches: dict[int, float], starts: list[tuple[int, float]], near
     """How far ahead of the device the host is: for each kernel (correlation id, start µs) whose launch call
     (correlation id -> start µs) is in `launches`, the time from its launch to its start. A kernel that starts
     within `near_us` of its launch found the device waiting for it; most kernels so means the host paces the
-    step. None when no kernel could be matched to its launch."""
+    step. None when no kernel could be matched to its launch (`kernels`: how many were; those of a CUDA graph
+    have a graph launch instead, and are not among them)."""
     lags = sorted(start - launches[cid] for cid, start in starts if cid in launches)
     if not lags:
         return None
-    return {"median_ms": lags[len(lags) // 2] / 1e3, "near": sum(lag < near_us for lag in lags) / len(lags)}
+    near = sum(lag < near_us for lag in lags) / len(lags)
+    return {"median_ms": lags[len(lags) // 2] / 1e3, "near": near, "kernels": len(lags)}
 
 
 # CUDA runtime calls in which the host waits for the device (a `.item()`, a copy to host memory, a synchronize).
@@ -165,8 +167,9 @@ def timeline_lines(prof, wall_ms: float, steps: int) -> list[str]:
     lag = launch_lag(launches, starts)
     if lag is not None:
         lines.append(
-            f"    launch to start: median {lag['median_ms']:.2f} ms; {100 * lag['near']:.0f}% of kernels started"
-            f" within 0.1 ms of their launch (the device was waiting for the host)"
+            f"    launch to start: median {lag['median_ms']:.2f} ms; {100 * lag['near']:.0f}% of the"
+            f" {lag['kernels'] / steps:.0f} kernels a step launched one by one started within 0.1 ms of their"
+            " launch (the device was waiting for the host)"
         )
     return lines
 

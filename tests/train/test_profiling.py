@@ -65,7 +65,7 @@ def test_kernel_kinds_of_real_kernel_names():
 def test_launch_lag_tells_a_host_that_paces_the_device():
     launches = {1: 0.0, 2: 10.0, 3: 20.0, 4: 30.0}  # correlation id -> launch call's start, µs
     waiting = launch_lag(launches, [(1, 5.0), (2, 15.0), (3, 26.0), (4, 5000.0), (9, 1.0)])  # 9: no launch seen
-    assert waiting == {"median_ms": pytest.approx(0.006), "near": 0.75}
+    assert waiting == {"median_ms": pytest.approx(0.006), "near": 0.75, "kernels": 4}
     queued = launch_lag(launches, [(1, 900.0), (2, 1500.0), (3, 2100.0)])
     assert queued["near"] == 0 and queued["median_ms"] == pytest.approx(1.49)
     assert launch_lag({}, [(1, 5.0)]) is None
