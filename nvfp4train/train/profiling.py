@@ -138,21 +138,29 @@ HOST_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
 
 
 def timeline_lines(prof, wall_ms: float, steps: int) -> list[str]:
-    """The device timeline (device_timeline) and the host's waits on the device, per step, of a CUDA profile."""
+    """Per step of a CUDA profile: the device timeline (device_timeline), the host's waits on the device, the host's
+    time inside torch ops (and inside ours), and the launch-to-start lag (launch_lag)."""
     from torch.autograd import DeviceType
 
-    activities, waits, launches, starts = [], {}, {}, []
+    activities, waits, launches, starts, host_ops, our_ops = [], {}, {}, [], [], []
     for evt in prof.events():
         if getattr(evt, "is_user_annotation", False):
             continue
+        span = (evt.time_range.start, evt.time_range.end)
         if evt.device_type == DeviceType.CUDA:
-            activities.append((evt.time_range.start, evt.time_range.end, evt.name))
-            starts.append((evt.id, evt.time_range.start))  # the id is the correlation id of its launch
-        elif evt.device_type == DeviceType.CPU and "LaunchKernel" in evt.name:
-            launches[evt.id] = evt.time_range.start
-        elif evt.device_type == DeviceType.CPU and evt.name.startswith(HOST_WAITS) and "Async" not in evt.name:
+            activities.append((*span, evt.name))
+            starts.append((evt.id, span[0]))  # the id is the correlation id of its launch
+            continue
+        if evt.device_type != DeviceType.CPU:
+            continue
+        host_ops.append(span)
+        if evt.name.startswith("nvfp4train::"):  # our custom ops: the quantized linears and the SSD scan
+            our_ops.append(span)
+        if "LaunchKernel" in evt.name:
+            launches[evt.id] = span[0]
+        elif evt.name.startswith(HOST_WAITS) and "Async" not in evt.name:
             calls, us = waits.get(evt.name, (0, 0.0))
-            waits[evt.name] = (calls + 1, us + evt.time_range.end - evt.time_range.start)
+            waits[evt.name] = (calls + 1, us + span[1] - span[0])
     t = device_timeline(activities, wall_ms, steps)
     copies_to_host = sum(1 for *_, name in activities if "DtoH" in name) / steps
     lines = [
@@ -164,6 +172,11 @@ def timeline_lines(prof, wall_ms: float, steps: int) -> list[str]:
         f"{name} x{calls / steps:g} {us / 1e3 / steps:.2f} ms" for name, (calls, us) in sorted(waits.items())
     )
     lines.append(f"    host waits on the device per step: {waited or 'none'}")
+    lines.append(
+        f"    host per step: inside torch ops {busy_us(host_ops) / 1e3 / steps:.1f} ms (the waits included), of it in"
+        f" our custom ops"
+        f" (nvfp4train::) {busy_us(our_ops) / 1e3 / steps:.1f} ms"
+    )
     lag = launch_lag(launches, starts)
     if lag is not None:
         lines.append(

@@ -69,3 +69,24 @@ def test_launch_lag_tells_a_host_that_paces_the_device():
     queued = launch_lag(launches, [(1, 900.0), (2, 1500.0), (3, 2100.0)])
     assert queued["near"] == 0 and queued["median_ms"] == pytest.approx(1.49)
     assert launch_lag({}, [(1, 5.0)]) is None
+
+
+def test_timeline_lines_read_a_real_profile():
+    """The GPU summary's lines from a CPU profile (no device activity): the host's time inside ops is there, the
+    rest is empty, and nothing raises (a GPU run's profiling window ends through this code)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from nvfp4train.train.profiling import timeline_lines
+
+    a = torch.randn(256, 256)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(20):
+            a = torch.tanh(a @ a)
+    lines = timeline_lines(prof, wall_ms=50.0, steps=2)
+    assert lines[0].startswith("    device timeline per step: some kernel running 0.0 ms")
+    assert lines[0].endswith("nothing running 25.0 ms; 0 kernels and copies, 0 to host memory")
+    assert lines[1] == "    host waits on the device per step: none"
+    host_ms = float(lines[2].split("inside torch ops ")[1].split(" ms")[0])
+    assert host_ms > 0 and lines[2].endswith("(nvfp4train::) 0.0 ms")
+    assert len(lines) == 3  # no kernel launches: no lag line
