@@ -5,10 +5,11 @@ Every rank writes `out_dir/profile/trace_rank<r>.json` (open it in https://ui.pe
 chrome://tracing) and its summary, `summary.txt` (rank 0) or `summary_rank<r>.txt`: the window's elapsed time
 per step beside its GPU kernels' time per step (kernel time far below the elapsed time means the GPU waits on the
 CPU side: launches, Python, synchronisation, or on communication); on a GPU the device's timeline (how long some
-kernel runs, how long only communication runs, how long nothing runs) and the host's waits on the device; then
-the kernel time by kind and the top kernels. The window starts and ends with a synchronisation, so its elapsed
-time is the steps' own. Comparing ranks' timelines tells a rank that waits for another (its communication
-kernels run alone) from one that keeps the others waiting (its GPU idles while its host works).
+kernel runs, how long only communication runs, how long nothing runs), the host's waits on the device, its time
+inside torch ops and how soon kernels start after their launch; then the kernel time by kind and the top
+kernels. The window starts and ends with a synchronisation, so its elapsed time is the steps' own. Comparing
+ranks' timelines tells a rank that waits for another (its communication kernels run alone) from one that keeps
+the others waiting (its GPU idles while its host works).
 
 The kinds of kernel (KERNEL_KINDS) are also what benchmarks/bench_train.py --profile reports.
 """
@@ -173,9 +174,8 @@ def timeline_lines(prof, wall_ms: float, steps: int) -> list[str]:
     )
     lines.append(f"    host waits on the device per step: {waited or 'none'}")
     lines.append(
-        f"    host per step: inside torch ops {busy_us(host_ops) / 1e3 / steps:.1f} ms (the waits included), of it in"
-        f" our custom ops"
-        f" (nvfp4train::) {busy_us(our_ops) / 1e3 / steps:.1f} ms"
+        f"    host per step: inside torch ops {busy_us(host_ops) / 1e3 / steps:.1f} ms (the waits included), of it"
+        f" in our custom ops (nvfp4train::) {busy_us(our_ops) / 1e3 / steps:.1f} ms"
     )
     lag = launch_lag(launches, starts)
     if lag is not None:
