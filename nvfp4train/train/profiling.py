@@ -4,8 +4,8 @@
 Every rank writes `out_dir/profile/trace_rank<r>.json` (open it in https://ui.perfetto.dev or
 chrome://tracing) and its summary, `summary.txt` (rank 0) or `summary_rank<r>.txt`: the window's elapsed time
 per step beside its GPU kernels' time per step (kernel time far below the elapsed time means the GPU waits on the
-CPU side: launches, Python, synchronisation, or on communication); on a GPU the device's timeline (how long some
-kernel runs, how long only communication runs, how long nothing runs), the host's waits on the device, its time
+CPU side: launches, Python, synchronisation, or on communication); on a GPU the GPU's timeline (how long some
+kernel runs, how long only communication runs, how long nothing runs), the host's waits on the GPU, its time
 inside torch ops and how soon kernels start after their launch; then the kernel time by kind and the top
 kernels. The window starts and ends with a synchronisation, so its elapsed time is the steps' own. Comparing
 ranks' timelines tells a rank that waits for another (its communication kernels run alone) from one that keeps
@@ -103,7 +103,7 @@ def busy_us(intervals) -> float:
     return total
 
 
-def device_timeline(activities: list[tuple[float, float, str]], wall_ms: float, steps: int) -> dict:
+def gpu_timeline(activities: list[tuple[float, float, str]], wall_ms: float, steps: int) -> dict:
     """Per step, from the GPU activities (start µs, end µs, kernel name) of all streams in a window of `wall_ms`
     over `steps` steps: ms in which some kernel runs (`running`), of it ms in which a kernel other than
     communication runs (`compute`) and ms in which only communication kernels run (`communication_alone`: waiting
@@ -139,7 +139,7 @@ HOST_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
 
 
 def timeline_lines(prof, wall_ms: float, steps: int) -> list[str]:
-    """Per step of a CUDA profile: the device timeline (device_timeline), the host's waits on the device, the host's
+    """Per step of a CUDA profile: the GPU timeline (gpu_timeline), the host's waits on the GPU, the host's
     time inside torch ops (and inside ours), and the launch-to-start lag (launch_lag)."""
     from torch.autograd import DeviceType
 
@@ -162,17 +162,17 @@ def timeline_lines(prof, wall_ms: float, steps: int) -> list[str]:
         elif evt.name.startswith(HOST_WAITS) and "Async" not in evt.name:
             calls, us = waits.get(evt.name, (0, 0.0))
             waits[evt.name] = (calls + 1, us + span[1] - span[0])
-    t = device_timeline(activities, wall_ms, steps)
+    t = gpu_timeline(activities, wall_ms, steps)
     copies_to_host = sum(1 for *_, name in activities if "DtoH" in name) / steps
     lines = [
-        f"    device timeline per step: some kernel running {t['running']:.1f} ms (other than communication "
+        f"    GPU timeline per step: some kernel running {t['running']:.1f} ms (other than communication "
         f"{t['compute']:.1f}, communication alone {t['communication_alone']:.1f}), nothing running {t['idle']:.1f} ms; "
         f"{t['activities']:.0f} kernels and copies, {copies_to_host:g} to host memory",
     ]
     waited = ", ".join(
         f"{name} x{calls / steps:g} {us / 1e3 / steps:.2f} ms" for name, (calls, us) in sorted(waits.items())
     )
-    lines.append(f"    host waits on the device per step: {waited or 'none'}")
+    lines.append(f"    host waits on the GPU per step: {waited or 'none'}")
     lines.append(
         f"    host per step: inside torch ops {busy_us(host_ops) / 1e3 / steps:.1f} ms (the waits included), of it"
         f" in our custom ops (nvfp4train::) {busy_us(our_ops) / 1e3 / steps:.1f} ms"
@@ -182,7 +182,7 @@ def timeline_lines(prof, wall_ms: float, steps: int) -> list[str]:
         lines.append(
             f"    launch to start: median {lag['median_ms']:.2f} ms; {100 * lag['near']:.0f}% of the"
             f" {lag['kernels'] / steps:.0f} kernels a step launched one by one started within 0.1 ms of their"
-            " launch (the device was waiting for the host)"
+            " launch (the GPU was waiting for the host)"
         )
     return lines
 

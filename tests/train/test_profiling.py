@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nvfp4train.train.profiling import busy_us, device_timeline, kernel_kind, launch_lag
+from nvfp4train.train.profiling import busy_us, gpu_timeline, kernel_kind, launch_lag
 from tests.conftest import run_torchrun, run_train
 
 
@@ -41,13 +41,13 @@ def test_every_rank_writes_its_trace(tmp_path, quick):
     assert (out / "profile" / "summary_rank1.txt").read_text().startswith("profile of steps 2-2 (1 step), rank 1 ")
 
 
-def test_device_timeline_splits_a_step_into_compute_communication_alone_and_idle():
+def test_gpu_timeline_splits_a_step_into_compute_communication_alone_and_idle():
     assert busy_us([(0, 10), (5, 15), (20, 30), (22, 25)]) == 25  # overlaps counted once
     assert busy_us([]) == 0
     gemm, nccl = "nvjet_sm90_tst_128x256", "ncclDevKernel_AllGather_RING_LL"
     # 2 steps in 100 ms: compute 0-30 and 40-60 ms on one stream, an all-gather 20-50 ms on another
     activities = [(0, 30_000, gemm), (40_000, 60_000, gemm), (20_000, 50_000, nccl)]
-    t = device_timeline(activities, wall_ms=100.0, steps=2)
+    t = gpu_timeline(activities, wall_ms=100.0, steps=2)
     assert t["running"] == pytest.approx(30.0)  # 0-60 ms, per step
     assert t["compute"] == pytest.approx(25.0)  # the all-gather is hidden behind compute except 30-40 ms
     assert t["communication_alone"] == pytest.approx(5.0)
@@ -84,9 +84,9 @@ def test_timeline_lines_read_a_real_profile():
         for _ in range(20):
             a = torch.tanh(a @ a)
     lines = timeline_lines(prof, wall_ms=50.0, steps=2)
-    assert lines[0].startswith("    device timeline per step: some kernel running 0.0 ms")
+    assert lines[0].startswith("    GPU timeline per step: some kernel running 0.0 ms")
     assert lines[0].endswith("nothing running 25.0 ms; 0 kernels and copies, 0 to host memory")
-    assert lines[1] == "    host waits on the device per step: none"
+    assert lines[1] == "    host waits on the GPU per step: none"
     host_ms = float(lines[2].split("inside torch ops ")[1].split(" ms")[0])
     assert host_ms > 0 and lines[2].endswith("(nvfp4train::) 0.0 ms")
     assert len(lines) == 3  # no kernel launches: no lag line
