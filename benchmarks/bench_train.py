@@ -120,6 +120,38 @@ def launch_sites(events, depth: int = 4) -> dict[str, list[tuple[float, str]]]:
     return {name: sorted(((ms, chain) for chain, ms in chains.items()), reverse=True) for name, chains in sites.items()}
 
 
+def host_profile_step(engine, micro_batch, step: int, device: torch.device, top: int) -> list[str]:
+    """One more training step under cProfile, the host's side only: the Python functions that took the most
+    time themselves and, of this package's, the most time with what they call. A step whose host time is
+    near its GPU time is paced by the host when nothing hides it (no CUDA graph: DDP, FSDP2)."""
+    import cProfile
+    import pstats
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    stats = engine.train_step(micro_batch, lr=1e-4, step=step)
+    prof.disable()
+    host_s = time.perf_counter() - t0
+    stats.loss.item()
+    table = pstats.Stats(prof).stats  # (file, line, name) -> (calls, primitive calls, own s, with callees s, callers)
+
+    def where(key) -> str:
+        file, line, name = key
+        return f"{name} ({Path(file).name}:{line})" if line else name
+
+    own = sorted(table.items(), key=lambda kv: -kv[1][2])[:top]
+    ours = sorted(((k, v) for k, v in table.items() if "nvfp4train" in k[0]), key=lambda kv: -kv[1][3])[:top]
+    lines = [f"    host, one step under cProfile: {host_s * 1e3:.1f} ms until the step returned (profiler included)"]
+    lines.append("    own time (calls, ms):")
+    lines += [f"      {v[2] * 1e3:8.1f} ms {v[0]:>7}  {where(k)}" for k, v in own]
+    lines.append("    this package's functions, with what they call (calls, ms):")
+    lines += [f"      {v[3] * 1e3:8.1f} ms {v[0]:>7}  {where(k)}" for k, v in ours]
+    return lines
+
+
 def print_profile(rows: list[dict], top: int = 15, sources: int = 2) -> None:
     """The breakdown by kind and the top kernels, each with its `sources` costliest launch sites."""
     print("\n".join(summary_lines(rows, top, sources)))
@@ -139,6 +171,7 @@ def bench_one(
     backend: str = "auto",
     profile: Path | None = None,
     cuda_graph: str = "false",
+    host_profile: int = 0,
 ) -> dict:
     model, backend = _model(model_cfg, precision, device, backend)
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
@@ -214,6 +247,8 @@ def bench_one(
     )
     if profiled is not None:
         print_profile(profiled)
+    if host_profile:
+        print("\n".join(host_profile_step(engine, micro_batches[-1], warmup + steps + 2, device, host_profile)))
     del engine, model
     if cuda:
         torch.cuda.empty_cache()
@@ -276,6 +311,14 @@ def main() -> None:
         "kernel (GEMM, our quantizers, scan, copies, ...) and the top kernels; chrome traces "
         "into DIR",
     )
+    ap.add_argument(
+        "--host-profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after each row's timed steps, run one more step under cProfile and print the N Python functions "
+        "with the most host time (where a step without CUDA graph spends its host time)",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "docs/results/bench/train.json")
     args = ap.parse_args()
 
@@ -320,6 +363,7 @@ def main() -> None:
                                 backend,
                                 args.profile,
                                 graph,
+                                args.host_profile,
                             )
                         )
                     except torch.cuda.OutOfMemoryError:

@@ -57,7 +57,21 @@ def _check_d(d: int) -> None:
 
 
 def resolve_signs(d: int, signs=None) -> torch.Tensor:
-    """The ±1 sign vector (float32, CPU) that ``signs`` stands for (see module docstring)."""
+    """The ±1 sign vector (float32, CPU) that ``signs`` stands for (see module docstring). None, an int seed
+    or a tuple (a layer's host copy of its signs) resolve once per value: the quantizers ask for every Wgrad
+    operand, and building and checking the vector each time is host time a training step waits on. The
+    vector returned is shared: read it, do not write it."""
+    if signs is None or isinstance(signs, (int, tuple)) and not isinstance(signs, bool):
+        return _resolve_signs_once(d, signs)
+    return _resolve_signs(d, signs)
+
+
+@functools.lru_cache(maxsize=64)
+def _resolve_signs_once(d: int, signs) -> torch.Tensor:
+    return _resolve_signs(d, signs)
+
+
+def _resolve_signs(d: int, signs) -> torch.Tensor:
     _check_d(d)
     if signs is None:
         return torch.tensor(WGRAD_SIGNS_16, dtype=torch.float32) if d == 16 else random_signs(d)

@@ -19,6 +19,7 @@ draws the same bits as an eager one and the generator states stay what `state_di
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -57,10 +58,15 @@ def decode_recipe(key: str) -> LayerRecipe:
 
 
 # ---------------------------------------------------------------------------------- layer state
+# The GEMMs' padded sizes are pure functions of (size, recipe, backend), asked for at every op call: each is
+# computed once. A step runs four ops per quantized linear without a CUDA graph (DDP, FSDP2), and their host
+# time adds up to a GPU's time a step.
+@functools.lru_cache(maxsize=4096)
 def _k_pad(k: int, *specs) -> int:
     return round_up(k, math.lcm(*(s.k_block for s in specs)))
 
 
+@functools.lru_cache(maxsize=4096)
 def _fprop_k(in_f: int, recipe: LayerRecipe, backend_name: str) -> int:
     """Fprop's K (in_features padded): a multiple of both operands' blocks, and of the K multiple the
     backend's GEMM wants of these operands (`backends.gemm_k_multiple`), so they are made at that width
@@ -70,6 +76,7 @@ def _fprop_k(in_f: int, recipe: LayerRecipe, backend_name: str) -> int:
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def _dgrad_k(out_f: int, recipe: LayerRecipe, backend_name: str) -> int:
     """Dgrad's K (out_features padded), as `_fprop_k`. A reused Fprop weight brings its own K padding."""
     specs = (recipe.dgrad_dy,) if recipe.reuses_fprop_weight else (recipe.dgrad_dy, recipe.dgrad_w)
@@ -145,6 +152,7 @@ def _state(layer_id: int) -> LayerState:
 def _fprop_weight(
     state: LayerState,
     weight: torch.Tensor,
+    recipe_key: str,
     recipe: LayerRecipe,
     backend: Backend,
     k_f: int,
@@ -178,7 +186,7 @@ def _fprop_weight(
 
     if spec.rounding == "sr":
         return build()
-    return state.weights.get(("fprop", encode_recipe(recipe), backend.name, k_f), weight, build, training)
+    return state.weights.get(("fprop", recipe_key, backend.name, k_f), weight, build, training)
 
 
 def _transposed_weight(w_q: operands.Quantized, in_f: int, k_d: int) -> operands.Quantized:
@@ -192,6 +200,7 @@ def _transposed_weight(w_q: operands.Quantized, in_f: int, k_d: int) -> operands
     return operands.Quantized(operands.pad2d(wt_values, in_f, k_d), w_q.decode_scale)
 
 
+@functools.lru_cache(maxsize=4096)
 def _fprop_out_width(out_f: int, recipe: LayerRecipe, backend_name: str) -> int:
     """The row length of the buffer Fprop's GEMM writes Y [tokens, out_f] into (`backends.gemm_out_width`)."""
     return gemm_out_width(backend_name, recipe.fprop_x, recipe.fprop_w, out_f)
@@ -219,6 +228,15 @@ def _wgrad_x_shape(recipe: LayerRecipe, in_f: int, tokens) -> tuple:
     return (round_up(in_f, recipe.wgrad_x.row_block), _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x))
 
 
+def _autocast_off(device_type: str):
+    """Autocast off for the op's body (its GEMMs and quantizers choose their dtypes), entered only where it is on:
+    backward runs without it, and entering the context costs host time at every call."""
+    return torch.autocast(device_type, enabled=False) if torch.is_autocast_enabled(device_type) else _NO_CONTEXT
+
+
+_NO_CONTEXT = contextlib.nullcontext()
+
+
 @torch.library.custom_op("nvfp4train::quant_linear_fprop", mutates_args=())
 def quant_linear_fprop(
     x: torch.Tensor,
@@ -237,10 +255,10 @@ def quant_linear_fprop(
     that pads N is not followed by a copy that crops it (for a caller that reads Y through views anyway)."""
     state, recipe, backend = _state(layer_id), decode_recipe(recipe_key), get_backend(backend_name)
     out_f, in_f = weight.shape
-    with torch.autocast(x.device.type, enabled=False):
+    with _autocast_off(x.device.type):
         x2d = x.reshape(-1, in_f)
         k_f = _fprop_k(in_f, recipe, backend_name)
-        w_q, w_packed, _ = _fprop_weight(state, weight, recipe, backend, k_f, save_x or save_w, save_w)
+        w_q, w_packed, _ = _fprop_weight(state, weight, recipe_key, recipe, backend, k_f, save_x or save_w, save_w)
         saves_xt = save_x and _saves_x_copy(recipe, x.dtype) and not recipe.wgrad_x.is_bf16
         k_w = _k_pad(x2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)
         # Fprop's X and the Wgrad Xᵀ from one read of X where the recipe allows (telemetry wants each alone)
@@ -303,7 +321,7 @@ def quant_linear_dgrad(
     made by quant_linear_dy (two tensors, `pairs.operand_tensors`), or empty: quantized here."""
     state, recipe, backend = _state(layer_id), decode_recipe(recipe_key), get_backend(backend_name)
     out_f, in_f = weight.shape
-    with torch.autocast(dy.device.type, enabled=False):
+    with _autocast_off(dy.device.type):
         dy2d = dy.reshape(-1, out_f)
         k_d, k_f = _dgrad_k(out_f, recipe, backend_name), _fprop_k(in_f, recipe, backend_name)
         if recipe.reuses_fprop_weight:
@@ -360,7 +378,7 @@ def quant_linear_wgrad(
     (two tensors, `pairs.operand_tensors`), or empty: quantized here."""
     state, recipe, backend = _state(layer_id), decode_recipe(recipe_key), get_backend(backend_name)
     out_f = dy.shape[-1]
-    with torch.autocast(dy.device.type, enabled=False):
+    with _autocast_off(dy.device.type):
         dy2d = dy.reshape(-1, out_f)
         tokens = dy2d.shape[0]
         k_w = _k_pad(tokens, recipe.wgrad_dy, recipe.wgrad_x)
@@ -391,7 +409,7 @@ def quant_linear_dy(dy: torch.Tensor, layer_id: int, recipe_key: str, backend_na
     quantized one after the other otherwise, and on steps that record telemetry."""
     state, recipe = _state(layer_id), decode_recipe(recipe_key)
     out_f = dy.shape[-1]
-    with torch.autocast(dy.device.type, enabled=False):
+    with _autocast_off(dy.device.type):
         dy2d = dy.reshape(-1, out_f)
         k_d = _dgrad_k(out_f, recipe, backend_name)
         k_w = _k_pad(dy2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)

@@ -18,6 +18,8 @@ before ``triton`` is first imported (``@triton.jit`` decides at import time, als
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -104,7 +106,12 @@ def round_to(v, DTYPE: tl.constexpr, HW_BF16: tl.constexpr = False):
 def hw_bf16(x: torch.Tensor) -> bool:
     """Whether kernels round FP32 to bf16 with the GPU's conversion (CUDA sm_80+: cvt.rn.bf16.f32; never in
     the interpreter, whose bf16 conversion truncates)."""
-    return x.is_cuda and torch.cuda.get_device_capability(x.device) >= (8, 0)
+    return x.is_cuda and _sm80_or_newer(x.get_device())
+
+
+@functools.cache
+def _sm80_or_newer(device_index: int) -> bool:  # asked at every launch: the device query once per GPU
+    return torch.cuda.get_device_capability(device_index) >= (8, 0)
 
 
 @triton.jit

@@ -74,7 +74,13 @@ def _lib() -> ctypes.CDLL | None:
 
 
 def available() -> bool:
-    return torch.cuda.is_available() and _lib() is not None
+    global _AVAILABLE
+    if _AVAILABLE is None:  # asked at every emulated GEMM: answered once (a process keeps its GPUs and libraries)
+        _AVAILABLE = torch.cuda.is_available() and _lib() is not None
+    return _AVAILABLE
+
+
+_AVAILABLE: bool | None = None
 
 
 def _layout(t: torch.Tensor) -> tuple[bool, int] | None:
@@ -91,15 +97,15 @@ def supports(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
     NVFP4TRAIN_TRITON=0, the switch that sends the emulated GEMM's epilogue (like our kernels) to PyTorch."""
     return (
         a.is_cuda
-        and os.environ.get(DISABLE_ENV, "1") != "0"
         and a.dtype == b.dtype == torch.bfloat16
         and a.dim() == b.dim() == 2
         and out_dtype in _DTYPES
         and a.shape[1] == b.shape[1]
+        and available()
+        and os.environ.get(DISABLE_ENV, "1") != "0"
         and _layout(a) is not None
         and _layout(b) is not None
         and not torch.compiler.is_compiling()
-        and available()
     )
 
 
@@ -125,8 +131,11 @@ def scaled_gemm(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor | None, ou
             _CONSTANTS[a.device.index] = constants
     zero = constants[:1]
     alpha = constants[1:] if alpha is None else alpha.reshape(1).to(torch.float32).contiguous()
-    with torch.cuda.device(a.device):  # the handle, stream and workspace of the operands' device
+    if a.device.index == torch.cuda.current_device():
         _gemm_ex(lib, a, b, alpha, zero, out)
+    else:
+        with torch.cuda.device(a.device):  # the handle, stream and workspace of the operands' device
+            _gemm_ex(lib, a, b, alpha, zero, out)
     return out
 
 
