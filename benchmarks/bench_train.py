@@ -23,6 +23,13 @@ each under the ops that launched it (op, input shapes, enclosing ops such as our
 `--cuda-graph false`, since a replayed graph hides them), with a chrome trace per row in DIR:
     python -m benchmarks.bench_train --models hybrid_350m --seqs 2048 --batch 8 --precisions bf16 nvfp4 \
         --profile /tmp/prof
+The host's time per step: with `--cuda-graph false` and a sequence so short that the GPU's work is a small
+part (`--seqs 128 --batch 1`), a step takes what the host needs to issue it, the same number of ops and
+launches as a full step. Where that comes near the full step's GPU time, steps without a CUDA graph (DDP,
+FSDP2) are paced by the host. `--host-profile N` runs one more step under cProfile and prints the N Python
+functions with the most host time, and this package's N with the most time including what they call:
+    python -m benchmarks.bench_train --models hybrid_1b --seqs 128 --batch 1 --precisions bf16 nvfp4 \
+        --cuda-graph true false --host-profile 40
 """
 
 from __future__ import annotations

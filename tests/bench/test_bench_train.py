@@ -32,7 +32,7 @@ def test_bench_train_smoke_and_json_merge(tmp_path):
     proc = run_benchmark(
         "bench_train",
         *("--models", "hybrid_tiny", "--seqs", 32, "--batch", 2, "--steps", 1, "--warmup", 1),
-        *("--precisions", "bf16", "--out", out, "--profile", tmp_path / "prof"),
+        *("--precisions", "bf16", "--out", out, "--profile", tmp_path / "prof", "--host-profile", 6),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
@@ -44,6 +44,11 @@ def test_bench_train_smoke_and_json_merge(tmp_path):
     # --profile: one more step under torch.profiler after the timed window, broken down by kind of kernel
     assert "profiled step:" in proc.stdout and "gemm" in proc.stdout and "top 15 kernels:" in proc.stdout
     assert (tmp_path / "prof" / "hybrid_tiny_seq32_bf16_emulated.json").stat().st_size > 0
+    # --host-profile: one more step under cProfile, the host's costliest functions and this package's
+    host = proc.stdout[proc.stdout.index("host, one step under cProfile:") :].splitlines()
+    own = host.index("    own time (calls, ms):")
+    ours = host.index("    this package's functions, with what they call (calls, ms):")
+    assert ours - own - 1 == 6 and "train_step (engines.py:" in host[ours + 1]  # the step itself comes first
 
 
 def test_kernel_kinds_of_real_kernel_names():

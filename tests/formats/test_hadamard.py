@@ -81,6 +81,21 @@ def test_signs_from_seed_and_explicit_vector():
     assert set(hadamard.random_signs(64, 9).tolist()) == {-1.0, 1.0}
 
 
+def test_a_layers_host_tuple_of_signs_resolves_once_and_bad_ones_still_fail_each_time():
+    # A layer passes its signs as a host tuple at every Wgrad operand: resolved once, the same vector after.
+    signs = tuple(float(s) for s in hadamard.random_signs(16, 5).tolist())
+    first = hadamard.resolve_signs(16, signs)
+    assert first is hadamard.resolve_signs(16, signs)
+    assert torch.equal(first, hadamard.random_signs(16, 5)) and first.dtype == torch.float32
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(hadamard.rht(x, signs=signs), hadamard.rht(x, signs=torch.tensor(signs)))
+    for _ in range(2):  # a refused tuple is not remembered as resolved
+        with pytest.raises(ValueError, match="signs must be"):
+            hadamard.resolve_signs(16, (1.0, 2.0) * 8)
+        with pytest.raises(ValueError, match="signs must be"):
+            hadamard.resolve_signs(16, (1.0,) * 8)
+
+
 @pytest.mark.parametrize(
     "call, match",
     [
