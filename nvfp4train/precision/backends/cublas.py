@@ -19,6 +19,7 @@ where libcublas is not loaded into the process.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 
 import torch
@@ -73,14 +74,9 @@ def _lib() -> ctypes.CDLL | None:
     return _LIB
 
 
+@functools.cache  # asked at every emulated GEMM: answered once (a process keeps its GPUs and libraries)
 def available() -> bool:
-    global _AVAILABLE
-    if _AVAILABLE is None:  # asked at every emulated GEMM: answered once (a process keeps its GPUs and libraries)
-        _AVAILABLE = torch.cuda.is_available() and _lib() is not None
-    return _AVAILABLE
-
-
-_AVAILABLE: bool | None = None
+    return torch.cuda.is_available() and _lib() is not None
 
 
 def _layout(t: torch.Tensor) -> tuple[bool, int] | None:
