@@ -56,6 +56,9 @@ RUNS = {
     "nvfp4_fsdp2": (2, ["train.parallel=fsdp2", "precision=nvfp4"]),
     "nvfp4_1gpu": (1, ["precision=nvfp4"]),
     "nvfp4_ddp": (2, ["train.parallel=ddp", "precision=nvfp4"]),
+    # DDP's step captured as a CUDA graph after 11 eager steps: time them with --steps 30 or more
+    "ddp_graph": (2, ["train.parallel=ddp", "train.cuda_graph=true"]),
+    "nvfp4_ddp_graph": (2, ["train.parallel=ddp", "precision=nvfp4", "train.cuda_graph=true"]),
     "fp8_1gpu": (1, ["precision=fp8_tensorwise"]),
     "fp8_fsdp2": (2, ["train.parallel=fsdp2", "precision=fp8_tensorwise"]),
     "te_1gpu": (1, ["precision=fp8_tensorwise", "precision.backend=te"]),
@@ -121,7 +124,7 @@ def summarize(name: str, out_dir: Path, args) -> dict:
         "precision": precision,
         "backend": backend.group(1) if backend else None,
         "compiled": args.device == "cuda" and parallel != "deepspeed",
-        "cuda_graph": args.device == "cuda" and gpus == 1 and "eager steps" not in log,
+        "cuda_graph": "cuda graph: captured the step" in log,
         "step_ms": round(args.batch * args.seq / tokens_per_s * 1e3, 3),
         "tokens_per_s": round(tokens_per_s, 1),
         "mfu": round(sum(mfu) / len(mfu), 4) if mfu else None,

@@ -90,8 +90,9 @@ class TrainConfig:
     SSD scan returns NaN) | false."""
     cuda_graph: CudaGraph = CudaGraph.auto
     """Capture each step's forward and backward passes as one CUDA graph and replay it (train/cuda_graph.py):
-    auto (single-process CUDA runs without activation checkpointing or the te backend) | true (refuses a
-    run where it cannot) | false. Removes the host's launch overhead, which bounds the emulated
+    auto (single-process CUDA runs without activation checkpointing or the te backend) | true (also
+    captures DDP's steps with their all-reduce, after 11 eager ones; refuses a run where it cannot: FSDP2,
+    DeepSpeed) | false. Removes the host's launch overhead, which bounds the emulated
     low-precision steps of small models; the same numerics as eager steps."""
     deterministic: bool = False
     """Bitwise-reproducible training on a GPU: the same config and seed give the same losses and weights on

@@ -105,8 +105,13 @@ def resolve_reshard_after_forward(setting: str, n_params: int, info: DistInfo) -
 
 
 def wrap_model(model: nn.Module, mode: str, info: DistInfo, reshard_after_forward: bool = True,
-               prefetch: int = 1, ddp_bucket_cap_mb: int = 100) -> nn.Module:
-    """Wrap for data parallelism. World size 1 runs the bare model (DeepSpeed wraps in its own engine)."""
+               prefetch: int = 1, ddp_bucket_cap_mb: int = 100, capturable: bool = False) -> nn.Module:
+    """Wrap for data parallelism. World size 1 runs the bare model (DeepSpeed wraps in its own engine).
+
+    capturable: DDP as torch's CUDA-graph notes ask for a step captured with its all-reduce (built on a
+    side stream, so that its set-up collectives are not ordered on the stream a capture later uses; its
+    runtime statistics, which time the backward with CUDA events on sampled iterations, never sampled
+    after DDP's first ten iterations, which the capture's warm-up steps run eagerly)."""
     if mode not in PARALLEL_MODES:
         raise ConfigError(f"train.parallel={mode!r}: allowed {', '.join(PARALLEL_MODES)}")
     if info.world_size == 1 or mode == "deepspeed":
@@ -115,8 +120,18 @@ def wrap_model(model: nn.Module, mode: str, info: DistInfo, reshard_after_forwar
         from torch.nn.parallel import DistributedDataParallel
         # Gradients as views of DDP's buckets: no copy into the buckets before each all-reduce, and one
         # copy of the gradients in memory instead of two.
-        return DistributedDataParallel(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None,
-                                       bucket_cap_mb=ddp_bucket_cap_mb, gradient_as_bucket_view=True)
+        device_ids = [info.local_rank] if info.device.type == "cuda" else None
+        if not capturable:
+            return DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=ddp_bucket_cap_mb,
+                                           gradient_as_bucket_view=True)
+        side = torch.cuda.Stream(info.device)
+        side.wait_stream(torch.cuda.current_stream(info.device))
+        with torch.cuda.stream(side):
+            ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=ddp_bucket_cap_mb,
+                                          gradient_as_bucket_view=True)
+        torch.cuda.current_stream(info.device).wait_stream(side)
+        ddp._set_ddp_runtime_logging_sample_rate(2**31 - 1)
+        return ddp
     return shard_fsdp2(model, reshard_after_forward, prefetch)
 
 

@@ -25,10 +25,20 @@ What must hold for a replay to be the eager step, and how it is kept:
   Triton compilation, torch.compile's recompilation after a precision switch (Inductor reads values on
   the host while compiling, which a capture forbids), cuBLAS workspaces and the lazily created SR
   generators happen outside a capture.
+
+Under DDP (more than one rank) the gradient all-reduce is captured with the step, as torch's CUDA-graph
+notes describe it: DDP built on a side stream (dist.wrap_model's `capturable`), its first 11 iterations
+eager (DDP rebuilds its buckets and samples its runtime statistics there), the gradients kept as views
+of DDP's buckets (zeroed in place, never set to None, so the all-reduce in the graph writes where the
+optimizer reads), accumulation across micro-batches inside the capture under `no_sync` as in the eager
+step, and the capture in the capturing thread's error mode, so NCCL's watchdog thread may query its
+events meanwhile. FSDP2 allocates and frees its gathered weights at every use and DeepSpeed runs its
+own hooks: neither is captured.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -41,17 +51,30 @@ from nvfp4train.precision.linear import QuantLinear
 log = logging.getLogger(__name__)
 
 
+DDP_WARMUP_STEPS = 11  # torch's CUDA-graph notes: at least 11 DDP-enabled eager iterations before capture
+
+
 def cuda_graph_blocker(
-    model: nn.Module, device: torch.device, world_size: int, parallel: str, activation_checkpointing: str
+    model: nn.Module,
+    device: torch.device,
+    world_size: int,
+    parallel: str,
+    activation_checkpointing: str,
+    explicit: bool = False,
 ) -> str | None:
-    """Why this run cannot capture its step as a CUDA graph, or None when it can."""
+    """Why this run cannot capture its step as a CUDA graph, or None when it can. `explicit`: asked for
+    with train.cuda_graph=true, which captures DDP's steps too (auto keeps them eager)."""
     if device.type != "cuda":
         return f"the device is {device.type}, not cuda"
-    if world_size > 1 or parallel == "deepspeed":
+    if parallel == "deepspeed":
+        return "train.parallel=deepspeed (DeepSpeed's hooks and its optimizer step are not captured)"
+    if world_size > 1 and parallel != "ddp":
         return (
-            f"{world_size} ranks with train.parallel={parallel} (the gradient all-reduce and "
-            f"DeepSpeed's hooks are not captured; single-process runs only)"
+            f"{world_size} ranks with train.parallel={parallel} (FSDP2 gathers and frees each block's "
+            f"weights at every use; DDP steps can be captured)"
         )
+    if world_size > 1 and not explicit:
+        return f"{world_size} ranks with train.parallel=ddp (captured with train.cuda_graph=true)"
     if activation_checkpointing != "none":
         return f"train.activation_checkpointing={activation_checkpointing} (recomputation saves RNG states on the host)"
     if any(isinstance(m, TELinear) for m in model.modules()):
@@ -64,11 +87,24 @@ class StepGraph:
 
     `run(micro_batches)` returns the summed loss of the micro-batches (a fresh device tensor) with the
     gradients accumulated into `.grad`, or None when this step must run eagerly (the caller runs it;
-    `release()` has then already freed the graph and set the gradients to None)."""
+    `release()` has then already freed the graph and set the gradients to None, or zeroed them under DDP)."""
 
-    def __init__(self, model: nn.Module, forward, autocast, device: torch.device, warmup_steps: int = 2):
+    def __init__(
+        self,
+        model: nn.Module,
+        forward,
+        autocast,
+        device: torch.device,
+        warmup_steps: int = 2,
+        sync_context=None,
+        distributed: bool = False,
+    ):
+        """sync_context(last) -> the context a micro-batch's forward and backward run in (DDP's no_sync on
+        all but the last); distributed: the step holds collectives (captured in thread-local mode)."""
         self.model, self.forward, self.autocast, self.device = model, forward, autocast, device
         self.warmup_steps = warmup_steps
+        self.sync_context = sync_context or (lambda last: contextlib.nullcontext())
+        self.distributed = distributed
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
         self.eager_steps: dict[tuple, int] = {}  # eager warm-up steps run per (shapes, recipes)
@@ -101,8 +137,11 @@ class StepGraph:
             return
         self.graph = self.key = self.loss_sum = None
         self.static_batches = []
-        for p in self.params:
-            p.grad = None
+        if self.distributed:  # DDP's bucket views stay the gradients (see the module's notes)
+            torch._foreach_zero_([p.grad for p in self.params if p.grad is not None])
+        else:
+            for p in self.params:
+                p.grad = None
         torch.cuda.empty_cache()
 
     # ------------------------------------------------------------------ capture
@@ -122,6 +161,10 @@ class StepGraph:
         self.static_batches = [(x.to(self.device).clone(), y.to(self.device).clone()) for x, y in micro_batches]
         for p in self.params:  # allocated outside the graph's pool, accumulated into in place
             if p.grad is None:
+                if self.distributed:  # DDP's bucket views exist after any eager step; a fresh tensor is not one
+                    raise RuntimeError(
+                        f"train.cuda_graph: a parameter of shape {tuple(p.shape)} has no gradient to capture into"
+                    )
                 p.grad = torch.zeros_like(p)
         grads = [p.grad for p in self.params]
         generators = self._sr_generators()
@@ -132,13 +175,14 @@ class StepGraph:
         for gen in generators:
             graph.register_generator_state(gen)
         try:
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local" if self.distributed else "global"):
                 torch._foreach_zero_(grads)
                 loss_sum = torch.zeros((), device=self.device)
-                for x, y in self.static_batches:
-                    with self.autocast():
-                        loss = self.forward(x, y)
-                    (loss / n).backward()
+                for i, (x, y) in enumerate(self.static_batches):
+                    with self.sync_context(last=i == n - 1):
+                        with self.autocast():
+                            loss = self.forward(x, y)
+                        (loss / n).backward()
                     loss_sum += loss.detach()
         except Exception as e:
             raise RuntimeError(

@@ -28,7 +28,7 @@ from nvfp4train.precision.controller import drop_weight_caches_after_each_step
 from nvfp4train.precision.linear import QuantLinear
 from nvfp4train.schema import ConfigError
 from nvfp4train.train import checkpoint
-from nvfp4train.train.cuda_graph import StepGraph, cuda_graph_blocker
+from nvfp4train.train.cuda_graph import DDP_WARMUP_STEPS, StepGraph, cuda_graph_blocker
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,9 @@ def resolve_cuda_graph(
     refuses a run where it cannot, naming why."""
     if setting == "false":
         return False
-    blocker = cuda_graph_blocker(model, info.device, info.world_size, parallel, activation_checkpointing)
+    blocker = cuda_graph_blocker(
+        model, info.device, info.world_size, parallel, activation_checkpointing, explicit=setting == "true"
+    )
     if blocker is None:
         return True
     if setting == "true":
@@ -137,6 +139,9 @@ class TorchEngine:
                 str(reshard_after_forward).lower(), n_params, info
             )
             log.info("FSDP2: %s; prefetch %d block(s)", why, fsdp_prefetch)
+        # a DDP step captured with its all-reduce (cuda_graph.py): its gradients stay DDP's bucket views
+        ddp_graph = cuda_graph and parallel == "ddp" and info.world_size > 1
+        self.keep_grad_buffers = ddp_graph
         # FSDP2 swaps parameters: the optimizer is built after
         self.wrapped = dist.wrap_model(
             model,
@@ -145,6 +150,7 @@ class TorchEngine:
             reshard_after_forward=bool(reshard_after_forward),
             prefetch=fsdp_prefetch,
             ddp_bucket_cap_mb=ddp_bucket_cap_mb,
+            capturable=ddp_graph,
         )
         self.reshard_after_forward = bool(reshard_after_forward) if self.fsdp else None
         self.optimizer = build_optimizer(groups(model), optim_cfg, fused=True)
@@ -165,7 +171,17 @@ class TorchEngine:
         # first evaluation, tens of seconds on a GPU.
         self.module = self.wrapped
         # train.cuda_graph: forward + backward replayed as one CUDA graph (cuda_graph.py says what it keeps)
-        self.step_graph = StepGraph(model, self.forward, self.autocast, info.device) if cuda_graph else None
+        self.step_graph = None
+        if cuda_graph:
+            self.step_graph = StepGraph(
+                model,
+                self.forward,
+                self.autocast,
+                info.device,
+                warmup_steps=DDP_WARMUP_STEPS if ddp_graph else 2,
+                sync_context=self._sync_context,
+                distributed=ddp_graph,
+            )
 
     def autocast(self):
         return torch.autocast(self.info.device.type, dtype=torch.bfloat16)
@@ -194,7 +210,7 @@ class TorchEngine:
         self.optimizer.found_inf = (~applied).float()
         self.optimizer.step()
         if not graphed:  # a graph's gradients keep their addresses; it zeroes them itself
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=not self.keep_grad_buffers)
         return StepStats(loss_t, grad_norm, applied)
 
     def _sync_context(self, last: bool):

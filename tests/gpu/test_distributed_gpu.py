@@ -320,3 +320,39 @@ def test_fsdp2_tracks_one_gpu(tmp_path, jobs, precision):
         diffs = rel_diffs(one, curves[name], steps)
         assert max(diffs) <= ONE_VS_FSDP_REL, (name, [(s, one[s], curves[name][s]) for s in steps])
     assert one[ONE_VS_FSDP_STEPS] < one[1] - 0.5  # and it trains
+
+
+# ------------------------------------------------------------- DDP's step captured as a CUDA graph
+DDP_GRAPH_STEPS = 24  # 11 eager warm-up steps (DDP_WARMUP_STEPS), then 13 replays
+
+
+@pytest.mark.parametrize("precision", ["bf16", "nvfp4"])
+def test_ddp_cuda_graph_tracks_eager_ddp(tmp_path, jobs, precision):
+    """train.cuda_graph=true under DDP (the all-reduce inside the graph) against eager DDP, compiled, side by
+    side on the same two GPUs: the same seed, initial weights and global batches give the same loss curve
+    within the one-GPU graphed-vs-eager tolerance, and the graphed run did capture its step."""
+    common = [
+        f"precision={precision}",
+        *ONE_VS_FSDP_COMMON,
+        f"train.max_steps={DDP_GRAPH_STEPS}",
+        "train.parallel=ddp",
+        "train.micro_batch_size=2",  # 2 micro-batches a step on each rank: no_sync inside the capture
+    ]
+    procs = {
+        "graph": launch(jobs, tmp_path / "graph", *common, "train.cuda_graph=true"),
+        "eager": launch(jobs, tmp_path / "eager", *common, "train.cuda_graph=false"),
+    }
+    for name, proc in procs.items():
+        finish(proc, tmp_path / name)
+    log = (tmp_path / "graph" / "train.log").read_text()
+    assert "cuda graph: captured the step (2 micro-batches" in log, log[-3000:]
+    graph, eager = losses(tmp_path / "graph"), losses(tmp_path / "eager")
+    steps = range(1, DDP_GRAPH_STEPS + 1)
+    assert sorted(graph) == sorted(eager) == list(steps)
+    diffs = rel_diffs(eager, graph, steps)
+    print(
+        f"{precision} DDP graphed vs eager: max rel diff {max(diffs):.2e} at step {diffs.index(max(diffs)) + 1}; "
+        f"step {DDP_GRAPH_STEPS}: {graph[DDP_GRAPH_STEPS]:.4f} vs {eager[DDP_GRAPH_STEPS]:.4f}"
+    )
+    assert max(diffs) <= ONE_VS_FSDP_REL, [(s, eager[s], graph[s]) for s in steps]
+    assert graph[DDP_GRAPH_STEPS] < graph[1] - 0.5

@@ -47,6 +47,21 @@ def test_auto_runs_eager_where_a_graph_cannot_be_captured():
     assert cuda_graph_blocker(model, cuda, 1, "ddp", "none") is None
 
 
+def test_ddp_steps_are_captured_only_when_asked_fsdp2_never():
+    model, _, _ = _model("bf16", "cpu")
+    cuda = torch.device("cuda")
+    assert "train.cuda_graph=true" in cuda_graph_blocker(model, cuda, 2, "ddp", "none")
+    assert cuda_graph_blocker(model, cuda, 2, "ddp", "none", explicit=True) is None
+    assert "FSDP2" in cuda_graph_blocker(model, cuda, 2, "fsdp2", "none", explicit=True)
+    assert "deepspeed" in cuda_graph_blocker(model, cuda, 2, "deepspeed", "none", explicit=True)
+    assert "activation_checkpointing" in cuda_graph_blocker(model, cuda, 2, "ddp", "full", explicit=True)
+    info = DistInfo(rank=0, world_size=2, local_rank=0, device=cuda)
+    assert resolve_cuda_graph("auto", model, info, "ddp") is False
+    assert resolve_cuda_graph("true", model, info, "ddp") is True
+    with pytest.raises(ConfigError, match=r"train.cuda_graph=true: .*FSDP2"):
+        resolve_cuda_graph("true", model, info, "fsdp2")
+
+
 def test_true_refuses_a_run_that_cannot_capture_naming_the_key():
     model, _, _ = _model("bf16", "cpu")
     with pytest.raises(ConfigError, match=r"train.cuda_graph=true: .*the device is cpu.*allowed: auto"):
