@@ -135,6 +135,8 @@ class StepGraph:
         """Drop the graph, its memory and the gradients it writes into (an eager step follows)."""
         if self.graph is None:
             return
+        torch.cuda.synchronize(self.device)
+        self.graph.reset()
         self.graph = self.key = self.loss_sum = None
         self.static_batches = []
         if self.distributed:  # DDP's bucket views stay the gradients (see the module's notes)

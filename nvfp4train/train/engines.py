@@ -213,6 +213,12 @@ class TorchEngine:
             self.optimizer.zero_grad(set_to_none=not self.keep_grad_buffers)
         return StepStats(loss_t, grad_norm, applied)
 
+    def close(self) -> None:
+        """Free the step's CUDA graph: NCCL destroys a communicator only once no graph holds its collectives
+        (a DDP graph left alive hangs the process group's shutdown)."""
+        if self.step_graph is not None:
+            self.step_graph.release()
+
     def _sync_context(self, last: bool):
         """Skip the gradient all-reduce on all but the last micro-batch of a step."""
         if self.info.world_size == 1 or last:

@@ -445,6 +445,9 @@ class Trainer:
         return path
 
     def close(self) -> None:
+        close_engine = getattr(getattr(self, "engine", None), "close", None)
+        if close_engine is not None:
+            close_engine()
         if self.bar is not None:
             self.bar.close()
         self.logger.close()
