@@ -12,6 +12,7 @@ cases also without an importable transformer_engine, the DeepSpeed case without 
 3. FSDP2 on two GPUs against one GPU, BF16 and emulated NVFP4, compiled as a user runs them: the same global
    batches give the same loss curve within a stated tolerance (hybrid_1b's bench rows had NVFP4 under FSDP2
    3% below its one-GPU loss at step 16, where BF16's agreed within 0.2%).
+4. DDP's step captured as a CUDA graph (train.cuda_graph=true) against eager DDP, uncompiled and compiled.
 
 Every run is the trainer's own command under `python -m nvfp4train.dist.run --standalone --nproc_per_node=2`;
 runs that are compared start side by side on the same two GPUs (each launcher has its own rendezvous port).
@@ -323,21 +324,33 @@ def test_fsdp2_tracks_one_gpu(tmp_path, jobs, precision):
 
 
 # ------------------------------------------------------------- DDP's step captured as a CUDA graph
-DDP_GRAPH_STEPS = 24  # 11 eager warm-up steps (DDP_WARMUP_STEPS), then 13 replays
+DDP_GRAPH_STEPS = 20  # 11 eager warm-up steps (DDP_WARMUP_STEPS), then 9 replays
+DDP_GRAPH_COMMON = [
+    "model=hybrid_tiny",
+    "model.ssd_backend=torch",  # no mamba-ssm autotuning: the runs take about a minute
+    "precision=nvfp4",  # SR streams registered with the graph, the quantized weights rebuilt inside it
+    f"train.max_steps={DDP_GRAPH_STEPS}",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=2",  # 2 micro-batches a step on each rank: no_sync inside the capture
+    "train.seq_len=256",
+    "train.log_every=1",
+    "train.progress=false",
+    "train.eval_sequences=0",
+    "train.save_every=0",
+    "train.parallel=ddp",
+    "optim.schedule.warmup_steps=4",
+]
 
 
-@pytest.mark.parametrize("precision", ["bf16", "nvfp4"])
-def test_ddp_cuda_graph_tracks_eager_ddp(tmp_path, jobs, precision):
-    """train.cuda_graph=true under DDP (the all-reduce inside the graph) against eager DDP, compiled, side by
-    side on the same two GPUs: the same seed, initial weights and global batches give the same loss curve
-    within the one-GPU graphed-vs-eager tolerance, and the graphed run did capture its step."""
-    common = [
-        f"precision={precision}",
-        *ONE_VS_FSDP_COMMON,
-        f"train.max_steps={DDP_GRAPH_STEPS}",
-        "train.parallel=ddp",
-        "train.micro_batch_size=2",  # 2 micro-batches a step on each rank: no_sync inside the capture
-    ]
+# Measured on 2 H200s (commit 836f787): uncompiled, the graphed run's 20 losses equal the eager run's bit for bit;
+# compiled, the two differ by at most 1.8e-3 from step 2 on, before any replay (the run-to-run spread of compiled
+# GPU runs). A replay without the all-reduce, or with a rank's gradients counted twice, moves the loss by more.
+@pytest.mark.parametrize("compile_, tolerance", [("false", 1e-4), ("true", ONE_VS_FSDP_REL)])
+def test_ddp_cuda_graph_tracks_eager_ddp(tmp_path, jobs, compile_, tolerance):
+    """train.cuda_graph=true under DDP (the all-reduce inside the graph) against eager DDP, side by side on the
+    same two GPUs: the same seed, initial weights and global batches give the same loss curve, and the graphed
+    run captured its step and exits (a graph left holding NCCL's collectives hangs the process group's end)."""
+    common = [*DDP_GRAPH_COMMON, f"train.compile={compile_}"]
     procs = {
         "graph": launch(jobs, tmp_path / "graph", *common, "train.cuda_graph=true"),
         "eager": launch(jobs, tmp_path / "eager", *common, "train.cuda_graph=false"),
@@ -351,8 +364,9 @@ def test_ddp_cuda_graph_tracks_eager_ddp(tmp_path, jobs, precision):
     assert sorted(graph) == sorted(eager) == list(steps)
     diffs = rel_diffs(eager, graph, steps)
     print(
-        f"{precision} DDP graphed vs eager: max rel diff {max(diffs):.2e} at step {diffs.index(max(diffs)) + 1}; "
-        f"step {DDP_GRAPH_STEPS}: {graph[DDP_GRAPH_STEPS]:.4f} vs {eager[DDP_GRAPH_STEPS]:.4f}"
+        f"compile={compile_}: DDP graphed vs eager: max rel diff {max(diffs):.2e} at step "
+        f"{diffs.index(max(diffs)) + 1}; step {DDP_GRAPH_STEPS}: {graph[DDP_GRAPH_STEPS]:.4f} vs "
+        f"{eager[DDP_GRAPH_STEPS]:.4f}"
     )
-    assert max(diffs) <= ONE_VS_FSDP_REL, [(s, eager[s], graph[s]) for s in steps]
+    assert max(diffs) <= tolerance, [(s, eager[s], graph[s]) for s in steps]
     assert graph[DDP_GRAPH_STEPS] < graph[1] - 0.5
