@@ -56,7 +56,7 @@ RUNS = {
     "nvfp4_fsdp2": (2, ["train.parallel=fsdp2", "precision=nvfp4"]),
     "nvfp4_1gpu": (1, ["precision=nvfp4"]),
     "nvfp4_ddp": (2, ["train.parallel=ddp", "precision=nvfp4"]),
-    # DDP's step captured as a CUDA graph after 11 eager steps: time them with --steps 30 or more
+    # DDP's step captured as a CUDA graph after 11 eager steps: these run at least GRAPHED_DDP_STEPS steps
     "ddp_graph": (2, ["train.parallel=ddp", "train.cuda_graph=true"]),
     "nvfp4_ddp_graph": (2, ["train.parallel=ddp", "precision=nvfp4", "train.cuda_graph=true"]),
     "fp8_1gpu": (1, ["precision=fp8_tensorwise"]),
@@ -65,18 +65,28 @@ RUNS = {
     "te_fsdp2": (2, ["train.parallel=fsdp2", "precision=fp8_tensorwise", "precision.backend=te"]),
 }
 DEFAULT_RUNS = ["1gpu", "ddp", "fsdp2", "fsdp2_reshard", "zero1", "zero2", "nvfp4_fsdp2"]
+# a run that captures DDP's step replays it from step 12: 30 steps time 15 replays (the second half)
+GRAPHED_DDP_STEPS = 30
 PROFILED_STEPS = 2  # --profile: steps run and profiled after the timed ones
+
+
+def timed_steps(name: str, args) -> int:
+    """The steps run `name` runs before any profiled ones: --steps, at least GRAPHED_DDP_STEPS where DDP's
+    step is captured (its first 11 run eagerly)."""
+    graphed_ddp = RUNS[name][0] > 1 and "train.cuda_graph=true" in RUNS[name][1]
+    return max(args.steps, GRAPHED_DDP_STEPS) if graphed_ddp else args.steps
 
 
 def command(name: str, out_dir: Path, args) -> list[str]:
     gpus, extra = RUNS[name]
     gpus = args.gpus if gpus > 1 else 1
+    n_steps = timed_steps(name, args)
     common = [
         f"model={args.model}",
         f"train.seq_len={args.seq}",
         f"train.global_batch_size={args.batch}",
         f"train.micro_batch_size={args.micro}",
-        f"train.max_steps={args.steps + (PROFILED_STEPS if args.profile else 0)}",
+        f"train.max_steps={n_steps + (PROFILED_STEPS if args.profile else 0)}",
         "train.log_every=2",
         "train.eval_sequences=0",
         "train.progress=false",
@@ -85,7 +95,7 @@ def command(name: str, out_dir: Path, args) -> list[str]:
         f"out_dir={out_dir}",
     ]
     if args.profile:  # after the timed steps, which the row's numbers come from
-        common += [f"train.profile_start={args.steps + 1}", f"train.profile_steps={PROFILED_STEPS}"]
+        common += [f"train.profile_start={n_steps + 1}", f"train.profile_steps={PROFILED_STEPS}"]
     if gpus == 1:
         return [sys.executable, "-m", "nvfp4train.train", *common, *extra]
     return [
@@ -104,8 +114,9 @@ def command(name: str, out_dir: Path, args) -> list[str]:
 def summarize(name: str, out_dir: Path, args) -> dict:
     """The row of one finished run, from its metrics.jsonl and train.log."""
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "loss" in r and "tokens_per_s" in r and r["step"] <= args.steps]  # not profiled
-    timed = [r for r in steps if r["step"] > args.steps // 2] or steps[-1:]
+    n_steps = timed_steps(name, args)
+    steps = [r for r in records if "loss" in r and "tokens_per_s" in r and r["step"] <= n_steps]  # not profiled
+    timed = [r for r in steps if r["step"] > n_steps // 2] or steps[-1:]
     tokens_per_s = sum(r["tokens_per_s"] for r in timed) / len(timed)
     log = (out_dir / "train.log").read_text() if (out_dir / "train.log").is_file() else ""
     backend = re.search(r"\| precision \S+ \((\w+)\)", log)

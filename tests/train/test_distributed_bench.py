@@ -125,6 +125,23 @@ def test_multi_gpu_runs_are_compared_with_the_one_gpu_run_of_their_precision():
     assert bd.baseline("nvfp4_fsdp2", rows, earlier) == (80.0, "nvfp4_1gpu of commit abc1234 in --out")
 
 
+def test_graphed_ddp_runs_time_their_replays(tmp_path):
+    """A run that captures DDP's step runs eagerly to step 11: it runs at least 30 steps, so that the timed
+    second half is replays; the others run --steps."""
+    import argparse
+
+    import benchmarks.bench_distributed as bd
+
+    args = argparse.Namespace(
+        steps=14, gpus=2, model="hybrid_1b", seq=4096, batch=8, micro=4, device="cuda", profile=tmp_path
+    )
+    for name, steps in (("nvfp4_ddp_graph", 30), ("ddp_graph", 30), ("nvfp4_ddp", 14), ("1gpu", 14)):
+        cmd = " ".join(bd.command(name, tmp_path / name, args))
+        assert f"train.max_steps={steps + bd.PROFILED_STEPS} " in cmd and f"train.profile_start={steps + 1} " in cmd
+    args.steps = 40
+    assert bd.timed_steps("nvfp4_ddp_graph", args) == 40
+
+
 def test_rows_of_two_gpu_models_are_both_kept(tmp_path):
     import benchmarks.bench_distributed as bd
 
