@@ -370,3 +370,60 @@ def test_ddp_cuda_graph_tracks_eager_ddp(tmp_path, jobs, compile_, tolerance):
     )
     assert max(diffs) <= tolerance, [(s, eager[s], graph[s]) for s in steps]
     assert graph[DDP_GRAPH_STEPS] < graph[1] - 0.5
+
+
+DDP_GRAPH_LONG_STEPS, DDP_GRAPH_SAVE_AT = 32, 16
+
+
+def test_ddp_cuda_graph_through_telemetry_eval_switch_and_resume(tmp_path, jobs):
+    """What makes a DDP graph release and recapture, against eager DDP (uncompiled, so the curves are equal up
+    to the GPUs' own noise): a telemetry step (precision.stats_every=14: steps 14 and 28 run eagerly, the graph
+    captured again after them), held-out evaluations between replays (every 10 steps), the switch to BF16 at
+    60% of the tokens (new recipes: 11 more eager steps, then a new capture), and a run killed after its
+    step-16 checkpoint and resumed (a new process: 11 eager steps, then captures of its own). Every run exits,
+    i.e. each graph holding NCCL's collectives was freed."""
+    overrides = [
+        *DDP_GRAPH_COMMON,
+        f"train.max_steps={DDP_GRAPH_LONG_STEPS}",
+        "train.compile=false",
+        "precision.stats_every=14",
+        "precision.switch.at_fraction=0.6",
+        "train.eval_every=10",
+        "train.eval_sequences=4",
+        f"train.save_every={DDP_GRAPH_SAVE_AT}",
+        "train.resume=auto",
+    ]
+    eager, graph, cut = tmp_path / "eager", tmp_path / "graph", tmp_path / "cut"
+    procs = {
+        eager: launch(jobs, eager, *overrides, "train.cuda_graph=false"),
+        graph: launch(jobs, graph, *overrides, "train.cuda_graph=true"),
+        cut: launch(jobs, cut, *overrides, "train.cuda_graph=true"),
+    }
+    marker = cut / "checkpoints" / f"step_{DDP_GRAPH_SAVE_AT:08d}" / "meta.json"  # written last
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while not marker.exists():
+        if procs[cut].poll() is not None or time.monotonic() > deadline:
+            text = finish(procs[cut], cut, expect_ok=False)
+            pytest.fail(f"the run ended or hung before its step-{DDP_GRAPH_SAVE_AT} checkpoint:\n{text[-5000:]}")
+        time.sleep(0.01)
+    kill_tree(procs[cut])
+    finish(procs[cut], cut, expect_ok=False)
+    for out in (eager, graph):
+        finish(procs[out], out)
+    resume_out = finish(launch(jobs, cut, *overrides, "train.cuda_graph=true"), cut)
+    found = re.search(r"resumed from \S*step_(\d+)", resume_out)
+    assert found and DDP_GRAPH_SAVE_AT <= int(found.group(1)) < DDP_GRAPH_LONG_STEPS, resume_out[-2000:]
+
+    log = (graph / "train.log").read_text()
+    captures = [int(n) for n in re.findall(r"cuda graph: captured the step .*capture #(\d+)", log)]
+    assert len(captures) >= 3, log[-3000:]  # the first capture, again after telemetry, again after the switch
+    steps = range(1, DDP_GRAPH_LONG_STEPS + 1)
+    curves = {name: losses(out) for name, out in (("eager", eager), ("graph", graph), ("cut", cut))}
+    for name, curve in curves.items():
+        assert sorted(curve) == list(steps), (name, sorted(curve)[-3:])
+    for name in ("graph", "cut"):
+        diffs = rel_diffs(curves["eager"], curves[name], steps)
+        print(f"{name} vs eager DDP: max rel diff {max(diffs):.2e} at step {diffs.index(max(diffs)) + 1}")
+        assert max(diffs) <= 1e-4, [(s, curves["eager"][s], curves[name][s]) for s in steps]
+    evals = [r for r in read_metrics(graph) if "val/mean" in r]
+    assert len(evals) >= 3 and all(math.isfinite(r["val/mean"]) for r in evals), evals
