@@ -19,7 +19,7 @@ sequences of s tokens on each of N GPUs (G per node):
   overhead   the 1->2 GPU measurement calibrates a constant per-step overhead (launches, waits on the
              host, the optimizer on a shard): measured 2-GPU step minus the model's, added at every N > 1
 
-HSDP (shard inside a node, replicate across nodes: not in nvfp4train yet) is reported beside FSDP2 for
+HSDP (shard inside a node, replicate across nodes: train.parallel=hsdp) is reported beside FSDP2 for
 multi-node counts: the gathers stay on NVLink, only the gradient all-reduce of each GPU's 1/G shard,
 2 * (nodes-1)/nodes * 4P/G bytes, crosses the network.
 """
@@ -255,8 +255,9 @@ def check_against_reference(net: Network) -> list[dict]:
     return out
 
 
-def slurm_command(model: str, gpus: int, gpus_per_node: int, seq: int = 4096) -> str:
-    """The sbatch line for `gpus` GPUs: nodes, one task (torchrun) per node, the global batch it implies."""
+def slurm_command(model: str, gpus: int, gpus_per_node: int, seq: int = 4096, layout: str = "fsdp2") -> str:
+    """The sbatch line for `gpus` GPUs: nodes, one task (torchrun) per node, the global batch it implies,
+    and the layout (train.parallel=fsdp2 or hsdp; hsdp's shard size defaults to the GPUs of a node)."""
     setup = setup_for(model, seq)
     nodes = math.ceil(gpus / gpus_per_node)
     per_node = min(gpus, gpus_per_node)
@@ -264,7 +265,7 @@ def slurm_command(model: str, gpus: int, gpus_per_node: int, seq: int = 4096) ->
     return (
         f"sbatch --nodes={nodes} --gpus-per-node={per_node} slurm/multi_node.sbatch model={model} "
         f"train.seq_len={seq} train.global_batch_size={batch} train.micro_batch_size={setup.micro} "
-        f"train.parallel=fsdp2"
+        f"train.parallel={layout}"
     )
 
 
@@ -337,7 +338,8 @@ def main(argv: list[str] | None = None) -> None:
     print("\nSLURM (one torchrun per node, weak scaling: micro-batch fixed, global batch grows with the GPUs):")
     for name in args.models:
         for n in [g for g in args.gpus if g > args.gpus_per_node][:2]:
-            print("  " + slurm_command(name, n, args.gpus_per_node))
+            fastest = max((r for r in rows if r["model"] == name and r["gpus"] == n), key=lambda r: r["tokens_per_s"])
+            print("  " + slurm_command(name, n, args.gpus_per_node, layout=fastest["layout"]))
     if args.json:
         args.json.write_text(
             json.dumps({"network": asdict(net), "reference": REFERENCE, "check": check, "rows": rows}, indent=1) + "\n"

@@ -16,7 +16,7 @@ from nvfp4train.precision.recipe import PrecisionPolicy
 from nvfp4train.schema import ConfigError, bounded, check, to_plain
 
 Device = StrEnum("Device", "auto cpu cuda")
-Parallel = StrEnum("Parallel", "ddp fsdp2 deepspeed")
+Parallel = StrEnum("Parallel", "ddp fsdp2 hsdp deepspeed")
 Progress = StrEnum("Progress", "auto true false")
 Compile = StrEnum("Compile", "auto true false")
 CudaGraph = StrEnum("CudaGraph", "auto true false")
@@ -81,7 +81,9 @@ class TrainConfig:
     device: Device = Device.auto
     """auto: cuda when available, else cpu."""
     parallel: Parallel = Parallel.ddp
-    """Used when WORLD_SIZE > 1 (deepspeed also at 1)."""
+    """Used when WORLD_SIZE > 1 (deepspeed also at 1): ddp | fsdp2 (weights, gradients and optimizer state
+    sharded over all ranks) | hsdp (sharded inside each group of train.hsdp_shard_size ranks, replicated
+    across groups) | deepspeed (ZeRO-1/2)."""
     zero_stage: int = bounded(1, ge=1, le=2)
     """DeepSpeed ZeRO stage (1 or 2)."""
     compile: Compile = Compile.auto
@@ -108,12 +110,17 @@ class TrainConfig:
     buckets mean fewer, larger graphs and fewer, later all-reduces: hybrid_1b on two GPUs ran 1.84x one
     GPU at 25 and 1.89x at 100 and 400 (docs/distributed.md)."""
     fsdp_reshard_after_forward: FsdpReshard = FsdpReshard.auto
-    """train.parallel=fsdp2: true frees each block's gathered weights after its forward and gathers them
+    """train.parallel=fsdp2 (and hsdp): true frees each block's gathered weights after its forward and gathers them
     again in backward (ZeRO-3 memory); false keeps them until backward (one all-gather a step fewer,
     2 bytes a parameter more); auto: false when the model's gathered BF16 weights take at most 1/8 of the
     device's memory (hybrid_1b on an 80 GB GPU), else true. train.log says which, and why."""
+    hsdp_shard_size: int = bounded(0, ge=0)
+    """train.parallel=hsdp: FSDP2 shards over groups of this many ranks and replicates across the groups
+    (the gradients of each shard are all-reduced between its replicas); 0: the ranks of one node
+    (torchrun's LOCAL_WORLD_SIZE, or SLURM's tasks per node), so the all-gathers stay inside a node and
+    only the gradient all-reduce crosses the network. Must divide the number of ranks."""
     fsdp_prefetch: int = bounded(1, ge=0, le=8)
-    """train.parallel=fsdp2: blocks whose weights are all-gathered ahead of use (the next ones in
+    """train.parallel=fsdp2 (and hsdp): blocks whose weights are all-gathered ahead of use (the next ones in
     forward, the previous ones in backward); 0 leaves FSDP2's implicit prefetch (issued when the CPU
     reaches the next block)."""
     preempt_check_every: int = bounded(10, ge=1)

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from nvfp4train.schema import ConfigError
 
-PARALLEL_MODES = ("ddp", "fsdp2", "deepspeed")
+PARALLEL_MODES = ("ddp", "fsdp2", "hsdp", "deepspeed")
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,32 @@ def resolve_reshard_after_forward(setting: str, n_params: int, info: DistInfo) -
                       f"{memory / 1e9:.0f} GB; kept when at most {KEEP_GATHERED_MAX_SHARE:.1%})")
 
 
+def ranks_per_node(world_size: int) -> int:
+    """The ranks of one node: torchrun's LOCAL_WORLD_SIZE, else SLURM's tasks per node (srun without
+    torchrun; "8(x2)" reads 8), else all of them."""
+    for key in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(key, "").split("(")[0].split(",")[0]
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return world_size
+
+
+def hsdp_shape(shard_size: int, world_size: int) -> tuple[int, int]:
+    """(replicas, shard size) of train.parallel=hsdp with train.hsdp_shard_size=`shard_size` (0: a node)."""
+    size = shard_size or ranks_per_node(world_size)
+    if world_size % size:
+        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise ConfigError(
+            f"train.hsdp_shard_size={shard_size}{f' (the ranks of a node: {size})' if not shard_size else ''} "
+            f"does not divide the {world_size} ranks; allowed: 0 (the ranks of a node) or one of "
+            f"{', '.join(map(str, divisors))}"
+        )
+    return world_size // size, size
+
+
 def wrap_model(model: nn.Module, mode: str, info: DistInfo, reshard_after_forward: bool = True,
-               prefetch: int = 1, ddp_bucket_cap_mb: int = 100, capturable: bool = False) -> nn.Module:
+               prefetch: int = 1, ddp_bucket_cap_mb: int = 100, capturable: bool = False,
+               hsdp_shard_size: int = 0) -> nn.Module:
     """Wrap for data parallelism. World size 1 runs the bare model (DeepSpeed wraps in its own engine).
 
     capturable: DDP as torch's CUDA-graph notes ask for a step captured with its all-reduce (built on a
@@ -132,10 +156,15 @@ def wrap_model(model: nn.Module, mode: str, info: DistInfo, reshard_after_forwar
         torch.cuda.current_stream(info.device).wait_stream(side)
         ddp._set_ddp_runtime_logging_sample_rate(2**31 - 1)
         return ddp
-    return shard_fsdp2(model, reshard_after_forward, prefetch)
+    mesh = None
+    if mode == "hsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        replicas, shard = hsdp_shape(hsdp_shard_size, info.world_size)
+        mesh = init_device_mesh(info.device.type, (replicas, shard), mesh_dim_names=("replicate", "shard"))
+    return shard_fsdp2(model, reshard_after_forward, prefetch, mesh)
 
 
-def shard_fsdp2(model: nn.Module, reshard_after_forward: bool = True, prefetch: int = 1) -> nn.Module:
+def shard_fsdp2(model: nn.Module, reshard_after_forward: bool = True, prefetch: int = 1, mesh=None) -> nn.Module:
     """FSDP2 (torchtitan's layout): one unit per block, the root holding embedding, final norm and head.
 
     reshard_after_forward=True frees each block's gathered BF16 weights after its forward and gathers
@@ -143,14 +172,17 @@ def shard_fsdp2(model: nn.Module, reshard_after_forward: bool = True, prefetch: 
     per step instead of two, more memory). The last block never reshards: backward needs it at once.
     Each block asks for the next `prefetch` blocks' weights as its forward starts (and the previous
     ones' in backward), so the all-gathers overlap compute even when the CPU does not run ahead;
-    prefetch=0 leaves FSDP2's implicit prefetching (the next block, issued when the CPU gets there)."""
+    prefetch=0 leaves FSDP2's implicit prefetching (the next block, issued when the CPU gets there).
+    mesh: a 2-D ("replicate", "shard") DeviceMesh for HSDP (sharded along the second dimension, the
+    gradients all-reduced along the first); None shards over every rank."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     # BF16 compute copies of the sharded FP32 master weights; gradients reduced in FP32.
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     blocks = list(model.blocks)
     for i, block in enumerate(blocks):
-        fully_shard(block, mp_policy=mp, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
-    fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=mesh, mp_policy=mp,
+                    reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     if prefetch > 0:
         for i, block in enumerate(blocks):
             if i + 1 < len(blocks):

@@ -70,7 +70,7 @@ nvfp4train/config.py, nvfp4train/optim, nvfp4train/data/config.py):
   train.global_batch_size=16  sequences per step over all ranks;  train.seq_len=128  tokens per sequence
   train.eval_every=0          held-out loss every N steps (0: at the end);  train.eval_sequences=64
   train.save_every=0          checkpoint every N steps (0: at the end);  train.resume=auto|never|DIR
-  train.device=auto           auto|cpu|cuda;  train.parallel=ddp|fsdp2|deepspeed (several ranks)
+  train.device=auto           auto|cpu|cuda;  train.parallel=ddp|fsdp2|hsdp|deepspeed (several ranks)
   optim.lr=3e-3               peak learning rate (optim.*: OptimConfig in nvfp4train/optim/adamw.py)
   train.wandb.enabled=true    log to Weights & Biases too (pip install 'nvfp4train[wandb]')
 

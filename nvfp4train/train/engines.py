@@ -130,9 +130,10 @@ class TorchEngine:
         cuda_graph: bool = False,
         fsdp_prefetch: int = 1,
         ddp_bucket_cap_mb: int = 100,
+        hsdp_shard_size: int = 0,
     ):
         self.model, self.info, self.parallel = model, info, parallel
-        self.fsdp = parallel == "fsdp2" and info.world_size > 1
+        self.fsdp = parallel in ("fsdp2", "hsdp") and info.world_size > 1
         if self.fsdp:
             n_params = sum(p.numel() for p in model.parameters())
             reshard_after_forward, why = dist.resolve_reshard_after_forward(
@@ -151,7 +152,12 @@ class TorchEngine:
             prefetch=fsdp_prefetch,
             ddp_bucket_cap_mb=ddp_bucket_cap_mb,
             capturable=ddp_graph,
+            hsdp_shard_size=hsdp_shard_size,
         )
+        if self.fsdp and parallel == "hsdp":
+            replicas, shard = dist.hsdp_shape(hsdp_shard_size, info.world_size)
+            placements = tuple(getattr(next(model.parameters()), "placements", ()))
+            log.info("HSDP: %d replica(s) of FSDP2 over %d rank(s) each (weights %s)", replicas, shard, placements)
         self.reshard_after_forward = bool(reshard_after_forward) if self.fsdp else None
         self.optimizer = build_optimizer(groups(model), optim_cfg, fused=True)
         drop_weight_caches_after_each_step(self.optimizer, model)  # the fused AdamW does not bump versions
@@ -460,6 +466,7 @@ def build_engine(model, groups, optim_cfg, train_cfg, info, grad_accum):
         reshard_after_forward=str(train_cfg.fsdp_reshard_after_forward),
         fsdp_prefetch=train_cfg.fsdp_prefetch,
         ddp_bucket_cap_mb=train_cfg.ddp_bucket_cap_mb,
+        hsdp_shard_size=train_cfg.hsdp_shard_size,
         cuda_graph=resolve_cuda_graph(
             str(train_cfg.cuda_graph), model, info, train_cfg.parallel, str(train_cfg.activation_checkpointing)
         ),

@@ -27,6 +27,7 @@ POLICY: dict[str, tuple[str, str]] = {
     "optim": (NOTE, "the optimizer carries its AdamW moments over; the new values apply from this step"),
     "train.micro_batch_size": (NOTE, "gradient accumulation changes; the global batch stays"),
     "train.parallel": (NOTE, "the checkpoint is resharded for the new parallelism"),
+    "train.hsdp_shard_size": (NOTE, "the checkpoint is resharded for the new parallelism"),
     "train.zero_stage": (NOTE, "the checkpoint is resharded for the new ZeRO stage"),
     "train.max_nonfinite_steps": (NOTE, ""),
     "train.spike_factor": (NOTE, ""),

@@ -97,6 +97,8 @@ class Trainer:
             require_wandb()
         if t.parallel == "deepspeed":
             import_deepspeed()  # before out_dir exists: a missing DeepSpeed is a refusal, not a half-made run
+        if t.parallel == "hsdp" and info.world_size > 1:
+            dist.hsdp_shape(t.hsdp_shard_size, info.world_size)  # a shard size that does not divide the ranks
         self.model_cfg, self.model, self.controller, self.loader, self.val_data = build_model_and_data(cfg, info)
         self.lock = rundir.RunDirLock(cfg.out_dir)
 

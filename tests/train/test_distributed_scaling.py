@@ -74,6 +74,9 @@ def test_auto_reshard_matches_the_trainer_policy():
 def test_slurm_line_and_measured_bandwidth(tmp_path):
     line = sm.slurm_command("hybrid_1b", 16, 8)
     assert "--nodes=2" in line and "train.global_batch_size=64" in line and "train.micro_batch_size=4" in line
+    assert line.endswith("train.parallel=fsdp2") and sm.slurm_command("hybrid_1b", 16, 8, layout="hsdp").endswith(
+        "train.parallel=hsdp"
+    )
     comm = tmp_path / "comm.json"
     comm.write_text(
         json.dumps(
