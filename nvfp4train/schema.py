@@ -11,7 +11,7 @@ of one line that names the key and what is allowed:
 
     train: unknown key 'max_stepz' (train.max_stepz); allowed: max_steps, seq_len, ...
     model.d_model: expected int, got '128' (str)
-    train.parallel='zero3': allowed ddp, fsdp2, deepspeed
+    train.parallel='zero3': allowed ddp, fsdp2, hsdp, deepspeed
     train.max_steps=-3: must be a positive integer
 
 Types are strict: a bool field takes true/false only, an int field integers only (not true/false). A float
