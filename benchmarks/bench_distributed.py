@@ -51,6 +51,9 @@ RUNS = {
     "fsdp2_prefetch2": (2, ["train.parallel=fsdp2", "train.fsdp_prefetch=2"]),
     "fsdp2_prefetch0": (2, ["train.parallel=fsdp2", "train.fsdp_prefetch=0"]),
     "fsdp2_reshard": (2, ["train.parallel=fsdp2", "train.fsdp_reshard_after_forward=true"]),
+    # HSDP as 2 replicas of 1 shard: its replicate all-reduce on one node (a node's GPUs form one shard group
+    # by default, which on one node is fsdp2)
+    "hsdp_2x1": (2, ["train.parallel=hsdp", "train.hsdp_shard_size=1"]),
     "zero1": (2, ["train.parallel=deepspeed", "train.zero_stage=1"]),
     "zero2": (2, ["train.parallel=deepspeed", "train.zero_stage=2"]),
     "nvfp4_fsdp2": (2, ["train.parallel=fsdp2", "precision=nvfp4"]),
