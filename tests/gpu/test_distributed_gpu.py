@@ -427,3 +427,31 @@ def test_ddp_cuda_graph_through_telemetry_eval_switch_and_resume(tmp_path, jobs)
         assert max(diffs) <= 1e-4, [(s, curves["eager"][s], curves[name][s]) for s in steps]
     evals = [r for r in read_metrics(graph) if "val/mean" in r]
     assert len(evals) >= 3 and all(math.isfinite(r["val/mean"]) for r in evals), evals
+
+
+def test_hsdp_replicas_track_ddp(tmp_path, jobs):
+    """train.parallel=hsdp with train.hsdp_shard_size=1 on two GPUs (two replicas of one shard: the replicate
+    all-reduce over NCCL, which one node's default layout, one shard group, never runs) against DDP, side by
+    side, uncompiled: the same global batches give the same loss curve within the FSDP2-vs-one-GPU tolerance
+    (FSDP2 computes from BF16 copies of the weights, DDP under autocast from the FP32 ones)."""
+    common = [*DDP_GRAPH_COMMON, "train.compile=false"]
+    ddp, hsdp = tmp_path / "ddp", tmp_path / "hsdp"
+    procs = {
+        ddp: launch(jobs, ddp, *common),
+        hsdp: launch(
+            jobs,
+            hsdp,
+            *[o for o in common if o != "train.parallel=ddp"],
+            "train.parallel=hsdp",
+            "train.hsdp_shard_size=1",
+        ),
+    }
+    for out, proc in procs.items():
+        finish(proc, out)
+    assert "HSDP: 2 replica(s) of FSDP2 over 1 rank(s) each" in (hsdp / "train.log").read_text()
+    a, b = losses(ddp), losses(hsdp)
+    steps = range(1, DDP_GRAPH_STEPS + 1)
+    assert sorted(a) == sorted(b) == list(steps)
+    diffs = rel_diffs(a, b, steps)
+    print(f"hsdp 2x1 vs ddp: max rel diff {max(diffs):.2e} at step {diffs.index(max(diffs)) + 1}")
+    assert max(diffs) <= ONE_VS_FSDP_REL, [(s, a[s], b[s]) for s in steps]
