@@ -154,10 +154,12 @@ class TorchEngine:
             capturable=ddp_graph,
             hsdp_shard_size=hsdp_shard_size,
         )
-        if self.fsdp and parallel == "hsdp":
-            replicas, shard = dist.hsdp_shape(hsdp_shard_size, info.world_size)
-            placements = tuple(getattr(next(model.parameters()), "placements", ()))
-            log.info("HSDP: %d replica(s) of FSDP2 over %d rank(s) each (weights %s)", replicas, shard, placements)
+        if self.fsdp and parallel == "hsdp":  # the layout as the sharded weights hold it
+            weight = next(model.parameters())
+            replicas, shard = weight.device_mesh.shape
+            log.info(
+                "HSDP: %d replica(s) of FSDP2 over %d rank(s) each (weights %s)", replicas, shard, weight.placements
+            )
         self.reshard_after_forward = bool(reshard_after_forward) if self.fsdp else None
         self.optimizer = build_optimizer(groups(model), optim_cfg, fused=True)
         drop_weight_caches_after_each_step(self.optimizer, model)  # the fused AdamW does not bump versions
