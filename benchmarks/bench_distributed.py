@@ -64,6 +64,8 @@ RUNS = {
     "nvfp4_ddp_graph": (2, ["train.parallel=ddp", "precision=nvfp4", "train.cuda_graph=true"]),
     "fp8_1gpu": (1, ["precision=fp8_tensorwise"]),
     "fp8_fsdp2": (2, ["train.parallel=fsdp2", "precision=fp8_tensorwise"]),
+    "fp8_ddp": (2, ["train.parallel=ddp", "precision=fp8_tensorwise"]),
+    "fp8_ddp_graph": (2, ["train.parallel=ddp", "precision=fp8_tensorwise", "train.cuda_graph=true"]),
     "te_1gpu": (1, ["precision=fp8_tensorwise", "precision.backend=te"]),
     "te_fsdp2": (2, ["train.parallel=fsdp2", "precision=fp8_tensorwise", "precision.backend=te"]),
 }
