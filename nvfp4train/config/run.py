@@ -92,9 +92,10 @@ class TrainConfig:
     SSD scan returns NaN) | false."""
     cuda_graph: CudaGraph = CudaGraph.auto
     """Capture each step's forward and backward passes as one CUDA graph and replay it (train/cuda_graph.py):
-    auto (single-process CUDA runs without activation checkpointing or the te backend) | true (also
-    captures DDP's steps with their all-reduce, after 11 eager ones; refuses a run where it cannot: FSDP2,
-    DeepSpeed) | false. Removes the host's launch overhead, which bounds the emulated
+    auto (CUDA runs of one process, and DDP runs with quantized linears, whose eager steps wait on the host;
+    not with activation checkpointing or the te backend) | true (also captures BF16 DDP steps; refuses a run
+    where it cannot: FSDP2, DeepSpeed) | false. DDP steps are captured with their all-reduce, after 11
+    eager ones. Removes the host's launch overhead, which bounds the emulated
     low-precision steps of small models; the same numerics as eager steps."""
     deterministic: bool = False
     """Bitwise-reproducible training on a GPU: the same config and seed give the same losses and weights on

@@ -63,7 +63,8 @@ def cuda_graph_blocker(
     explicit: bool = False,
 ) -> str | None:
     """Why this run cannot capture its step as a CUDA graph, or None when it can. `explicit`: asked for
-    with train.cuda_graph=true, which captures DDP's steps too (auto keeps them eager)."""
+    with train.cuda_graph=true, which captures DDP's steps in any precision; auto captures them where a
+    linear is quantized (the host issues a BF16 step faster than the GPU runs it, a quantized one not)."""
     if device.type != "cuda":
         return f"the device is {device.type}, not cuda"
     if parallel == "deepspeed":
@@ -73,8 +74,12 @@ def cuda_graph_blocker(
             f"{world_size} ranks with train.parallel={parallel} (FSDP2 gathers and frees each block's "
             f"weights at every use; DDP steps can be captured)"
         )
-    if world_size > 1 and not explicit:
-        return f"{world_size} ranks with train.parallel=ddp (captured with train.cuda_graph=true)"
+    quantized = any(isinstance(m, QuantLinear) and m.quantized for m in model.modules())
+    if world_size > 1 and not explicit and not quantized:
+        return (
+            f"{world_size} ranks with train.parallel=ddp in BF16 (the host keeps ahead of the GPU there; "
+            f"captured with train.cuda_graph=true)"
+        )
     if activation_checkpointing != "none":
         return f"train.activation_checkpointing={activation_checkpointing} (recomputation saves RNG states on the host)"
     if any(isinstance(m, TELinear) for m in model.modules()):

@@ -47,10 +47,10 @@ def test_auto_runs_eager_where_a_graph_cannot_be_captured():
     assert cuda_graph_blocker(model, cuda, 1, "ddp", "none") is None
 
 
-def test_ddp_steps_are_captured_only_when_asked_fsdp2_never():
+def test_ddp_steps_are_captured_by_auto_where_quantized_by_true_in_bf16_fsdp2_never():
     model, _, _ = _model("bf16", "cpu")
     cuda = torch.device("cuda")
-    assert "train.cuda_graph=true" in cuda_graph_blocker(model, cuda, 2, "ddp", "none")
+    assert "ddp in BF16" in cuda_graph_blocker(model, cuda, 2, "ddp", "none")
     assert cuda_graph_blocker(model, cuda, 2, "ddp", "none", explicit=True) is None
     assert "FSDP2" in cuda_graph_blocker(model, cuda, 2, "fsdp2", "none", explicit=True)
     assert "deepspeed" in cuda_graph_blocker(model, cuda, 2, "deepspeed", "none", explicit=True)
@@ -60,6 +60,11 @@ def test_ddp_steps_are_captured_only_when_asked_fsdp2_never():
     assert resolve_cuda_graph("true", model, info, "ddp") is True
     with pytest.raises(ConfigError, match=r"train.cuda_graph=true: .*FSDP2"):
         resolve_cuda_graph("true", model, info, "fsdp2")
+    for precision in ("nvfp4", "fp8_tensorwise"):
+        quantized, _, _ = _model(precision, "cpu")
+        assert resolve_cuda_graph("auto", quantized, info, "ddp") is True
+        assert resolve_cuda_graph("auto", quantized, info, "fsdp2") is False
+        assert "activation_checkpointing" in cuda_graph_blocker(quantized, cuda, 2, "ddp", "full")
 
 
 def test_true_refuses_a_run_that_cannot_capture_naming_the_key():
