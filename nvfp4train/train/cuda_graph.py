@@ -69,12 +69,14 @@ def cuda_graph_blocker(
         return f"the device is {device.type}, not cuda"
     if parallel == "deepspeed":
         return "train.parallel=deepspeed (DeepSpeed's hooks and its optimizer step are not captured)"
+    quantized = any(isinstance(m, QuantLinear) and m.quantized for m in model.modules())
     if world_size > 1 and parallel != "ddp":
+        # the eager steps of quantized linears wait on the host (docs/distributed.md): say what avoids that
+        hint = "; a model that fits on each GPU trains faster with train.parallel=ddp" if quantized else ""
         return (
             f"{world_size} ranks with train.parallel={parallel} (FSDP2 gathers and frees each block's "
-            f"weights at every use; DDP steps can be captured)"
+            f"weights at every use; DDP steps can be captured{hint})"
         )
-    quantized = any(isinstance(m, QuantLinear) and m.quantized for m in model.modules())
     if world_size > 1 and not explicit and not quantized:
         return (
             f"{world_size} ranks with train.parallel=ddp in BF16 (the host keeps ahead of the GPU there; "

@@ -64,7 +64,9 @@ def test_ddp_steps_are_captured_by_auto_where_quantized_by_true_in_bf16_fsdp2_ne
         quantized, _, _ = _model(precision, "cpu")
         assert resolve_cuda_graph("auto", quantized, info, "ddp") is True
         assert resolve_cuda_graph("auto", quantized, info, "fsdp2") is False
+        assert "train.parallel=ddp" in cuda_graph_blocker(quantized, cuda, 2, "fsdp2", "none")
         assert "activation_checkpointing" in cuda_graph_blocker(quantized, cuda, 2, "ddp", "full")
+    assert "train.parallel=ddp" not in cuda_graph_blocker(model, cuda, 2, "fsdp2", "none")
 
 
 def test_true_refuses_a_run_that_cannot_capture_naming_the_key():
