@@ -16,6 +16,7 @@ The kinds of kernel (KERNEL_KINDS) are also what benchmarks/bench_train.py --pro
 
 from __future__ import annotations
 
+import bisect
 import time
 from pathlib import Path
 
@@ -134,6 +135,34 @@ def launch_lag(launches: dict[int, float], starts: list[tuple[int, float]], near
     return {"median_ms": lags[len(lags) // 2] / 1e3, "near": near, "kernels": len(lags)}
 
 
+def custom_op_host(ops: list[tuple[str, float, float]], launches: list[float], steps: int, top: int = 6) -> list[str]:
+    """Where the host's time in our custom ops goes, per step: each op's ms and calls (`ops`: name, start µs,
+    end µs of the calls, nested calls of the same op counted once) and, of all of it, the kernel-launch API calls
+    (`launches`: their start µs) that ran inside one of them: little launching in much op time is Python (ours,
+    Triton's launcher, torch's op wrappers), not the driver."""
+    if not ops:
+        return []
+    per_op: dict[str, list] = {}
+    for name, start, end in ops:
+        per_op.setdefault(name, []).append((start, end))
+    spans = sorted((s, e) for _, s, e in ops)
+    merged: list[list[float]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    starts = [s for s, _ in merged]
+    inside = sum(1 for t in launches if (i := bisect.bisect_right(starts, t) - 1) >= 0 and t <= merged[i][1])
+    ranked = sorted(per_op.items(), key=lambda kv: -busy_us(kv[1]))
+    parts = [
+        f"{name.removeprefix('nvfp4train::')} {busy_us(spans_) / 1e3 / steps:.1f} ms x{len(spans_) / steps:g}"
+        for name, spans_ in ranked[:top]
+    ]
+    by_op = ", ".join(parts)
+    return [f"    host per step in our custom ops, by op: {by_op}; {inside / steps:g} kernel launches inside them"]
+
+
 # CUDA runtime calls in which the host waits for the device (a `.item()`, a copy to host memory, a synchronize).
 HOST_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 
@@ -143,7 +172,7 @@ def timeline_lines(prof, wall_ms: float, steps: int) -> list[str]:
     time inside torch ops (and inside ours), and the launch-to-start lag (launch_lag)."""
     from torch.autograd import DeviceType
 
-    activities, waits, launches, starts, host_ops, our_ops = [], {}, {}, [], [], []
+    activities, waits, launches, starts, host_ops, our_ops, named_ops = [], {}, {}, [], [], [], []
     for evt in prof.events():
         if getattr(evt, "is_user_annotation", False):
             continue
@@ -155,8 +184,9 @@ def timeline_lines(prof, wall_ms: float, steps: int) -> list[str]:
         if evt.device_type != DeviceType.CPU:
             continue
         host_ops.append(span)
-        if evt.name.startswith("nvfp4train::"):  # our custom ops: the quantized linears and the SSD scan
+        if evt.name.startswith("nvfp4train::"):  # our custom ops: the quantized linears, norm, conv, SSD scan
             our_ops.append(span)
+            named_ops.append((evt.name, *span))
         if "LaunchKernel" in evt.name:
             launches[evt.id] = span[0]
         elif evt.name.startswith(HOST_WAITS) and "Async" not in evt.name:
@@ -177,6 +207,7 @@ def timeline_lines(prof, wall_ms: float, steps: int) -> list[str]:
         f"    host per step: inside torch ops {busy_us(host_ops) / 1e3 / steps:.1f} ms (the waits included), of it"
         f" in our custom ops (nvfp4train::) {busy_us(our_ops) / 1e3 / steps:.1f} ms"
     )
+    lines += custom_op_host(named_ops, list(launches.values()), steps)
     lag = launch_lag(launches, starts)
     if lag is not None:
         lines.append(

@@ -90,3 +90,44 @@ def test_timeline_lines_read_a_real_profile():
     host_ms = float(lines[2].split("inside torch ops ")[1].split(" ms")[0])
     assert host_ms > 0 and lines[2].endswith("(nvfp4train::) 0.0 ms")
     assert len(lines) == 3  # no kernel launches: no lag line
+
+
+def test_custom_op_host_ranks_our_ops_and_counts_the_launches_inside_them():
+    from nvfp4train.train.profiling import custom_op_host
+
+    ops = [
+        ("nvfp4train::quant_linear_fprop", 0.0, 300.0),
+        ("nvfp4train::quant_linear_fprop", 1000.0, 1300.0),
+        ("nvfp4train::rms_norm_triton", 400.0, 500.0),
+        ("nvfp4train::quant_linear_dy", 2000.0, 2800.0),
+    ]
+    launches = [10.0, 250.0, 450.0, 700.0, 1100.0, 2500.0, 5000.0]  # 700 and 5000 are outside every op
+    (line,) = custom_op_host(ops, launches, steps=2)
+    assert line == (
+        "    host per step in our custom ops, by op: quant_linear_dy 0.4 ms x0.5, quant_linear_fprop 0.3 ms x1,"
+        " rms_norm_triton 0.1 ms x0.5; 2.5 kernel launches inside them"
+    )
+    assert custom_op_host([], launches, steps=2) == []
+
+
+def test_timeline_lines_break_down_a_quantized_linears_custom_ops():
+    """A CPU profile of NVFP4 linears' forward and backward: the summary names the four custom ops."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from nvfp4train.config import load_preset
+    from nvfp4train.precision import PrecisionPolicy, build_linear_factory
+    from nvfp4train.train.profiling import timeline_lines
+
+    policy = PrecisionPolicy.from_dict(load_preset("precision", "nvfp4"))
+    factory = build_linear_factory(policy, n_blocks=4, seed=0)
+    torch.manual_seed(0)
+    layer = factory(64, 64, block_index=1, name="fc1")
+    x = torch.randn(2, 32, 64, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        layer(x).square().sum().backward()
+    lines = timeline_lines(prof, wall_ms=10.0, steps=1)
+    by_op = next(line for line in lines if "by op:" in line)
+    for op in ("quant_linear_fprop", "quant_linear_dy", "quant_linear_dgrad", "quant_linear_wgrad"):
+        assert f"{op} " in by_op and " x1" in by_op
+    assert by_op.endswith("; 0 kernel launches inside them")
