@@ -59,9 +59,13 @@ RUNS = {
     "nvfp4_fsdp2": (2, ["train.parallel=fsdp2", "precision=nvfp4"]),
     "nvfp4_1gpu": (1, ["precision=nvfp4"]),
     "nvfp4_ddp": (2, ["train.parallel=ddp", "precision=nvfp4", "train.cuda_graph=false"]),
-    # DDP's step captured as a CUDA graph after 11 eager steps: these run at least GRAPHED_DDP_STEPS steps
+    # DDP's (FSDP2's) step captured as a CUDA graph after 11 (2) eager steps: these run at least
+    # GRAPHED_DDP_STEPS steps
     "ddp_graph": (2, ["train.parallel=ddp", "train.cuda_graph=true"]),
     "nvfp4_ddp_graph": (2, ["train.parallel=ddp", "precision=nvfp4", "train.cuda_graph=true"]),
+    "fsdp2_graph": (2, ["train.parallel=fsdp2", "train.cuda_graph=true"]),
+    "nvfp4_fsdp2_graph": (2, ["train.parallel=fsdp2", "precision=nvfp4", "train.cuda_graph=true"]),
+    "fp8_fsdp2_graph": (2, ["train.parallel=fsdp2", "precision=fp8_tensorwise", "train.cuda_graph=true"]),
     "fp8_1gpu": (1, ["precision=fp8_tensorwise"]),
     "fp8_fsdp2": (2, ["train.parallel=fsdp2", "precision=fp8_tensorwise"]),
     "fp8_ddp": (2, ["train.parallel=ddp", "precision=fp8_tensorwise", "train.cuda_graph=false"]),

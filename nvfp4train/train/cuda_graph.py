@@ -32,8 +32,18 @@ eager (DDP rebuilds its buckets and samples its runtime statistics there), the g
 of DDP's buckets (zeroed in place, never set to None, so the all-reduce in the graph writes where the
 optimizer reads), accumulation across micro-batches inside the capture under `no_sync` as in the eager
 step, and the capture in the capturing thread's error mode, so NCCL's watchdog thread may query its
-events meanwhile. FSDP2 allocates and frees its gathered weights at every use and DeepSpeed runs its
-own hooks: neither is captured.
+events meanwhile.
+
+Under FSDP2 (and HSDP) the step is captured with its all-gathers and reduce-scatters (`train.cuda_graph=true`,
+as torchtitan's trainer captures its FSDP2 steps): FSDP2 allocates each block's gathered weights while the
+step runs, so during the capture they come from the graph's memory pool, and every replay gathers into the
+same addresses. The sharded gradients exist before the capture (zeroed in place, never set to None) and
+FSDP2 accumulates into them. A replay runs none of FSDP2's Python, which still holds what the last step it
+saw run left: an evaluation's forward leaves gathered weights behind (FSDP2 keeps them where it does not
+reshard after forward), which an eager step would then use instead of gathering the weights the replays
+have updated since, and which a capture would bake in. So every module is resharded before a capture,
+before each eager step that follows a graph, and after each evaluation. DeepSpeed runs its own hooks and
+optimizer: not captured.
 """
 
 from __future__ import annotations
@@ -51,6 +61,20 @@ from nvfp4train.precision.linear import QuantLinear
 log = logging.getLogger(__name__)
 
 
+def reshard_fsdp(model: nn.Module) -> None:
+    """Free every FSDP2 module's gathered weights (no-op for a model without FSDP2)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's (FSDP2's sharded gradient's) local tensor, the same memory; a tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 DDP_WARMUP_STEPS = 11  # torch's CUDA-graph notes: at least 11 DDP-enabled eager iterations before capture
 
 
@@ -63,20 +87,18 @@ def cuda_graph_blocker(
     explicit: bool = False,
 ) -> str | None:
     """Why this run cannot capture its step as a CUDA graph, or None when it can. `explicit`: asked for
-    with train.cuda_graph=true, which captures DDP's steps in any precision; auto captures them where a
-    linear is quantized (the host issues a BF16 step faster than the GPU runs it, a quantized one not)."""
+    with train.cuda_graph=true, which captures DDP's steps in any precision and FSDP2's; auto captures DDP's
+    where a linear is quantized (the host issues a BF16 step faster than the GPU runs it, a quantized one
+    not) and leaves FSDP2's eager."""
     if device.type != "cuda":
         return f"the device is {device.type}, not cuda"
     if parallel == "deepspeed":
         return "train.parallel=deepspeed (DeepSpeed's hooks and its optimizer step are not captured)"
     quantized = any(isinstance(m, QuantLinear) and m.quantized for m in model.modules())
-    if world_size > 1 and parallel != "ddp":
+    if world_size > 1 and parallel != "ddp" and not explicit:
         # the eager steps of quantized linears wait on the host (docs/distributed.md): say what avoids that
         hint = "; a model that fits on each GPU trains faster with train.parallel=ddp" if quantized else ""
-        return (
-            f"{world_size} ranks with train.parallel={parallel} (FSDP2 gathers and frees each block's "
-            f"weights at every use; DDP steps can be captured{hint})"
-        )
+        return f"{world_size} ranks with train.parallel={parallel} (captured with train.cuda_graph=true{hint})"
     if world_size > 1 and not explicit and not quantized:
         return (
             f"{world_size} ranks with train.parallel=ddp in BF16 (the host keeps ahead of the GPU there; "
@@ -105,13 +127,16 @@ class StepGraph:
         warmup_steps: int = 2,
         sync_context=None,
         distributed: bool = False,
+        reshard=None,
     ):
         """sync_context(last) -> the context a micro-batch's forward and backward run in (DDP's no_sync on
-        all but the last); distributed: the step holds collectives (captured in thread-local mode)."""
+        all but the last); distributed: the step holds collectives (captured in thread-local mode, the
+        gradients kept); reshard(): FSDP2's gathered weights freed, before a capture and an eager step."""
         self.model, self.forward, self.autocast, self.device = model, forward, autocast, device
         self.warmup_steps = warmup_steps
         self.sync_context = sync_context or (lambda last: contextlib.nullcontext())
         self.distributed = distributed
+        self.reshard = reshard or (lambda: None)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
         self.eager_steps: dict[tuple, int] = {}  # eager warm-up steps run per (shapes, recipes)
@@ -146,8 +171,9 @@ class StepGraph:
         self.graph.reset()
         self.graph = self.key = self.loss_sum = None
         self.static_batches = []
-        if self.distributed:  # DDP's bucket views stay the gradients (see the module's notes)
-            torch._foreach_zero_([p.grad for p in self.params if p.grad is not None])
+        self.reshard()  # FSDP2's state is the capture's, not the replays' (see the module's notes)
+        if self.distributed:  # DDP's bucket views and FSDP2's sharded gradients stay the gradients
+            torch._foreach_zero_([_local(p.grad) for p in self.params if p.grad is not None])
         else:
             for p in self.params:
                 p.grad = None
@@ -170,14 +196,15 @@ class StepGraph:
         self.static_batches = [(x.to(self.device).clone(), y.to(self.device).clone()) for x, y in micro_batches]
         for p in self.params:  # allocated outside the graph's pool, accumulated into in place
             if p.grad is None:
-                if self.distributed:  # DDP's bucket views exist after any eager step; a fresh tensor is not one
+                if self.distributed:  # DDP's bucket views (FSDP2's DTensors) exist after any eager step
                     raise RuntimeError(
                         f"train.cuda_graph: a parameter of shape {tuple(p.shape)} has no gradient to capture into"
                     )
                 p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in self.params]
+        grads = [_local(p.grad) for p in self.params]
         generators = self._sr_generators()
         drop_weight_caches(self.layers)
+        self.reshard()  # FSDP2 gathers inside the capture, whatever an evaluation left gathered
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # the eager steps' cached blocks, for the graph's pool
         graph = torch.cuda.CUDAGraph()

@@ -28,7 +28,7 @@ from nvfp4train.precision.controller import drop_weight_caches_after_each_step
 from nvfp4train.precision.linear import QuantLinear
 from nvfp4train.schema import ConfigError
 from nvfp4train.train import checkpoint
-from nvfp4train.train.cuda_graph import DDP_WARMUP_STEPS, StepGraph, cuda_graph_blocker
+from nvfp4train.train.cuda_graph import DDP_WARMUP_STEPS, StepGraph, cuda_graph_blocker, reshard_fsdp
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +140,10 @@ class TorchEngine:
                 str(reshard_after_forward).lower(), n_params, info
             )
             log.info("FSDP2: %s; prefetch %d block(s)", why, fsdp_prefetch)
-        # a DDP step captured with its all-reduce (cuda_graph.py): its gradients stay DDP's bucket views
+        # a DDP or FSDP2 step captured with its collectives (cuda_graph.py): its gradients stay where the
+        # graph writes them (DDP's bucket views, FSDP2's sharded gradients)
         ddp_graph = cuda_graph and parallel == "ddp" and info.world_size > 1
-        self.keep_grad_buffers = ddp_graph
+        self.keep_grad_buffers = ddp_graph or (cuda_graph and self.fsdp)
         # FSDP2 swaps parameters: the optimizer is built after
         self.wrapped = dist.wrap_model(
             model,
@@ -188,7 +189,8 @@ class TorchEngine:
                 info.device,
                 warmup_steps=DDP_WARMUP_STEPS if ddp_graph else 2,
                 sync_context=self._sync_context,
-                distributed=ddp_graph,
+                distributed=self.keep_grad_buffers,
+                reshard=(lambda: reshard_fsdp(model)) if self.fsdp else None,
             )
 
     def autocast(self):
@@ -220,6 +222,12 @@ class TorchEngine:
         if not graphed:  # a graph's gradients keep their addresses; it zeroes them itself
             self.optimizer.zero_grad(set_to_none=not self.keep_grad_buffers)
         return StepStats(loss_t, grad_norm, applied)
+
+    def after_evaluation(self) -> None:
+        """An evaluation ran the model: with a captured FSDP2 step, free the weights its forward left gathered
+        (replays gather into the graph's own memory; cuda_graph.py)."""
+        if self.step_graph is not None and self.fsdp:
+            reshard_fsdp(self.model)
 
     def close(self) -> None:
         """Free the step's CUDA graph: NCCL destroys a communicator only once no graph holds its collectives
@@ -403,6 +411,9 @@ class DeepSpeedEngine:
             as_tensor(norm_value),
             as_tensor(math.isfinite(loss_value) and math.isfinite(norm_value)),
         )
+
+    def after_evaluation(self) -> None:
+        """DeepSpeed's steps are not captured: nothing to free."""
 
     def state_is_finite(self) -> torch.Tensor:
         """This rank's BF16 weights, FP32 master partitions and Adam moments, all finite (a device bool)."""

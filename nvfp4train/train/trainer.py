@@ -365,6 +365,7 @@ class Trainer:
             record = record or {"step": r.step, "tokens": r.step * self.tokens_per_step}
             bf16_layers = self.controller.layers if t.eval_precision == "bf16" else ()
             held_out = evaluate(self.engine.module, self.val_data, t.micro_batch_size, self.info.device, bf16_layers)
+            self.engine.after_evaluation()
             record.update(held_out)
             if is_main and held_out:  # train.log (INFO: not the terminal)
                 precision = "BF16" if t.eval_precision == "bf16" else "training precision"

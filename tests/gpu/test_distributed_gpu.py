@@ -323,8 +323,8 @@ def test_fsdp2_tracks_one_gpu(tmp_path, jobs, precision):
     assert one[ONE_VS_FSDP_STEPS] < one[1] - 0.5  # and it trains
 
 
-# ------------------------------------------------------------- DDP's step captured as a CUDA graph
-DDP_GRAPH_STEPS = 20  # 11 eager warm-up steps (DDP_WARMUP_STEPS), then 9 replays
+# ------------------------------------------------------------- DDP's and FSDP2's step captured as a CUDA graph
+DDP_GRAPH_STEPS = 20  # DDP: 11 eager warm-up steps (DDP_WARMUP_STEPS), then 9 replays; FSDP2: 2, then 17
 DDP_GRAPH_COMMON = [
     "model=hybrid_tiny",
     "model.ssd_backend=torch",  # no mamba-ssm autotuning: the runs take about a minute
@@ -342,15 +342,18 @@ DDP_GRAPH_COMMON = [
 ]
 
 
-# Measured on 2 H200s (commit 836f787): uncompiled, the graphed run's 20 losses equal the eager run's bit for bit;
-# compiled, the two differ by at most 1.8e-3 from step 2 on, before any replay (the run-to-run spread of compiled
-# GPU runs). A replay without the all-reduce, or with a rank's gradients counted twice, moves the loss by more.
+# Measured on 2 H200s (commit 836f787), DDP: uncompiled, the graphed run's 20 losses equal the eager run's bit for
+# bit; compiled, the two differ by at most 1.8e-3 from step 2 on, before any replay (the run-to-run spread of
+# compiled GPU runs). A replay without the all-reduce, or with a rank's gradients counted twice, moves the loss by
+# more. FSDP2 (gathers, reduce-scatters and the gathered weights' memory inside the graph) is held to the same.
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 @pytest.mark.parametrize("compile_, tolerance", [("false", 1e-4), ("true", ONE_VS_FSDP_REL)])
-def test_ddp_cuda_graph_tracks_eager_ddp(tmp_path, jobs, compile_, tolerance):
-    """train.cuda_graph=true under DDP (the all-reduce inside the graph) against eager DDP, side by side on the
-    same two GPUs: the same seed, initial weights and global batches give the same loss curve, and the graphed
-    run captured its step and exits (a graph left holding NCCL's collectives hangs the process group's end)."""
-    common = [*DDP_GRAPH_COMMON, f"train.compile={compile_}"]
+def test_cuda_graph_tracks_eager_steps(tmp_path, jobs, parallel, compile_, tolerance):
+    """train.cuda_graph=true under DDP or FSDP2 (the collectives inside the graph) against eager steps, side by
+    side on the same two GPUs: the same seed, initial weights and global batches give the same loss curve, and
+    the graphed run captured its step and exits (a graph left holding NCCL's collectives hangs the process
+    group's end)."""
+    common = [*_with_parallel(DDP_GRAPH_COMMON, parallel), f"train.compile={compile_}"]
     procs = {
         "graph": launch(jobs, tmp_path / "graph", *common, "train.cuda_graph=true"),
         "eager": launch(jobs, tmp_path / "eager", *common, "train.cuda_graph=false"),
@@ -364,7 +367,7 @@ def test_ddp_cuda_graph_tracks_eager_ddp(tmp_path, jobs, compile_, tolerance):
     assert sorted(graph) == sorted(eager) == list(steps)
     diffs = rel_diffs(eager, graph, steps)
     print(
-        f"compile={compile_}: DDP graphed vs eager: max rel diff {max(diffs):.2e} at step "
+        f"{parallel}, compile={compile_}: graphed vs eager: max rel diff {max(diffs):.2e} at step "
         f"{diffs.index(max(diffs)) + 1}; step {DDP_GRAPH_STEPS}: {graph[DDP_GRAPH_STEPS]:.4f} vs "
         f"{eager[DDP_GRAPH_STEPS]:.4f}"
     )
@@ -375,15 +378,21 @@ def test_ddp_cuda_graph_tracks_eager_ddp(tmp_path, jobs, compile_, tolerance):
 DDP_GRAPH_LONG_STEPS, DDP_GRAPH_SAVE_AT = 32, 16
 
 
-def test_ddp_cuda_graph_through_telemetry_eval_switch_and_resume(tmp_path, jobs):
-    """What makes a DDP graph release and recapture, against eager DDP (uncompiled, so the curves are equal up
-    to the GPUs' own noise): a telemetry step (precision.stats_every=14: steps 14 and 28 run eagerly, the graph
-    captured again after them), held-out evaluations between replays (every 10 steps), the switch to BF16 at
-    60% of the tokens (new recipes: 11 more eager steps, then a new capture), and a run killed after its
-    step-16 checkpoint and resumed (a new process: 11 eager steps, then captures of its own). Every run exits,
+def _with_parallel(overrides: list[str], parallel: str) -> list[str]:
+    return [f"train.parallel={parallel}" if o == "train.parallel=ddp" else o for o in overrides]
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_cuda_graph_through_telemetry_eval_switch_and_resume(tmp_path, jobs, parallel):
+    """What makes a DDP or FSDP2 graph release and recapture, against eager steps (uncompiled, so the curves
+    are equal up to the GPUs' own noise): a telemetry step (precision.stats_every=14: steps 14 and 28 run
+    eagerly, the graph captured again after them), held-out evaluations between replays (every 10 steps; under
+    FSDP2 they leave gathered weights behind, which the next eager step or capture must not use), the switch to
+    BF16 at 60% of the tokens (new recipes: more eager steps, then a new capture), and a run killed after its
+    step-16 checkpoint and resumed (a new process: eager steps, then captures of its own). Every run exits,
     i.e. each graph holding NCCL's collectives was freed."""
     overrides = [
-        *DDP_GRAPH_COMMON,
+        *_with_parallel(DDP_GRAPH_COMMON, parallel),
         f"train.max_steps={DDP_GRAPH_LONG_STEPS}",
         "train.compile=false",
         "precision.stats_every=14",
@@ -423,7 +432,7 @@ def test_ddp_cuda_graph_through_telemetry_eval_switch_and_resume(tmp_path, jobs)
         assert sorted(curve) == list(steps), (name, sorted(curve)[-3:])
     for name in ("graph", "cut"):
         diffs = rel_diffs(curves["eager"], curves[name], steps)
-        print(f"{name} vs eager DDP: max rel diff {max(diffs):.2e} at step {diffs.index(max(diffs)) + 1}")
+        print(f"{parallel}: {name} vs eager: max rel diff {max(diffs):.2e} at step {diffs.index(max(diffs)) + 1}")
         assert max(diffs) <= 1e-4, [(s, curves["eager"][s], curves[name][s]) for s in steps]
     evals = [r for r in read_metrics(graph) if "val/mean" in r]
     assert len(evals) >= 3 and all(math.isfinite(r["val/mean"]) for r in evals), evals

@@ -47,19 +47,22 @@ def test_auto_runs_eager_where_a_graph_cannot_be_captured():
     assert cuda_graph_blocker(model, cuda, 1, "ddp", "none") is None
 
 
-def test_ddp_steps_are_captured_by_auto_where_quantized_by_true_in_bf16_fsdp2_never():
+def test_ddp_steps_are_captured_by_auto_where_quantized_fsdp2_steps_by_true_deepspeed_never():
     model, _, _ = _model("bf16", "cpu")
     cuda = torch.device("cuda")
     assert "ddp in BF16" in cuda_graph_blocker(model, cuda, 2, "ddp", "none")
     assert cuda_graph_blocker(model, cuda, 2, "ddp", "none", explicit=True) is None
-    assert "FSDP2" in cuda_graph_blocker(model, cuda, 2, "fsdp2", "none", explicit=True)
+    assert "train.cuda_graph=true" in cuda_graph_blocker(model, cuda, 2, "fsdp2", "none")
+    assert cuda_graph_blocker(model, cuda, 2, "fsdp2", "none", explicit=True) is None
+    assert cuda_graph_blocker(model, cuda, 4, "hsdp", "none", explicit=True) is None
     assert "deepspeed" in cuda_graph_blocker(model, cuda, 2, "deepspeed", "none", explicit=True)
     assert "activation_checkpointing" in cuda_graph_blocker(model, cuda, 2, "ddp", "full", explicit=True)
     info = DistInfo(rank=0, world_size=2, local_rank=0, device=cuda)
     assert resolve_cuda_graph("auto", model, info, "ddp") is False
     assert resolve_cuda_graph("true", model, info, "ddp") is True
-    with pytest.raises(ConfigError, match=r"train.cuda_graph=true: .*FSDP2"):
-        resolve_cuda_graph("true", model, info, "fsdp2")
+    assert resolve_cuda_graph("true", model, info, "fsdp2") is True
+    with pytest.raises(ConfigError, match=r"train.cuda_graph=true: .*deepspeed"):
+        resolve_cuda_graph("true", model, info, "deepspeed")
     for precision in ("nvfp4", "fp8_tensorwise"):
         quantized, _, _ = _model(precision, "cpu")
         assert resolve_cuda_graph("auto", quantized, info, "ddp") is True

@@ -47,6 +47,27 @@ def one_rank_group(tmp_path):
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.parametrize("reshard_after_forward", [False, True])
+def test_reshard_fsdp_frees_the_weights_an_evaluation_left_gathered(one_rank_group, reshard_after_forward):
+    """An evaluation's forward leaves FSDP2's gathered weights behind (all of them without resharding after
+    forward; the last block and the root with it), which an eager step after CUDA-graph replays would use
+    instead of the updated weights: reshard_fsdp, which the captured step calls, frees them."""
+    from torch.distributed.tensor import DTensor
+
+    from nvfp4train.train.cuda_graph import reshard_fsdp
+
+    model = HybridLM(ModelConfig.from_dict(SMALL))
+    dist.shard_fsdp2(model, reshard_after_forward=reshard_after_forward)
+    assert all(isinstance(p, DTensor) for p in model.parameters())  # sharded
+    with torch.no_grad():
+        model(torch.randint(0, SMALL["vocab_size"], (1, 16)))
+    gathered = [p for p in model.parameters() if not isinstance(p, DTensor)]
+    assert gathered and any(p is q for p in gathered for q in model.blocks[-1].parameters())
+    reshard_fsdp(model)
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    reshard_fsdp(HybridLM(ModelConfig.from_dict(SMALL)))  # no FSDP2: nothing to do
+
+
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_prefetch_reaches_fsdp2(one_rank_group, prefetch):
     model = HybridLM(ModelConfig.from_dict(SMALL))
