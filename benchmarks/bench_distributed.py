@@ -59,8 +59,8 @@ RUNS = {
     "nvfp4_fsdp2": (2, ["train.parallel=fsdp2", "precision=nvfp4"]),
     "nvfp4_1gpu": (1, ["precision=nvfp4"]),
     "nvfp4_ddp": (2, ["train.parallel=ddp", "precision=nvfp4", "train.cuda_graph=false"]),
-    # DDP's (FSDP2's) step captured as a CUDA graph after 11 (2) eager steps: these run at least
-    # GRAPHED_DDP_STEPS steps
+    # DDP's (FSDP2's) step captured as a CUDA graph after 11 (2) eager steps: these run at least GRAPHED_STEPS
+    # steps
     "ddp_graph": (2, ["train.parallel=ddp", "train.cuda_graph=true"]),
     "nvfp4_ddp_graph": (2, ["train.parallel=ddp", "precision=nvfp4", "train.cuda_graph=true"]),
     "fsdp2_graph": (2, ["train.parallel=fsdp2", "train.cuda_graph=true"]),
@@ -75,15 +75,15 @@ RUNS = {
 }
 DEFAULT_RUNS = ["1gpu", "ddp", "fsdp2", "fsdp2_reshard", "zero1", "zero2", "nvfp4_fsdp2"]
 # a run that captures DDP's step replays it from step 12: 30 steps time 15 replays (the second half)
-GRAPHED_DDP_STEPS = 30
+GRAPHED_STEPS = 30
 PROFILED_STEPS = 2  # --profile: steps run and profiled after the timed ones
 
 
 def timed_steps(name: str, args) -> int:
-    """The steps run `name` runs before any profiled ones: --steps, at least GRAPHED_DDP_STEPS where DDP's
-    step is captured (its first 11 run eagerly)."""
-    graphed_ddp = RUNS[name][0] > 1 and "train.cuda_graph=true" in RUNS[name][1]
-    return max(args.steps, GRAPHED_DDP_STEPS) if graphed_ddp else args.steps
+    """The steps run `name` runs before any profiled ones: --steps, at least GRAPHED_STEPS where a multi-GPU
+    step is captured (DDP's first 11 run eagerly)."""
+    graphed = RUNS[name][0] > 1 and "train.cuda_graph=true" in RUNS[name][1]
+    return max(args.steps, GRAPHED_STEPS) if graphed else args.steps
 
 
 def command(name: str, out_dir: Path, args) -> list[str]:

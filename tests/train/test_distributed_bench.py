@@ -135,7 +135,13 @@ def test_graphed_ddp_runs_time_their_replays(tmp_path):
     args = argparse.Namespace(
         steps=14, gpus=2, model="hybrid_1b", seq=4096, batch=8, micro=4, device="cuda", profile=tmp_path
     )
-    for name, steps in (("nvfp4_ddp_graph", 30), ("ddp_graph", 30), ("nvfp4_ddp", 14), ("1gpu", 14)):
+    for name, steps in (
+        ("nvfp4_ddp_graph", 30),
+        ("ddp_graph", 30),
+        ("fp8_fsdp2_graph", 30),
+        ("nvfp4_ddp", 14),
+        ("1gpu", 14),
+    ):
         cmd = " ".join(bd.command(name, tmp_path / name, args))
         assert f"train.max_steps={steps + bd.PROFILED_STEPS} " in cmd and f"train.profile_start={steps + 1} " in cmd
     args.steps = 40
