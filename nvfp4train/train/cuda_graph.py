@@ -39,9 +39,9 @@ as torchtitan's trainer captures its FSDP2 steps): FSDP2 allocates each block's 
 step runs, so during the capture they come from the graph's memory pool, and every replay gathers into the
 same addresses. The sharded gradients exist before the capture (zeroed in place, never set to None) and
 FSDP2 accumulates into them. A replay runs none of FSDP2's Python, which still holds what the last step it
-saw run left: an evaluation's forward leaves gathered weights behind (FSDP2 keeps them where it does not
-reshard after forward), which an eager step would then use instead of gathering the weights the replays
-have updated since, and which a capture would bake in. So every module is resharded before a capture,
+saw run left: an evaluation's forward leaves gathered weights behind (every block's without resharding
+after forward, the last block's and the root's with it), which an eager step would then use instead of
+gathering the weights the replays have updated since, and which a capture would bake in. So every module is resharded before a capture,
 before each eager step that follows a graph, and after each evaluation. DeepSpeed runs its own hooks and
 optimizer: not captured.
 """
