@@ -94,9 +94,9 @@ class TrainConfig:
     """Capture each step's forward and backward passes as one CUDA graph and replay it (train/cuda_graph.py):
     auto (CUDA runs of one process, and DDP runs with quantized linears, whose eager steps wait on the host;
     not with activation checkpointing or the te backend) | true (also captures BF16 DDP steps and FSDP2/HSDP
-    steps with their collectives; refuses a run where it cannot: DeepSpeed) | false. DDP steps are captured with their all-reduce, after 11
-    eager ones. Removes the host's launch overhead, which bounds the emulated
-    low-precision steps of small models; the same numerics as eager steps."""
+    steps with their collectives; refuses a run where it cannot: DeepSpeed) | false. DDP steps are captured
+    with their all-reduce after 11 eager ones, FSDP2's after 2. Removes the host's launch overhead, which
+    bounds the emulated low-precision steps of small models; the same numerics as eager steps."""
     deterministic: bool = False
     """Bitwise-reproducible training on a GPU: the same config and seed give the same losses and weights on
     the same GPU model and software (torch's deterministic mode, cuBLAS's deterministic workspace, math

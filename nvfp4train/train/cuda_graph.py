@@ -41,9 +41,9 @@ same addresses. The sharded gradients exist before the capture (zeroed in place,
 FSDP2 accumulates into them. A replay runs none of FSDP2's Python, which still holds what the last step it
 saw run left: an evaluation's forward leaves gathered weights behind (every block's without resharding
 after forward, the last block's and the root's with it), which an eager step would then use instead of
-gathering the weights the replays have updated since, and which a capture would bake in. So every module is resharded before a capture,
-before each eager step that follows a graph, and after each evaluation. DeepSpeed runs its own hooks and
-optimizer: not captured.
+gathering the weights the replays have updated since, and which a capture would bake in. So every module is
+resharded before a capture, before each eager step that follows a graph, and after each evaluation.
+DeepSpeed runs its own hooks and optimizer: not captured.
 """
 
 from __future__ import annotations
