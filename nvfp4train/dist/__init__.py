@@ -192,6 +192,14 @@ def shard_fsdp2(model: nn.Module, reshard_after_forward: bool = True, prefetch: 
     return model
 
 
+def reshard_fsdp(model: nn.Module) -> None:
+    """Free every FSDP2 module's gathered weights (no-op for a model without FSDP2)."""
+    from torch.distributed.fsdp import FSDPModule
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def all_reduce_mean(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
     if info.world_size > 1:
         value = value.clone()

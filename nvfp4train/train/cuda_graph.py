@@ -61,15 +61,6 @@ from nvfp4train.precision.linear import QuantLinear
 log = logging.getLogger(__name__)
 
 
-def reshard_fsdp(model: nn.Module) -> None:
-    """Free every FSDP2 module's gathered weights (no-op for a model without FSDP2)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
-
-
 def _local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's (FSDP2's sharded gradient's) local tensor, the same memory; a tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t

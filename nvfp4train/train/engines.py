@@ -28,7 +28,7 @@ from nvfp4train.precision.controller import drop_weight_caches_after_each_step
 from nvfp4train.precision.linear import QuantLinear
 from nvfp4train.schema import ConfigError
 from nvfp4train.train import checkpoint
-from nvfp4train.train.cuda_graph import DDP_WARMUP_STEPS, StepGraph, cuda_graph_blocker, reshard_fsdp
+from nvfp4train.train.cuda_graph import DDP_WARMUP_STEPS, StepGraph, cuda_graph_blocker
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class TorchEngine:
                 warmup_steps=DDP_WARMUP_STEPS if ddp_graph else 2,
                 sync_context=self._sync_context,
                 distributed=self.keep_grad_buffers,
-                reshard=(lambda: reshard_fsdp(model)) if self.fsdp else None,
+                reshard=(lambda: dist.reshard_fsdp(model)) if self.fsdp else None,
             )
 
     def autocast(self):
@@ -227,7 +227,7 @@ class TorchEngine:
         """An evaluation ran the model: with a captured FSDP2 step, free the weights its forward left gathered
         (replays gather into the graph's own memory; cuda_graph.py)."""
         if self.step_graph is not None and self.fsdp:
-            reshard_fsdp(self.model)
+            dist.reshard_fsdp(self.model)
 
     def close(self) -> None:
         """Free the step's CUDA graph: NCCL destroys a communicator only once no graph holds its collectives

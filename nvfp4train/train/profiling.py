@@ -154,10 +154,10 @@ def custom_op_host(ops: list[tuple[str, float, float]], launches: list[float], s
             merged.append([start, end])
     starts = [s for s, _ in merged]
     inside = sum(1 for t in launches if (i := bisect.bisect_right(starts, t) - 1) >= 0 and t <= merged[i][1])
-    ranked = sorted(per_op.items(), key=lambda kv: -busy_us(kv[1]))
+    ranked = sorted(((busy_us(s), len(s), name) for name, s in per_op.items()), reverse=True)
     parts = [
-        f"{name.removeprefix('nvfp4train::')} {busy_us(spans_) / 1e3 / steps:.1f} ms x{len(spans_) / steps:g}"
-        for name, spans_ in ranked[:top]
+        f"{name.removeprefix('nvfp4train::')} {us / 1e3 / steps:.1f} ms x{calls / steps:g}"
+        for us, calls, name in ranked[:top]
     ]
     by_op = ", ".join(parts)
     return [f"    host per step in our custom ops, by op: {by_op}; {inside / steps:g} kernel launches inside them"]

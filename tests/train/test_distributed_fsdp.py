@@ -54,8 +54,6 @@ def test_reshard_fsdp_frees_the_weights_an_evaluation_left_gathered(one_rank_gro
     instead of the updated weights: reshard_fsdp, which the captured step calls, frees them."""
     from torch.distributed.tensor import DTensor
 
-    from nvfp4train.train.cuda_graph import reshard_fsdp
-
     model = HybridLM(ModelConfig.from_dict(SMALL))
     dist.shard_fsdp2(model, reshard_after_forward=reshard_after_forward)
     assert all(isinstance(p, DTensor) for p in model.parameters())  # sharded
@@ -63,9 +61,9 @@ def test_reshard_fsdp_frees_the_weights_an_evaluation_left_gathered(one_rank_gro
         model(torch.randint(0, SMALL["vocab_size"], (1, 16)))
     gathered = [p for p in model.parameters() if not isinstance(p, DTensor)]
     assert gathered and any(p is q for p in gathered for q in model.blocks[-1].parameters())
-    reshard_fsdp(model)
+    dist.reshard_fsdp(model)
     assert all(isinstance(p, DTensor) for p in model.parameters())
-    reshard_fsdp(HybridLM(ModelConfig.from_dict(SMALL)))  # no FSDP2: nothing to do
+    dist.reshard_fsdp(HybridLM(ModelConfig.from_dict(SMALL)))  # no FSDP2: nothing to do
 
 
 @pytest.mark.parametrize("prefetch", [0, 2])
