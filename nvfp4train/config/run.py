@@ -92,9 +92,9 @@ class TrainConfig:
     SSD scan returns NaN) | false."""
     cuda_graph: CudaGraph = CudaGraph.auto
     """Capture each step's forward and backward passes as one CUDA graph and replay it (train/cuda_graph.py):
-    auto (CUDA runs of one process, and DDP runs with quantized linears, whose eager steps wait on the host;
-    not with activation checkpointing or the te backend) | true (also captures BF16 DDP steps and FSDP2/HSDP
-    steps with their collectives; refuses a run where it cannot: DeepSpeed) | false. DDP steps are captured
+    auto (CUDA runs of one process, FSDP2/HSDP runs with their collectives, and DDP runs with quantized
+    linears, whose eager steps wait on the host; not with activation checkpointing or the te backend) | true
+    (also captures BF16 DDP steps; refuses a run where it cannot: DeepSpeed) | false. DDP steps are captured
     with their all-reduce after 11 eager ones, FSDP2's after 2. Removes the host's launch overhead, which
     bounds the emulated low-precision steps of small models; the same numerics as eager steps."""
     deterministic: bool = False

@@ -34,8 +34,8 @@ optimizer reads), accumulation across micro-batches inside the capture under `no
 step, and the capture in the capturing thread's error mode, so NCCL's watchdog thread may query its
 events meanwhile.
 
-Under FSDP2 (and HSDP) the step is captured with its all-gathers and reduce-scatters (`train.cuda_graph=true`,
-as torchtitan's trainer captures its FSDP2 steps): FSDP2 allocates each block's gathered weights while the
+Under FSDP2 (and HSDP) the step is captured with its all-gathers and reduce-scatters (by `auto` too, as
+torchtitan's trainer captures its FSDP2 steps): FSDP2 allocates each block's gathered weights while the
 step runs, so during the capture they come from the graph's memory pool, and every replay gathers into the
 same addresses. The sharded gradients exist before the capture (zeroed in place, never set to None) and
 FSDP2 accumulates into them. A replay runs none of FSDP2's Python, which still holds what the last step it
@@ -78,19 +78,15 @@ def cuda_graph_blocker(
     explicit: bool = False,
 ) -> str | None:
     """Why this run cannot capture its step as a CUDA graph, or None when it can. `explicit`: asked for
-    with train.cuda_graph=true, which captures DDP's steps in any precision and FSDP2's; auto captures DDP's
-    where a linear is quantized (the host issues a BF16 step faster than the GPU runs it, a quantized one
-    not) and leaves FSDP2's eager."""
+    with train.cuda_graph=true, which also captures DDP's BF16 steps; auto captures FSDP2's and HSDP's steps
+    in any precision and DDP's where a linear is quantized (the host issues a BF16 DDP step faster than the
+    GPU runs it; docs/distributed.md has the measurements)."""
     if device.type != "cuda":
         return f"the device is {device.type}, not cuda"
     if parallel == "deepspeed":
         return "train.parallel=deepspeed (DeepSpeed's hooks and its optimizer step are not captured)"
     quantized = any(isinstance(m, QuantLinear) and m.quantized for m in model.modules())
-    if world_size > 1 and parallel != "ddp" and not explicit:
-        # the eager steps of quantized linears wait on the host (docs/distributed.md): say what avoids that
-        hint = "; a model that fits on each GPU trains faster with train.parallel=ddp" if quantized else ""
-        return f"{world_size} ranks with train.parallel={parallel} (captured with train.cuda_graph=true{hint})"
-    if world_size > 1 and not explicit and not quantized:
+    if world_size > 1 and parallel == "ddp" and not explicit and not quantized:
         return (
             f"{world_size} ranks with train.parallel=ddp in BF16 (the host keeps ahead of the GPU there; "
             f"captured with train.cuda_graph=true)"

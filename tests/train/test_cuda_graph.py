@@ -41,18 +41,18 @@ def test_auto_runs_eager_where_a_graph_cannot_be_captured():
     assert resolve_cuda_graph("auto", model, _info("cpu"), "ddp") is False
     assert resolve_cuda_graph("false", model, _info("cpu"), "ddp") is False
     cuda = torch.device("cuda")
-    assert "2 ranks" in cuda_graph_blocker(model, cuda, 2, "fsdp2", "none")
     assert "deepspeed" in cuda_graph_blocker(model, cuda, 1, "deepspeed", "none")
     assert "activation_checkpointing=full" in cuda_graph_blocker(model, cuda, 1, "ddp", "full")
     assert cuda_graph_blocker(model, cuda, 1, "ddp", "none") is None
 
 
-def test_ddp_steps_are_captured_by_auto_where_quantized_fsdp2_steps_by_true_deepspeed_never():
+def test_auto_captures_fsdp2_steps_and_ddp_steps_where_quantized_deepspeed_never():
     model, _, _ = _model("bf16", "cpu")
     cuda = torch.device("cuda")
     assert "ddp in BF16" in cuda_graph_blocker(model, cuda, 2, "ddp", "none")
     assert cuda_graph_blocker(model, cuda, 2, "ddp", "none", explicit=True) is None
-    assert "train.cuda_graph=true" in cuda_graph_blocker(model, cuda, 2, "fsdp2", "none")
+    assert cuda_graph_blocker(model, cuda, 2, "fsdp2", "none") is None
+    assert cuda_graph_blocker(model, cuda, 4, "hsdp", "none") is None
     assert cuda_graph_blocker(model, cuda, 2, "fsdp2", "none", explicit=True) is None
     assert cuda_graph_blocker(model, cuda, 4, "hsdp", "none", explicit=True) is None
     assert "deepspeed" in cuda_graph_blocker(model, cuda, 2, "deepspeed", "none", explicit=True)
@@ -66,10 +66,9 @@ def test_ddp_steps_are_captured_by_auto_where_quantized_fsdp2_steps_by_true_deep
     for precision in ("nvfp4", "fp8_tensorwise"):
         quantized, _, _ = _model(precision, "cpu")
         assert resolve_cuda_graph("auto", quantized, info, "ddp") is True
-        assert resolve_cuda_graph("auto", quantized, info, "fsdp2") is False
-        assert "train.parallel=ddp" in cuda_graph_blocker(quantized, cuda, 2, "fsdp2", "none")
+        assert resolve_cuda_graph("auto", quantized, info, "fsdp2") is True
         assert "activation_checkpointing" in cuda_graph_blocker(quantized, cuda, 2, "ddp", "full")
-    assert "train.parallel=ddp" not in cuda_graph_blocker(model, cuda, 2, "fsdp2", "none")
+        assert "activation_checkpointing" in cuda_graph_blocker(quantized, cuda, 2, "fsdp2", "full")
 
 
 def test_true_refuses_a_run_that_cannot_capture_naming_the_key():
