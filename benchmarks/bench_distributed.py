@@ -8,16 +8,16 @@ FSDP2 (at its defaults and resharding), DeepSpeed ZeRO-1/2 and NVFP4 under FSDP2
     python benchmarks/bench_distributed.py --runs 1gpu fsdp2 --no-comm --profile /tmp/prof   # + where time goes
 
 Each run is `python -m nvfp4train.dist.run --standalone --nproc_per_node=N -m nvfp4train.train ...` (the
-one-GPU run: `python -m nvfp4train.train ...`) with the trainer's defaults (train.compile and
-train.cuda_graph auto: compiled on CUDA, a CUDA graph on one GPU), no evaluation, one after another. From
-each run's metrics.jsonl: tokens/s as the mean of the logged steps after the first half (compilation,
-autotuning and CUDA-graph capture happen before), peak memory (rank 0), the final loss. It prints one
-table and merges a row per run into --out, in the format of docs/results/bench/train.json plus the keys
-parallel, gpus, micro_batch, reshard_after_forward, zero_stage, vs_1gpu, final_loss and command. DeepSpeed
-runs are not compiled (its engine runs the eager model). Transformer Engine layers (precision.backend=te)
-under FSDP2 are not part of it: add `--runs te_1gpu te_fsdp2` where TE is installed. A multi-GPU run's vs_1gpu
-is against the one-GPU run of the same precision and backend (nvfp4_fsdp2 against nvfp4_1gpu): of this
-invocation, else the row of an earlier one on the same GPU model in --out.
+one-GPU run: `python -m nvfp4train.train ...`) with the trainer's defaults (train.compile and train.cuda_graph
+auto: compiled on CUDA, the step captured as a CUDA graph on one GPU and under FSDP2), no evaluation, one
+after another. From each run's metrics.jsonl: tokens/s as the mean of the logged steps after the first half
+(compilation, autotuning and CUDA-graph capture happen before), peak memory (rank 0), the final loss. It
+prints one table and merges a row per run into --out, in the format of docs/results/bench/train.json plus the
+keys parallel, gpus, micro_batch, reshard_after_forward, zero_stage, vs_1gpu, final_loss and command.
+DeepSpeed runs are not compiled (its engine runs the eager model). Transformer Engine layers
+(precision.backend=te) under FSDP2 are not part of it: add `--runs te_1gpu te_fsdp2` where TE is installed. A
+multi-GPU run's vs_1gpu is against the one-GPU run of the same precision and backend (nvfp4_fsdp2 against
+nvfp4_1gpu): of this invocation, else the row of an earlier one on the same GPU model in --out.
 
 The final loss is a sanity value, not a check that runs agree: the runs stop inside the learning-rate
 warmup, where hybrid_1b's loss jumps about and any difference in the first step grows (NVFP4 on one GPU
@@ -66,6 +66,10 @@ RUNS = {
     "fsdp2_graph": (2, ["train.parallel=fsdp2", "train.cuda_graph=true"]),
     "nvfp4_fsdp2_graph": (2, ["train.parallel=fsdp2", "precision=nvfp4", "train.cuda_graph=true"]),
     "fp8_fsdp2_graph": (2, ["train.parallel=fsdp2", "precision=fp8_tensorwise", "train.cuda_graph=true"]),
+    # FSDP2's steps without the capture that train.cuda_graph=auto makes
+    "fsdp2_eager": (2, ["train.parallel=fsdp2", "train.cuda_graph=false"]),
+    "nvfp4_fsdp2_eager": (2, ["train.parallel=fsdp2", "precision=nvfp4", "train.cuda_graph=false"]),
+    "fp8_fsdp2_eager": (2, ["train.parallel=fsdp2", "precision=fp8_tensorwise", "train.cuda_graph=false"]),
     "fp8_1gpu": (1, ["precision=fp8_tensorwise"]),
     "fp8_fsdp2": (2, ["train.parallel=fsdp2", "precision=fp8_tensorwise"]),
     "fp8_ddp": (2, ["train.parallel=ddp", "precision=fp8_tensorwise", "train.cuda_graph=false"]),

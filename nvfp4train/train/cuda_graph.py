@@ -76,11 +76,14 @@ def cuda_graph_blocker(
     parallel: str,
     activation_checkpointing: str,
     explicit: bool = False,
+    fsdp_reshard: bool = False,
 ) -> str | None:
     """Why this run cannot capture its step as a CUDA graph, or None when it can. `explicit`: asked for
-    with train.cuda_graph=true, which also captures DDP's BF16 steps; auto captures FSDP2's and HSDP's steps
-    in any precision and DDP's where a linear is quantized (the host issues a BF16 DDP step faster than the
-    GPU runs it; docs/distributed.md has the measurements)."""
+    with train.cuda_graph=true, which also captures DDP's BF16 steps and FSDP2 steps that reshard after
+    forward; auto captures FSDP2's and HSDP's steps in any precision where the gathered weights are kept
+    from forward to backward (`fsdp_reshard` False: resharding means memory comes first, and the graph's
+    pool holds more) and DDP's where a linear is quantized (the host issues a BF16 DDP step faster than
+    the GPU runs it; docs/distributed.md has the measurements)."""
     if device.type != "cuda":
         return f"the device is {device.type}, not cuda"
     if parallel == "deepspeed":
@@ -90,6 +93,11 @@ def cuda_graph_blocker(
         return (
             f"{world_size} ranks with train.parallel=ddp in BF16 (the host keeps ahead of the GPU there; "
             f"captured with train.cuda_graph=true)"
+        )
+    if world_size > 1 and parallel in ("fsdp2", "hsdp") and not explicit and fsdp_reshard:
+        return (
+            "FSDP2 reshards after forward, which saves memory a captured step's pool would take back "
+            "(captured with train.cuda_graph=true)"
         )
     if activation_checkpointing != "none":
         return f"train.activation_checkpointing={activation_checkpointing} (recomputation saves RNG states on the host)"

@@ -90,14 +90,25 @@ def resolve_compile(setting: str, device: torch.device, model: nn.Module | None 
 
 
 def resolve_cuda_graph(
-    setting: str, model: nn.Module, info: dist.DistInfo, parallel: str, activation_checkpointing: str = "none"
+    setting: str,
+    model: nn.Module,
+    info: dist.DistInfo,
+    parallel: str,
+    activation_checkpointing: str = "none",
+    fsdp_reshard: bool = False,
 ) -> bool:
     """train.cuda_graph: auto captures the step where it can (cuda_graph.cuda_graph_blocker), true
-    refuses a run where it cannot, naming why."""
+    refuses a run where it cannot, naming why. fsdp_reshard: FSDP2 reshards after forward (resolved)."""
     if setting == "false":
         return False
     blocker = cuda_graph_blocker(
-        model, info.device, info.world_size, parallel, activation_checkpointing, explicit=setting == "true"
+        model,
+        info.device,
+        info.world_size,
+        parallel,
+        activation_checkpointing,
+        explicit=setting == "true",
+        fsdp_reshard=fsdp_reshard,
     )
     if blocker is None:
         return True
@@ -469,6 +480,11 @@ def build_engine(model, groups, optim_cfg, train_cfg, info, grad_accum):
         return DeepSpeedEngine(
             model, groups, optim_cfg, train_cfg.zero_stage, grad_accum, train_cfg.micro_batch_size, info
         )
+    reshard = str(train_cfg.fsdp_reshard_after_forward)
+    n_params = sum(p.numel() for p in model.parameters())
+    fsdp_reshard = (
+        train_cfg.parallel in ("fsdp2", "hsdp") and dist.resolve_reshard_after_forward(reshard, n_params, info)[0]
+    )
     return TorchEngine(
         model,
         groups,
@@ -476,12 +492,17 @@ def build_engine(model, groups, optim_cfg, train_cfg, info, grad_accum):
         train_cfg.parallel,
         info,
         compile=resolve_compile(str(train_cfg.compile), info.device, model),
-        reshard_after_forward=str(train_cfg.fsdp_reshard_after_forward),
+        reshard_after_forward=reshard,
         fsdp_prefetch=train_cfg.fsdp_prefetch,
         ddp_bucket_cap_mb=train_cfg.ddp_bucket_cap_mb,
         hsdp_shard_size=train_cfg.hsdp_shard_size,
         cuda_graph=resolve_cuda_graph(
-            str(train_cfg.cuda_graph), model, info, train_cfg.parallel, str(train_cfg.activation_checkpointing)
+            str(train_cfg.cuda_graph),
+            model,
+            info,
+            train_cfg.parallel,
+            str(train_cfg.activation_checkpointing),
+            fsdp_reshard,
         ),
     )
 

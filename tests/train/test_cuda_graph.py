@@ -53,6 +53,10 @@ def test_auto_captures_fsdp2_steps_and_ddp_steps_where_quantized_deepspeed_never
     assert cuda_graph_blocker(model, cuda, 2, "ddp", "none", explicit=True) is None
     assert cuda_graph_blocker(model, cuda, 2, "fsdp2", "none") is None
     assert cuda_graph_blocker(model, cuda, 4, "hsdp", "none") is None
+    assert "reshards after forward" in cuda_graph_blocker(model, cuda, 2, "fsdp2", "none", fsdp_reshard=True)
+    assert "reshards after forward" in cuda_graph_blocker(model, cuda, 4, "hsdp", "none", fsdp_reshard=True)
+    assert cuda_graph_blocker(model, cuda, 2, "fsdp2", "none", explicit=True, fsdp_reshard=True) is None
+    assert cuda_graph_blocker(model, cuda, 2, "ddp", "none", explicit=True, fsdp_reshard=True) is None
     assert cuda_graph_blocker(model, cuda, 2, "fsdp2", "none", explicit=True) is None
     assert cuda_graph_blocker(model, cuda, 4, "hsdp", "none", explicit=True) is None
     assert "deepspeed" in cuda_graph_blocker(model, cuda, 2, "deepspeed", "none", explicit=True)
@@ -61,6 +65,9 @@ def test_auto_captures_fsdp2_steps_and_ddp_steps_where_quantized_deepspeed_never
     assert resolve_cuda_graph("auto", model, info, "ddp") is False
     assert resolve_cuda_graph("true", model, info, "ddp") is True
     assert resolve_cuda_graph("true", model, info, "fsdp2") is True
+    assert resolve_cuda_graph("auto", model, info, "fsdp2") is True
+    assert resolve_cuda_graph("auto", model, info, "fsdp2", fsdp_reshard=True) is False
+    assert resolve_cuda_graph("true", model, info, "fsdp2", fsdp_reshard=True) is True
     with pytest.raises(ConfigError, match=r"train.cuda_graph=true: .*deepspeed"):
         resolve_cuda_graph("true", model, info, "deepspeed")
     for precision in ("nvfp4", "fp8_tensorwise"):
