@@ -96,8 +96,8 @@ def cuda_graph_blocker(
         )
     if world_size > 1 and parallel in ("fsdp2", "hsdp") and not explicit and fsdp_reshard:
         return (
-            "FSDP2 reshards after forward, which saves memory a captured step's pool would take back "
-            "(captured with train.cuda_graph=true)"
+            "FSDP2 reshards after forward to save memory, which a captured step's pool would take back; "
+            "captured with train.cuda_graph=true"
         )
     if activation_checkpointing != "none":
         return f"train.activation_checkpointing={activation_checkpointing} (recomputation saves RNG states on the host)"
