@@ -9,12 +9,14 @@ import pytest
 import torch
 
 from nvfp4train.config import load_preset
+from nvfp4train.config.run import FsdpReshard, Parallel, TrainConfig
 from nvfp4train.dist import DistInfo
 from nvfp4train.model import HybridLM, ModelConfig, param_groups
 from nvfp4train.optim import OptimConfig
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
 from nvfp4train.precision.linear import QuantLinear
 from nvfp4train.schema import ConfigError
+from nvfp4train.train import engines
 from nvfp4train.train.cuda_graph import cuda_graph_blocker
 from nvfp4train.train.engines import TorchEngine, resolve_cuda_graph
 from tests.conftest import run_train
@@ -76,6 +78,30 @@ def test_auto_captures_fsdp2_steps_and_ddp_steps_where_quantized_deepspeed_never
         assert resolve_cuda_graph("auto", quantized, info, "fsdp2") is True
         assert "activation_checkpointing" in cuda_graph_blocker(quantized, cuda, 2, "ddp", "full")
         assert "activation_checkpointing" in cuda_graph_blocker(quantized, cuda, 2, "fsdp2", "full")
+
+
+def test_the_engine_tells_the_capture_policy_whether_fsdp2_reshards(monkeypatch):
+    """build_engine resolves train.fsdp_reshard_after_forward before train.cuda_graph: auto leaves the steps of
+    an FSDP2 run that reshards after forward eager (a 2-rank DistInfo; the engine is not built)."""
+    model, _, _ = _model("bf16", "cpu")
+    seen = []
+
+    class Resolved(Exception):
+        pass
+
+    def spy(setting, model, info, parallel, activation_checkpointing, fsdp_reshard):
+        seen.append(fsdp_reshard)
+        raise Resolved
+
+    monkeypatch.setattr(engines, "resolve_cuda_graph", spy)
+    info = DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
+    cases = [("fsdp2", "true", True), ("hsdp", "true", True), ("fsdp2", "false", False)]
+    cases += [("fsdp2", "auto", False), ("ddp", "true", False)]  # hybrid_tiny's gathered weights: kept
+    for parallel, reshard, _ in cases:
+        train = TrainConfig(parallel=Parallel(parallel), fsdp_reshard_after_forward=FsdpReshard(reshard))
+        with pytest.raises(Resolved):
+            engines.build_engine(model, param_groups(model, 0.1), OptimConfig(), train, info, 1)
+    assert seen == [expected for *_, expected in cases]
 
 
 def test_true_refuses_a_run_that_cannot_capture_naming_the_key():
