@@ -287,9 +287,9 @@ ONE_VS_FSDP_REL = 1.5e-2
 
 @pytest.mark.parametrize("precision", ["bf16", "nvfp4"])
 def test_fsdp2_tracks_one_gpu(tmp_path, jobs, precision):
-    """The trainer's defaults on CUDA (compiled; one GPU also CUDA-graphed, which FSDP2 is not): one GPU with
-    and without the graph, side by side on GPUs 0 and 1, then FSDP2 on both. Same seed, initial weights and
-    global batches in all three."""
+    """The trainer's defaults on CUDA (compiled and CUDA-graphed, FSDP2's step with its collectives): one GPU
+    with and without the graph, side by side on GPUs 0 and 1, then FSDP2 on both. Same seed, initial weights
+    and global batches in all three."""
     overrides = [f"precision={precision}", *ONE_VS_FSDP_COMMON]
     singles = {}
     for gpu, (name, extra) in enumerate({"one": [], "one_eager": ["train.cuda_graph=false"]}.items()):
