@@ -44,24 +44,54 @@ def fp8_value(code, MANT: tl.constexpr, BIAS: tl.constexpr):
 @triton.jit
 def _fp8_block_scales(amax, scale_for_inf, FP8_MAX: tl.constexpr, POW2: tl.constexpr):
     """encode_scale_from_amax for FP32 block maxima (any shape): (encode, decode)."""
+    if POW2:
+        return _fp8_pow2_scales(amax, scale_for_inf, FP8_MAX)
     encode = tl.div_rn(tl.full(amax.shape, FP8_MAX, tl.float32), amax)
     encode = tl.where(encode == float("inf"), scale_for_inf, encode)
     encode = tl.where(amax == 0, 1.0, encode)
-    if POW2:
-        encode = (encode.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)  # always normal
     encode = tl.where(amax <= FLT_MAX, encode, float("nan"))
     return encode, tl.div_rn(tl.full(amax.shape, 1.0, tl.float32), encode)
 
 
 @triton.jit
+def _fp8_pow2_scales(amax, scale_for_inf, FP8_MAX: tl.constexpr):
+    """_fp8_block_scales with power-of-two scales by integer arithmetic on amax's bits: the same values as
+    dividing, rounding down to a power of two and dividing again, in a fifth of the instructions (a thread
+    computes the scales of every block its elements touch).
+
+    Both formats' maxima are 1.75 2^L (448 = 1.75 2^8, 57344 = 1.75 2^15). For amax = m 2^e (m in [1, 2)),
+    FP8_MAX / amax = (1.75 / m) 2^(L - e): its binade is 2^(L - e) where m <= 1.75, else 2^(L - e - 1), and
+    rounding the quotient to FP32 never lifts it into the next binade (1.75 / m <= 1.75; and 1.75 / m <= 1 -
+    2^-23 / 1.75 < 1 - 2^-25 where m > 1.75). So encode's biased exponent is L + 254 - E - (mantissa above
+    1.75's), E amax's biased exponent; 255 or more is the overflow to scale_for_inf (a subnormal amax, E = 0,
+    lands there too). decode = 1 / encode is exact: biased exponent 254 - that of encode, 2^-127 (subnormal)
+    where encode is 2^127."""
+    tl.static_assert((FP8_MAX == 448.0) or (FP8_MAX == 57344.0), "E4M3 or E5M2 maxima")
+    L: tl.constexpr = 8 if FP8_MAX == 448.0 else 15
+    bits = amax.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    biased = (L + 254) - (bits >> 23) - ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    inf_biased = (tl.cast(scale_for_inf, tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF
+    biased = tl.where(biased >= 255, inf_biased, biased)
+    biased = tl.where(bits == 0, 127, biased)  # amax 0: scale 1
+    encode_bits = biased << 23
+    decode_bits = tl.where(biased >= 254, 0x00400000, (254 - biased) << 23)
+    finite = bits < 0x7F800000  # amax Inf or NaN: both scales NaN
+    encode = tl.where(finite, encode_bits.to(tl.float32, bitcast=True), float("nan"))
+    decode = tl.where(finite, decode_bits.to(tl.float32, bitcast=True), float("nan"))
+    return encode, decode
+
+
+@triton.jit
 def _fp8_codes(scaled, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, HW_CVT: tl.constexpr):
-    """Clamp to the format's max, then RNE to FP8 bits (int32). HW_CVT (sm_89+): the GPU's own conversion
-    (cvt.rn.satfinite.{e4m3,e5m2}x2.f32, one instruction for two values: the same RNE with subnormals and
-    -0.0 -> 0x80, and satfinite is the clamp: beyond the max, Inf included, it gives the max) instead of
-    the clamp and _fp8_rne's integer arithmetic; NaN is mapped to 0x7F either way."""
+    """Clamp to the format's max, then RNE to FP8 bits (uint8 where HW_CVT, else int32). HW_CVT (sm_89+):
+    the GPU's own conversion (cvt.rn.satfinite.{e4m3,e5m2}x2.f32, one instruction for two values: the same
+    RNE with subnormals and -0.0 -> 0x80; satfinite is the clamp: beyond the max, Inf included, it gives the
+    max; and a NaN of either sign gives 0x7F, as cuda_fp8.hpp's emulation of it documents) instead of the
+    clamp and _fp8_rne's integer arithmetic, whose NaN rule is the same. No select per element: unpacking
+    the conversion's byte pairs for one would cost more than the conversion."""
     if HW_CVT:
         fp8 = scaled.to(tl.float8e4nv) if MANT == 3 else scaled.to(tl.float8e5)
-        return tl.where(scaled != scaled, 0x7F, fp8.to(tl.uint8, bitcast=True).to(tl.int32))
+        return fp8.to(tl.uint8, bitcast=True)
     else:
         scaled = tl.where(scaled > FP8_MAX, FP8_MAX, tl.where(scaled < -FP8_MAX, -FP8_MAX, scaled))
         return _fp8_rne(scaled, MANT, BIAS)
@@ -92,7 +122,7 @@ def _fp8_blockwise_kernel(
     encode, decode = _fp8_block_scales(amax, scale_for_inf, FP8_MAX, POW2)
     code = _fp8_codes(x4 * encode[:, None, :, None], FP8_MAX, MANT, BIAS, HW_CVT)
     if DENSE:
-        values = tl.reshape(fp8_value(code, MANT, BIAS) * decode[:, None, :, None], (BLOCK_R, BLOCK_C))
+        values = tl.reshape(fp8_value(code.to(tl.int32), MANT, BIAS) * decode[:, None, :, None], (BLOCK_R, BLOCK_C))
         store_as(values_ptr, offs, values, mask)
     else:
         tl.store(data_ptr + offs, tl.reshape(code, (BLOCK_R, BLOCK_C)).to(tl.uint8), mask=mask)
