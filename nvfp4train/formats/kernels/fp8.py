@@ -64,20 +64,19 @@ def _fp8_pow2_scales(amax, scale_for_inf, FP8_MAX: tl.constexpr):
     rounding the quotient to FP32 never lifts it into the next binade (1.75 / m <= 1.75; and 1.75 / m <= 1 -
     2^-23 / 1.75 < 1 - 2^-25 where m > 1.75). So encode's biased exponent is L + 254 - E - (mantissa above
     1.75's), E amax's biased exponent; 255 or more is the overflow to scale_for_inf (a subnormal amax, E = 0,
-    lands there too). decode = 1 / encode is exact: biased exponent 254 - that of encode, 2^-127 (subnormal)
-    where encode is 2^127."""
+    lands there too). decode = 1 / encode is exact."""
     tl.static_assert((FP8_MAX == 448.0) or (FP8_MAX == 57344.0), "E4M3 or E5M2 maxima")
     L: tl.constexpr = 8 if FP8_MAX == 448.0 else 15
     bits = amax.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     biased = (L + 254) - (bits >> 23) - ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
     inf_biased = (tl.cast(scale_for_inf, tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF
     biased = tl.where(biased >= 255, inf_biased, biased)
-    biased = tl.where(bits == 0, 127, biased)  # amax 0: scale 1
-    encode_bits = biased << 23
-    decode_bits = tl.where(biased >= 254, 0x00400000, (254 - biased) << 23)
+    encode_bits = tl.where(bits == 0, 127 << 23, biased << 23)  # amax 0: scale 1
+    # 1 / 2^k as the word of 2^(1 - k) halved: the halving makes 2^-127 (encode 2^127) subnormal, exactly.
+    decode = (0x7F800000 - encode_bits).to(tl.float32, bitcast=True) * 0.5
     finite = bits < 0x7F800000  # amax Inf or NaN: both scales NaN
     encode = tl.where(finite, encode_bits.to(tl.float32, bitcast=True), float("nan"))
-    decode = tl.where(finite, decode_bits.to(tl.float32, bitcast=True), float("nan"))
+    decode = tl.where(finite, decode, float("nan"))
     return encode, decode
 
 
@@ -218,7 +217,7 @@ def _fp8_tensorwise_rowcol_kernel(x_ptr, amax_ptr, data_ptr, data_t_ptr, decode_
         tl.store(decode_ptr, decode)
 
 
-TENSORWISE_TILE = 64
+TENSORWISE_TILE, TENSORWISE_WARPS = 64, 4
 
 
 def tensorwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool):
@@ -232,9 +231,12 @@ def tensorwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool):
     decode = torch.empty((), dtype=torch.float32, device=x.device)
     mant, bias = (3, 7) if dtype == torch.float8_e4m3fn else (2, 15)
     grid = (triton.cdiv(rows, TENSORWISE_TILE), triton.cdiv(cols, TENSORWISE_TILE))
+    options = launch_options(x)
+    if x.is_cuda:
+        options["num_warps"] = TENSORWISE_WARPS
     _fp8_tensorwise_rowcol_kernel[grid](
         x, amax, data, data_t, decode, rows, cols, FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias,
-        POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x), BLOCK=TENSORWISE_TILE, **launch_options(x),
+        POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x), BLOCK=TENSORWISE_TILE, **options,
     )
     return data, data_t, decode
 
@@ -326,6 +328,9 @@ def _fp8_blockwise_rowcol_kernel(
         tl.store(col_scales_ptr + f.to(tl.int64) * (n_tokens // 128) + tl.program_id(0), col_decode)
 
 
+BLOCKWISE_ROWCOL_WARPS = 8
+
+
 def blockwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool, row_width: int):
     """((data [tokens, row_width], scales [tokens, row_width / 128]), (data [features, tokens], scales
     [features, tokens / 128])) of x [tokens, features]: tokens and row_width multiples of 128, row_width >=
@@ -340,7 +345,7 @@ def blockwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool, row
     col_scales = torch.empty((n_features, n_tokens // 128), dtype=torch.float32, device=x.device)
     options = launch_options(x)
     if x.is_cuda:
-        options["num_warps"] = 8
+        options["num_warps"] = BLOCKWISE_ROWCOL_WARPS
     _fp8_blockwise_rowcol_kernel[(n_tokens // 128, row_width // 128)](
         x, row_data, row_scales, col_data, col_scales, n_tokens, n_features, row_width,
         float(torch.finfo(x.dtype).max), FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias,

@@ -221,13 +221,14 @@ VARIANTS = {
         FP8_TENSORWISE_ROWCOL_ARGS,
         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": False, "HW_CVT": True, "BLOCK": fp8.TENSORWISE_TILE},
         fp8.TENSORWISE_TILE**2,
+        fp8.TENSORWISE_WARPS,
     ),
     "fp8_blockwise_rowcol": Variant(
         fp8._fp8_blockwise_rowcol_kernel,
         FP8_BLOCKWISE_ROWCOL_ARGS,
         {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True, "RAGGED": False},
         128 * 128,
-        8,
+        fp8.BLOCKWISE_ROWCOL_WARPS,
     ),
     # the FP32 master weight: its 128x128 tiles for Fprop and the same transposed for Dgrad, once per step
     "fp8_tiles_rowcol": Variant(
