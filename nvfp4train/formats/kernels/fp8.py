@@ -81,16 +81,19 @@ def _fp8_pow2_scales(amax, scale_for_inf, FP8_MAX: tl.constexpr):
 
 
 @triton.jit
-def _fp8_codes(scaled, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, HW_CVT: tl.constexpr):
-    """Clamp to the format's max, then RNE to FP8 bits (uint8 where HW_CVT, else int32). HW_CVT (sm_89+):
-    the GPU's own conversion (cvt.rn.satfinite.{e4m3,e5m2}x2.f32, one instruction for two values: the same
-    RNE with subnormals and -0.0 -> 0x80; satfinite is the clamp: beyond the max, Inf included, it gives the
-    max; and a NaN of either sign gives 0x7F, as cuda_fp8.hpp's emulation of it documents) instead of the
-    clamp and _fp8_rne's integer arithmetic, whose NaN rule is the same. No select per element: unpacking
-    the conversion's byte pairs for one would cost more than the conversion."""
+def _fp8_codes(scaled, encode, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, HW_CVT: tl.constexpr):
+    """Clamp to the format's max, then RNE to FP8 bits (int32), of ``scaled`` = x * ``encode`` (encode
+    broadcast over x: one per block or tensor). HW_CVT (sm_89+): the GPU's own conversion
+    (cvt.rn.satfinite.{e4m3,e5m2}x2.f32, one instruction for two values: the same RNE with subnormals and
+    -0.0 -> 0x80, and satfinite is the clamp: beyond the max, Inf included, it gives the max) instead of
+    the clamp and _fp8_rne's integer arithmetic. NaN gives 0x7F either way. A scaled value is NaN exactly
+    where its block's encode is (encode is NaN where the block holds a NaN or an Inf, finite and nonzero
+    otherwise), so the NaN test is made once per block, not per element. The select also keeps Triton from
+    moving the transposing layout conversions onto the conversion's packed bytes, which gave wrong codes on
+    an H200 (triton 3.7: tests/formats/test_triton.py's tensorwise rowcol and 1x128 dense cases)."""
     if HW_CVT:
         fp8 = scaled.to(tl.float8e4nv) if MANT == 3 else scaled.to(tl.float8e5)
-        return fp8.to(tl.uint8, bitcast=True)
+        return tl.where(encode != encode, 0x7F, fp8.to(tl.uint8, bitcast=True).to(tl.int32))
     else:
         scaled = tl.where(scaled > FP8_MAX, FP8_MAX, tl.where(scaled < -FP8_MAX, -FP8_MAX, scaled))
         return _fp8_rne(scaled, MANT, BIAS)
@@ -119,9 +122,9 @@ def _fp8_blockwise_kernel(
     magnitude_bits = x4.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     amax = tl.max(tl.max(magnitude_bits, axis=3), axis=1).to(tl.float32, bitcast=True)  # [NR, NC]
     encode, decode = _fp8_block_scales(amax, scale_for_inf, FP8_MAX, POW2)
-    code = _fp8_codes(x4 * encode[:, None, :, None], FP8_MAX, MANT, BIAS, HW_CVT)
+    code = _fp8_codes(x4 * encode[:, None, :, None], encode[:, None, :, None], FP8_MAX, MANT, BIAS, HW_CVT)
     if DENSE:
-        values = tl.reshape(fp8_value(code.to(tl.int32), MANT, BIAS) * decode[:, None, :, None], (BLOCK_R, BLOCK_C))
+        values = tl.reshape(fp8_value(code, MANT, BIAS) * decode[:, None, :, None], (BLOCK_R, BLOCK_C))
         store_as(values_ptr, offs, values, mask)
     else:
         tl.store(data_ptr + offs, tl.reshape(code, (BLOCK_R, BLOCK_C)).to(tl.uint8), mask=mask)
@@ -176,7 +179,7 @@ def _fp8_tensorwise_kernel(x_ptr, amax_ptr, data_ptr, decode_ptr, n, FP8_MAX: tl
     mask = offs < n
     x = to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))
     encode, decode = _fp8_block_scales(tl.load(amax_ptr), FLT_MAX, FP8_MAX, POW2)  # per tensor: FLT_MAX for inf
-    tl.store(data_ptr + offs, _fp8_codes(x * encode, FP8_MAX, MANT, BIAS, HW_CVT).to(tl.uint8), mask=mask)
+    tl.store(data_ptr + offs, _fp8_codes(x * encode, encode, FP8_MAX, MANT, BIAS, HW_CVT).to(tl.uint8), mask=mask)
     if tl.program_id(0) == 0:
         tl.store(decode_ptr, decode)
 
@@ -210,7 +213,7 @@ def _fp8_tensorwise_rowcol_kernel(x_ptr, amax_ptr, data_ptr, data_t_ptr, decode_
     mask = (r[:, None] < rows) & (c[None, :] < cols)
     x = to_fp32(tl.load(x_ptr + r[:, None].to(tl.int64) * cols + c[None, :], mask=mask, other=0.0))
     encode, decode = _fp8_block_scales(tl.load(amax_ptr), FLT_MAX, FP8_MAX, POW2)
-    code = _fp8_codes(x * encode, FP8_MAX, MANT, BIAS, HW_CVT).to(tl.uint8)
+    code = _fp8_codes(x * encode, encode, FP8_MAX, MANT, BIAS, HW_CVT).to(tl.uint8)
     tl.store(data_ptr + r[:, None].to(tl.int64) * cols + c[None, :], code, mask=mask)
     tl.store(data_t_ptr + c[:, None].to(tl.int64) * rows + r[None, :], tl.trans(code), mask=tl.trans(mask))
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
@@ -262,7 +265,7 @@ def _fp8_blockwise_t_kernel(
     magnitude_bits = x3.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     amax = tl.max(magnitude_bits, axis=1).to(tl.float32, bitcast=True)  # [NT, BLOCK_F]
     encode, decode = _fp8_block_scales(amax, scale_for_inf, FP8_MAX, POW2)
-    code = _fp8_codes(x3 * encode[:, None, :], FP8_MAX, MANT, BIAS, HW_CVT)
+    code = _fp8_codes(x3 * encode[:, None, :], encode[:, None, :], FP8_MAX, MANT, BIAS, HW_CVT)
     code = tl.trans(tl.reshape(code, (BLOCK_T, BLOCK_F)))  # [BLOCK_F, BLOCK_T]
     out_mask = (f[:, None] < n_features) & (t[None, :] < n_tokens)
     tl.store(data_ptr + f[:, None].to(tl.int64) * n_tokens + t[None, :], code.to(tl.uint8), mask=out_mask)
@@ -311,13 +314,13 @@ def _fp8_blockwise_rowcol_kernel(
 
     row_encode, row_decode = _fp8_block_scales(tl.max(magnitude_bits, axis=1).to(tl.float32, bitcast=True),
                                                scale_for_inf, FP8_MAX, POW2)  # [128 tokens]
-    row_code = _fp8_codes(x * row_encode[:, None], FP8_MAX, MANT, BIAS, HW_CVT)
+    row_code = _fp8_codes(x * row_encode[:, None], row_encode[:, None], FP8_MAX, MANT, BIAS, HW_CVT)
     tl.store(row_data_ptr + t[:, None].to(tl.int64) * row_width + f[None, :], row_code.to(tl.uint8))
     tl.store(row_scales_ptr + t.to(tl.int64) * (row_width // 128) + tl.program_id(1), row_decode)
 
     col_encode, col_decode = _fp8_block_scales(tl.max(magnitude_bits, axis=0).to(tl.float32, bitcast=True),
                                                scale_for_inf, FP8_MAX, POW2)  # [128 features]
-    col_code = tl.trans(_fp8_codes(x * col_encode[None, :], FP8_MAX, MANT, BIAS, HW_CVT))  # [features, tokens]
+    col_code = tl.trans(_fp8_codes(x * col_encode[None, :], col_encode[None, :], FP8_MAX, MANT, BIAS, HW_CVT))  # [features, tokens]
     if RAGGED:
         tl.store(col_data_ptr + f[:, None].to(tl.int64) * n_tokens + t[None, :], col_code.to(tl.uint8),
                  mask=f[:, None] < n_features)
@@ -373,7 +376,7 @@ def _fp8_tiles_rowcol_kernel(
     magnitude_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     amax = tl.max(tl.max(magnitude_bits, axis=1, keep_dims=True), axis=0, keep_dims=True)  # [1, 1]
     encode, decode = _fp8_block_scales(amax.to(tl.float32, bitcast=True), scale_for_inf, FP8_MAX, POW2)
-    code = _fp8_codes(x * encode, FP8_MAX, MANT, BIAS, HW_CVT).to(tl.uint8)
+    code = _fp8_codes(x * encode, encode, FP8_MAX, MANT, BIAS, HW_CVT).to(tl.uint8)
     here = tl.zeros([1, 1], dtype=tl.int64)  # the one scale's offset, as a [1, 1] block like `decode`
     if i * 128 < padded_rows:
         tl.store(data_ptr + r[:, None].to(tl.int64) * row_width + c[None, :], code)
