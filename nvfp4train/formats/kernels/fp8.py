@@ -320,7 +320,8 @@ def _fp8_blockwise_rowcol_kernel(
 
     col_encode, col_decode = _fp8_block_scales(tl.max(magnitude_bits, axis=0).to(tl.float32, bitcast=True),
                                                scale_for_inf, FP8_MAX, POW2)  # [128 features]
-    col_code = tl.trans(_fp8_codes(x * col_encode[None, :], col_encode[None, :], FP8_MAX, MANT, BIAS, HW_CVT))  # [features, tokens]
+    col_code = _fp8_codes(x * col_encode[None, :], col_encode[None, :], FP8_MAX, MANT, BIAS, HW_CVT)
+    col_code = tl.trans(col_code)  # [features, tokens]
     if RAGGED:
         tl.store(col_data_ptr + f[:, None].to(tl.int64) * n_tokens + t[None, :], col_code.to(tl.uint8),
                  mask=f[:, None] < n_features)
