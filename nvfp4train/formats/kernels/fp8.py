@@ -30,7 +30,8 @@ def _fp8_rne(v, MANT: tl.constexpr, BIAS: tl.constexpr):
 
 @triton.jit
 def fp8_value(code, MANT: tl.constexpr, BIAS: tl.constexpr):
-    """FP8 bits (int32) -> FP32 value (``.to(torch.float32)``); 0x7F / 0xFF -> NaN."""
+    """FP8 bits (uint8 or int32) -> FP32 value (``.to(torch.float32)``); 0x7F / 0xFF -> NaN."""
+    code = code.to(tl.int32)
     magnitude = code & 0x7F
     exponent = magnitude >> MANT
     fraction = magnitude & ((1 << MANT) - 1)
@@ -81,19 +82,27 @@ def _fp8_pow2_scales(amax, scale_for_inf, FP8_MAX: tl.constexpr):
 
 
 @triton.jit
-def _fp8_codes(scaled, encode, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, HW_CVT: tl.constexpr):
-    """Clamp to the format's max, then RNE to FP8 bits (int32), of ``scaled`` = x * ``encode`` (encode
-    broadcast over x: one per block or tensor). HW_CVT (sm_89+): the GPU's own conversion
+def _fp8_codes(scaled, encode, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, HW_CVT: tl.constexpr,
+               STORED_AS_IS: tl.constexpr = False):
+    """Clamp to the format's max, then RNE to FP8 bits (int32; uint8 where STORED_AS_IS on the GPU), of
+    ``scaled`` = x * ``encode`` (encode broadcast over x: one per block or tensor). HW_CVT (sm_89+): the GPU's own conversion
     (cvt.rn.satfinite.{e4m3,e5m2}x2.f32, one instruction for two values: the same RNE with subnormals and
-    -0.0 -> 0x80, and satfinite is the clamp: beyond the max, Inf included, it gives the max) instead of
-    the clamp and _fp8_rne's integer arithmetic. NaN gives 0x7F either way. A scaled value is NaN exactly
-    where its block's encode is (encode is NaN where the block holds a NaN or an Inf, finite and nonzero
-    otherwise), so the NaN test is made once per block, not per element. The select also keeps Triton from
-    moving the transposing layout conversions onto the conversion's packed bytes, which gave wrong codes on
-    an H200 (triton 3.7: tests/formats/test_triton.py's tensorwise rowcol and 1x128 dense cases)."""
+    -0.0 -> 0x80; satfinite is the clamp: beyond the max, Inf included, it gives the max; a NaN of either
+    sign gives 0x7F) instead of the clamp and _fp8_rne's integer arithmetic, whose rules are the same.
+
+    A scaled value is NaN exactly where its block's encode is (NaN where the block holds a NaN or an Inf,
+    finite and nonzero otherwise), so the select that maps NaN to 0x7F keys on the block, not on each
+    element. On the GPU the cast gives 0x7F already, and the select is there for what follows: codes that
+    are transposed or reshaped before their store must come from it. Triton (3.7) otherwise moves the layout
+    conversion onto the cast's packed bytes, which permuted codes on an H200 (tests/formats/test_triton.py's
+    tensorwise rowcol and 1x128 dense cases). STORED_AS_IS: codes stored in the layout they were computed
+    in, the cast's bytes as they are (no select: it costs unpacking, selecting and repacking each pair)."""
     if HW_CVT:
         fp8 = scaled.to(tl.float8e4nv) if MANT == 3 else scaled.to(tl.float8e5)
-        return tl.where(encode != encode, 0x7F, fp8.to(tl.uint8, bitcast=True).to(tl.int32))
+        code = fp8.to(tl.uint8, bitcast=True)
+        if not STORED_AS_IS:
+            code = tl.where(encode != encode, 0x7F, code.to(tl.int32))
+        return code
     else:
         scaled = tl.where(scaled > FP8_MAX, FP8_MAX, tl.where(scaled < -FP8_MAX, -FP8_MAX, scaled))
         return _fp8_rne(scaled, MANT, BIAS)
@@ -314,7 +323,7 @@ def _fp8_blockwise_rowcol_kernel(
 
     row_encode, row_decode = _fp8_block_scales(tl.max(magnitude_bits, axis=1).to(tl.float32, bitcast=True),
                                                scale_for_inf, FP8_MAX, POW2)  # [128 tokens]
-    row_code = _fp8_codes(x * row_encode[:, None], row_encode[:, None], FP8_MAX, MANT, BIAS, HW_CVT)
+    row_code = _fp8_codes(x * row_encode[:, None], row_encode[:, None], FP8_MAX, MANT, BIAS, HW_CVT, True)
     tl.store(row_data_ptr + t[:, None].to(tl.int64) * row_width + f[None, :], row_code.to(tl.uint8))
     tl.store(row_scales_ptr + t.to(tl.int64) * (row_width // 128) + tl.program_id(1), row_decode)
 
