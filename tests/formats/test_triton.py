@@ -521,6 +521,38 @@ def test_fp8_blockwise_same_bits_as_the_reference(block, dtype):
             )
 
 
+def _block_maxima(dtype: torch.dtype) -> torch.Tensor:
+    """Block maxima in every binade of ``dtype`` (FP32 exponents 0..254), at the mantissas where fp8_max / amax
+    changes binade (1.75, the FP8 maxima's mantissa, and one ulp of ``dtype`` either side), at 1 and just below
+    2; subnormals, 0, Inf and NaN; as FP32 values that ``dtype`` holds exactly."""
+    ulp = {torch.float32: 1, torch.bfloat16: 1 << 16, torch.float16: 1 << 13}[dtype]
+    mantissas = torch.tensor([0, ulp, 0x600000 - ulp, 0x600000, 0x600000 + ulp, 0x800000 - ulp])
+    exponents = torch.arange(0, 255)
+    bits = ((exponents[:, None] << 23) | mantissas[None, :]).flatten().to(torch.int32)
+    values = torch.cat([bits.view(torch.float32), torch.tensor([0.0, float("inf"), float("nan")])])
+    return values[values.to(dtype).float().eq(values) | values.isnan()]
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_pow2_scales_of_every_binade(dtype):
+    """Power-of-two scales (integer arithmetic on amax's bits in the kernels) against the reference's division
+    and frexp, for blocks whose maximum lies in every binade of the input dtype, at the mantissas where the
+    quotient's binade changes, subnormal, zero, Inf and NaN; and the codes they give the block's elements."""
+    for in_dtype in (torch.float32, torch.bfloat16, torch.float16):
+        amax = _block_maxima(in_dtype)
+        x = torch.zeros(amax.numel(), 128)
+        x[:, 0] = amax
+        x[:, 5] = -amax * 0.3
+        x[:, 77] = amax * 0.7
+        x = x.to(in_dtype)
+        what = f"{in_dtype} {len(amax)} blocks"
+        data, scales = fp8.quantize_blockwise(x.to(DEVICE), (1, 128), dtype, True, impl="triton")
+        want_data, want_scales = fp8.quantize_blockwise(x, (1, 128), dtype, True, impl="reference")
+        assert_same(scales, want_scales, f"{what} scales")
+        assert_same(data.view(torch.uint8), want_data.view(torch.uint8), f"{what} data")
+
+
 @kernel_test
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_fp8_blockwise_t_same_bits_as_quantizing_the_transpose(dtype):
