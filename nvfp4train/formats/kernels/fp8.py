@@ -86,7 +86,7 @@ def _fp8_codes(scaled, encode, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: 
     """Clamp to the format's max, then RNE to FP8 bits (int32; uint8 where STORED_AS_IS on the GPU), of ``scaled`` =
     x * ``encode`` (encode broadcast over x: one per block or tensor). HW_CVT (sm_89+): the GPU's own conversion
     (cvt.rn.satfinite.{e4m3,e5m2}x2.f32, one instruction for two values: the same RNE with subnormals and -0.0 ->
-    0x80; satfinite is the clamp: beyond the max, Inf included, it gives the max; a NaN of either sign gives 0x7F)
+    0x80; satfinite is the clamp: beyond the max, Inf included, it gives the max; a NaN product gives 0x7F)
     instead of the clamp and _fp8_rne's integer arithmetic, whose rules are the same.
 
     A scaled value is NaN exactly where its block's encode is (NaN where the block holds a NaN or an Inf,
