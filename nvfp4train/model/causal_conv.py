@@ -19,6 +19,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
+from .partial_sums import sum_partials
+
 BLOCK_T, BLOCK_C = 32, 64
 # the K = 4 kernels: a program walks ROWS4 positions of BLOCK_C4 channels with WARPS4 warps
 ROWS4, BLOCK_C4, WARPS4 = 64, 256, 2
@@ -227,7 +229,7 @@ def conv_silu_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     else:
         _conv_silu_bwd_kernel[(b, n_t, triton.cdiv(C, BLOCK_C))](*args, K=K, BT=BLOCK_T, BC=BLOCK_C,
                                                                  **_launch_options(x))
-    return dx, dw.sum(0).reshape(weight.shape).to(weight.dtype), db.sum(0).to(bias.dtype)
+    return dx, sum_partials(dw, weight.dtype).reshape(weight.shape), sum_partials(db, bias.dtype)
 
 
 # As a torch.library custom op (fake + autograd registrations), so torch.compile keeps the mixer in one

@@ -70,7 +70,8 @@ def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z
                       warps_per_sm: int = NORM_BWD_WARPS_PER_SM
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """dx, dweight, dz of RMSNorm(x [* silu(z)]) * weight with mamba-ssm's Triton kernel, its launcher's
-    arguments but more programs (and so more partial weight-gradient rows, summed in FP32 at the end)."""
+    arguments but more programs (and so more partial weight-gradient rows, summed in FP32 at the end by
+    partial_sums.py)."""
     M, N = x.shape
     ngroups = N // group_size
     block_n = 1 << max(group_size - 1, 0).bit_length()  # triton.next_power_of_2, without importing triton
@@ -91,7 +92,9 @@ def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z
             dz.stride(0) if dz is not None else 0, dw_partial.stride(0), 0,
             M, group_size, eps, rows_per_program,
             BLOCK_N=block_n, NORM_BEFORE_GATE=False, IS_RMS_NORM=True, num_warps=num_warps)
-    return dx, dw_partial.sum(0).to(weight.dtype), dz
+    from .partial_sums import sum_partials  # triton: imported where the kernels run
+
+    return dx, sum_partials(dw_partial, weight.dtype), dz
 
 
 @_rms_norm_backward.register_fake
