@@ -19,11 +19,15 @@ SUM_ROWS, SUM_COLS, SUM_WARPS = 128, 32, 4  # rows per load, columns per program
 
 
 @triton.jit
-def _sum_rows_kernel(partial_ptr, out_ptr, n_rows, n_cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def _sum_rows_kernel(
+    partial_ptr, out_ptr, n_rows, n_cols, ROW_BLOCKS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr
+):
+    # ROW_BLOCKS = cdiv(n_rows, BLOCK_R): a compile-time trip count (triton 3.6's interpreter cannot loop to a
+    # run-time bound); a few values per model, one compilation each.
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     acc = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)
-    for r0 in range(0, n_rows, BLOCK_R):
-        r = r0 + tl.arange(0, BLOCK_R)
+    for i in range(ROW_BLOCKS):
+        r = i * BLOCK_R + tl.arange(0, BLOCK_R)
         mask = (r < n_rows)[:, None] & (c < n_cols)[None, :]
         acc += tl.load(partial_ptr + r[:, None].to(tl.int64) * n_cols + c[None, :], mask=mask, other=0.0)
     tl.store(out_ptr + c, tl.sum(acc, axis=0), mask=c < n_cols)
@@ -37,7 +41,14 @@ def sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     out = torch.empty(partial.shape[1:], dtype=torch.float32, device=partial.device)
     options = {"num_warps": SUM_WARPS} if partial.is_cuda else {}
     _sum_rows_kernel[(triton.cdiv(n_cols, SUM_COLS),)](
-        partial, out, n_rows, n_cols, BLOCK_R=SUM_ROWS, BLOCK_C=SUM_COLS, **options
+        partial,
+        out,
+        n_rows,
+        n_cols,
+        ROW_BLOCKS=triton.cdiv(n_rows, SUM_ROWS),
+        BLOCK_R=SUM_ROWS,
+        BLOCK_C=SUM_COLS,
+        **options,
     )
     return out.to(dtype)  # a no-op for the FP32 master weights training keeps
 
