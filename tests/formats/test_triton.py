@@ -383,6 +383,7 @@ def test_rne_rounds_as_the_reference_bit_for_bit():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(INTERPRETING, reason="the interpreter runs no hardware conversion (on a GPU machine too)")
 def test_hardware_bf16_rounding_equals_the_bit_arithmetic():
     """_round_to's HW_BF16 (the GPU's cvt.rn.bf16.f32, used by the RHT kernels on sm_80+) gives the bit
     arithmetic's values (torch's .to(bfloat16)) for ties both ways, subnormals, overflow, zeros, infinities
