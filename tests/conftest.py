@@ -45,6 +45,21 @@ def cli_env(**extra) -> dict:
     return env
 
 
+def run_check_in_triton_interpreter(module: str) -> None:
+    """Run ``module``'s ``check('cpu')`` in a subprocess with TRITON_INTERPRET=1 (triton reads it at import,
+    so it must not leak into this process) and assert that it passed."""
+    pytest.importorskip("triton")
+    run = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", f"from {module} import check; check('cpu')"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO)),
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+
+
 @pytest.fixture
 def spawn():
     """subprocess.Popen for a test that signals or watches a job while it runs; at the test's end, pass or

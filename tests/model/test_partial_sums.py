@@ -6,13 +6,11 @@ TRITON_INTERPRET=1), on a GPU natively (marked gpu)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import run_check_in_triton_interpreter
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -39,17 +37,7 @@ def check(device: str) -> None:
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
 def test_sum_partials_in_the_interpreter():
-    pytest.importorskip("triton")
-    code = "from tests.model.test_partial_sums import check; check('cpu')"
-    run = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", code],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO)),
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+    run_check_in_triton_interpreter("tests.model.test_partial_sums")
 
 
 @pytest.mark.gpu
