@@ -40,6 +40,7 @@ KERNEL_MODULES = ("", "common", "amax", "rounding", "e2m1", "nvfp4", "mxfp4", "r
 OPTIONAL_MODULES = {
     **{f"nvfp4train.formats.kernels{name and '.' + name}": "triton" for name in KERNEL_MODULES},
     "nvfp4train.model.causal_conv": "triton",
+    "nvfp4train.model.partial_sums": "triton",
     "nvfp4train.eval.lm_eval_adapter": "pip install",
 }
 ENTRY_POINTS = [
