@@ -173,6 +173,155 @@ def test_nvfp4_non_finite_and_zero_inputs_follow_the_reference_policy():
     assert float(q.amax) == 0.0 and float(q.global_decode_scale) == 1.0
 
 
+def signed_zero_inputs(dtype) -> torch.Tensor:
+    """[32, 64]: blocks of 16 (and 32) with -0.0, negatives that round to -0, and negatives whose product
+    with the block's encode scale underflows to -0.0 (a block amax of 1e30 next to -1e-38, or a bf16
+    subnormal): the reference's y < 0 is false for those, so their dense values are +0.0."""
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(11))
+    x[0, :16] = -0.0
+    x[1, 1] = -0.01  # rounds to -0 (keeps its sign, code 0x8)
+    x[2, :32] = -1e-38
+    x[2, 0] = 1e30
+    x[3, :32] = -(2.0**-133)  # a bf16 subnormal: x * encode underflows
+    x[3, 5] = -3e38
+    x[4::2, 3] = -0.0
+    return x.to(dtype)
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_values_and_codes_keep_signed_zeros_and_nans_as_the_reference(dtype):
+    """e2m1.signed_value's sign (from y + 0.0) and its NaN (from the block scale, whatever round_e2m1's
+    magnitude): the dense outputs of every E2M1 kernel give the reference's +0.0 / -0.0 bits, and NaN where
+    the reference does, for every NaN payload and +-Inf (RNE and SR)."""
+    from nvfp4train.formats import kernels
+
+    signs = hadamard.resolve_signs(16)
+    inputs = [signed_zero_inputs(dtype)]
+    for bad in [*NAN_WORDS.tolist(), float("inf"), -float("inf")]:
+        x = signed_zero_inputs(torch.float32)
+        x[7, 9] = bad
+        inputs.append(x.to(dtype))
+    for x in inputs:
+        bits = random_bits_like(x, sr_generator(3))
+        for rounding in ("rne", "sr"):
+            got, _, _ = kernels.nvfp4.quantize(
+                x.to(DEVICE), 1, rounding, dense=True, random_bits=bits.to(DEVICE), out_dtype=torch.float32
+            )
+            want, _ = nvfp4.fake_quantize(
+                x, (1, 16), rounding, sr_generator(3), out_dtype=torch.float32, impl="reference"
+            )
+            assert_same(got, want, f"nvfp4 {rounding}")
+            got = kernels.mxfp4.quantize(
+                x.to(DEVICE), "rceil", rounding, dense=True, random_bits=bits.to(DEVICE), out_dtype=torch.float32
+            )
+            want = mxfp4.fake_quantize(x, rounding, "rceil", sr_generator(3), torch.float32, impl="reference")[0]
+            assert_same(got, want, f"mxfp4 {rounding}")
+            # The Wgrad operand (RHT along tokens, transposed) and its rowwise twin from the same read.
+            t_bits = random_bits_like(torch.empty(x.shape[1], x.shape[0]), sr_generator(4))
+            got = kernels.rht.nvfp4_t(
+                x.to(DEVICE), signs, rounding, dense=True, random_bits=t_bits.to(DEVICE), out_dtype=torch.float32
+            )[0]
+            want, _ = nvfp4.rht_fake_quantize_t(x, rounding, sr_generator(4), out_dtype=torch.float32, impl="reference")
+            assert_same(got, want, f"rht nvfp4 {rounding}")
+        (row, _, _), (col, _, _) = kernels.rht.nvfp4_t(
+            x.to(DEVICE), signs, "rne", dense=True, rowwise=True, rowwise_dense=True, out_dtype=torch.float32
+        )
+        want_row, _ = nvfp4.fake_quantize(x, (1, 16), out_dtype=torch.float32, impl="reference")
+        want_col, _ = nvfp4.rht_fake_quantize_t(x, out_dtype=torch.float32, impl="reference")
+        assert_same(row, want_row, "rowwise of the fused kernel")
+        assert_same(col, want_col, "columnwise of the fused kernel")
+        # Packed codes: e2m1.masked_codes clears whole blocks whose scale is NaN (the reference's code 0 for
+        # every NaN y), where round_e2m1 leaves a NaN's index unspecified; the signs of zeros as above.
+        for rounding in ("rne", "sr"):
+            got = kernels.nvfp4.quantize(x.to(DEVICE), 1, rounding, dense=False, random_bits=bits.to(DEVICE))[0]
+            want = nvfp4.quantize(x, (1, 16), rounding, sr_generator(3), impl="reference").codes
+            assert_same(got, want, f"nvfp4 codes {rounding}")
+            got = kernels.mxfp4.quantize(x.to(DEVICE), "rceil", rounding, dense=False, random_bits=bits.to(DEVICE))[0]
+            want = mxfp4.quantize(x, rounding, "rceil", sr_generator(3), impl="reference").codes
+            assert_same(got, want, f"mxfp4 codes {rounding}")
+            got = kernels.rht.nvfp4_t(x.to(DEVICE), signs, rounding, dense=False, random_bits=t_bits.to(DEVICE))[0]
+            want = nvfp4.rht_quantize_t(x, rounding, sr_generator(4), impl="reference").codes
+            assert_same(got, want, f"rht nvfp4 codes {rounding}")
+        (row, *_), (col, *_) = kernels.rht.nvfp4_t(x.to(DEVICE), signs, "rne", dense=False, rowwise=True)
+        assert_same(row, nvfp4.quantize(x, (1, 16), impl="reference").codes, "rowwise codes of the fused kernel")
+        assert_same(col, nvfp4.rht_quantize_t(x, impl="reference").codes, "columnwise codes of the fused kernel")
+
+
+@kernel_test
+def test_nvfp4_global_scales_of_partial_maxima_as_the_reference():
+    """global_scales_of (one program a row, looping over the partials): amax = the max of the partial
+    maxima's bits, s_dec and s_enc * fp32(1/6) as nvfp4._quantize_core computes them from it, for rows
+    longer than its block (3000 partials), a row of zeros, subnormal and huge maxima, +Inf and NaN."""
+    from nvfp4train.formats import kernels
+
+    gen = torch.Generator().manual_seed(8)
+    maxima = torch.rand(7, 3000, generator=gen) * torch.exp2(torch.randint(-130, 120, (7, 1), generator=gen).float())
+    maxima[0] = 0.0
+    maxima[1, 2999] = 3.0e38  # the row's max in the last block
+    maxima[2] = 1e-40  # subnormal amax: s_enc overflows to the FLT_MAX cap
+    maxima[3, 1500] = float("inf")
+    maxima[4, 7] = float("nan")
+    maxima[5, 2500] = NAN_WORDS[0]
+    bits = maxima.view(torch.int32)
+    for rows in (bits[:2], bits[2:4], bits[4:6], bits[6:]):
+        got, outs = kernels.nvfp4.global_scales_of(rows.to(DEVICE))
+        amax = rows.amax(dim=1).view(torch.float32)
+        s_enc = nvfp4.global_encode_scale(amax)
+        want = torch.stack([amax, torch.reciprocal(s_enc), s_enc * torch.reciprocal(torch.full_like(s_enc, 6.0))], 1)
+        assert_same(got, want, "(amax, s_dec, s_enc / 6)")
+        assert_same(torch.stack([torch.stack(pair) for pair in outs]), want[:, :2], "the 0-d outputs")
+
+
+@kernel_test
+def test_abs_max_bits_by_signed_and_unsigned_maxima():
+    """common.abs_max_bits (max |v| from the signed and the unsigned maximum of the words, no mask an
+    element) is the maximum of bits & 0x7FFFFFFF: tiles all negative, all positive, mixed, with -0.0 only,
+    +-Inf, subnormals, and NaNs of every payload and both signs (a NaN's magnitude above +Inf's)."""
+    from . import sr_kernels
+
+    gen = torch.Generator().manual_seed(12)
+    tiles = [torch.randn(512, generator=gen) * 10.0 ** torch.randint(-40, 38, (1,), generator=gen).item()]
+    tiles += [-tiles[0].abs(), tiles[0].abs(), torch.full((512,), -0.0), torch.zeros(512)]
+    for special in [float("inf"), -float("inf"), 1e-45, -1e-45, -3e38, *NAN_WORDS.tolist()]:
+        for base in (tiles[0], -tiles[0].abs(), tiles[0].abs() * 1e-30):
+            t = base.clone()
+            t[int(torch.randint(0, 512, (1,), generator=gen))] = special
+            tiles.append(t)
+    v = torch.stack(tiles)
+    out = torch.empty(len(tiles), dtype=torch.int32, device=DEVICE)
+    sr_kernels.abs_max_bits_kernel[(len(tiles),)](v.to(DEVICE), out)
+    assert_same(out, (v.view(torch.int32) & 0x7FFFFFFF).amax(dim=1), "max |v| bits")
+
+
+@kernel_test
+def test_e4m3_rne_of_every_code_midpoint_and_subnormal():
+    """e4m3_rne (the NVFP4 block scales: normal codes from FP32's rounded word, subnormal ones from
+    s + 2^14) gives torch's .to(float8_e4m3fn) bits and values for every E4M3 value in [0, 448], every
+    midpoint between neighbours (ties to even) and the FP32 neighbours of both, values below the smallest
+    subnormal, the normal/subnormal boundary 2^-6 and random values; NaN of every payload gives 0x7F."""
+    from . import sr_kernels
+
+    grid = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # codes 0..126: 0..448
+    mids = (grid[1:] + grid[:-1]) / 2
+    points = torch.cat([grid, mids, torch.tensor([2.0**-6, 2.0**-10, 2.0**-11, 2.0**-12, 1e-30, 2.0**-149])])
+    points = torch.cat(
+        [points, torch.nextafter(points, torch.zeros(1)), torch.nextafter(points, torch.full((1,), 448.0))]
+    )
+    s = torch.cat([points, torch.rand(4096, generator=torch.Generator().manual_seed(9)) * 448, torch.zeros(1)])
+    s = s.clamp(0, 448)
+    s = torch.cat([s, NAN_WORDS])
+    s = torch.cat([s, torch.zeros((-s.numel()) % 1024)])
+    codes = torch.empty(s.shape, dtype=torch.int32, device=DEVICE)
+    values = torch.empty(s.shape, dtype=torch.float32, device=DEVICE)
+    sr_kernels.e4m3_rne_kernel[(s.numel() // 1024,)](s.to(DEVICE), codes, values, N=1024)
+    want = s.to(torch.float8_e4m3fn)
+    finite = ~s.isnan()
+    assert_same(codes.cpu()[finite], want.view(torch.uint8).to(torch.int32)[finite], "codes")
+    assert (codes.cpu()[~finite] == 0x7F).all()
+    assert_same(values, want.float(), "values")
+
+
 @kernel_test
 def test_nvfp4_hypothesis_inputs_same_bits():
     from hypothesis import given, settings
@@ -235,6 +384,30 @@ def test_philox_sr_is_reproducible_per_seed_and_advances_the_generator():
 
 
 @kernel_test
+@pytest.mark.parametrize("tile_rows", [1, 16])
+def test_nvfp4_philox_sr_draws_the_bytes_of_philox_rows(tile_rows):
+    """The row-wise NVFP4 kernel's Philox SR gives each element the byte philox_rows gives its index: the
+    same outputs as SR with those bytes as explicit random bits, codes and dense values, partial tiles
+    included."""
+    from nvfp4train.formats import kernels
+
+    from . import sr_kernels
+
+    seed = torch.tensor([4242], device=DEVICE)
+    for x in (edge_inputs()[1], torch.randn(48, 80, generator=torch.Generator().manual_seed(5))):
+        x = x.to(torch.bfloat16).to(DEVICE)
+        rows, cols = x.shape
+        bits = torch.empty(rows, cols, dtype=torch.int32, device=DEVICE)
+        sr_kernels.philox_rows_kernel[(rows // 16, cols // 16)](seed, bits, cols, BLOCK_R=16, BLOCK_C=16)
+        for dense in (False, True):
+            kw = dict(dense=dense, out_dtype=torch.float32)
+            got = kernels.nvfp4.quantize(x, tile_rows, "sr", seed=seed, **kw)
+            want = kernels.nvfp4.quantize(x, tile_rows, "sr", random_bits=bits, **kw)
+            for i, (g, w) in enumerate(zip(got, want)):
+                assert_same(g, w.cpu(), f"{tuple(x.shape)} dense={dense} output {i}")
+
+
+@kernel_test
 def test_philox_sr_rounds_up_with_probability_floor_256_f_over_256():
     """Blocks [6, v, v, ...] with a global amax of 6 quantize v unscaled (s_enc = 448, scale 448,
     encode 1), so P(v rounds up) must be floor(256 f) / 256 for f = (v - lo) / (hi - lo) (8 random
@@ -286,13 +459,17 @@ def test_philox_bytes_depend_on_the_output_index_only():
             seed, got, cols, BLOCK_R=block_r, BLOCK_C=block_c
         )
         assert_same(got.reshape(-1), want, f"_philox_rows {block_r}x{block_c}")
+        sr_kernels.philox_rows_kernel[(rows // block_r, cols // block_c)](
+            seed, got, cols, BLOCK_R=block_r, BLOCK_C=block_c, SHIFT=13
+        )
+        assert_same(got.reshape(-1), want << 13, f"_philox_rows {block_r}x{block_c}, the bytes on bits 13..20")
     # The Wgrad tile: output [features, tokens] = [16, 256] (tokens 256 = blocks of D).
     n_features, n_tokens = rows, cols
     for groups, d, block_f in ((4, 16, 4), (1, 16, 16), (2, 32, 8), (8, 32, 1)):
         got = torch.full((n_features, n_tokens), -1, dtype=torch.int32, device=DEVICE)
         grid = (n_tokens // (groups * d), n_features // block_f)
         sr_kernels.rht_random_bits_kernel[grid](seed, got, n_tokens, GROUPS=groups, D=d, BLOCK_F=block_f)
-        assert_same(got.reshape(-1), want, f"e2m1.random_bits_t {groups}x{d}x{block_f}")
+        assert_same(got.reshape(-1), want << 13, f"e2m1.random_bits_t {groups}x{d}x{block_f}")
 
 
 @kernel_test
@@ -1133,19 +1310,25 @@ def test_kernels_compile_for_sm90_without_approximate_division():
         if "HW_BF16" in constexprs:
             assert ("cvt.rn.bf16.f32" in ptx) == constexprs["HW_BF16"], (kernel, constexprs)
         # Fused multiply-adds only where the products are exact: the 16-point RHT of a bf16 input
-        # (_rht_tokens' EXACT_PRODUCTS); never on FP32 inputs nor in the 32-point RHT, whose products round.
+        # (_rht_tokens' EXACT_PRODUCTS: x * +-1/4), never on FP32 inputs nor in the 32-point RHT, whose
+        # products round; and e2m1.round_e2m1's offset times +-2 (SR) or +-2^22 (RNE), a power of two.
         exact_products = (
             kernel in (kernels.rht._rht_abs_max_kernel, kernels.rht._rht_nvfp4_kernel) and signature["x_ptr"] == "*bf16"
         )
-        assert ("fma.rn.f32" in ptx) == exact_products, (kernel, signature["x_ptr"], constexprs)
+        rht_entries = {"0f3E800000", "0fBE800000"}
+        offset_multipliers = {"0f40000000", "0fC0000000", "0f4A800000", "0fCA800000"}
+        multipliers = re.findall(r"fma\.rn\.f32\s+[^,]+,\s*[^,]+,\s*([^,]+),", ptx)
+        assert set(multipliers) <= rht_entries | offset_multipliers, (kernel, constexprs, set(multipliers))
+        assert bool(set(multipliers) & rht_entries) == exact_products, (kernel, signature["x_ptr"], constexprs)
         if kernel in (kernels.rht._rht_abs_max_kernel, kernels.rht._rht_nvfp4_kernel, kernels.rht._rht_mxfp4_kernel):
             # The transform stays in each thread's registers: shared memory re-lays out at most the
             # stored tiles (codes and scales), not every loaded token row (16 re-layouts a program
-            # before); the rowwise copy's 2-D tile adds its own (its stores, and its Philox bytes: a
-            # call serves 16 consecutive elements, which span two threads of that tile, so its words
-            # and bytes are interleaved across threads, 6 re-layouts in this unspecialized compile).
+            # before), plus the packed codes' NaN mask (e2m1.masked_codes: the pairs' reduced layout
+            # back to the tile's, the same registers); the rowwise copy's 2-D tile adds its own (its
+            # stores, and its Philox bytes: a call serves 16 consecutive elements, which span two
+            # threads of that tile, so its words and bytes are interleaved across threads).
             relayouts = compiled.asm["ttgir"].count("ttg.convert_layout")
-            assert relayouts <= (9 if constexprs.get("ROWWISE") else 2), (kernel, constexprs, relayouts)
+            assert relayouts <= (9 if constexprs.get("ROWWISE") else 3), (kernel, constexprs, relayouts)
 
 
 # ------------------------------------------------------------------------------ operands' routing

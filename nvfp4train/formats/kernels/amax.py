@@ -20,10 +20,15 @@ def _abs_max_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
     tl.store(partial_ptr + tl.program_id(0), tl.max(magnitude_bits, axis=0))
 
 
-def abs_max(x: torch.Tensor) -> torch.Tensor:
-    """0-d FP32 max|x| on x's device (NaN if any element is NaN), without a host sync."""
+def abs_max_partials(x: torch.Tensor) -> torch.Tensor:
+    """int32 [programs]: the FP32 bits of partial maxima of |x| (one a program of AMAX_BLOCK elements)."""
     n = x.numel()
     programs = triton.cdiv(n, AMAX_BLOCK)
     partial = torch.empty(programs, dtype=torch.int32, device=x.device)
     _abs_max_kernel[(programs,)](x, partial, n, BLOCK=AMAX_BLOCK, **launch_options(x))
-    return partial.amax().view(torch.float32)
+    return partial
+
+
+def abs_max(x: torch.Tensor) -> torch.Tensor:
+    """0-d FP32 max|x| on x's device (NaN if any element is NaN), without a host sync."""
+    return abs_max_partials(x).amax().view(torch.float32)

@@ -138,6 +138,20 @@ def store_exact(ptr, offs, v, mask):
 
 
 @triton.jit
+def abs_max_bits(v):
+    """max |v| over all of FP32 v, as the int32 bits of the magnitude (a NaN's above +Inf's: the maximum
+    of ``bits & 0x7FFFFFFF``) without masking every element: as signed integers the largest word is the
+    largest non-negative value's (a positive NaN's above +Inf's), as unsigned integers the largest is the
+    largest-magnitude negative value's (a negative NaN's above -Inf's) when there is one, else the same
+    non-negative word. The larger of the two magnitudes is max |v|: two integer maxima a pair of elements
+    (3-input max instructions), no AND an element."""
+    bits = tl.reshape(v, (v.numel,)).to(tl.int32, bitcast=True)
+    non_negative = tl.max(bits, axis=0)
+    negative = tl.max(bits.to(tl.uint32, bitcast=True), axis=0).to(tl.int32, bitcast=True)
+    return tl.maximum(non_negative & 0x7FFFFFFF, negative & 0x7FFFFFFF)
+
+
+@triton.jit
 def with_sign(magnitude, negative):
     """-magnitude where negative, by the sign bit: Triton's unary minus is 0 - x, which would turn
     the reference's -0.0 (a negative value rounded to zero) into +0.0."""

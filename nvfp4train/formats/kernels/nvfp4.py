@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .amax import abs_max
+from .amax import abs_max_partials
 from .common import BLOCK_COLS, BLOCK_ROWS, FLT_MAX, e2m1_outputs, launch_options, tile_offsets, to_fp32
 from .e2m1 import round_and_store_rows
 from .rounding import rounding_args
@@ -33,56 +33,100 @@ def e4m3_rne(s):
     """FP32 s in [0, 448] or NaN -> (E4M3 bits int32, fp32 value of those bits): torch's
     ``.to(torch.float8_e4m3fn)`` (RNE) then ``.to(torch.float32)``."""
     bits = s.to(tl.int32, bitcast=True)
-    # Normal (s >= 2^-6): round FP32's 23-bit mantissa to 3 bits, half to even, then rebias the
-    # exponent from 127 to 7 (120 << 3 in the shifted word). A carry into the exponent is right.
-    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) >> 20) - (120 << 3)
+    # Normal (s >= 2^-6): round FP32's 23-bit mantissa to 3 bits, half to even (a carry into the
+    # exponent is right). The rounded word, t with its low 20 bits clear, is the E4M3 value in FP32;
+    # the code rebiases its exponent from 127 to 7 (120 << 3 in the shifted word).
+    t = bits + 0x7FFFF + ((bits >> 20) & 1)
     # Subnormal (s < 2^-6): the code is s / 2^-9 rounded half to even (code 8 is 2^-6, the smallest
-    # normal, so a round-up lands on it). s * 512 < 8 is exact; adding 2^23 rounds it to an integer
-    # (FP32 spacing 1 there) and the integer sits in the low mantissa bits.
-    subnormal = ((s * 512.0) + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
-    code = tl.where(s < 0.015625, subnormal, normal)
+    # normal, so a round-up lands on it). s + 2^14 rounds s to a multiple of 2^-9, half to even (FP32's
+    # spacing in [2^14, 2^15)): the multiple sits in the low mantissa bits (2^14's word is 0x46800000)
+    # and (s + 2^14) - 2^14 is its value, exact (code * 2^-9: 2^-6 for code 8, as the normal path).
+    shifted = s + 16384.0
+    subnormal = s < 0.015625
+    code = tl.where(subnormal, shifted.to(tl.int32, bitcast=True) - 0x46800000, (t >> 20) - (120 << 3))
+    value = tl.where(subnormal, shifted - 16384.0, (t & -1048576).to(tl.float32, bitcast=True))  # 0xFFF00000
     code = tl.where(s != s, 0x7F, code)
-    normal_value = ((code + (120 << 3)) << 20).to(tl.float32, bitcast=True)
-    value = tl.where(code >= 8, normal_value, code.to(tl.float32) * 0.001953125)  # subnormal: code * 2^-9
     value = tl.where(s != s, s, value)
     return code, value
 
 
 @triton.jit
-def block_scales(amax_b, amax):
-    """(E4M3 scale bits, their FP32 value, block encode scale, s_dec) of blocks with FP32 maxima amax_b
-    (any shape) in a tensor of FP32 amax: nvfp4._quantize_core's scales = clamp(amax_b * s_enc / 6,
+def block_scales(amax_b, s_dec, multiplier):
+    """(E4M3 scale bits, their FP32 value, block encode scale) of blocks with FP32 maxima amax_b (any
+    shape), given the tensor's s_dec and s_enc * fp32(1/6) (global_scales, loaded from
+    ``global_scales_of``'s output): nvfp4._quantize_core's scales = clamp(amax_b * s_enc / 6,
     max=448).to(e4m3) and block_encode = clamp(reciprocal(fp32(scale) * s_dec), max=FLT_MAX)."""
-    s_enc, s_dec, multiplier = global_scales(amax)
     scaled = amax_b * multiplier
     scale_bits, scale = e4m3_rne(tl.where(scaled > 448.0, 448.0, scaled))
     encode = tl.div_rn(tl.full(amax_b.shape, 1.0, tl.float32), scale * s_dec)
     encode = tl.where(encode > FLT_MAX, FLT_MAX, encode)
-    return scale_bits, scale, encode, s_dec
+    return scale_bits, scale, encode
+
+
+@triton.jit
+def _nvfp4_global_scales_kernel(partial_ptr, n, scalars_ptr, amax0_ptr, s_dec0_ptr, amax1_ptr, s_dec1_ptr,
+                                BLOCKS: tl.constexpr, BLOCK: tl.constexpr):
+    """Row r = ``program_id`` (0 or 1) of partial [rows, n] (the int32 bits of partial maxima of |x|, as
+    the amax passes store them) -> scalars[r] = (amax, s_dec, s_enc * fp32(1/6)) in FP32, and amax, s_dec
+    also into the 0-d outputs of row r: the tensor scalars every quantizing program needs (global_scales),
+    computed once per tensor instead of by every thread of every program (two correctly rounded divisions
+    each). The max of the bits is torch.amax's: non-negative floats order as their bits, a NaN's above
+    +Inf's."""
+    row = tl.program_id(0)
+    acc = tl.zeros([BLOCK], dtype=tl.int32)
+    for i in range(BLOCKS):  # BLOCKS = cdiv(n, BLOCK), a compile-time trip count: triton 3.6's interpreter
+        offs = i * BLOCK + tl.arange(0, BLOCK)  # cannot loop to a run-time bound
+        acc = tl.maximum(acc, tl.load(partial_ptr + row * n + offs, mask=offs < n, other=0))
+    amax = tl.max(acc, axis=0).to(tl.float32, bitcast=True)
+    s_enc, s_dec, multiplier = global_scales(amax)
+    tl.store(scalars_ptr + 3 * row, amax)
+    tl.store(scalars_ptr + 3 * row + 1, s_dec)
+    tl.store(scalars_ptr + 3 * row + 2, multiplier)
+    if row == 0:
+        tl.store(amax0_ptr, amax)
+        tl.store(s_dec0_ptr, s_dec)
+    else:
+        tl.store(amax1_ptr, amax)
+        tl.store(s_dec1_ptr, s_dec)
+
+
+def global_scales_of(partial: torch.Tensor):
+    """(scalars, [(amax, s_dec) per row]) of ``partial`` (int32 [rows, n], rows 1 or 2: the bits of partial
+    maxima of |x|): scalars FP32 [rows, 3] = (amax, s_dec, s_enc * fp32(1/6)), what the quantizing kernels
+    load; amax and s_dec also as their own 0-d tensors (outputs that share no storage). One launch, as the
+    ``torch.amax`` of the partials it replaces."""
+    rows, n = partial.shape
+    scalars = torch.empty((rows, 3), dtype=torch.float32, device=partial.device)
+    outs = [(torch.empty((), dtype=torch.float32, device=partial.device),
+             torch.empty((), dtype=torch.float32, device=partial.device)) for _ in range(rows)]
+    (amax0, s_dec0), (amax1, s_dec1) = outs[0], outs[-1]
+    _nvfp4_global_scales_kernel[(rows,)](partial, n, scalars, amax0, s_dec0, amax1, s_dec1,
+                                         BLOCKS=triton.cdiv(n, 1024), BLOCK=1024,
+                                         **launch_options(partial))
+    return scalars, outs
+
 
 @triton.jit
 def _nvfp4_kernel(
-    x_ptr, amax_ptr, bits_ptr, seed_ptr,  # inputs: x [rows, cols], 0-d amax, SR bits or seed
-    codes_ptr, scales_ptr, values_ptr, s_dec_ptr,  # outputs (codes + scales, or values)
+    x_ptr, global_ptr, bits_ptr, seed_ptr,  # inputs: x [rows, cols], global_scales_of's row, SR bits or seed
+    codes_ptr, scales_ptr, values_ptr,  # outputs (codes + scales, or values)
     rows, cols,
     TILE_ROWS: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
-    s_dec = nvfp4_tile(x_ptr, amax_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr,
-                        pid_r * BLOCK_R, pid_c * BLOCK_C, rows, cols, TILE_ROWS, ROUNDING, DENSE, BLOCK_R, BLOCK_C)
-    if (pid_r == 0) & (pid_c == 0):
-        tl.store(s_dec_ptr, s_dec)
+    nvfp4_tile(x_ptr, global_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr,
+               pid_r * BLOCK_R, pid_c * BLOCK_C, rows, cols, TILE_ROWS, ROUNDING, DENSE, BLOCK_R, BLOCK_C)
 
 
 @triton.jit
 def nvfp4_tile(
-    x_ptr, amax_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, r0, c0, rows, cols,
+    x_ptr, global_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, r0, c0, rows, cols,
     TILE_ROWS: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """nvfp4._quantize_core and _quantize_impl / _fake_quantize_impl for rows r0 .. r0 + BLOCK_R,
-    columns c0 .. c0 + BLOCK_C of x [rows, cols]; returns s_dec."""
+    columns c0 .. c0 + BLOCK_C of x [rows, cols]; ``global_ptr``: x's (amax, s_dec, s_enc / 6)."""
     NB: tl.constexpr = BLOCK_C // 16
     r, c, mask, offs = tile_offsets(r0, c0, rows, cols, BLOCK_R, BLOCK_C)
     x = to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))  # y = x.to(float32): exact
@@ -95,12 +139,11 @@ def nvfp4_tile(
         block_bits = tl.reshape(tl.broadcast_to(tile_bits[:, None, :], (BLOCK_R // 16, 16, NB)), (BLOCK_R, NB))
     amax_b = block_bits.to(tl.float32, bitcast=True)
 
-    scale_bits, scale, encode, s_dec = block_scales(amax_b, tl.load(amax_ptr))
+    scale_bits, scale, encode = block_scales(amax_b, tl.load(global_ptr + 1), tl.load(global_ptr + 2))
     # y.view(rows, nb, 16).mul_(block_encode)
     y = tl.reshape(tl.reshape(x, (BLOCK_R, NB, 16)) * encode[:, :, None], (BLOCK_R, BLOCK_C))
     round_and_store_rows(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, r, c0, rows,
                          cols, ROUNDING, DENSE, 16, BLOCK_R, BLOCK_C)
-    return s_dec
 
 
 def quantize(
@@ -125,13 +168,12 @@ def quantize(
     cols = x.shape[-1]
     rows = x.numel() // cols
     device = x.device
-    amax = abs_max(x)
-    s_dec = torch.empty((), dtype=torch.float32, device=device)
+    scalars, [(amax, s_dec)] = global_scales_of(abs_max_partials(x)[None])  # scalars: amax, s_dec, s_enc / 6
     mode, bits, seed = rounding_args(x, rounding, random_bits, generator, seed)
     codes, scales, values = e2m1_outputs(x.shape, 16, dense, out_dtype or x.dtype, device, unused=amax)
     grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(cols, BLOCK_COLS))
     _nvfp4_kernel[grid](
-        x, amax, bits, seed, codes, scales, values, s_dec, rows, cols,
+        x, scalars[0], bits, seed, codes, scales, values, rows, cols,
         TILE_ROWS=tile_rows, ROUNDING=mode, DENSE=dense, BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS,
         **launch_options(x),
     )

@@ -10,10 +10,10 @@ import triton
 import triton.language as tl
 
 from .. import hadamard
-from .common import e2m1_outputs, hw_bf16, launch_options, round_to, store_as, to_fp32
+from .common import abs_max_bits, e2m1_outputs, hw_bf16, launch_options, round_to, store_as, to_fp32
 from .e2m1 import round_and_store_t
 from .mxfp4 import e8m0_scales
-from .nvfp4 import block_scales, nvfp4_tile
+from .nvfp4 import block_scales, global_scales_of, nvfp4_tile
 from .rounding import SR_PHILOX, philox_seed, rounding_args
 
 # The Wgrad operand of x [tokens, features] is NVFP4 1x16 of hadamard.rht(x.T, 16), or MXFP4 1x32
@@ -103,7 +103,7 @@ def _rht_abs_max_kernel(x_ptr, partial_ptr, row_partial_ptr, n_features, SIGN_MA
     mask_f = f < n_features
     y, x_bits = _rht_tokens(x_ptr, pid_t * GROUPS * 16, f, mask_f, n_features, 16, _RHT16_ENTRY_BITS, SIGN_MASK,
                             GROUPS, BLOCK_F, ROUNDED=False)
-    bits = tl.max(tl.max(tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2), axis=1), axis=0)
+    bits = abs_max_bits(y)
     rounded = round_to(bits.to(tl.float32, bitcast=True), x_ptr.dtype.element_ty)
     tl.store(partial_ptr + pid_t * tl.num_programs(1) + pid_f, rounded.to(tl.int32, bitcast=True))
     if ROWWISE:  # max|x| of the same tile, from the transform's loads
@@ -112,36 +112,32 @@ def _rht_abs_max_kernel(x_ptr, partial_ptr, row_partial_ptr, n_features, SIGN_MA
 
 @triton.jit
 def _rht_nvfp4_kernel(
-    x_ptr, amax_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, s_dec_ptr,
-    row_amax_ptr, row_seed_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr, row_s_dec_ptr,
+    x_ptr, global_ptr, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr,
+    row_global_ptr, row_seed_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr,
     n_tokens, n_features,
     SIGN_MASK: tl.constexpr, ROUNDING: tl.constexpr, DENSE: tl.constexpr,
     ROWWISE: tl.constexpr, ROW_DENSE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_F: tl.constexpr, HW_BF16: tl.constexpr,
 ):
     """_nvfp4_kernel's steps (1x16 tile) on the transformed tile, written transposed: output row
     f, columns t0 + 16 g + j. With ROWWISE, also NVFP4 1x16 of x itself (rows t, blocks along
-    features) from the same tile (RNE or Philox SR from its own seed)."""
+    features) from the same tile (RNE or Philox SR from its own seed). ``global_ptr`` /
+    ``row_global_ptr``: (amax, s_dec, s_enc / 6) of the transform and of x (global_scales_of)."""
     pid_t, pid_f = tl.program_id(0), tl.program_id(1)
     t0 = pid_t * GROUPS * 16
     if ROWWISE:
-        row_s_dec = nvfp4_tile(x_ptr, row_amax_ptr, row_seed_ptr, row_seed_ptr, row_codes_ptr, row_scales_ptr,
-                                row_values_ptr, t0, pid_f * BLOCK_F, n_tokens, n_features, 1, ROUNDING, ROW_DENSE,
-                                GROUPS * 16, BLOCK_F)
-        if (pid_t == 0) & (pid_f == 0):
-            tl.store(row_s_dec_ptr, row_s_dec)
+        nvfp4_tile(x_ptr, row_global_ptr, row_seed_ptr, row_seed_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr,
+                   t0, pid_f * BLOCK_F, n_tokens, n_features, 1, ROUNDING, ROW_DENSE, GROUPS * 16, BLOCK_F)
     f = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     mask_f = f < n_features
     y, _ = _rht_tokens(x_ptr, t0, f, mask_f, n_features, 16, _RHT16_ENTRY_BITS, SIGN_MASK, GROUPS,
                        BLOCK_F, HW_BF16=HW_BF16)  # [GROUPS, 16, BLOCK_F]
 
     amax_b = tl.max(y.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1).to(tl.float32, bitcast=True)
-    scale_bits, scale, encode, s_dec = block_scales(amax_b, tl.load(amax_ptr))  # [GROUPS, BLOCK_F]
-    y = y * encode[:, None, :]
+    scale_bits, scale, encode = block_scales(amax_b, tl.load(global_ptr + 1), tl.load(global_ptr + 2))
+    y = y * encode[:, None, :]  # scales: [GROUPS, BLOCK_F]
 
     round_and_store_t(y, scale, scale_bits, bits_ptr, seed_ptr, codes_ptr, scales_ptr, values_ptr, f, mask_f, t0,
                        n_tokens, ROUNDING, DENSE, GROUPS, 16, BLOCK_F)
-    if (pid_t == 0) & (pid_f == 0):
-        tl.store(s_dec_ptr, s_dec)
 
 
 @triton.jit
@@ -270,8 +266,9 @@ def nvfp4_t(
     partial = torch.empty((2 if rowwise else 1, grid[0] * grid[1]), dtype=torch.int32, device=x.device)
     _rht_abs_max_kernel[grid](x, partial[0], partial[-1], n_features, SIGN_MASK=mask, ROWWISE=rowwise, GROUPS=groups,
                               BLOCK_F=block_f, **_rht_launch_options(x, warps))
-    amaxes = partial.amax(dim=1).view(torch.float32)
-    amax, row_amax = amaxes[0], amaxes[-1]
+    # rows (amax, s_dec, s_enc / 6): the transform's, then x's
+    scalars, ((amax, s_dec), *row) = global_scales_of(partial)
+    row_amax, row_s_dec = row[0] if row else (amax, s_dec)
     if rowwise and rounding == "sr":
         if random_bits is not None:
             raise ValueError("rht_nvfp4_t: rowwise=True draws Philox bits; random_bits is not supported with it")
@@ -282,14 +279,12 @@ def nvfp4_t(
         mode, bits, seed, row_seed = SR_PHILOX, x, seeds[0:1], x
     else:
         (mode, bits, seed), row_seed = rounding_args(x, rounding, random_bits, generator), x
-    outputs = []
-    for is_dense, (rows, cols) in ((dense, (n_features, n_tokens)), (rowwise_dense, (n_tokens, n_features))):
-        s_dec = torch.empty((), dtype=torch.float32, device=x.device)
-        outputs.append((*e2m1_outputs((rows, cols), 16, is_dense, out_dtype or x.dtype, x.device), s_dec))
-    (codes, scales, values, s_dec), (row_codes, row_scales, row_values, row_s_dec) = outputs
+    codes, scales, values = e2m1_outputs((n_features, n_tokens), 16, dense, out_dtype or x.dtype, x.device)
+    row_codes, row_scales, row_values = e2m1_outputs((n_tokens, n_features), 16, rowwise_dense,
+                                                     out_dtype or x.dtype, x.device)
     _rht_nvfp4_kernel[grid](
-        x, amax, bits, seed, codes, scales, values, s_dec,
-        row_amax, row_seed, row_codes, row_scales, row_values, row_s_dec, n_tokens, n_features,
+        x, scalars[0], bits, seed, codes, scales, values,
+        scalars[-1], row_seed, row_codes, row_scales, row_values, n_tokens, n_features,
         SIGN_MASK=mask, ROUNDING=mode, DENSE=dense, ROWWISE=rowwise, ROW_DENSE=rowwise_dense, GROUPS=groups,
         BLOCK_F=block_f, HW_BF16=hw_bf16(x), **_rht_launch_options(x, warps),
     )

@@ -42,19 +42,17 @@ IO_ARGS = {
     "scales_ptr": "*u8",
     "values_ptr": "*bf16",
 }
-NVFP4_ARGS = {**IO_ARGS, "amax_ptr": "*fp32", "s_dec_ptr": "*fp32", "rows": "i32", "cols": "i32"}
+NVFP4_ARGS = {**IO_ARGS, "global_ptr": "*fp32", "rows": "i32", "cols": "i32"}
 RHT_ARGS = {
     **IO_ARGS,
-    "amax_ptr": "*fp32",
-    "s_dec_ptr": "*fp32",
+    "global_ptr": "*fp32",
     "n_tokens": "i32",
     "n_features": "i32",
-    "row_amax_ptr": "*fp32",
+    "row_global_ptr": "*fp32",
     "row_seed_ptr": "*i64",
     "row_codes_ptr": "*u8",
     "row_scales_ptr": "*u8",
     "row_values_ptr": "*bf16",
-    "row_s_dec_ptr": "*fp32",
 }
 DEQUANTIZE_ARGS = {
     "codes_ptr": "*u8",
