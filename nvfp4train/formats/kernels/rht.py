@@ -280,8 +280,11 @@ def nvfp4_t(
     else:
         (mode, bits, seed), row_seed = rounding_args(x, rounding, random_bits, generator), x
     codes, scales, values = e2m1_outputs((n_features, n_tokens), 16, dense, out_dtype or x.dtype, x.device)
-    row_codes, row_scales, row_values = e2m1_outputs((n_tokens, n_features), 16, rowwise_dense,
-                                                     out_dtype or x.dtype, x.device)
+    if rowwise:
+        row_codes, row_scales, row_values = e2m1_outputs((n_tokens, n_features), 16, rowwise_dense,
+                                                         out_dtype or x.dtype, x.device)
+    else:  # the kernel does not touch them (ROWWISE=False): x stands in, nothing is allocated
+        row_codes = row_scales = row_values = x
     _rht_nvfp4_kernel[grid](
         x, scalars[0], bits, seed, codes, scales, values,
         scalars[-1], row_seed, row_codes, row_scales, row_values, n_tokens, n_features,
