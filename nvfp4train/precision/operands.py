@@ -240,6 +240,15 @@ class MXFP4Format(_E2M1BlockFormat):
         return bits == 254, bits == 0
 
 
+def stored_fp8_scales(scales: torch.Tensor, spec: OperandSpec) -> torch.Tensor:
+    """FP8 block scales between their logical layout (`Quantized.fp8_scales`: [rows, K / 128]) and the one they
+    are stored and passed between ops in (either way: the map is its own inverse). Scales of 1 x 128 blocks are
+    stored as [K / 128, rows], rows contiguous: the layout torch._scaled_mm reads them in, and the one the rowcol
+    kernels write (`fp8.quantize_blockwise_rowcol`'s scales are views of it), so no op copies them on the way.
+    128 x 128 tile scales are stored as they are."""
+    return scales.t() if spec.tile is not None and spec.tile[0] == 1 else scales
+
+
 class FP8Format(OperandFormat):
     """FP8 with current scaling: per tensor when the spec has no tile, else blockwise with FP32
     scales (power-of-two when `scale_mode` is "pow2")."""
@@ -260,19 +269,22 @@ class FP8Format(OperandFormat):
     def pack(self, x, spec, generator):
         if spec.tile is None:
             return fp8.quantize_tensorwise(x, self.dtype, impl=QUANT_IMPL)
-        return fp8.quantize_blockwise(x, spec.tile, self.dtype, spec.scale_mode == "pow2", impl=QUANT_IMPL)
+        data, scales = fp8.quantize_blockwise(x, spec.tile, self.dtype, spec.scale_mode == "pow2", impl=QUANT_IMPL)
+        return data, stored_fp8_scales(scales, spec)
 
     def dequantize(self, tensors, spec, shape):
         # The raw form; `values` (the FP8 numbers in BF16, or dequantized blocks) on first use.
         data, scales = tensors
         if spec.tile is None:
             return Quantized(None, scales, fp8_data=data, spec=spec)
-        return Quantized(None, None, fp8_data=data, fp8_scales=scales, spec=spec)
+        return Quantized(None, None, fp8_data=data, fp8_scales=stored_fp8_scales(scales, spec), spec=spec)
 
     def storage(self, spec, shape):
         rows, k = shape
         if spec.tile is None:
             scales = ()
+        elif spec.tile[0] == 1:  # stored_fp8_scales
+            scales = (k // spec.tile[1], rows)
         else:
             scales = (rows // spec.tile[0], k // spec.tile[1])
         return [(shape, self.dtype), (scales, torch.float32)]
@@ -348,7 +360,10 @@ def _fused_fp8_columnwise(x: torch.Tensor, spec: OperandSpec, k_pad: int) -> boo
 
 
 def _fp8_columnwise(x: torch.Tensor, spec: OperandSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    return fp8.quantize_blockwise_t(x.t(), operand_format(spec).dtype, spec.scale_mode == "pow2", impl=QUANT_IMPL)
+    data, scales = fp8.quantize_blockwise_t(
+        x.t(), operand_format(spec).dtype, spec.scale_mode == "pow2", impl=QUANT_IMPL
+    )
+    return data, stored_fp8_scales(scales, spec)
 
 
 def packed_shapes(spec: OperandSpec, shape: tuple[int, int]) -> list[tuple[tuple[int, ...], torch.dtype]]:

@@ -29,10 +29,13 @@ def fprop_and_wgrad_x(
     if tensorwise_pair(fprop_spec, wgrad_spec):
         return tensorwise_rowcol(x2d, fprop_spec, k_f, k_w)
     if _fp8_pair(fprop_spec, wgrad_spec) and _fp8_rowcol_fits(x2d, k_f, k_w):
-        row, col = _fp8_rowcol(x2d, fprop_spec, k_f)
+        (row_data, row_scales), (col_data, col_scales) = _fp8_rowcol(x2d, fprop_spec, k_f)
         return (
-            operands.operand_format(fprop_spec).dequantize(row, fprop_spec, tuple(x2d.shape)),
-            operands.Packed(operands.PackedLayout(wgrad_spec, tuple(x2d.t().shape)), col),
+            operands.Quantized(None, None, row_data, row_scales, fprop_spec),
+            operands.Packed(
+                operands.PackedLayout(wgrad_spec, tuple(x2d.t().shape)),
+                (col_data, operands.stored_fp8_scales(col_scales, wgrad_spec)),
+            ),
         )
     pair = (
         fprop_spec.format == wgrad_spec.format == "nvfp4"
@@ -165,7 +168,7 @@ def operand_tensors(q: operands.Quantized, spec: OperandSpec) -> tuple[torch.Ten
     scales, or its per-tensor decode scale), NVFP4 its dense values and global decode scale.
     `ready_operand` rebuilds it."""
     if spec.format.startswith("fp8"):
-        return q.fp8_data, (q.fp8_scales if spec.tile is not None else q.decode_scale)
+        return q.fp8_data, (operands.stored_fp8_scales(q.fp8_scales, spec) if spec.tile is not None else q.decode_scale)
     return q.values, q.decode_scale
 
 
@@ -200,10 +203,10 @@ def dgrad_and_wgrad_dy(
     if _fp8_pair(dgrad_spec, wgrad_spec):
         if not _fp8_rowcol_fits(dy2d, k_d, k_w):
             return None
-        row, col = _fp8_rowcol(dy2d, dgrad_spec, k_d)
-        fmt = operands.operand_format(dgrad_spec)
-        return fmt.dequantize(row, dgrad_spec, tuple(dy2d.shape)), fmt.dequantize(
-            col, wgrad_spec, tuple(dy2d.t().shape)
+        (row_data, row_scales), (col_data, col_scales) = _fp8_rowcol(dy2d, dgrad_spec, k_d)
+        return (
+            operands.Quantized(None, None, row_data, row_scales, dgrad_spec),
+            operands.Quantized(None, None, col_data, col_scales, wgrad_spec),
         )
     if not (
         dy_pair(dgrad_spec, wgrad_spec)
