@@ -19,7 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .config import ModelConfig
 from .fused_norm import fused_norm_available, fused_rms_norm
-from .ssd import causal_conv1d_silu, ssd_scan
+from .ssd import causal_conv1d_silu, ssd_scan_packed
 
 LinearFactory = Callable[..., nn.Module]
 
@@ -121,16 +121,15 @@ class Mamba2Mixer(nn.Module):
         zxbcdt = self.in_proj(u)
         z, xBC, dt = torch.split(zxbcdt, [self.d_inner, self.conv1d.in_channels, self.n_heads], dim=-1)
         xBC = causal_conv1d_silu(xBC, self.conv1d.weight, self.conv1d.bias)
-        x, B, C = torch.split(xBC, [self.d_inner, self.groups * self.state, self.groups * self.state], dim=-1)
-        y = ssd_scan(
-            x.reshape(b, T, self.n_heads, self.head_dim),
+        y = ssd_scan_packed(  # x, B, C: views of xBC
+            xBC,
             dt,
             -torch.exp(self.A_log.float()),
-            B.reshape(b, T, self.groups, self.state),
-            C.reshape(b, T, self.groups, self.state),
             self.D,
             self.dt_bias,
             chunk_size=self.chunk,
+            head_dim=self.head_dim,
+            groups=self.groups,
             backend=self.ssd_backend,
         )
         y = self.norm(y.reshape(b, T, self.d_inner), z)

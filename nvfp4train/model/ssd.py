@@ -320,74 +320,109 @@ def triton_ssd_available() -> bool:
 # (shape-only) implementation and a registered backward, so the whole model compiles as one graph
 # instead of breaking around mamba-ssm's autograd.Function. Forward and backward call mamba-ssm's own
 # `_mamba_chunk_scan_combined_fwd/_bwd`, exactly what `mamba_chunk_scan_combined` runs.
+#
+# The op takes x, B and C packed as the mixer holds them, one [b, T, d_inner + 2 groups state] tensor (the
+# conv's output), and its backward writes their gradients into one tensor of that shape through views (as
+# mamba-ssm's `mamba_split_conv1d_scan_combined` does): separate dx, dB and dC would be concatenated by
+# autograd's split backward, a full extra pass over the tensor per Mamba layer.
+def _unpack_xbc(xbc: torch.Tensor, heads: int, head_dim: int, groups: int):
+    b, T, width = xbc.shape
+    d_inner = heads * head_dim
+    state = (width - d_inner) // (2 * groups)
+    x, B, C = torch.split(xbc, [d_inner, groups * state, groups * state], dim=-1)
+    return x.view(b, T, heads, head_dim), B.view(b, T, groups, state), C.view(b, T, groups, state)
+
+
 @torch.library.custom_op("nvfp4train::ssd_scan_triton", mutates_args=())
 def _ssd_scan_triton(
-    x: torch.Tensor,
+    xbc: torch.Tensor,
     dt: torch.Tensor,
     A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
     D: torch.Tensor,
     dt_bias: torch.Tensor,
     chunk_size: int,
+    head_dim: int,
+    groups: int,
 ) -> torch.Tensor:
     load_triton_ssd()
     _match_triton_determinism()
     fwd = sys.modules["mamba_ssm.ops.triton.ssd_combined"]._mamba_chunk_scan_combined_fwd
+    x, B, C = _unpack_xbc(xbc, dt.shape[-1], head_dim, groups)
     return fwd(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias, dt_softplus=True)[0].contiguous()
 
 
 # The fakes promise contiguous outputs and the ops make sure of it: inputs arrive as strided views
 # (split/rearrange), and `empty_like` of one promised its strides, which inductor asserted on a GPU.
 @_ssd_scan_triton.register_fake
-def _(x, dt, A, B, C, D, dt_bias, chunk_size):
-    return x.new_empty(x.shape)
+def _(xbc, dt, A, D, dt_bias, chunk_size, head_dim, groups):
+    b, T, heads = dt.shape
+    return xbc.new_empty((b, T, heads, head_dim))
 
 
 @torch.library.custom_op("nvfp4train::ssd_scan_triton_backward", mutates_args=())
 def _ssd_scan_triton_backward(
     dout: torch.Tensor,
-    x: torch.Tensor,
+    xbc: torch.Tensor,
     dt: torch.Tensor,
     A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
     D: torch.Tensor,
     dt_bias: torch.Tensor,
     out: torch.Tensor,
     chunk_size: int,
+    head_dim: int,
+    groups: int,
 ) -> list[torch.Tensor]:
     _match_triton_determinism()
     bwd = sys.modules["mamba_ssm.ops.triton.ssd_combined"]._mamba_chunk_scan_combined_bwd
+    x, B, C = _unpack_xbc(xbc, dt.shape[-1], head_dim, groups)
+    dxbc = torch.empty(xbc.shape, dtype=xbc.dtype, device=xbc.device)
+    dx, dB, dC = _unpack_xbc(dxbc, dt.shape[-1], head_dim, groups)
     with _mamba_backward_cumsums_allowed():
-        dx, ddt, dA, dB, dC, dD, _, ddt_bias, _ = bwd(
-            dout.contiguous(), x, dt, A, B, C, out, chunk_size, D=D, dt_bias=dt_bias, dt_softplus=True
+        _, ddt, dA, _, _, dD, _, ddt_bias, _ = bwd(
+            dout.contiguous(),
+            x,
+            dt,
+            A,
+            B,
+            C,
+            out,
+            chunk_size,
+            D=D,
+            dt_bias=dt_bias,
+            dt_softplus=True,
+            dx=dx,
+            dB=dB,
+            dC=dC,
         )
-    return [g.contiguous() for g in (dx, ddt, dA, dB, dC, dD, ddt_bias)]
+    return [dxbc] + [g.contiguous() for g in (ddt, dA, dD, ddt_bias)]
 
 
 @_ssd_scan_triton_backward.register_fake
-def _(dout, x, dt, A, B, C, D, dt_bias, out, chunk_size):
-    return [t.new_empty(t.shape) for t in (x, dt, A, B, C, D, dt_bias)]
+def _(dout, xbc, dt, A, D, dt_bias, out, chunk_size, head_dim, groups):
+    return [t.new_empty(t.shape) for t in (xbc, dt, A, D, dt_bias)]
 
 
 def _ssd_setup_context(ctx, inputs, output):
-    x, dt, A, B, C, D, dt_bias, chunk_size = inputs
-    ctx.save_for_backward(x, dt, A, B, C, D, dt_bias, output)
-    ctx.chunk_size = chunk_size
+    xbc, dt, A, D, dt_bias, chunk_size, head_dim, groups = inputs
+    ctx.save_for_backward(xbc, dt, A, D, dt_bias, output)
+    ctx.args = (chunk_size, head_dim, groups)
 
 
 def _ssd_backward(ctx, dout):
-    grads = _ssd_scan_triton_backward(dout, *ctx.saved_tensors, ctx.chunk_size)
-    return (*grads, None)
+    grads = _ssd_scan_triton_backward(dout, *ctx.saved_tensors, *ctx.args)
+    return (*grads, None, None, None)
 
 
 _ssd_scan_triton.register_autograd(_ssd_backward, setup_context=_ssd_setup_context)
 
 
 def ssd_chunked_triton(x, dt, A, B, C, D, dt_bias, chunk_size: int) -> torch.Tensor:
-    """mamba-ssm's Triton SSD through the custom op above (traceable by torch.compile)."""
-    return _ssd_scan_triton(x, dt, A, B, C, D, dt_bias, chunk_size)
+    """mamba-ssm's Triton SSD through the custom op above (traceable by torch.compile), from x, B and C
+    apart: packed by a copy first (the mixer passes them packed: `ssd_scan_packed`)."""
+    b, T, heads, head_dim = x.shape
+    groups = B.shape[2]
+    xbc = torch.cat([x.reshape(b, T, -1), B.reshape(b, T, -1), C.reshape(b, T, -1)], dim=-1)
+    return _ssd_scan_triton(xbc, dt, A, D, dt_bias, chunk_size, head_dim, groups)
 
 
 @torch.compiler.assume_constant_result
@@ -418,20 +453,35 @@ def resolve_ssd_backend(
     raise ValueError(f"ssd_backend: {backend!r} is not one of auto, torch, triton")
 
 
-def ssd_scan(x, dt, A, B, C, D, dt_bias, chunk_size: int, backend: str = "auto") -> torch.Tensor:
-    """Dispatch to a backend: "torch", "triton" (CUDA tensors only) or "auto" (resolve_ssd_backend)."""
+def _resolved_backend(is_cuda: bool, backend: str) -> str:
     deterministic = torch.are_deterministic_algorithms_enabled()
-    use_triton_check = x.is_cuda and backend != "torch"
-    backend = resolve_ssd_backend(
+    use_triton_check = is_cuda and backend != "torch"
+    return resolve_ssd_backend(
         backend,
-        x.is_cuda,
+        is_cuda,
         deterministic,
         triton_ssd_available() if use_triton_check else False,
         _triton_ssd_deterministic() if use_triton_check and deterministic else False,
     )
-    if backend == "torch":
+
+
+def ssd_scan(x, dt, A, B, C, D, dt_bias, chunk_size: int, backend: str = "auto") -> torch.Tensor:
+    """Dispatch to a backend: "torch", "triton" (CUDA tensors only) or "auto" (resolve_ssd_backend)."""
+    if _resolved_backend(x.is_cuda, backend) == "torch":
         return ssd_chunked_torch(x, dt, A, B, C, D, dt_bias, chunk_size)
     return ssd_chunked_triton(x, dt, A, B, C, D, dt_bias, chunk_size)
+
+
+def ssd_scan_packed(
+    xbc, dt, A, D, dt_bias, chunk_size: int, head_dim: int, groups: int, backend: str = "auto"
+) -> torch.Tensor:
+    """`ssd_scan` of x, B and C packed along the last dimension of xbc [b, T, heads head_dim + 2 groups state],
+    the layout the Mamba mixer's conv writes: y [b, T, heads, head_dim]. The Triton backend takes the packed
+    tensor whole (and gives its gradient as one tensor); the PyTorch scan takes views of it."""
+    x, B, C = _unpack_xbc(xbc, dt.shape[-1], head_dim, groups)
+    if _resolved_backend(xbc.is_cuda, backend) == "torch":
+        return ssd_chunked_torch(x, dt, A, B, C, D, dt_bias, chunk_size)
+    return _ssd_scan_triton(xbc, dt, A, D, dt_bias, chunk_size, head_dim, groups)
 
 
 # ---- depthwise causal conv1d ----------------------------------------------------------------

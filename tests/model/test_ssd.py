@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4train.model.ssd import causal_conv1d_silu, ssd_chunked_torch, ssd_recurrent, ssd_scan
+from nvfp4train.model.ssd import causal_conv1d_silu, ssd_chunked_torch, ssd_recurrent, ssd_scan, ssd_scan_packed
 
 
 def make_inputs(b=2, T=37, h=4, p=8, g=2, n=16, dtype=torch.float64, device="cpu", seed=0):
@@ -116,6 +116,23 @@ def test_triton_backend_refuses_cpu_tensors():
     torch.testing.assert_close(ssd_scan(*args, chunk_size=8, backend="auto"), ssd_chunked_torch(*args, 8))
 
 
+def test_packed_scan_reads_x_b_c_as_the_mixer_packs_them():
+    """ssd_scan_packed takes [x | B | C] along the last dimension (the conv's output) and gives ssd_scan's
+    output, and its gradient lands in the packed tensor where each part was read."""
+    b, T, h, p, g, n = 2, 16, 4, 8, 2, 6
+    x, dt, A, B, C, D, dt_bias = make_inputs(b=b, T=T, h=h, p=p, g=g, n=n, dtype=torch.float64)
+    xbc = torch.cat([x.reshape(b, T, -1), B.reshape(b, T, -1), C.reshape(b, T, -1)], dim=-1).requires_grad_()
+    y = ssd_scan_packed(xbc, dt, A, D, dt_bias, chunk_size=8, head_dim=p, groups=g, backend="auto")
+    leaves = [t.detach().clone().requires_grad_() for t in (x, B, C)]
+    y_ref = ssd_scan(leaves[0], dt, A, leaves[1], leaves[2], D, dt_bias, chunk_size=8)
+    torch.testing.assert_close(y, y_ref)
+    weight = torch.randn_like(y)
+    (y * weight).sum().backward()
+    (y_ref * weight).sum().backward()
+    expected = torch.cat([t.grad.reshape(b, T, -1) for t in leaves], dim=-1)
+    torch.testing.assert_close(xbc.grad, expected)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_matches_torch_reference_forward_and_backward(dtype, cuda_device):
@@ -144,27 +161,43 @@ def test_triton_matches_torch_reference_forward_and_backward(dtype, cuda_device)
 
 @pytest.mark.gpu
 def test_triton_custom_op_equals_mamba_function_and_passes_opcheck(cuda_device):
-    """The custom op (what torch.compile sees) runs mamba-ssm's own forward and backward: the same output
-    as mamba_chunk_scan_combined and the same gradients (up to the order of mamba-ssm's atomic adds);
-    opcheck checks its fake (shape) and autograd registrations."""
+    """The custom op (what torch.compile sees) runs mamba-ssm's own forward and backward on x, B and C packed
+    in one tensor: the same output as mamba_chunk_scan_combined and the same gradients (up to the order of
+    mamba-ssm's atomic adds), x's, B's and C's written into one gradient tensor; opcheck checks its fake
+    (shape) and autograd registrations."""
     from nvfp4train.model.ssd import _ssd_scan_triton, load_triton_ssd, triton_ssd_available
 
     if not triton_ssd_available():
         pytest.skip("mamba-ssm Triton SSD not importable")
-    args = make_inputs(b=2, T=300, h=8, p=64, g=2, n=64, dtype=torch.float32, device=cuda_device)
-    args = [a.to(torch.bfloat16) if i in (0, 1, 3, 4) else a.float() for i, a in enumerate(args)]
-    results = []
-    for scan in (
-        lambda x, dt, A, B, C, D, dt_bias: _ssd_scan_triton(x, dt, A, B, C, D, dt_bias, 64),
-        lambda x, dt, A, B, C, D, dt_bias: load_triton_ssd()(
-            x, dt, A, B, C, 64, D=D, dt_bias=dt_bias, dt_softplus=True
-        ),
-    ):
-        leaves = [a.detach().clone().requires_grad_() for a in args]
-        y = scan(*leaves)
-        y.float().pow(2).sum().backward()
-        results.append([y] + [a.grad for a in leaves])
-    assert torch.equal(results[0][0], results[1][0])
-    for mine, theirs in zip(results[0][1:], results[1][1:]):
-        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
-    torch.library.opcheck(_ssd_scan_triton, (*[a.detach().requires_grad_() for a in args], 64))
+    b, T, h, p, g, n = 2, 300, 8, 64, 2, 64
+    args = make_inputs(b=b, T=T, h=h, p=p, g=g, n=n, dtype=torch.float32, device=cuda_device)
+    x, dt, A, B, C, D, dt_bias = [a.to(torch.bfloat16) if i in (0, 1, 3, 4) else a.float() for i, a in enumerate(args)]
+    xbc = torch.cat([x.reshape(b, T, -1), B.reshape(b, T, -1), C.reshape(b, T, -1)], dim=-1)
+
+    leaves = [t.detach().clone().requires_grad_() for t in (xbc, dt, A, D, dt_bias)]
+    y = _ssd_scan_triton(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], 64, p, g)
+    y.float().pow(2).sum().backward()
+    dx, dB, dC = torch.split(leaves[0].grad, [h * p, g * n, g * n], dim=-1)
+    mine = [
+        y,
+        dx.reshape(x.shape),
+        leaves[1].grad,
+        leaves[2].grad,
+        dB.reshape(B.shape),
+        dC.reshape(C.shape),
+        leaves[3].grad,
+        leaves[4].grad,
+    ]
+
+    theirs_leaves = [t.detach().clone().requires_grad_() for t in (x, dt, A, B, C, D, dt_bias)]
+    xt, dtt, At, Bt, Ct, Dt, dtbt = theirs_leaves
+    y_ref = load_triton_ssd()(xt, dtt, At, Bt, Ct, 64, D=Dt, dt_bias=dtbt, dt_softplus=True)
+    y_ref.float().pow(2).sum().backward()
+    theirs = [y_ref] + [t.grad for t in theirs_leaves]
+
+    assert torch.equal(mine[0], theirs[0])
+    for name, m, t in zip(["x", "dt", "A", "B", "C", "D", "dt_bias"], mine[1:], theirs[1:]):
+        torch.testing.assert_close(m, t, rtol=1e-4, atol=1e-4, msg=lambda s, name=name: f"grad {name}: {s}")
+    torch.library.opcheck(
+        _ssd_scan_triton, (*[t.detach().requires_grad_() for t in (xbc, dt, A, D, dt_bias)], 64, p, g)
+    )
