@@ -16,7 +16,8 @@ tensor-core rate a native GEMM on it runs at. Adding a format is adding one clas
 Two forms:
 * `fake_quantize` -> `Quantized` with dense `values` (fast; for operands used at once);
 * `pack` -> `Packed` holding the packed tensors only (4-bit codes + scales for NVFP4/MXFP4, FP8
-  data + scales for FP8), for operands saved between forward and backward. `Packed.tensors`
+  data + scales for FP8, 1 x 128 block scales block-major: `stored_fp8_scales`), for operands saved
+  between forward and backward. `Packed.tensors`
   go through autograd's `save_for_backward`; `Packed.layout` is the tensor-free rest, and
   `layout.rebuild(tensors)` puts the two together again.
 """
@@ -54,7 +55,8 @@ class Quantized:
     FP8 with FP32 scales, which stays FP32) and the FP32 0-d `decode_scale`.
 
     FP8 operands also carry their raw form for FP8 tensor cores (`fp8_data` [rows_padded, k_pad],
-    `fp8_scales`: None per tensor, else the FP32 block decode scales); their `values` are then made
+    `fp8_scales`: None per tensor, else the FP32 block decode scales [rows / tile rows, K / 128], for 1 x 128
+    blocks a transposed view of the stored layout: `stored_fp8_scales`); their `values` are then made
     from it on first use (a scaled_mm GEMM never asks). `rows` < the padded row count marks the
     rows a tile padded on: `values` drops them, the raw form keeps them (a GEMM crops its output)."""
 
