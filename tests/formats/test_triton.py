@@ -782,6 +782,8 @@ def test_fp8_blockwise_rowcol_same_bits_as_the_two_quantizers(dtype):
         width = width or features
         assert rd.dtype == cd.dtype == dtype and cd.shape == (features, 256) and cs.shape == (features, 2)
         assert rd.shape == (256, width) and rs.shape == (256, width // 128)
+        # scales block-major (the layout torch._scaled_mm reads; operands.stored_fp8_scales): views, no copy
+        assert rs.t().is_contiguous() and cs.t().is_contiguous(), f"{what}: scales' strides {rs.stride()} {cs.stride()}"
         want_row = fp8.quantize_blockwise(
             torch.nn.functional.pad(xx, (0, width - features)), (1, 128), dtype, pow2, impl="reference"
         )
