@@ -324,12 +324,12 @@ def _fp8_blockwise_rowcol_kernel(
     operand) and quantize_blockwise(x.t(), (1, 128)) (blocks along tokens, stored transposed: Wgrad
     operand, features unpadded). RAGGED: row_width > features (the tiles past features read zeros).
 
-    The tile stays in x's dtype (bf16: half the registers of an FP32 copy, two blocks a multiprocessor) and
+    The tile stays in x's dtype (bf16: half the registers of an FP32 copy, two programs a multiprocessor) and
     the column copy is made from the tile transposed, not from codes transposed: shared memory moves 16-bit
-    words without the bank conflicts of single bytes (H200, 2026-11-27: 238 -> 201 us at 16384 x 8192).
-    Each program's scales are contiguous runs: both scale tensors are stored with the 128-element blocks'
-    index outermost ([row_width / 128, tokens] and [tokens / 128, features]), which is also the layout
-    torch._scaled_mm takes them in."""
+    words without the bank conflicts of single bytes. Each program's scales are contiguous runs: both scale
+    tensors are stored with the 128-element blocks' index outermost ([row_width / 128, tokens] and
+    [tokens / 128, features]), which is also the layout torch._scaled_mm takes them in. Together: 238 -> 194 us
+    at 16384 x 8192 on an H200 (docs/results/bench/fp8_targets.md)."""
     t = tl.program_id(0) * 128 + tl.arange(0, 128)
     f = tl.program_id(1) * 128 + tl.arange(0, 128)
     if RAGGED:
