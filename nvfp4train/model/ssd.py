@@ -478,8 +478,8 @@ def ssd_scan_packed(
     """`ssd_scan` of x, B and C packed along the last dimension of xbc [b, T, heads head_dim + 2 groups state],
     the layout the Mamba mixer's conv writes: y [b, T, heads, head_dim]. The Triton backend takes the packed
     tensor whole (and gives its gradient as one tensor); the PyTorch scan takes views of it."""
-    x, B, C = _unpack_xbc(xbc, dt.shape[-1], head_dim, groups)
     if _resolved_backend(xbc.is_cuda, backend) == "torch":
+        x, B, C = _unpack_xbc(xbc, dt.shape[-1], head_dim, groups)
         return ssd_chunked_torch(x, dt, A, B, C, D, dt_bias, chunk_size)
     return _ssd_scan_triton(xbc, dt, A, D, dt_bias, chunk_size, head_dim, groups)
 

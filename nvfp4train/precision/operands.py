@@ -248,7 +248,11 @@ def stored_fp8_scales(scales: torch.Tensor, spec: OperandSpec) -> torch.Tensor:
     stored as [K / 128, rows], rows contiguous: the layout torch._scaled_mm reads them in, and the one the rowcol
     kernels write (`fp8.quantize_blockwise_rowcol`'s scales are views of it), so no op copies them on the way.
     128 x 128 tile scales are stored as they are."""
-    return scales.t() if spec.tile is not None and spec.tile[0] == 1 else scales
+    return scales.t() if _block_major_scales(spec) else scales
+
+
+def _block_major_scales(spec: OperandSpec) -> bool:
+    return spec.tile is not None and spec.tile[0] == 1
 
 
 class FP8Format(OperandFormat):
@@ -285,7 +289,7 @@ class FP8Format(OperandFormat):
         rows, k = shape
         if spec.tile is None:
             scales = ()
-        elif spec.tile[0] == 1:  # stored_fp8_scales
+        elif _block_major_scales(spec):
             scales = (k // spec.tile[1], rows)
         else:
             scales = (rows // spec.tile[0], k // spec.tile[1])
