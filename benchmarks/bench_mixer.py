@@ -98,6 +98,8 @@ def main(argv=None) -> list[dict]:
             C,
             x.stride(0),
             x.stride(1),
+            dx.stride(0),
+            dx.stride(1),
             n_t,
             K=4,
             BT=cc.BLOCK_T,

@@ -19,6 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .config import ModelConfig
 from .fused_norm import fused_norm_available, fused_rms_norm
+from .mixer_op import mamba_conv_scan_norm, mixer_op_applies
 from .ssd import causal_conv1d_silu, ssd_scan_packed
 
 LinearFactory = Callable[..., nn.Module]
@@ -119,6 +120,23 @@ class Mamba2Mixer(nn.Module):
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         b, T, _ = u.shape
         zxbcdt = self.in_proj(u)
+        if mixer_op_applies(zxbcdt.is_cuda, self.ssd_backend):  # the same kernels as below, as one op
+            y = mamba_conv_scan_norm(
+                zxbcdt,
+                self.conv1d.weight,
+                self.conv1d.bias,
+                -torch.exp(self.A_log.float()),
+                self.D,
+                self.dt_bias,
+                self.norm.weight,
+                self.norm.eps,
+                self.d_inner,
+                self.head_dim,
+                self.groups,
+                self.norm.group_size,
+                self.chunk,
+            )[0]
+            return self.out_proj(y)
         z, xBC, dt = torch.split(zxbcdt, [self.d_inner, self.conv1d.in_channels, self.n_heads], dim=-1)
         xBC = causal_conv1d_silu(xBC, self.conv1d.weight, self.conv1d.bias)
         y = ssd_scan_packed(  # x, B, C: views of xBC

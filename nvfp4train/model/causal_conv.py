@@ -51,7 +51,7 @@ def _conv_silu_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, T, C, stride_b, stride_
 
 @triton.jit
 def _conv_silu_bwd_kernel(x_ptr, w_ptr, bias_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, T, C, stride_b, stride_t,
-                          n_t, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+                          dx_stride_b, dx_stride_t, n_t, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
     """dx[t] = sum_m w[K-1-m] dz[t+m], dz = dy * silu'(z); this tile's sums of dz * x[t-(K-1)+k] (dw)
     and of dz (dbias) into row (b, tile) of the partial buffers."""
     b = tl.program_id(0).to(tl.int64)
@@ -81,8 +81,8 @@ def _conv_silu_bwd_kernel(x_ptr, w_ptr, bias_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr
                 tl.store(dw_ptr + row * K + k, tl.sum(dz * xk, axis=0), mask=cmask)
             tl.store(db_ptr + row, tl.sum(dz, axis=0), mask=cmask)
     mask = (t < T)[:, None] & cmask[None, :]
-    tl.store(dx_ptr + b * T * C + t[:, None].to(tl.int64) * C + c[None, :], dx.to(dx_ptr.dtype.element_ty),
-             mask=mask)
+    tl.store(dx_ptr + b * dx_stride_b + t[:, None].to(tl.int64) * dx_stride_t + c[None, :],
+             dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 # K = 4 (every Mamba preset): each program owns BC channels of ROWS consecutive positions and walks down
@@ -140,7 +140,7 @@ def _conv4_silu_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, T, C, stride_b, stride
 
 @triton.jit
 def _conv4_silu_bwd_kernel(x_ptr, w_ptr, bias_ptr, dy_ptr, dx_ptr, dw_ptr, db_ptr, T, C, stride_b, stride_t,
-                           n_t, ROWS: tl.constexpr, BC: tl.constexpr, FAST: tl.constexpr):
+                           dx_stride_b, dx_stride_t, n_t, ROWS: tl.constexpr, BC: tl.constexpr, FAST: tl.constexpr):
     """dz[s] = dy[s] silu'(z[s]) for s in the program's rows and 3 past them; dx[s-3] = dz[s-3] w3 + dz[s-2] w2
     + dz[s-1] w1 + dz[s] w0 once dz[s] is known; the weight and bias gradient sums over the program's rows."""
     b = tl.program_id(0).to(tl.int64)
@@ -150,7 +150,7 @@ def _conv4_silu_bwd_kernel(x_ptr, w_ptr, bias_ptr, dy_ptr, dx_ptr, dw_ptr, db_pt
     cmask = c < C
     x_ptr += b * stride_b
     dy_ptr += b * T * C
-    dx_ptr += b * T * C
+    dx_ptr += b * dx_stride_b
     w0, w1, w2, w3, bias, x_3, x_2, x_1 = _conv4_prologue(x_ptr, w_ptr, bias_ptr, t0, c, T, C, stride_t)
     dz_3 = tl.zeros((BC,), tl.float32)  # dz[s-3], dz[s-2], dz[s-1]: rows before t0 are never stored
     dz_2 = tl.zeros((BC,), tl.float32)
@@ -175,7 +175,7 @@ def _conv4_silu_bwd_kernel(x_ptr, w_ptr, bias_ptr, dy_ptr, dx_ptr, dw_ptr, db_pt
         dw3 += dzo * x0
         db += dzo
         dx = tl.zeros((BC,), tl.float32) + dz_3 * w3 + dz_2 * w2 + dz_1 * w1 + dz * w0
-        tl.store(dx_ptr + (s - 3).to(tl.int64) * C + c, dx.to(dx_ptr.dtype.element_ty),
+        tl.store(dx_ptr + (s - 3).to(tl.int64) * dx_stride_t + c, dx.to(dx_ptr.dtype.element_ty),
                  mask=cmask & (i >= 3) & (s - 3 < T))
         x_3, x_2, x_1 = x_2, x_1, x0
         dz_3, dz_2, dz_1 = dz_2, dz_1, dz
@@ -212,17 +212,24 @@ def conv_silu_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor)
     return y
 
 
-def conv_silu_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                       bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def conv_silu_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                       dx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dweight, dbias) of conv_silu_forward. ``dx``: where to write x's gradient, [b, T, C] with its channels
+    contiguous (a slice of a larger gradient); default a new tensor."""
     x = _channels_contiguous(x)
     b, T, C = x.shape
     K = weight.shape[-1]
     rows = ROWS4 if K == 4 else BLOCK_T  # sequence positions one program covers
     n_t = triton.cdiv(T, rows)
-    dx = torch.empty((b, T, C), dtype=x.dtype, device=x.device)
+    if dx is None:
+        dx = torch.empty((b, T, C), dtype=x.dtype, device=x.device)
+    elif dx.shape != x.shape or dx.stride(2) != 1:
+        raise ValueError(f"conv_silu_backward: dx must be {tuple(x.shape)} with contiguous channels, got "
+                         f"{tuple(dx.shape)} strides {dx.stride()}")
     dw = torch.empty((b * n_t, C, K), dtype=torch.float32, device=x.device)
     db = torch.empty((b * n_t, C), dtype=torch.float32, device=x.device)
-    args = (x, weight.contiguous(), bias.contiguous(), dy.contiguous(), dx, dw, db, T, C, x.stride(0), x.stride(1), n_t)
+    args = (x, weight.contiguous(), bias.contiguous(), dy.contiguous(), dx, dw, db, T, C, x.stride(0), x.stride(1),
+            dx.stride(0), dx.stride(1), n_t)
     if K == 4:
         _conv4_silu_bwd_kernel[(b, n_t, triton.cdiv(C, BLOCK_C4))](*args, ROWS=ROWS4, BC=BLOCK_C4, FAST=x.is_cuda,
                                                                    **_launch_options(x, WARPS4))

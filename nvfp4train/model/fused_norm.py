@@ -67,11 +67,12 @@ NORM_BWD_WARPS_PER_SM = 32
 
 def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor | None,
                       rstd: torch.Tensor, eps: float, group_size: int,
-                      warps_per_sm: int = NORM_BWD_WARPS_PER_SM
+                      warps_per_sm: int = NORM_BWD_WARPS_PER_SM, dz: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """dx, dweight, dz of RMSNorm(x [* silu(z)]) * weight with mamba-ssm's Triton kernel, its launcher's
     arguments but more programs (and so more partial weight-gradient rows, summed in FP32 at the end by
-    partial_sums.py)."""
+    partial_sums.py). ``dz``: where to write z's gradient ([M, N] with contiguous rows, any row stride: a slice of
+    a larger gradient); default a new tensor."""
     M, N = x.shape
     ngroups = N // group_size
     block_n = 1 << max(group_size - 1, 0).bit_length()  # triton.next_power_of_2, without importing triton
@@ -83,7 +84,8 @@ def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z
     rows_per_program = math.ceil(M / programs)
     programs = math.ceil(M / rows_per_program)
     dx = torch.empty_like(x)
-    dz = torch.empty_like(z) if z is not None else None
+    if z is not None and dz is None:
+        dz = torch.empty_like(z)
     dw_partial = torch.empty((programs, N), dtype=torch.float32, device=x.device)
     with torch.cuda.device(x.device.index):
         _kernels()._layer_norm_bwd_kernel[(programs, ngroups)](
@@ -118,6 +120,10 @@ def _backward(ctx, dy, _drstd):
 _rms_norm.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, z: torch.Tensor | None = None,
                    group_size: int | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """RMSNorm(x) * weight, or with z: RMSNorm(x * silu(z)) * weight over groups of group_size channels.
@@ -125,7 +131,9 @@ def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, z: torch.T
     x's dtype whatever the output's (the backward reads dy in its own dtype)."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
-    z2 = z.reshape(-1, shape[-1]).contiguous() if z is not None else None
+    # The kernels take z's row stride: the Mamba mixer's z, a slice of in_proj's output, is read where it lies
+    # (a contiguous copy of it was a pass over [tokens, d_inner] per layer, and another tensor saved).
+    z2 = _rows_contiguous(z.reshape(-1, shape[-1])) if z is not None else None
     out, _ = _rms_norm(x2, weight.contiguous(), z2, eps, group_size or shape[-1], out_dtype or x.dtype)
     return out.reshape(shape)
 

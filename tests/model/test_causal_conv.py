@@ -51,6 +51,26 @@ def check(device: str) -> None:
                     msg=lambda m: f"{name} {dtype} {(b, T, C, K)}: {m}",
                 )
             assert results[0][1][:, :, :8].abs().max() == 0  # no gradient outside the slice
+            check_dx_into_a_slice(device, dtype, b, T, C, K, gen)
+
+
+def check_dx_into_a_slice(device, dtype, b, T, C, K, gen) -> None:
+    """conv_silu_backward writes dx into a given slice of a wider tensor (the Mamba mixer's fused op writes
+    into its slice of in_proj's output gradient): the values of a new dx, nothing outside the slice."""
+    from nvfp4train.model.causal_conv import conv_silu_backward
+
+    x = torch.randn(b, T, C, generator=gen).to(device, dtype)
+    weight, bias = torch.randn(C, 1, K, generator=gen).to(device), torch.randn(C, generator=gen).to(device)
+    dy = torch.randn(b, T, C, generator=gen).to(device, dtype)
+    want = conv_silu_backward(dy, x, weight, bias)
+    wide = torch.full((b, T, C + 11), 7.0, device=device, dtype=dtype)
+    got = conv_silu_backward(dy, x, weight, bias, dx=wide[:, :, 5 : 5 + C])
+    assert got[0].data_ptr() == wide[:, :, 5:].data_ptr()
+    for name, g, w in zip(("dx", "dw", "dbias"), got, want):
+        assert torch.equal(g, w), f"{name} {dtype} {(b, T, C, K)}"
+    assert (wide[:, :, :5] == 7).all() and (wide[:, :, 5 + C :] == 7).all()
+    with pytest.raises(ValueError, match="dx must be"):
+        conv_silu_backward(dy, x, weight, bias, dx=wide[:, :, 5 : 5 + C].transpose(0, 1))
 
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
@@ -97,7 +117,16 @@ def test_conv_kernels_compile_for_sm90():
         "stride_t": "i32",
     }
     fwd = {**common, "y_ptr": "*bf16"}
-    bwd = {**common, "dy_ptr": "*bf16", "dx_ptr": "*bf16", "dw_ptr": "*fp32", "db_ptr": "*fp32", "n_t": "i32"}
+    bwd = {
+        **common,
+        "dy_ptr": "*bf16",
+        "dx_ptr": "*bf16",
+        "dw_ptr": "*fp32",
+        "db_ptr": "*fp32",
+        "dx_stride_b": "i64",
+        "dx_stride_t": "i32",
+        "n_t": "i32",
+    }
     tiles = {"K": 4, "BT": cc.BLOCK_T, "BC": cc.BLOCK_C}
     rows = {"ROWS": cc.ROWS4, "BC": cc.BLOCK_C4, "FAST": True}
     for kernel, signature, constexprs in (
