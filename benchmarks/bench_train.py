@@ -20,7 +20,8 @@ during the measured steps; CUDA only) and adds `syncs_per_step` to each row.
 is skipped with its reason). `--profile DIR` profiles one more step per row after its timed window and
 prints GPU kernel time by kind of kernel (GEMM, our quantizers, Mamba scan, copies, ...) and the top kernels,
 each under the ops that launched it (op, input shapes, enclosing ops such as our custom ops; with
-`--cuda-graph false`, since a replayed graph hides them), with a chrome trace per row in DIR:
+`--cuda-graph false`, since a replayed graph hides them), with a chrome trace and the list of every kernel
+(`..._kernels.txt`) per row in DIR:
     python -m benchmarks.bench_train --models hybrid_350m --seqs 2048 --batch 8 --precisions bf16 nvfp4 \
         --profile /tmp/prof
 The host's time per step: with `--cuda-graph false` and a sequence so short that the GPU's work is a small
@@ -244,6 +245,8 @@ def bench_one(
     if profile is not None:  # after the timed window, so it never slows the row's numbers
         trace = profile / f"{model_name}_seq{seq}_{precision}_{backend}.json"
         profiled = profile_step(engine, micro_batches[-1], warmup + steps + 1, device, trace)
+        listing = summary_lines(profiled, top=len(profiled), sources=3)
+        trace.with_name(trace.stem + "_kernels.txt").write_text("\n".join(listing) + "\n")
     print(
         f"{model_name:>12} seq {seq:>5} x {batch:<3} {precision:>15} {backend:>9}{' graph' if graphed else ''}: "
         f"{row['step_ms']:>10.1f} ms "

@@ -44,6 +44,10 @@ def test_bench_train_smoke_and_json_merge(tmp_path):
     # --profile: one more step under torch.profiler after the timed window, broken down by kind of kernel
     assert "profiled step:" in proc.stdout and "gemm" in proc.stdout and "top 15 kernels:" in proc.stdout
     assert (tmp_path / "prof" / "hybrid_tiny_seq32_bf16_emulated.json").stat().st_size > 0
+    listing = (tmp_path / "prof" / "hybrid_tiny_seq32_bf16_emulated_kernels.txt").read_text().splitlines()
+    top = next(line for line in listing if line.strip().startswith("top "))
+    n = int(top.split()[1])  # every op the step ran, not the printed 15
+    assert n > 15 and sum(1 for line in listing if " x" in line and "<-" not in line and "%" in line) == n
     # --host-profile: one more step under cProfile, the host's costliest functions and this package's
     host = proc.stdout[proc.stdout.index("host, one step under cProfile:") :].splitlines()
     own = host.index("    own time (calls, ms):")
