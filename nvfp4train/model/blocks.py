@@ -50,6 +50,18 @@ class RMSNorm(nn.Module):
         y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * self.weight.float()).to(out_dtype or x.dtype)
 
+    def add_and_norm(
+        self, x: torch.Tensor, h: torch.Tensor, out_dtype: torch.dtype | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + h in x's dtype, this norm of it): the residual add before the norm, one Triton kernel each way
+        on CUDA (residual_norm.py), the same values as the add followed by `forward`."""
+        if x.is_cuda and fused_norm_available():
+            from .residual_norm import fused_add_rms_norm  # triton: imported where the kernels run
+
+            return fused_add_rms_norm(x, h, self.weight, self.eps, out_dtype or x.dtype)
+        x = x + h
+        return x, self(x, out_dtype)
+
 
 class GatedRMSNorm(nn.Module):
     """Mamba-2's output norm: RMSNorm(y * silu(z)) over groups of `group_size` channels.
@@ -258,7 +270,11 @@ MIXERS = {"M": Mamba2Mixer, "*": Attention, "-": MLP}
 
 
 class Block(nn.Module):
-    """x + mixer(RMSNorm(x)). `index` is the position in the pattern, `kind` its symbol."""
+    """x + mixer(RMSNorm(x)). `index` is the position in the pattern, `kind` its symbol.
+
+    The residual add is deferred to the next block (or the final norm), so that it runs in one kernel with
+    that block's norm (`RMSNorm.add_and_norm`): `forward(x, h)` takes the stream and the previous block's mixer
+    output h (None for the first block) and returns (x + h, this block's mixer output)."""
 
     def __init__(self, cfg: ModelConfig, index: int, kind: str, linear_factory: LinearFactory):
         super().__init__()
@@ -267,7 +283,7 @@ class Block(nn.Module):
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mixer = MIXERS[kind](cfg, index, linear_factory)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, h: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         # Every mixer starts with a linear, which under autocast casts its input to the autocast dtype:
         # the norm writes that dtype itself, without an FP32 output and a cast kernel forward, nor a
         # widening of the linear's dX to FP32 backward. The same bits on CPU; the Triton kernel's FP32
@@ -275,7 +291,10 @@ class Block(nn.Module):
         # on an H100: tests/model/test_fused_norm.py).
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-        return x + self.mixer(self.norm(x, dtype))
+        if h is None:
+            return x, self.mixer(self.norm(x, dtype))
+        x, normed = self.norm.add_and_norm(x, h, dtype)
+        return x, self.mixer(normed)
 
     def extra_repr(self) -> str:
         return f"index={self.index}, kind={self.kind!r}"

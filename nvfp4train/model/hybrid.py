@@ -84,14 +84,14 @@ class HybridLM(nn.Module):
         """tokens [B, T] (int64) -> logits [B, T, vocab] (float32, or the autocast dtype); with targets
         [B, T], the FP32 next-token cross-entropy instead ("mean" or "sum" over tokens), computed chunk
         by chunk from the final hidden state so the full FP32 logits never exist (loss.py)."""
-        x = self.embedding(tokens)
+        x, h = self.embedding(tokens), None  # the stream, and the mixer output each block adds to it first
         for i, block in enumerate(self.blocks):
             if i in self.checkpointed and torch.is_grad_enabled():
                 # non-reentrant: works with torch.compile and FSDP2; the RNG state is restored for the recompute
-                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+                x, h = torch.utils.checkpoint.checkpoint(block, x, h, use_reentrant=False)
             else:
-                x = block(x)
-        x = self.final_norm(x)
+                x, h = block(x, h)
+        x = self.final_norm(x + h)
         if targets is None:
             return self.lm_head(x)
         return linear_cross_entropy(x, self.lm_head.weight, targets, reduction=reduction)
