@@ -65,7 +65,7 @@ def _add_rms_norm_bwd_kernel(
     stride_dh,
     M,
     N,
-    rows_per_program,
+    ROWS_PER_PROGRAM: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     program = tl.program_id(0)
@@ -73,27 +73,30 @@ def _add_rms_norm_bwd_kernel(
     mask = cols < N
     w = tl.load(W + cols, mask=mask).to(tl.float32)
     dw = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    row_start = program * rows_per_program
-    row_end = tl.minimum(row_start + rows_per_program, M)
+    row_start = program * ROWS_PER_PROGRAM
     first = row_start.to(tl.int64)  # 64-bit offsets to the first row; the loop steps the pointers a row at a time
     X += first * stride_x
     DY += first * stride_dy
     DSTREAM += first * stride_dstream
     DX += first * stride_dx
     DH += first * stride_dh
-    for row in range(row_start, row_end):
-        x = tl.load(X + cols, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + row)
-        xhat = tl.where(mask, x * rstd, 0.0)
+    # A compile-time trip count (triton 3.6's interpreter cannot loop to a run-time bound); the last program's
+    # rows past M are masked out.
+    for i in range(ROWS_PER_PROGRAM):
+        row = row_start + i
+        m = mask & (row < M)
+        x = tl.load(X + cols, mask=m, other=0.0).to(tl.float32)
+        dy = tl.load(DY + cols, mask=m, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + row, mask=row < M, other=0.0)
+        xhat = tl.where(m, x * rstd, 0.0)
         wdy = w * dy
         c1 = tl.sum(xhat * wdy, axis=0) / N
         dx = (wdy - xhat * c1) * rstd
         # The norm's dx rounded to the stream's dtype, as the separate norm kernel stores it, then the add.
         dx = dx.to(DX.dtype.element_ty).to(tl.float32)
-        dx += tl.load(DSTREAM + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(DX + cols, dx, mask=mask)
-        tl.store(DH + cols, dx, mask=mask)
+        dx += tl.load(DSTREAM + cols, mask=m, other=0.0).to(tl.float32)
+        tl.store(DX + cols, dx, mask=m)
+        tl.store(DH + cols, dx, mask=m)
         dw += dy * xhat
         X += stride_x
         DY += stride_dy
@@ -154,7 +157,7 @@ def add_rms_norm_backward(
         _add_rms_norm_bwd_kernel[(programs,)](
             stream, weight, dy, dstream, dx, dh, dw_partial, rstd,
             stream.stride(0), dy.stride(0), dstream.stride(0), dx.stride(0), dh.stride(0),
-            M, N, rows_per_program, BLOCK_N=block_n, num_warps=num_warps,
+            M, N, ROWS_PER_PROGRAM=rows_per_program, BLOCK_N=block_n, num_warps=num_warps,
         )  # fmt: skip
     return dx, dh, sum_partials(dw_partial, weight.dtype)
 
