@@ -10,7 +10,9 @@ dtype for the mixer's output linear. Here one kernel does each direction: forwar
 dy, d(x')_stream -> dx (x's dtype), dh (h's dtype), per-program partial weight gradients (summed by
 partial_sums.py). The sum is taken in FP32 and rounded to x's dtype before the norm reads it, as the
 separate add does; the norm's arithmetic is the one fused_norm.py runs (mamba-ssm's kernel), so in an FP32
-stream the outputs and gradients are the separate kernels' bits (tests/model/test_residual_norm.py).
+stream x + h, the norm's output and the weight gradient are the separate kernels' bits, and dx is within an
+FP32 ulp of theirs: the compiler contracts the norm's last multiply and the add into one FMA, rounded once
+(tests/model/test_residual_norm.py).
 
 Used by `blocks.RMSNorm.add_and_norm` on CUDA where fused_norm.py's kernels run; elsewhere the add and the
 norm run as PyTorch ops.

@@ -228,6 +228,7 @@ def test_block_norms_write_the_autocast_dtype_with_the_same_bits(small_cfg_dict,
 
     fast = logits_and_grads()
     assert seen == [torch.bfloat16]
+
     def fp32_norm_output(self, x, h=None):
         x = x if h is None else x + h
         return x, self.mixer(self.norm(x))

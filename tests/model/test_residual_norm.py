@@ -1,7 +1,8 @@
 """The residual add fused into the next block's RMSNorm (model/residual_norm.py): the stream, the norm's
 output and the gradients of x, h and the weight against the add followed by the norm. In Triton's interpreter
 on CPU against the PyTorch norm (a subprocess with TRITON_INTERPRET=1); on a GPU against the separate add and
-fused_norm.py's kernel, bit for bit in an FP32 stream (marked gpu). The model's blocks defer their add to the
+fused_norm.py's kernel (marked gpu): in an FP32 stream the same stream, output and weight gradient, bit for bit,
+and input gradients within an ulp. The model's blocks defer their add to the
 next block's norm: the same logits and loss as x + mixer(norm(x)) block by block."""
 
 from __future__ import annotations
@@ -85,8 +86,14 @@ def test_fused_add_norm_is_the_add_then_the_norm_on_the_gpu(stream_dtype):
         norm.weight.grad = None
     for name, got, want in zip(("stream", "y", "dx", "dh", "dweight"), *results):
         assert got.dtype == want.dtype, name
-        if stream_dtype == torch.float32:
+        if stream_dtype == torch.float32 and name in ("stream", "y", "dweight"):
             assert torch.equal(got, want), f"{name}: {(got.float() - want.float()).abs().max().item()}"
+        elif stream_dtype == torch.float32:  # the compiler contracts the norm's last multiply and the add into
+            # one FMA, rounded once where the separate kernels round twice: dx within an FP32 ulp or two, dh (BF16)
+            # within one BF16 step
+            ulps = 2 * 2**-23 if name == "dx" else 2**-8
+            scale = want.float().abs().max().item()
+            torch.testing.assert_close(got.float(), want.float(), rtol=ulps, atol=2**-22 * scale, msg=name)
         else:  # the separate path rounds the norm's dx to BF16 before adding dstream; so does the kernel
             torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2, msg=name)
 
