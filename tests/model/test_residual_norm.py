@@ -91,7 +91,7 @@ def test_fused_add_norm_is_the_add_then_the_norm_on_the_gpu(stream_dtype):
         elif stream_dtype == torch.float32:  # the compiler contracts the norm's last multiply and the add into
             # one FMA, rounded once where the separate kernels round twice: dx within an FP32 ulp or two, dh (BF16)
             # within one BF16 step
-            ulps = 2 * 2**-23 if name == "dx" else 2**-8
+            ulps = 2 * 2**-23 if name == "dx" else 2**-7
             scale = want.float().abs().max().item()
             torch.testing.assert_close(got.float(), want.float(), rtol=ulps, atol=2**-22 * scale, msg=name)
         else:  # the separate path rounds the norm's dx to BF16 before adding dstream; so does the kernel
