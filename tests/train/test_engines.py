@@ -152,3 +152,32 @@ def test_compile_true_on_cpu_is_refused_for_mamba_blocks(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "train.compile=true" in lines[0] and "allowed here: auto" in lines[0], proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("grad_clip", [0.0, 0.05, 1e6])
+def test_clipping_in_the_optimizer_is_clip_grad_norm(grad_clip):
+    """The engine clips inside fused AdamW (its grad_scale): the weights after a step are those of torch's
+    clip_grad_norm_ then AdamW, within the rounding of a division against a multiplication; without clipping
+    (0, or a norm under max_norm) bit for bit. (Clipped, Adam's step differs from the unclipped one through eps:
+    about 4e-6 here, over the tolerance.)"""
+    torch.manual_seed(0)
+    model = TinyLM()
+    engine = TorchEngine(
+        model, lambda m: [{"params": list(m.parameters())}], OptimConfig(lr=1e-2, grad_clip=grad_clip), "ddp", CPU
+    )
+    torch.manual_seed(0)
+    ref = TinyLM()
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
+    data = batches(1, 4)
+    stats = engine.train_step(data, lr=1e-2, step=1)
+    with engine.autocast():  # the engine's forward, as it runs it
+        loss = ref(*data[0])
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), grad_clip if grad_clip > 0 else math.inf)
+    opt.step()
+    assert stats.grad_norm.item() == norm.item() and norm.item() > 0.05  # reported before clipping
+    for p, q in zip(model.parameters(), ref.parameters()):
+        if grad_clip != 0.05:
+            assert torch.equal(p, q)
+        else:
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
