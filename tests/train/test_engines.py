@@ -155,11 +155,10 @@ def test_compile_true_on_cpu_is_refused_for_mamba_blocks(tmp_path):
 
 
 @pytest.mark.parametrize("grad_clip", [0.0, 0.05, 1e6])
-def test_clipping_in_the_optimizer_is_clip_grad_norm(grad_clip):
-    """The engine clips inside fused AdamW (its grad_scale): the weights after a step are those of torch's
-    clip_grad_norm_ then AdamW, within the rounding of a division against a multiplication; without clipping
-    (0, or a norm under max_norm) bit for bit. (Clipped, Adam's step differs from the unclipped one through eps:
-    about 4e-6 here, over the tolerance.)"""
+def test_clipping_is_clip_grad_norm_then_adamw(grad_clip):
+    """The engine's step clips as torch's clip_grad_norm_ (0: no clipping; 1e6: a norm under max_norm; 0.05:
+    clipped), then steps fused AdamW: the same weights, bit for bit, and the norm before clipping reported.
+    (Clipped, Adam's step differs from the unclipped one through eps: about 2e-4 here.)"""
     torch.manual_seed(0)
     model = TinyLM()
     engine = TorchEngine(
@@ -176,8 +175,4 @@ def test_clipping_in_the_optimizer_is_clip_grad_norm(grad_clip):
     norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), grad_clip if grad_clip > 0 else math.inf)
     opt.step()
     assert stats.grad_norm.item() == norm.item() and norm.item() > 0.05  # reported before clipping
-    for p, q in zip(model.parameters(), ref.parameters()):
-        if grad_clip != 0.05:
-            assert torch.equal(p, q)
-        else:
-            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
