@@ -223,16 +223,12 @@ class TorchEngine:
                     (loss / n).backward()
                 loss_sum += loss.detach()
         loss_t = dist.all_reduce_mean(loss_sum / n, self.info)
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
+        max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
             grad_norm = grad_norm.full_tensor()
         applied = torch.isfinite(loss_t) & torch.isfinite(grad_norm)
         self.optimizer.found_inf = (~applied).float()
-        # Clipping as clip_grad_norm_ scales (by max_norm / (norm + 1e-6), at most 1), done by fused AdamW as it
-        # reads each gradient (its `grad_scale`, which it divides by and writes the clipped gradient back): no pass
-        # of its own over the FP32 gradients. Without clipping the divisor is 1 and the gradients are untouched.
-        max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
-        self.optimizer.grad_scale = torch.clamp((grad_norm + 1e-6) / max_norm, min=1.0)
         self.optimizer.step()
         if not graphed:  # a graph's gradients keep their addresses; it zeroes them itself
             self.optimizer.zero_grad(set_to_none=not self.keep_grad_buffers)
