@@ -41,6 +41,7 @@ OPTIONAL_MODULES = {
     **{f"nvfp4train.formats.kernels{name and '.' + name}": "triton" for name in KERNEL_MODULES},
     "nvfp4train.model.causal_conv": "triton",
     "nvfp4train.model.partial_sums": "triton",
+    "nvfp4train.model.residual_norm": "triton",
     "nvfp4train.eval.lm_eval_adapter": "pip install",
 }
 ENTRY_POINTS = [
