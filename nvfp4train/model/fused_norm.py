@@ -65,6 +65,26 @@ def _rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, 
 NORM_BWD_WARPS_PER_SM = 32
 
 
+def row_block(width: int, element_size: int) -> tuple[int, int]:
+    """(BLOCK_N, num_warps) of a kernel that holds one row of `width` elements: the next power of two, and
+    mamba-ssm's launcher's warps for it."""
+    block_n = 1 << max(width - 1, 0).bit_length()  # triton.next_power_of_2, without importing triton
+    if block_n > 65536 // element_size:
+        raise RuntimeError(f"fused RMSNorm: a row of {width} elements is over the kernel's 64 KB limit")
+    return block_n, min(max(block_n // 256, 1), 8)
+
+
+def backward_programs(
+    rows: int, ngroups: int, num_warps: int, device: torch.device, warps_per_sm: int = NORM_BWD_WARPS_PER_SM
+) -> tuple[int, int]:
+    """(programs, rows a program) of a norm's backward: about `warps_per_sm` warps on each SM (4 SMs off the
+    GPU: Triton's interpreter), each program walking its rows and writing one row of partial weight gradients."""
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    programs = max(1, min(rows, math.ceil(sm_count * max(1, warps_per_sm // num_warps) / ngroups)))
+    rows_per_program = math.ceil(rows / programs)
+    return math.ceil(rows / rows_per_program), rows_per_program
+
+
 def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor | None,
                       rstd: torch.Tensor, eps: float, group_size: int,
                       warps_per_sm: int = NORM_BWD_WARPS_PER_SM, dz: torch.Tensor | None = None
@@ -75,14 +95,8 @@ def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z
     a larger gradient); default a new tensor."""
     M, N = x.shape
     ngroups = N // group_size
-    block_n = 1 << max(group_size - 1, 0).bit_length()  # triton.next_power_of_2, without importing triton
-    if block_n > 65536 // x.element_size():
-        raise RuntimeError(f"fused RMSNorm: group size {group_size} over the kernel's 64 KB row limit")
-    num_warps = min(max(block_n // 256, 1), 8)
-    sm_count = torch.cuda.get_device_properties(x.device).multi_processor_count
-    programs = max(1, min(M, math.ceil(sm_count * max(1, warps_per_sm // num_warps) / ngroups)))
-    rows_per_program = math.ceil(M / programs)
-    programs = math.ceil(M / rows_per_program)
+    block_n, num_warps = row_block(group_size, x.element_size())
+    programs, rows_per_program = backward_programs(M, ngroups, num_warps, x.device, warps_per_sm)
     dx = torch.empty_like(x)
     if z is not None and dz is None:
         dz = torch.empty_like(z)

@@ -21,13 +21,12 @@ norm run as PyTorch ops.
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 import triton
 import triton.language as tl
 
-from .fused_norm import NORM_BWD_WARPS_PER_SM
+from .fused_norm import backward_programs, row_block
 
 
 @triton.jit
@@ -113,19 +112,12 @@ def _on(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _block_n(n: int, element_size: int) -> tuple[int, int]:
-    block_n = triton.next_power_of_2(n)
-    if block_n > 65536 // element_size:
-        raise RuntimeError(f"fused add + RMSNorm: width {n} over the kernel's 64 KB row limit")
-    return block_n, min(max(block_n // 256, 1), 8)  # fused_norm.py's (mamba-ssm's) warps for this width
-
-
 def add_rms_norm_forward(
     x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x, h [M, N] (rows contiguous) -> (x + h in x's dtype, RMSNorm(x + h) * weight in `out_dtype`, rstd [M])."""
     M, N = x.shape
-    block_n, num_warps = _block_n(N, x.element_size())
+    block_n, num_warps = row_block(N, x.element_size())
     stream = torch.empty_like(x)
     y = torch.empty((M, N), dtype=out_dtype, device=x.device)
     rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
@@ -147,11 +139,8 @@ def add_rms_norm_backward(
     from .partial_sums import sum_partials
 
     M, N = stream.shape
-    block_n, num_warps = _block_n(N, stream.element_size())
-    sm_count = torch.cuda.get_device_properties(stream.device).multi_processor_count if stream.is_cuda else 4
-    programs = max(1, min(M, sm_count * max(1, NORM_BWD_WARPS_PER_SM // num_warps)))
-    rows_per_program = math.ceil(M / programs)
-    programs = math.ceil(M / rows_per_program)
+    block_n, num_warps = row_block(N, stream.element_size())
+    programs, rows_per_program = backward_programs(M, 1, num_warps, stream.device)
     dx = torch.empty_like(stream)
     dh = torch.empty((M, N), dtype=h_dtype, device=stream.device)
     dw_partial = torch.empty((programs, N), dtype=torch.float32, device=stream.device)
