@@ -10,6 +10,7 @@ Triton autotuning happen there). It reports step time, tokens/s, MFU against the
 (named in the output; emulated and FP8/FP4 GEMMs alike, so rows compare) and peak memory, and merges one
 row per model x seq x precision x backend into --out (a re-run replaces its row):
     {model, seq, batch, precision, backend, step_ms, tokens_per_s, mfu, peak_gib, gpu, commit}
+and ends with every row against the BF16 row measured in the same invocation (tokens/s and step-time ratios).
 `--torchao` adds a torchao float8 (tensorwise) row on plain BF16 linears when torchao imports: torchao
 converts every block's linears (`torchao_float8`); `--torchao all fp8_tensorwise` adds a second row that
 converts only the blocks our fp8_tensorwise preset quantizes (`torchao_float8_as_fp8_tensorwise`: its
@@ -91,6 +92,23 @@ def torchao_block_filter(precision: str, n_blocks: int):
         return None
     policy = PrecisionPolicy.from_dict(load_preset("precision", precision.removeprefix(TORCHAO + "_as_")))
     return lambda module, fqn: not policy.is_bf16_block(int(fqn.split(".")[0]), n_blocks)
+
+
+def against_bf16(rows: list[dict]) -> list[str]:
+    """Each row against the BF16 row of its model, shape and CUDA-graph setting measured in the same invocation
+    (the same machine, minutes apart): tokens/s ratio (> 1: faster) and step-time ratio."""
+    base = {(r["model"], r["seq"], r["batch"], r["cuda_graph"]): r for r in rows if r["precision"] == "bf16"}
+    lines = []
+    for r in rows:
+        b = base.get((r["model"], r["seq"], r["batch"], r["cuda_graph"]))
+        if b is None or r is b:
+            continue
+        lines.append(
+            f"{r['model']:>12} seq {r['seq']:>5} x {r['batch']:<3} {r['precision']:>15} {r['backend']:>9}"
+            f"{' graph' if r['cuda_graph'] else '':6}  {b['step_ms'] / r['step_ms']:6.3f}x tokens/s"
+            f"  {r['step_ms'] / b['step_ms']:6.3f}x step"
+        )
+    return ["against bf16 in this run:", *lines] if lines else []
 
 
 def profile_step(engine, micro_batch, step: int, device: torch.device, trace: Path | None) -> list[dict]:
@@ -384,6 +402,7 @@ def main() -> None:
                         print(f"{model_name} seq {seq} {precision} backend={backend}: skipped ({e})")
                         continue
                     merge_rows(args.out, rows[-1:])  # after each row: a later failure keeps the rows measured
+    print("\n".join(against_bf16(rows)))
     print(f"{len(rows)} rows merged into {args.out}")
 
 

@@ -98,3 +98,19 @@ def test_rows_of_two_gpu_models_are_both_kept(tmp_path):
         ("NVIDIA H100 80GB HBM3", 1.0),
         ("NVIDIA H200", 3.0),
     ]
+
+
+def test_rows_against_the_bf16_row_of_the_same_run():
+    """The closing table sets each row against the BF16 row of the same model, shape and CUDA-graph setting;
+    a row without one (here the eager NVFP4 row) is left out."""
+    from benchmarks.bench_train import against_bf16
+
+    def row(precision, ms, graph=True, backend="emulated"):
+        shape = {"model": "hybrid_1b", "seq": 4096, "batch": 4}
+        return {**shape, "precision": precision, "backend": backend, "cuda_graph": graph, "step_ms": ms}
+
+    rows = [row("bf16", 200.0), row("fp8_tensorwise", 160.0, backend="scaled_mm"), row("nvfp4", 220.0, graph=False)]
+    lines = against_bf16(rows)
+    assert lines[0] == "against bf16 in this run:" and len(lines) == 2
+    assert "fp8_tensorwise" in lines[1] and "1.250x tokens/s" in lines[1] and "0.800x step" in lines[1]
+    assert against_bf16(rows[1:]) == []  # no BF16 row: no table
