@@ -272,9 +272,10 @@ MIXERS = {"M": Mamba2Mixer, "*": Attention, "-": MLP}
 class Block(nn.Module):
     """x + mixer(RMSNorm(x)). `index` is the position in the pattern, `kind` its symbol.
 
-    The residual add is deferred to the next block (or the final norm), so that it runs in one kernel with
-    that block's norm (`RMSNorm.add_and_norm`): `forward(x, h)` takes the stream and the previous block's mixer
-    output h (None for the first block) and returns (x + h, this block's mixer output)."""
+    The residual add is deferred to the start of the next block, so that it runs in one kernel with that
+    block's norm (`RMSNorm.add_and_norm`); after the last block HybridLM adds it before the final norm.
+    `forward(x, h)` takes the stream and the previous block's mixer output h (None for the first block) and
+    returns (x + h, this block's mixer output)."""
 
     def __init__(self, cfg: ModelConfig, index: int, kind: str, linear_factory: LinearFactory):
         super().__init__()
