@@ -44,16 +44,90 @@ class OptimConfig:
         return parse(cls, d, "optim")
 
 
-def build_optimizer(param_groups: list[dict], cfg: OptimConfig, fused: bool = False) -> torch.optim.AdamW:
+class ClippingAdamW(torch.optim.AdamW):
+    """torch's AdamW whose step also multiplies the gradients by `clip_coef`, a device scalar the caller sets
+    before `step` (as it sets `found_inf`; None: 1). Where every parameter, gradient and moment is a contiguous
+    FP32 CUDA tensor and the group is fused, one Triton kernel a group does both (`adamw_kernel.py`: fused
+    AdamW's arithmetic, the gradients left as they are in memory); elsewhere the gradients are multiplied in
+    place, as clip_grad_norm_ does, and torch's step runs. The state (moments, step counts) is AdamW's, so
+    checkpoints load in either."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clip_coef: torch.Tensor | None = None
+        self._tables: dict[int, object] = {}
+
+    def fuses_clipping(self) -> bool:
+        """Whether `step` runs the Triton kernel (decided from the parameters' placement)."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        return (
+            bool(params)
+            and all(group["fused"] and not group["amsgrad"] and not group["maximize"] for group in self.param_groups)
+            and all(type(p) in (torch.Tensor, torch.nn.Parameter) and p.is_cuda and p.is_contiguous() for p in params)
+            and _triton_available()
+        )
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("ClippingAdamW.step takes no closure")
+        coef = self.clip_coef
+        if not self.fuses_clipping():
+            if coef is not None:
+                grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+                if grads:
+                    torch._foreach_mul_(grads, coef.to(grads[0].device))
+            return super().step()
+        from .adamw_kernel import StepTables, adamw_clip_step
+
+        found_inf = getattr(self, "found_inf", None)
+        for index, group in enumerate(self.param_groups):
+            params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = [], [], [], [], [], []
+            self._init_group(group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps)
+            if not params:
+                continue
+            device = params[0].device
+            skip = found_inf.to(device) if found_inf is not None else torch.zeros((), device=device)
+            torch._foreach_add_(steps, 1)  # fused AdamW counts the step, and takes it back if skipped
+            beta1, beta2 = (float(b) for b in group["betas"])
+            adamw_clip_step(
+                self._tables.setdefault(index, StepTables()),
+                params,
+                grads,
+                exp_avgs,
+                exp_avg_sqs,
+                steps,
+                lr=float(group["lr"]),
+                beta1=beta1,
+                beta2=beta2,
+                weight_decay=group["weight_decay"],
+                eps=group["eps"],
+                clip_coef=coef.to(device) if coef is not None else torch.ones((), device=device),
+                found_inf=skip,
+            )
+            if found_inf is not None:
+                torch._foreach_sub_(steps, [skip] * len(steps))
+        return None
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def build_optimizer(param_groups: list[dict], cfg: OptimConfig, fused: bool = False) -> ClippingAdamW:
     """AdamW on the given groups (each group may carry its own `weight_decay`). fused=True: the fused
     kernel, which skips the whole update (moments and step count included) where `optimizer.found_inf`
-    is 1, decided on the device (train/engines.py)."""
+    is 1, decided on the device (train/engines.py), and applies `optimizer.clip_coef` to the gradients."""
     for group in param_groups:
         for p in group["params"]:
             if p.dtype != torch.float32:
                 raise TypeError(f"master weights must be FP32, found a {p.dtype} parameter of shape {tuple(p.shape)}")
     # foreach and fused are the fast paths on CPU and GPU; both are bit-reproducible run to run.
-    return torch.optim.AdamW(
+    return ClippingAdamW(
         param_groups,
         lr=cfg.lr,
         betas=cfg.betas,

@@ -175,6 +175,7 @@ class TorchEngine:
         self.reshard_after_forward = bool(reshard_after_forward) if self.fsdp else None
         self.optimizer = build_optimizer(groups(model), optim_cfg, fused=True)
         drop_weight_caches_after_each_step(self.optimizer, model)  # the fused AdamW does not bump versions
+        self.fused_clipping = self.optimizer.fuses_clipping()
         if self.fsdp:  # FSDP2 gathers each weight afresh at every use: one quantization a step, not a use
             for layer in model.modules():
                 if isinstance(layer, QuantLinear):
@@ -224,7 +225,13 @@ class TorchEngine:
                 loss_sum += loss.detach()
         loss_t = dist.all_reduce_mean(loss_sum / n, self.info)
         max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if self.fused_clipping:
+            # clip_grad_norm_'s norm and coefficient; the optimizer's kernel applies the coefficient as it reads
+            # each gradient, instead of a pass that multiplies them all in place first
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
+            self.optimizer.clip_coef = torch.clamp(max_norm / (grad_norm + 1e-6), max=1.0)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
             grad_norm = grad_norm.full_tensor()
         applied = torch.isfinite(loss_t) & torch.isfinite(grad_norm)

@@ -42,6 +42,7 @@ OPTIONAL_MODULES = {
     "nvfp4train.model.causal_conv": "triton",
     "nvfp4train.model.partial_sums": "triton",
     "nvfp4train.model.residual_norm": "triton",
+    "nvfp4train.optim.adamw_kernel": "triton",
     "nvfp4train.eval.lm_eval_adapter": "pip install",
 }
 ENTRY_POINTS = [

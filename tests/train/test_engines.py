@@ -16,6 +16,7 @@ from nvfp4train.train.guards import NonFiniteGuard, TrainingHalted
 from tests.conftest import run_train
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+CUDA = torch.cuda.is_available()
 
 
 class TinyLM(nn.Module):
@@ -154,23 +155,30 @@ def test_compile_true_on_cpu_is_refused_for_mamba_blocks(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no GPU")])]
+)
 @pytest.mark.parametrize("grad_clip", [0.0, 0.05, 1e6])
-def test_clipping_is_clip_grad_norm_then_adamw(grad_clip):
+def test_clipping_is_clip_grad_norm_then_adamw(grad_clip, device):
     """The engine's step clips as torch's clip_grad_norm_ (0: no clipping; 1e6: a norm under max_norm; 0.05:
     clipped), then steps fused AdamW: the same weights, bit for bit, and the norm before clipping reported.
-    (Clipped, Adam's step differs from the unclipped one through eps: about 2e-4 here.)"""
+    On CUDA the engine applies the coefficient inside its optimizer's kernel (optim/adamw_kernel.py); on CPU it
+    multiplies the gradients first. (Clipped, Adam's step differs from the unclipped one through eps: about 2e-4
+    here.)"""
+    info = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device(device))
     torch.manual_seed(0)
-    model = TinyLM()
+    model = TinyLM().to(device)
     engine = TorchEngine(
-        model, lambda m: [{"params": list(m.parameters())}], OptimConfig(lr=1e-2, grad_clip=grad_clip), "ddp", CPU
+        model, lambda m: [{"params": list(m.parameters())}], OptimConfig(lr=1e-2, grad_clip=grad_clip), "ddp", info
     )
+    assert engine.fused_clipping == (device == "cuda")
     torch.manual_seed(0)
-    ref = TinyLM()
+    ref = TinyLM().to(device)
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
-    data = batches(1, 4)
+    data = batches(1, 4)  # the engine moves them to its device
     stats = engine.train_step(data, lr=1e-2, step=1)
     with engine.autocast():  # the engine's forward, as it runs it
-        loss = ref(*data[0])
+        loss = ref(*(t.to(device) for t in data[0]))
     loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), grad_clip if grad_clip > 0 else math.inf)
     opt.step()
