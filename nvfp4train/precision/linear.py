@@ -143,13 +143,48 @@ class WeightCache:
         self._stamp = None
 
 
+class _BF16LinearFP32Wgrad(torch.autograd.Function):
+    """F.linear(x, weight) in x's dtype (BF16 under autocast) whose weight gradient leaves the Wgrad GEMM in
+    FP32, its accumulator's precision, for the FP32 weight's gradient; `F.linear` under autocast rounds it to
+    BF16 and casts it back (a kernel that reads 2 and writes 4 bytes a weight, and a BF16 rounding of every
+    weight gradient). Megatron-LM with Transformer Engine accumulates BF16 layers' weight gradients in FP32
+    (its gradient-accumulation fusion); the quantized GEMMs here return FP32 weight gradients too. Forward
+    and the input gradient are F.linear's, bit for bit. CUDA only (`torch.mm(..., out_dtype=)`)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        w = weight.to(x.dtype)
+        ctx.save_for_backward(x, w)
+        return F.linear(x, w)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, w = ctx.saved_tensors
+        dx = dy @ w if ctx.needs_input_grad[0] else None
+        dw = None
+        if ctx.needs_input_grad[1]:
+            dw = torch.mm(dy.reshape(-1, dy.shape[-1]).t(), x.reshape(-1, x.shape[-1]), out_dtype=torch.float32)
+        return dx, dw
+
+
+def bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """A BF16 layer's GEMMs: with an FP32 weight under CUDA autocast, `_BF16LinearFP32Wgrad` (FP32 weight
+    gradients); elsewhere F.linear (bit-identical to nn.Linear, autocast included)."""
+    device = x.device.type
+    if device == "cuda" and weight.dtype == torch.float32 and torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        if dtype != torch.float32:
+            return _BF16LinearFP32Wgrad.apply(x.to(dtype), weight)
+    return F.linear(x, weight)
+
+
 class QuantLinear(PrecisionLinear):
     """y = x @ weight.T with the GEMM numerics `policy` gives block `block_index`.
 
     `.weight` is an FP32 [out, in] parameter (the master copy the optimizer owns); every GEMM
-    quantizes from it. A layer whose recipe is all-BF16 runs `F.linear` (bit-identical to
-    nn.Linear, autocast included). The layer keeps its two `LayerRecipe`s (before and after the
-    schedule's switch to BF16), not the policy."""
+    quantizes from it. A layer whose recipe is all-BF16 runs `bf16_linear`: F.linear's forward and input
+    gradient, and on CUDA an FP32 weight gradient. The layer keeps its two `LayerRecipe`s (before and after
+    the schedule's switch to BF16), not the policy."""
 
     def __init__(
         self,
@@ -258,7 +293,7 @@ class QuantLinear(PrecisionLinear):
     # ------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.quantized:
-            return F.linear(x, self.weight)
+            return bf16_linear(x, self.weight)
         # Save for backward only what backward will compute from (nothing under no_grad).
         grad = torch.is_grad_enabled()
         save_x = grad and self.weight.requires_grad

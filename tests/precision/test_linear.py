@@ -23,6 +23,35 @@ def test_bf16_policy_reproduces_nn_linear_bitwise(autocast, x_dtype):
     assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref) and torch.equal(dw, dw_ref)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("x_shape", [(512, 256), (4, 128, 256)])
+def test_bf16_layer_weight_gradient_leaves_the_gemm_in_fp32_on_cuda(x_shape):
+    """On CUDA a BF16 layer is F.linear's forward and input gradient, bit for bit; its weight gradient is the
+    Wgrad GEMM's FP32 result (torch.mm with out_dtype), which F.linear would round to BF16: within half a BF16
+    step of nn.Linear's, and closer to the FP64 product."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    layer = make_layer(load_preset("bf16"), in_f=256, out_f=384).cuda()
+    ref = nn.Linear(256, 384, bias=False).cuda()
+    ref.weight.data.copy_(layer.weight.data)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(*x_shape, generator=g).cuda()
+    grad = torch.randn(*x_shape[:-1], 384, generator=g).cuda().bfloat16()
+    outs = []
+    for module in (layer, ref):
+        xi = x.clone().requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = module(xi)
+        y.backward(grad)
+        outs.append((y, xi.grad, module.weight.grad))
+    (y, dx, dw), (y_ref, dx_ref, dw_ref) = outs
+    assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref)
+    assert dw.dtype == torch.float32 and not torch.equal(dw, dw_ref)
+    exact = grad.double().flatten(0, -2).t() @ x.bfloat16().double().flatten(0, -2)
+    assert (dw - dw_ref).abs().le(dw_ref.abs() * 2**-8).all()
+    assert (dw.double() - exact).abs().mean() < (dw_ref.double() - exact).abs().mean()
+
+
 @pytest.mark.parametrize("preset", ["nvfp4", "mxfp4", "fp8_blockwise", "fp8_tensorwise"])
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
 def test_output_in_autocast_dtype_and_fp32_weight_grads(preset, x_dtype):
