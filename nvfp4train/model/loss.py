@@ -9,6 +9,15 @@ loss are FP32, so the loss equals `F.cross_entropy` of the autocast logits up to
 and the gradients equal its gradients up to where the 1/N of the mean is applied (after the BF16
 GEMMs here, before them there). The FP32 weight gradient (vocab x d_model) is held from forward to
 backward.
+
+Log-softmax is written out as its decomposition (max, log of the sum of exponentials) and the logits'
+gradient, softmax - one_hot(target), as one out-of-place expression of the logits: under torch.compile
+a chunk's logits are then only read, in the GEMM's dtype, by the per-token reductions and by the
+element-wise kernel that writes the gradient in that dtype, and no FP32 tensor of their size is written
+(an in-place exp_/scatter_add_ on FP32 log-probabilities forces them into memory: 12 bytes of traffic
+per BF16 logit, against about 6). Eager, each step is still an FP32 temporary of a chunk's size. On CPU
+the sum of exponentials is not ordered as in ATen's fused log_softmax kernel, so the loss and the
+gradients can differ in the last bits from those computed with `torch.log_softmax`.
 """
 
 from __future__ import annotations
@@ -44,13 +53,22 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 h = hidden[start : start + chunk_tokens].to(dtype)
                 y = targets[start : start + chunk_tokens]
                 valid = (y != ignore_index).unsqueeze(-1)
-                logp = torch.log_softmax(F.linear(h, w).float(), dim=-1)
                 index = y.clamp(min=0).unsqueeze(-1)
-                total = total - (logp.gather(1, index) * valid).sum()
+                logits = F.linear(h, w)
+                # log_softmax as torch decomposes it, shifted - log(sum(exp(shifted))), with the loss and the
+                # gradient as out-of-place expressions of the logits: compiled, no FP32 tensor of the logits'
+                # size is written (see the module docstring)
+                x = logits.float()
+                amax = x.amax(-1, keepdim=True)
+                shifted = x - amax
+                lse = torch.log(torch.exp(shifted).sum(-1, keepdim=True))
+                logp_target = (logits.gather(1, index).float() - amax) - lse  # shifted at the target - lse
+                total = total - (logp_target * valid).sum()
                 if need_hidden or need_weight:
-                    grad_logits = logp.exp_()  # softmax - one_hot(target); ignored tokens contribute nothing
-                    grad_logits.scatter_add_(1, index, -valid.float())
-                    grad_logits = (grad_logits * valid).to(dtype)
+                    # softmax - one_hot(target); ignored tokens contribute nothing
+                    p = torch.exp(shifted - lse)
+                    is_target = torch.arange(logits.shape[-1], device=logits.device) == index
+                    grad_logits = (torch.where(is_target, p - 1, p) * valid).to(dtype)
                     if need_hidden:
                         grad_hidden[start : start + chunk_tokens] = grad_logits @ w
                     if need_weight:

@@ -1,5 +1,10 @@
 """The chunked linear cross-entropy equals F.cross_entropy of the full logits: loss and gradients,
-in FP32 and under BF16 autocast, for chunks that do and do not divide the token count."""
+in FP32 and under BF16 autocast, for chunks that do and do not divide the token count, with ignored
+tokens and with large logits; compiled, it writes no FP32 tensor of a chunk's logits' size."""
+
+import os
+import re
+import shutil
 
 import pytest
 import torch
@@ -45,3 +50,72 @@ def test_matches_autocast_bf16_logits_and_ignores_index():
     # BF16 GEMMs of the logits' gradients: equal up to BF16 rounding (of each chunk's sum, here)
     for mine, ref in ((h2.grad, h1.grad), (w2.grad, w1.grad)):
         assert ((mine - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_loss_and_gradients_with_ignored_tokens(autocast):
+    """Against F.cross_entropy's autograd with a non-default ignore_index: ignored tokens, one chunk
+    made only of them, add nothing to the loss, to the mean's count or to the gradients."""
+    h1, w1, y = _inputs(n=29, vocab=300, seed=2)
+    y[[0, 4, 11]] = -1
+    y[20:25] = -1  # the fifth chunk of 5
+    h2, w2 = h1.detach().clone().requires_grad_(), w1.detach().clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        ref = F.cross_entropy(F.linear(h1, w1).float(), y, ignore_index=-1)
+        out = linear_cross_entropy(h2, w2, y, chunk_tokens=5, ignore_index=-1)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    (2.3 * ref).backward()
+    (2.3 * out).backward()
+    assert torch.all(h2.grad[y == -1] == 0)
+    if autocast:  # BF16 logits' gradients, rounded after the 1/N there and before it here
+        for mine, ref in ((h2.grad, h1.grad), (w2.grad, w1.grad)):
+            assert ((mine - ref).norm() / ref.norm()).item() < 1e-2
+    else:
+        torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_large_logits():
+    """Logits in the hundreds, where exp overflows FP32 unless the row's max is subtracted first."""
+    h1, w1, y = _inputs(seed=3)
+    h1 = (200 * h1).detach().requires_grad_()
+    h2, w2 = h1.detach().clone().requires_grad_(), w1.detach().clone().requires_grad_()
+    ref = F.cross_entropy(F.linear(h1, w1), y)
+    out = linear_cross_entropy(h2, w2, y, chunk_tokens=8)
+    assert F.linear(h1, w1).abs().max() > 200
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-5)
+    ref.backward()
+    out.backward()
+    torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "g++")) is None, reason="Inductor's CPU code needs a C++ compiler"
+)
+def test_compiled_writes_no_fp32_logits():
+    """Compiled (Inductor's CPU code here), a chunk's logits are only read after their GEMM: the only
+    buffers of a chunk's logits' shape are BF16 (the logits and their gradient); and the compiled
+    loss and gradients equal eager ones."""
+    from torch._inductor.utils import run_and_get_code
+
+    h1, w1, y = _inputs(n=24, vocab=300, seed=4)
+    y[5] = -100
+    h2, w2 = h1.detach().clone().requires_grad_(), w1.detach().clone().requires_grad_()
+    torch._dynamo.reset()
+    step = torch.compile(linear_cross_entropy, fullgraph=True)
+
+    def compiled():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return step(h2, w2, y, chunk_tokens=8)
+
+    out, codes = run_and_get_code(compiled)
+    chunk_logits = re.findall(r"empty_strided_cpu\(\(8, 300\), \(300, 1\), torch\.(\w+)\)", "\n".join(codes))
+    assert chunk_logits and set(chunk_logits) == {"bfloat16"}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = linear_cross_entropy(h1, w1, y, chunk_tokens=8)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    ref.backward()
+    out.backward()
+    torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-5, atol=1e-7)
