@@ -55,18 +55,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 valid = (y != ignore_index).unsqueeze(-1)
                 index = y.clamp(min=0).unsqueeze(-1)
                 logits = F.linear(h, w)
-                # log_softmax as torch decomposes it, shifted - log(sum(exp(shifted))), with the loss and the
-                # gradient as out-of-place expressions of the logits: compiled, no FP32 tensor of the logits'
-                # size is written (see the module docstring)
-                x = logits.float()
-                amax = x.amax(-1, keepdim=True)
-                shifted = x - amax
-                lse = torch.log(torch.exp(shifted).sum(-1, keepdim=True))
-                logp_target = (logits.gather(1, index).float() - amax) - lse  # shifted at the target - lse
+                # log_softmax(x) as torch decomposes it: shifted - log(sum(exp(shifted))), shifted = x - max(x).
+                # The loss and the gradient are out-of-place expressions of the logits, so that compiled no FP32
+                # tensor of their size is written (module docstring); the cast and the shift are recomputed where
+                # used rather than held, so that eager keeps fewer FP32 copies of the chunk alive at once
+                amax = logits.float().amax(-1, keepdim=True)
+                lse = torch.log(torch.exp(logits.float() - amax).sum(-1, keepdim=True))
+                logp_target = (logits.gather(1, index).float() - amax) - lse
                 total = total - (logp_target * valid).sum()
                 if need_hidden or need_weight:
                     # softmax - one_hot(target); ignored tokens contribute nothing
-                    p = torch.exp(shifted - lse)
+                    p = torch.exp((logits.float() - amax) - lse)
                     is_target = torch.arange(logits.shape[-1], device=logits.device) == index
                     grad_logits = (torch.where(is_target, p - 1, p) * valid).to(dtype)
                     if need_hidden:
