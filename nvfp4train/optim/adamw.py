@@ -57,8 +57,18 @@ class ClippingAdamW(torch.optim.AdamW):
         self.clip_coef: torch.Tensor | None = None
         self._tables: dict[int, object] = {}
 
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        self._fuses = None
+
     def fuses_clipping(self) -> bool:
-        """Whether `step` runs the Triton kernel (decided from the parameters' placement)."""
+        """Whether `step` runs the Triton kernel (decided from the parameters' placement at the first call after
+        the groups last changed)."""
+        if getattr(self, "_fuses", None) is None:
+            self._fuses = self._kernel_applies()
+        return self._fuses
+
+    def _kernel_applies(self) -> bool:
         params = [p for group in self.param_groups for p in group["params"]]
         return (
             bool(params)
