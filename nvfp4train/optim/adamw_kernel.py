@@ -36,21 +36,8 @@ CHUNK = 4 * BLOCK  # elements per program
 
 @triton.jit
 def _adamw_clip_kernel(
-    TABLE,
-    CHUNKS,
-    BIAS,
-    COEF,
-    FOUND_INF,
-    lr,
-    weight_decay,
-    beta1,
-    beta2,
-    eps,
-    DECAY: tl.constexpr,
-    BLOCK: tl.constexpr,
-    BLOCKS: tl.constexpr,
+    TABLE, CHUNKS, HYPER, BIAS, COEF, FOUND_INF, DECAY: tl.constexpr, BLOCK: tl.constexpr, BLOCKS: tl.constexpr
 ):
-    # the float arguments arrive as FP32, as fused AdamW rounds its hyperparameters
     pid = tl.program_id(0)
     tensor = tl.load(CHUNKS + 2 * pid).to(tl.int64)
     chunk = tl.load(CHUNKS + 2 * pid + 1).to(tl.int64)
@@ -61,8 +48,11 @@ def _adamw_clip_kernel(
     v_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
     n = tl.load(row + 4)
     n = tl.where(tl.load(FOUND_INF) == 0, n, 0)  # a skipped step writes nothing
-    lr_wd = lr * weight_decay
-    step_size = tl.div_rn(lr, tl.load(BIAS + 2 * tensor))
+    lr_wd = tl.load(HYPER) * tl.load(HYPER + 1)
+    beta1 = tl.load(HYPER + 2)
+    beta2 = tl.load(HYPER + 3)
+    eps = tl.load(HYPER + 4)
+    step_size = tl.load(BIAS + 2 * tensor)
     bias_correction2_sqrt = tl.load(BIAS + 2 * tensor + 1)
     coef = tl.load(COEF)
     start = chunk * (BLOCK * BLOCKS)
@@ -86,16 +76,13 @@ def _adamw_clip_kernel(
 
 
 class StepTables:
-    """What one parameter group's launches read besides its tensors: the address table and the chunk map, rebuilt
-    when a tensor moves (a backward that allocates the gradients afresh, a loaded optimizer state) and reused
-    otherwise, and the betas on the device."""
+    """The address table and the chunk map of one parameter group, rebuilt when a gradient moves (a backward
+    that allocates them afresh) and reused otherwise."""
 
     def __init__(self):
         self._key: tuple | None = None
         self._table: torch.Tensor | None = None
         self._chunks: torch.Tensor | None = None
-        self._betas_key: tuple | None = None
-        self._betas: torch.Tensor | None = None
 
     def get(self, params, grads, exp_avgs, exp_avg_sqs) -> tuple[torch.Tensor, torch.Tensor]:
         columns = (params, grads, exp_avgs, exp_avg_sqs)
@@ -108,13 +95,6 @@ class StepTables:
             self._chunks = _to_device(torch.tensor(chunks, dtype=torch.int32), device)
             self._key = key
         return self._table, self._chunks
-
-    def betas(self, beta1: float, beta2: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """beta1 and beta2 as FP32 device scalars, made once (the bases of the bias corrections' `pow`)."""
-        if self._betas_key != (beta1, beta2, device):
-            self._betas = _to_device(torch.tensor([beta1, beta2], dtype=torch.float32), device)
-            self._betas_key = (beta1, beta2, device)
-        return self._betas[0], self._betas[1]
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -150,21 +130,18 @@ def adamw_clip_step(
                 raise ValueError(f"adamw_clip_step: {name} must be contiguous FP32 tensors, got {t.dtype} {t.shape}")
     table, chunks = tables.get(params, grads, exp_avgs, exp_avg_sqs)
     device = params[0].device
-    # Per parameter, from its step count on the device: 1 - beta1 ** step and sqrt(1 - beta2 ** step), in FP32.
-    beta1_t, beta2_t = tables.betas(beta1, beta2, device)
+    hyper = _to_device(torch.tensor([lr, weight_decay, beta1, beta2, eps], dtype=torch.float32), device)
+    lr_t, beta1_t, beta2_t = hyper[0], hyper[2], hyper[3]
+    # Per parameter, from its step count on the device: the step size and sqrt(1 - beta2 ** step), in FP32.
     step = torch.stack(steps)
-    bias = torch.stack([1 - beta1_t**step, (1 - beta2_t**step).sqrt()], dim=1)
+    bias = torch.stack([lr_t / (1 - beta1_t**step), (1 - beta2_t**step).sqrt()], dim=1)
     _adamw_clip_kernel[(chunks.shape[0],)](
         table,
         chunks,
+        hyper,
         bias,
         clip_coef.float(),
         found_inf.float(),
-        lr,
-        weight_decay,
-        beta1,
-        beta2,
-        eps,
         DECAY=weight_decay != 0,
         BLOCK=BLOCK,
         BLOCKS=CHUNK // BLOCK,
