@@ -87,7 +87,10 @@ class ClippingAdamW(torch.optim.AdamW):
                 grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
                 if grads:
                     torch._foreach_mul_(grads, coef.to(grads[0].device))
-            return super().step()
+            # AdamW's step without the hook wrapper torch puts on it once an AdamW exists: this step's own
+            # wrapper already runs the step hooks
+            step = torch.optim.AdamW.step
+            return (step.__wrapped__ if getattr(step, "hooked", False) else step)(self)
         from .adamw_kernel import StepTables, adamw_clip_step
 
         found_inf = getattr(self, "found_inf", None)

@@ -95,7 +95,8 @@ def test_adamw_kernel_in_the_interpreter():
 
 def test_clipping_adamw_falls_back_to_torch_on_cpu():
     """On CPU the optimizer is torch's AdamW after an in-place multiply by the coefficient: the same weights,
-    moments and step counts as clip's `_foreach_mul_` then AdamW, and the gradients clipped in place."""
+    moments and step counts as clip's `_foreach_mul_` then AdamW, the gradients clipped in place, and the step
+    hooks run once a step."""
     from nvfp4train.optim.adamw import ClippingAdamW
 
     torch.manual_seed(0)
@@ -104,6 +105,8 @@ def test_clipping_adamw_falls_back_to_torch_on_cpu():
     opt = ClippingAdamW(params, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
     ref_opt = torch.optim.AdamW(ref, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
     assert not opt.fuses_clipping()
+    hook_calls = []
+    opt.register_step_post_hook(lambda *_: hook_calls.append(1))
     for _ in range(3):
         for p, q in zip(params, ref):
             p.grad = torch.randn_like(p)
@@ -114,6 +117,7 @@ def test_clipping_adamw_falls_back_to_torch_on_cpu():
         ref_opt.step()
     assert all(torch.equal(p, q) and torch.equal(p.grad, q.grad) for p, q in zip(params, ref))
     assert torch.equal(opt.state[params[0]]["exp_avg_sq"], ref_opt.state[ref[0]]["exp_avg_sq"])
+    assert len(hook_calls) == 3  # once a step, though torch wraps AdamW's step in its hook runner too
 
 
 @pytest.mark.gpu
