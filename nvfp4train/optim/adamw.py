@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nvfp4train.formats.impl import triton_available
 from nvfp4train.optim.schedules import ScheduleConfig
 from nvfp4train.schema import ConfigError, bounded, check, parse
 
@@ -47,7 +48,8 @@ class OptimConfig:
 class ClippingAdamW(torch.optim.AdamW):
     """torch's AdamW whose step also multiplies the gradients by `clip_coef`, a device scalar the caller sets
     before `step` (as it sets `found_inf`; None: 1). Where every parameter, gradient and moment is a contiguous
-    FP32 CUDA tensor and the group is fused, one Triton kernel a group does both (`adamw_kernel.py`: fused
+    FP32 CUDA tensor, the group is fused and our Triton kernels may run (`formats.impl.triton_available`:
+    triton installed, NVFP4TRAIN_TRITON not 0), one Triton kernel a group does both (`adamw_kernel.py`: fused
     AdamW's arithmetic, the gradients left as they are in memory); elsewhere the gradients are multiplied in
     place, as clip_grad_norm_ does, and torch's step runs. The state (moments, step counts) is AdamW's, so
     checkpoints load in either."""
@@ -74,7 +76,7 @@ class ClippingAdamW(torch.optim.AdamW):
             bool(params)
             and all(group["fused"] and not group["amsgrad"] and not group["maximize"] for group in self.param_groups)
             and all(type(p) in (torch.Tensor, torch.nn.Parameter) and p.is_cuda and p.is_contiguous() for p in params)
-            and _triton_available()
+            and triton_available()
         )
 
     @torch.no_grad()
@@ -121,14 +123,6 @@ class ClippingAdamW(torch.optim.AdamW):
             if found_inf is not None:
                 torch._foreach_sub_(steps, [skip] * len(steps))
         return None
-
-
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def build_optimizer(param_groups: list[dict], cfg: OptimConfig, fused: bool = False) -> ClippingAdamW:

@@ -76,8 +76,8 @@ def _adamw_clip_kernel(
 
 
 class StepTables:
-    """The address table and the chunk map of one parameter group, rebuilt when a gradient moves (a backward
-    that allocates them afresh) and reused otherwise."""
+    """The address table and the chunk map of one parameter group, checked and rebuilt when a tensor moves (a
+    backward that allocates the gradients afresh, a loaded optimizer state) and reused otherwise."""
 
     def __init__(self):
         self._key: tuple | None = None
@@ -88,6 +88,10 @@ class StepTables:
         columns = (params, grads, exp_avgs, exp_avg_sqs)
         key = tuple(t.data_ptr() for column in columns for t in column)
         if key != self._key:
+            for name, column in zip(("params", "grads", "exp_avgs", "exp_avg_sqs"), columns):
+                for t in column:
+                    if t.dtype != torch.float32 or not t.is_contiguous():
+                        raise ValueError(f"adamw_clip_step: {name} must be contiguous FP32, got {t.dtype} {t.shape}")
             device = params[0].device
             rows = [[*(t.data_ptr() for t in ts), ts[0].numel()] for ts in zip(*columns)]
             chunks = [[i, c] for i, p in enumerate(params) for c in range(triton.cdiv(p.numel(), CHUNK))]
@@ -124,10 +128,6 @@ def adamw_clip_step(
     """One AdamW update of `params` (contiguous FP32 CUDA tensors) from `grads` * `clip_coef` (a device scalar),
     skipped where `found_inf` (a device scalar) is nonzero. `steps` hold each parameter's step count, already
     counting this step (FP32 device scalars, as fused AdamW keeps them)."""
-    for name, column in (("params", params), ("grads", grads), ("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs)):
-        for t in column:
-            if t.dtype != torch.float32 or not t.is_contiguous():
-                raise ValueError(f"adamw_clip_step: {name} must be contiguous FP32 tensors, got {t.dtype} {t.shape}")
     table, chunks = tables.get(params, grads, exp_avgs, exp_avg_sqs)
     device = params[0].device
     hyper = _to_device(torch.tensor([lr, weight_decay, beta1, beta2, eps], dtype=torch.float32), device)
