@@ -8,6 +8,7 @@ config dataclasses (and, for one run, composed) before Hydra runs the job.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -92,6 +93,10 @@ def usage() -> str:
 
 
 def _cli() -> None:
+    stop = StopSignal._active
+    with stop.deferred() if stop is not None else contextlib.nullcontext():
+        import torch  # noqa: F401  # first, and where a stop signal cannot interrupt its native start-up
+
     import hydra
     from hydra._internal.utils import get_args_parser  # Hydra's own command line (its flags and overrides)
 

@@ -5,14 +5,15 @@ resumes), Ctrl-C exits 130 like any interrupted command, so that `train && eval`
 
 Imports nothing heavy, so `python -m nvfp4train.train` installs the handlers before it imports torch: a
 signal during start-up (imports, data preparation, model build, resume) ends the process with one line
-instead of a traceback or a silent kill. Until the first step the handler raises StoppedBeforeFirstStep
-(a BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it); from then on
-it only sets `received`, and the loop checkpoints after the current step and leaves. A second Ctrl-C
-exits at once.
+instead of a traceback or a silent kill. Until the first step the handler raises StoppedBeforeFirstStep (a
+BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it; during torch's import,
+when that import ends: `deferred`); from then on it only sets `received`, and the loop checkpoints after the
+current step and leaves. A second Ctrl-C exits at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -41,6 +42,7 @@ class StopSignal:
     def __init__(self):
         self.received: int | None = None
         self.starting = True
+        self.deferring = False
         self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
 
     @classmethod
@@ -65,10 +67,26 @@ class StopSignal:
             os._exit(130)
         self.received = signum
         if self.starting:
+            if self.deferring:
+                return  # raised when the deferred section ends
             self.starting = False  # raise once: the cleanup that runs next must not be interrupted again
             raise self.stopped()
         if signum == signal.SIGINT:
             os.write(2, b"\ninterrupted: saving a checkpoint after this step (Ctrl-C again to exit at once)\n")
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """Within it a start-up signal is only recorded, and raised on leaving. For importing native
+        extensions (torch): an exception raised while C++ is calling back into Python cannot unwind through
+        the C++ frames, and the process aborts (SIGABRT) instead of stopping with one line."""
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+        if self.starting and self.received is not None:
+            self.starting = False
+            raise self.stopped()
 
     def restore(self) -> None:
         for sig, handler in self.previous.items():  # the caller's handlers (pytest's, a sweep's next run)
