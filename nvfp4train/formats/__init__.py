@@ -11,7 +11,7 @@ The quantizers take ``impl="auto" | "reference" | "triton"`` (impl.py): fused Tr
 (kernels/, imported only when used) on CUDA, the PyTorch reference elsewhere.
 """
 
-from . import e2m1, fp8, hadamard, impl, mxfp4, nvfp4, rounding
+from . import activation, e2m1, fp8, hadamard, impl, mxfp4, nvfp4, rounding
 from .rounding import sr_generator
 
-__all__ = ["e2m1", "fp8", "hadamard", "impl", "mxfp4", "nvfp4", "rounding", "sr_generator"]
+__all__ = ["activation", "e2m1", "fp8", "hadamard", "impl", "mxfp4", "nvfp4", "rounding", "sr_generator"]

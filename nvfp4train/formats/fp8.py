@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from . import activation
 from .impl import use_triton
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -98,23 +99,35 @@ def quantize_tensorwise(
 
 
 def quantize_tensorwise_rowcol(
-    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, pow2_scales: bool = False, *, impl: str = "auto"
+    x: torch.Tensor,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    pow2_scales: bool = False,
+    *,
+    prologue: str | None = None,
+    act_input: torch.Tensor | None = None,
+    impl: str = "auto",
 ):
     """``((data, decode_scale), (data_t, decode_scale))``: ``quantize_tensorwise(x)`` and, for the GEMM
     that needs x transposed (Wgrad's K = tokens), ``data_t`` [cols, rows] contiguous, the bits
     ``quantize_tensorwise(x.t())`` gives: a per-tensor scale commutes with the transpose (the amax of
     x.T is the amax of x), so those are x's codes transposed. On CUDA one amax pass and one cast pass
     write both (no transposing copy of the codes afterwards). x is 2-D; the one decode scale is
-    returned for both."""
+    returned for both. ``prologue``: quantize ``activation.apply(prologue, x, act_input)`` instead of x; the
+    kernels apply it as they read x (bf16), without writing it."""
     _check_input(x)
     _check_fp8_dtype(dtype)
     if x.ndim != 2:
         raise ValueError(f"fp8.quantize_tensorwise_rowcol: x must be 2-D, got shape {tuple(x.shape)}")
+    if prologue is not None:
+        activation.check(prologue, x, act_input)
     if use_triton(x, impl, "fp8.quantize_tensorwise_rowcol"):
         from . import kernels
 
-        data, data_t, decode = kernels.fp8.tensorwise_rowcol(x, dtype, pow2_scales)
+        if prologue is not None and x.dtype != torch.bfloat16:
+            x, prologue, act_input = activation.apply(prologue, x, act_input), None, None
+        data, data_t, decode = kernels.fp8.tensorwise_rowcol(x, dtype, pow2_scales, prologue, act_input)
         return (data.view(dtype), decode), (data_t.view(dtype), decode)
+    x = activation.apply(prologue, x, act_input)
     data, decode = quantize_tensorwise(x, dtype, pow2_scales, impl="reference")
     return (data, decode), (data.view(torch.uint8).t().contiguous().view(dtype), decode)
 
@@ -219,14 +232,20 @@ def quantize_blockwise_rowcol(
     pow2_scales: bool = False,
     *,
     row_width: int | None = None,
+    prologue: str | None = None,
+    act_input: torch.Tensor | None = None,
     impl: str = "auto",
 ):
     """``(quantize_blockwise(x zero-padded to [tokens, row_width], (1, 128)), quantize_blockwise_t(x))`` of x
     [tokens, features], tokens a multiple of 128: the two copies the FP8 blockwise recipe takes of an
     activation or a gradient (blocks along features for Fprop / Dgrad, along tokens for Wgrad), from one
     read of x on CUDA. ``row_width`` (a multiple of 128, at least features; default: features rounded up to
-    128) is the row copy's K, padded for its GEMM; the Wgrad copy keeps the features as they are. Same bits."""
+    128) is the row copy's K, padded for its GEMM; the Wgrad copy keeps the features as they are. Same bits.
+    ``prologue``: quantize ``activation.apply(prologue, x, act_input)`` instead of x; the kernel applies it as it
+    reads x (bf16), without writing it."""
     _check_tokens_input(x, dtype, "fp8.quantize_blockwise_rowcol")
+    if prologue is not None:
+        activation.check(prologue, x, act_input)
     n_features = x.shape[1]
     row_width = -(-n_features // 128) * 128 if row_width is None else row_width
     if row_width % 128 or row_width < n_features:
@@ -237,8 +256,11 @@ def quantize_blockwise_rowcol(
     if use_triton(x, impl, "fp8.quantize_blockwise_rowcol"):
         from . import kernels
 
-        (rd, rs), (cd, cs) = kernels.fp8.blockwise_rowcol(x, dtype, pow2_scales, row_width)
+        if prologue is not None and x.dtype != torch.bfloat16:
+            x, prologue, act_input = activation.apply(prologue, x, act_input), None, None
+        (rd, rs), (cd, cs) = kernels.fp8.blockwise_rowcol(x, dtype, pow2_scales, row_width, prologue, act_input)
         return (rd.view(dtype), rs), (cd.view(dtype), cs)
+    x = activation.apply(prologue, x, act_input)
     padded = torch.nn.functional.pad(x, (0, row_width - n_features))
     return (
         quantize_blockwise(padded, (1, 128), dtype, pow2_scales, impl="reference"),

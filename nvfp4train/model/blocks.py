@@ -17,6 +17,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from nvfp4train.precision.mlp import fuses_squared_relu, squared_relu_mlp
+
 from .config import ModelConfig
 from .fused_norm import fused_norm_available, fused_rms_norm
 from .mixer_op import mamba_conv_scan_norm, mixer_op_applies
@@ -255,7 +257,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """fc1 -> squared ReLU -> fc2 (non-gated, no biases; Nemotron-H's FFN)."""
+    """fc1 -> squared ReLU -> fc2 (non-gated, no biases; Nemotron-H's FFN). With both linears in FP8, one node
+    whose quantizers apply the activation and its derivative as they read their inputs
+    (`precision.mlp.squared_relu_mlp`: the same bits, without writing relu(a)² or its gradient)."""
 
     def __init__(self, cfg: ModelConfig, block_index: int, linear_factory: LinearFactory):
         super().__init__()
@@ -263,6 +267,8 @@ class MLP(nn.Module):
         self.fc2 = linear_factory(cfg.ffn_hidden, cfg.d_model, block_index=block_index, name="fc2")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fuses_squared_relu(self.fc1, self.fc2):
+            return squared_relu_mlp(self.fc1, self.fc2, x)
         return self.fc2(F.relu(self.fc1(x)).square())
 
 

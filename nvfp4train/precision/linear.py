@@ -314,5 +314,6 @@ class QuantLinear(PrecisionLinear):
             save_x,
             save_w,
             self.strided_output,
+            "",
         )
         return outputs[0]

@@ -27,6 +27,8 @@ import weakref
 
 import torch
 
+from nvfp4train.formats import activation
+
 from . import operands, pairs
 from .backends import Backend, gemm_k_multiple, gemm_out_width, get_backend, pad_fp8_k
 from .operands import round_up
@@ -215,10 +217,10 @@ def _with_row_stride(y2d: torch.Tensor, width: int) -> torch.Tensor:
     return out.copy_(y2d)
 
 
-def _saves_x_copy(recipe: LayerRecipe, x_dtype: torch.dtype) -> bool:
-    """Whether Fprop returns a copy of X for Wgrad: a quantized one, or a BF16 copy of a non-BF16 X
-    (a BF16 X is saved as it is)."""
-    return not recipe.wgrad_x.is_bf16 or x_dtype != torch.bfloat16
+def _saves_x_copy(recipe: LayerRecipe, x_dtype: torch.dtype, x_prologue: str = "") -> bool:
+    """Whether Fprop returns a copy of X for Wgrad: a quantized one, or a BF16 copy of a non-BF16 X or of
+    a prologue's output (a BF16 X is saved as it is)."""
+    return not recipe.wgrad_x.is_bf16 or x_dtype != torch.bfloat16 or bool(x_prologue)
 
 
 def _wgrad_x_shape(recipe: LayerRecipe, in_f: int, tokens) -> tuple:
@@ -248,32 +250,37 @@ def quant_linear_fprop(
     save_x: bool,
     save_w: bool,
     strided_out: bool,
+    x_prologue: str,
 ) -> list[torch.Tensor]:
     """[Y = Q(X) Q(W)ᵀ, *the Wgrad copy of X (packed) if save_x, *the packed W if save_w and Dgrad
     reuses it]. Y is in `out_dtype`; every tensor is new and contiguous, except Y with `strided_out`: the first
     out_features columns of a [tokens, width] buffer, width the GEMM's padded N (`_fprop_out_width`), so a GEMM
-    that pads N is not followed by a copy that crops it (for a caller that reads Y through views anyway)."""
+    that pads N is not followed by a copy that crops it (for a caller that reads Y through views anyway).
+    `x_prologue` (a formats.activation name, or ""): the layer's input is activation.apply(x_prologue, x),
+    applied by the quantizers as they read x where they can (`pairs.takes_prologue`), written out otherwise."""
     state, recipe, backend = _state(layer_id), decode_recipe(recipe_key), get_backend(backend_name)
     out_f, in_f = weight.shape
     with _autocast_off(x.device.type):
         x2d = x.reshape(-1, in_f)
         k_f = _fprop_k(in_f, recipe, backend_name)
         w_q, w_packed, _ = _fprop_weight(state, weight, recipe_key, recipe, backend, k_f, save_x or save_w, save_w)
-        saves_xt = save_x and _saves_x_copy(recipe, x.dtype) and not recipe.wgrad_x.is_bf16
+        saves_xt = save_x and _saves_x_copy(recipe, x.dtype, x_prologue) and not recipe.wgrad_x.is_bf16
         k_w = _k_pad(x2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)
         # Fprop's X and the Wgrad Xᵀ from one read of X where the recipe allows (telemetry wants each alone)
         both = (
-            pairs.fprop_and_wgrad_x(x2d, recipe.fprop_x, recipe.wgrad_x, k_f, k_w, state.rht_signs)
+            pairs.fprop_and_wgrad_x(x2d, recipe.fprop_x, recipe.wgrad_x, k_f, k_w, state.rht_signs, x_prologue or None)
             if saves_xt and state.stats is None
             else None
         )
+        if x_prologue and not both:
+            x2d = activation.apply(x_prologue, x2d)
         x_q = both[0] if both else state.quantize("fprop_x", x2d, recipe.fprop_x, k_f)
         y2d = backend.gemm(x_q, w_q.first_rows(out_f), out_dtype)
         if strided_out:
             y2d = _with_row_stride(y2d, _fprop_out_width(out_f, recipe, backend_name))
         y = y2d.reshape(*x.shape[:-1], out_f)
         outputs = [y]
-        if save_x and _saves_x_copy(recipe, x.dtype):
+        if save_x and _saves_x_copy(recipe, x.dtype, x_prologue):
             if recipe.wgrad_x.is_bf16:
                 outputs.append(x2d.to(torch.bfloat16))
             elif both:
@@ -286,7 +293,7 @@ def quant_linear_fprop(
 
 
 @quant_linear_fprop.register_fake
-def _(x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w, strided_out):
+def _(x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w, strided_out, x_prologue):
     recipe = decode_recipe(recipe_key)
     out_f, in_f = weight.shape
     width = _fprop_out_width(out_f, recipe, backend_name) if strided_out else out_f
@@ -296,7 +303,7 @@ def _(x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w, 
         y = x.new_empty((*x.shape[:-1], out_f), dtype=out_dtype)
     outputs = [y]
     storage = []
-    if save_x and _saves_x_copy(recipe, x.dtype):
+    if save_x and _saves_x_copy(recipe, x.dtype, x_prologue):
         tokens = x.numel() // in_f
         storage += operands.packed_shapes(recipe.wgrad_x, _wgrad_x_shape(recipe, in_f, tokens))
     if save_w and recipe.reuses_fprop_weight:
@@ -402,15 +409,25 @@ def _(dy, x_saved, layer_id, recipe_key, backend_name, in_features, out_dtype, d
 
 
 @torch.library.custom_op("nvfp4train::quant_linear_dy", mutates_args=())
-def quant_linear_dy(dy: torch.Tensor, layer_id: int, recipe_key: str, backend_name: str) -> list[torch.Tensor]:
+def quant_linear_dy(
+    dy: torch.Tensor,
+    layer_id: int,
+    recipe_key: str,
+    backend_name: str,
+    prologue: str = "",
+    act_input: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
     """Both gradient operands of a layer whose recipe has `pairs.dy_pair`, two tensors each
     (`pairs.operand_tensors`: NVFP4 dense values + decode scale, FP8 data + block scales), from one
     read of dY where `pairs.dgrad_and_wgrad_dy` can (the bits of the two separate quantizations);
-    quantized one after the other otherwise, and on steps that record telemetry."""
+    quantized one after the other otherwise, and on steps that record telemetry. `prologue` (a
+    formats.activation name, or ""): the layer's output gradient is activation.apply(prologue, dy, act_input),
+    applied by the quantizers as they read dy where they can, written out otherwise."""
     state, recipe = _state(layer_id), decode_recipe(recipe_key)
     out_f = dy.shape[-1]
     with _autocast_off(dy.device.type):
         dy2d = dy.reshape(-1, out_f)
+        a2d = None if act_input is None else act_input.reshape(-1, out_f)
         k_d = _dgrad_k(out_f, recipe, backend_name)
         k_w = _k_pad(dy2d.shape[0], recipe.wgrad_dy, recipe.wgrad_x)
         both = None
@@ -424,8 +441,11 @@ def quant_linear_dy(dy: torch.Tensor, layer_id: int, recipe_key: str, backend_na
                 state.rht_signs,
                 state.sr_generator("dgrad_dy", recipe.dgrad_dy, dy.device),
                 state.sr_generator("wgrad_dy", recipe.wgrad_dy, dy.device),
+                prologue or None,
+                a2d,
             )
         if both is None:
+            dy2d = activation.apply(prologue or None, dy2d, a2d)
             both = (
                 state.quantize("dgrad_dy", dy2d, recipe.dgrad_dy, k_d),
                 state.quantize("wgrad_dy", dy2d.t(), recipe.wgrad_dy, k_w),
@@ -438,7 +458,7 @@ def quant_linear_dy(dy: torch.Tensor, layer_id: int, recipe_key: str, backend_na
 
 
 @quant_linear_dy.register_fake
-def _(dy, layer_id, recipe_key, backend_name):
+def _(dy, layer_id, recipe_key, backend_name, prologue="", act_input=None):
     recipe = decode_recipe(recipe_key)
     out_f = dy.shape[-1]
     tokens = dy.numel() // out_f
@@ -454,15 +474,27 @@ def _(dy, layer_id, recipe_key, backend_name):
     return out
 
 
-def _setup_context(ctx, inputs, output):
-    x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w, _ = inputs
-    recipe = decode_recipe(recipe_key)
-    n_x = len(output) - 1
-    if save_w and recipe.reuses_fprop_weight:
-        n_x -= len(operands.packed_shapes(recipe.fprop_w, (1, 1)))
+def packed_weight_count(recipe: LayerRecipe, save_w: bool) -> int:
+    """How many of `quant_linear_fprop`'s outputs are the packed W it returns for Dgrad (the last ones)."""
+    return len(operands.packed_shapes(recipe.fprop_w, (1, 1))) if save_w and recipe.reuses_fprop_weight else 0
+
+
+def fprop_saved(x: torch.Tensor, output, save_x: bool, n_w: int) -> tuple[list, list]:
+    """What `quant_linear_fprop`'s output keeps for backward (`n_w`: `packed_weight_count`): (Wgrad's copy of X,
+    or X itself where the op saved none; Dgrad's packed W), the lists `quant_linear_wgrad` and
+    `quant_linear_dgrad` take."""
+    n_x = len(output) - 1 - n_w
     x_saved = list(output[1 : 1 + n_x]) if n_x else ([x] if save_x else [])
+    return x_saved, list(output[1 + n_x :])
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, layer_id, recipe_key, backend_name, out_dtype, save_x, save_w, _, x_prologue = inputs
+    x_saved, w_saved = fprop_saved(x, output, save_x, packed_weight_count(decode_recipe(recipe_key), save_w))
     ctx.mark_non_differentiable(*output[1:])
-    ctx.save_for_backward(weight, *x_saved, *output[1 + n_x :])
+    # With a prologue, dX is the gradient of its output: backward turns it into x's, from x.
+    ctx.x_prologue = x_prologue if save_w else ""
+    ctx.save_for_backward(weight, *x_saved, *w_saved, *([x] if ctx.x_prologue else []))
     ctx.n_x = len(x_saved)
     ctx.args = (layer_id, recipe_key, backend_name)
     ctx.x_dtype = x.dtype
@@ -471,6 +503,8 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grads):
     dy = grads[0]
     weight, *saved = ctx.saved_tensors
+    if ctx.x_prologue:
+        *saved, x = saved
     layer_id, recipe_key, backend_name = ctx.args
     dx = dw = None
     recipe = decode_recipe(recipe_key)
@@ -483,11 +517,13 @@ def _backward(ctx, grads):
     )
     if ctx.needs_input_grad[0]:
         dx = quant_linear_dgrad(dy, weight, saved[ctx.n_x :], layer_id, recipe_key, backend_name, ctx.x_dtype, dy_q[:2])
+        if ctx.x_prologue:
+            dx = activation.apply(activation.GRADIENTS[ctx.x_prologue], dx, x)
     if ctx.needs_input_grad[1]:
         dw = quant_linear_wgrad(
             dy, saved[: ctx.n_x], layer_id, recipe_key, backend_name, weight.shape[1], weight.dtype, dy_q[2:]
         )
-    return dx, dw, None, None, None, None, None, None, None
+    return dx, dw, None, None, None, None, None, None, None, None
 
 
 quant_linear_fprop.register_autograd(_backward, setup_context=_setup_context)

@@ -17,7 +17,13 @@ from .recipe import OperandSpec
 
 
 def fprop_and_wgrad_x(
-    x2d: torch.Tensor, fprop_spec: OperandSpec, wgrad_spec: OperandSpec, k_f: int, k_w: int, rht_signs=None
+    x2d: torch.Tensor,
+    fprop_spec: OperandSpec,
+    wgrad_spec: OperandSpec,
+    k_f: int,
+    k_w: int,
+    rht_signs=None,
+    prologue: str | None = None,
 ) -> tuple[operands.Quantized, operands.Packed] | None:
     """Fprop's X operand and Wgrad's packed Xᵀ from one read of X, for the paper's pairs with nothing to
     pad: NVFP4 1x16 RNE and NVFP4 1x16 RNE after the 16-point RHT along tokens
@@ -25,11 +31,12 @@ def fprop_and_wgrad_x(
     (fp8.quantize_blockwise_rowcol): the bits of the two separate quantizations (`fake_quantize` and
     `pack`), or per-tensor FP8 of X and of Xᵀ with one spec (fp8.quantize_tensorwise_rowcol: the
     codes and their transpose from one cast). None for any other pair (or padding): quantize them
-    separately."""
+    separately. `prologue` (formats.activation; the FP8 pairs only, None for the others): both operands are of
+    activation.apply(prologue, X), applied by the quantizers as they read X."""
     if tensorwise_pair(fprop_spec, wgrad_spec):
-        return tensorwise_rowcol(x2d, fprop_spec, k_f, k_w)
+        return tensorwise_rowcol(x2d, fprop_spec, k_f, k_w, prologue)
     if _fp8_pair(fprop_spec, wgrad_spec) and _fp8_rowcol_fits(x2d, k_f, k_w):
-        (row_data, row_scales), (col_data, col_scales) = _fp8_rowcol(x2d, fprop_spec, k_f)
+        (row_data, row_scales), (col_data, col_scales) = _fp8_rowcol(x2d, fprop_spec, k_f, prologue)
         return (
             operands.Quantized(None, None, row_data, row_scales, fprop_spec),
             operands.Packed(
@@ -42,6 +49,7 @@ def fprop_and_wgrad_x(
         and fprop_spec.rounding == wgrad_spec.rounding == "rne"
         and tuple(fprop_spec.tile) == (1, nvfp4.BLOCK)
         and not fprop_spec.rht_dim
+        and prologue is None
     )
     if not (pair and x2d.ndim == 2 and x2d.shape[1] == k_f and operands._fused_wgrad_rht(x2d.t(), wgrad_spec, k_w)):
         return None
@@ -83,10 +91,22 @@ def _fp8_rowcol_fits(x2d: torch.Tensor, k_row: int, k_col: int) -> bool:
     )
 
 
-def _fp8_rowcol(x2d: torch.Tensor, spec: OperandSpec, k_row: int):
+def _fp8_rowcol(x2d: torch.Tensor, spec: OperandSpec, k_row: int, prologue=None, act_input=None):
     return fp8.quantize_blockwise_rowcol(
-        x2d, operands.operand_format(spec).dtype, spec.scale_mode == "pow2", row_width=k_row, impl=operands.QUANT_IMPL
+        x2d,
+        operands.operand_format(spec).dtype,
+        spec.scale_mode == "pow2",
+        row_width=k_row,
+        prologue=prologue,
+        act_input=act_input,
+        impl=operands.QUANT_IMPL,
     )
+
+
+def takes_prologue(row_spec: OperandSpec, col_spec: OperandSpec) -> bool:
+    """Whether a pair of operands of one tensor (X's or dY's) is quantized by kernels that apply a prologue as they
+    read it (`fprop_and_wgrad_x`, `dgrad_and_wgrad_dy`): the FP8 pairs, blockwise or per tensor."""
+    return _fp8_pair(row_spec, col_spec) or tensorwise_pair(row_spec, col_spec)
 
 
 def tensorwise_pair(a: OperandSpec, b: OperandSpec) -> bool:
@@ -95,10 +115,11 @@ def tensorwise_pair(a: OperandSpec, b: OperandSpec) -> bool:
 
 
 def tensorwise_rowcol(
-    x2d: torch.Tensor, spec: OperandSpec, k_row: int, k_col: int
+    x2d: torch.Tensor, spec: OperandSpec, k_row: int, k_col: int, prologue=None, act_input=None
 ) -> tuple[operands.Quantized, operands.Packed] | None:
     """Per-tensor FP8 of x2d [rows, K] (raw form) and its packed transpose [K, rows] from one cast
-    (fp8.quantize_tensorwise_rowcol); None where either would be padded (k_row != K or k_col != rows)."""
+    (fp8.quantize_tensorwise_rowcol; of activation.apply(prologue, x2d, act_input) with a prologue); None where
+    either would be padded (k_row != K or k_col != rows)."""
     if not (
         x2d.ndim == 2
         and x2d.shape[1] == k_row
@@ -107,7 +128,9 @@ def tensorwise_rowcol(
     ):
         return None
     fmt = operands.operand_format(spec)
-    (data, decode), (data_t, _) = fp8.quantize_tensorwise_rowcol(x2d, fmt.dtype, impl=operands.QUANT_IMPL)
+    (data, decode), (data_t, _) = fp8.quantize_tensorwise_rowcol(
+        x2d, fmt.dtype, prologue=prologue, act_input=act_input, impl=operands.QUANT_IMPL
+    )
     # (a copy of the 0-d scale for the second: a custom op may not return one tensor twice)
     return (
         fmt.dequantize((data, decode), spec, tuple(x2d.shape)),
@@ -187,6 +210,8 @@ def dgrad_and_wgrad_dy(
     rht_signs,
     dgrad_generator,
     wgrad_generator,
+    prologue: str | None = None,
+    act_input: torch.Tensor | None = None,
 ) -> tuple[operands.Quantized, operands.Quantized] | None:
     """Dgrad's and Wgrad's dY operands from one read of dY, for `dy_pair` specs and nothing to pad: the
     bits of the two separate quantizations. Per-tensor FP8: Wgrad's is Dgrad's codes transposed, both from one
@@ -194,22 +219,24 @@ def dgrad_and_wgrad_dy(
     NVFP4 (dense values, with the Triton kernel only): SR
     included, each copy's Philox seed drawn from its own role's generator as the separate kernels draw
     it (the PyTorch reference draws SR bits differently, so there: None). FP8 (raw form): RNE, any
-    device. None otherwise: quantize them separately."""
+    device. None otherwise: quantize them separately. `prologue` (formats.activation, with its `act_input`; the
+    FP8 pairs only, None for the others): both operands are of activation.apply(prologue, dY, act_input)."""
     from nvfp4train.formats.impl import use_triton
 
     if tensorwise_pair(dgrad_spec, wgrad_spec):
-        both = tensorwise_rowcol(dy2d, dgrad_spec, k_d, k_w)
+        both = tensorwise_rowcol(dy2d, dgrad_spec, k_d, k_w, prologue, act_input)
         return None if both is None else (both[0], both[1].dequantize())
     if _fp8_pair(dgrad_spec, wgrad_spec):
         if not _fp8_rowcol_fits(dy2d, k_d, k_w):
             return None
-        (row_data, row_scales), (col_data, col_scales) = _fp8_rowcol(dy2d, dgrad_spec, k_d)
+        (row_data, row_scales), (col_data, col_scales) = _fp8_rowcol(dy2d, dgrad_spec, k_d, prologue, act_input)
         return (
             operands.Quantized(None, None, row_data, row_scales, dgrad_spec),
             operands.Quantized(None, None, col_data, col_scales, wgrad_spec),
         )
     if not (
-        dy_pair(dgrad_spec, wgrad_spec)
+        prologue is None
+        and dy_pair(dgrad_spec, wgrad_spec)
         and dy2d.ndim == 2
         and dy2d.shape[1] == k_d
         and operands._fused_wgrad_rht(dy2d.t(), wgrad_spec, k_w)

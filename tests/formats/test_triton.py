@@ -858,6 +858,68 @@ def test_fp8_tensorwise_rowcol_same_bits_as_quantizing_x_and_its_transpose(dtype
     assert torch.equal(data_t.view(torch.uint8), data.view(torch.uint8).t())
 
 
+def prologue_cases():
+    """(pre-activation a, gradient dh) bf16 pairs for the squared-ReLU prologue: signs, zeros of both signs, values
+    whose square overflows bf16 or underflows, NaN and Inf in a or in dh; [256, 384] and ragged [256, 300]."""
+    gen = torch.Generator().manual_seed(9)
+    a = torch.randn(256, 384, generator=gen) * torch.rand(256, 1, generator=gen) * 4
+    a[::7, ::13] *= 1e3
+    a[5, :6] = torch.tensor([0.0, -0.0, 2e19, 1e-25, -3e19, 1e-40])
+    dh = torch.randn(256, 384, generator=gen) * 1e-3
+    dh[9, :3] = torch.tensor([1e38, -0.0, 1e-38])
+    a_nan, dh_inf = a.clone(), dh.clone()
+    a_nan[130, 200] = float("nan")
+    dh_inf[40, 10] = float("inf")
+    return {
+        "random": (a, dh),
+        "ragged": (a[:, :300], dh[:, :300]),
+        "nan in a": (a_nan, dh),
+        "inf in dh": (a, dh_inf),
+    }
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_rowcol_prologue_same_bits_as_quantizing_the_activation(dtype):
+    """Blockwise and per-tensor rowcol with a squared-ReLU prologue (forward: relu(a)²; backward: its gradient
+    from dh and a) give the codes and scales of quantizing the activation that formats.activation writes out."""
+    from nvfp4train.formats import activation
+
+    for name, (a32, dh32) in prologue_cases().items():
+        a, dh = a32.bfloat16(), dh32.bfloat16()
+        width = 384
+        for prologue, x, act_input in (("squared_relu", a, None), ("squared_relu_grad", dh, a)):
+            want_x = activation.apply(prologue, x, act_input)
+            what = f"{name} {prologue}"
+            dev_input = None if act_input is None else act_input.to(DEVICE)
+            got = fp8.quantize_blockwise_rowcol(
+                x.to(DEVICE), dtype, True, row_width=width, prologue=prologue, act_input=dev_input, impl="triton"
+            )
+            want = fp8.quantize_blockwise_rowcol(want_x, dtype, True, row_width=width, impl="reference")
+            ref = fp8.quantize_blockwise_rowcol(
+                x, dtype, True, row_width=width, prologue=prologue, act_input=act_input, impl="reference"
+            )
+            for (g, w, r), part in zip(zip(sum(got, ()), sum(want, ()), sum(ref, ())), ("rd", "rs", "cd", "cs")):
+                as_bits = (lambda t: t.view(torch.uint8)) if t_is_fp8(w) else (lambda t: t)
+                assert_same(as_bits(g), as_bits(w), f"blockwise {what} {part}")
+                assert_same(as_bits(r), as_bits(w), f"blockwise reference {what} {part}")
+            got = fp8.quantize_tensorwise_rowcol(
+                x.to(DEVICE), dtype, prologue=prologue, act_input=dev_input, impl="triton"
+            )
+            want = fp8.quantize_tensorwise_rowcol(want_x, dtype, impl="reference")
+            for (g, w), part in zip(zip(sum(got, ()), sum(want, ())), ("data", "decode", "data_t", "decode_t")):
+                as_bits = (lambda t: t.view(torch.uint8)) if t_is_fp8(w) else (lambda t: t)
+                assert_same(as_bits(g), as_bits(w), f"tensorwise {what} {part}")
+    with pytest.raises(ValueError, match="act_input must be given"):
+        fp8.quantize_blockwise_rowcol(a, dtype, prologue="squared_relu_grad", impl="reference")
+    with pytest.raises(ValueError, match="prologue='gelu' is not supported"):
+        fp8.quantize_tensorwise_rowcol(a, dtype, prologue="gelu", impl="reference")
+
+
+def t_is_fp8(t: torch.Tensor) -> bool:
+    return t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 @kernel_test
 def test_gemm_epilogue_scale_and_cast_same_bits_as_eager():
     """The emulated GEMM's epilogue in one pass: ((out * a) * b).to(dtype) as eager rounds it (each
@@ -1091,8 +1153,13 @@ def test_kernels_compile_for_sm90_without_approximate_division():
     variants = [
         (
             kernels.amax._abs_max_kernel,
-            {"x_ptr": "*bf16", "partial_ptr": "*i32", "n": "i32"},
+            {"x_ptr": "*bf16", "a_ptr": "*bf16", "partial_ptr": "*i32", "n": "i32"},
             {"BLOCK": kernels.amax.AMAX_BLOCK},
+        ),
+        (
+            kernels.amax._abs_max_kernel,
+            {"x_ptr": "*bf16", "a_ptr": "*bf16", "partial_ptr": "*i32", "n": "i32"},
+            {"BLOCK": kernels.amax.AMAX_BLOCK, "PROLOGUE": 2, "HW_BF16": True},
         ),
         (
             kernels.nvfp4._nvfp4_kernel,
@@ -1210,6 +1277,34 @@ def test_kernels_compile_for_sm90_without_approximate_division():
             {"FP8_MAX": 448.0, "MANT": 3, "BIAS": 7, "POW2": True, "HW_CVT": True, "RAGGED": True},
         ),
         (
+            kernels.fp8._fp8_blockwise_rowcol_kernel,
+            fp8_rowcol_args,
+            {
+                "FP8_MAX": 448.0,
+                "MANT": 3,
+                "BIAS": 7,
+                "POW2": True,
+                "HW_CVT": True,
+                "RAGGED": False,
+                "PROLOGUE": 1,
+                "HW_BF16": True,
+            },
+        ),
+        (
+            kernels.fp8._fp8_blockwise_rowcol_kernel,
+            fp8_rowcol_args,
+            {
+                "FP8_MAX": 57344.0,
+                "MANT": 2,
+                "BIAS": 15,
+                "POW2": True,
+                "HW_CVT": True,
+                "RAGGED": True,
+                "PROLOGUE": 2,
+                "HW_BF16": False,
+            },
+        ),
+        (
             kernels.fp8._fp8_blockwise_t_kernel,
             {
                 "x_ptr": "*bf16",
@@ -1310,7 +1405,8 @@ def test_kernels_compile_for_sm90_without_approximate_division():
             assert ".f16x2" not in ptx, (kernel, constexprs)
         # The RHT's bf16 rounding by the GPU's RNE conversion where asked (HW_BF16), else bit arithmetic.
         if "HW_BF16" in constexprs:
-            assert ("cvt.rn.bf16.f32" in ptx) == constexprs["HW_BF16"], (kernel, constexprs)
+            # (two at a time, cvt.rn.bf16x2.f32, where the compiler pairs them)
+            assert bool(re.search(r"cvt\.rn\.bf16(x2)?\.f32", ptx)) == constexprs["HW_BF16"], (kernel, constexprs)
         # Fused multiply-adds only where the products are exact: the 16-point RHT of a bf16 input
         # (_rht_tokens' EXACT_PRODUCTS: x * +-1/4), never on FP32 inputs nor in the 32-point RHT, whose
         # products round; and e2m1.round_e2m1's offset times +-2 (SR) or +-2^22 (RNE), a power of two.

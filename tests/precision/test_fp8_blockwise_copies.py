@@ -152,7 +152,7 @@ def test_fprop_op_fake_has_the_real_outputs_layout(strided, backend):
 
     layer = _ragged_layer(strided, backend)
     x = torch.randn(2, 68, 256).bfloat16().requires_grad_(True)
-    args = (layer.layer_id, layer.recipe_key, backend, torch.bfloat16, True, True, strided)
+    args = (layer.layer_id, layer.recipe_key, backend, torch.bfloat16, True, True, strided, "")
     real = ops.quant_linear_fprop(x, layer.weight, *args)
     with FakeTensorMode() as mode:
         fake = ops.quant_linear_fprop(mode.from_tensor(x), mode.from_tensor(layer.weight), *args)

@@ -114,6 +114,32 @@ def _sm80_or_newer(device_index: int) -> bool:  # asked at every launch: the dev
     return torch.cuda.get_device_capability(device_index) >= (8, 0)
 
 
+# A quantizer's prologue (formats/activation.py): what it applies to each element as it loads it.
+PROLOGUE_CODES = {None: 0, "squared_relu": 1, "squared_relu_grad": 2}
+
+
+@triton.jit
+def apply_prologue(x, a, PROLOGUE: tl.constexpr, HW_BF16: tl.constexpr):
+    """activation.apply on a loaded bf16 tile: x itself (PROLOGUE 0), squared_relu(x) (1), or squared_relu_grad(x,
+    a) (2, a the activation's input tile), computed in FP32 (products of two bf16 values are exact) and rounded to
+    bf16 once, as the reference rounds it. HW_BF16: the GPU's conversion (`round_to`)."""
+    if PROLOGUE == 0:
+        y = x
+    else:
+        v = to_fp32(x)
+        if PROLOGUE == 1:
+            r = tl.where(v <= 0, 0.0, v)  # relu; a NaN stays NaN
+            v = r * r
+        else:
+            av = to_fp32(a)
+            v = tl.where(av <= 0, 0.0, v * (av * 2.0))
+        if HW_BF16:
+            y = v.to(tl.bfloat16)
+        else:
+            y = (_bf16_rne_bits(v) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return y
+
+
 @triton.jit
 def store_as(ptr, offs, v, mask):
     """Store FP32 v into ``ptr``'s dtype, rounding to nearest even as torch's ``.to(dtype)``."""

@@ -8,7 +8,17 @@ import triton
 import triton.language as tl
 
 from .amax import abs_max
-from .common import FLT_MAX, launch_options, store_as, tile_offsets, to_fp32, with_sign
+from .common import (
+    FLT_MAX,
+    PROLOGUE_CODES,
+    apply_prologue,
+    hw_bf16,
+    launch_options,
+    store_as,
+    tile_offsets,
+    to_fp32,
+    with_sign,
+)
 
 
 # ------------------------------------------------------------------------------ FP8 blockwise
@@ -210,16 +220,24 @@ def tensorwise(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool) -> tuple[
 
 
 @triton.jit
-def _fp8_tensorwise_rowcol_kernel(x_ptr, amax_ptr, data_ptr, data_t_ptr, decode_ptr, rows, cols,
+def _fp8_tensorwise_rowcol_kernel(x_ptr, a_ptr, amax_ptr, data_ptr, data_t_ptr, decode_ptr, rows, cols,
                                   FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, POW2: tl.constexpr,
-                                  HW_CVT: tl.constexpr, BLOCK: tl.constexpr):
+                                  HW_CVT: tl.constexpr, BLOCK: tl.constexpr, PROLOGUE: tl.constexpr = 0,
+                                  HW_BF16: tl.constexpr = False):
     """_fp8_tensorwise_kernel's cast of a BLOCK x BLOCK tile of x [rows, cols], stored twice: as it is
     and transposed ([cols, rows]). The transpose moves the one-byte codes through shared memory inside
-    the program instead of a separate transposing copy of the whole tensor."""
+    the program instead of a separate transposing copy of the whole tensor. PROLOGUE: the tile is
+    `apply_prologue`'s output (a_ptr: the activation's input, read for squared_relu_grad)."""
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = (r[:, None] < rows) & (c[None, :] < cols)
-    x = to_fp32(tl.load(x_ptr + r[:, None].to(tl.int64) * cols + c[None, :], mask=mask, other=0.0))
+    x = tl.load(x_ptr + r[:, None].to(tl.int64) * cols + c[None, :], mask=mask, other=0.0)
+    if PROLOGUE == 2:
+        a = tl.load(a_ptr + r[:, None].to(tl.int64) * cols + c[None, :], mask=mask, other=0.0)
+        x = apply_prologue(x, a, PROLOGUE, HW_BF16)
+    else:
+        x = apply_prologue(x, x, PROLOGUE, HW_BF16)
+    x = to_fp32(x)
     encode, decode = _fp8_block_scales(tl.load(amax_ptr), FLT_MAX, FP8_MAX, POW2)
     code = _fp8_codes(x * encode, encode, FP8_MAX, MANT, BIAS, HW_CVT).to(tl.uint8)
     tl.store(data_ptr + r[:, None].to(tl.int64) * cols + c[None, :], code, mask=mask)
@@ -231,12 +249,15 @@ def _fp8_tensorwise_rowcol_kernel(x_ptr, amax_ptr, data_ptr, data_t_ptr, decode_
 TENSORWISE_TILE, TENSORWISE_WARPS = 64, 4
 
 
-def tensorwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool):
+def tensorwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool, prologue: str | None = None,
+                      act_input: torch.Tensor | None = None):
     """(data [rows, cols], data_t [cols, rows], decode) of a 2-D x: fp8_tensorwise's codes, and the same
-    codes transposed, from the amax pass and one cast pass (data as uint8 bits of ``dtype``)."""
+    codes transposed, from the amax pass and one cast pass (data as uint8 bits of ``dtype``). With a prologue, of
+    activation.apply(prologue, x, act_input) (x and act_input bf16), which is never written."""
     x = x.contiguous()
+    act_input = None if act_input is None else act_input.contiguous()
     rows, cols = x.shape
-    amax = abs_max(x)
+    amax = abs_max(x, prologue, act_input)
     data = torch.empty((rows, cols), dtype=torch.uint8, device=x.device)
     data_t = torch.empty((cols, rows), dtype=torch.uint8, device=x.device)
     decode = torch.empty((), dtype=torch.float32, device=x.device)
@@ -246,8 +267,9 @@ def tensorwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool):
     if x.is_cuda:
         options["num_warps"] = TENSORWISE_WARPS
     _fp8_tensorwise_rowcol_kernel[grid](
-        x, amax, data, data_t, decode, rows, cols, FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias,
-        POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x), BLOCK=TENSORWISE_TILE, **options,
+        x, x if act_input is None else act_input, amax, data, data_t, decode, rows, cols,
+        FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x),
+        BLOCK=TENSORWISE_TILE, PROLOGUE=PROLOGUE_CODES[prologue], HW_BF16=hw_bf16(x), **options,
     )
     return data, data_t, decode
 
@@ -315,9 +337,9 @@ def _abs_max_fp32(x, axis: tl.constexpr):
 
 @triton.jit
 def _fp8_blockwise_rowcol_kernel(
-    x_ptr, row_data_ptr, row_scales_ptr, col_data_ptr, col_scales_ptr, n_tokens, n_features, row_width,
+    x_ptr, a_ptr, row_data_ptr, row_scales_ptr, col_data_ptr, col_scales_ptr, n_tokens, n_features, row_width,
     scale_for_inf, FP8_MAX: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, POW2: tl.constexpr,
-    HW_CVT: tl.constexpr, RAGGED: tl.constexpr,
+    HW_CVT: tl.constexpr, RAGGED: tl.constexpr, PROLOGUE: tl.constexpr = 0, HW_BF16: tl.constexpr = False,
 ):
     """Both FP8 blockwise copies of x [tokens, features] from one read of a 128 x 128 tile:
     quantize_blockwise(x zero-padded to [tokens, row_width], (1, 128)) (blocks along features: Fprop / Dgrad
@@ -329,14 +351,25 @@ def _fp8_blockwise_rowcol_kernel(
     words without the bank conflicts of single bytes. Each program's scales are contiguous runs: both scale
     tensors are stored with the 128-element blocks' index outermost ([row_width / 128, tokens] and
     [tokens / 128, features]), which is also the layout torch._scaled_mm takes them in. Together: 238 -> 194 us
-    at 16384 x 8192 on an H200 (docs/results/bench/fp8_targets.md)."""
+    at 16384 x 8192 on an H200 (docs/results/bench/fp8_targets.md).
+
+    PROLOGUE (bf16 x): the tile quantized is `apply_prologue`'s output (a_ptr: the activation's input, read for
+    squared_relu_grad), so the activation's output is never written."""
     t = tl.program_id(0) * 128 + tl.arange(0, 128)
     f = tl.program_id(1) * 128 + tl.arange(0, 128)
+    offs = t[:, None].to(tl.int64) * n_features + f[None, :]
     if RAGGED:
-        x = tl.load(x_ptr + t[:, None].to(tl.int64) * n_features + f[None, :], mask=f[None, :] < n_features,
-                    other=0.0)
+        x = tl.load(x_ptr + offs, mask=f[None, :] < n_features, other=0.0)
     else:
-        x = tl.load(x_ptr + t[:, None].to(tl.int64) * n_features + f[None, :])
+        x = tl.load(x_ptr + offs)
+    if PROLOGUE == 2:
+        if RAGGED:
+            a = tl.load(a_ptr + offs, mask=f[None, :] < n_features, other=0.0)
+        else:
+            a = tl.load(a_ptr + offs)
+        x = apply_prologue(x, a, PROLOGUE, HW_BF16)
+    else:
+        x = apply_prologue(x, x, PROLOGUE, HW_BF16)
     if x.dtype != tl.bfloat16:
         x = x.to(tl.float32)
 
@@ -360,12 +393,15 @@ def _fp8_blockwise_rowcol_kernel(
 BLOCKWISE_ROWCOL_WARPS = 8
 
 
-def blockwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool, row_width: int):
+def blockwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool, row_width: int,
+                     prologue: str | None = None, act_input: torch.Tensor | None = None):
     """((data [tokens, row_width], scales [tokens, row_width / 128]), (data [features, tokens], scales
     [features, tokens / 128])) of x [tokens, features]: tokens and row_width multiples of 128, row_width >=
     features (checked by the caller; the row copy is of x zero-padded to row_width); data as uint8 bits of
-    ``dtype``. The scales are transposed views (strides (1, tokens) and (1, features)): see the kernel."""
+    ``dtype``. The scales are transposed views (strides (1, tokens) and (1, features)): see the kernel. With a
+    prologue, of activation.apply(prologue, x, act_input) (x and act_input bf16), which is never written."""
     x = x.contiguous()
+    act_input = None if act_input is None else act_input.contiguous()
     n_tokens, n_features = x.shape
     mant, bias = (3, 7) if dtype == torch.float8_e4m3fn else (2, 15)
     row_data = torch.empty((n_tokens, row_width), dtype=torch.uint8, device=x.device)
@@ -376,9 +412,10 @@ def blockwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool, row
     if x.is_cuda:
         options["num_warps"] = BLOCKWISE_ROWCOL_WARPS
     _fp8_blockwise_rowcol_kernel[(n_tokens // 128, row_width // 128)](
-        x, row_data, row_scales, col_data, col_scales, n_tokens, n_features, row_width,
-        float(torch.finfo(x.dtype).max), FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias,
-        POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x), RAGGED=row_width != n_features, **options,
+        x, x if act_input is None else act_input, row_data, row_scales, col_data, col_scales, n_tokens, n_features,
+        row_width, float(torch.finfo(x.dtype).max), FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias,
+        POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x), RAGGED=row_width != n_features,
+        PROLOGUE=PROLOGUE_CODES[prologue], HW_BF16=hw_bf16(x), **options,
     )
     return (row_data, row_scales), (col_data, col_scales)
 

@@ -67,6 +67,7 @@ RHT_AMAX_ARGS = {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i
 SCALE_CAST_ARGS = {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32"}
 FP8_TENSORWISE_ROWCOL_ARGS = {
     "x_ptr": "*bf16",
+    "a_ptr": "*bf16",
     "amax_ptr": "*fp32",
     "data_ptr": "*u8",
     "data_t_ptr": "*u8",
@@ -76,6 +77,7 @@ FP8_TENSORWISE_ROWCOL_ARGS = {
 }
 FP8_BLOCKWISE_ROWCOL_ARGS = {
     "x_ptr": "*bf16",
+    "a_ptr": "*bf16",
     "row_data_ptr": "*u8",
     "row_scales_ptr": "*fp32",
     "col_data_ptr": "*u8",
@@ -103,12 +105,15 @@ RHT_BLOCKS = {"SIGN_MASK": 0xB7E8, "GROUPS": rht.RHT_GROUPS, "BLOCK_F": rht.RHT_
 
 def compile_sm90(kernel, signature: dict[str, str], constexprs: dict, num_warps: int = 4, aligned: bool = False):
     """``kernel`` compiled for sm_90 (as the launchers run it: no FP fusion) with ``signature`` (its
-    non-constexpr arguments' types) and ``constexprs``. ``aligned``: specialize pointers as 16-byte aligned
-    and i32 sizes as divisible by 16, as Triton's JIT does at run time for our launches."""
+    non-constexpr arguments' types) and ``constexprs`` (those left out take the kernel's defaults).
+    ``aligned``: specialize pointers as 16-byte aligned and i32 sizes as divisible by 16, as Triton's JIT
+    does at run time for our launches."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.compiler import compile as triton_compile
 
+    defaults = {p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}
+    constexprs = {**{k: v for k, v in defaults.items() if k not in signature}, **constexprs}
     full = {**{name: "constexpr" for name in constexprs}, **signature}
     full = {name: full[name] for name in kernel.arg_names}
     attrs = {}
