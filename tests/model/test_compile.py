@@ -29,9 +29,14 @@ def _loss(model, x, y):
         return model(x, y)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "nvfp4"])
-def test_no_graph_break_outside_the_quantized_linear(precision):
-    model = _model(precision)
+# FP8 keeps the first block and the last two in BF16: with "M-M-M-", blocks 1 and 3 are FP8 MLPs (one node each,
+# precision/mlp.py)
+FP8_MLPS = {"pattern": "M-M-M-", "vocab_size": 512}
+
+
+@pytest.mark.parametrize(("precision", "overrides"), [("bf16", {}), ("nvfp4", {}), ("fp8_blockwise", FP8_MLPS)])
+def test_no_graph_break_outside_the_quantized_linear(precision, overrides):
+    model = _model(precision, **overrides)
     explained = torch._dynamo.explain(_loss)(model, *_batch(model))
     outside = [
         b.reason
@@ -39,7 +44,7 @@ def test_no_graph_break_outside_the_quantized_linear(precision):
         if not any("precision/linear.py" in frame.filename for frame in b.user_stack)
     ]
     assert outside == []
-    if precision == "bf16":
+    if precision != "nvfp4":
         assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
@@ -78,12 +83,18 @@ def test_compile_triton_ssd_one_graph():
         torch.testing.assert_close(q.grad, p.grad, rtol=5e-2, atol=5e-3, msg=name)
 
 
-@pytest.mark.parametrize("mode", ["full", "selective"])
-def test_activation_checkpointing_gives_the_same_grads(mode):
-    """Recomputing blocks in backward changes memory, not numbers (the nvfp4 policy: quantized linears
-    recompute their forward quantization exactly)."""
-    small = {"pattern": "M*-", "vocab_size": 512}
-    plain, ckpt = _model("nvfp4", **small), _model("nvfp4", **small)
+@pytest.mark.parametrize(
+    ("mode", "precision", "small"),
+    [
+        ("full", "nvfp4", {"pattern": "M*-", "vocab_size": 512}),
+        ("selective", "nvfp4", {"pattern": "M*-", "vocab_size": 512}),
+        ("full", "fp8_blockwise", FP8_MLPS),
+    ],
+)
+def test_activation_checkpointing_gives_the_same_grads(mode, precision, small):
+    """Recomputing blocks in backward changes memory, not numbers (quantized linears recompute their forward
+    quantization exactly; FP8 MLPs run as one node)."""
+    plain, ckpt = _model(precision, **small), _model(precision, **small)
     ckpt.set_activation_checkpointing(mode)
     assert len(ckpt.checkpointed) == (len(ckpt.blocks) if mode == "full" else (len(ckpt.blocks) + 1) // 2)
     x, y = _batch(plain)
