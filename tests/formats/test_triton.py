@@ -108,6 +108,8 @@ NAN_WORDS = torch.tensor([0x7FFFFFFF, -1, 0x7FC00000, 0x7F800001, -(2**22)], dty
 def assert_same(got, want, what):
     got = got.cpu()
     assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, want.dtype, got.shape, want.shape)
+    if got.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # codes by their bytes
+        got, want = got.view(torch.uint8), want.view(torch.uint8)
     if got.is_floating_point():
         assert torch.equal(got.isnan(), want.isnan()), what
         got, want = got.nan_to_num(0.0), want.nan_to_num(0.0)
@@ -899,25 +901,19 @@ def test_fp8_rowcol_prologue_same_bits_as_quantizing_the_activation(dtype):
             ref = fp8.quantize_blockwise_rowcol(
                 x, dtype, True, row_width=width, prologue=prologue, act_input=act_input, impl="reference"
             )
-            for (g, w, r), part in zip(zip(sum(got, ()), sum(want, ()), sum(ref, ())), ("rd", "rs", "cd", "cs")):
-                as_bits = (lambda t: t.view(torch.uint8)) if t_is_fp8(w) else (lambda t: t)
-                assert_same(as_bits(g), as_bits(w), f"blockwise {what} {part}")
-                assert_same(as_bits(r), as_bits(w), f"blockwise reference {what} {part}")
+            for g, w, r, part in zip(sum(got, ()), sum(want, ()), sum(ref, ()), ("rd", "rs", "cd", "cs")):
+                assert_same(g, w, f"blockwise {what} {part}")
+                assert_same(r, w, f"blockwise reference {what} {part}")
             got = fp8.quantize_tensorwise_rowcol(
                 x.to(DEVICE), dtype, prologue=prologue, act_input=dev_input, impl="triton"
             )
             want = fp8.quantize_tensorwise_rowcol(want_x, dtype, impl="reference")
-            for (g, w), part in zip(zip(sum(got, ()), sum(want, ())), ("data", "decode", "data_t", "decode_t")):
-                as_bits = (lambda t: t.view(torch.uint8)) if t_is_fp8(w) else (lambda t: t)
-                assert_same(as_bits(g), as_bits(w), f"tensorwise {what} {part}")
+            for g, w, part in zip(sum(got, ()), sum(want, ()), ("data", "decode", "data_t", "decode_t")):
+                assert_same(g, w, f"tensorwise {what} {part}")
     with pytest.raises(ValueError, match="act_input must be given"):
         fp8.quantize_blockwise_rowcol(a, dtype, prologue="squared_relu_grad", impl="reference")
     with pytest.raises(ValueError, match="prologue='gelu' is not supported"):
         fp8.quantize_tensorwise_rowcol(a, dtype, prologue="gelu", impl="reference")
-
-
-def t_is_fp8(t: torch.Tensor) -> bool:
-    return t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 @kernel_test
