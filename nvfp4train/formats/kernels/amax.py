@@ -34,7 +34,7 @@ def abs_max_partials(x: torch.Tensor, prologue: str | None = None, act_input: to
     partial = torch.empty(programs, dtype=torch.int32, device=x.device)
     _abs_max_kernel[(programs,)](
         x, x if act_input is None else act_input, partial, n, BLOCK=AMAX_BLOCK, PROLOGUE=PROLOGUE_CODES[prologue],
-        HW_BF16=hw_bf16(x), **launch_options(x),
+        HW_BF16=prologue is not None and hw_bf16(x), **launch_options(x),
     )
     return partial
 

@@ -269,7 +269,8 @@ def tensorwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool, pr
     _fp8_tensorwise_rowcol_kernel[grid](
         x, x if act_input is None else act_input, amax, data, data_t, decode, rows, cols,
         FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias, POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x),
-        BLOCK=TENSORWISE_TILE, PROLOGUE=PROLOGUE_CODES[prologue], HW_BF16=hw_bf16(x), **options,
+        BLOCK=TENSORWISE_TILE, PROLOGUE=PROLOGUE_CODES[prologue], HW_BF16=prologue is not None and hw_bf16(x),
+        **options,
     )
     return data, data_t, decode
 
@@ -415,7 +416,7 @@ def blockwise_rowcol(x: torch.Tensor, dtype: torch.dtype, pow2_scales: bool, row
         x, x if act_input is None else act_input, row_data, row_scales, col_data, col_scales, n_tokens, n_features,
         row_width, float(torch.finfo(x.dtype).max), FP8_MAX=float(torch.finfo(dtype).max), MANT=mant, BIAS=bias,
         POW2=pow2_scales, HW_CVT=_fp8_hw_cvt(x), RAGGED=row_width != n_features,
-        PROLOGUE=PROLOGUE_CODES[prologue], HW_BF16=hw_bf16(x), **options,
+        PROLOGUE=PROLOGUE_CODES[prologue], HW_BF16=prologue is not None and hw_bf16(x), **options,
     )
     return (row_data, row_scales), (col_data, col_scales)
 
