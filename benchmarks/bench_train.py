@@ -15,6 +15,9 @@ and ends with every row against the BF16 row measured in the same invocation (to
 converts every block's linears (`torchao_float8`); `--torchao all fp8_tensorwise` adds a second row that
 converts only the blocks our fp8_tensorwise preset quantizes (`torchao_float8_as_fp8_tensorwise`: its
 first and last blocks stay BF16), the like-for-like comparison.
+`--precision-set key=value ...` overrides precision keys of every quantized preset, in rows named with them:
+`--precisions fp8_tensorwise --precision-set bf16_first=0 bf16_last=0` gives `fp8_tensorwise[bf16_first=0,
+bf16_last=0]`, the preset with every block quantized (the LM head stays BF16 in every preset).
 `--sync-debug` counts host synchronisations per step (torch.cuda.set_sync_debug_mode("warn") warnings
 during the measured steps; CUDA only) and adds `syncs_per_step` to each row.
 `--backends te scaled_mm emulated` runs each quantized precision on each backend (one that cannot run here
@@ -69,7 +72,13 @@ def _key(row: dict) -> tuple:
 TORCHAO = "torchao_float8"  # the row of torchao's float8 training; "_as_<preset>": only that preset's quantized blocks
 
 
-def _model(model_cfg: ModelConfig, precision: str, device: torch.device, backend: str = "auto"):
+def _model(
+    model_cfg: ModelConfig,
+    precision: str,
+    device: torch.device,
+    backend: str = "auto",
+    precision_set: dict | None = None,
+):
     torch.manual_seed(0)
     if precision.startswith(TORCHAO):  # plain nn.Linear, converted by torchao
         from torchao.float8 import convert_to_float8_training
@@ -79,7 +88,9 @@ def _model(model_cfg: ModelConfig, precision: str, device: torch.device, backend
             model.blocks, module_filter_fn=torchao_block_filter(precision, len(model_cfg.pattern))
         )
         return model, "torchao"
-    policy = PrecisionPolicy.from_dict({**load_preset("precision", precision), "backend": backend})
+    policy = PrecisionPolicy.from_dict(
+        {**load_preset("precision", precision), **(precision_set or {}), "backend": backend}
+    )
     model = HybridLM(model_cfg, linear_factory=build_linear_factory(policy, n_blocks=len(model_cfg.pattern), seed=0))
     model = model.to(device)
     return model, PrecisionController(policy, model).backend_name
@@ -198,8 +209,11 @@ def bench_one(
     profile: Path | None = None,
     cuda_graph: str = "false",
     host_profile: int = 0,
+    precision_set: dict | None = None,
 ) -> dict:
-    model, backend = _model(model_cfg, precision, device, backend)
+    model, backend = _model(model_cfg, precision, device, backend, precision_set)
+    if precision_set:  # its own row: e.g. fp8_tensorwise[bf16_first=0,bf16_last=0] beside fp8_tensorwise
+        precision += "[" + ",".join(f"{k}={v}" for k, v in precision_set.items()) + "]"
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
     graphed = resolve_cuda_graph(cuda_graph, model, info, "ddp")
     engine = TorchEngine(
@@ -324,6 +338,13 @@ def main() -> None:
     ap.add_argument("--sync-debug", action="store_true", help="count host syncs per step (CUDA)")
     ap.add_argument("--set", nargs="*", default=[], help="model overrides key=value, e.g. ssd_backend=torch")
     ap.add_argument(
+        "--precision-set",
+        nargs="*",
+        default=[],
+        help="precision overrides key=value for every quantized precision, e.g. bf16_first=0 bf16_last=0 (FP8 in "
+        "every block); their rows are named with them, e.g. fp8_tensorwise[bf16_first=0,bf16_last=0]",
+    )
+    ap.add_argument(
         "--backends",
         nargs="+",
         default=["auto"],
@@ -359,6 +380,13 @@ def main() -> None:
         except ImportError as e:
             print(f"torchao float8 rows skipped: {e}")
     overrides = OmegaConf.to_container(OmegaConf.from_dotlist(args.set))
+    precision_set = OmegaConf.to_container(OmegaConf.from_dotlist(args.precision_set))
+    for precision in precisions:  # a bad override stops the run before any row, not as a skipped row
+        if precision_set and precision != "bf16" and not precision.startswith(TORCHAO):
+            try:
+                PrecisionPolicy.from_dict({**load_preset("precision", precision), **precision_set})
+            except ConfigError as e:
+                raise SystemExit(f"--precision-set with {precision}: {e}") from None
     device = torch.device(args.device)
     if device.type == "cuda":
         persistent_kernel_caches()  # as the trainer: autotuning results of earlier runs are reused
@@ -392,6 +420,7 @@ def main() -> None:
                                 args.profile,
                                 graph,
                                 args.host_profile,
+                                None if plain else precision_set,
                             )
                         )
                     except torch.cuda.OutOfMemoryError:

@@ -114,3 +114,39 @@ def test_rows_against_the_bf16_row_of_the_same_run():
     assert lines[0] == "against bf16 in this run:" and len(lines) == 2
     assert "fp8_tensorwise" in lines[1] and "1.250x tokens/s" in lines[1] and "0.800x step" in lines[1]
     assert against_bf16(rows[1:]) == []  # no BF16 row: no table
+
+
+def test_precision_set_gives_its_own_row_with_every_block_quantized(tmp_path):
+    """--precision-set bf16_first=0 bf16_last=0: the preset with FP8 in every block, in a row named with its
+    overrides beside the preset's own row; BF16 rows take no overrides."""
+    import benchmarks.bench_train as bt
+    from nvfp4train.config import load_preset
+    from nvfp4train.model import ModelConfig
+
+    cfg = ModelConfig.from_dict(load_preset("model", "hybrid_tiny"))
+    every, _ = bt._model(cfg, "fp8_tensorwise", torch.device("cpu"), precision_set={"bf16_first": 0, "bf16_last": 0})
+    preset, _ = bt._model(cfg, "fp8_tensorwise", torch.device("cpu"))
+    from nvfp4train.precision import QuantLinear
+
+    def quantized(model):
+        return [all(m.quantized for m in b.modules() if isinstance(m, QuantLinear)) for b in model.blocks]
+
+    assert quantized(every) == [True] * len(cfg.pattern)
+    assert quantized(preset) == [False, *[True] * (len(cfg.pattern) - 3), False, False]
+    out = tmp_path / "train.json"
+    proc = run_benchmark(
+        "bench_train",
+        *("--models", "hybrid_tiny", "--seqs", 32, "--batch", 2, "--steps", 1, "--warmup", 1, "--compile", "false"),
+        *("--precisions", "bf16", "fp8_tensorwise", "--precision-set", "bf16_first=0", "bf16_last=0", "--out", out),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(r["precision"] for r in json.loads(out.read_text())) == [
+        "bf16",
+        "fp8_tensorwise[bf16_first=0,bf16_last=0]",
+    ]
+    bad = run_benchmark(
+        "bench_train",
+        *("--models", "hybrid_tiny", "--seqs", 32, "--precisions", "fp8_tensorwise", "--out", out),
+        *("--precision-set", "bf16_frist=0"),
+    )
+    assert bad.returncode != 0 and "bf16_frist" in bad.stderr.splitlines()[-1]
