@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import time
 import warnings
 from pathlib import Path
@@ -275,7 +276,8 @@ def bench_one(
         row["syncs_per_step"] = syncs
     profiled = None
     if profile is not None:  # after the timed window, so it never slows the row's numbers
-        trace = profile / f"{model_name}_seq{seq}_{precision}_{backend}.json"
+        name = re.sub(r"[^A-Za-z0-9.-]+", "_", f"{model_name}_seq{seq}_{precision}_{backend}")  # no [ = , in names
+        trace = profile / f"{name}.json"
         profiled = profile_step(engine, micro_batches[-1], warmup + steps + 1, device, trace)
         listing = summary_lines(profiled, top=len(profiled), sources=3)
         trace.with_name(trace.stem + "_kernels.txt").write_text("\n".join(listing) + "\n")

@@ -138,12 +138,14 @@ def test_precision_set_gives_its_own_row_with_every_block_quantized(tmp_path):
         "bench_train",
         *("--models", "hybrid_tiny", "--seqs", 32, "--batch", 2, "--steps", 1, "--warmup", 1, "--compile", "false"),
         *("--precisions", "bf16", "fp8_tensorwise", "--precision-set", "bf16_first=0", "bf16_last=0", "--out", out),
+        *("--profile", tmp_path / "prof"),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(r["precision"] for r in json.loads(out.read_text())) == [
         "bf16",
         "fp8_tensorwise[bf16_first=0,bf16_last=0]",
     ]
+    assert (tmp_path / "prof" / "hybrid_tiny_seq32_fp8_tensorwise_bf16_first_0_bf16_last_0_emulated.json").is_file()
     bad = run_benchmark(
         "bench_train",
         *("--models", "hybrid_tiny", "--seqs", 32, "--precisions", "fp8_tensorwise", "--out", out),
