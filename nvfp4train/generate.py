@@ -21,6 +21,7 @@ import torch
 
 from nvfp4train.config import ConfigError, help_requested, load, usage
 from nvfp4train.eval.weights import RunError, load_run_model, pick_device
+from nvfp4train.precision.cpu_bf16 import cpu_bf16_matmuls
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -60,7 +61,7 @@ def generate(
     out = [[] for _ in range(num_samples)]
     done = torch.zeros(num_samples, dtype=torch.bool, device=device)
     autocast = torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32)
-    with autocast:
+    with autocast, cpu_bf16_matmuls(device, enabled=dtype == torch.bfloat16):
         logits, cache = prefill(model, tokens)
         for i in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, generator)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 import yaml
 
 from nvfp4train.eval.weights import RunError
+from nvfp4train.precision.cpu_bf16 import cpu_bf16_matmuls
 
 EVALS_DIR = Path(__file__).resolve().parents[2] / "evals"
 TASKS_FILE = EVALS_DIR / "tasks.yaml"
@@ -63,7 +64,10 @@ def loglikelihoods(
         for j, r in enumerate(rows):  # right padding: a causal model's earlier positions never see it
             ids[j, : len(r)] = torch.tensor(r)
         ids = ids.to(device)
-        with torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32):
+        with (
+            torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32),
+            cpu_bf16_matmuls(device, enabled=dtype == torch.bfloat16),
+        ):
             logits = model(ids[:, :-1])
         logprobs = F.log_softmax(logits.float(), dim=-1)
         for j, i in enumerate(batch):
@@ -84,7 +88,7 @@ def heldout_losses(model, val_data: dict[str, torch.Tensor], batch_size: int = 1
         total, count = 0.0, 0
         for i in range(0, len(seqs), batch_size):
             chunk = seqs[i : i + batch_size].to(device)
-            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16), cpu_bf16_matmuls(device):
                 logits = model(chunk[:, :-1])
             total += F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item()
             count += chunk[:, 1:].numel()

@@ -42,6 +42,7 @@ except ImportError as e:
 
 from nvfp4train.eval import harness
 from nvfp4train.eval.weights import RunError, load_run_model
+from nvfp4train.precision.cpu_bf16 import cpu_bf16_matmuls
 
 MIN_LM_EVAL = (0, 4, 10)  # the `run` subcommand and the lazily filled model registry
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -117,8 +118,11 @@ class NVFP4TrainLM(TemplateLM):
             tokens = (self.tok_encode(context) or [self.eot_token_id])[-max(self.max_length - max_new, 1) :]
             generated: list[int] = []
             text = ""
-            with torch.autocast(
-                torch.device(self.device_name).type, dtype=self.dtype, enabled=self.dtype != torch.float32
+            with (
+                torch.autocast(
+                    torch.device(self.device_name).type, dtype=self.dtype, enabled=self.dtype != torch.float32
+                ),
+                cpu_bf16_matmuls(self.device_name, enabled=self.dtype == torch.bfloat16),
             ):
                 logits, cache = prefill(self.model, torch.tensor([tokens], device=self.device_name))
                 for _ in range(max_new):

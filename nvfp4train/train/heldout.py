@@ -8,6 +8,8 @@ import contextlib
 
 import torch
 
+from nvfp4train.precision.cpu_bf16 import cpu_bf16_matmuls
+
 
 @contextlib.contextmanager
 def bf16_linears(layers):
@@ -43,7 +45,7 @@ def _evaluate(model, val_data: dict, micro_batch_size: int, device: torch.device
         total, count = torch.zeros((), device=device), 0
         for i in range(0, len(seqs), micro_batch_size):
             chunk = seqs[i : i + micro_batch_size].to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16):
+            with torch.autocast(device.type, dtype=torch.bfloat16), cpu_bf16_matmuls(device):
                 total += model(chunk[:, :-1], chunk[:, 1:], reduction="sum")  # FP32, chunked (model/loss.py)
             count += chunk[:, 1:].numel()
         out[f"val/{domain}"] = total.item() / max(count, 1)
