@@ -418,8 +418,9 @@ class DeepSpeedEngine:
         losses = []
         for i, (x, y) in enumerate(micro_batches):
             x, y = x.to(self.engine.device), y.to(self.engine.device)
-            loss = self.engine(x, y)
-            self.engine.backward(loss)
+            with cpu_bf16_matmuls(self.engine.device):  # BF16 weights: BF16 products on a CPU too
+                loss = self.engine(x, y)
+                self.engine.backward(loss)
             losses.append(loss.detach())
             if i == n - 1:
                 loss_value = dist.all_reduce_mean(torch.stack(losses).mean(), self.info).item()
