@@ -26,8 +26,12 @@ MATMULS = frozenset({_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _
 
 @functools.cache
 def cpu_has_bf16_gemm() -> bool:
-    """Whether PyTorch multiplies BF16 matrices with this CPU's own BF16 instructions (oneDNN)."""
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """Whether PyTorch multiplies BF16 matrices with this CPU's own BF16 instructions (oneDNN). A build without
+    oneDNN's check (another architecture) keeps PyTorch's own BF16 GEMM: counted as having them."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return True
 
 
 class FP32GemmForBF16(TorchDispatchMode):
