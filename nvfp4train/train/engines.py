@@ -187,7 +187,6 @@ class TorchEngine:
         if compile and self.fsdp:
             allow_a_compile_per_block(model)
         self.forward = torch.compile(self.wrapped, dynamic=False) if compile else self.wrapped
-        self.compiled = compile
         self.grad_clip = optim_cfg.grad_clip
         # Evaluation runs the uncompiled model: a held-out pass is a few dozen sequences, and through the
         # compiled one it compiled the whole forward again (grad mode is one of its guards) at every run's
@@ -210,10 +209,6 @@ class TorchEngine:
     def autocast(self):
         return torch.autocast(self.info.device.type, dtype=torch.bfloat16)
 
-    def cpu_matmuls(self):
-        """BF16 products as FP32 GEMMs on a CPU without BF16 instructions (precision/cpu_bf16.py); not compiled."""
-        return contextlib.nullcontext() if self.compiled else cpu_bf16_matmuls(self.info.device)
-
     def train_step(self, micro_batches, lr: float, step: int) -> StepStats:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -223,8 +218,10 @@ class TorchEngine:
         graphed = loss_sum is not None
         if not graphed:
             loss_sum = torch.zeros((), device=self.info.device)
+            # BF16 products as FP32 GEMMs on a CPU without BF16 instructions; a compiled step keeps Inductor's
+            bf16_matmuls = cpu_bf16_matmuls(self.info.device, enabled=self.forward is self.wrapped)
             for i, (x, y) in enumerate(batches):
-                with self._sync_context(last=i == n - 1), self.cpu_matmuls():
+                with self._sync_context(last=i == n - 1), bf16_matmuls:
                     with self.autocast():
                         loss = self.forward(x, y)  # the model's fused, chunked cross-entropy (model/loss.py)
                     (loss / n).backward()
