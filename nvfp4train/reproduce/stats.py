@@ -13,7 +13,7 @@ fraction, as in Numerical Recipes §6.4), and its quantile is found by bisection
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 STABLE = (0.2, 0.8)
 DECAY = (0.8, 1.0)
@@ -21,7 +21,7 @@ ALPHA = 0.05
 POWER = 0.8
 MAX_SEEDS = 1000  # beyond this a seed count is reported as "more than"
 
-REPRODUCED, CONTRADICTED, UNRESOLVED = "reproduced", "contradicted", "unresolved"
+REPRODUCED, DIRECTION_ONLY, CONTRADICTED, UNRESOLVED = "reproduced", "direction only", "contradicted", "unresolved"
 
 
 # --------------------------------------------------------------------------- Student's t
@@ -123,17 +123,19 @@ def mean_interval(values: list[float], alpha: float = ALPHA) -> Interval:
     return Interval(n, mean, sd, mean - half, mean + half)
 
 
-def seeds_needed(effect: float, sd: float, alpha: float = ALPHA, power: float = POWER, max_n: int = 1000) -> int | None:
-    """Seeds for a two-sided paired t-test at `alpha` to detect `effect` with `power`, at the observed SD:
-    the smallest n with ((t_{1-alpha/2,n-1} + t_{power,n-1}) * sd / effect)^2 <= n. None: more than max_n
-    (or no effect to detect)."""
+def seeds_needed(
+    effect: float, sd: float, alpha: float = ALPHA, power: float = POWER, max_n: int = 1000, sides: int = 2
+) -> int | None:
+    """Seeds for a paired t-test at `alpha` (two-sided, or one-sided with sides=1) to detect `effect` with
+    `power`, at the observed SD: the smallest n with ((t_{1-alpha/sides,n-1} + t_{power,n-1}) * sd /
+    effect)^2 <= n. None: more than max_n (or no effect to detect)."""
     if effect == 0 or not math.isfinite(effect):
         return None
     if sd <= 0:
         return 2
 
     def enough(n: int) -> bool:
-        return ((t_quantile(1 - alpha / 2, n - 1) + t_quantile(power, n - 1)) * sd / abs(effect)) ** 2 <= n
+        return ((t_quantile(1 - alpha / sides, n - 1) + t_quantile(power, n - 1)) * sd / abs(effect)) ** 2 <= n
 
     # the left side falls with n (the quantiles shrink) and the right one grows: a bisection finds the first n
     if not enough(max_n):
@@ -195,9 +197,11 @@ class Claim:
 
 @dataclass(frozen=True)
 class Verdict:
-    verdict: str  # reproduced | contradicted | unresolved
+    verdict: str  # reproduced | direction only | contradicted | unresolved
     reason: str
     seeds_needed: int | None = None
+    p: float | None = None  # the p-value of the rejection the verdict rests on (None: it rests on none)
+    p_adjusted: float | None = None  # p after Holm's correction over its family (None: not in one)
 
     def text(self) -> str:
         more = ""
@@ -280,3 +284,243 @@ def token_ratio(
         return arm_tokens / reached if reached else None
     reached = tokens_to_reach(arm_curve, base_final)
     return reached / base_tokens if reached else None
+
+
+# --------------------------------------------------------------------------- tests of the claims' kinds
+# Each test takes the per-seed paired values (in %, positive = the arm's loss is higher) and returns a
+# Verdict whose `p` is that of the rejection its verdict rests on: `holm` adjusts those p-values over a
+# family and turns a verdict whose adjusted p is not below ALPHA into "unresolved".
+def _moments(values: list[float]) -> tuple[int, float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return n, mean, sd
+
+
+def p_value(values: list[float], null: float = 0.0, side: str = "two") -> float:
+    """Paired t-test of mean(values) against `null`: side "two", "greater" (H1: mean > null) or "less"."""
+    n, mean, sd = _moments(values)
+    if n < 2:
+        raise ValueError("p_value: needs 2 values or more")
+    if sd == 0:
+        t = math.copysign(math.inf, mean - null) if mean != null else 0.0
+    else:
+        t = (mean - null) / (sd / math.sqrt(n))
+    if math.isinf(t):
+        upper = 0.0 if t > 0 else 1.0
+    else:
+        upper = 1.0 - t_cdf(t, n - 1)  # P(T > t)
+    if side == "greater":
+        return upper
+    if side == "less":
+        return 1.0 - upper
+    return min(1.0, 2.0 * min(upper, 1.0 - upper))
+
+
+def one_sided_bound(values: list[float], side: str, alpha: float = ALPHA) -> float:
+    """The one-sided (1 - alpha) bound of the mean: side "upper" or "lower"."""
+    n, mean, sd = _moments(values)
+    half = t_quantile(1 - alpha, n - 1) * sd / math.sqrt(n)
+    return mean + half if side == "upper" else mean - half
+
+
+def min_detectable_effect(sd: float, n: int, alpha: float = ALPHA, power: float = POWER, sides: int = 2) -> float:
+    """The smallest true mean a paired t-test of n seeds at `alpha` detects with `power`, at SD `sd`."""
+    return (t_quantile(1 - alpha / sides, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n)
+
+
+def _few(values: list[float]) -> Verdict | None:
+    if not values:
+        return Verdict(UNRESOLVED, "no paired runs")
+    if len(values) < 2:
+        return Verdict(UNRESOLVED, "one seed: no interval")
+    return None
+
+
+def _need(effect: float, sd: float, sides: int = 2) -> int:
+    n = seeds_needed(effect, sd, max_n=MAX_SEEDS, sides=sides)
+    return n if n is not None else MAX_SEEDS + 1
+
+
+def judge_bound(values: list[float], bound: float) -> Verdict:
+    """ "Below `bound`" (e.g. < 1%): one-sided. Reproduced where the one-sided 95% upper bound is below it,
+    contradicted where the one-sided 95% lower bound is above it."""
+    few = _few(values)
+    if few:
+        return few
+    n, mean, sd = _moments(values)
+    upper, lower = one_sided_bound(values, "upper"), one_sided_bound(values, "lower")
+    if upper < bound:
+        return Verdict(
+            REPRODUCED, f"one-sided 95% upper bound {upper:+.2f}% < {bound:g}%", p=p_value(values, bound, "less")
+        )
+    if lower > bound:
+        return Verdict(
+            CONTRADICTED,
+            f"one-sided 95% lower bound {lower:+.2f}% > {bound:g}%",
+            p=p_value(values, bound, "greater"),
+        )
+    return Verdict(
+        UNRESOLVED, f"one-sided 95% upper bound {upper:+.2f}% crosses {bound:g}%", _need(bound - mean, sd, sides=1)
+    )
+
+
+def judge_size(values: list[float], value: float) -> Verdict:
+    """ "≈ value": reproduced where the sign is the paper's (the 95% interval excludes 0 on its side) and
+    `value` lies inside the interval; direction only where the sign is right and `value` lies outside;
+    contradicted where the interval lies on the other side of 0."""
+    few = _few(values)
+    if few:
+        return few
+    interval = mean_interval(values)
+    _, mean, sd = _moments(values)
+    sign = 1 if value > 0 else -1
+    p = p_value(values)
+    if sign * interval.lo > 0:
+        if interval.lo <= value <= interval.hi:
+            return Verdict(REPRODUCED, f"sign right, the paper's {value:+g}% inside the 95% interval", p=p)
+        where = "above" if value > interval.hi else "below"
+        return Verdict(DIRECTION_ONLY, f"sign right, the paper's {value:+g}% {where} the 95% interval", p=p)
+    if sign * interval.hi < 0:
+        return Verdict(CONTRADICTED, "the 95% interval lies on the other side of 0", p=p)
+    return Verdict(UNRESOLVED, "the 95% interval contains 0", _need(value, sd))
+
+
+def judge_direction(values: list[float], side: str, effect: float | None = None) -> Verdict:
+    """ "Worse" (> 0) or "better" (< 0): the 95% interval on that side of 0 (reproduced) or on the other
+    (contradicted). Unresolved: the seeds for power 0.8 at the paper's `effect` (the observed mean where
+    the paper gives none)."""
+    few = _few(values)
+    if few:
+        return few
+    interval = mean_interval(values)
+    _, mean, sd = _moments(values)
+    sign = 1 if side == "worse" else -1
+    p = p_value(values)
+    if sign * interval.lo > 0 and sign * interval.hi > 0:
+        return Verdict(REPRODUCED, f"the 95% interval lies {'above' if sign > 0 else 'below'} 0", p=p)
+    if sign * interval.lo < 0 and sign * interval.hi < 0:
+        return Verdict(CONTRADICTED, f"the 95% interval lies {'below' if sign > 0 else 'above'} 0", p=p)
+    at = "the paper's effect" if effect is not None else "the observed mean"
+    return Verdict(UNRESOLVED, f"the 95% interval contains 0 (power at {at})", _need(effect if effect else mean, sd))
+
+
+def judge_equivalence(values: list[float], margin: float) -> Verdict:
+    """ "No measurable difference": two one-sided tests against ±margin (reproduced: both reject at ALPHA,
+    i.e. the 90% interval lies within ±margin); contradicted where the 95% interval lies outside ±margin.
+    The reason gives the minimum detectable effect (power 0.8) beside the margin."""
+    few = _few(values)
+    if few:
+        return few
+    n, mean, sd = _moments(values)
+    interval = mean_interval(values)
+    mde = min_detectable_effect(sd, n)
+    beside = f"margin ±{margin:g}%, minimum detectable effect {mde:.2f}%"
+    p_tost = max(p_value(values, -margin, "greater"), p_value(values, margin, "less"))
+    if p_tost < ALPHA:
+        return Verdict(REPRODUCED, f"equivalent within ±{margin:g}% (TOST p = {p_tost:.3g}; {beside})", p=p_tost)
+    if interval.lo > margin or interval.hi < -margin:
+        p = p_value(values, margin if mean > 0 else -margin)
+        return Verdict(CONTRADICTED, f"the 95% interval lies outside ±{margin:g}% ({beside})", p=p)
+    return Verdict(UNRESOLVED, f"TOST p = {p_tost:.3g} ({beside})", _need(max(margin - abs(mean), 1e-12), sd, sides=1))
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """mean(a) / mean(b) of paired per-seed values, with its Fieller 95% interval (lo, hi None: the
+    interval is unbounded because mean(b) does not differ from 0 at the observed spread)."""
+
+    n: int
+    value: float
+    lo: float | None
+    hi: float | None
+
+    def text(self, digits: int = 2) -> str:
+        if self.lo is None:
+            return f"{self.value:.{digits}f} (unbounded interval, n={self.n})"
+        return f"{self.value:.{digits}f} [{self.lo:.{digits}f}, {self.hi:.{digits}f}] (n={self.n})"
+
+
+def fieller(a: list[float], b: list[float], alpha: float = ALPHA) -> Ratio:
+    """Fieller's interval of mean(a) / mean(b) for paired samples: every r for which the paired t-test of
+    a - r * b does not reject at `alpha` (two-sided)."""
+    n = len(a)
+    ma, mb = sum(a) / n, sum(b) / n
+    saa = sum((x - ma) ** 2 for x in a) / (n - 1)
+    sbb = sum((y - mb) ** 2 for y in b) / (n - 1)
+    sab = sum((x - ma) * (y - mb) for x, y in zip(a, b)) / (n - 1)
+    t2 = t_quantile(1 - alpha / 2, n - 1) ** 2 / n
+    qa, qb, qc = mb * mb - t2 * sbb, ma * mb - t2 * sab, ma * ma - t2 * saa
+    value = ma / mb if mb else math.inf
+    disc = qb * qb - qa * qc
+    if qa <= 0 or disc < 0:
+        return Ratio(n, value, None, None)
+    root = math.sqrt(disc)
+    return Ratio(n, value, (qb - root) / qa, (qb + root) / qa)
+
+
+def judge_fraction(recovered: list[float], gap: list[float], fraction: float) -> tuple[Verdict, Ratio | None]:
+    """The fraction of a gap (per seed, e.g. NVFP4 - FP8) that a change recovers (per seed, NVFP4 - switch),
+    against the paper's `fraction`: reproduced where the Fieller 95% interval excludes 0 and holds it,
+    contradicted where it lies below it, direction only where it lies above (more recovered than the
+    paper's), unresolved where it contains 0 or is unbounded (the gap itself is not resolved)."""
+    few = _few(recovered)
+    if few:
+        return few, None
+    ratio = fieller(recovered, gap)
+    n, mean_gap, sd_gap = _moments(gap)
+    if ratio.lo is None:
+        return Verdict(
+            UNRESOLVED, "the gap to recover is not resolved: unbounded interval", _need(mean_gap, sd_gap)
+        ), ratio
+    against = [x - fraction * y for x, y in zip(recovered, gap)]
+    _, _, sd_against = _moments(against)
+    if ratio.hi < fraction:
+        return Verdict(
+            CONTRADICTED, f"the 95% interval lies below the paper's {fraction:.2f}", p=p_value(against)
+        ), ratio
+    if ratio.lo <= 0:
+        return Verdict(UNRESOLVED, "the 95% interval contains 0", _need(fraction * mean_gap, sd_against)), ratio
+    if ratio.lo > fraction:
+        return Verdict(
+            DIRECTION_ONLY, f"recovers more: the 95% interval lies above the paper's {fraction:.2f}", p=p_value(against)
+        ), ratio
+    return Verdict(REPRODUCED, f"the paper's {fraction:.2f} lies inside the 95% interval", p=p_value(recovered)), ratio
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (same order as given)."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * len(pvalues), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def apply_holm(verdicts: list[Verdict], alpha: float = ALPHA) -> list[Verdict]:
+    """Holm's correction over a family: each verdict that rests on a p-value gets its adjusted p, and one
+    whose adjusted p is not below `alpha` becomes unresolved (its reason says why)."""
+    tested = [i for i, v in enumerate(verdicts) if v.p is not None]
+    adjusted = holm([verdicts[i].p for i in tested])
+    out = list(verdicts)
+    for i, q in zip(tested, adjusted):
+        v = replace(verdicts[i], p_adjusted=q)
+        if v.verdict != UNRESOLVED and q >= alpha:
+            v = replace(v, verdict=UNRESOLVED, reason=f"{v.reason}, but Holm-adjusted p = {q:.3g} ≥ {alpha:g}")
+        out[i] = v
+    return out
+
+
+# --------------------------------------------------------------------------- token equivalent (budgets)
+def budget_to_reach(final_losses: dict[float, float], target: float) -> float | None:
+    """The token budget (a multiple k of the base budget) at which runs trained with their own schedule at
+    k x the tokens reach `target` final loss: final loss interpolated linearly between the budgets
+    (sorted by k). None: no budget reaches it, or the smallest one is already below it."""
+    points = sorted(final_losses.items())
+    if not points or points[0][1] <= target:
+        return points[0][0] if points and points[0][1] == target else None
+    for (k0, l0), (k1, l1) in zip(points, points[1:]):
+        if l1 <= target:
+            return k0 + (k1 - k0) * (l0 - target) / (l0 - l1)
+    return None
