@@ -11,7 +11,8 @@ others are measured against. Keys:
     seeds: [1, 2, 3]                the default seeds of every arm
     baseline: fp8_blockwise         an arm, or a borrowed one
     base: [OVERRIDE, ...]           overrides shared by every arm
-    arms: {NAME: [OVERRIDE, ...] | {overrides: [...], seeds: [...]}}
+    arms: {NAME: [OVERRIDE, ...] | {overrides: [...], seeds: [...], tokens: N}}   tokens: this arm's own
+                                    budget (its schedule scales with it), for separate-budget arms
     borrow: {ARM: EXPERIMENT}       arms whose runs another experiment makes (compared here, not run here)
     eval: [ARG, ...]                `python -m nvfp4train.eval run_dir=RUN ARG...` after training
     eval_points: 20                 in-training validations per run (20: every 5% of the tokens); 0: the
@@ -58,6 +59,7 @@ class Arm:
     name: str
     overrides: tuple[str, ...]
     seeds: tuple[int, ...]
+    tokens: int | None = None  # None: the experiment's
 
 
 @dataclass(frozen=True)
@@ -158,11 +160,20 @@ def load_experiment(name: str, directory: Path = EXPERIMENTS_DIR) -> Experiment:
     arms = {}
     for arm_name, arm_spec in spec["arms"].items():
         if isinstance(arm_spec, dict):
-            extra = sorted(set(arm_spec) - {"overrides", "seeds"})
+            extra = sorted(set(arm_spec) - {"overrides", "seeds", "tokens"})
             if extra:
-                raise UsageError(f"{path}: arms.{arm_name}: unknown key {extra[0]!r}; allowed: overrides, seeds")
+                raise UsageError(
+                    f"{path}: arms.{arm_name}: unknown key {extra[0]!r}; allowed: overrides, seeds, tokens"
+                )
             arm_seeds = _int_list(path, f"arms.{arm_name}.seeds", arm_spec["seeds"]) if "seeds" in arm_spec else seeds
-            arms[arm_name] = Arm(arm_name, _str_list(path, f"arms.{arm_name}", arm_spec.get("overrides")), arm_seeds)
+            arm_tokens = arm_spec.get("tokens")
+            if arm_tokens is not None and (
+                isinstance(arm_tokens, bool) or not isinstance(arm_tokens, int) or arm_tokens < 1
+            ):
+                raise UsageError(f"{path}: arms.{arm_name}.tokens={arm_tokens!r}; expected an integer >= 1")
+            arms[arm_name] = Arm(
+                arm_name, _str_list(path, f"arms.{arm_name}", arm_spec.get("overrides")), arm_seeds, arm_tokens
+            )
         else:
             arms[arm_name] = Arm(arm_name, _str_list(path, f"arms.{arm_name}", arm_spec), seeds)
     borrow = spec.get("borrow") or {}

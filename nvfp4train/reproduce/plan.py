@@ -105,7 +105,7 @@ def plan_experiment(
         cfg = compose_arm(list(exp.base) + list(arm.overrides) + extra)
         t = cfg["train"]
         per_step = int(t["global_batch_size"]) * int(t["seq_len"])
-        steps = max(1, round(exp.tokens / per_step))
+        steps = max(1, round((arm.tokens or exp.tokens) / per_step))
         every = [f"train.eval_every={max(1, round(steps / exp.eval_points))}"] if exp.eval_points else []
         for seed in arm.seeds:
             if seeds is not None and seed not in seeds:
