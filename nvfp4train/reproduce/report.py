@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from nvfp4train.reproduce import stats
-from nvfp4train.reproduce.claims import CLAIMS, METRIC_TEXT, ClaimRow
+from nvfp4train.reproduce.claims import CLAIMS_FILE, Claim, Endpoint, Kind, Loss, Point, Precision, load_claims
 from nvfp4train.reproduce.experiments import (
     EXPERIMENTS_DIR,
     Experiment,
@@ -130,37 +130,309 @@ def arm_runs(runs: dict, exp: Experiment, arm: str) -> dict[int, RunData]:
 
 
 # ------------------------------------------------------------------------------------- statistics
-def compare(arm: dict[int, RunData], base: dict[int, RunData], metric: str):
-    """(interval, per-seed values) of one metric, paired by seed."""
+@dataclass
+class RunExtras:
+    """What the report reads from a run beyond load_run's: the in-training validation in the training
+    precision (train.eval_precision=both: val_tp/<source>, val_tp/mean) and the tokens at which the data
+    blend changes (data/phase)."""
+
+    val_tp: dict[float, float] = field(default_factory=dict)
+    blend_changes: list[float] = field(default_factory=list)
+
+
+_EXTRAS: dict[Path, RunExtras] = {}
+
+
+def run_extras(run: RunData) -> RunExtras:
+    if run.path not in _EXTRAS:
+        out, phase = RunExtras(), None
+        try:
+            lines = read_metrics_text(metrics_path(run.path)).splitlines()
+        except (OSError, EOFError):
+            lines = []
+        for line in lines:
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            tokens = float(r.get("tokens", 0))
+            if isinstance(r.get("val_tp/mean"), (int, float)):
+                out.val_tp[tokens] = float(r["val_tp/mean"])
+            if isinstance(r.get("data/phase"), int):
+                if phase is not None and r["data/phase"] != phase:
+                    out.blend_changes.append(tokens)
+                phase = r["data/phase"]
+        _EXTRAS[run.path] = out
+    return _EXTRAS[run.path]
+
+
+def _eval_precision(run: RunData) -> str:
+    return str(run.config.get("train", {}).get("eval_precision", "training"))
+
+
+def held_curve(run: RunData, precision: Precision) -> dict[float, float] | None:
+    """The in-training validation curve in `precision`, None where the run did not record it: val/ is in
+    BF16 with train.eval_precision=bf16 or both, in the training precision otherwise; val_tp/ (both) is in
+    the training precision."""
+    ep = _eval_precision(run)
+    if precision is Precision.BF16:
+        return run.val if ep in ("bf16", "both") and run.val else None
+    if ep == "both":
+        return run_extras(run).val_tp or None
+    return run.val if ep != "bf16" and run.val else None
+
+
+def final_eval(run: RunData, precision: Precision) -> float | None:
+    """The final checkpoint's held-out mean loss (unweighted over sources) in `precision`: eval.json's
+    heldout is at its eval_precision (BF16 for bf16 and both), heldout_tp in the training precision."""
+    e = run.eval
+    if not e:
+        return None
+    ep = str(e.get("eval_precision", "bf16"))
+    if precision is Precision.TRAINING and isinstance(e.get("heldout_tp"), dict) and e["heldout_tp"]:
+        losses = [float(v["loss"]) for v in e["heldout_tp"].values()]
+        return sum(losses) / len(losses)
+    if (precision is Precision.BF16) == (ep in ("bf16", "both")) and e.get("heldout_mean_loss") is not None:
+        return float(e["heldout_mean_loss"])
+    return None
+
+
+@dataclass
+class Measured:
+    """Per seed: the paired gap in % (pct) and in nats (nats) of one endpoint; what was measured (label);
+    why nothing was, where nothing was (missing)."""
+
+    pct: dict[int, float]
+    nats: dict[int, float]
+    label: str
+    missing: str | None = None
+
+
+def _fresh_end(runs: list[RunData]) -> float | None:
+    """Tokens at which the first data source begins its second pass, over the paired runs (None: never)."""
+    repeats = [r.repeats_from for r in runs if r.repeats_from is not None]
+    return min(repeats) if repeats else None
+
+
+def _nearest(curve: dict[float, float], tokens: float) -> float:
+    return min(curve, key=lambda t: abs(t - tokens))
+
+
+def measure(ep: Endpoint, arm: dict[int, RunData], base: dict[int, RunData]) -> Measured:
+    """The endpoint's paired gaps, seed by seed."""
     seeds = sorted(set(arm) & set(base))
+    label = ep.text()
     if not seeds:
-        return None, {}
+        return Measured({}, {}, label, "no paired runs")
+    runs = [r for s in seeds for r in (arm[s], base[s])]
     total = base[seeds[0]].total
-    if metric in ("train_stable", "train_decay", "val_stable", "val_decay"):
-        kind, window = metric.split("_")
-        window = stats.STABLE if window == "stable" else stats.DECAY
-        curves = (lambda r: r.train) if kind == "train" else (lambda r: r.val)
-        return stats.paired_window_gap(
-            {s: curves(arm[s]) for s in seeds}, {s: curves(base[s]) for s in seeds}, total, window
+    if ep.loss is Loss.FINAL_EVAL:
+        a = {s: final_eval(arm[s], ep.precision) for s in seeds}
+        b = {s: final_eval(base[s], ep.precision) for s in seeds}
+        lacking = sum(1 for s in seeds for v in (a[s], b[s]) if v is None)
+        if lacking:
+            key = "heldout_tp" if ep.precision is Precision.TRAINING else "heldout (BF16)"
+            return Measured(
+                {}, {}, label, f"{lacking} of {2 * len(seeds)} eval.json lack {key} (evaluate with both precisions)"
+            )
+        sizes = sorted({r.eval_sequences for r in runs if r.eval_sequences})
+        if sizes:
+            label += f" (eval.json, {sizes[0]} sequences)"
+        return Measured({s: (a[s] - b[s]) / b[s] * 100.0 for s in seeds}, {s: a[s] - b[s] for s in seeds}, label)
+    if ep.loss is Loss.TRAINING:
+        curves = {s: (arm[s].train, base[s].train) for s in seeds}
+        lo, hi = ep.window if ep.window else (0.95, 1.0)
+        fresh = _fresh_end(runs)
+        end = min(hi, fresh / total) if fresh is not None else hi
+        if end <= lo:
+            where = f"the first data repeat at {fresh / 1e6:.1f}M tokens ({100 * fresh / total:.0f}%)"
+            if ep.after_repeat is None:
+                return Measured({}, {}, label, f"the window starts past {where}")
+            m = measure(ep.after_repeat, arm, base)
+            m.label += f" (the training-loss window lies past {where})"
+            return m
+        if end < hi:
+            label = label.replace(f"{round(100 * hi)}% of tokens", f"{100 * end:.0f}% of tokens, the first repeat")
+        window = (lo, end)
+    else:
+        curves = {s: (held_curve(arm[s], ep.precision), held_curve(base[s], ep.precision)) for s in seeds}
+        lacking = sum(1 for s in seeds for c in curves[s] if c is None)
+        if lacking:
+            name = "val_tp/" if ep.precision is Precision.TRAINING else "val/ in BF16"
+            return Measured(
+                {}, {}, label, f"{lacking} of {2 * len(seeds)} runs lack {name} (train.eval_precision=both records it)"
+            )
+        vals = sorted({f"{r.config.get('train', {}).get('eval_sequences', '?')}" for r in runs})
+        label += f" ({'/'.join(vals)} seq/source)"
+        window = ep.window
+    pct, nats = {}, {}
+    for s in seeds:
+        a, b = curves[s]
+        rel = stats.relative_gaps(a, b)
+        diff = {t: a[t] - b[t] for t in rel}
+        if not rel:
+            continue
+        if ep.point is Point.FINAL:
+            t = max(rel)
+            pct[s], nats[s] = rel[t], diff[t]
+        elif ep.point is Point.CHANGE:
+            t0, t1 = _nearest(rel, window[0] * total), _nearest(rel, window[1] * total)
+            pct[s], nats[s] = rel[t1] - rel[t0], diff[t1] - diff[t0]
+        else:
+            value = stats.window_mean(rel, total, window)
+            if value is not None:
+                pct[s], nats[s] = value, stats.window_mean(diff, total, window)
+    return Measured(pct, nats, label, None if pct else "no logged point inside the window")
+
+
+def _interval_text(values: list[float], unit: str, digits: int) -> str:
+    i = stats.mean_interval(values)
+    if i.lo is None:
+        return f"{i.mean:+.{digits}f}{unit} (1 seed)"
+    return f"{i.mean:+.{digits}f}{unit} [{i.lo:+.{digits}f}, {i.hi:+.{digits}f}]"
+
+
+def gap_text(m: Measured) -> str:
+    """Mean, 95% interval, n, in % and in nats."""
+    seeds = sorted(m.pct)
+    return (
+        f"{_interval_text([m.pct[s] for s in seeds], '%', 2)}, "
+        f"{_interval_text([m.nats[s] for s in seeds], ' nats', 4)} (n={len(seeds)})"
+    )
+
+
+@dataclass
+class ClaimResult:
+    claim: Claim
+    exp: Experiment
+    verdict: stats.Verdict
+    ours: str
+    label: str
+    n: int
+    paired: list[RunData]
+    decomposition: list[list[str]] = field(default_factory=list)
+
+
+def _with_need(v: stats.Verdict) -> str:
+    return v.text()
+
+
+def evaluate(claim: Claim, exp: Experiment, runs: dict) -> ClaimResult:
+    """The claim's test on one experiment's runs."""
+    arm, base = arm_runs(runs, exp, claim.arm), arm_runs(runs, exp, claim.baseline)
+    paired = [r for s in sorted(set(arm) & set(base)) for r in (arm[s], base[s])]
+    ep = claim.endpoint
+    if claim.kind is Kind.TOKEN_EQUIVALENT:
+        return _token_equivalent(claim, exp, runs, paired)
+    if claim.kind is Kind.FRACTION_RECOVERED:
+        ref = arm_runs(runs, exp, claim.reference)
+        gap, switched = measure(ep, base, ref), measure(ep, arm, ref)
+        missing = gap.missing or switched.missing
+        if missing:
+            return ClaimResult(
+                claim, exp, stats.Verdict(stats.UNRESOLVED, missing), "not measured", gap.label, 0, paired
+            )
+        seeds = sorted(set(gap.pct) & set(switched.pct))
+        recovered = [gap.pct[s] - switched.pct[s] for s in seeds]
+        v, ratio = stats.judge_fraction(recovered, [gap.pct[s] for s in seeds], claim.fraction)
+        rec = Measured(
+            {s: -r for s, r in zip(seeds, recovered)}, {s: switched.nats[s] - gap.nats[s] for s in seeds}, ""
         )
-    if metric == "widening":
-        _, stable = compare(arm, base, "val_stable")
-        _, decay = compare(arm, base, "val_decay")
-        per_seed = {s: decay[s] - stable[s] for s in seeds if s in stable and s in decay}
-        return (stats.mean_interval(list(per_seed.values())) if per_seed else None), per_seed
-    if metric == "eval_end":
-        a = {s: arm[s].eval["heldout_mean_loss"] for s in seeds if arm[s].eval}
-        b = {s: base[s].eval["heldout_mean_loss"] for s in seeds if base[s].eval}
-        return stats.paired_end_gap(a, b)
-    if metric == "token_ratio":
-        per_seed = {}
-        for s in seeds:
-            if arm[s].val and base[s].val:
-                ratio = stats.token_ratio(arm[s].val, arm[s].total, base[s].val, base[s].total)
-                if ratio is not None:
-                    per_seed[s] = (ratio - 1.0) * 100.0
-        return (stats.mean_interval(list(per_seed.values())) if per_seed else None), per_seed
-    raise ValueError(f"unknown metric {metric!r}")
+        ours = f"fraction {ratio.text()}" if ratio else "—"
+        ours += (
+            f"; {claim.arm} − {claim.baseline} {gap_text(rec)}; {claim.baseline} − {claim.reference} {gap_text(gap)}"
+        )
+        result = ClaimResult(claim, exp, v, ours, gap.label, len(seeds), paired)
+    else:
+        m = measure(ep, arm, base)
+        if m.missing:
+            return ClaimResult(
+                claim, exp, stats.Verdict(stats.UNRESOLVED, m.missing), "not measured", m.label, 0, paired
+            )
+        values = [m.pct[s] for s in sorted(m.pct)]
+        if claim.kind is Kind.BOUND:
+            v = stats.judge_bound(values, claim.bound)
+        elif claim.kind is Kind.SIZE:
+            v = stats.judge_size(values, claim.value)
+        elif claim.kind is Kind.DIRECTION:
+            v = stats.judge_direction(values, claim.side, claim.effect)
+        else:
+            v = stats.judge_equivalence(values, claim.margin)
+        result = ClaimResult(claim, exp, v, gap_text(m), m.label, len(values), paired)
+    result.decomposition = decomposition_rows(claim, arm, base)
+    return result
+
+
+def decomposition_rows(claim: Claim, arm: dict[int, RunData], base: dict[int, RunData]) -> list[list[str]]:
+    """Where the runs have the held-out loss in both precisions: the gap in the training precision split
+    into its weight-quality part (the gap in BF16) and its forward-quantization part (training precision −
+    BF16), each with its paired interval. Nothing where either precision is missing."""
+    ep = claim.endpoint.after_repeat or claim.endpoint
+    if ep.loss is Loss.TRAINING or not claim.primary:
+        return []
+    tp = measure(replace(ep, precision=Precision.TRAINING), arm, base)
+    bf = measure(replace(ep, precision=Precision.BF16), arm, base)
+    if tp.missing or bf.missing:
+        return []
+    seeds = sorted(set(tp.pct) & set(bf.pct))
+    forward = Measured({s: tp.pct[s] - bf.pct[s] for s in seeds}, {s: tp.nats[s] - bf.nats[s] for s in seeds}, "")
+    where = replace(ep, precision=Precision.BF16).text().replace(" in BF16", "")
+    return [
+        [f"{claim.arm} vs {claim.baseline}", f"{where}: gap in the training precision", gap_text(tp)],
+        [f"{claim.arm} vs {claim.baseline}", f"{where}: weight quality (the gap in BF16)", gap_text(bf)],
+        [
+            f"{claim.arm} vs {claim.baseline}",
+            f"{where}: forward quantization (training precision − BF16)",
+            gap_text(forward),
+        ],
+    ]
+
+
+def _token_equivalent(claim: Claim, exp: Experiment, runs: dict, paired: list[RunData]) -> ClaimResult:
+    """Per seed, the budget k at which the arm's final loss (runs at k x the tokens, own schedules)
+    reaches the baseline's at 1x (or 1 / the baseline's k for the arm's, where the arm ends better)."""
+    ep = claim.endpoint
+    label = f"{ep.text()}, interpolated over separate runs at {', '.join(f'{k:g}x' for k in claim.arm_budgets)}"
+    budget_runs = {a: arm_runs(runs, exp, a) for a in {*claim.arm_budgets.values(), *claim.baseline_budgets.values()}}
+    missing = sorted(a for a, r in budget_runs.items() if not r)
+    if missing:
+        reason = (
+            f"missing: the separate-budget runs of {', '.join(missing)} (experiment {exp.name}; "
+            f"`python -m nvfp4train.reproduce plan {exp.name}` lists them)"
+        )
+        return ClaimResult(claim, exp, stats.Verdict(stats.UNRESOLVED, reason), "not run", label, 0, paired)
+    seeds = sorted(set.intersection(*(set(r) for r in budget_runs.values())))
+    base_total = budget_runs[claim.baseline_budgets[1.0]][seeds[0]].total if seeds else 1.0
+    per_seed, beyond = {}, []
+    for s in seeds:
+
+        def finals(budgets):
+            return {
+                budget_runs[a][s].total / base_total: final_eval(budget_runs[a][s], ep.precision)
+                for a in budgets.values()
+            }
+
+        arm_f, base_f = finals(claim.arm_budgets), finals(claim.baseline_budgets)
+        if None in arm_f.values() or None in base_f.values():
+            reason = "the budget runs' eval.json lack the endpoint's precision"
+            return ClaimResult(claim, exp, stats.Verdict(stats.UNRESOLVED, reason), "not measured", label, 0, paired)
+        if arm_f[min(arm_f)] >= base_f[min(base_f)]:
+            k = stats.budget_to_reach(arm_f, base_f[min(base_f)])
+        else:
+            k = stats.budget_to_reach(base_f, arm_f[min(arm_f)])
+            k = 1 / k if k else None
+        if k is None:
+            beyond.append(s)
+        else:
+            per_seed[s] = (k - 1) * 100
+    if beyond:
+        reason = f"seeds {beyond}: beyond the largest budget (add a larger one)"
+        return ClaimResult(claim, exp, stats.Verdict(stats.UNRESOLVED, reason), "not measured", label, 0, paired)
+    values = [per_seed[s] for s in sorted(per_seed)]
+    v = stats.judge_size(values, (claim.ratio - 1) * 100)
+    i = stats.mean_interval(values)
+    ours = f"{1 + i.mean / 100:.3f}x" + ("" if i.lo is None else f" [{1 + i.lo / 100:.3f}, {1 + i.hi / 100:.3f}]")
+    return ClaimResult(claim, exp, v, ours + f" (n={len(values)})", label, len(values), paired)
 
 
 def short_commit(run: RunData) -> str:
@@ -197,123 +469,202 @@ def flags(runs: list[RunData], same_bits: list[set[str]] = ()) -> list[str]:
     return out
 
 
-def metric_text(metric: str, runs: list[RunData]) -> str:
-    val = runs[0].val_label if runs else "in-training validation"
-    n_eval = [r.eval_sequences for r in runs if r.eval_sequences]
-    ev = (
-        f"BF16 evaluation of the final checkpoint (eval.json, {min(n_eval)} sequences)"
-        if n_eval
-        else "BF16 evaluation of the final checkpoint (eval.json)"
-    )
-    return METRIC_TEXT[metric].format(val=val, eval=ev)
+def applies(claim: Claim, exp: Experiment) -> bool:
+    """A claim is tested on an experiment that compares every arm it needs and runs one of them itself."""
+    needed = claim.arms_needed
+    return all(a in exp.compared_arms for a in needed) and any(a in exp.arms for a in needed)
 
 
-def claim_rows(
-    exp: Experiment, runs: dict, summary: dict | None = None, same_bits: list[set[str]] = ()
-) -> list[list[str]]:
-    """The claims' rows of one experiment; `summary` collects (claim index) -> [(tier, experiment, n,
-    verdict cell, ours)]; `same_bits` as for `flags`."""
-    rows = []
-    for index, c in enumerate(CLAIMS):
-        if c.arm not in exp.arms or c.baseline not in exp.compared_arms:
+def evaluate_all(claims: tuple[Claim, ...], experiments: list[Experiment], runs: dict) -> list[ClaimResult]:
+    return [evaluate(c, e, runs) for e in experiments for c in claims if applies(c, e)]
+
+
+def primary_family(results: list[ClaimResult]) -> dict[tuple[str, str], ClaimResult]:
+    """Per tier and primary claim, the result the summary shows (the experiment with the most paired
+    seeds, then the most tokens), with Holm's correction over the tier's family of them applied."""
+    chosen = {}
+    for r in results:
+        if not r.claim.primary:
             continue
-        arm, base = arm_runs(runs, exp, c.arm), arm_runs(runs, exp, c.baseline)
-        paired = [r for s in sorted(set(arm) & set(base)) for r in (arm[s], base[s])]
-        interval, _ = compare(arm, base, c.metric)
-        v = stats.verdict(interval, c.claim)
-        if c.metric == "token_ratio" and interval is not None:
-            # the interval is of (ratio - 1) in %: its 0 is a ratio of 1x
-            v = replace(v, reason=v.reason.replace("0", "1x") if v.reason.endswith(" 0") else v.reason)
-            ours = f"{1 + interval.mean / 100:.3f}x" + (
-                ""
-                if interval.lo is None
-                else f" [{1 + interval.lo / 100:.3f}, {1 + interval.hi / 100:.3f}] (n={interval.n})"
-            )
-        else:
-            ours = "not run" if interval is None else interval.text()
-        size = paper_size(interval, c)
+        key = (r.exp.tier, r.claim.id)
+        budget = max((p.total for p in r.paired), default=0)
+        rank = (r.n, budget)
+        if key not in chosen or rank > chosen[key][0]:
+            chosen[key] = (rank, r)
+    out = {k: v[1] for k, v in chosen.items()}
+    for tier in {k[0] for k in out}:
+        keys = [k for k in out if k[0] == tier]
+        adjusted = stats.apply_holm([out[k].verdict for k in keys])
+        for k, v in zip(keys, adjusted):
+            out[k] = replace(out[k], verdict=v)
+    return out
+
+
+def _significance(v: stats.Verdict) -> str:
+    if v.p is None:
+        return ""
+    adjusted = f", Holm-adjusted p = {v.p_adjusted:.3g}" if v.p_adjusted is not None else ""
+    return f"p = {v.p:.3g}{adjusted}"
+
+
+def claim_rows(results: list[ClaimResult], family: dict, same_bits: list[set[str]] = ()) -> list[list[str]]:
+    """One experiment's rows: the primary ones that the summary shows carry the Holm-adjusted verdict; every
+    other row is exploratory (its verdict uncorrected)."""
+    rows = []
+    for r in results:
+        shown = family.get((r.exp.tier, r.claim.id))
+        primary = shown is not None and shown.exp.name == r.exp.name
+        v = shown.verdict if primary else r.verdict
+        sig = _significance(v)
         rows.append(
             [
-                f"{c.arm} vs {c.baseline}",
-                metric_text(c.metric, paired),
-                c.paper,
-                ours,
-                "no paired runs" if interval is None else v.text() + (f"; size: {size}" if size else ""),
-                "; ".join(flags(paired, same_bits)) if paired else "—",
+                f"{r.claim.arm} vs {r.claim.baseline}",
+                r.label,
+                f"{r.claim.paper} [{r.claim.kind.value}: {r.claim.paper_value}]",
+                r.ours,
+                f"**{v.verdict}** ({v.text()[len(v.verdict) + 2 : -1]}" + (f"; {sig})" if sig else ")"),
+                "primary" if primary else "exploratory",
+                "; ".join(flags(r.paired, same_bits)) if r.paired else "—",
             ]
         )
-        if summary is not None and interval is not None:
-            budget = max(r.total for r in paired)
-            cell = ours + (f"; {size}" if size else "")
-            summary.setdefault(index, []).append((exp.tier, exp.name, interval.n, v.verdict, cell, budget))
     return rows
 
 
-def paper_size(interval: stats.Interval | None, claim: ClaimRow) -> str:
-    """Where the paper's own size of the gap lies against our interval ("" where the paper gives none or
-    there is no interval): the verdict judges the direction or the bound, this the size."""
-    if claim.paper_value is None or interval is None or interval.lo is None:
-        return ""
-    value = claim.paper_value
-    where = "above" if value > interval.hi else "below" if value < interval.lo else "inside"
-    shown = f"{1 + value / 100:.2f}x" if claim.metric == "token_ratio" else f"{value:+.1f}%"
-    return f"the paper's {shown} lies {where} the interval"
+def summary_lines(claims: tuple[Claim, ...], results: list[ClaimResult], family: dict) -> list[str]:
+    """One primary row per claim of the paper (per tier: verdict, ours, significance), then the
+    exploratory rows, marked."""
+
+    def cell(r: ClaimResult | None, v: stats.Verdict | None = None) -> str:
+        if r is None:
+            return "not run"
+        v = v or r.verdict
+        sig = _significance(v)
+        why = "" if r.n else f" ({v.reason})"
+        return f"**{v.verdict}**{why}: {r.ours}" + (f"; {sig}" if sig else "") + f" ({r.exp.name})"
+
+    tiers = ("B", "A", "earlier")
+    header = ["paper's claim", "kind", "paper's value", "measure (primary endpoint)"]
+    header += ["tier B (20 tokens/param)", "tier A (1.75 tokens/param)", "earlier runs"]
+    primary = [
+        [c.paper, c.kind.value, c.paper_value, c.endpoint.text(), *(cell(family.get((t, c.id))) for t in tiers)]
+        for c in claims
+        if c.primary
+    ]
+    exploratory = []
+    for c in claims:
+        if c.primary:
+            continue
+        cells = []
+        for t in tiers:
+            found = sorted(
+                (r for r in results if r.claim.id == c.id and r.exp.tier == t),
+                key=lambda r: (-r.n, -max((p.total for p in r.paired), default=0)),
+            )
+            cells.append(cell(found[0] if found else None))
+        exploratory.append([f"*exploratory*: {c.paper}", c.kind.value, c.paper_value, c.endpoint.text(), *cells])
+    return [
+        "## Summary: the paper's claims",
+        "",
+        "One primary row per claim of the paper, its test and primary endpoint as fixed in "
+        "`configs/reproduce/claims/paper.yaml` before the runs. Per tier, the experiment with the most "
+        "paired seeds (the most tokens among equals). Significance: the p-value of the test the verdict "
+        "rests on, and Holm's adjustment over that tier's primary rows (a verdict whose adjusted p is not "
+        "below 0.05 is *unresolved*). The exploratory rows below them are not in that family and are not "
+        "corrected. The sections below give every comparison, its held-out figures and its flags.",
+        "",
+        *table(header, primary),
+        "",
+        *table(header, exploratory),
+        "",
+    ]
 
 
 # ---------------------------------------------------------------------------------------- figures
+def _switch_at(run: RunData) -> float | None:
+    switch = (run.config.get("precision") or {}).get("switch") or {}
+    at = switch.get("at_fraction") if isinstance(switch, dict) else None
+    return float(at) * run.total if isinstance(at, (int, float)) and at > 0 else None
+
+
 def relative_figure(exp: Experiment, runs: dict, path: Path) -> bool:
-    """Per arm: the mean paired relative gap to the baseline with its 95% band, training loss (smoothed
-    over 5% of the tokens) and in-training validation."""
+    """Per arm: the mean paired relative gap to the reference with its pointwise 95% band, training loss
+    (smoothed over 5% of the tokens) and in-training validation; vertical lines at the first data repeat,
+    the blend changes and the switch. Switch experiments plot switch − NVFP4 (the tested effect); more than
+    two arms get one panel each (small multiples)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    base = arm_runs(runs, exp, exp.baseline)
-    arms = [a for a in exp.compared_arms if a != exp.baseline and set(arm_runs(runs, exp, a)) & set(base)]
+    own_switch = [a for a in exp.arms if any(_switch_at(r) for r in arm_runs(runs, exp, a).values())]
+    reference = "nvfp4" if own_switch and "nvfp4" in exp.compared_arms else exp.baseline
+    base = arm_runs(runs, exp, reference)
+    arms = [a for a in exp.compared_arms if a != reference and set(arm_runs(runs, exp, a)) & set(base)]
+    if own_switch:
+        arms = [a for a in arms if a in own_switch]
     if not arms:
         return False
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-    for arm_name in arms:
-        arm = arm_runs(runs, exp, arm_name)
-        seeds = sorted(set(arm) & set(base))
-        for ax, kind in zip(axes, ("train", "val")):
-            per_seed = []
-            for s in seeds:
-                gaps = stats.relative_gaps(getattr(arm[s], kind), getattr(base[s], kind))
-                # a moving mean over 5% of the tokens (identical batches: the noise is the recipe's)
-                if kind == "train":
-                    total, ts = base[s].total, sorted(gaps)
-                    gaps = {
-                        t: sum(gaps[u] for u in ts if t - 0.05 * total < u <= t)
-                        / max(1, sum(1 for u in ts if t - 0.05 * total < u <= t))
-                        for t in ts
-                    }
-                per_seed.append(gaps)
-            common = sorted(set.intersection(*(set(g) for g in per_seed))) if per_seed else []
-            common = [t for t in common if t >= 0.05 * base[seeds[0]].total]
-            if not common:
-                continue
-            intervals = [stats.mean_interval([g[t] for g in per_seed]) for t in common]
-            x = [t / 1e6 for t in common]
-            (line,) = ax.plot(x, [i.mean for i in intervals], label=f"{arm_name} (n={len(seeds)})")
-            if len(seeds) > 1:
-                ax.fill_between(
-                    x, [i.lo for i in intervals], [i.hi for i in intervals], color=line.get_color(), alpha=0.2
+    panels = [[a] for a in arms] if len(arms) > 2 else [arms]
+    fig, axes = plt.subplots(2, len(panels), figsize=(6 * len(panels), 7.5), squeeze=False)
+    any_run = next(iter(base.values()))
+    total = any_run.total
+    for col, panel in enumerate(panels):
+        for arm_name in panel:
+            arm = arm_runs(runs, exp, arm_name)
+            seeds = sorted(set(arm) & set(base))
+            for row, kind in enumerate(("train", "val")):
+                ax = axes[row][col]
+                per_seed = []
+                for s in seeds:
+                    gaps = stats.relative_gaps(getattr(arm[s], kind), getattr(base[s], kind))
+                    if kind == "train":  # a moving mean over 5% of the tokens (identical batches)
+                        ts = sorted(gaps)
+                        gaps = {
+                            t: sum(gaps[u] for u in ts if t - 0.05 * total < u <= t)
+                            / max(1, sum(1 for u in ts if t - 0.05 * total < u <= t))
+                            for t in ts
+                        }
+                    per_seed.append(gaps)
+                common = sorted(set.intersection(*(set(g) for g in per_seed))) if per_seed else []
+                common = [t for t in common if t >= 0.05 * total]
+                if not common:
+                    continue
+                intervals = [stats.mean_interval([g[t] for g in per_seed]) for t in common]
+                x = [t / 1e6 for t in common]
+                (line,) = ax.plot(x, [i.mean for i in intervals], label=f"{arm_name} − {reference} (n={len(seeds)})")
+                if len(seeds) > 1:
+                    ax.fill_between(
+                        x,
+                        [i.lo for i in intervals],
+                        [i.hi for i in intervals],
+                        color=line.get_color(),
+                        alpha=0.2,
+                        label="pointwise 95% interval",
+                    )
+        paired = [r for a in panel for r in arm_runs(runs, exp, a).values()] + list(base.values())
+        fresh = _fresh_end(paired)
+        blends = sorted({t for r in paired for t in run_extras(r).blend_changes})
+        switches = sorted({t for r in paired if (t := _switch_at(r))})
+        for row, title in enumerate(("training loss (identical batches), 5% moving mean", any_run.val_label)):
+            ax = axes[row][col]
+            ax.axhline(0, color="black", linewidth=0.8)
+            ax.axvspan(0.8 * total / 1e6, total / 1e6, color="grey", alpha=0.1)
+            if fresh is not None:
+                ax.axvline(fresh / 1e6, color="red", linestyle=":", linewidth=1, label="first data repeat")
+            for i, t in enumerate(blends):
+                ax.axvline(
+                    t / 1e6, color="green", linestyle="--", linewidth=0.8, label="blend change" if i == 0 else None
                 )
-    for ax, title in zip(
-        axes, ("training loss (identical batches), 5% moving mean", next(iter(base.values())).val_label)
-    ):
-        ax.axhline(0, color="black", linewidth=0.8)
-        ax.axvspan(
-            0.8 * next(iter(base.values())).total / 1e6, next(iter(base.values())).total / 1e6, color="grey", alpha=0.1
-        )
-        ax.set_xlabel("tokens (M)")
-        ax.set_ylabel(f"(arm − {exp.baseline}) / {exp.baseline}, %")
-        ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=8)
+            for i, t in enumerate(switches):
+                ax.axvline(
+                    t / 1e6, color="purple", linestyle="-.", linewidth=1, label="switch to BF16" if i == 0 else None
+                )
+            ax.set_xlabel("tokens (M)")
+            ax.set_ylabel(f"(arm − {reference}) / {reference}, %")
+            ax.set_title(title, fontsize=9)
+            ax.legend(fontsize=7)
     fig.suptitle(
-        f"{exp.name}: paired gap to {exp.baseline}, mean over seeds with 95% interval (decay shaded)", fontsize=10
+        f"{exp.name}: paired gap to {reference}, mean over seeds with pointwise 95% band (decay shaded)", fontsize=10
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -349,39 +700,6 @@ def setup_line(exp: Experiment, runs: dict) -> str:
         f"Model `{cfg['model']['name']}` ({non_embedding / 1e6:.1f}M non-embedding parameters), "
         f"{own[0].total:,.0f} tokens per run = {own[0].total / non_embedding:.2f} tokens per non-embedding "
         f"parameter. Baseline `{exp.baseline}`; arms with finished runs: {arms}. GPUs: {', '.join(gpus)}.{data}"
-    )
-
-
-def summary_lines(summary: dict) -> list[str]:
-    """One row per claim: per tier, the verdict of its experiment with the most paired seeds (the most
-    tokens among equals)."""
-    rows = []
-    for index, c in enumerate(CLAIMS):
-        cells = []
-        for tier in ("B", "A", "earlier"):
-            found = sorted((e for e in summary.get(index, []) if e[0] == tier), key=lambda e: (-e[2], -e[5]))
-            cells.append("not run" if not found else f"**{found[0][3]}**: {found[0][4]} ({found[0][1]})")
-        rows.append(
-            [
-                f"{c.arm} vs {c.baseline}",
-                METRIC_TEXT[c.metric].format(val="validation", eval="BF16 evaluation of the final checkpoint"),
-                c.paper,
-                *cells,
-            ]
-        )
-    return (
-        [
-            "## Summary: the paper's claims",
-            "",
-            "Per tier, the experiment with the most paired seeds (the most tokens among equals); "
-            "the sections below give every comparison, "
-            "what its held-out figures are, and its flags.",
-            "",
-        ]
-        + table(
-            ["arms", "measure", "paper", "tier B (20 tokens/param)", "tier A (1.75 tokens/param)", "earlier runs"], rows
-        )
-        + [""]
     )
 
 
@@ -541,11 +859,22 @@ def replicate_lines(replicates: list[tuple[str, tuple, RunData]], runs: dict) ->
 
 
 def write_report(
-    results_dirs: list[Path], out: Path, experiments_dir: Path = EXPERIMENTS_DIR, figures: bool = True
+    results_dirs: list[Path],
+    out: Path,
+    experiments_dir: Path = EXPERIMENTS_DIR,
+    figures: bool = True,
+    claims_file: Path | None = None,
 ) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     runs = load_runs([d for d in results_dirs if Path(d).is_dir()])
     experiments = all_experiments(experiments_dir)
+    claims = load_claims(claims_file or Path(experiments_dir) / "claims" / CLAIMS_FILE.name)
+    results = evaluate_all(claims, experiments, runs)
+    if figures:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            figures = None
     lines = [
         "# Reproduction: Pretraining LLMs with NVFP4 (arXiv 2509.25149), scaled down",
         "",
@@ -556,21 +885,27 @@ def write_report(
         "",
         "How to read it: runs are **paired by seed** (one seed = the same initial weights and the same "
         "batches in every arm). Gap = (arm − baseline) / baseline of the loss in %, positive = the arm is "
-        "worse, computed per seed and averaged over a window of the training tokens (stable phase 20–80%, "
-        "decay 80–100%); the table gives the mean over seeds, its 95% interval (Student's t) and the SD "
-        "between seeds. Verdict: *reproduced* when the interval lies on the paper's side and excludes 0, "
-        "*contradicted* when it lies on the other side, *unresolved* otherwise (with the seeds a paired "
-        "t-test at α = 0.05 would need for power 0.8 at the observed SD); one seed gives no interval. The "
-        "verdict judges the direction (or the bound) the paper states; where the paper also gives a size, "
-        "the row says whether that size lies inside our interval. "
-        "Held-out figures are either the **in-training validation** (at the precision it names, N "
-        "sequences per source) or the **BF16 evaluation of the final checkpoint** (eval.json, the whole "
-        "validation split or N sequences); flags name what differs between the paired runs.",
+        "worse (the paper's figures plot the opposite sign), per seed, with the same difference in nats "
+        "beside it; the tables give the mean over seeds, its 95% interval (Student's t) and n. Each claim's "
+        'kind decides its test: *bound* ("< 1%"): the one-sided 95% bound against the paper\'s; *size* '
+        '("≈ 1.5%"): **reproduced** where the sign is right and the paper\'s value lies inside the 95% '
+        "interval, **direction only** where the sign is right and it lies outside; *direction*: the interval "
+        "on the paper's side of 0; *equivalence*: two one-sided tests against the margin the claims file "
+        "states, printed beside the minimum detectable effect; *fraction recovered* (the switches): the "
+        "fraction of the NVFP4 − FP8 gap recovered, with Fieller's 95% interval, against the paper's; "
+        "*token equivalent*: interpolated over separate runs at 1, 1.15, 1.3 and 1.5x the tokens. "
+        "**Contradicted**: the interval on the other side; **unresolved**: otherwise, with the seeds a "
+        "paired t-test (α = 0.05, power 0.8) would need at the observed SD, or with what is missing. "
+        "A training-loss window ends at the first repeat of any data source; past it the claims use the "
+        "held-out loss. Held-out figures name their precision: the **training precision** (what the "
+        "forward pass of training computes) or **BF16** (every GEMM in BF16: the weights' quality without "
+        "the forward pass's quantization error).",
         "",
     ]
-    body, summary = [], {}
+    body = []
     replicates = load_replicates(out / "replicates")
     same_bits = bitwise_commit_groups(replicates, runs)
+    family = primary_family(results)
     for tier in ("B", "A", "earlier"):
         exps = [e for e in experiments if e.tier == tier]
         if not exps:
@@ -586,15 +921,40 @@ def write_report(
         ]
         for exp in exps:
             lines_tier += [f"### {exp.name}: {exp.description}", "", setup_line(exp, runs), ""]
-            rows = claim_rows(exp, runs, summary, same_bits)
+            own = [r for r in results if r.exp.name == exp.name]
+            rows = claim_rows(own, family, same_bits)
             if rows:
                 lines_tier += table(
-                    ["arms", "measure", "paper", "here: paired gap, 95% interval", "verdict", "flags"], rows
+                    [
+                        "arms",
+                        "measure",
+                        "paper [kind: value]",
+                        "here: paired gap, 95% interval",
+                        "verdict",
+                        "role",
+                        "flags",
+                    ],
+                    rows,
                 ) + [""]
+            parts = [row for r in own for row in r.decomposition]
+            if parts:
+                lines_tier += [
+                    "Gap decomposition (exploratory): the gap in the training precision = weight quality (the gap in "
+                    "BF16) + forward quantization (training precision − BF16), per seed.",
+                    "",
+                    *table(["arms", "part", "paired gap, 95% interval"], parts),
+                    "",
+                ]
             if figures and relative_figure(exp, runs, out / "reproduction" / f"{exp.name}.png"):
                 lines_tier += [f"![{exp.name}: paired relative gap](reproduction/{exp.name}.png)", ""]
         body += lines_tier
-    lines += summary_lines(summary) + body + left_out_lines(runs, experiments)
+    if figures is None:
+        lines += [
+            "Figures: not drawn, matplotlib is not installed (`pip install 'nvfp4train[plots]'` and run the "
+            "report again).",
+            "",
+        ]
+    lines += summary_lines(claims, results, family) + body + left_out_lines(runs, experiments)
     lines += replicate_lines(replicates, runs)
     lines += spread_lines(experiments, runs)
     lines += [
