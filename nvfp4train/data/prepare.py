@@ -44,7 +44,7 @@ from .shards import (
     MANIFEST,
     PREPARE_AGAIN,
     SHARD_FIELDS,
-    _check_fields,
+    check_fields,
     read_index,
     read_json,
     read_manifest,
@@ -298,8 +298,8 @@ def _build(spec, out_dir, tok, fingerprint, text_field, fmt, num_proc, docs_per_
     finally:
         bar.close()
         encoded_batches.close()  # on threads: the batches in flight finish, no new ones start
-        for tmp in out_dir.glob("*.tmp"):  # a file cut short: never renamed into place, and not left behind
-            tmp.unlink(missing_ok=True)
+        for tmp in [*out_dir.glob("shard_*.tmp"), out_dir / f"{PROGRESS}.tmp"]:  # cut short: never renamed
+            tmp.unlink(missing_ok=True)  # into place, and not left behind
 
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -340,7 +340,7 @@ def _finished_shards(out_dir: Path, header: dict, dtype: np.dtype) -> list[dict]
         if saved.get("header") != header:
             return []  # another build's: start clean
         for i, shard in enumerate(saved["shards"]):
-            _check_fields(path, f"shards[{i}].", shard, {**SHARD_FIELDS, "n_input_docs": int})
+            check_fields(path, f"shards[{i}].", shard, {**SHARD_FIELDS, "n_input_docs": int})
             name = f"shard_{i:05d}"
             if (shard["file"], shard["index"]) != (f"{name}.bin", f"{name}.idx.npy"):
                 raise ValueError(f"{path}: shards[{i}] names {shard['file']}, {shard['index']}, not {name}.*")

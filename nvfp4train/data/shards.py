@@ -61,9 +61,9 @@ def read_manifest(split_dir: Path) -> dict:
             f"{path}: shard format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}; "
             f"{PREPARE_AGAIN}"
         )
-    _check_fields(path, "", manifest, MANIFEST_FIELDS)
+    check_fields(path, "", manifest, MANIFEST_FIELDS)
     for i, shard in enumerate(manifest["shards"]):
-        _check_fields(path, f"shards[{i}].", shard, SHARD_FIELDS)
+        check_fields(path, f"shards[{i}].", shard, SHARD_FIELDS)
         for name in ("file", "index"):
             _check_inside(path, f"shards[{i}].{name}", shard[name])
     vocab_size, dtype = manifest["vocab_size"], manifest["dtype"]
@@ -121,7 +121,7 @@ MANIFEST_FIELDS = {
 SHARD_FIELDS = {"file": str, "index": str, "n_tokens": int, "n_docs": int, "sha256": str, "index_sha256": str}
 
 
-def _check_fields(path: Path, where: str, node, fields: dict) -> None:
+def check_fields(path: Path, where: str, node, fields: dict) -> None:
     if not isinstance(node, dict):
         raise ValueError(f"{path}: {where.rstrip('.')} is not a JSON object; {PREPARE_AGAIN}")
     for name, kind in fields.items():
