@@ -166,10 +166,36 @@ def _iter_file(path: Path, kind: str, text_field: str, key: str):
                     raise ValueError(f"{path}:{line_no}: field {text_field!r} is not a string")
                 yield text
     elif kind == "parquet":
-        pq = _needs("pyarrow.parquet", key, f"parquet input {path}")
+        yield from _parquet_texts(path, text_field, key)
 
-        table = pq.read_table(path, columns=[text_field])
-        yield from table.column(text_field).to_pylist()
+
+def _parquet_texts(path: Path, text_field: str, key: str):
+    """The `text_field` column of a parquet file, which must hold strings and no nulls: anything else
+    (numbers, lists, a missing value) would otherwise reach the tokenizer as a traceback."""
+    pq = _needs("pyarrow.parquet", key, f"parquet input {path}")
+    import pyarrow as pa
+
+    try:
+        parquet = pq.ParquetFile(path)
+        schema = parquet.schema_arrow
+        if text_field not in schema.names:
+            raise ValueError(f"{path}: no {text_field!r} column (columns: {', '.join(schema.names)}); set text_field")
+        kind = schema.field(text_field).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise ValueError(f"{path}: column {text_field!r} holds {kind}, not strings; {key} needs text there")
+        row = 0
+        for batch in parquet.iter_batches(columns=[text_field]):
+            texts = batch.column(0).to_pylist()
+            if batch.column(0).null_count:
+                raise ValueError(
+                    f"{path}: column {text_field!r} has no value (null) in row {row + texts.index(None)}; "
+                    f"{key} needs text in every row"
+                )
+            row += len(texts)
+            yield from texts
+    except pa.ArrowException as err:  # not parquet, truncated, a damaged page
+        why = " ".join(str(err).split())[:200] or type(err).__name__
+        raise ValueError(f"{path}: unreadable ({why}); {key} must name readable parquet files") from None
 
 
 def _describe_files(files: list[Path], root: Path | None = None) -> list[dict]:

@@ -296,9 +296,7 @@ def build_train_loader(
     streams = {
         name: SourceStream(
             name,
-            TokenShards(
-                dirs[f"{name}/train"], expected_tokenizer=tokenizer.identity, verify_checksums=cfg.verify_checksums
-            ),
+            TokenShards(dirs[f"{name}/train"], expected_tokenizer=tokenizer, verify_checksums=cfg.verify_checksums),
             seq_len,
             seed,
         )
@@ -334,7 +332,7 @@ def build_val_data(data_cfg: dict, *, seq_len: int, max_sequences_per_domain: in
     out = {}
     for key, split_dir in dirs.items():
         name = key.split("/")[0]
-        shards = TokenShards(split_dir, expected_tokenizer=tokenizer.identity, verify_checksums=cfg.verify_checksums)
+        shards = TokenShards(split_dir, expected_tokenizer=tokenizer, verify_checksums=cfg.verify_checksums)
         n = min(max_sequences_per_domain, (shards.n_tokens - 1) // seq_len)
         if n < 1:
             raise ValueError(

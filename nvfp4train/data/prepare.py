@@ -11,8 +11,9 @@ data_files. Several threads tokenize (`num_proc`; the tokenizers release the GIL
 does not depend on their number.
 
 Idempotent: a finished directory whose manifest matches the inputs (sizes + sha256) and the tokenizer
-is left alone. Resumable: every `docs_per_shard` input documents a shard is finished and recorded in
-progress.json; a restarted build skips those documents and continues with the next shard.
+is left alone; one whose manifest or index is damaged is built again (a warning names the file).
+Resumable: every `docs_per_shard` input documents a shard is finished and recorded in progress.json; a
+restarted build (after Ctrl-C, which exits 130) skips those documents and continues with the next shard.
 Reading the inputs is inputs.py.
 """
 
@@ -23,6 +24,7 @@ import collections
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import shutil
@@ -37,11 +39,37 @@ from tqdm.auto import tqdm
 from .config import DataConfig, parse_data_config
 from .inputs import inputs_fingerprint, iter_documents
 from .paths import resolve_path
-from .shards import FORMAT_VERSION, MANIFEST, read_manifest, sha256_file, token_dtype
+from .shards import (
+    FORMAT_VERSION,
+    MANIFEST,
+    PREPARE_AGAIN,
+    SHARD_FIELDS,
+    check_fields,
+    read_index,
+    read_json,
+    read_manifest,
+    sha256_file,
+    token_dtype,
+)
 from .tokenizer import load_tokenizer
 
+log = logging.getLogger(__name__)
 PROGRESS = "progress.json"
 BATCH_DOCS = 256
+
+
+class PrepareInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a build, with what it kept: the shards progress.json records (a re-run resumes after
+    them). Still a KeyboardInterrupt, so a caller that stops on Ctrl-C stops on this too."""
+
+    def __init__(self, out_dir: Path, n_shards: int):
+        super().__init__(f"{out_dir}: {n_shards} finished shard(s) kept")
+        self.out_dir, self.n_shards = out_dir, n_shards
+
+
+def _reason(err: Exception) -> str:
+    """A refusal of shards.py without its advice, for a warning that says what is done instead."""
+    return str(err).removesuffix(f"; {PREPARE_AGAIN}")
 
 
 # ----------------------------------------------------------------------------- tokenizing
@@ -136,20 +164,31 @@ def _locked(out_dir: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _is_current(out_dir: Path, identity: str, fingerprint: dict) -> bool:
+def _why_not_current(out_dir: Path, tok, fingerprint: dict) -> str | None:
+    """None where out_dir holds the finished shards of these inputs made with `tok`. Otherwise why not:
+    "" for nothing finished there or shards of other inputs (a plain rebuild), a sentence naming the file
+    for a damaged one (a manifest or index that fails shards.py's checks, a .bin of the wrong size)."""
+    if not (out_dir / MANIFEST).exists():
+        return ""
     try:
         manifest = read_manifest(out_dir)
-    except (FileNotFoundError, ValueError):
-        return False
-    return (
-        manifest.get("tokenizer") == identity
-        and manifest.get("inputs") == fingerprint
-        and all(
-            (out_dir / s["file"]).is_file()
-            and (out_dir / s["file"]).stat().st_size == s["n_tokens"] * np.dtype(manifest["dtype"]).itemsize
-            for s in manifest["shards"]
-        )
-    )
+    except (FileNotFoundError, ValueError) as err:
+        return _reason(err)
+    if manifest["tokenizer"] != tok.identity or manifest.get("inputs") != fingerprint:
+        return ""
+    for field in ("vocab_size", "eos_id"):
+        if manifest[field] != getattr(tok, field):
+            return f"{out_dir / MANIFEST}: field {field} is {manifest[field]}, the tokenizer's is {getattr(tok, field)}"
+    itemsize = np.dtype(manifest["dtype"]).itemsize
+    for i, shard in enumerate(manifest["shards"]):
+        bin_path = out_dir / shard["file"]
+        if not bin_path.is_file() or bin_path.stat().st_size != shard["n_tokens"] * itemsize:
+            return f"{bin_path}: missing, or not the {shard['n_tokens'] * itemsize} bytes {out_dir / MANIFEST} says"
+        try:
+            read_index(out_dir, f"shards[{i}]", shard)
+        except (FileNotFoundError, ValueError) as err:
+            return _reason(err)
+    return None
 
 
 def prepare_split(
@@ -170,23 +209,22 @@ def prepare_split(
     out_dir = resolve_path(out_dir)
     tok = load_tokenizer(tokenizer)
     fingerprint = fingerprint or inputs_fingerprint(spec, text_field, fmt, key)
-    if _is_current(out_dir, tok.identity, fingerprint):
+    if _why_not_current(out_dir, tok, fingerprint) is None:
         return read_manifest(out_dir)
     with _locked(out_dir):
-        if _is_current(out_dir, tok.identity, fingerprint):  # another process finished it meanwhile
+        why = _why_not_current(out_dir, tok, fingerprint)
+        if why is None:  # another process finished it meanwhile
             return read_manifest(out_dir)
+        if why:  # shards prepare made (a cache directory, an --out): made again from the inputs
+            log.warning("%s; preparing %s again from its inputs", why, out_dir)
         return _build(spec, out_dir, tok, fingerprint, text_field, fmt, num_proc, docs_per_shard, key, progress)
 
 
 def _build(spec, out_dir, tok, fingerprint, text_field, fmt, num_proc, docs_per_shard, key, progress):
     dtype = token_dtype(tok.vocab_size)
     header = {"tokenizer": tok.identity, "inputs": fingerprint, "docs_per_shard": docs_per_shard, "dtype": dtype.str}
-    done = []
     progress_path = out_dir / PROGRESS
-    if progress_path.is_file():
-        saved = json.loads(progress_path.read_text())
-        if saved.get("header") == header:
-            done = saved["shards"]  # resume after the last finished shard
+    done = _finished_shards(out_dir, header, dtype)  # resume after the last finished shard
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST).unlink(missing_ok=True)
     if not done:  # stale or foreign: start clean (only our own files go)
@@ -233,6 +271,7 @@ def _build(spec, out_dir, tok, fingerprint, text_field, fmt, num_proc, docs_per_
                 "n_docs": len(offsets) - 1,
                 "n_input_docs": n_input,
                 "sha256": sha256_file(out_dir / f"{name}.bin"),
+                "index_sha256": sha256_file(out_dir / f"{name}.idx.npy"),
             }
         )
         (out_dir / f"{PROGRESS}.tmp").write_text(json.dumps({"header": header, "shards": done}))
@@ -254,9 +293,13 @@ def _build(spec, out_dir, tok, fingerprint, text_field, fmt, num_proc, docs_per_
             bar.update(len(batch))
         if n_input or not done:
             flush()
+    except KeyboardInterrupt:
+        raise PrepareInterrupted(out_dir, len(done)) from None
     finally:
         bar.close()
         encoded_batches.close()  # on threads: the batches in flight finish, no new ones start
+        for tmp in [*out_dir.glob("shard_*.tmp"), out_dir / f"{PROGRESS}.tmp"]:  # cut short: never renamed
+            tmp.unlink(missing_ok=True)  # into place, and not left behind
 
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -270,10 +313,45 @@ def _build(spec, out_dir, tok, fingerprint, text_field, fmt, num_proc, docs_per_
     if manifest["n_tokens"] == 0:
         raise ValueError(f"{key}: no text in {spec!r} (empty source)")
     tmp = out_dir / f"{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, out_dir / MANIFEST)
+    try:
+        tmp.write_text(json.dumps(manifest, indent=1))
+        os.replace(tmp, out_dir / MANIFEST)
+    except KeyboardInterrupt:
+        raise PrepareInterrupted(out_dir, len(done)) from None
+    finally:
+        tmp.unlink(missing_ok=True)
     progress_path.unlink(missing_ok=True)
     return manifest
+
+
+def _finished_shards(out_dir: Path, header: dict, dtype: np.dtype) -> list[dict]:
+    """The shards that an interrupted build of the same header (tokenizer, inputs, shard size, dtype) recorded
+    in progress.json, each checked as the manifest's are (fields, the .bin's size, the index); [] when there
+    is none or another build's. A damaged progress.json, or a shard it records that is not on disk as
+    recorded, also gives [] (the build starts again, said in a warning naming the file): nothing it says is
+    trusted then, and the shards are this directory's own."""
+    path = out_dir / PROGRESS
+    if not path.exists():
+        return []
+    try:
+        saved = read_json(path, "a shard build's progress (a JSON object)", PREPARE_AGAIN)
+        if not isinstance(saved, dict) or not isinstance(saved.get("shards"), list):
+            raise ValueError(f"{path} is not a shard build's progress (a JSON object with header and shards)")
+        if saved.get("header") != header:
+            return []  # another build's: start clean
+        for i, shard in enumerate(saved["shards"]):
+            check_fields(path, f"shards[{i}].", shard, {**SHARD_FIELDS, "n_input_docs": int})
+            name = f"shard_{i:05d}"
+            if (shard["file"], shard["index"]) != (f"{name}.bin", f"{name}.idx.npy"):
+                raise ValueError(f"{path}: shards[{i}] names {shard['file']}, {shard['index']}, not {name}.*")
+            bin_path = out_dir / shard["file"]
+            if not bin_path.is_file() or bin_path.stat().st_size != shard["n_tokens"] * dtype.itemsize:
+                raise ValueError(f"{bin_path}: missing, or not the size {path} records")
+            read_index(out_dir, f"shards[{i}]", shard)
+    except (OSError, ValueError) as err:
+        log.warning("%s; preparing %s again from the first document", _reason(err), out_dir)
+        return []
+    return saved["shards"]
 
 
 # ----------------------------------------------------------------------------- every source of a config
@@ -374,14 +452,31 @@ def main(argv=None) -> None:
         if blocker is not None:
             fail(f"--out {args.out}: {blocker} is a file, not a directory")
     made = [p for p in (out, out.parent / f".{out.name}.lock") if not p.exists()] if out else []
-    try:
-        _main(args)
-    except (ValueError, OSError, yaml.YAMLError) as e:
-        for path in made:  # leave nothing behind of a build that failed before finishing any shard
+
+    def remove_what_this_made():  # leave nothing behind of a build that stopped before finishing any shard
+        for path in made:
             if path.is_dir() and not (path / PROGRESS).exists():
                 shutil.rmtree(path, ignore_errors=True)
             elif path.is_file():
                 path.unlink(missing_ok=True)
+
+    try:
+        _main(args)
+    except KeyboardInterrupt as e:
+        remove_what_this_made()
+        if isinstance(e, PrepareInterrupted) and e.n_shards:
+            kept = (
+                f"the {e.n_shards} finished shard(s) of {e.out_dir} are kept ({PROGRESS}); "
+                "run the same command again to resume after them"
+            )
+        elif isinstance(e, PrepareInterrupted):
+            kept = f"no shard of {e.out_dir} was finished, none is kept; run the same command again to start over"
+        else:
+            kept = "no shard was being written; run the same command again to prepare the shards"
+        print(f"interrupted: {kept}", file=sys.stderr)
+        sys.exit(130)  # 128 + SIGINT, as a shell reports it, so that `prepare && train` stops here
+    except (ValueError, OSError, yaml.YAMLError) as e:
+        remove_what_this_made()
         if isinstance(e, OSError) and e.errno is not None:  # the system's words, with the file they are about
             e = f"{e.filename or args.out}: cannot {'read' if e.errno == 2 else 'write'} ({e.strerror})"
         elif isinstance(e, yaml.YAMLError):

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from nvfp4train.data import load_tokenizer
+from nvfp4train.data import load_tokenizer, prepare_split
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -53,6 +53,15 @@ def corpus(tmp_path):
             {"start": 0.9, "weights": {"digits": 0.25, "upper": 0.75}},
         ],
     }
+
+
+@pytest.fixture
+def prepared(corpus, tmp_path):
+    """`lower` prepared explicitly, then used as a `shards:` source."""
+    out = tmp_path / "prepared" / "lower"
+    prepare_split(corpus["sources"]["lower"]["train"], out, tokenizer="bpe8k", progress=False)
+    corpus["sources"]["lower"] = {"shards": str(out)}
+    return corpus, out
 
 
 def source_of_row(tokenizer, row) -> str:

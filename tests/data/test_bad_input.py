@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from nvfp4train.data import TokenShards, build_train_loader, prepare_split
+from nvfp4train.data import TokenShards, build_train_loader
 
 ARGS = dict(seq_len=32, global_batch_size=8, micro_batch_size=2, rank=0, world_size=1, seed=0, total_samples=100)
 
@@ -84,15 +84,6 @@ def test_unknown_config_key(corpus):
     corpus["shuffle_buffer"] = 100
     with pytest.raises(ValueError, match="unknown key.*shuffle_buffer"):
         build(corpus)
-
-
-@pytest.fixture
-def prepared(corpus, tmp_path):
-    """`lower` prepared explicitly, then used as a `shards:` source."""
-    out = tmp_path / "prepared" / "lower"
-    prepare_split(corpus["sources"]["lower"]["train"], out, tokenizer="bpe8k", progress=False)
-    corpus["sources"]["lower"] = {"shards": str(out)}
-    return corpus, out
 
 
 def test_truncated_shard_names_the_file(prepared):
