@@ -113,7 +113,9 @@ def in_training_precision(model, run_config: dict, ckpt: Path, device) -> tuple[
         policy = PrecisionPolicy.from_dict(recorded_run_config(run_config).get("precision") or {})
         factory = build_linear_factory(policy, n_blocks=len(model.cfg.pattern), seed=int(run_config.get("seed", 0)))
     except (TypeError, ValueError) as e:  # a backend this machine lacks (precision.backend=te on a CPU) too
-        raise RunError(f"{config_file}: precision: {e} (eval_precision=train and both build the run's linears)") from None
+        raise RunError(
+            f"{config_file}: precision: {e} (eval_precision=train and both build the run's linears)"
+        ) from None
     quantized = build_model(model_config_for(run_config), linear_factory=factory)
     # strict=False for TE's `_extra_state`; the seed and sign buffers are the run's, made from its config
     loaded = quantized.load_state_dict(model.state_dict(), strict=False)
@@ -127,7 +129,9 @@ def in_training_precision(model, run_config: dict, ckpt: Path, device) -> tuple[
     except checkpoint.CheckpointError as e:
         raise RunError(str(e)) from None
     except (KeyError, TypeError, ValueError) as e:
-        raise RunError(f"{ckpt / 'rank_00000.pt'}: no precision controller state ({e}); not a training checkpoint") from None
+        raise RunError(
+            f"{ckpt / 'rank_00000.pt'}: no precision controller state ({e}); not a training checkpoint"
+        ) from None
     described = {
         "name": policy.name or str(policy.format),
         "backend": controller.backend_name,

@@ -153,11 +153,18 @@ def test_eval_precision_both_adds_the_training_precision_of_the_checkpoints_step
         *TINY,
     )
     in_training = {r["step"]: r for r in read_metrics(run) if "val/mean" in r}
-    proc = run_eval(f"run_dir={run}", "step=1", "tasks=arithmetic", "max_items=2", "heldout_sequences=2", "eval_precision=both")
+    proc = run_eval(
+        f"run_dir={run}", "step=1", "tasks=arithmetic", "max_items=2", "heldout_sequences=2", "eval_precision=both"
+    )
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     before = json.loads((run / "eval.json").read_text())
     assert before["eval_precision"] == "both" and before["tasks_precision"] == "bf16"
-    assert before["training_precision"] == {"name": "nvfp4", "backend": "emulated", "switched": None, "runs_in_bf16": False}
+    assert before["training_precision"] == {
+        "name": "nvfp4",
+        "backend": "emulated",
+        "switched": None,
+        "runs_in_bf16": False,
+    }
     assert set(before["heldout_tp"]) == set(before["heldout"]) == {"literature", "encyclopedic", "code"}
     for source in before["heldout"]:  # the training loop's numbers of the same weights, in each precision
         assert before["heldout"][source]["loss"] == pytest.approx(in_training[1][f"val/{source}"], abs=2e-3)
@@ -166,11 +173,25 @@ def test_eval_precision_both_adds_the_training_precision_of_the_checkpoints_step
         assert summary[f"heldout_tp/{source}"] == pytest.approx(before["heldout_tp"][source]["loss"], abs=1e-4)
     assert "(bf16)" in proc.stdout and "(nvfp4)" in proc.stdout
 
-    assert main([f"run_dir={run}", "step=1", "tasks=arithmetic", "max_items=2", "heldout_sequences=2", "eval_precision=train"]) == 0
+    assert (
+        main(
+            [
+                f"run_dir={run}",
+                "step=1",
+                "tasks=arithmetic",
+                "max_items=2",
+                "heldout_sequences=2",
+                "eval_precision=train",
+            ]
+        )
+        == 0
+    )
     train_only = json.loads((run / "eval.json").read_text())
     assert train_only["heldout"] == before["heldout_tp"] and "heldout_tp" not in train_only
 
-    assert main([f"run_dir={run}", "tasks=arithmetic", "max_items=2", "heldout_sequences=2", "eval_precision=both"]) == 0
+    assert (
+        main([f"run_dir={run}", "tasks=arithmetic", "max_items=2", "heldout_sequences=2", "eval_precision=both"]) == 0
+    )
     after = json.loads((run / "eval.json").read_text())
     assert after["step"] == 4 and after["training_precision"]["switched"] == "full"
     assert after["training_precision"]["runs_in_bf16"] and after["heldout_tp"] == after["heldout"]  # measured once
