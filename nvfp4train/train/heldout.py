@@ -40,7 +40,7 @@ def runs_in_bf16(layers) -> bool:
 def training_state_kept(layers):
     """Inside the block, a forward of the precision linears `layers` leaves what training reads as it found
     it: telemetry is off (it describes the training GEMMs), and the SR streams a quantized forward draws from
-    (precision.stochastic_rounding=all) are rewound afterwards, so that an evaluation does not change the
+    (precision.sr=all) are rewound afterwards, so that an evaluation does not change the
     rounding of the steps after it."""
     saved = []
     for layer in layers:
