@@ -69,6 +69,7 @@ def test_missing_run_dir_and_words_that_are_not_overrides(name, capsys):
         ("eval", "batch_size=0", "batch_size=0: must be a positive integer"),
         ("eval", "step=-2", "step=-2: must be an integer >= 0"),
         ("eval", "max_items=many", "max_items: expected int, got 'many' (str)"),
+        ("eval", "eval_precision=fp4", "eval_precision='fp4': allowed train, bf16, both"),
         ("export", "dtype=fp8", "dtype='fp8': allowed float32, bfloat16"),
         ("export", "overwrite=maybe", "overwrite: expected bool (true or false), got 'maybe' (str)"),
         ("generate", "top_k=-1", "top_k=-1: must be an integer >= 0"),

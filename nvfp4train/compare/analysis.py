@@ -155,10 +155,13 @@ def eval_table(arms: list[Arm]) -> dict:
             for task, v in e.get("tasks", {}).items():
                 values.setdefault(f"{task} ({v['primary']})", []).append(v[v["primary"]])
             n = e.get("heldout_sequences")  # eval.json of this version on: say which held-out set it is
-            for source, v in e.get("heldout", {}).items():
-                values.setdefault(
-                    f"held-out {source} (loss; BF16 evaluation{f', {n} sequences' if n else ''})", []
-                ).append(v["loss"])
+            sequences = f", {n} sequences" if n else ""
+            heldout = "training-precision" if e.get("eval_precision") == "train" else "BF16"
+            for section, precision in (("heldout", heldout), ("heldout_tp", "training-precision")):
+                for source, v in e.get(section, {}).items():
+                    values.setdefault(f"held-out {source} (loss; {precision} evaluation{sequences})", []).append(
+                        v["loss"]
+                    )
         for name, vals in values.items():
             rows.setdefault(name, {})[arm.label] = {"mean": float(np.mean(vals)), "seeds": len(vals)}
     return rows

@@ -127,15 +127,16 @@ def _check_eval(path: Path, evaluation) -> None:
 
     if not isinstance(evaluation, dict):
         refuse(f"holds a {type(evaluation).__name__}, not a JSON object")
-    for section in ("tasks", "heldout"):
+    for section in ("tasks", "heldout", "heldout_tp"):
         if not isinstance(evaluation.get(section, {}), dict):
             refuse(f"field {section!r} is not a mapping")
     for task, v in evaluation.get("tasks", {}).items():
         if not (isinstance(v, dict) and isinstance(v.get("primary"), str) and _is_number(v.get(v["primary"]))):
             refuse(f"tasks.{task} has no number under its `primary` metric")
-    for source, v in evaluation.get("heldout", {}).items():
-        if not (isinstance(v, dict) and _is_number(v.get("loss"))):
-            refuse(f"heldout.{source} has no numeric `loss`")
+    for section in ("heldout", "heldout_tp"):
+        for source, v in evaluation.get(section, {}).items():
+            if not (isinstance(v, dict) and _is_number(v.get("loss"))):
+                refuse(f"{section}.{source} has no numeric `loss`")
 
 
 def import_wandb(what: str):

@@ -8,7 +8,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from nvfp4train.config.run import Device, RunConfig, TrainConfig
+from nvfp4train.config.run import Device, EvalPrecision, RunConfig, TrainConfig
 from nvfp4train.model.config import ModelConfig
 from nvfp4train.schema import bounded, check
 
@@ -31,6 +31,7 @@ class EvalConfig:
     max_items: int = bounded(0, ge=0)
     batch_size: int = bounded(16, ge=1)
     device: Device = Device.auto
+    eval_precision: EvalPrecision = EvalPrecision.bf16
 
     def __post_init__(self):
         check(self, "")

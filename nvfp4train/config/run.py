@@ -23,7 +23,7 @@ CudaGraph = StrEnum("CudaGraph", "auto true false")
 ActivationCheckpointing = StrEnum("ActivationCheckpointing", "none full selective")
 WandbMode = StrEnum("WandbMode", "auto online offline")
 FsdpReshard = StrEnum("FsdpReshard", "auto true false")
-EvalPrecision = StrEnum("EvalPrecision", "train bf16")
+EvalPrecision = StrEnum("EvalPrecision", "train bf16 both")
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,9 @@ class TrainConfig:
     0: no held-out evaluation (as Megatron's --eval-iters 0)."""
     eval_precision: EvalPrecision = EvalPrecision.train
     """The GEMMs of the in-training validation: train (the run's own precision at that step) | bf16 (every
-    linear in BF16, as the evaluation of a final checkpoint)."""
+    linear in BF16, as the evaluation of a final checkpoint) | both (BF16 as `val/*`, the same numbers as a
+    bf16 run's, and the training precision as `val_tp/*`; a step that trains in BF16 is evaluated once and
+    writes both). An evaluation leaves training as it found it: a run's losses do not depend on this key."""
     save_every: int = bounded(0, ge=0)
     """Checkpoint every N steps (0: only the final one)."""
     keep_last: int = bounded(3, ge=1)

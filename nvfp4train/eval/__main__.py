@@ -1,9 +1,14 @@
-"""`python -m nvfp4train.eval run_dir=RUN [step=N] [tasks=...]`: evaluate a checkpoint in BF16.
+"""`python -m nvfp4train.eval run_dir=RUN [step=N] [tasks=...] [eval_precision=bf16|train|both]`: evaluate a
+checkpoint in BF16 (and, on request, its held-out loss in the training precision).
 
 Loads the checkpoint (any engine or sharding) into the run's model built with plain linears, as the
 paper evaluates in BF16, then measures
-  - held-out loss and perplexity on the validation split of every data source of the run's config;
-  - the offline zero-shot tasks of evals/tasks.yaml (scoring: nvfp4train/eval/harness.py).
+  - held-out loss and perplexity on the validation split of every data source of the run's config
+    (`heldout`); eval_precision=train measures it in the run's training precision instead, and both
+    measures it in both (`heldout` in BF16, `heldout_tp` in the training precision): the run's model built
+    with its precision policy's linears, in the precision of the checkpoint's step (BF16 after a full
+    switch, which is then not evaluated twice);
+  - the offline zero-shot tasks of evals/tasks.yaml (scoring: nvfp4train/eval/harness.py), in BF16.
 Writes `<run_dir>/eval.json` and prints its summary as JSON on the last line. Bad input (no
 checkpoint, a checkpoint of another model, an unknown task or key) ends with one line and exit code 2,
 before anything is written. Options: configs/eval.yaml.
@@ -57,33 +62,48 @@ def _evaluate(cfg: EvalConfig, device: str) -> dict:
     except (ValueError, FileNotFoundError) as e:
         raise RunError(f"{run_dir / 'config.yaml'}: data: {e}") from None
 
-    heldout = harness.heldout_losses(model, val_data, cfg.batch_size, device)
+    heldout, in_training_precision = None, None
+    if cfg.eval_precision != "train":
+        heldout = harness.heldout_losses(model, val_data, cfg.batch_size, device)
+    if cfg.eval_precision != "bf16":
+        quantized, trained_in = harness.in_training_precision(model, run_config, ckpt, device)
+        if heldout is not None and trained_in["runs_in_bf16"]:  # the same GEMMs: measured once
+            in_training_precision = heldout
+        else:
+            in_training_precision = harness.heldout_losses(quantized, val_data, cfg.batch_size, device)
+        del quantized
     tasks = {}
     for name in names:
         spec = definitions[name]
         scores = harness.score_task(model, tokenizer, spec, task_items[name], seq_len, cfg.batch_size, device)
         tasks[name] = {"kind": spec["kind"], "primary": harness.PRIMARY_METRIC[spec["kind"]], **scores}
     meta = json.loads((ckpt / "meta.json").read_text())
+    mean = lambda losses: sum(v["loss"] for v in losses.values()) / len(losses)  # noqa: E731
     result = {
         "run_dir": str(run_dir),
         "checkpoint": str(ckpt),
         "step": int(meta["step"]),
         "tokens": meta.get("tokens"),
         "precision": run_config.get("precision", {}).get("name"),
-        "eval_precision": "bf16",
+        "eval_precision": str(cfg.eval_precision),
         "max_len": seq_len,
         "heldout_sequences": cfg.heldout_sequences,
-        "heldout": heldout,
-        "heldout_mean_loss": sum(v["loss"] for v in heldout.values()) / len(heldout),
-        "tasks": tasks,
-        "seconds": round(time.perf_counter() - t0, 2),
     }
+    if cfg.eval_precision == "train":
+        heldout, in_training_precision = in_training_precision, None
+    result.update({"heldout": heldout, "heldout_mean_loss": mean(heldout)})
+    if in_training_precision is not None:
+        result.update({"heldout_tp": in_training_precision, "heldout_tp_mean_loss": mean(in_training_precision)})
+    if cfg.eval_precision != "bf16":
+        result["training_precision"] = trained_in  # what `heldout_tp` (train: `heldout`) was measured in
+    result.update({"tasks": tasks, "tasks_precision": "bf16", "seconds": round(time.perf_counter() - t0, 2)})
     return result
 
 
 def summary(result: dict, path: Path) -> dict:
     out = {"eval_json": str(path), "step": result["step"]}
     out.update({f"heldout/{k}": round(v["loss"], 4) for k, v in result["heldout"].items()})
+    out.update({f"heldout_tp/{k}": round(v["loss"], 4) for k, v in result.get("heldout_tp", {}).items()})
     out.update({f"{k}/{v['primary']}": round(v[v["primary"]], 4) for k, v in result["tasks"].items()})
     return out
 
@@ -98,8 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    precision = "bf16"
+    if result["eval_precision"] != "bf16":
+        trained_in = result["training_precision"]
+        precision = trained_in["name"] + (f", switched {trained_in['switched']}" if trained_in["switched"] else "")
+    both = result["eval_precision"] == "both"
     for source, v in result["heldout"].items():
-        print(f"held-out {source:<14} loss {v['loss']:.4f}  ppl {v['ppl']:.1f}")
+        print(f"held-out {source:<14} loss {v['loss']:.4f}  ppl {v['ppl']:.1f}  ({'bf16' if both else precision})")
+    for source, v in result.get("heldout_tp", {}).items():
+        print(f"held-out {source:<14} loss {v['loss']:.4f}  ppl {v['ppl']:.1f}  ({precision})")
     for name, v in result["tasks"].items():
         metrics = "  ".join(
             f"{k} {v[k]:.4f}"

@@ -97,6 +97,50 @@ def heldout_losses(model, val_data: dict[str, torch.Tensor], batch_size: int = 1
     return out
 
 
+def in_training_precision(model, run_config: dict, ckpt: Path, device) -> tuple[torch.nn.Module, dict]:
+    """(`model`'s weights in the run's model built with its precision policy's linears, what that precision
+    is): the training precision of the checkpoint's step, so a run that switched to BF16 before it is in its
+    switched precision (BF16 after a full switch), as its controller state in the checkpoint records."""
+    from nvfp4train.eval.weights import model_config_for
+    from nvfp4train.model import build_model
+    from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
+    from nvfp4train.precision.recipe import recorded_run_config
+    from nvfp4train.train import checkpoint
+    from nvfp4train.train.heldout import runs_in_bf16
+
+    config_file = ckpt.parents[1] / "config.yaml"
+    try:
+        policy = PrecisionPolicy.from_dict(recorded_run_config(run_config).get("precision") or {})
+        factory = build_linear_factory(policy, n_blocks=len(model.cfg.pattern), seed=int(run_config.get("seed", 0)))
+    except (TypeError, ValueError) as e:  # a backend this machine lacks (precision.backend=te on a CPU) too
+        raise RunError(
+            f"{config_file}: precision: {e} (eval_precision=train and both build the run's linears)"
+        ) from None
+    quantized = build_model(model_config_for(run_config), linear_factory=factory)
+    # strict=False for TE's `_extra_state`; the seed and sign buffers are the run's, made from its config
+    loaded = quantized.load_state_dict(model.state_dict(), strict=False)
+    unloaded = [k for k in loaded.missing_keys if not k.endswith("_extra_state")] + loaded.unexpected_keys
+    if unloaded:
+        raise RunError(f"{config_file}: precision: the run's linears do not take the checkpoint's {unloaded[0]}")
+    controller = PrecisionController(policy, quantized)
+    try:  # rank 0's trainer state: the switch is the same on every rank
+        state = checkpoint.load_weights_only(ckpt / "rank_00000.pt")
+        controller.load_state_dict(state["precision"])
+    except checkpoint.CheckpointError as e:
+        raise RunError(str(e)) from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise RunError(
+            f"{ckpt / 'rank_00000.pt'}: no precision controller state ({e}); not a training checkpoint"
+        ) from None
+    described = {
+        "name": policy.name or str(policy.format),
+        "backend": controller.backend_name,
+        "switched": policy.switch.mode if controller.switched else None,
+        "runs_in_bf16": runs_in_bf16(controller.layers),
+    }
+    return quantized.to(device).eval(), described
+
+
 # ------------------------------------------------------------------------------ tasks
 def load_task_definitions(path: Path = TASKS_FILE) -> dict[str, dict]:
     if not path.is_file():

@@ -90,6 +90,19 @@ class SRStreams:
         self._generators = {}  # re-created on the next SR draw, on the data's device
         self._pending_states = dict(states or {})
 
+    def positions(self) -> tuple:
+        """Where every stream stands now, for `rewind`."""
+        states = {role: gen.get_state() for role, gen in self._generators.items()}
+        return dict(self._generators), dict(self._pending_states), states
+
+    def rewind(self, positions: tuple) -> None:
+        """Back to `positions`, undoing the draws made since (an evaluation's): the same generator objects,
+        which a CUDA graph may have registered, set to their saved states; one created since is dropped."""
+        generators, pending, states = positions
+        for role, gen in generators.items():
+            gen.set_state(states[role])
+        self._generators, self._pending_states = generators, pending
+
 
 class WeightCache:
     """A layer's quantized weight operands, kept from one use to the next while the weight stays

@@ -1,6 +1,6 @@
 """Held-out evaluation during training: the mean next-token loss per held-out domain (train.eval_every and
-the last step), in the training precision or, with train.eval_precision=bf16, with the precision linears
-running their GEMMs in BF16."""
+the last step), as train.eval_precision asks: in the training precision (train), with the precision linears
+running their GEMMs in BF16 (bf16), or both (BF16 as `val/*`, the training precision as `val_tp/*`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import contextlib
 import torch
 
 from nvfp4train.precision.cpu_bf16 import cpu_bf16_matmuls
+from nvfp4train.precision.recipe import FORWARD_ROLES
 
 
 @contextlib.contextmanager
@@ -27,6 +28,54 @@ def bf16_linears(layers):
     finally:
         for layer, attr, value in saved:
             setattr(layer, attr, value)
+
+
+def runs_in_bf16(layers) -> bool:
+    """Every precision linear of `layers` runs its GEMMs in BF16 now (a BF16 model, or after a full switch):
+    its training-precision evaluation is its BF16 one."""
+    return not any(layer.quantized for layer in layers)
+
+
+@contextlib.contextmanager
+def training_state_kept(layers):
+    """Inside the block, a forward of the precision linears `layers` leaves what training reads as it found
+    it: telemetry is off (it describes the training GEMMs), and the SR streams a quantized forward draws from
+    (precision.sr=all) are rewound afterwards, so that an evaluation does not change the
+    rounding of the steps after it."""
+    saved = []
+    for layer in layers:
+        draws = getattr(layer, "quantized", False) and hasattr(layer, "sr")  # QuantLinear (te: its own RNG)
+        draws = draws and any(getattr(layer.recipe, role).rounding == "sr" for role in FORWARD_ROLES)
+        saved.append((layer, layer.stats_enabled, layer.sr.positions() if draws else None))
+        layer.stats_enabled = False
+    try:
+        yield
+    finally:
+        for layer, stats_enabled, positions in saved:
+            layer.stats_enabled = stats_enabled
+            if positions is not None:
+                layer.sr.rewind(positions)
+
+
+@torch.no_grad()
+def evaluate_as(eval_precision: str, model, val_data: dict, micro_batch_size: int, device: torch.device, layers):
+    """The held-out losses of train.eval_precision, `layers` being the model's precision linears: train ->
+    `val/*` in the training precision; bf16 -> `val/*` in BF16; both -> `val/*` in BF16 (the numbers a bf16
+    run writes) and `val_tp/*` in the training precision, from one evaluation where every layer runs in
+    BF16 anyway."""
+    if eval_precision == "bf16":
+        return evaluate(model, val_data, micro_batch_size, device, layers)
+    if eval_precision == "train":
+        with training_state_kept(layers):
+            return _evaluate(model, val_data, micro_batch_size, device)
+    out = evaluate(model, val_data, micro_batch_size, device, layers)
+    if runs_in_bf16(layers):
+        in_training_precision = dict(out)
+    else:
+        with training_state_kept(layers):
+            in_training_precision = _evaluate(model, val_data, micro_batch_size, device)
+    out.update({f"val_tp/{key[4:]}": value for key, value in in_training_precision.items()})
+    return out
 
 
 @torch.no_grad()

@@ -29,6 +29,7 @@ POLICY: dict[str, tuple[str, str]] = {
     "train.parallel": (NOTE, "the checkpoint is resharded for the new parallelism"),
     "train.hsdp_shard_size": (NOTE, "the checkpoint is resharded for the new parallelism"),
     "train.zero_stage": (NOTE, "the checkpoint is resharded for the new ZeRO stage"),
+    "train.eval_precision": (NOTE, "the evaluations from here on; the earlier ones stay as they were measured"),
     "train.max_nonfinite_steps": (NOTE, ""),
     "train.spike_factor": (NOTE, ""),
     # bookkeeping: allowed silently

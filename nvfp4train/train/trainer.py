@@ -57,7 +57,7 @@ from nvfp4train.train.build import (
 )
 from nvfp4train.train.engines import StepStats, build_engine, import_deepspeed
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
-from nvfp4train.train.heldout import evaluate
+from nvfp4train.train.heldout import evaluate_as, runs_in_bf16
 from nvfp4train.train.metrics import LogFile, MetricsLogger, ProgressBar, peak_memory_gib, require_wandb
 
 
@@ -363,15 +363,27 @@ class Trainer:
                 record["precision_switch"] = r.precision_switch
         if (t.eval_every and r.step % t.eval_every == 0) or is_last:
             record = record or {"step": r.step, "tokens": r.step * self.tokens_per_step}
-            bf16_layers = self.controller.layers if t.eval_precision == "bf16" else ()
-            held_out = evaluate(self.engine.module, self.val_data, t.micro_batch_size, self.info.device, bf16_layers)
+            layers = self.controller.layers
+            held_out = evaluate_as(
+                t.eval_precision, self.engine.module, self.val_data, t.micro_batch_size, self.info.device, layers
+            )
             self.engine.after_evaluation()
             record.update(held_out)
             if is_main and held_out:  # train.log (INFO: not the terminal)
-                precision = "BF16" if t.eval_precision == "bf16" else "training precision"
+                if t.eval_precision == "both":
+                    precision = "BF16 and training precision"
+                    trained_in = "bf16" if runs_in_bf16(layers) else self.cfg.precision.get("name", "training")
+                    losses = [
+                        f"{k[4:]} {v:.4f} (bf16) {held_out['val_tp/' + k[4:]]:.4f} ({trained_in})"
+                        for k, v in held_out.items()
+                        if k.startswith("val/")
+                    ]
+                else:
+                    precision = "BF16" if t.eval_precision == "bf16" else "training precision"
+                    losses = [f"{k[4:]} {v:.4f}" for k, v in held_out.items()]
                 logging.getLogger(__name__).info(
                     f"held-out loss at step {r.step} (in training, {precision}, up to {t.eval_sequences} "
-                    "sequences per source): " + ", ".join(f"{k[4:]} {v:.4f}" for k, v in held_out.items())
+                    "sequences per source): " + ", ".join(losses)
                 )
         if record is not None:
             try:

@@ -98,6 +98,7 @@ def test_short_runs_missing_steps_recorded_extras_and_eval_table(runs, tmp_path)
             {
                 "tasks": {"t": {"primary": "acc", "acc": 0.75}},
                 "heldout": {"code": {"loss": 5.0}},
+                "heldout_tp": {"code": {"loss": 5.25}},  # eval_precision=both
                 "heldout_sequences": 64,
             }
         )
@@ -115,6 +116,9 @@ def test_short_runs_missing_steps_recorded_extras_and_eval_table(runs, tmp_path)
     assert result["eval"] == {
         "t (acc)": {"optim.lr=0.001": {"mean": 0.75, "seeds": 1}},
         "held-out code (loss; BF16 evaluation, 64 sequences)": {"optim.lr=0.001": {"mean": 5.0, "seeds": 1}},
+        "held-out code (loss; training-precision evaluation, 64 sequences)": {
+            "optim.lr=0.001": {"mean": 5.25, "seeds": 1}
+        },
     }
     assert "| t (acc) | — | 0.7500 |" in (out / "compare.md").read_text()
 

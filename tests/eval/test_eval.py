@@ -12,7 +12,8 @@ import torch
 import yaml
 
 from nvfp4train.eval import harness, load_run_model
-from tests.conftest import REPO, cli_env, read_metrics
+from tests.conftest import REPO, cli_env, read_metrics, run_train
+from tests.eval.conftest import TINY
 
 
 def run_eval(*args, check=True):
@@ -133,3 +134,74 @@ def test_bad_input_is_one_line_and_writes_nothing(tiny_run, tmp_path, capsys):
     (other / "config.yaml").write_text(yaml.safe_dump(config))
     assert "written for another model: d_model" in one_line_error(capsys, f"run_dir={other}")
     assert not (empty / "eval.json").exists() and not (other / "eval.json").exists()
+
+
+@pytest.mark.slow  # a short NVFP4 run and three evaluations
+def test_eval_precision_both_adds_the_training_precision_of_the_checkpoints_step(tmp_path, capsys):
+    """A run that switches fully to BF16 halfway: step 1's checkpoint is in NVFP4, step 4's in BF16."""
+    from nvfp4train.eval.__main__ import main
+
+    run = tmp_path / "run"
+    run_train(
+        f"out_dir={run}",
+        "precision=nvfp4",
+        "precision.switch.at_fraction=0.5",
+        "train.eval_precision=both",
+        "train.eval_every=1",
+        "train.save_every=1",
+        "train.keep_last=4",
+        *TINY,
+    )
+    in_training = {r["step"]: r for r in read_metrics(run) if "val/mean" in r}
+    proc = run_eval(
+        f"run_dir={run}", "step=1", "tasks=arithmetic", "max_items=2", "heldout_sequences=2", "eval_precision=both"
+    )
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    before = json.loads((run / "eval.json").read_text())
+    assert before["eval_precision"] == "both" and before["tasks_precision"] == "bf16"
+    assert before["training_precision"] == {
+        "name": "nvfp4",
+        "backend": "emulated",
+        "switched": None,
+        "runs_in_bf16": False,
+    }
+    assert set(before["heldout_tp"]) == set(before["heldout"]) == {"literature", "encyclopedic", "code"}
+    for source in before["heldout"]:  # the training loop's numbers of the same weights, in each precision
+        assert before["heldout"][source]["loss"] == pytest.approx(in_training[1][f"val/{source}"], abs=2e-3)
+        assert before["heldout_tp"][source]["loss"] == pytest.approx(in_training[1][f"val_tp/{source}"], abs=2e-3)
+        assert before["heldout_tp"][source]["loss"] != before["heldout"][source]["loss"]
+        assert summary[f"heldout_tp/{source}"] == pytest.approx(before["heldout_tp"][source]["loss"], abs=1e-4)
+    assert "(bf16)" in proc.stdout and "(nvfp4)" in proc.stdout
+
+    assert (
+        main(
+            [
+                f"run_dir={run}",
+                "step=1",
+                "tasks=arithmetic",
+                "max_items=2",
+                "heldout_sequences=2",
+                "eval_precision=train",
+            ]
+        )
+        == 0
+    )
+    train_only = json.loads((run / "eval.json").read_text())
+    assert train_only["heldout"] == before["heldout_tp"] and "heldout_tp" not in train_only
+
+    assert (
+        main([f"run_dir={run}", "tasks=arithmetic", "max_items=2", "heldout_sequences=2", "eval_precision=both"]) == 0
+    )
+    after = json.loads((run / "eval.json").read_text())
+    assert after["step"] == 4 and after["training_precision"]["switched"] == "full"
+    assert after["training_precision"]["runs_in_bf16"] and after["heldout_tp"] == after["heldout"]  # measured once
+    assert in_training[4]["val_tp/mean"] == in_training[4]["val/mean"]
+    capsys.readouterr()
+
+    # a checkpoint without its trainer state cannot say its precision: one line, nothing written
+    (run / "eval.json").unlink()
+    (run / "checkpoints" / "step_00000004" / "rank_00000.pt").unlink()
+    assert main([f"run_dir={run}", "tasks=arithmetic", "max_items=2", "eval_precision=both"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "rank_00000.pt missing" in err and "\n" not in err, err
+    assert not (run / "eval.json").exists()

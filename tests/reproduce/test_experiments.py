@@ -58,7 +58,8 @@ def test_tiers_as_the_campaign_plans_them():
         _, non_embedding = model_params(run.info["model"])
         assert abs(run.tokens / non_embedding - per_param) < 0.05 * per_param, (name, run.tokens / non_embedding)
         overrides = dict(o.split("=", 1) for o in run.train_overrides)
-        assert overrides["train.eval_precision"] == "bf16" and int(overrides["train.eval_sequences"]) >= 64
+        assert overrides["train.eval_precision"] == "both" and int(overrides["train.eval_sequences"]) >= 64
+        assert "eval_precision=both" in run.eval_args
         assert abs(run.max_steps / int(overrides["train.eval_every"]) - 20) < 1  # every 5% of the tokens
         assert "train.compile" not in overrides and "train.cuda_graph" not in overrides  # the GPU defaults
         assert overrides["data"] == "repro30m" and "heldout_sequences=1000000" in run.eval_args
