@@ -49,7 +49,7 @@ class RunData:
     @property
     def val_label(self) -> str:
         t = self.config.get("train", {})
-        precision = "BF16" if t.get("eval_precision") == "bf16" else "training precision"
+        precision = "BF16" if t.get("eval_precision") in ("bf16", "both") else "training precision"
         return f"in-training validation ({precision}, {t.get('eval_sequences', '?')} seq/source)"
 
     @property
