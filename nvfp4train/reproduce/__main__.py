@@ -43,7 +43,7 @@ from nvfp4train.reproduce.plan import (
     run_state,
     shell,
 )
-from nvfp4train.runs import RunError, finished_run
+from nvfp4train.runs import RunError, finished_run, read_run_info
 
 
 def cuda_device() -> str:
@@ -181,6 +181,7 @@ def cmd_status(args) -> int:
             state = run_state(run.out_dir)
             rec = {}
             try:
+                read_run_info(run.out_dir)  # a damaged run.json is said, not read as "interrupted"
                 if state == "done":
                     finished_run(run.out_dir)
                 if state != "pending":
