@@ -103,10 +103,6 @@ def _text(path: Path, data: bytes) -> str:
 
 
 # ------------------------------------------------------------------------------------------ config
-class _BoundedLoader(yaml.SafeLoader):
-    """The safe loader (plain values only: no tags that build objects or run code)."""
-
-
 def _count_values(value, path: Path) -> None:
     """Refuse a tree of more than MAX_CONFIG_VALUES values, aliases expanded (a "billion laughs" file is a
     few lines that expand to billions); stops counting at the cap, so a bomb costs no more than the cap."""
@@ -137,7 +133,7 @@ def read_config(run_dir: Path, required: dict[str, tuple[str, ...]] | None = Non
         raise RunError(f"{path} not found: {run_dir} is not the out_dir of a training run")
     text = _text(path, read_capped(path, MAX_CONFIG_BYTES))
     try:
-        config = yaml.load(text, Loader=_BoundedLoader)
+        config = yaml.safe_load(text)  # plain values only: no tag builds an object or runs code
     except yaml.YAMLError as e:
         raise RunError(f"{path}: unreadable YAML ({str(e).splitlines()[0]})") from None
     except RecursionError:
