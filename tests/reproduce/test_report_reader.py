@@ -81,9 +81,9 @@ TAMPERED = {
         lambda d: edit_json(d / "eval.json", lambda v: {**v, "heldout_mean_loss": float("nan")}),
         "eval.json: field 'heldout_mean_loss' is nan, not a finite number",
     ),
-    "no step": (
-        lambda d: edit_json(d / "eval.json", lambda v: {k: x for k, x in v.items() if k != "step"}),
-        "eval.json: field 'step' missing",
+    "no mean loss": (
+        lambda d: edit_json(d / "eval.json", lambda v: {k: x for k, x in v.items() if k != "heldout_mean_loss"}),
+        "eval.json: field 'heldout_mean_loss' missing",
     ),
     "another step": (
         lambda d: edit_json(d / "eval.json", lambda v: {**v, "step": 5}),
