@@ -21,7 +21,7 @@ from pathlib import Path
 
 from nvfp4train.compare import analysis, report
 from nvfp4train.compare.runs import WANDB_PREFIX, check_comparable, group_runs, import_wandb, load_run, markers
-from nvfp4train.eval.weights import RunError
+from nvfp4train.runs import RunError
 
 
 def parse_args(argv):
@@ -64,10 +64,10 @@ def run(args) -> dict:
         sources.insert(0, args.baseline)
     runs = [load_run(s) for s in sources]
     for r in runs:  # said, not silently cut: the curves hold every intact record around a damaged line
-        if r.skipped:
+        if r.skipped_count:
             print(
-                f"warning: {len(r.skipped)} damaged metrics line(s) skipped: {', '.join(r.skipped[:5])}"
-                f"{' ...' if len(r.skipped) > 5 else ''}",
+                f"warning: {r.skipped_count} damaged metrics line(s) skipped: {', '.join(r.skipped[:5])}"
+                f"{' ...' if r.skipped_count > 5 else ''}",
                 file=sys.stderr,
             )
     if not args.allow_mismatch:

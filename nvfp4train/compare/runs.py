@@ -12,9 +12,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nvfp4train.eval.weights import RunError, read_run_config
+from nvfp4train import runs as rundir
 from nvfp4train.precision.recipe import recorded_run_config
-from nvfp4train.train.metrics import metrics_path, read_metrics_text
+from nvfp4train.runs import RunError
 
 WANDB_PREFIX = "wandb:"
 # train.cuda_graph replays the eager step's numerics: runs that differ only there are seeds of one arm
@@ -33,7 +33,8 @@ class Run:
     records: list[dict]
     eval: dict | None = None
     flat: dict = field(default_factory=dict)
-    skipped: list[str] = field(default_factory=list)  # damaged metrics lines left out, "<file>:<line>"
+    skipped: list[str] = field(default_factory=list)  # damaged metrics lines left out, "<file>:<line>" (the first)
+    skipped_count: int = 0  # all damaged metrics lines left out
 
     def __post_init__(self):
         self.config = recorded_run_config(self.config)  # a record written before a key was renamed: today's key
@@ -53,90 +54,21 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def load_local(path: Path) -> Run:
+    """A run directory through the one reader of run directories (`nvfp4train.runs`)."""
     path = Path(path)
-    try:
-        config = read_run_config(path)
-    except (UnicodeDecodeError, OSError) as e:
-        raise RunError(
-            f"{path / 'config.yaml'}: unreadable ({getattr(e, 'strerror', None) or e.__class__.__name__}); "
-            "not a training run's config"
-        ) from None
-    metrics = metrics_path(path)
-    if not metrics.is_file():
-        raise RunError(f"{metrics} not found: the run has logged no metrics yet")
-    records, skipped = [], []
-    try:
-        text = read_metrics_text(metrics)
-    except (OSError, EOFError) as e:
-        raise RunError(f"{metrics}: unreadable ({getattr(e, 'strerror', None) or e})") from None
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        # a damaged line (torn by a kill, edited) costs only itself; the records after it still count
-        if not _is_record(record):
-            skipped.append(f"{metrics}:{number}")
-            continue
-        records.append(record)
-    if not any(isinstance(r.get("loss"), (int, float)) for r in records):
-        raise RunError(f"{metrics}: no record with a training loss")
-    eval_path = path / "eval.json"
-    evaluation = None
-    if eval_path.is_file():
-        try:
-            evaluation = json.loads(eval_path.read_text())
-        except (OSError, ValueError) as e:
-            raise RunError(
-                f"{eval_path}: not a JSON file ({e}); run python -m nvfp4train.eval again or remove it"
-            ) from None
-        _check_eval(eval_path, evaluation)
+    config = rundir.read_config(path)
+    metrics = rundir.read_metrics(path)
+    if metrics.last("loss") is None:
+        raise RunError(f"{metrics.path}: no record with a training loss")
     return Run(
-        name=path.resolve().name, source=str(path), config=config, records=records, eval=evaluation, skipped=skipped
+        name=path.resolve().name,
+        source=str(path),
+        config=config,
+        records=metrics.records,
+        eval=rundir.read_eval(path),
+        skipped=metrics.damaged_names,
+        skipped_count=metrics.damaged_count,
     )
-
-
-# The one metrics field that holds text; every other value of a record is a number, a bool or null.
-TEXT_FIELDS = ("precision_switch",)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_record(record) -> bool:
-    """A metrics.jsonl record as the trainer writes it: an integer step, integer tokens, numbers elsewhere."""
-    if not isinstance(record, dict) or not isinstance(record.get("step"), int) or isinstance(record["step"], bool):
-        return False
-    if "tokens" in record and not (isinstance(record["tokens"], int) and not isinstance(record["tokens"], bool)):
-        return False
-    return all(
-        v is None or isinstance(v, (int, float)) or (k in TEXT_FIELDS and isinstance(v, str)) for k, v in record.items()
-    )
-
-
-def _check_eval(path: Path, evaluation) -> None:
-    """eval.json as `python -m nvfp4train.eval` writes it, in the parts the comparison tabulates."""
-
-    def refuse(what: str):
-        raise RunError(
-            f"{path}: {what}; not an evaluation written by python -m nvfp4train.eval (run it again or remove the file)"
-        )
-
-    if not isinstance(evaluation, dict):
-        refuse(f"holds a {type(evaluation).__name__}, not a JSON object")
-    for section in ("tasks", "heldout", "heldout_tp"):
-        if not isinstance(evaluation.get(section, {}), dict):
-            refuse(f"field {section!r} is not a mapping")
-    for task, v in evaluation.get("tasks", {}).items():
-        if not (isinstance(v, dict) and isinstance(v.get("primary"), str) and _is_number(v.get(v["primary"]))):
-            refuse(f"tasks.{task} has no number under its `primary` metric")
-    for section in ("heldout", "heldout_tp"):
-        for source, v in evaluation.get(section, {}).items():
-            if not (isinstance(v, dict) and _is_number(v.get("loss"))):
-                refuse(f"{section}.{source} has no numeric `loss`")
 
 
 def import_wandb(what: str):

@@ -25,6 +25,8 @@ from nvfp4train.config import ConfigError, EvalConfig, help_requested, load, usa
 from nvfp4train.eval import harness
 from nvfp4train.eval.weights import RunError, load_run_model, pick_device, read_run_config
 
+EVAL_READS = {"model": (), "train": ("seq_len",), "data": ("tokenizer",)}  # of the run's config.yaml
+
 
 def evaluate(cfg: EvalConfig) -> tuple[dict, Path]:
     """Run the evaluation described by an eval config; return (eval.json contents, its path).
@@ -34,8 +36,10 @@ def evaluate(cfg: EvalConfig) -> tuple[dict, Path]:
     evaluating a bitwise replicate of it, gives the same eval.json; otherwise the last digits can differ."""
     from nvfp4train.train.determinism import deterministic_mode
 
+    # every section the evaluation reads, checked before a model is built or a checkpoint loaded
+    run_config = read_run_config(cfg.run_dir, required=EVAL_READS)
     device = pick_device(cfg.device)
-    deterministic = device == "cuda" and bool(read_run_config(cfg.run_dir).get("train", {}).get("deterministic"))
+    deterministic = device == "cuda" and bool(run_config["train"].get("deterministic"))
     with deterministic_mode(deterministic):
         result = _evaluate(cfg, device)
     result["deterministic"] = deterministic

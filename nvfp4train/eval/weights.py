@@ -13,30 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import yaml
 
 from nvfp4train.model import HybridLM, build_model
+from nvfp4train.runs import RunError, read_config
 from nvfp4train.train import checkpoint
 
 
-class RunError(ValueError):
-    """A run directory, checkpoint or option that cannot be used; the message is one line."""
-
-
-def read_run_config(run_dir: Path) -> dict:
-    """The resolved config a run wrote (`config.yaml`)."""
-    path = Path(run_dir) / "config.yaml"
-    if not Path(run_dir).is_dir():
-        raise RunError(f"run_dir={str(run_dir)!r}: no such directory")
-    if not path.is_file():
-        raise RunError(f"{path} not found: {run_dir} is not the out_dir of a training run")
-    try:
-        config = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise RunError(f"{path}: unreadable YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
-        raise RunError(f"{path}: has no `model` mapping; not a training run's config")
-    return config
+def read_run_config(run_dir: Path, required: dict[str, tuple[str, ...]] | None = None) -> dict:
+    """The resolved config a run wrote (`config.yaml`), read and checked by `nvfp4train.runs.read_config`."""
+    return read_config(run_dir, required)
 
 
 def find_checkpoint(run_dir: Path, step: int | None = None) -> Path:

@@ -43,6 +43,7 @@ from nvfp4train.reproduce.plan import (
     run_state,
     shell,
 )
+from nvfp4train.runs import RunError, finished_run, read_run_info
 
 
 def cuda_device() -> str:
@@ -168,25 +169,39 @@ def cmd_run_one(args) -> int:
 
 
 def cmd_status(args) -> int:
+    """Every run's state; a run is done by the rule `report` uses (`nvfp4train.runs.finished_run`), and one
+    whose files say done but disagree shows as damaged, with its one line on stderr (exit 2)."""
     names = args.experiments or experiment_names(args.experiments_dir)
     print(f"{'run':<46} {'state':<12} {'step':>13} {'tokens':>13} {'loss':>7} {'tok/s':>10}")
     counts: dict[str, int] = {}
+    damaged = []
     for name in names:
         exp = load_experiment(name, args.experiments_dir)
         for run in plan_experiment(exp, Path(args.runs_dir), device="cuda"):
             state = run_state(run.out_dir)
+            rec = {}
+            try:
+                read_run_info(run.out_dir)  # a damaged run.json is said, not read as "interrupted"
+                if state == "done":
+                    finished_run(run.out_dir)
+                if state != "pending":
+                    rec = last_record(run.out_dir) or {}
+            except RunError as e:
+                state = "damaged"
+                damaged.append(str(e))
             counts[state] = counts.get(state, 0) + 1
             if state == "pending" and not args.all:
                 continue
-            rec = last_record(run.out_dir) or {}
-            step = rec.get("step", 0)
-            speed = rec.get("tokens_per_s")
+            step, loss, speed = rec.get("step", 0), rec.get("loss"), rec.get("tokens_per_s")
             print(
-                f"{run.key:<46} {state:<12} {f'{step}/{run.max_steps}':>13} {rec.get('tokens', 0):>13,} "
-                f"{rec.get('loss', float('nan')):>7.3f} {'-' if speed is None else f'{speed:,.0f}':>10}"
+                f"{run.key:<46} {state:<12} {f'{step}/{run.max_steps}':>13} "
+                f"{rec.get('tokens', 0):>13,} {'-' if loss is None else f'{loss:.3f}':>7} "
+                f"{'-' if speed is None else f'{speed:,.0f}':>10}"
             )
     print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs planned")
-    return 0
+    for line in damaged:
+        print(f"error: {line}", file=sys.stderr)
+    return 2 if damaged else 0
 
 
 def cmd_copy_results(args) -> int:
@@ -290,7 +305,7 @@ def main(argv=None) -> int:
     }
     try:
         return verbs[args.verb](args)
-    except UsageError as e:  # bad input: one line, exit 2
+    except (UsageError, RunError) as e:  # bad input (a run directory's files included): one line, exit 2
         print(f"error: {e}", file=sys.stderr)
         return 2
 

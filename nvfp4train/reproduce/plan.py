@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nvfp4train import runs
 from nvfp4train.reproduce.experiments import Experiment, UsageError
 
 DEFAULT_RUNS_DIR = Path("runs/repro")
@@ -158,21 +159,11 @@ def read_json(path: Path) -> dict | None:
 
 
 def last_record(out_dir: Path) -> dict | None:
-    """The last metrics record with a training loss."""
-    path = out_dir / "metrics.jsonl"
-    if not path.is_file():
+    """The last metrics record with a training loss (metrics.jsonl, or the committed metrics.jsonl.gz), None
+    without metrics; RunError where they cannot be read."""
+    if runs.metrics_file(out_dir) is None:
         return None
-    with open(path, "rb") as f:
-        f.seek(max(0, f.seek(0, os.SEEK_END) - 200_000))
-        lines = f.read().decode(errors="replace").splitlines()
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if record.get("loss") is not None:
-            return record
-    return None
+    return runs.read_metrics(out_dir).last("loss")
 
 
 def run_state(out_dir: Path) -> str:
@@ -182,13 +173,10 @@ def run_state(out_dir: Path) -> str:
     if marker and marker.get("host") == os.uname().nodename and pid_alive(marker.get("pid")):
         return "running"
     info = read_json(out_dir / "run.json")
-    if info is not None:
-        state = info.get("state")
-        if state is None:  # run.json of runs recorded before states existed: finished or failed
-            return "done" if info.get("train_rc") == 0 else "failed"
-        if state in ("done", "failed"):
-            return state
-    if (out_dir / "metrics.jsonl").is_file() or (out_dir / "checkpoints").is_dir():
+    state = runs.recorded_state(info)
+    if state in ("done", "failed"):
+        return state
+    if runs.metrics_file(out_dir) is not None or (out_dir / "checkpoints").is_dir():
         return "interrupted"
     return "pending"
 

@@ -9,11 +9,9 @@ the final checkpoint (eval.json).
 
 from __future__ import annotations
 
-import json
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-import yaml
 
 from nvfp4train.reproduce import stats
 from nvfp4train.reproduce.claims import CLAIMS_FILE, Claim, Endpoint, Kind, Loss, Point, Precision, load_claims
@@ -23,7 +21,7 @@ from nvfp4train.reproduce.experiments import (
     all_experiments,
 )
 from nvfp4train.reproduce.plan import model_params
-from nvfp4train.train.metrics import metrics_path, read_metrics_text
+from nvfp4train.runs import finished_run
 
 TIER_TITLES = {
     "A": "Tier A: hybrid_repro, 1.75 tokens per parameter",
@@ -61,31 +59,26 @@ class RunData:
 
 
 def load_run(path: Path, experiment: str, arm: str, seed: int) -> RunData | None:
-    """A finished run (its last record at train.max_steps, and run.json, where there is one, says done)."""
-    try:
-        config = yaml.safe_load((path / "config.yaml").read_text()) or {}
-        lines = read_metrics_text(metrics_path(path)).splitlines()
-    except (OSError, EOFError, yaml.YAMLError):
+    """A finished run (`nvfp4train.runs.finished_run`: run.json says done, the metrics reach train.max_steps),
+    None for one that is not; a run whose files are damaged or disagree is refused in one line (RunError)."""
+    run = finished_run(path)
+    if run is None:
         return None
-    info = {}
-    if (path / "run.json").is_file():
-        info = json.loads((path / "run.json").read_text())
-        if info.get("state", "done") != "done" or info.get("train_rc", 0) != 0:
-            return None
-    t = config.get("train", {})
-    per_step = int(t.get("global_batch_size", 0)) * int(t.get("seq_len", 0))
-    train, val, val_sources, last, repeats_from = {}, {}, {}, 0, None
-    for line in lines:
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        tokens = float(r.get("tokens", r.get("step", 0) * per_step))
+    if run.metrics.damaged_count:  # said, not silently cut: the curves hold every intact record around it
+        print(
+            f"warning: {run.metrics.damaged_count} damaged metrics line(s) skipped: "
+            f"{', '.join(run.metrics.damaged_names[:5])}{' ...' if run.metrics.damaged_count > 5 else ''}",
+            file=sys.stderr,
+        )
+    config, t = run.config, run.config["train"]
+    per_step = t["global_batch_size"] * t["seq_len"]
+    train, val, val_sources, repeats_from = {}, {}, {}, None
+    for r in run.metrics.records:
+        tokens = float(r.get("tokens", r["step"] * per_step))
         if repeats_from is None and any(
             k.startswith("data/epochs/") and isinstance(v, (int, float)) and v >= 1 for k, v in r.items()
         ):
             repeats_from = tokens
-        last = max(last, int(r.get("step", 0)))
         if r.get("loss") is not None:
             train[tokens] = float(r["loss"])
         if r.get("val/mean") is not None:
@@ -93,18 +86,15 @@ def load_run(path: Path, experiment: str, arm: str, seed: int) -> RunData | None
             for k, v in r.items():
                 if k.startswith("val/") and k != "val/mean" and isinstance(v, (int, float)):
                     val_sources.setdefault(k[4:], {})[tokens] = float(v)
-    if not train or last < int(t.get("max_steps", 0)):
-        return None
-    eval_json = json.loads((path / "eval.json").read_text()) if (path / "eval.json").is_file() else None
     return RunData(
         (experiment, arm, seed),
         path,
         config,
         train,
         val,
-        float(int(t["max_steps"]) * per_step),
-        info,
-        eval_json,
+        float(t["max_steps"] * per_step),
+        run.info,
+        run.eval,
         repeats_from,
         val_sources,
     )
