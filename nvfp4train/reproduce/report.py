@@ -43,6 +43,8 @@ class RunData:
     eval: dict | None = None
     repeats_from: float | None = None  # tokens at which the first data source began its second pass
     val_sources: dict[str, dict[float, float]] = field(default_factory=dict)  # in-training validation per source
+    val_tp: dict[float, float] = field(default_factory=dict)  # val_tp/mean (train.eval_precision=both)
+    blend_changes: list[float] = field(default_factory=list)  # tokens at which data/phase changes
 
     @property
     def val_label(self) -> str:
@@ -72,9 +74,15 @@ def load_run(path: Path, experiment: str, arm: str, seed: int) -> RunData | None
         )
     config, t = run.config, run.config["train"]
     per_step = t["global_batch_size"] * t["seq_len"]
-    train, val, val_sources, repeats_from = {}, {}, {}, None
+    train, val, val_sources, val_tp, blend_changes, repeats_from, phase = {}, {}, {}, {}, [], None, None
     for r in run.metrics.records:
         tokens = float(r.get("tokens", r["step"] * per_step))
+        if isinstance(r.get("val_tp/mean"), (int, float)):
+            val_tp[tokens] = float(r["val_tp/mean"])
+        if isinstance(r.get("data/phase"), int) and not isinstance(r["data/phase"], bool):
+            if phase is not None and r["data/phase"] != phase:
+                blend_changes.append(tokens)
+            phase = r["data/phase"]
         if repeats_from is None and any(
             k.startswith("data/epochs/") and isinstance(v, (int, float)) and v >= 1 for k, v in r.items()
         ):
@@ -97,6 +105,8 @@ def load_run(path: Path, experiment: str, arm: str, seed: int) -> RunData | None
         run.eval,
         repeats_from,
         val_sources,
+        val_tp,
+        blend_changes,
     )
 
 
@@ -120,42 +130,6 @@ def arm_runs(runs: dict, exp: Experiment, arm: str) -> dict[int, RunData]:
 
 
 # ------------------------------------------------------------------------------------- statistics
-@dataclass
-class RunExtras:
-    """What the report reads from a run beyond load_run's: the in-training validation in the training
-    precision (train.eval_precision=both: val_tp/<source>, val_tp/mean) and the tokens at which the data
-    blend changes (data/phase)."""
-
-    val_tp: dict[float, float] = field(default_factory=dict)
-    blend_changes: list[float] = field(default_factory=list)
-
-
-_EXTRAS: dict[Path, RunExtras] = {}
-
-
-def run_extras(run: RunData) -> RunExtras:
-    if run.path not in _EXTRAS:
-        out, phase = RunExtras(), None
-        try:
-            lines = read_metrics_text(metrics_path(run.path)).splitlines()
-        except (OSError, EOFError):
-            lines = []
-        for line in lines:
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            tokens = float(r.get("tokens", 0))
-            if isinstance(r.get("val_tp/mean"), (int, float)):
-                out.val_tp[tokens] = float(r["val_tp/mean"])
-            if isinstance(r.get("data/phase"), int):
-                if phase is not None and r["data/phase"] != phase:
-                    out.blend_changes.append(tokens)
-                phase = r["data/phase"]
-        _EXTRAS[run.path] = out
-    return _EXTRAS[run.path]
-
-
 def _eval_precision(run: RunData) -> str:
     return str(run.config.get("train", {}).get("eval_precision", "training"))
 
@@ -168,7 +142,7 @@ def held_curve(run: RunData, precision: Precision) -> dict[float, float] | None:
     if precision is Precision.BF16:
         return run.val if ep in ("bf16", "both") and run.val else None
     if ep == "both":
-        return run_extras(run).val_tp or None
+        return run.val_tp or None
     return run.val if ep != "bf16" and run.val else None
 
 
@@ -633,7 +607,7 @@ def relative_figure(exp: Experiment, runs: dict, path: Path) -> bool:
                     )
         paired = [r for a in panel for r in arm_runs(runs, exp, a).values()] + list(base.values())
         fresh = _fresh_end(paired)
-        blends = sorted({t for r in paired for t in run_extras(r).blend_changes})
+        blends = sorted({t for r in paired for t in r.blend_changes})
         switches = sorted({t for r in paired if (t := _switch_at(r))})
         for row, title in enumerate(("training loss (identical batches), 5% moving mean", any_run.val_label)):
             ax = axes[row][col]
@@ -858,7 +832,9 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     runs = load_runs([d for d in results_dirs if Path(d).is_dir()])
     experiments = all_experiments(experiments_dir)
-    claims = load_claims(claims_file or Path(experiments_dir) / "claims" / CLAIMS_FILE.name)
+    # an experiments directory without claims of its own is judged against the paper's claims
+    own_claims = Path(experiments_dir) / "claims" / CLAIMS_FILE.name
+    claims = load_claims(claims_file or (own_claims if own_claims.exists() else CLAIMS_FILE))
     results = evaluate_all(claims, experiments, runs)
     if figures:
         try:
