@@ -28,6 +28,8 @@ def read_run_config(run_dir: Path) -> dict:
     path = Path(run_dir) / "config.yaml"
     if not Path(run_dir).is_dir():
         raise RunError(f"run_dir={str(run_dir)!r}: no such directory")
+    if path.exists() and not path.is_file():  # a FIFO would block the read, a device never end
+        raise RunError(f"{path}: not a regular file; a run's config.yaml is the file its training run wrote")
     if not path.is_file():
         raise RunError(f"{path} not found: {run_dir} is not the out_dir of a training run")
     try:
