@@ -384,8 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ExportStopped as e:
-        done = f"after it was complete: {e.written} is written" if e.written else "nothing written"
-        print(f"error: export stopped by {e} {done} (its temporary directory removed)", file=sys.stderr)
+        done = f"once complete: {e.written} is written" if e.written else "nothing written"
+        print(f"error: export stopped by {e}: {done} (its temporary directory removed)", file=sys.stderr)
         return 128 + e.signum
     config = json.loads((out / "config.json").read_text())
     print(
