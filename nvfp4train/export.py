@@ -20,15 +20,22 @@ state); the quantized training linears become plain ones (the paper evaluates in
 
 Models with rotary position embeddings (model.rope=true, e.g. transformer_1p2b) have no Nemotron-H
 equivalent and are refused. Bad input ends with one line and exit code 2, with nothing written; an
-existing export is replaced only with overwrite=true. Options: configs/export.yaml.
+existing export is replaced only with overwrite=true, and then only the files an export writes
+(EXPORT_FILES): what else is there (a model card README.md, an adapter) is kept, and said so. A target
+that is a symbolic link is refused. SIGTERM or Ctrl-C during the export removes its temporary directory
+and exits 143 or 130 with one line. Options: configs/export.yaml.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -52,6 +59,55 @@ TOP_LEVEL_NAMES = {
 }
 MIXER_RENAMES = {"out.weight": "o_proj.weight", "fc1.weight": "up_proj.weight", "fc2.weight": "down_proj.weight"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# Every file an export writes, in the order overwrite=true replaces them (config.json, which marks the
+# directory as an export, last); nothing else in an export directory is export's to replace or delete.
+EXPORT_FILES = ("model.safetensors", *TOKENIZER_FILES, "generation_config.json", "config.json")
+
+
+class ExportStopped(BaseException):
+    """SIGTERM or SIGINT arrived during the export (a BaseException, as KeyboardInterrupt is)."""
+
+    def __init__(self, signum: int, written: Path | None = None):
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.written = signum, written  # written: the export was complete when it arrived
+
+
+class _StopOnSignals:
+    """SIGTERM / SIGINT raise ExportStopped, so that the temporary directory is removed on the way out;
+    within `deferred()` (the replacement of an existing export's files) a signal waits until its end."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.received: int | None = None
+        self.deferring = False
+        self.previous = {}
+
+    def _handle(self, signum, frame):
+        if self.received is not None:
+            return  # one is enough: the cleanup that runs next must not be interrupted
+        self.received = signum
+        if not self.deferring:
+            raise ExportStopped(signum)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+    @contextlib.contextmanager
+    def deferred(self, out: Path):
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+        if self.received is not None:
+            raise ExportStopped(self.received, written=out)
 
 
 def hf_config(model_config: dict, eos_id: int, max_positions: int, dtype: str) -> dict:
@@ -188,6 +244,11 @@ def write_tokenizer(tokenizer_setting: str, out: Path, max_length: int) -> tuple
 
 def _check_out(out: Path, overwrite: bool) -> None:
     """An existing output directory is replaced only when asked, and only if it is an export."""
+    if out.is_symlink():
+        raise RunError(
+            f"out={str(out)!r} is a symbolic link (to {os.readlink(out)}); an export directory must be its "
+            "own: remove the link or choose another out"
+        )
     if not out.exists():
         return
     if not out.is_dir():
@@ -211,8 +272,6 @@ def export(
     run_dir: Path, step: int | None = None, out: Path | None = None, dtype: str = "float32", overwrite: bool = False
 ) -> Path:
     """Write the Hugging Face model directory of the run's checkpoint; return its path."""
-    from safetensors.torch import save_file
-
     if dtype not in DTYPES:
         raise RunError(f"dtype={dtype!r}: allowed: {', '.join(DTYPES)}")
     if not isinstance(overwrite, bool):
@@ -225,45 +284,79 @@ def export(
             "has no Nemotron-H equivalent in transformers; only rope=false models are exported"
         )
     meta = json.loads((ckpt / "meta.json").read_text())
+    if not out and (Path(run_dir) / "export").is_symlink():  # never written through a link in the run directory
+        raise RunError(
+            f"{Path(run_dir) / 'export'} is a symbolic link; a run directory's files must be its own: remove it "
+            "or pass out=DIR"
+        )
     out = Path(out) if out else Path(run_dir) / "export" / ckpt.name
     _check_out(out, overwrite)
 
     seq_len = int(run_config.get("train", {}).get("seq_len") or 4096)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # renamed into place when complete
-    except OSError as e:
-        raise RunError(f"out={str(out)!r}: cannot write there ({e.strerror})") from None
-    try:
-        tokenizer_info, eos_id = write_tokenizer(str(run_config.get("data", {}).get("tokenizer", "")), tmp, seq_len)
-        state = {k: v.detach().to(DTYPES[dtype]) for k, v in model.state_dict().items()}
-        save_file(
-            to_hf_state(state, model_config),
-            str(tmp / "model.safetensors"),
-            metadata={"format": "pt", "step": str(meta["step"])},
+    with _StopOnSignals() as stop:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # moved into place when complete
+        except OSError as e:
+            raise RunError(f"out={str(out)!r}: cannot write there ({e.strerror})") from None
+        try:
+            _write_export(tmp, model, run_config, model_config, meta, ckpt, dtype, seq_len)
+            with stop.deferred(out):
+                kept = _move_into_place(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if kept:
+        print(
+            f"{out}: kept {', '.join(kept)} (not written by export); replaced only "
+            f"{', '.join(n for n in EXPORT_FILES if (out / n).exists())}",
+            file=sys.stderr,
         )
-        config = hf_config(model_config, eos_id, seq_len, dtype)
-        config["nvfp4train"] = {
-            "model": model_config,
-            "step": meta["step"],
-            "tokens": meta.get("tokens"),
-            "training_precision": run_config.get("precision", {}).get("name"),
-            "seq_len": seq_len,
-            "tokenizer": tokenizer_info,
-            "source_checkpoint": str(ckpt),
-            "engine": meta.get("engine", "torch"),
-            "world_size": meta.get("world_size"),
-        }
-        (tmp / "config.json").write_text(json.dumps(config, indent=1) + "\n")
-        (tmp / "generation_config.json").write_text(
-            json.dumps({"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id}, indent=1) + "\n"
-        )
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _write_export(tmp: Path, model, run_config: dict, model_config: dict, meta: dict, ckpt: Path, dtype, seq_len):
+    from safetensors.torch import save_file
+
+    tokenizer_info, eos_id = write_tokenizer(str(run_config.get("data", {}).get("tokenizer", "")), tmp, seq_len)
+    state = {k: v.detach().to(DTYPES[dtype]) for k, v in model.state_dict().items()}
+    save_file(
+        to_hf_state(state, model_config),
+        str(tmp / "model.safetensors"),
+        metadata={"format": "pt", "step": str(meta["step"])},
+    )
+    config = hf_config(model_config, eos_id, seq_len, dtype)
+    config["nvfp4train"] = {
+        "model": model_config,
+        "step": meta["step"],
+        "tokens": meta.get("tokens"),
+        "training_precision": run_config.get("precision", {}).get("name"),
+        "seq_len": seq_len,
+        "tokenizer": tokenizer_info,
+        "source_checkpoint": str(ckpt),
+        "engine": meta.get("engine", "torch"),
+        "world_size": meta.get("world_size"),
+    }
+    (tmp / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    (tmp / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id}, indent=1) + "\n"
+    )
+
+
+def _move_into_place(tmp: Path, out: Path) -> list[str]:
+    """The complete export in `tmp` becomes `out`: renamed whole when `out` is new (or empty), else file by
+    file (each a rename: a link there is replaced, never written through), removing the export files this
+    export does not write. Returns the names in `out` that are not export's, all left as they were."""
+    if not out.exists() or not any(out.iterdir()):
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+        return []
+    for name in EXPORT_FILES:
+        if (tmp / name).exists():
+            os.replace(tmp / name, out / name)
+        elif os.path.lexists(out / name) and not (out / name).is_dir():
+            os.unlink(out / name)  # an older export's tokenizer file, say: not this export's
+    return sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir() if p.name not in EXPORT_FILES)
 
 
 def load_export(path: Path):
@@ -290,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except ExportStopped as e:
+        done = f"once complete: {e.written} is written" if e.written else "nothing written"
+        print(f"error: export stopped by {e}: {done} (its temporary directory removed)", file=sys.stderr)
+        return 128 + e.signum
     config = json.loads((out / "config.json").read_text())
     print(
         json.dumps(

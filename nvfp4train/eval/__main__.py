@@ -17,6 +17,7 @@ before anything is written. Options: configs/eval.yaml.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,16 +36,20 @@ def evaluate(cfg: EvalConfig) -> tuple[dict, Path]:
     kernels pinned instead of autotuned by timing, cuBLAS's fixed workspace), so that evaluating it twice, or
     evaluating a bitwise replicate of it, gives the same eval.json; otherwise the last digits can differ."""
     from nvfp4train.train.determinism import deterministic_mode
+    from nvfp4train.train.rundir import check_own, write_atomic
 
     # every section the evaluation reads, checked before a model is built or a checkpoint loaded
     run_config = read_run_config(cfg.run_dir, required=EVAL_READS)
+    path = cfg.run_dir / "eval.json"
+    check_own(path)  # never written through a link (or a second hard link) left in the run directory
+    if not os.access(cfg.run_dir, os.W_OK | os.X_OK):  # said now, not after the whole evaluation ran
+        raise RunError(f"{path}: cannot be written ({cfg.run_dir} is not writable); nothing was evaluated")
     device = pick_device(cfg.device)
     deterministic = device == "cuda" and bool(run_config["train"].get("deterministic"))
     with deterministic_mode(deterministic):
         result = _evaluate(cfg, device)
     result["deterministic"] = deterministic
-    path = cfg.run_dir / "eval.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    write_atomic(path, json.dumps(result, indent=1) + "\n")
     return result, path
 
 

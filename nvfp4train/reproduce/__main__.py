@@ -205,10 +205,15 @@ def cmd_status(args) -> int:
 
 
 def cmd_copy_results(args) -> int:
+    refused = 0
     for exp in experiments_named(args):
         for run in select(args, exp, "cuda"):
-            print(f"{run.key}: {copy_results(run, Path(args.to))}")
-    return 0
+            try:
+                print(f"{run.key}: {copy_results(run, Path(args.to))}")
+            except UsageError as e:  # this run only: the others are still copied
+                print(f"error: {run.key}: {e}", file=sys.stderr)
+                refused += 1
+    return 2 if refused else 0
 
 
 def cmd_report(args) -> int:

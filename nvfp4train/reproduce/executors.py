@@ -26,6 +26,7 @@ from pathlib import Path
 
 from nvfp4train.reproduce.experiments import UsageError
 from nvfp4train.reproduce.plan import Run, read_json, run_state, shell
+from nvfp4train.train.rundir import RunDirError, check_own_files, open_own, write_atomic
 
 REPO = Path(__file__).resolve().parents[2]
 SLURM_TEMPLATE = REPO / "slurm" / "reproduce_array.sbatch"
@@ -125,7 +126,7 @@ class RunProcess:
         record = json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "started": time.time()})
         for _ in range(2):
             try:
-                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
             except FileExistsError:
                 if run_state(out_dir) == "running":
                     return False
@@ -147,13 +148,20 @@ class RunProcess:
             (out_dir / "executor.json").unlink(missing_ok=True)
             self.log(f"{run.key}: done by another executor")
             return "done"
+        marker = out_dir / "executor.json"
+        try:  # console.log, run.json and the trainer's files: never written through a link in the run directory
+            check_own_files(out_dir)
+        except RunDirError as e:
+            marker.unlink(missing_ok=True)
+            self.log(f"{run.key}: not started: {e}")
+            return "failed"
         previous = read_json(out_dir / "run.json") or {}
         attempts = int(previous.get("attempts", 0)) + 1
-        marker = out_dir / "executor.json"
         started = time.time()
         train_rc, eval_rc, state = None, None, "interrupted"
         try:
-            with open(out_dir / "console.log", "a") as console:
+            console_fd = open_own(out_dir / "console.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            with os.fdopen(console_fd, "a") as console:
                 train_rc = self._call(run.train_command(self.gpus_per_run), console)
                 # exit 0 also after a stop signal (checkpoint saved): finished only with the final checkpoint
                 if train_rc == 0 and run.final_checkpoint().is_dir():
@@ -192,7 +200,7 @@ class RunProcess:
             "max_steps": run.max_steps,
             "tokens": run.tokens,
         }
-        (out_dir / "run.json").write_text(json.dumps(info, indent=1) + "\n")
+        write_atomic(out_dir / "run.json", json.dumps(info, indent=1) + "\n")
         self.log(
             f"{run.key}: {state} (train exit {train_rc}, eval exit {eval_rc}, {finished - started:.0f} s)"
             + ("" if state != "failed" else f"; see {out_dir / 'console.log'}")
@@ -296,7 +304,7 @@ def render_slurm(
         raise UsageError(f"{template}: the SLURM template is missing")
     where = Path(runs_dir) / experiment / "slurm"
     where.mkdir(parents=True, exist_ok=True)
-    (where / "runs.txt").write_text("".join(f"{r.arm} {r.seed}\n" for r in runs))
+    write_atomic(where / "runs.txt", "".join(f"{r.arm} {r.seed}\n" for r in runs))
     text = template.read_text()
     values = {
         "@JOB_NAME@": f"repro-{experiment}",
@@ -320,7 +328,7 @@ def render_slurm(
             + rest
         )
     path = where / "array.sbatch"
-    path.write_text(text)
+    write_atomic(path, text)
     return path, text
 
 

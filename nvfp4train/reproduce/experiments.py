@@ -179,6 +179,16 @@ def load_experiment(name: str, directory: Path = EXPERIMENTS_DIR) -> Experiment:
     borrow = spec.get("borrow") or {}
     if not isinstance(borrow, dict) or not all(isinstance(v, str) for v in borrow.values()):
         raise UsageError(f"{path}: borrow={borrow!r}; expected a mapping ARM: EXPERIMENT")
+    # runs live in <runs-dir>/<experiment>/<arm>/: a name holding a path (.., /, an absolute one) would put them
+    # elsewhere, outside --runs-dir
+    named = [(f"arms.{a}", a) for a in arms] + [(f"borrow.{a}", v) for a, v in borrow.items() for v in (a, v)]
+    for key, value in named:
+        plain = isinstance(value, str) and value.isascii() and value[:1].isalnum()
+        if not plain or not all(c.isalnum() or c in "_.+-" for c in value):
+            raise UsageError(
+                f"{path}: {key}: {value!r} is not a plain name (letters, digits and _ . + -, starting with a "
+                "letter or digit): it names a directory of the runs"
+            )
     for arm_name, source in borrow.items():
         if not (directory / f"{source}.yaml").is_file():
             raise UsageError(f"{path}: borrow.{arm_name}={source!r}: no experiment {directory / (source + '.yaml')}")

@@ -182,12 +182,37 @@ def run_state(out_dir: Path) -> str:
 
 
 RESULT_FILES = ("config.yaml", "eval.json", "run.json")  # with metrics.jsonl, gzipped: what a result keeps
+PARTIAL_MARKER = ".made-by-copy-results"  # in a <seed>.partial/ of copy-results' own: the only kind it removes
+
+
+def _open_result_file(path: Path):
+    """A run's result file for reading, never through a symbolic link (it could point anywhere, and the copy
+    is meant to be committed) and never a FIFO or device: UsageError naming it."""
+    import stat
+
+    why = None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if os.path.islink(path):
+            why = f"is a symbolic link (to {os.readlink(path)})"
+        else:
+            raise UsageError(f"{path}: unreadable ({e.strerror})") from None
+    else:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            why = "is not a regular file"
+    if why:
+        raise UsageError(f"{path} {why}; copy-results copies a run's own files only: not copied")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def copy_results(run: Run, results_dir: Path) -> str:
     """Copy a finished run's results (no checkpoints) to results_dir/<experiment>/<arm>/seed<k>/, metrics
     gzipped (a tenth of the size; `report` and `compare` read it so). Never overwrites: a run already
-    there is left as it is. Returns what happened, in a few words."""
+    there is left as it is. A file of the run that is a link is refused (UsageError), and so is a
+    `<seed>.partial/` left in the way that copy-results did not make. Returns what happened, in a few words."""
     import gzip
     import shutil
 
@@ -195,17 +220,33 @@ def copy_results(run: Run, results_dir: Path) -> str:
     if state != "done":
         return f"skipped ({state})"
     dest = Path(results_dir) / run.experiment / run.arm / f"seed{run.seed}"
-    if dest.exists():
+    if os.path.lexists(dest):
         return f"already in {dest}"
-    tmp = dest.with_name(dest.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for name in RESULT_FILES:
-        if (run.out_dir / name).is_file():
-            shutil.copyfile(run.out_dir / name, tmp / name)
-    with open(run.out_dir / "metrics.jsonl", "rb") as src, open(tmp / "metrics.jsonl.gz", "wb") as raw:
-        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as out:  # same bytes for the same run
-            shutil.copyfileobj(src, out)
+    sources = [n for n in RESULT_FILES if os.path.lexists(run.out_dir / n)] + ["metrics.jsonl"]
+    files = {}
+    try:
+        for name in sources:  # all opened (and so checked) before anything is written
+            files[name] = _open_result_file(run.out_dir / name)
+        tmp = dest.with_name(dest.name + ".partial")
+        if os.path.lexists(tmp):
+            if tmp.is_symlink() or not (tmp / PARTIAL_MARKER).is_file() or (tmp / PARTIAL_MARKER).is_symlink():
+                raise UsageError(
+                    f"{tmp} is in the way and was not made by copy-results: remove or move it, then copy again"
+                )
+            shutil.rmtree(tmp)  # copy-results' own, left by an interrupted copy
+        tmp.mkdir(parents=True)
+        (tmp / PARTIAL_MARKER).write_text("")
+        for name in RESULT_FILES:
+            if name in files:
+                with open(tmp / name, "wb") as out:
+                    shutil.copyfileobj(files[name], out)
+        with open(tmp / "metrics.jsonl.gz", "wb") as raw:
+            with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as out:  # same bytes for the same run
+                shutil.copyfileobj(files["metrics.jsonl"], out)
+    finally:
+        for f in files.values():
+            f.close()
+    (tmp / PARTIAL_MARKER).unlink()
     tmp.rename(dest)
     return f"copied into {dest}"
 

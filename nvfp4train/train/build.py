@@ -54,6 +54,11 @@ def check_out_dir_writable(out_dir: Path) -> None:
     """Fail early if out_dir cannot be created or written, without creating anything yet."""
     existing = out_dir.absolute()
     while not existing.exists():
+        if existing.is_symlink():  # mkdir would say "File exists" of a link to nothing
+            raise ConfigError(
+                f"out_dir={str(out_dir)!r}: {existing} is a symbolic link to {os.readlink(existing)}, which does "
+                "not exist; create its target or choose another out_dir"
+            )
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"out_dir={str(out_dir)!r}: not writable ({existing} is not a writable directory)")

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from nvfp4train.config import ConfigError, WandbConfig
-from nvfp4train.train.rundir import write_atomic, write_failed
+from nvfp4train.train.rundir import check_own, open_own, write_atomic, write_failed
 
 DAMAGED_SUFFIX = ".damaged"
 COMPRESSED_NAME = "metrics.jsonl.gz"  # how results are committed (`reproduce copy-results`): a tenth of the size
@@ -98,6 +98,8 @@ class MetricsLogger:
         if not self.enabled:
             return []
         kept, dropped, notes = [], [], []
+        # not read through a link, nor from a FIFO (blocks) or a device (/dev/zero: endless): one line instead
+        check_own(self.path)
         if resume_step is not None and self.path.exists():
             intact, damaged = read_records(self.path)
             for line, record in intact:
@@ -105,7 +107,8 @@ class MetricsLogger:
             if damaged:
                 quarantine = self.path.with_name(self.path.name + DAMAGED_SUFFIX)
                 try:
-                    with open(quarantine, "a", encoding="utf-8") as f:
+                    fd = open_own(quarantine, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+                    with os.fdopen(fd, "a", encoding="utf-8") as f:
                         f.write("".join(f"{self.path.name}:{n}: {line}\n" for n, line in damaged))
                 except OSError as e:
                     raise write_failed(quarantine, e) from None
@@ -117,10 +120,7 @@ class MetricsLogger:
         if dropped and dropped_to is not None:
             write_atomic(dropped_to, "".join(line + "\n" for line in dropped))
         write_atomic(self.path, "".join(line + "\n" for line in kept))
-        try:
-            self._file = open(self.path, "ab", buffering=0)
-        except OSError as e:
-            raise write_failed(self.path, e) from None
+        self._file = os.fdopen(open_own(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab", buffering=0)
         return notes
 
     def start_wandb(
@@ -187,6 +187,10 @@ class RunLogHandler(logging.FileHandler):
     def __init__(self, path: Path):
         super().__init__(path, mode="a", encoding="utf-8")
         self.failed: Exception | None = None
+
+    def _open(self):
+        fd = open_own(Path(self.baseFilename), os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # never through a link
+        return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.failed is None:

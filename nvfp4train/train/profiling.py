@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from nvfp4train.train.rundir import check_own, write_atomic
+
 # What GPU kernel time is spent on, by kernel name (first match wins; lower-case substrings). Triton quantizer
 # kernels are ours (formats/kernels/: _nvfp4_*, _mxfp4_*, _rht_*, _fp8_*, _abs_max_*); the Mamba scan's are
 # mamba-ssm's SSD kernels; GEMMs are cuBLAS/CUTLASS (nvjet, sm90_xmma, cutlass, gemm) or torch._scaled_mm's.
@@ -261,6 +263,7 @@ class StepProfiler:
         steps = last_step - self.start + 1
         self.dir.mkdir(parents=True, exist_ok=True)
         trace = self.dir / f"trace_rank{self.rank}.json"
+        check_own(trace)  # torch writes it with open(): never through a link left in the run directory
         prof.export_chrome_trace(str(trace))
         rows = kernel_rows(prof, self.device.type == "cuda")
         kernel_ms = sum(r["ms"] for r in rows) / steps
@@ -278,6 +281,6 @@ class StepProfiler:
             head += timeline_lines(prof, wall_ms, steps)
         text = "\n".join(head + summary_lines(rows, per=steps, what="steps, per step")) + "\n"
         summary = self.dir / ("summary.txt" if self.rank == 0 else f"summary_rank{self.rank}.txt")
-        summary.write_text(text)
+        write_atomic(summary, text)
         if self.rank == 0:
             self.log(f"profile of steps {self.start}-{last_step}: {self.dir}/summary.txt, {trace.name}")

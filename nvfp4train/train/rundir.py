@@ -12,6 +12,12 @@
     write_atomic(path, data)       the run's small files (config.yaml, metrics.jsonl when cut back on
                                    resume) are written to a temporary file, fsynced and renamed into
                                    place: a full disk leaves the previous file whole, never an empty one
+    open_own(path, flags)          every file written in a run directory is opened through this: never
+                                   through a symbolic link, a file with a second hard link or a FIFO or
+                                   device (a run directory may come from someone else: a copied result,
+                                   an unpacked tarball), refused in one line before a byte is truncated
+    check_own_files(out_dir)       the same check for all of the run's own files at once, before the run
+                                   writes any of them
     save_config(out_dir, text, step)
                                    config.yaml, keeping a resumed run's previous one as
                                    config.step_<N>.yaml (never overwriting one kept earlier)
@@ -20,9 +26,11 @@ Only the main rank calls these; the caller shares the outcome with the other ran
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -41,17 +49,89 @@ class RunWriteError(RunDirError):
     """A file of the run could not be written (disk full, quota, file-size limit): one line naming it."""
 
 
+WHY_NOT_WRITTEN = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file-size limit reached: see ulimit -f",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+}
+
+
 def write_failed(path: Path, e: OSError) -> RunWriteError:
-    why = e.strerror or type(e).__name__
-    return RunWriteError(f"{path}: cannot write ({why}: the disk is full, or a quota or file-size limit is reached)")
+    why = WHY_NOT_WRITTEN.get(e.errno) or e.strerror or type(e).__name__
+    return RunWriteError(f"{path}: cannot write ({why})")
+
+
+def _not_own(path: Path, st: os.stat_result) -> RunDirError | None:
+    """Why a run directory's file with this (l)stat is not one to write into; None if it is."""
+    if stat.S_ISLNK(st.st_mode):
+        what = f"is a symbolic link (to {os.readlink(path)})"
+    elif not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device"
+        what = f"is not a regular file ({kind})"
+    elif st.st_nlink > 1:
+        what = f"has {st.st_nlink} hard links (writing it would change the other names too)"
+    else:
+        return None
+    return RunDirError(f"{path} {what}; a run directory's files must be its own: remove it or choose another out_dir")
+
+
+def check_own(path: Path) -> None:
+    """Refuse a file of a run directory that writing would follow out of it (see open_own); a missing one is fine."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise write_failed(Path(path), e) from None
+    problem = _not_own(Path(path), st)
+    if problem is not None:
+        raise problem
+
+
+def open_own(path: Path, flags: int, mode: int = 0o644) -> int:
+    """os.open(path, flags) for writing a file of a run directory, refusing (RunDirError, one line) a symbolic
+    link (O_NOFOLLOW: also one that appears between the check and the open), a file with more than one hard
+    link and anything but a regular file. O_TRUNC is applied only after these checks, so a refused file keeps
+    its bytes. The parent directory is the caller's: the run directory itself, which may be a link."""
+    path = Path(path)
+    check_own(path)  # the clear message; the checks below close the race
+    try:
+        fd = os.open(path, (flags & ~os.O_TRUNC) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            check_own(path)
+        raise write_failed(path, e) from None
+    try:
+        problem = _not_own(path, os.fstat(fd))
+        if problem is not None:
+            raise problem
+        os.set_blocking(fd, True)
+        if flags & os.O_TRUNC:
+            os.ftruncate(fd, 0)
+    except OSError as e:
+        os.close(fd)
+        raise write_failed(path, e) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
-    """Replace `path` with `data` whole or not at all: a temporary file beside it, fsynced, renamed."""
+    """Replace `path` with `data` whole or not at all: a temporary file beside it, fsynced, renamed. `path`
+    must be the run's own (check_own); the temporary file is always a new one (a link left there is removed,
+    never written through)."""
     path = Path(path)
+    check_own(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        if os.path.lexists(tmp) and not os.path.isdir(tmp):
+            os.unlink(tmp)  # a leftover (or a planted link): unlinking a name never touches what it points to
+        fd = open_own(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
@@ -61,11 +141,35 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         raise write_failed(path, e) from None
 
 
+# Every file a run, its evaluation and the reproduction executor write in out_dir (checkpoints/ is the
+# checkpoints' own: train/checkpoint.py).
+OWN_FILES = (
+    LOCK,
+    "config.yaml",
+    "config.yaml.new",
+    "metrics.jsonl",
+    "metrics.jsonl.damaged",
+    "train.log",
+    "eval.json",
+    "run.json",
+    "executor.json",
+    "console.log",
+)
+
+
+def check_own_files(out_dir: Path) -> None:
+    """Refuse an out_dir any of whose own files (OWN_FILES) is a link, a file with a second hard link or not a
+    regular file: before the run writes (or truncates) any of them."""
+    for name in OWN_FILES:
+        check_own(Path(out_dir) / name)
+
+
 def save_config(out_dir: Path, text: str, resumed_step: int | None) -> Path | None:
     """Write config.yaml; on a resume that changes it, keep the previous one as config.step_<N>.yaml (or
     config.step_<N>~k.yaml when that name is taken: a kept config is never overwritten). Return where the
     previous one went. The new file is written before the old one moves, so a failed write changes nothing."""
     path = Path(out_dir) / "config.yaml"
+    check_own(path)
     try:
         old = path.read_text() if resumed_step is not None and path.is_file() else None
     except (OSError, UnicodeDecodeError):
@@ -76,11 +180,19 @@ def save_config(out_dir: Path, text: str, resumed_step: int | None) -> Path | No
     kept = None
     if old and old.strip():  # an empty config.yaml (a failed write of an older version) is not worth keeping
         kept, n = path.with_name(f"config.step_{resumed_step:08d}.yaml"), 1
-        while kept.exists() and kept.read_bytes() != old.encode():
+        while os.path.lexists(kept) and not _holds(kept, old.encode()):
             kept, n = path.with_name(f"config.step_{resumed_step:08d}~{n}.yaml"), n + 1
         os.replace(path, kept)  # a rename: needs no space
     os.replace(path.with_name("config.yaml.new"), path)
     return kept
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    """Whether `path` is a regular file (not a link, not a FIFO) holding exactly `data`."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode) and Path(path).read_bytes() == data
+    except OSError:
+        return False
 
 
 class RunDirLock:
@@ -91,7 +203,7 @@ class RunDirLock:
         self._fd: int | None = None
 
     def acquire(self) -> RunDirLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_own(self.path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

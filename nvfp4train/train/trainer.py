@@ -91,6 +91,7 @@ class Trainer:
         check_out_dir_writable(cfg.out_dir)
         # refusals that must come before out_dir, its lock or any file in it exist
         rundir.check_out_dir_place(cfg.out_dir, data_cache_dir(cfg.data))
+        self._on_main(lambda: rundir.check_own_files(cfg.out_dir))  # no link in it written (truncated) through
         if t.resume not in ("auto", "never"):
             checkpoint.read_meta(Path(t.resume))  # not a checkpoint at all: one line, nothing written
         if t.wandb.enabled:

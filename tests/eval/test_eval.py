@@ -3,6 +3,7 @@ and bad input refused in one line with nothing written."""
 
 import json
 import math
+import shlex
 import shutil
 import subprocess
 import sys
@@ -205,3 +206,54 @@ def test_eval_precision_both_adds_the_training_precision_of_the_checkpoints_step
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "rank_00000.pt missing" in err and "\n" not in err, err
     assert not (run / "eval.json").exists()
+
+
+@pytest.mark.parametrize("how", ["symlink", "hardlink"])
+def test_eval_json_that_is_a_link_is_refused_before_evaluating(tiny_run, tmp_path, how):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("eval.json"))
+    user_file = tmp_path / "user.json"
+    user_file.write_bytes(b'{"mine": true}\n')
+    (run / "eval.json").symlink_to(user_file) if how == "symlink" else (run / "eval.json").hardlink_to(user_file)
+    proc = run_eval(f"run_dir={run}", "max_items=2", "heldout_sequences=2", check=False)
+    what = (
+        f"is a symbolic link (to {user_file})"
+        if how == "symlink"
+        else "has 2 hard links (writing it would change the other names too)"
+    )
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: {run / 'eval.json'} {what}; a run directory's files must be its own: remove it or choose "
+        "another out_dir"
+    ], proc.stderr[-3000:]
+    assert user_file.read_bytes() == b'{"mine": true}\n'
+
+
+def test_eval_of_a_read_only_run_directory_is_refused_before_evaluating(tiny_run, tmp_path):
+    import os
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("eval.json"))
+    command = [sys.executable, "-m", "nvfp4train.eval", f"run_dir={run}", "max_items=2", "heldout_sequences=2"]
+    if os.geteuid() == 0:  # root writes anywhere: drop that capability for the evaluation
+        if not shutil.which("capsh"):
+            pytest.skip("running as root without capsh to drop CAP_DAC_OVERRIDE")
+        command = ["capsh", "--drop=cap_dac_override", "--", "-c", " ".join(map(shlex.quote, command))]
+    run.chmod(0o555)
+    try:
+        proc = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+    finally:
+        run.chmod(0o755)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: {run / 'eval.json'}: cannot be written ({run} is not writable); nothing was evaluated"
+    ], proc.stderr[-3000:]
+    assert not (run / "eval.json").exists()
+
+
+def test_config_yaml_that_is_a_fifo_is_not_called_missing(tiny_run, tmp_path, capsys):
+    import os
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("eval.json", "config.yaml"))
+    os.mkfifo(run / "config.yaml")
+    err = one_line_error(capsys, f"run_dir={run}")
+    assert "config.yaml: not a regular file" in err and "not found" not in err, err

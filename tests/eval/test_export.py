@@ -141,3 +141,73 @@ def test_export_deepspeed_checkpoint(tmp_path):
     run_train(f"out_dir={run_dir}", "train.parallel=deepspeed", *TINY, "train.micro_batch_size=2")
     assert main([f"run_dir={run_dir}", f"out={tmp_path / 'export'}"]) == 0
     assert assert_round_trip(run_dir, tmp_path / "export")["nvfp4train"]["engine"] == "deepspeed"
+
+
+def test_export_overwrite_keeps_the_files_a_user_added(tiny_run, tmp_path, capsys):
+    out = tmp_path / "export"
+    assert main([f"run_dir={tiny_run}", f"out={out}"]) == 0
+    (out / "README.md").write_text("# my model card\n")
+    (out / "adapter").mkdir()
+    (out / "adapter" / "adapter_model.safetensors").write_bytes(b"lora")
+    (out / "model.safetensors").write_bytes(b"older")  # export's own: replaced
+    capsys.readouterr()
+    assert main([f"run_dir={tiny_run}", f"out={out}", "overwrite=true"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{out}: kept README.md, adapter/ (not written by export)"), err
+    assert (out / "README.md").read_text() == "# my model card\n"
+    assert (out / "adapter" / "adapter_model.safetensors").read_bytes() == b"lora"
+    assert_round_trip(tiny_run, out)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_export_to_a_symbolic_link_is_refused(tiny_run, tmp_path, capsys):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    (tmp_path / "out").symlink_to(target)
+    assert main([f"run_dir={tiny_run}", f"out={tmp_path / 'out'}", "overwrite=true"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: out='{tmp_path / 'out'}' is a symbolic link (to {target}); an export directory must be its own: "
+        "remove the link or choose another out"
+    )
+    assert sorted(p.name for p in target.iterdir()) == ["keep.txt"] and (target / "keep.txt").read_text() == "mine"
+
+
+def test_sigterm_during_export_removes_its_temporary_directory(tiny_run, tmp_path):
+    """SIGTERM once the temporary directory exists (polled: the export takes a fraction of a second there, so
+    a try that misses it, the export already done, is made again)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    for attempt in range(5):
+        parent = tmp_path / f"try{attempt}"
+        parent.mkdir()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nvfp4train.export", f"run_dir={tiny_run}", f"out={parent / 'model'}"],
+            cwd=REPO,
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 300
+        while (
+            proc.poll() is None
+            and time.monotonic() < deadline
+            and not any(n.startswith(".model.") for n in os.listdir(parent))
+        ):
+            time.sleep(0.001)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=300)
+        if proc.returncode == 0:
+            continue  # finished before the signal: try again
+        assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, stderr[-3000:])
+        lines = stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: export stopped by SIGTERM: "), stderr[-3000:]
+        assert "Traceback" not in stderr and os.listdir(parent) in ([], ["model"]), os.listdir(parent)
+        return
+    pytest.skip("the export finished before SIGTERM could reach it in 5 tries")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 
 from nvfp4train.compare.runs import load_local
 from nvfp4train.reproduce import report
@@ -80,3 +81,56 @@ def test_setup_line_says_where_the_data_starts_repeating(tmp_path):
     line = report.setup_line(exp, report.load_runs([runs_dir]))
     assert "starts repeating (a source's second pass) at 0.0M tokens, 40% of the run" in line, line
     assert "(1 seed)" in line
+
+
+def test_copy_results_refuses_a_link_in_a_run_and_copies_the_others(tmp_path):
+    from nvfp4train.dist.processes import run_and_kill_on_timeout
+    from tests.conftest import REPO, cli_env
+
+    runs_dir, results = tmp_path / "runs", tmp_path / "results"
+    for seed in (1, 2, 3):
+        write_run(runs_dir, "nvfp4", seed, 0.4)
+        write_run(runs_dir, "fp8_blockwise", seed, 0.0)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("a token that must never be committed\n")
+    linked = runs_dir / "synth" / "nvfp4" / "seed1" / "eval.json"
+    linked.unlink()
+    linked.symlink_to(secret)
+    experiments, _ = planned(tmp_path, runs_dir)
+    cmd = [sys.executable, "-m", "nvfp4train.reproduce", "--experiments-dir", str(experiments), "copy-results"]
+    cmd += ["synth", "--runs-dir", str(runs_dir), "--to", str(results)]
+    proc = run_and_kill_on_timeout(cmd, cwd=REPO, env=cli_env(), timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: synth/nvfp4/seed1: {linked} is a symbolic link (to {secret}); copy-results copies a run's own "
+        "files only: not copied"
+    ]
+    assert not (results / "synth" / "nvfp4" / "seed1").exists() and not list(results.rglob("*.partial"))
+    assert (results / "synth" / "nvfp4" / "seed2" / "eval.json").is_file()  # the other runs are copied
+    assert not any(secret.read_text() in p.read_text(errors="replace") for p in results.rglob("*.json"))
+
+
+def test_copy_results_removes_only_a_partial_directory_of_its_own(tmp_path):
+    import pytest
+
+    from nvfp4train.reproduce.experiments import UsageError
+    from nvfp4train.reproduce.plan import PARTIAL_MARKER
+
+    runs_dir, results = tmp_path / "runs", tmp_path / "results"
+    write_run(runs_dir, "nvfp4", 1, 0.4)
+    _, runs = planned(tmp_path, runs_dir)
+    run = next(r for r in runs if r.key == "synth/nvfp4/seed1")
+    partial = results / "synth" / "nvfp4" / "seed1.partial"
+    partial.mkdir(parents=True)
+    (partial / "notes.md").write_text("mine")
+    with pytest.raises(UsageError, match=r"seed1\.partial is in the way and was not made by copy-results"):
+        copy_results(run, results)
+    assert (partial / "notes.md").read_text() == "mine"
+    # one that copy-results left (an interrupted copy) is its own: removed and made again
+    (partial / "notes.md").unlink()
+    (partial / PARTIAL_MARKER).write_text("")
+    (partial / "half.gz").write_bytes(b"\x1f")
+    assert copy_results(run, results).startswith("copied into")
+    dest = results / "synth" / "nvfp4" / "seed1"
+    assert sorted(p.name for p in dest.iterdir()) == ["config.yaml", "eval.json", "metrics.jsonl.gz", "run.json"]
+    assert not partial.exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 import yaml
 
 from nvfp4train.dist.processes import run_and_kill_on_timeout
@@ -89,3 +90,17 @@ def test_runs_come_seed_by_seed():
     exp = load_experiment("b_fp8_vs_nvfp4")
     runs = plan_experiment(exp, seeds=[2, 1])
     assert [(r.seed, r.arm) for r in runs] == [(s, a) for s in (1, 2) for a in exp.arms]
+
+
+@pytest.mark.parametrize("arm", ["../../outside", "/tmp/abs", "a/b", "..", ".hidden"])
+def test_an_arm_name_that_is_a_path_is_refused_when_the_file_is_read(tmp_path, arm):
+    from nvfp4train.reproduce.experiments import UsageError
+
+    spec = {"tokens": 100, "seeds": [1], "baseline": "a", "arms": {"a": [], arm: ["precision=nvfp4"]}}
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(UsageError, match=r"is not a plain name .* it names a directory of the runs"):
+        load_experiment("exp", tmp_path)
+    borrowed = {"tokens": 100, "seeds": [1], "baseline": "a", "arms": {"a": []}, "borrow": {"b": arm}}
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(borrowed))
+    with pytest.raises(UsageError, match=r"borrow\.b: .* is not a plain name"):
+        load_experiment("exp", tmp_path)

@@ -201,3 +201,114 @@ def test_ab_array_index_past_the_arms_is_one_line(tmp_path):
         timeout=60,
     )
     assert ok.returncode == 0 and "precision=nvfp4" in ok.stdout, ok.stderr
+
+
+# ------------------------------------------------------------------------------------------ round 3 (issue 61)
+# A run directory may come from someone else (a copied result, an unpacked tarball): a link in it is never
+# written through, nor a file with a second hard link, and the refusal comes before any file is truncated.
+SECRET = b"the user's own file: must keep these bytes\n"
+
+
+def _plant(run, name, how, target):
+    if how == "symlink":
+        (run / name).symlink_to(target)
+    else:
+        (run / name).hardlink_to(target)
+
+
+@pytest.mark.parametrize(
+    "name,how",
+    [
+        (".lock", "symlink"),
+        ("train.log", "symlink"),
+        ("metrics.jsonl.damaged", "symlink"),
+        ("config.yaml", "hardlink"),
+        ("metrics.jsonl", "hardlink"),
+    ],
+)
+def test_a_link_in_the_run_directory_is_refused_before_anything_is_written(tmp_path, name, how):
+    user_file = tmp_path / "user.txt"
+    user_file.write_bytes(SECRET)
+    run = tmp_path / "run"
+    run.mkdir()
+    _plant(run, name, how, user_file)
+    line = _one_line(run_train(f"out_dir={run}", *ARGS, "train.max_steps=1", check=False))
+    what = "is a symbolic link" if how == "symlink" else "has 2 hard links"
+    assert line.startswith(f"error: {run / name} {what}") and "remove it or choose another out_dir" in line, line
+    assert user_file.read_bytes() == SECRET
+    assert sorted(p.name for p in run.iterdir()) == [name]  # nothing else written: no lock, no config.yaml
+
+
+def test_a_link_planted_in_a_trained_run_is_refused_on_resume(tmp_path):
+    run = tmp_path / "run"
+    run_train(f"out_dir={run}", *ARGS, "train.max_steps=2", "train.save_every=1")
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write("{torn\n")  # a damaged line: the resume would set it aside into metrics.jsonl.damaged
+    user_file = tmp_path / "user.txt"
+    user_file.write_bytes(SECRET)
+    (run / "metrics.jsonl.damaged").symlink_to(user_file)
+    before = _files(run)
+    line = _one_line(run_train(f"out_dir={run}", *ARGS, "train.max_steps=3", check=False))
+    assert f"{run / 'metrics.jsonl.damaged'} is a symbolic link (to {user_file})" in line, line
+    assert user_file.read_bytes() == SECRET and _files(run) == before
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+def test_metrics_jsonl_that_is_a_fifo_or_dev_zero_is_one_line_not_a_hang(tmp_path, kind):
+    import os
+
+    run = tmp_path / "run"
+    run_train(f"out_dir={run}", *ARGS, "train.max_steps=1", "train.save_every=1")
+    (run / "metrics.jsonl").unlink()
+    if kind == "fifo":
+        os.mkfifo(run / "metrics.jsonl")
+    else:
+        (run / "metrics.jsonl").symlink_to("/dev/zero")
+    proc = run_and_kill_on_timeout(
+        train_cmd(f"out_dir={run}", *ARGS, "train.max_steps=2"), cwd=REPO, env=cli_env(), timeout=120
+    )
+    line = _one_line(proc)
+    what = "is not a regular file (a FIFO)" if kind == "fifo" else "is a symbolic link (to /dev/zero)"
+    assert f"{run / 'metrics.jsonl'} {what}" in line, line
+
+
+def test_a_link_in_the_run_directory_is_refused_under_torchrun(tmp_path):
+    from tests.conftest import run_torchrun
+
+    user_file = tmp_path / "user.txt"
+    user_file.write_bytes(SECRET)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.log").symlink_to(user_file)
+    args = [a for a in ARGS if not a.startswith("train.micro_batch_size=")]  # derived for 2 ranks
+    proc = run_torchrun(f"out_dir={run}", *args, "train.max_steps=1", check=False, timeout=300)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, (proc.returncode, lines)
+    assert lines[0].startswith(f"error: {run / 'train.log'} is a symbolic link") and "Traceback" not in lines[0]
+    assert user_file.read_bytes() == SECRET and sorted(p.name for p in run.iterdir()) == ["train.log"]
+
+
+def test_out_dir_that_is_a_dangling_link_says_so(tmp_path):
+    (tmp_path / "run").symlink_to(tmp_path / "gone")
+    line = _one_line(run_train(f"out_dir={tmp_path / 'run'}", *ARGS, "train.max_steps=1", check=False))
+    assert "is a symbolic link to" in line and "which does not exist" in line and "File exists" not in line, line
+
+
+def test_the_run_directory_primitive_refuses_links_without_truncating(tmp_path):
+    import os
+
+    from nvfp4train.train import rundir
+
+    user_file = tmp_path / "user.txt"
+    user_file.write_bytes(SECRET)
+    (tmp_path / "soft").symlink_to(user_file)
+    (tmp_path / "hard").hardlink_to(user_file)
+    (tmp_path / ".atomic.tmp").symlink_to(user_file)  # a planted temporary name
+    for name in ("soft", "hard"):
+        with pytest.raises(rundir.RunDirError, match="a run directory's files must be its own"):
+            rundir.open_own(tmp_path / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        with pytest.raises(rundir.RunDirError, match="a run directory's files must be its own"):
+            rundir.write_atomic(tmp_path / name, "overwritten")
+    rundir.write_atomic(tmp_path / "atomic", "mine")  # the planted link is removed, not written through
+    assert (tmp_path / "atomic").read_text() == "mine" and not os.path.lexists(tmp_path / ".atomic.tmp")
+    assert user_file.read_bytes() == SECRET
