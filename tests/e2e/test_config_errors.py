@@ -17,11 +17,21 @@ from tests.conftest import run_train
         ("optim.schedule.decay_style=quadratic", ["decay_style", "minus_sqrt"]),
         ("model.pattern=MMXM", ["pattern"]),
         ("out_dir=/proc/nope/run", ["out_dir", "not writable"]),
+        # Hydra's delete of a whole section would drop the train.* overrides and train on the defaults
+        ("~train", ["~train", "deleting the whole train section is not allowed"]),
+        ("~optim.schedule", ["~optim.schedule", "optim.schedule.warmup_steps=1"]),
+        ("train.max_steps=${nope}", ["train.max_steps", "does not resolve", "'nope' not found"]),
+        ("out_dir=${oc.env:NVFP4TRAIN_UNSET_VAR}", ["out_dir", "does not resolve", "NVFP4TRAIN_UNSET_VAR"]),
+        ("train.max_steps=99999999999999999999999", ["train.max_steps=9999", "at most 2**63-1"]),
+        ("seed=99999999999999999999999", ["seed=9999", "at most 2**63-1"]),
+        ("seed=1e400", ["seed", "expected int"]),
+        ("train.max_steps=999999999999999999", ["train.max_steps", "2.05e+21 training tokens", "2**63-1"]),
     ],
 )
 def test_bad_config_gives_one_clear_line(tmp_path, override, expected):
     out = tmp_path / "run"
     args = [f"out_dir={out}", override] if not override.startswith("out_dir") else [override]
+    args += ["train.max_steps=3", "optim.schedule.warmup_steps=1"] if override.startswith("~") else []
     proc = run_train(*args, check=False, timeout=300)
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
