@@ -132,6 +132,13 @@ def check_overrides(overrides: list[str], name: str = "train", resolvers: tuple[
     for arg in overrides:  # `~key` deletes a key, the one override without `=`
         if arg.startswith("-") or ("=" not in arg and not arg.startswith("~")):
             raise ConfigError(f"argument {arg!r}: expected key=value (see configs/{name}.yaml or --help)")
+    for arg in overrides:  # Hydra's grammar takes non-ASCII characters only in a quoted value
+        key, _, value = arg.partition("=")
+        if not value.isascii() and value[:1] not in ("'", '"') and "'" not in value:
+            raise ConfigError(
+                f"{arg}: a value with non-ASCII characters must be quoted for Hydra: {key}='{value}' (in a shell: "
+                f"\"{key}='{value}'\")"
+            )
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException as e:

@@ -45,6 +45,12 @@ class WandbConfig:
         check(self, "train.wandb")
 
 
+# A step's tokens over all ranks, at most: Llama 3's largest batch was 16M tokens; a run asking for more than
+# a hundred times that is a typo (an extra zero, a batch meant per rank), and would spend its first minutes
+# planning the step's data order before it ran out of memory.
+MAX_TOKENS_PER_STEP = 2**31
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """The CPU default: a few minutes on 2 cores."""
@@ -153,6 +159,13 @@ class TrainConfig:
             raise ConfigError(
                 f"train.resume={self.resume!r}: not a checkpoint directory "
                 "(allowed: auto, never, or the path of a checkpoint directory)"
+            )
+        per_step = self.global_batch_size * self.seq_len
+        if per_step > MAX_TOKENS_PER_STEP:
+            raise ConfigError(
+                f"train.global_batch_size={self.global_batch_size} x train.seq_len={self.seq_len} = {per_step:.3g} "
+                f"tokens a step, more than 2**31 = {MAX_TOKENS_PER_STEP:,} (100x the batches of the largest published "
+                "pretraining runs); lower train.global_batch_size"
             )
         tokens = self.max_steps * self.global_batch_size * self.seq_len
         if tokens > INT64_MAX:  # the data order numbers every sample and token of a run as an int64

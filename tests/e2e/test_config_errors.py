@@ -26,6 +26,11 @@ from tests.conftest import run_train
         ("seed=99999999999999999999999", ["seed=9999", "at most 2**63-1"]),
         ("seed=1e400", ["seed", "expected int"]),
         ("train.max_steps=999999999999999999", ["train.max_steps", "2.05e+21 training tokens", "2**63-1"]),
+        # sizes checked before anything is allocated: a stated bound, and a lower bound of the memory
+        ("train.global_batch_size=100000000", ["train.global_batch_size=100000000", "1.28e+10 tokens a step"]),
+        ("train.seq_len=100000000", ["train.seq_len=100000000", "GiB of activations", "the run needs at least"]),
+        ("model.d_model=1000000", ["model: 12,145,127,376,280 parameters", "the run needs at least", "GiB"]),
+        ("out_dir=runs/ünï", ["out_dir=runs/ünï", "must be quoted", "\"out_dir='runs/ünï'\""]),
     ],
 )
 def test_bad_config_gives_one_clear_line(tmp_path, override, expected):
@@ -40,3 +45,11 @@ def test_bad_config_gives_one_clear_line(tmp_path, override, expected):
     for word in expected:
         assert word in lines[0], (word, lines[0])
     assert not out.exists()
+
+
+def test_a_non_ascii_out_dir_trains_when_quoted(tmp_path):
+    out = tmp_path / "ünï"
+    args = ["train.max_steps=2", "train.seq_len=32", "train.global_batch_size=2", "train.eval_sequences=1"]
+    proc = run_train(f"out_dir='{out}'", *args, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "checkpoints" / "step_00000002").is_dir() and f"out_dir: {out}" in (out / "config.yaml").read_text()
