@@ -142,6 +142,9 @@ def _strip_optional(tp):
     return tp
 
 
+INT64_MAX = 2**63 - 1
+
+
 def _expected(path, value, what: str):
     return ConfigError(f"{path}: expected {what}, got {value!r} ({type(value).__name__})")
 
@@ -185,6 +188,8 @@ def _coerce(path: str, value, tp):
         raise _expected(path, value, "bool (true or false)")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not -INT64_MAX - 1 <= value <= INT64_MAX:  # torch, numpy and the checkpoints hold ints as int64
+                raise ConfigError(f"{path}={value}: too large; an integer key holds at most 2**63-1 = {INT64_MAX}")
             return value
         raise _expected(path, value, "int")
     if tp is float:

@@ -32,6 +32,7 @@ from nvfp4train.config.commands import (
 from nvfp4train.config.compose import (
     CONFIG_DIR,
     check_complete,
+    check_hydra_flags,
     check_overrides,
     compose,
     from_node,
@@ -59,6 +60,7 @@ __all__ = [
     "TrainConfig",
     "WandbConfig",
     "check_complete",
+    "check_hydra_flags",
     "check_overrides",
     "compose",
     "from_node",

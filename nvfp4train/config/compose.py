@@ -64,8 +64,67 @@ def _check_key(schema, key: str) -> None:
         node = inner
 
 
-def check_overrides(overrides: list[str], name: str = "train") -> None:
-    """Check command-line overrides (`group=option`, `a.b=value`, sweeps `a=1,2`) against COMMANDS[name]."""
+# Hydra's own config (`hydra.*`) can name code that Hydra instantiates and runs (hydra.callbacks.*._target_,
+# the launcher's and sweeper's targets) and where Hydra writes its files (hydra.run.dir, hydra.sweep.dir,
+# hydra.output_subdir): configs/train.yaml fixes those. Of Hydra's keys an override may set only these:
+HYDRA_KEYS = {"hydra.verbose": "true, or the loggers to log at DEBUG level, e.g. hydra.verbose=nvfp4train"}
+# The resolvers an override's `${...}` may call (none of them runs code): an environment variable, another
+# key with a default, the time. Plain `${key}` interpolations are always allowed. An experiment file, which
+# people share, may use none of them: `${oc.env:HF_TOKEN}` would copy a secret into the runs' config.yaml.
+RESOLVERS = ("oc.env", "oc.select", "now")
+# Keys that Hydra's instantiate and its defaults lists read: a config of ours has none of them
+SPECIAL_KEYS = ("_target_", "_args_", "_partial_", "_recursive_", "_convert_", "_self_")
+_RESOLVER_CALL = re.compile(r"\$\{\s*([^\s:{}]+)\s*:")
+# Hydra's launcher flags that read a config from elsewhere (another directory or name, a pickled config)
+HYDRA_FILE_FLAGS = {
+    "config_path": "--config-path/-cp",
+    "config_dir": "--config-dir/-cd",
+    "config_name": "--config-name/-cn",
+    "experimental_rerun": "--experimental-rerun",
+}
+
+
+def check_hydra_flags(args) -> None:
+    """Hydra's parsed command line (`get_args_parser().parse_args()`): refuse the flags that load a config
+    from another file, which Hydra would otherwise read (or, for --config-dir, silently ignore)."""
+    for attr, flag in HYDRA_FILE_FLAGS.items():
+        if getattr(args, attr, None) is not None:
+            raise ConfigError(
+                f"{flag}: not supported; the configs are the package's configs/ (configs/train.yaml and its "
+                "groups): pass key=value overrides, or model.KEY=VALUE for a model of your own"
+            )
+
+
+def _check_safe(arg: str, o, resolvers: tuple[str, ...]) -> None:
+    """No override names code or moves Hydra's files: `hydra.*` only as HYDRA_KEYS allows, no `_target_` (or
+    any Hydra/OmegaConf `_special_` key), no `@package`, and `${resolver:...}` only for `resolvers`."""
+    key = o.key_or_group if o.package is None else f"{o.key_or_group}@{o.package}"
+    if key == "hydra" or key.startswith(("hydra.", "hydra/")) or (o.package or "").split(".")[0] == "hydra":
+        allowed = "; ".join(f"{k}={v}" for k, v in HYDRA_KEYS.items())
+        if key not in HYDRA_KEYS or o.is_delete() or o.is_add() or o.package is not None:
+            raise ConfigError(
+                f"{arg}: Hydra's own key {key!r} is not settable (it can name code to run or where Hydra "
+                f"writes its files); allowed: {allowed}"
+            )
+        return
+    if o.package is not None:
+        raise ConfigError(f"{arg}: a config group's @package is not supported; allowed: {key}=OPTION")
+    special = [part for part in re.split(r"[.=,:/\[\]{}\s'\"]+", arg.lstrip("~+")) if part in SPECIAL_KEYS]
+    if special:
+        raise ConfigError(
+            f"{arg}: {special[0]!r} is a Hydra/OmegaConf special key (it can name code to instantiate); "
+            "a config holds only the keys of configs/ and its dataclasses"
+        )
+    for resolver in _RESOLVER_CALL.findall(arg):
+        if resolver not in resolvers:
+            allowed = ", ".join(["${KEY}"] + [f"${{{r}:...}}" for r in resolvers])
+            raise ConfigError(f"{arg}: the resolver {resolver!r} is not allowed; allowed interpolations: {allowed}")
+
+
+def check_overrides(overrides: list[str], name: str = "train", resolvers: tuple[str, ...] = RESOLVERS) -> None:
+    """Check command-line overrides (`group=option`, `a.b=value`, sweeps `a=1,2`, `~a.b` deletes) against
+    COMMANDS[name], and that none names code or moves Hydra's files (`_check_safe`). `resolvers`: those a
+    `${name:...}` may call (an experiment file passes none)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -73,13 +132,26 @@ def check_overrides(overrides: list[str], name: str = "train") -> None:
     for arg in overrides:  # `~key` deletes a key, the one override without `=`
         if arg.startswith("-") or ("=" not in arg and not arg.startswith("~")):
             raise ConfigError(f"argument {arg!r}: expected key=value (see configs/{name}.yaml or --help)")
+    for arg in overrides:  # Hydra's grammar takes non-ASCII characters only in a quoted value
+        key, _, value = arg.partition("=")
+        if not value.isascii() and value[:1] not in ("'", '"') and "'" not in value:
+            raise ConfigError(
+                f"{arg}: a value with non-ASCII characters must be quoted for Hydra: {key}='{value}' (in a shell: "
+                f"\"{key}='{value}'\")"
+            )
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException as e:
         raise ConfigError(" ".join(str(e).split())) from None
+    for arg, o in zip(overrides, parsed):
+        _check_safe(arg, o, resolvers)
+    _check_deletes(list(zip(overrides, parsed)), name)
     for o in parsed:
         key = o.key_or_group
-        if o.is_delete() or key.split(".")[0] == "hydra":
+        if key.split(".")[0] == "hydra":
+            continue
+        if o.is_delete():
+            _check_key(schema, key)
             continue
         if key in GROUPS.get(name, ()):  # a config group: model, precision, data
             options = group_options(key)
@@ -89,6 +161,24 @@ def check_overrides(overrides: list[str], name: str = "train") -> None:
                     raise ConfigError(f"{key}={value}: no such {key} config; allowed: {', '.join(options)}")
         else:
             _check_key(schema, key)
+
+
+def _check_deletes(overrides: list, name: str) -> None:
+    """`~key` (Hydra's delete) of a whole section or group would train on its defaults and drop every
+    explicit `section.*` override silently; a delete of a key that another override sets is as silent."""
+    sections = set(SECTIONS).intersection(fields_of(command_schema(name))) | set(GROUPS.get(name, ()))
+    for arg, o in overrides:
+        if not o.is_delete():
+            continue
+        key = o.key_or_group
+        if key in sections:
+            raise ConfigError(
+                f"{arg}: deleting the whole {key} section is not allowed (it would train on the defaults and drop "
+                f"every {key}.* override); set its keys instead, {key}.KEY=VALUE"
+            )
+        for other, p in overrides:
+            if not p.is_delete() and (p.key_or_group == key or p.key_or_group.startswith(key + ".")):
+                raise ConfigError(f"{arg}: deletes {key}, which the override {other!r} sets; give one of the two")
 
 
 def _explain(message: str) -> str:
@@ -118,9 +208,28 @@ def compose(name: str, overrides: list[str] = ()):
     register_defaults()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         try:
-            return hydra_compose(name, overrides=list(overrides))
+            cfg = hydra_compose(name, overrides=list(overrides))
         except (HydraException, OmegaConfBaseException) as e:
             raise ConfigError(_explain(" ".join(str(e).split()))) from None
+    resolved(cfg)  # an interpolation that does not resolve: one line now, not a traceback later
+    return cfg
+
+
+def resolved(cfg) -> dict:
+    """The composed config as plain data with its interpolations resolved (`???` left open); one line naming
+    the key of an interpolation that does not resolve (`train.max_steps='${nope}'`, `${oc.env:UNSET}`)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        key, message = getattr(e, "full_key", None), " ".join(str(e).strip().splitlines()[0].split())
+        where = f"{key}: " if key else ""
+        raise ConfigError(
+            f"{where}the interpolation does not resolve ({message}); allowed: ${{KEY}} naming "
+            "a key of the config, or an environment variable ${oc.env:VAR,DEFAULT}"
+        ) from None
 
 
 def _comma_list_as_text(arg: str) -> str:
@@ -152,14 +261,8 @@ def check_complete(cfg) -> None:
 
 def from_node(name: str, cfg):
     """A composed config (an OmegaConf node) as the checked dataclass COMMANDS[name]."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
+    raw = resolved(cfg)  # first: check_complete would meet an interpolation that does not resolve
     check_complete(cfg)
-    try:
-        raw = OmegaConf.to_container(cfg, resolve=True)
-    except OmegaConfBaseException as e:  # an interpolation that does not resolve: ${oc.env:UNSET}
-        raise ConfigError(" ".join(str(e).split())) from None
     raw.pop("hydra", None)
     return parse(command_schema(name), raw, "")
 

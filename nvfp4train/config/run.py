@@ -13,7 +13,7 @@ from nvfp4train.data.config import DataConfig, parse_data_config
 from nvfp4train.model.config import ModelConfig
 from nvfp4train.optim import OptimConfig
 from nvfp4train.precision.recipe import PrecisionPolicy
-from nvfp4train.schema import ConfigError, bounded, check, to_plain
+from nvfp4train.schema import INT64_MAX, ConfigError, bounded, check, to_plain
 
 Device = StrEnum("Device", "auto cpu cuda")
 Parallel = StrEnum("Parallel", "ddp fsdp2 hsdp deepspeed")
@@ -43,6 +43,12 @@ class WandbConfig:
 
     def __post_init__(self):
         check(self, "train.wandb")
+
+
+# A step's tokens over all ranks, at most: Llama 3's largest batch was 16M tokens; a run asking for more than
+# a hundred times that is a typo (an extra zero, a batch meant per rank), and would spend its first minutes
+# planning the step's data order before it ran out of memory.
+MAX_TOKENS_PER_STEP = 2**31
 
 
 @dataclass(frozen=True)
@@ -155,6 +161,19 @@ class TrainConfig:
             raise ConfigError(
                 f"train.resume={self.resume!r}: not a checkpoint directory "
                 "(allowed: auto, never, or the path of a checkpoint directory)"
+            )
+        per_step = self.global_batch_size * self.seq_len
+        if per_step > MAX_TOKENS_PER_STEP:
+            raise ConfigError(
+                f"train.global_batch_size={self.global_batch_size} x train.seq_len={self.seq_len} = {per_step:.3g} "
+                f"tokens a step, more than 2**31 = {MAX_TOKENS_PER_STEP:,} (100x the batches of the largest published "
+                "pretraining runs); lower train.global_batch_size"
+            )
+        tokens = self.max_steps * self.global_batch_size * self.seq_len
+        if tokens > INT64_MAX:  # the data order numbers every sample and token of a run as an int64
+            raise ConfigError(
+                f"train.max_steps={self.max_steps}: x train.global_batch_size x train.seq_len = {tokens:.3g} "
+                f"training tokens, more than 2**63-1; lower train.max_steps"
             )
         if self.micro_batch_size is not None and self.global_batch_size % self.micro_batch_size:
             raise ConfigError(

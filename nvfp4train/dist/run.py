@@ -27,12 +27,16 @@ def precheck(training_args: list[str]) -> str | None:
     Hydra's own flags (--help, --cfg, sweeps) are left to the workers."""
     from hydra._internal.utils import get_args_parser
 
-    from nvfp4train.config import ConfigError, load
+    from nvfp4train.config import ConfigError, check_hydra_flags, load
 
     try:
         args = get_args_parser().parse_args(training_args)
     except SystemExit:
         return None  # argparse printed its usage; the workers will say it again
+    try:
+        check_hydra_flags(args)
+    except ConfigError as e:
+        return f"error: {e}"
     if args.multirun or args.cfg or args.help or args.hydra_help or args.info or args.shell_completion:
         return None
     try:

@@ -127,6 +127,19 @@ def _str_list(path: Path, key: str, value) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
+def _check_overrides(path: Path, key: str, overrides: list[str], command: str) -> None:
+    """An experiment file's overrides, as the command line's are checked, and stricter: no resolver at all
+    (an experiment file is shared: `${oc.env:VAR}` would copy the environment of whoever runs it into the
+    runs' config.yaml). So `plan`, `run` and `status` refuse a file that names code (`hydra.callbacks`,
+    `_target_`) or moves Hydra's files, before anything runs."""
+    from nvfp4train.config import ConfigError, check_overrides
+
+    try:
+        check_overrides(overrides, command, resolvers=())
+    except ConfigError as e:
+        raise UsageError(f"{path}: {key}: {e}") from None
+
+
 def load_experiment(name: str, directory: Path = EXPERIMENTS_DIR) -> Experiment:
     directory = Path(directory)
     path = directory / f"{name}.yaml"
@@ -198,6 +211,11 @@ def load_experiment(name: str, directory: Path = EXPERIMENTS_DIR) -> Experiment:
     if isinstance(eval_points, bool) or not isinstance(eval_points, int) or eval_points < 0:
         raise UsageError(f"{path}: eval_points={eval_points!r}; expected an integer >= 0 (20: every 5% of the tokens)")
     eval_args = spec.get("eval")
+    _check_overrides(path, "base", base, "train")
+    for arm in arms.values():
+        _check_overrides(path, f"arms.{arm.name}", list(arm.overrides), "train")
+    if eval_args is not None:
+        _check_overrides(path, "eval", list(_str_list(path, "eval", eval_args)), "eval")
     return Experiment(
         name=name,
         description=" ".join(str(spec.get("description", "")).split()),

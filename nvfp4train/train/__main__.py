@@ -100,7 +100,15 @@ def _cli() -> None:
     import hydra
     from hydra._internal.utils import get_args_parser  # Hydra's own command line (its flags and overrides)
 
-    from nvfp4train.config import CONFIG_DIR, ConfigError, check_complete, check_overrides, compose, register_defaults
+    from nvfp4train.config import (
+        CONFIG_DIR,
+        ConfigError,
+        check_complete,
+        check_hydra_flags,
+        check_overrides,
+        compose,
+        register_defaults,
+    )
     from nvfp4train.dist.errors import fail
 
     args = get_args_parser().parse_args()
@@ -108,6 +116,7 @@ def _cli() -> None:
         print(usage())
         sys.exit(0)
     try:
+        check_hydra_flags(args)
         check_overrides(args.overrides)
         if not args.multirun:  # one job: compose it here so that what Hydra would reject is one line too
             composed = compose("train", args.overrides)

@@ -56,6 +56,7 @@ from nvfp4train.train.build import (
     persistent_kernel_caches,
 )
 from nvfp4train.train.engines import StepStats, build_engine, import_deepspeed
+from nvfp4train.train.fits import check_fits
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
 from nvfp4train.train.heldout import evaluate_as, runs_in_bf16
 from nvfp4train.train.metrics import LogFile, MetricsLogger, ProgressBar, peak_memory_gib, require_wandb
@@ -86,8 +87,10 @@ class Trainer:
         self.threads_note = cpu_threads() if info.device.type == "cpu" else ""
         self.kernel_cache = persistent_kernel_caches() if info.device.type == "cuda" else None
         # the micro-batch depends on the world size, known only now; config.yaml records the value used
+        micro_derived = cfg.train.micro_batch_size is None
         cfg = dataclasses.replace(cfg, train=resolve_micro_batch(cfg.train, info.world_size))
         self.cfg, t = cfg, cfg.train
+        check_fits(cfg, info.world_size, info.device, micro_derived)  # before anything is allocated or written
         check_out_dir_writable(cfg.out_dir)
         # refusals that must come before out_dir, its lock or any file in it exist
         rundir.check_out_dir_place(cfg.out_dir, data_cache_dir(cfg.data))

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from nvfp4train.dist.processes import run_and_kill_on_timeout
-from nvfp4train.reproduce.experiments import EXPERIMENTS_DIR, all_experiments, load_experiment
+from nvfp4train.reproduce.experiments import EXPERIMENTS_DIR, UsageError, all_experiments, load_experiment
 from nvfp4train.reproduce.plan import model_params, plan_experiment
 from tests.conftest import REPO, cli_env
 
@@ -104,3 +105,51 @@ def test_an_arm_name_that_is_a_path_is_refused_when_the_file_is_read(tmp_path, a
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(borrowed))
     with pytest.raises(UsageError, match=r"borrow\.b: .* is not a plain name"):
         load_experiment("exp", tmp_path)
+
+
+def _experiment(tmp_path, base: str) -> Path:
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "shared.yaml").write_text(
+        f"tokens: 256\nseeds: [1]\nbaseline: bf16\nbase: {base}\n"
+        "arms:\n  bf16: [precision=bf16, train.seq_len=32, train.global_batch_size=2]\n"
+    )
+    return experiments
+
+
+def test_an_experiment_file_that_names_code_is_refused_by_plan_run_and_status(tmp_path):
+    """Experiment files are shared between people: one whose overrides reach Hydra's callbacks (code Hydra
+    instantiates) is refused when the file is read, so nothing runs; the marker the payload would write stays
+    absent."""
+    marker = tmp_path / "marker"
+    callback = "+hydra.callbacks.x"
+    payload = f"['{callback}._target_=builtins.open', '{callback}.file={marker}', '{callback}.mode=w']"
+    experiments = _experiment(tmp_path, payload)
+    runs = tmp_path / "runs"
+    for verb in (["plan", "shared"], ["status", "shared"], ["run", "shared", "--executor", "local", "--device", "cpu"]):
+        proc = run_and_kill_on_timeout(
+            [
+                sys.executable,
+                "-m",
+                "nvfp4train.reproduce",
+                "--experiments-dir",
+                str(experiments),
+                *verb,
+                "--runs-dir",
+                str(runs),
+            ],
+            cwd=REPO,
+            env=cli_env(),
+            timeout=300,
+        )
+        assert proc.returncode == 2, (verb, proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "shared.yaml: base: +hydra.callbacks.x._target_=builtins.open" in proc.stderr, proc.stderr
+        assert "allowed: hydra.verbose" in proc.stderr
+        assert not marker.exists() and not runs.exists()
+
+
+def test_an_experiment_file_may_not_read_the_environment(tmp_path):
+    experiments = _experiment(tmp_path, "['experiment=${oc.env:HF_TOKEN,none}']")
+    with pytest.raises(UsageError, match=r"shared.yaml: base: experiment=.*the resolver 'oc.env' is not allowed"):
+        load_experiment("shared", experiments)
