@@ -628,7 +628,7 @@ def relative_figure(exp: Experiment, runs: dict, path: Path) -> bool:
             ax.set_title(title, fontsize=9)
             ax.legend(fontsize=7)
     fig.suptitle(
-        f"{exp.name}: paired gap to {reference}, mean over seeds with pointwise 95% band (decay shaded)", fontsize=10
+        f"{exp.name}: paired gap to {reference}\nmean over seeds, pointwise 95% band, LR decay shaded", fontsize=10
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
