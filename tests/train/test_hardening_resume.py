@@ -216,7 +216,7 @@ def test_links_and_files_where_checkpoints_are_written_are_one_line(finished, tm
     assert _snapshot(out) == before and _snapshot(victim) == outside
 
 
-@pytest.mark.parametrize("tensor", ["model.embed.weight", "optim.embed.weight.exp_avg_sq"])
+@pytest.mark.parametrize("tensor", ["model.blocks.0.mixer.A_log", "optim.embedding.weight.exp_avg_sq"])
 def test_a_checkpoint_with_nan_weights_or_moments_is_refused_on_resume(finished, tmp_path, tensor):
     from tests.conftest import poison_checkpoint
 
@@ -291,7 +291,13 @@ def test_a_checkpoint_without_identity_is_resumed_with_a_note(finished, tmp_path
 def test_a_halt_right_after_a_resume_does_not_advise_the_same_checkpoint(finished, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(finished, out)
-    diverge = ["train.max_steps=60", "optim.lr=1e4", "optim.min_lr=0", "train.save_every=0", "train.max_nonfinite_steps=2"]
+    diverge = [
+        "train.max_steps=60",
+        "optim.lr=1e4",
+        "optim.min_lr=0",
+        "train.save_every=0",
+        "train.max_nonfinite_steps=2",
+    ]
     proc = run_train(f"out_dir={out}", *ARGS, *diverge, check=False)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 3 and len(lines) == 1, proc.stderr[-3000:]
