@@ -305,7 +305,6 @@ def load(ckpt: Path, engine, rank: int, model_config: dict) -> tuple[dict, dict]
     rng = trainer_state["rng_cpu"]
     if rng.dtype != torch.uint8 or rng.shape != torch.get_rng_state().shape:
         raise CheckpointError(f"{rank_file}: rng_cpu is not a CPU generator state; not loaded")
-    check_loader_state(rank_file, trainer_state["loader"])
     engine.load(ckpt, meta)
     return meta, trainer_state
 

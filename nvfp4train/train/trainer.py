@@ -171,6 +171,7 @@ class Trainer:
         if t.resume != "auto":  # an older checkpoint starts a new timeline from its step
             self.abandoned = self._on_main(lambda: rundir.abandon_later(self.ckpt_root, self.start_step))
         self.wandb_id = meta.get("wandb_id")
+        checkpoint.check_loader_state(self.resumed_from / f"rank_{self.info.rank:05d}.pt", state["loader"])
         try:
             self.loader.load_state_dict(state["loader"])
         except (ValueError, KeyError, TypeError, AttributeError) as e:
