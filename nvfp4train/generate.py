@@ -4,7 +4,8 @@
 The checkpoint (any engine or sharding) is loaded with plain linears in BF16 autocast on a GPU and FP32
 on the CPU (dtype=...), as `python -m nvfp4train.eval` does. The prompt runs through the model once;
 every new token then costs one token's work (nvfp4train/model/decode.py: the Mamba blocks' conv and
-SSM state, the attention blocks' keys and values). temperature=0 decodes greedily; top_k=0 samples
+SSM state, the attention blocks' keys and values); the prompt and the new tokens may be up to 8 times
+the run's train.seq_len long. temperature=0 decodes greedily; top_k=0 samples
 from the whole vocabulary. Sampling stops at max_new_tokens or at the end-of-text token. An empty
 prompt starts a new document (the end-of-text token). Prints each sample; with json=true one JSON
 line per sample instead. Options: configs/generate.yaml. Bad input ends with one line, exit code 2.
@@ -76,6 +77,25 @@ def generate(
     return out
 
 
+# The longest context sampled, as a multiple of the run's train.seq_len: the model never saw longer ones, and the
+# attention blocks' cache grows with every token (a typo of a few zeros would run for days or exhaust memory).
+CONTEXT_FACTOR = 8
+
+
+def check_length(prompt_tokens: int, max_new_tokens: int, run_config: dict) -> None:
+    """Refuse a prompt plus max_new_tokens longer than CONTEXT_FACTOR x the run's train.seq_len."""
+    seq_len = (run_config.get("train") or {}).get("seq_len")
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
+        return  # a config.yaml without it: nothing to measure against
+    limit = CONTEXT_FACTOR * seq_len
+    if prompt_tokens + max_new_tokens > limit:
+        raise RunError(
+            f"max_new_tokens={max_new_tokens}: the prompt ({prompt_tokens} tokens) and the new tokens may be at "
+            f"most {limit} tokens ({CONTEXT_FACTOR} x the run's train.seq_len={seq_len}): allowed max_new_tokens "
+            f"<= {max(limit - prompt_tokens, 0)}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if help_requested(argv):
@@ -96,10 +116,11 @@ def main(argv: list[str] | None = None) -> int:
             tokenizer = load_tokenizer(run_config["data"]["tokenizer"])
         except (ValueError, FileNotFoundError, ImportError) as e:
             raise RunError(f"{cfg.run_dir / 'config.yaml'}: data.tokenizer: {e}") from None
+        prompt_ids = tokenizer.encode(cfg.prompt) or [tokenizer.eos_id]
+        check_length(len(prompt_ids), cfg.max_new_tokens, run_config)
     except (ConfigError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    prompt_ids = tokenizer.encode(cfg.prompt) or [tokenizer.eos_id]
     t0 = time.perf_counter()
     samples = generate(
         model,

@@ -125,3 +125,30 @@ def read_metrics(out_dir: Path) -> list[dict]:
 def quick():
     """Overrides for a fast CPU run of the default model and data."""
     return ["train.max_steps=12", "train.log_every=1", "train.eval_sequences=2", "train.progress=false"]
+
+
+def poison_checkpoint(ckpt: Path, tensor: str) -> None:
+    """Write a NaN into one tensor of `ckpt`'s DCP weights and moments (`model.<name>` or `optim.<fqn>.<key>`),
+    as a damaged or tampered file would hold it; meta.json and the rank files stay as written."""
+    import shutil
+    import tempfile
+    import warnings
+
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+
+    dcp_dir = Path(ckpt) / "model_optim"
+    with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        whole = Path(scratch) / "whole.pt"
+        dcp_to_torch_save(dcp_dir, whole)
+        state = torch.load(whole, weights_only=True)
+        section, name = tensor.split(".", 1)
+        node = state[section]
+        if section == "optim":
+            fqn, key = name.rsplit(".", 1)
+            node, name = node[fqn], key
+        node[name].view(-1)[0] = float("nan")
+        torch.save(state, whole)
+        shutil.rmtree(dcp_dir)
+        torch_save_to_dcp(whole, dcp_dir)

@@ -84,8 +84,12 @@ class TrainConfig:
     resume: str = "auto"
     """auto (the latest checkpoint in out_dir, if any) | never | the path of a checkpoint directory."""
     overwrite: bool = False
-    """With resume=never on an out_dir that holds a run: move that run aside to `<out_dir>.replaced-<time>/`
-    and start afresh (without it the run refuses)."""
+    """With resume=never on an out_dir that holds a run, or resume=auto on one that holds a run's history
+    but no checkpoint: move that run's own entries aside to `<out_dir>.replaced-<time>/` and start afresh
+    (without it the run refuses)."""
+    resume_foreign: bool = False
+    """Continue from a checkpoint of another run (another run id, seed or model than the checkpoints in
+    out_dir record: train/identity.py); without it such a resume is refused."""
     device: Device = Device.auto
     """auto: cuda when available, else cpu."""
     parallel: Parallel = Parallel.ddp

@@ -93,8 +93,18 @@ def load_run_model(run_dir: Path, step: int | None = None, device: str | torch.d
         model = build_model(model_config)
     except (TypeError, ValueError) as e:
         raise RunError(f"{Path(run_dir) / 'config.yaml'}: model: {e}") from None
-    model.load_state_dict(load_state_dict(ckpt, model))
+    state = load_state_dict(ckpt, model)
+    check_weights_finite(ckpt, state)
+    model.load_state_dict(state)
     return model.to(device).eval(), run_config, ckpt
+
+
+def check_weights_finite(ckpt: Path, state: dict[str, torch.Tensor]) -> None:
+    """NaN or inf weights are refused before anything is evaluated, exported or sampled (train/checkpoint.py)."""
+    try:
+        checkpoint.check_finite(ckpt, state.items(), advice="name an earlier checkpoint with step=<N>")
+    except checkpoint.CheckpointError as e:
+        raise RunError(str(e)) from None
 
 
 def pick_device(setting: str) -> str:

@@ -228,6 +228,7 @@ OPTIONAL_META_FIELDS = {
     "engine": (str,),
     "param_groups": (list,),
     "healthy": (bool,),
+    "identity": (dict,),  # train/identity.py checks its fields
 }
 # What every rank file holds (the trainer's save() writes it): the state each part restores from.
 RANK_FIELDS = {"loader": dict, "precision": dict, "guard": dict, "spikes": dict, "rng_cpu": torch.Tensor}
@@ -308,6 +309,75 @@ def load(ckpt: Path, engine, rank: int, model_config: dict) -> tuple[dict, dict]
     return meta, trainer_state
 
 
+# The data position save() writes (data/loader.py state_dict): each field's type and allowed range, checked
+# before the loader reads it, so a crafted or damaged value is one line naming it.
+LOADER_FIELDS = {
+    "version": (str, None),
+    "fingerprint": (dict, None),
+    "consumed_samples": (int, 0),
+    "microbatch": (int, 0),
+    "global_batch_size": (int, 1),
+    "micro_batch_size": (int, 1),
+    "world_size": (int, 1),
+    "source_samples": (dict, None),
+}
+
+
+def check_loader_state(rank_file: Path, loader: dict) -> None:
+    def refuse(field: str, what: str):
+        raise CheckpointError(f"{rank_file}: field 'loader.{field}' {what}; not loaded")
+
+    for name, (kind, least) in LOADER_FIELDS.items():
+        if name not in loader:
+            refuse(name, "missing")
+        value = loader[name]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            refuse(name, f"is a {type(value).__name__}, expected {kind.__name__}")
+        if least is not None and value < least:
+            refuse(name, f"is {value}, expected an integer >= {least}")
+    per_step = loader["micro_batch_size"] * loader["world_size"]
+    if loader["global_batch_size"] % per_step:
+        refuse("global_batch_size", f"is {loader['global_batch_size']}, not a multiple of micro_batch_size x ranks")
+    grad_accum = loader["global_batch_size"] // per_step
+    if loader["microbatch"] >= grad_accum:
+        refuse("microbatch", f"is {loader['microbatch']}, expected 0 to {grad_accum - 1} (micro-batches per step)")
+    for name, n in loader["source_samples"].items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            refuse(f"source_samples.{name}", f"is {n!r}, expected an integer >= 0")
+
+
+# ----------------------------------------------------------------------------------------- finiteness
+# A checkpoint's tensors are data from disk: NaN or inf in them (a damaged or tampered file) would only
+# show as a halt some steps later, with advice to resume from the same checkpoint. Every reader of
+# weights (resume, eval, export, generate) checks them here, on load, and refuses in one line.
+def first_nonfinite(named_tensors) -> str | None:
+    """The name of the first floating-point tensor with a NaN or inf element (None: all finite)."""
+    for name, t in named_tensors:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            local = t.to_local() if hasattr(t, "to_local") else t
+            if not bool(torch.isfinite(local).all()):
+                return name
+    return None
+
+
+def check_finite(
+    ckpt: Path, named_tensors, device=None, advice: str = "resume from an earlier checkpoint with train.resume=<path>"
+) -> None:
+    """Refuse `ckpt` in one line naming its first non-finite tensor. Under a process group every rank
+    calls this with its own shards and all refuse together (one rank's refusal alone would leave the
+    others waiting in the next collective)."""
+    bad = first_nonfinite(named_tensors)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        flag = torch.tensor(int(bad is None), dtype=torch.int32, device=device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        if bool(flag) is False and bad is None:
+            bad = "a tensor held by another rank"
+    if bad is not None:
+        raise CheckpointError(
+            f"{ckpt}: {bad} holds NaN or inf values (damaged or tampered), so the checkpoint is not loaded; {advice}"
+        )
+
+
 def load_model_optim(ckpt: Path, model, optimizer, meta: dict) -> None:
     """The PyTorch engine's part: DCP shards of weights and AdamW moments, param_groups from meta.json."""
     if meta.get("engine", "torch") != "torch":
@@ -330,8 +400,18 @@ def load_model_optim(ckpt: Path, model, optimizer, meta: dict) -> None:
         )
     # The moments and step counts come from the checkpoint; the hyperparameters (betas, eps, weight_decay)
     # stay those of this run's config, which a resume may change (train/resume_policy.py: optim).
+    device = next((t.device for t in state["model"].values() if isinstance(t, torch.Tensor)), None)
+    check_finite(ckpt, _named_model_optim(state), device)
     optim_sd = {"state": state["optim"], "param_groups": optim_sd["param_groups"]}
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_sd)
+
+
+def _named_model_optim(state: dict):
+    """(name, tensor) for the weights and then the AdamW moments of a loaded model_optim state."""
+    yield from state["model"].items()
+    for fqn, moments in state["optim"].items():
+        for key, t in moments.items():
+            yield f"optimizer state {fqn}.{key}", t
 
 
 def _keep_config_derived_buffers(ckpt: Path, model_sd: dict) -> list[str]:
@@ -448,7 +528,9 @@ def save(
     final = ckpt_root / f"{PREFIX}{step:08d}"
     tmp = ckpt_root / f"{final.name}.tmp"
     if rank == 0:
-        if tmp.exists():
+        if tmp.is_symlink() or tmp.is_file():  # our own temporary name: remove the link itself, never its target
+            tmp.unlink()
+        elif tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     barrier()

@@ -40,6 +40,7 @@ POLICY: dict[str, tuple[str, str]] = {
     "train.keep_last": (QUIET, ""),
     "train.resume": (QUIET, ""),
     "train.overwrite": (QUIET, ""),
+    "train.resume_foreign": (QUIET, ""),
     "train.device": (QUIET, ""),
     "train.compile": (QUIET, ""),
     "train.progress": (QUIET, ""),

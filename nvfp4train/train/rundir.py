@@ -301,6 +301,11 @@ def check_fresh_start(out_dir: Path, overwrite: bool) -> Path | None:
             "overwrite it: resume it (train.resume=auto), choose another out_dir, or pass "
             "train.overwrite=true to move the old run aside"
         )
+    return _move_aside(out_dir)
+
+
+def _move_aside(out_dir: Path) -> Path:
+    """Move the run's own entries of `out_dir` into a new sibling `<out_dir>.replaced-<time>/`."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     aside, n = out_dir.with_name(f"{out_dir.name}.replaced-{stamp}"), 1
     while aside.exists():
@@ -323,3 +328,60 @@ def abandon_later(ckpt_root: Path, step: int) -> Path | None:
     for p in later:
         p.rename(dest / p.name)
     return dest
+
+
+def check_checkpoints_dir(out_dir: Path) -> None:
+    """`out_dir/checkpoints` must be a directory of this run (or absent) before anything is written or
+    removed there: not a file, not a dangling link, not a link out of out_dir (saving and pruning would
+    write and delete through it), and no `step_*.tmp` that is a link or a file (a save removes that
+    name whole)."""
+    out_dir = Path(out_dir)
+    root = out_dir / "checkpoints"
+    if root.is_symlink():
+        target = root.resolve()
+        if not target.exists():
+            raise RunDirError(
+                f"{root} is a link to {target}, which does not exist; remove the link or restore its target"
+            )
+        if out_dir.resolve() not in target.parents:
+            raise RunDirError(
+                f"{root} is a link out of the run directory (to {target}); checkpoints are written and pruned "
+                "only inside out_dir: remove the link, or make out_dir itself a directory on that storage"
+            )
+    if root.exists() and not root.is_dir():
+        raise RunDirError(f"{root} is a file, not a directory of checkpoints; move it out of {out_dir}")
+    if not root.is_dir():
+        return
+    for stale in sorted(root.glob(f"{checkpoint.PREFIX}*.tmp")):
+        if stale.is_symlink() or not stale.is_dir():
+            kind = "a link" if stale.is_symlink() else "a file"
+            raise RunDirError(
+                f"{stale} is {kind}, not a half-written checkpoint this trainer left; remove it, then run again"
+            )
+
+
+def check_history_resumable(out_dir: Path, overwrite: bool, config_text: str) -> Path | None:
+    """`train.resume=auto` found no checkpoint: refuse to start from scratch over a run's history
+    (metrics records, or a config.yaml other than this run's), which the new run would rewrite; with
+    `train.overwrite=true` move it aside as `train.resume=never` does. Return where it went."""
+    out_dir = Path(out_dir).absolute()
+    metrics, config = out_dir / "metrics.jsonl", out_dir / "config.yaml"
+    held = []
+    if metrics.is_file() and metrics.stat().st_size:
+        held.append("metrics.jsonl")
+    try:
+        if config.is_file() and config.read_text() != config_text:
+            held.append("config.yaml")
+    except (OSError, UnicodeDecodeError):
+        held.append("config.yaml")
+    if not held:
+        return None
+    if overwrite:
+        return check_fresh_start(out_dir, overwrite=True) or _move_aside(out_dir)
+    raise RunDirError(
+        f"out_dir={str(out_dir)!r} holds a run's history ({', '.join(held)}) but no complete checkpoint in "
+        f"{out_dir / 'checkpoints'} to resume from, so train.resume=auto would start from scratch and rewrite "
+        "it: pass train.overwrite=true to move the run's own entries aside into "
+        "<out_dir>.replaced-<time>/ and start afresh, train.resume=<path> to resume from a checkpoint "
+        "elsewhere, or choose another out_dir"
+    )

@@ -46,7 +46,7 @@ from nvfp4train.config import RunConfig, resolve_micro_batch
 from nvfp4train.model import flops_per_token, param_groups
 from nvfp4train.optim import lr_at
 from nvfp4train.optim.adamw import get_hyperparameters, set_hyperparameters
-from nvfp4train.train import checkpoint, resume_policy, rundir
+from nvfp4train.train import checkpoint, identity, resume_policy, rundir
 from nvfp4train.train.build import (
     build_model_and_data,
     check_out_dir_writable,
@@ -133,6 +133,7 @@ class Trainer:
         self.abandoned: Path | None = None  # later checkpoints set aside by a resume from an older one
         self.checkpoint_seconds: float | None = None  # how long the latest save took, until it is logged
         self.wandb_id: str | None = None
+        self.run_id = identity.new_run_id()  # this run's identity (train/identity.py); a resume carries it on
         self.resume_notes: list[str] = []  # the changes this resume makes to the run (resume_policy)
         self.unhealthy_since_save = False  # a loss spike or skipped step since the last checkpoint
         self.logger = MetricsLogger(cfg.out_dir, enabled=info.is_main)
@@ -145,18 +146,27 @@ class Trainer:
     def resume(self) -> None:
         """Restore the engine and every piece of trainer state from train.resume's checkpoint."""
         t = self.cfg.train
+        self._on_main(lambda: rundir.check_checkpoints_dir(self.cfg.out_dir))  # before anything is written there
         if self.info.is_main:  # what a kill during the last run's pruning left (out_dir is ours: locked)
             checkpoint.remove_leftovers(self.ckpt_root)
         if t.resume == "auto":
             existing = checkpoint.list_checkpoints(self.ckpt_root)
             self.resumed_from = existing[-1] if existing else None
+            if not existing:  # a run's history with nothing to resume it from is not rewritten silently
+                config_text = OmegaConf.to_yaml(self.cfg.to_dict())
+                self._on_main(lambda: rundir.check_history_resumable(self.cfg.out_dir, t.overwrite, config_text))
         elif t.resume == "never":
             self._on_main(lambda: rundir.check_fresh_start(self.cfg.out_dir, t.overwrite))
         else:
             self.resumed_from = Path(t.resume)
         if self.resumed_from is None:
+            self.run_id = dist.broadcast_from_main(identity.new_run_id(), self.info)
             return
+        self.run_id, note = identity.check(self.resumed_from, self.ckpt_root, t.resume_foreign)
+        self.run_id = dist.broadcast_from_main(self.run_id, self.info)
         self.resume_notes = resume_policy.check(self._resumed_run_config(), self.cfg.to_dict(), self.resumed_from)
+        if note:
+            self.resume_notes.insert(0, note)
         # betas, eps and weight_decay are this run's config: the checkpoint brings the moments, not these
         hyperparameters = get_hyperparameters(self.engine.optimizer)
         meta, state = checkpoint.load(self.resumed_from, self.engine, self.info.rank, self.cfg.model)
@@ -165,9 +175,10 @@ class Trainer:
         if t.resume != "auto":  # an older checkpoint starts a new timeline from its step
             self.abandoned = self._on_main(lambda: rundir.abandon_later(self.ckpt_root, self.start_step))
         self.wandb_id = meta.get("wandb_id")
+        checkpoint.check_loader_state(self.resumed_from / f"rank_{self.info.rank:05d}.pt", state["loader"])
         try:
             self.loader.load_state_dict(state["loader"])
-        except ValueError as e:
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise checkpoint.CheckpointError(f"{self.resumed_from}: {e}") from None
         parts = [
             ("loader", self.loader.load_state_dict),
@@ -294,7 +305,7 @@ class Trainer:
                         precision_switch=switch,
                     )
                 )
-                raise TrainingHalted(f"{halt}; {self._latest_checkpoint_note()}") from None
+                raise TrainingHalted(f"{halt}; {self._latest_checkpoint_note(halted=True)}") from None
             results.append(
                 StepResult(
                     step=step,
@@ -416,13 +427,13 @@ class Trainer:
         if not bool(finite):
             raise TrainingHalted(
                 f"step {self.step}: the weights or optimizer state are not finite, so no checkpoint "
-                f"was written; {self._latest_checkpoint_note()}. {advice}"
+                f"was written; {self._latest_checkpoint_note(halted=True)}. {advice}"
             )
         if self.guard.in_row:  # the same on every rank: the loss is all-reduced before the guard sees it
             if final:
                 raise TrainingHalted(
                     f"step {self.step}: the run ends on a step with a non-finite loss, so no "
-                    f"checkpoint was written; {self._latest_checkpoint_note()}. {advice}"
+                    f"checkpoint was written; {self._latest_checkpoint_note(halted=True)}. {advice}"
                 )
             if self.info.is_main:
                 self.bar.write(
@@ -446,6 +457,7 @@ class Trainer:
             "experiment": self.cfg.experiment,
             "run_config": self.cfg.to_dict(),
             "healthy": not self.unhealthy_since_save,
+            "identity": identity.of(self.run_id, self.cfg),
         }  # pruning keeps the last healthy one (checkpoint.prune)
         t0 = time.perf_counter()
         path = checkpoint.save(
@@ -485,17 +497,31 @@ class Trainer:
             raise rundir.RunDirError(problem)
         return result
 
-    def _latest_checkpoint_note(self) -> str:
+    def _latest_checkpoint_note(self, halted: bool = False) -> str:
+        """Which checkpoint to resume from. After a halt, never one that would halt again: an unhealthy one
+        (written after a loss spike or skipped steps), or the one this process resumed from when it wrote
+        none since (an exact resume repeats the same steps, so the settings must change first)."""
         done = checkpoint.list_checkpoints(self.ckpt_root)
         good = checkpoint.last_healthy(done)
+        if done and good is None:
+            return (
+                f"every checkpoint ({', '.join(p.name for p in done)}) was written after a loss spike or skipped "
+                "steps, so none is advised to resume from"
+            )
         if good is not None and good != done[-1]:  # the later ones were written after a loss spike
             later = [p.name for p in done if checkpoint.step_of(p) > checkpoint.step_of(good)]
-            return (
+            note = (
                 f"the checkpoints after {good.name} ({', '.join(later)}) were written after a loss spike or "
-                f"skipped steps; the last one before it is kept: resume from it with train.resume={good}"
+                f"skipped steps; the last one before it is kept"
             )
-        return (
-            f"the latest checkpoint ({done[-1]}) is kept: resume from it with train.resume={done[-1]}"
-            if done
-            else "no checkpoint was written"
-        )
+        elif done:
+            note = f"the latest checkpoint ({done[-1]}) is kept"
+        else:
+            return "no checkpoint was written"
+        resumed = self.resumed_from is not None and good.resolve() == self.resumed_from.resolve()
+        if halted and resumed:
+            return (
+                f"{note}, but this run resumed from it and halted: resuming from it again with the same "
+                f"settings repeats the same steps, so change them first (then train.resume={good})"
+            )
+        return f"{note}: resume from it with train.resume={good}"

@@ -77,3 +77,34 @@ def test_generate_help_and_bad_input(tiny_run, capsys):
         assert main(args) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(message) and len(err.splitlines()) == 1, err
+
+
+def test_an_absurd_max_new_tokens_is_refused_in_one_line(tiny_run, capsys):
+    assert main([f"run_dir={tiny_run}", "max_new_tokens=1000000000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "max_new_tokens=1000000000" in err and "train.seq_len=32" in err, err
+
+
+def test_a_checkpoint_with_nan_weights_is_refused_by_eval_export_and_generate(tiny_run, tmp_path, capsys):
+    import shutil
+
+    from nvfp4train.eval.__main__ import main as eval_main
+    from nvfp4train.export import main as export_main
+    from tests.conftest import poison_checkpoint
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    (ckpt,) = (run / "checkpoints").glob("step_*")
+    poison_checkpoint(ckpt, "model.blocks.0.mixer.A_log")
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    for command, args in [
+        (eval_main, [f"run_dir={run}"]),
+        (export_main, [f"run_dir={run}", f"out={tmp_path / 'export'}"]),
+        (main, [f"run_dir={run}", "prompt=a"]),
+    ]:
+        assert command(args) == 2, command
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert str(ckpt) in err and "blocks.0.mixer.A_log holds NaN or inf" in err, err
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # no eval.json, no export
+    assert not (tmp_path / "export").exists()

@@ -149,3 +149,156 @@ def test_a_damaged_metrics_line_costs_only_itself(finished, tmp_path):
     assert "1 damaged line(s) skipped (line 1)" in proc.stdout, proc.stdout
     assert [r["step"] for r in read_metrics(out)] == [2, 3, 4]  # step 2 kept, 3 and 4 written again
     assert (out / "metrics.jsonl.damaged").read_text() == f"metrics.jsonl:1: {lines[0]}\n"
+
+
+# ------------------------------------------------------------------------------ round 3 (issue 61)
+def _history(out):
+    return (out / "metrics.jsonl").read_bytes(), (out / "config.yaml").read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["missing", "empty", "dangling-link", "incomplete"])
+def test_auto_resume_without_a_checkpoint_never_rewrites_the_history(finished, tmp_path, damage):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    ckpts = out / "checkpoints"
+    shutil.rmtree(ckpts)
+    if damage == "empty":
+        ckpts.mkdir()
+    elif damage == "dangling-link":
+        ckpts.symlink_to(out / "checkpoints.gone")
+    elif damage == "incomplete":  # a save killed before its meta.json: not a checkpoint to resume from
+        shutil.copytree(finished / "checkpoints" / "step_00000002", ckpts / "step_00000002")
+        (ckpts / "step_00000002" / "meta.json").unlink()
+    history = _history(out)
+    line = _refused(run_train(f"out_dir={out}", *ARGS, check=False), str(out))
+    if damage == "dangling-link":
+        assert "does not exist" in line, line
+    else:
+        assert "history" in line and "train.overwrite=true" in line and ".replaced-" in line, line
+    assert _history(out) == history
+    assert not list(tmp_path.glob("run.replaced-*"))
+
+
+def test_overwrite_moves_a_history_without_checkpoints_aside(finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    shutil.rmtree(out / "checkpoints")
+    history = _history(out)
+    run_train(f"out_dir={out}", *ARGS, "train.overwrite=true")
+    (aside,) = tmp_path.glob("run.replaced-*")
+    assert _history(aside) == history
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("trick", ["tmp-link", "tmp-file", "checkpoints-file", "checkpoints-link-out"])
+def test_links_and_files_where_checkpoints_are_written_are_one_line(finished, tmp_path, trick):
+    out = _at_step_2(finished, tmp_path)
+    victim = tmp_path / "elsewhere"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("a user's file")
+    ckpts = out / "checkpoints"
+    if trick == "tmp-link":  # the next save would remove a stale step_N.tmp: it must not reach through it
+        (ckpts / "step_00000004.tmp").symlink_to(victim)
+    elif trick == "tmp-file":
+        (ckpts / "step_00000004.tmp").write_text("not a checkpoint")
+    elif trick == "checkpoints-file":
+        shutil.rmtree(ckpts)
+        ckpts.write_text("not a directory")
+    else:
+        shutil.copytree(ckpts, victim / "checkpoints")
+        shutil.rmtree(ckpts)
+        ckpts.symlink_to(victim / "checkpoints")
+    before, outside = _snapshot(out), _snapshot(victim)
+    line = _refused(run_train(f"out_dir={out}", *ARGS, check=False), str(ckpts))
+    assert {"tmp-link": "is a link", "tmp-file": "is a file", "checkpoints-file": "is a file"}.get(
+        trick, "link out of the run directory"
+    ) in line, line
+    assert _snapshot(out) == before and _snapshot(victim) == outside
+
+
+@pytest.mark.parametrize("tensor", ["model.blocks.0.mixer.A_log", "optim.embedding.weight.exp_avg_sq"])
+def test_a_checkpoint_with_nan_weights_or_moments_is_refused_on_resume(finished, tmp_path, tensor):
+    from tests.conftest import poison_checkpoint
+
+    out = _at_step_2(finished, tmp_path)
+    ckpt = out / "checkpoints" / "step_00000002"
+    poison_checkpoint(ckpt, tensor)
+    before = _snapshot(out)
+    line = _refused(run_train(f"out_dir={out}", *ARGS, check=False), str(ckpt), "NaN or inf")
+    assert tensor.split(".", 1)[1] in line, line
+    assert _snapshot(out) == before
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda loader: loader.pop("fingerprint"), ["'loader.fingerprint' missing"]),
+        (lambda loader: loader.update(microbatch=7), ["'loader.microbatch' is 7", "expected 0 to 0"]),
+        (lambda loader: loader.update(microbatch=-1), ["'loader.microbatch' is -1"]),
+        (lambda loader: loader.update(consumed_samples="8"), ["'loader.consumed_samples' is a str"]),
+        (lambda loader: loader.update(fingerprint=[1]), ["'loader.fingerprint' is a list"]),
+        (lambda loader: loader["source_samples"].update(x=1.5), ["'loader.source_samples.x' is 1.5"]),
+    ],
+)
+def test_crafted_data_position_fields_are_one_line(finished, tmp_path, edit, words):
+    out = _at_step_2(finished, tmp_path)
+    rank_file = out / "checkpoints" / "step_00000002" / "rank_00000.pt"
+    state = torch.load(rank_file, weights_only=True)
+    edit(state["loader"])
+    torch.save(state, rank_file)
+    before = _snapshot(out)
+    _refused(run_train(f"out_dir={out}", *ARGS, check=False), str(rank_file), *words)
+    assert _snapshot(out) == before
+
+
+@pytest.fixture(scope="module")
+def other_run(tmp_path_factory):
+    """A run of the same config as `finished` in another out_dir: the same shapes, another run."""
+    out = tmp_path_factory.mktemp("other") / "run"
+    run_train(f"out_dir={out}", *ARGS, "optim.lr=0.01")
+    return out
+
+
+def test_a_checkpoint_of_another_run_is_refused_unless_asked(finished, other_run, tmp_path):
+    out = _at_step_2(finished, tmp_path)
+    foreign = out / "checkpoints" / "step_00000004"
+    shutil.copytree(other_run / "checkpoints" / "step_00000004", foreign)
+    before = _snapshot(out)
+    line = _refused(run_train(f"out_dir={out}", *ARGS, check=False), str(foreign), "another run", "run_id")
+    assert "train.resume_foreign=true" in line, line
+    assert _snapshot(out) == before
+    # the same checkpoint named explicitly: refused too, then continued when asked
+    named = [f"train.resume={foreign}", "train.max_steps=6"]
+    _refused(run_train(f"out_dir={out}", *ARGS, *named, check=False), str(foreign), "another run")
+    proc = run_train(f"out_dir={out}", *ARGS, *named, "train.resume_foreign=true")
+    assert "a checkpoint of another run" in proc.stdout, proc.stdout
+    ours = json.loads((out / "checkpoints" / "step_00000002" / "meta.json").read_text())["identity"]
+    new = json.loads((out / "checkpoints" / "step_00000006" / "meta.json").read_text())["identity"]
+    assert new["run_id"] == ours["run_id"]  # the continued timeline keeps this out_dir's identity
+
+
+def test_a_checkpoint_without_identity_is_resumed_with_a_note(finished, tmp_path):
+    out = _at_step_2(finished, tmp_path)
+    for meta_path in (out / "checkpoints").glob("step_*/meta.json"):
+        meta = json.loads(meta_path.read_text())
+        meta.pop("identity")
+        meta_path.write_text(json.dumps(meta))
+    proc = run_train(f"out_dir={out}", *ARGS)
+    assert "records no run identity" in proc.stdout, proc.stdout
+    assert "identity" in json.loads((out / "checkpoints" / "step_00000004" / "meta.json").read_text())
+
+
+def test_a_halt_right_after_a_resume_does_not_advise_the_same_checkpoint(finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    diverge = [
+        "train.max_steps=60",
+        "optim.lr=1e4",
+        "optim.min_lr=0",
+        "train.save_every=0",
+        "train.max_nonfinite_steps=2",
+    ]
+    proc = run_train(f"out_dir={out}", *ARGS, *diverge, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 3 and len(lines) == 1, proc.stderr[-3000:]
+    assert "this run resumed from it and halted" in lines[0] and "resume from it with" not in lines[0], lines[0]
