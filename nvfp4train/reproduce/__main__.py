@@ -88,6 +88,7 @@ def experiments_named(args) -> list:
 def cmd_run(args) -> int:
     from nvfp4train.data.paths import git_commit
     from nvfp4train.reproduce import executors
+    from nvfp4train.train.checkpoint import list_checkpoints
 
     exps = experiments_named(args)
     if args.executor == "slurm":
@@ -122,7 +123,7 @@ def cmd_run(args) -> int:
             print(f"skip {run.key}: {state}" + (" (--retry-failed runs it again)" if state == "failed" else ""))
         else:
             todo.append(run)
-            if state == "interrupted":
+            if state == "interrupted" and list_checkpoints(run.out_dir / "checkpoints"):
                 print(f"{run.key}: interrupted before; resumes from its latest checkpoint")
     if args.dry_run or not todo:
         for i, run in enumerate(todo if args.dry_run else []):

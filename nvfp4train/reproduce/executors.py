@@ -26,10 +26,23 @@ from pathlib import Path
 
 from nvfp4train.reproduce.experiments import UsageError
 from nvfp4train.reproduce.plan import Run, read_json, run_state, shell
-from nvfp4train.train.rundir import RunDirError, check_own_files, open_own, write_atomic
+from nvfp4train.runs import recorded_state
+from nvfp4train.train import checkpoint
+from nvfp4train.train.rundir import (
+    RunDirError,
+    RunDirLock,
+    check_own_files,
+    history_held,
+    move_aside,
+    open_own,
+    write_atomic,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SLURM_TEMPLATE = REPO / "slurm" / "reproduce_array.sbatch"
+# The executor's own record of a run, which stays in out_dir when a failed attempt's files move aside: the
+# claim (another executor must not take the run meanwhile) and run.json (attempts and wall time, summed).
+EXECUTOR_RECORDS = ("executor.json", "run.json")
 
 
 # ------------------------------------------------------------------------------------ one run
@@ -137,6 +150,19 @@ class RunProcess:
             return True
         return False
 
+    def set_aside_history_without_checkpoint(self, previous: dict) -> None:
+        """An earlier attempt that logged steps (or wrote its config) but no complete checkpoint cannot be
+        resumed, and the trainer refuses to start from scratch over its history (train.resume=auto): move
+        the attempt's files aside into `<out_dir>.replaced-<time>/`, as train.overwrite=true would, but keep
+        EXECUTOR_RECORDS in place, then the trainer starts afresh. A run with a checkpoint resumes from it."""
+        out_dir = self.run.out_dir
+        if checkpoint.list_checkpoints(out_dir / "checkpoints") or not history_held(out_dir):
+            return
+        with RunDirLock(out_dir):  # refused in one line while a trainer (started by hand, say) holds out_dir
+            aside = move_aside(out_dir, keep=EXECUTOR_RECORDS)
+        how = "failed" if recorded_state(previous) == "failed" else "was interrupted"
+        self.log(f"{self.run.key}: {how} before its first checkpoint; its history is kept in {aside}; starting afresh")
+
     def execute(self) -> str:
         """The run's state when this returns: done | failed | interrupted, or running (another executor
         holds it: nothing was started here)."""
@@ -156,6 +182,12 @@ class RunProcess:
             self.log(f"{run.key}: not started: {e}")
             return "failed"
         previous = read_json(out_dir / "run.json") or {}
+        try:
+            self.set_aside_history_without_checkpoint(previous)
+        except RunDirError as e:
+            marker.unlink(missing_ok=True)
+            self.log(f"{run.key}: not started: {e}")
+            return "failed"
         attempts = int(previous.get("attempts", 0)) + 1
         started = time.time()
         train_rc, eval_rc, state = None, None, "interrupted"

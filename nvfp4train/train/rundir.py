@@ -21,6 +21,11 @@
     save_config(out_dir, text, step)
                                    config.yaml, keeping a resumed run's previous one as
                                    config.step_<N>.yaml (never overwriting one kept earlier)
+    history_held(out_dir), move_aside(out_dir, keep)
+                                   what of a run's history a start from scratch would rewrite, and
+                                   moving the run's own entries into `<out_dir>.replaced-<time>/`
+                                   (also the reproduction executor's, retrying a run that failed
+                                   before its first checkpoint)
 Only the main rank calls these; the caller shares the outcome with the other ranks.
 """
 
@@ -301,19 +306,26 @@ def check_fresh_start(out_dir: Path, overwrite: bool) -> Path | None:
             "overwrite it: resume it (train.resume=auto), choose another out_dir, or pass "
             "train.overwrite=true to move the old run aside"
         )
-    return _move_aside(out_dir)
+    return move_aside(out_dir)
 
 
-def _move_aside(out_dir: Path) -> Path:
-    """Move the run's own entries of `out_dir` into a new sibling `<out_dir>.replaced-<time>/`."""
+def move_aside(out_dir: Path, keep: tuple[str, ...] = ()) -> Path:
+    """Move the run's own entries of `out_dir` (RUN_ENTRIES, config.step_*.yaml), but those named in `keep`,
+    into a new sibling `<out_dir>.replaced-<time>/`; return it. A failed rename is one line (RunWriteError),
+    and what moved before it is kept there."""
+    out_dir = Path(out_dir).absolute()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     aside, n = out_dir.with_name(f"{out_dir.name}.replaced-{stamp}"), 1
-    while aside.exists():
+    while os.path.lexists(aside):
         aside, n = out_dir.with_name(f"{out_dir.name}.replaced-{stamp}~{n}"), n + 1
-    aside.mkdir()
-    for entry in out_dir.iterdir():
-        if _is_run_entry(entry.name):  # the lock stays (this run holds it), and so does what is not the run's
-            entry.rename(aside / entry.name)
+    try:
+        aside.mkdir()
+        for entry in sorted(out_dir.iterdir()):
+            # the lock stays (this run holds it), and so does what is not the run's
+            if _is_run_entry(entry.name) and entry.name not in keep:
+                entry.rename(aside / entry.name)
+    except OSError as e:
+        raise write_failed(aside, e) from None
     return aside
 
 
@@ -360,24 +372,31 @@ def check_checkpoints_dir(out_dir: Path) -> None:
             )
 
 
+def history_held(out_dir: Path, config_text: str | None = None) -> list[str]:
+    """The names of the run's history in `out_dir` that a start from scratch would rewrite: metrics.jsonl
+    with records, and a config.yaml other than `config_text` (any config.yaml where it is None)."""
+    metrics, config = Path(out_dir) / "metrics.jsonl", Path(out_dir) / "config.yaml"
+    held = []
+    if metrics.is_file() and metrics.stat().st_size:
+        held.append("metrics.jsonl")
+    try:
+        if config.is_file() and (config_text is None or config.read_text() != config_text):
+            held.append("config.yaml")
+    except (OSError, UnicodeDecodeError):
+        held.append("config.yaml")
+    return held
+
+
 def check_history_resumable(out_dir: Path, overwrite: bool, config_text: str) -> Path | None:
     """`train.resume=auto` found no checkpoint: refuse to start from scratch over a run's history
     (metrics records, or a config.yaml other than this run's), which the new run would rewrite; with
     `train.overwrite=true` move it aside as `train.resume=never` does. Return where it went."""
     out_dir = Path(out_dir).absolute()
-    metrics, config = out_dir / "metrics.jsonl", out_dir / "config.yaml"
-    held = []
-    if metrics.is_file() and metrics.stat().st_size:
-        held.append("metrics.jsonl")
-    try:
-        if config.is_file() and config.read_text() != config_text:
-            held.append("config.yaml")
-    except (OSError, UnicodeDecodeError):
-        held.append("config.yaml")
+    held = history_held(out_dir, config_text)
     if not held:
         return None
     if overwrite:
-        return check_fresh_start(out_dir, overwrite=True) or _move_aside(out_dir)
+        return check_fresh_start(out_dir, overwrite=True) or move_aside(out_dir)
     raise RunDirError(
         f"out_dir={str(out_dir)!r} holds a run's history ({', '.join(held)}) but no complete checkpoint in "
         f"{out_dir / 'checkpoints'} to resume from, so train.resume=auto would start from scratch and rewrite "

@@ -323,3 +323,56 @@ def test_slurm_array_task_preempted_requeued_and_resumed(tmp_path, spawn):
     info = json.loads((run_dir / "run.json").read_text())
     assert info["state"] == "done" and info["attempts"] == 2 and info["eval_rc"] == 0, info
     assert calls.read_text().count("requeue") == 1
+
+
+def test_retry_failed_run_without_a_checkpoint_starts_afresh_and_keeps_its_history(tmp_path):
+    """A run that failed after logging steps but before its first checkpoint: skipped without --retry-failed,
+    its files untouched; with it, the failed attempt's trainer files move aside into seed1.replaced-<time>/
+    (said in one line), the claim and run.json stay, and the run trains from scratch to done."""
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    quick = TINY.replace("tokens: 25600", "tokens: 768").replace("seeds: [1, 2]", "seeds: [1]")  # 3 steps
+    (experiments / "tiny.yaml").write_text(re.sub(r"\neval: .*\n", "\n", quick))
+    runs = tmp_path / "runs"
+    run_dir = runs / "tiny" / "bf16" / "seed1"
+    run_dir.mkdir(parents=True)
+    failed = {"state": "failed", "attempts": 1, "train_rc": 1, "eval_rc": None, "started": 1.0, "wall_s": 7.0}
+    old = {
+        "run.json": json.dumps(failed),
+        "metrics.jsonl": "".join(json.dumps({"step": s, "loss": 9.0 - s}) + "\n" for s in (1, 2)),
+        "config.yaml": "seed: 1\n",
+        "train.log": "the failed attempt\n",
+        "console.log": "the failed attempt's output\n",
+    }
+    for name, text in old.items():
+        (run_dir / name).write_text(text)
+    (run_dir / "checkpoints" / "step_00000002.tmp").mkdir(parents=True)  # a save it never finished
+    command = ["run", "tiny", "--arms", "bf16", "--executor", "local", "--device", "cpu", "--runs-dir", str(runs)]
+
+    skipped = reproduce(*command, experiments=experiments)
+    assert skipped.returncode == 0, skipped.stdout + skipped.stderr
+    assert "skip tiny/bf16/seed1: failed (--retry-failed runs it again)" in skipped.stdout
+    assert {name: (run_dir / name).read_text() for name in old} == old
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == ["seed1"]
+
+    retried = reproduce(*command, "--retry-failed", experiments=experiments)
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    (aside,) = [p for p in run_dir.parent.iterdir() if p.name.startswith("seed1.replaced-")]
+    assert (
+        f"tiny/bf16/seed1: failed before its first checkpoint; its history is kept in {aside}; starting afresh"
+        in retried.stdout.splitlines()
+    ), retried.stdout
+    assert "1 of 1 run(s) done" in retried.stdout and "Traceback" not in retried.stdout + retried.stderr
+    for name in ("metrics.jsonl", "config.yaml", "train.log"):
+        assert (aside / name).read_text() == old[name]
+    assert (aside / "checkpoints" / "step_00000002.tmp").is_dir()
+    assert sorted(p.name for p in aside.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl", "train.log"]
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["state"] == "done" and info["attempts"] == 2 and info["started"] == 1.0 and info["wall_s"] > 7.0
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1] == 3
+    assert (run_dir / "console.log").read_text().startswith(old["console.log"])
+    assert not (run_dir / "executor.json").exists()
+
+    again = reproduce(*command, "--retry-failed", experiments=experiments)
+    assert again.returncode == 0 and "skip tiny/bf16/seed1: done" in again.stdout
+    assert len([p for p in run_dir.parent.iterdir() if p.name.startswith("seed1.")]) == 1
