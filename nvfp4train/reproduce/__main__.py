@@ -256,7 +256,12 @@ def parse_args(argv):
     p.add_argument("--executor", choices=["local", "slurm"], default="local")
     p.add_argument("--gpus", help="local: GPU indices to use, e.g. 0,1 (default: every visible GPU)")
     p.add_argument("--device", choices=["cuda", "cpu"], help="local: default cuda where available, else cpu")
-    p.add_argument("--retry-failed", action="store_true", help="local: run failed runs again (resuming)")
+    p.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="local: run failed runs again: resuming from their latest checkpoint, or afresh "
+        "without one (the failed attempt's files kept in <out_dir>.replaced-<time>/)",
+    )
     p.add_argument(
         "--commit",
         help="local: the commit to record in run.json (default: git rev-parse HEAD of this "

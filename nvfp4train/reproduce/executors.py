@@ -2,10 +2,11 @@
 
 local: one run per GPU (CUDA_VISIBLE_DEVICES), or one per group of --gpus-per-run GPUs under torchrun;
 the rest wait in a queue. Finished runs are skipped; interrupted ones resume through the trainer's own
-auto-resume (train.resume=auto: the latest checkpoint in out_dir). Ctrl-C / SIGTERM reach each trainer
-once: it checkpoints after its current step and exits, and the same command later resumes it. Each run
-ends with the evaluation of its final checkpoint (eval.json: in BF16, and in the training precision where the
-experiment's eval line says eval_precision=both) and run.json.
+auto-resume (train.resume=auto: the latest checkpoint in out_dir); one that failed or was killed before its
+first checkpoint starts afresh, the earlier attempt's files moved aside into `<out_dir>.replaced-<time>/`.
+Ctrl-C / SIGTERM reach each trainer once: it checkpoints after its current step and exits, and the same
+command later resumes it. Each run ends with the evaluation of its final checkpoint (eval.json: in BF16,
+and in the training precision where the experiment's eval line says eval_precision=both) and run.json.
 
 slurm: one job array over the runs (slurm/reproduce_array.sbatch), each task `run-one`: the same as one
 slot of the local executor. Preemption: SLURM signals the batch shell, which passes SIGTERM to the trainer

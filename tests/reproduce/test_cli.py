@@ -325,6 +325,7 @@ def test_slurm_array_task_preempted_requeued_and_resumed(tmp_path, spawn):
     assert calls.read_text().count("requeue") == 1
 
 
+@pytest.mark.slow  # one 3-step run and three CLI starts: about half a minute on 2 shared CPU cores
 def test_retry_failed_run_without_a_checkpoint_starts_afresh_and_keeps_its_history(tmp_path):
     """A run that failed after logging steps but before its first checkpoint: skipped without --retry-failed,
     its files untouched; with it, the failed attempt's trainer files move aside into seed1.replaced-<time>/
@@ -332,6 +333,7 @@ def test_retry_failed_run_without_a_checkpoint_starts_afresh_and_keeps_its_histo
     experiments = tmp_path / "experiments"
     experiments.mkdir()
     quick = TINY.replace("tokens: 25600", "tokens: 768").replace("seeds: [1, 2]", "seeds: [1]")  # 3 steps
+    quick = quick.replace("eval_points: 4", "eval_points: 0")  # no validation, no eval line: a quick run
     (experiments / "tiny.yaml").write_text(re.sub(r"\neval: .*\n", "\n", quick))
     runs = tmp_path / "runs"
     run_dir = runs / "tiny" / "bf16" / "seed1"
@@ -372,7 +374,3 @@ def test_retry_failed_run_without_a_checkpoint_starts_afresh_and_keeps_its_histo
     assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1] == 3
     assert (run_dir / "console.log").read_text().startswith(old["console.log"])
     assert not (run_dir / "executor.json").exists()
-
-    again = reproduce(*command, "--retry-failed", experiments=experiments)
-    assert again.returncode == 0 and "skip tiny/bf16/seed1: done" in again.stdout
-    assert len([p for p in run_dir.parent.iterdir() if p.name.startswith("seed1.")]) == 1

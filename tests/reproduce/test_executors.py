@@ -12,6 +12,7 @@ import sys
 from nvfp4train.reproduce import executors
 from nvfp4train.reproduce.experiments import load_experiment
 from nvfp4train.reproduce.plan import plan_experiment, run_state
+from nvfp4train.train.rundir import RunDirLock
 from tests.reproduce.test_cli import TINY
 
 
@@ -53,3 +54,21 @@ def test_a_run_finished_by_another_executor_is_not_trained_again(tmp_path):
     assert lines == ["tiny/bf16/seed1: done by another executor"]
     assert not (run.out_dir / "console.log").exists() and not (run.out_dir / "executor.json").exists()
     assert json.loads((run.out_dir / "run.json").read_text())["attempts"] == 1
+
+
+def test_a_failed_attempt_is_not_moved_aside_while_a_trainer_holds_its_run_directory(tmp_path):
+    """Retrying a run that failed before its first checkpoint moves its files aside only under the run
+    directory's lock: a trainer holding out_dir (one started by hand, say) refuses it in one line, and
+    nothing moves."""
+    run = one_run(tmp_path)
+    (run.out_dir / "run.json").write_text(json.dumps({"state": "failed", "attempts": 1, "train_rc": 1}))
+    (run.out_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
+    lines: list[str] = []
+    with RunDirLock(run.out_dir):
+        assert executors.RunProcess(run, "abc1234", None, log=lines.append).execute() == "failed"
+    assert len(lines) == 1 and lines[0].startswith("tiny/bf16/seed1: not started: out_dir=")
+    assert "is in use by another run (pid " in lines[0], lines
+    assert (run.out_dir / "metrics.jsonl").read_text() == '{"step": 1, "loss": 9.0}\n'
+    assert json.loads((run.out_dir / "run.json").read_text())["attempts"] == 1
+    assert sorted(p.name for p in run.out_dir.parent.iterdir()) == ["seed1"]
+    assert not (run.out_dir / "executor.json").exists() and not (run.out_dir / "console.log").exists()
