@@ -5,10 +5,12 @@ N of M"; SIGTERM/SIGUSR1 exit 0 (SLURM requeues); a second Ctrl-C exits at once 
 arrives while the run is starting ends it with one line; a finished run run again says there was nothing
 to do; the default micro-batch follows the world size."""
 
+import fcntl
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -155,3 +157,41 @@ def test_stock_torchrun_prints_its_own_traceback_on_sigterm(tmp_path, spawn):
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "SignalException" in stderr, stderr[-2000:]
     assert "received SIGTERM: checkpoint" in stdout
+
+
+def _lock_of_first_source(cache) -> Path:
+    """The lock that a trainer with data.cache_dir=cache takes first, to build its first source's shards."""
+    from nvfp4train.config import load
+    from nvfp4train.data.config import parse_data_config
+    from nvfp4train.data.inputs import inputs_fingerprint
+    from nvfp4train.data.prepare import _cache_split_dir
+    from nvfp4train.data.tokenizer import load_tokenizer
+
+    data = parse_data_config(load("train", ["model=hybrid_tiny", f"data.cache_dir={cache}"]).data)
+    name, src = next(iter(data.sources.items()))
+    fingerprint = inputs_fingerprint(src.train, src.text_field, src.format, f"data.sources.{name}.train")
+    out = _cache_split_dir(data, load_tokenizer(data.tokenizer).identity, name, "train", fingerprint)
+    return out.parent / f".{out.name}.lock"
+
+
+def test_sigterm_while_waiting_for_another_process_preparing_shards_stops_in_one_line(tmp_path, spawn):
+    """Another process holds the shard directory's lock (it is preparing the shards): the trainer waiting for
+    it stops on SIGTERM within seconds, with the start-up line, and trusts no shard."""
+    cache = tmp_path / "cache"
+    lock_path = _lock_of_first_source(cache)
+    lock_path.parent.mkdir(parents=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = _start(spawn, tmp_path / "run", "train.max_steps=5", f"data.cache_dir={cache}")
+        deadline = time.monotonic() + 120
+        while f" {proc.pid} " not in "".join(
+            line for line in Path("/proc/locks").read_text().splitlines(True) if "->" in line
+        ):  # blocked on the lock
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=60)
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 15
+    assert proc.returncode == 0 and stderr.strip() == "received SIGTERM before the first step: stopped, nothing to save"
+    assert not list(cache.rglob("manifest.json")) and not list(cache.rglob("shard_*"))
