@@ -13,7 +13,8 @@ does not depend on their number.
 Idempotent: a finished directory whose manifest matches the inputs (sizes + sha256) and the tokenizer
 is left alone; one whose manifest or index is damaged is built again (a warning names the file).
 Resumable: every `docs_per_shard` input documents a shard is finished and recorded in progress.json; a
-restarted build (after Ctrl-C, which exits 130) skips those documents and continues with the next shard.
+restarted build (after Ctrl-C or SIGTERM, which exit 130 and 143) skips those documents and continues with
+the next shard.
 Reading the inputs is inputs.py.
 """
 
@@ -22,12 +23,14 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import errno
 import fcntl
 import json
 import logging
 import os
 import re
 import shutil
+import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -65,6 +68,20 @@ class PrepareInterrupted(KeyboardInterrupt):
     def __init__(self, out_dir: Path, n_shards: int):
         super().__init__(f"{out_dir}: {n_shards} finished shard(s) kept")
         self.out_dir, self.n_shards = out_dir, n_shards
+
+
+def why_not_written(e: OSError) -> str:
+    """A failed write in the words run directories use (train/rundir.py), with the file where known. numpy's
+    short write (`tofile`: "N requested and M written", no errno) is a full disk or the file-size limit."""
+    from nvfp4train.train.rundir import WHY_NOT_WRITTEN  # here: only a failed write pays for its import
+
+    why = WHY_NOT_WRITTEN.get(e.errno) or e.strerror
+    if why is None and re.search(r"\d+ requested and \d+ written", str(e)):
+        import resource
+
+        limited = resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY
+        why = WHY_NOT_WRITTEN[errno.EFBIG if limited else errno.ENOSPC]
+    return f"{why or e}: {e.filename}" if e.filename else str(why or e)
 
 
 def _reason(err: Exception) -> str:
@@ -402,7 +419,7 @@ def prepare_all(
                 except OSError as e:  # the inputs were read above (fingerprint): this is the cache's side
                     raise ValueError(
                         f"data.cache_dir={str(cfg.cache_dir)!r}: cannot write the token shards of {key} "
-                        f"there ({e.strerror or e}: {e.filename}); choose a writable directory"
+                        f"there ({why_not_written(e)}); choose a writable directory"
                     ) from None
                 dirs[f"{name}/{split}"] = out
     return dirs
@@ -460,9 +477,17 @@ def main(argv=None) -> None:
             elif path.is_file():
                 path.unlink(missing_ok=True)
 
+    stopped_by: list[int] = []
+
+    def on_sigterm(signum, frame):  # stop as on Ctrl-C: the finished shards kept, no temp file left
+        stopped_by.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         _main(args)
     except KeyboardInterrupt as e:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the cleanup below runs to its end
         remove_what_this_made()
         if isinstance(e, PrepareInterrupted) and e.n_shards:
             kept = (
@@ -473,15 +498,20 @@ def main(argv=None) -> None:
             kept = f"no shard of {e.out_dir} was finished, none is kept; run the same command again to start over"
         else:
             kept = "no shard was being written; run the same command again to prepare the shards"
-        print(f"interrupted: {kept}", file=sys.stderr)
-        sys.exit(130)  # 128 + SIGINT, as a shell reports it, so that `prepare && train` stops here
+        print(f"{'terminated (SIGTERM)' if stopped_by else 'interrupted'}: {kept}", file=sys.stderr)
+        # 128 + the signal, as a shell reports it, so that `prepare && train` stops here
+        sys.exit(128 + (stopped_by[0] if stopped_by else signal.SIGINT))
     except (ValueError, OSError, yaml.YAMLError) as e:
         remove_what_this_made()
         if isinstance(e, OSError) and e.errno is not None:  # the system's words, with the file they are about
             e = f"{e.filename or args.out}: cannot {'read' if e.errno == 2 else 'write'} ({e.strerror})"
+        elif isinstance(e, OSError):  # numpy's short write
+            e = f"{args.out}: cannot write ({why_not_written(e)})"
         elif isinstance(e, yaml.YAMLError):
             e = f"--config {args.config}: not valid YAML ({str(e).splitlines()[0]})"
         fail(e)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _main(args) -> None:

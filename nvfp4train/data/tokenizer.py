@@ -109,6 +109,8 @@ def load_tokenizer(name_or_path: str):
             )
         return TiktokenGPT2(path)
     path = resolve_path(ALIASES.get(name, name))
+    if path.exists() and not path.is_file():  # a directory, a FIFO, a device: there, but not a file to read
+        raise FileNotFoundError(f"tokenizer {path} is not a regular file (data.tokenizer={name!r})")
     if not path.is_file():
         raise FileNotFoundError(f"tokenizer file not found: {path} (data.tokenizer={name!r})")
     if path.suffix == ".tiktoken":

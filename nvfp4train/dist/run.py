@@ -8,18 +8,25 @@ torch.distributed.run underneath) and:
     line and exit 2, in a second, whatever the number of processes;
   - keeps torchrun's own log lines (rendezvous, OMP_NUM_THREADS, "closing signal") quiet;
   - when a worker fails, prints the first failure's line (the `error: ...` the worker recorded in its
-    error file, dist/errors.py) and exits with that worker's exit code (128 + N for a signal N).
+    error file, dist/errors.py) and exits with that worker's exit code (128 + N for a signal N);
+  - on SIGTERM or Ctrl-C (stock torchrun: its own SignalException traceback and exit 1), passes the signal
+    to the workers, which checkpoint and say so in one line, waits up to --shutdown_timeout (default
+    SHUTDOWN_TIMEOUT here, 30 s in torchrun: too short for a large model's checkpoint) and exits with the
+    workers' exit code: 0 after SIGTERM (requeue), 130 after Ctrl-C; one line if a worker had to be killed.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 
 from nvfp4train.dist.errors import LAUNCHER_PRINTS
 
 TRAIN_MODULE = "nvfp4train.train"
+SHUTDOWN_TIMEOUT = 300  # seconds a worker has, after SIGTERM, to finish its step and write its checkpoint
 
 
 def precheck(training_args: list[str]) -> str | None:
@@ -72,12 +79,67 @@ def failure_line(exc, script: str) -> tuple[str, int]:
             failure.exitcode)
 
 
+@contextlib.contextmanager
+def _recording_worker_exits():
+    """{local rank: exit code} of the workers torchrun closes (on a signal to the launcher: after passing it
+    on and waiting), read from its subprocess handlers; empty where this torch keeps them elsewhere."""
+    from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+
+    exits: dict[int, int] = {}
+    close = SubprocessContext._close
+
+    def recording_close(self, *args, **kwargs):
+        try:
+            close(self, *args, **kwargs)
+        finally:
+            for local_rank, handler in getattr(self, "subprocess_handlers", {}).items():
+                proc = getattr(handler, "proc", None)
+                try:  # a SIGKILLed worker is reaped a moment later (at once where the timeout is 0)
+                    code = proc.wait(5) if proc is not None else None
+                except subprocess.TimeoutExpired:
+                    code = None  # in uninterruptible sleep: torchrun gives up on it too
+                if code is not None:
+                    exits[local_rank] = code
+
+    SubprocessContext._close = recording_close
+    try:
+        yield exits
+    finally:
+        SubprocessContext._close = close
+
+
+def stopped_line(sigval: int, exits: dict[int, int], script: str, shutdown_timeout: int) -> tuple[str | None, int]:
+    """After a stop signal to the launcher: the line to print (None: the workers said it) and the exit code.
+    The workers' own code where they all stopped alike (0 after SIGTERM: checkpointed, requeue; 130 after
+    Ctrl-C), else the first one that did not, and 128 + the signal when no worker had started."""
+    name = signal.Signals(sigval).name
+    if not exits:
+        return None, 128 + int(sigval)
+    for local_rank, code in sorted(exits.items()):
+        if code == -signal.SIGKILL:
+            return (f"error: {script}: local rank {local_rank} did not stop within {shutdown_timeout} s of {name} "
+                    f"and was killed (its checkpoint was not written; raise --shutdown_timeout)"), 137
+    codes = set(exits.values())
+    if len(codes) == 1:  # all alike: each rank has said its own line (checkpoint saved, or why not)
+        code = codes.pop()
+        return None, 128 - code if code < 0 else code
+    local_rank, code = next((r, c) for r, c in sorted(exits.items()) if c != 0)
+    return (f"error: {script}: after {name}, local rank {local_rank} exited with code {code} "
+            f"(its output above says why)"), 128 - code if code < 0 else code
+
+
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     args = parse_args(argv)
+    if args.shutdown_timeout is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
+        args.shutdown_timeout = SHUTDOWN_TIMEOUT
+    shutdown_timeout = (
+        args.shutdown_timeout if args.shutdown_timeout is not None
+        else int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 30))
+    )
     if args.module and args.training_script == TRAIN_MODULE:
         refusal = precheck(list(args.training_script_args))
         if refusal:
@@ -88,13 +150,17 @@ def main(argv: list[str] | None = None) -> None:
     os.environ[LAUNCHER_PRINTS] = "1"
     _quiet_torchrun_logs()
     try:
-        run(args)
+        with _recording_worker_exits() as exits:
+            run(args)
     except ChildFailedError as e:
         line, code = failure_line(e, args.training_script)
         print(line, file=sys.stderr)
         sys.exit(code or 1)
     except SignalException as e:  # SIGTERM/SIGINT to the launcher: torchrun has passed it to the workers
-        sys.exit(128 + int(e.sigval))
+        line, code = stopped_line(e.sigval, exits, args.training_script, shutdown_timeout)
+        if line:
+            print(line, file=sys.stderr)
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -369,3 +369,128 @@ def test_ctrl_c_during_prepare_exits_130_in_one_line_and_a_rerun_resumes(tmp_pat
     from nvfp4train.data import TokenShards
 
     assert TokenShards(out, verify_checksums=True).n_docs == _manifest(out)["n_docs"]
+
+
+def _prepare_cmd(out) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "nvfp4train.data.prepare",
+        "--input",
+        str(REPO / "data" / "bundled" / "code.train.jsonl.gz"),  # 396 documents, 1.1 M tokens
+        "--out",
+        str(out),
+        "--docs-per-shard",
+        "20",
+        "--num-proc",
+        "1",
+    ]
+
+
+def test_sigterm_during_prepare_exits_143_in_one_line_and_trusts_no_half_written_shard(tmp_path):
+    out = tmp_path / "shards"
+    proc = subprocess.Popen(
+        _prepare_cmd(out), cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "progress.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proc.poll() is None, "the build finished before it could be stopped"
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert time.monotonic() - t0 < 15
+    lines = err.strip().splitlines()
+    assert proc.returncode == 143 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    kept = json.loads((out / "progress.json").read_text())["shards"]
+    assert lines[0] == (
+        f"terminated (SIGTERM): the {len(kept)} finished shard(s) of {out} are kept (progress.json); "
+        "run the same command again to resume after them"
+    )
+    assert not list(out.glob("*.tmp")) and not (out / "manifest.json").exists()
+    rerun = subprocess.run(_prepare_cmd(out), cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    from nvfp4train.data import TokenShards
+
+    assert TokenShards(out, verify_checksums=True).n_docs == _manifest(out)["n_docs"]
+
+
+def test_sigterm_while_waiting_for_another_prepare_exits_143_in_one_line(tmp_path):
+    """Another process holds the directory's lock (it is building the shards): the waiting one stops on
+    SIGTERM at once and builds nothing."""
+    import fcntl
+
+    out = tmp_path / "shards"
+    with open(tmp_path / ".shards.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.Popen(
+            _prepare_cmd(out), cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not any(f" {proc.pid} " in line and "->" in line for line in open("/proc/locks")):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=60)
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGTERM)
+            t0 = time.monotonic()
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert time.monotonic() - t0 < 10
+    assert proc.returncode == 143, err[-3000:]
+    assert err.strip() == (
+        "terminated (SIGTERM): no shard was being written; run the same command again to prepare the shards"
+    )
+    assert not out.exists()
+
+
+def test_a_file_size_limit_is_named_not_numpys_byte_counts(tmp_path):
+    import resource
+
+    out = tmp_path / "shards"
+    limit = 64 * 1024  # below one shard of 20 documents
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.run(
+        _prepare_cmd(out),
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit_file_size,
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0] == f"error: {out}: cannot write (file-size limit reached: see ulimit -f)"
+    assert "requested" not in lines[0] and "None" not in lines[0]
+
+
+def test_why_not_written_names_a_full_disk_for_a_short_write_without_a_limit():
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
+        pytest.skip("this process runs under a file-size limit")
+    short_write = OSError("950626 requested and 128000 written")  # numpy's tofile: no errno, no file name
+    assert prepare_mod.why_not_written(short_write) == "no space left on the device"
+
+
+def test_a_tokenizer_that_is_a_fifo_is_not_a_regular_file_not_missing(tmp_path):
+    import os
+
+    from nvfp4train.data.tokenizer import load_tokenizer
+
+    fifo = tmp_path / "tok.json"
+    os.mkfifo(fifo)
+    with pytest.raises(FileNotFoundError) as refused:
+        load_tokenizer(str(fifo))  # must not open it: reading a FIFO blocks until a writer comes
+    assert str(refused.value) == f"tokenizer {fifo} is not a regular file (data.tokenizer={str(fifo)!r})"
