@@ -256,4 +256,5 @@ def test_config_yaml_that_is_a_fifo_is_not_called_missing(tiny_run, tmp_path, ca
     shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("eval.json", "config.yaml"))
     os.mkfifo(run / "config.yaml")
     err = one_line_error(capsys, f"run_dir={run}")
-    assert "config.yaml: not a regular file" in err and "not found" not in err, err
+    assert "config.yaml: is a FIFO; a run directory's files must be regular files" in err, err
+    assert "not found" not in err, err
