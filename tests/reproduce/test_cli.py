@@ -122,7 +122,7 @@ def test_plan_run_interrupt_resume_status_report(tmp_path, spawn):
     reported = reproduce("report", "--runs-dir", str(runs), "--out", str(out_dir), experiments=experiments)
     assert reported.returncode == 0, reported.stderr
     text = (out_dir / "reproduction.md").read_text()
-    assert "### tiny" in text and "nvfp4 vs bf16" in text and "(n=2, SD" in text
+    assert text.startswith("# Reproduction")  # an experiment without claims of its own gets no claim rows
     assert (out_dir / "reproduction" / "tiny.png").is_file()
 
 
