@@ -182,18 +182,23 @@ def apply_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     return (x32 * cos + rotated * sin).to(x.dtype)
 
 
-# Deterministic attention: "math" (default: SDPA's math backend, eager and compiled) or "flex" (FlexAttention
-# when the model is compiled: Inductor's template, whose backward loops over blocks without atomics; math
-# when eager). Read once; train/determinism.py refuses another value in one line.
+# Deterministic attention where the model is compiled: "flex" (default: FlexAttention, Inductor's template,
+# whose backward loops over blocks without atomics and keeps the scores on chip) or "math" (SDPA's math backend,
+# which writes the T x T scores and computes them in FP32; it replays the bits of runs made with it, such as
+# the committed campaign's). Eager deterministic runs take math either way. Read once; train/determinism.py refuses
+# another value in one line.
 DETERMINISTIC_ATTENTION_ENV = "NVFP4TRAIN_DETERMINISTIC_ATTENTION"
-DETERMINISTIC_ATTENTION_CHOICES = ("math", "flex")
+DETERMINISTIC_ATTENTION_CHOICES = ("flex", "math")
+DETERMINISTIC_ATTENTION_DEFAULT = "flex"
 
 
-def attention_backend(is_cuda: bool, deterministic: bool, compiling: bool = False, choice: str = "math") -> str:
-    """The attention kernel: on CUDA in deterministic mode "math" (SDPA's math backend: plain matmuls and a
-    softmax, whose backward sums in a fixed order; cuDNN's and flash's backward kernels accumulate in an order
-    that varies from run to run) or, with choice="flex" under torch.compile, "flex"; else "auto" (SDPA picks
-    its fastest kernel)."""
+def attention_backend(
+    is_cuda: bool, deterministic: bool, compiling: bool = False, choice: str = DETERMINISTIC_ATTENTION_DEFAULT
+) -> str:
+    """The attention kernel: on CUDA in deterministic mode "flex" under torch.compile with choice="flex", else
+    "math" (SDPA's math backend: plain matmuls and a softmax, whose backward sums in a fixed order; cuDNN's and
+    flash's backward kernels accumulate in an order that varies from run to run); "auto" outside deterministic
+    mode (SDPA picks its fastest kernel)."""
     if not (is_cuda and deterministic):
         return "auto"
     return "flex" if choice == "flex" and compiling else "math"
@@ -201,7 +206,7 @@ def attention_backend(is_cuda: bool, deterministic: bool, compiling: bool = Fals
 
 @torch.compiler.assume_constant_result
 def _deterministic_attention_choice() -> str:
-    return os.environ.get(DETERMINISTIC_ATTENTION_ENV, "math")
+    return os.environ.get(DETERMINISTIC_ATTENTION_ENV, DETERMINISTIC_ATTENTION_DEFAULT)
 
 
 def _causal(b, h, q_idx, kv_idx):

@@ -11,10 +11,14 @@ not leak into each other):
 - `CUBLAS_WORKSPACE_CONFIG=:4096:8` (cuBLAS's deterministic workspace; it must be in the environment
   before the process's first cuBLAS call, so it is set before CUDA starts, or the run refuses);
 - cuDNN deterministic, without benchmark mode;
-- attention through PyTorch's math SDPA (model/blocks.py): cuDNN's and flash's backward kernels
+- attention through FlexAttention where the model is compiled (Inductor's template: its backward has no
+  atomics) and PyTorch's math SDPA where it is eager (model/blocks.py): cuDNN's and flash's backward kernels
   accumulate in an order that varies; the fused backends are also switched off process-wide, so that
-  no compiled pattern can reach them. NVFP4TRAIN_DETERMINISTIC_ATTENTION=flex takes FlexAttention
-  instead where the model is compiled (Inductor's template: its backward has no atomics);
+  no compiled pattern can reach them. NVFP4TRAIN_DETERMINISTIC_ATTENTION=math takes math SDPA compiled too;
+- new tensors are not filled with NaN (torch's deterministic mode fills every torch.empty, a kernel per
+  allocation, so that a read of memory nobody wrote shows; every kernel here writes all of its output, and
+  the fill changes no bit of a run: docs/determinism.md). NVFP4TRAIN_FILL_UNINITIALIZED=1 turns the fill
+  back on, to hunt such a read;
 - Mamba's SSD (model/ssd.py): mamba-ssm's Triton kernels in their own deterministic mode (per-program
   partial sums reduced in a fixed order instead of atomics), each kernel pinned to one configuration
   instead of the one autotuning picks by timing; the chunked PyTorch scan where mamba-ssm is missing.
@@ -35,6 +39,8 @@ import torch
 from nvfp4train.schema import ConfigError
 
 log = logging.getLogger(__name__)
+
+FILL_ENV = "NVFP4TRAIN_FILL_UNINITIALIZED"
 
 CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
 CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the two settings cuBLAS documents as reproducible
@@ -64,14 +70,20 @@ def deterministic_mode(enabled: bool):
         return
     from nvfp4train.model.blocks import (
         DETERMINISTIC_ATTENTION_CHOICES,
+        DETERMINISTIC_ATTENTION_DEFAULT,
         DETERMINISTIC_ATTENTION_ENV,
     )
 
-    attention = os.environ.get(DETERMINISTIC_ATTENTION_ENV, "math")
+    attention = os.environ.get(DETERMINISTIC_ATTENTION_ENV, DETERMINISTIC_ATTENTION_DEFAULT)
     if attention not in DETERMINISTIC_ATTENTION_CHOICES:
         raise ConfigError(
             f"{DETERMINISTIC_ATTENTION_ENV}={attention}: allowed "
             f"{', '.join(DETERMINISTIC_ATTENTION_CHOICES)} (the attention of train.deterministic=true)"
+        )
+    fill = os.environ.get(FILL_ENV, "0")
+    if fill not in ("0", "1"):
+        raise ConfigError(
+            f"{FILL_ENV}={fill}: allowed 0, 1 (1: torch fills new tensors with NaN in deterministic mode)"
         )
     _set_cublas_workspace()
     saved = {
@@ -82,6 +94,7 @@ def deterministic_mode(enabled: bool):
         "flash": torch.backends.cuda.flash_sdp_enabled(),
         "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
         "cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled(),
+        "fill": torch.utils.deterministic.fill_uninitialized_memory,
     }
     inductor = _inductor_config()
     saved_inductor = inductor.deterministic if inductor is not None else None
@@ -90,6 +103,7 @@ def deterministic_mode(enabled: bool):
     torch.backends.cuda.enable_flash_sdp(False)
     torch.backends.cuda.enable_mem_efficient_sdp(False)
     torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.utils.deterministic.fill_uninitialized_memory = fill == "1"
     if inductor is not None:
         inductor.deterministic = True
     log.info("deterministic mode: %s", describe())
@@ -102,6 +116,7 @@ def deterministic_mode(enabled: bool):
         torch.backends.cuda.enable_flash_sdp(saved["flash"])
         torch.backends.cuda.enable_mem_efficient_sdp(saved["mem_efficient"])
         torch.backends.cuda.enable_cudnn_sdp(saved["cudnn_sdp"])
+        torch.utils.deterministic.fill_uninitialized_memory = saved["fill"]
         if inductor is not None:
             inductor.deterministic = saved_inductor
 
@@ -123,7 +138,8 @@ def describe() -> str:
         f"{CUBLAS_ENV}={os.environ.get(CUBLAS_ENV, 'unset')}, cudnn.deterministic="
         f"{torch.backends.cudnn.deterministic}, inductor deterministic="
         f"{inductor.deterministic if inductor is not None else 'n/a (torch too old)'}, attention: "
-        f"{os.environ.get('NVFP4TRAIN_DETERMINISTIC_ATTENTION', 'math')} (math SDPA where eager), "
+        f"{os.environ.get('NVFP4TRAIN_DETERMINISTIC_ATTENTION', 'flex')} where compiled (math SDPA where eager), "
+        f"new tensors {'filled with NaN' if torch.utils.deterministic.fill_uninitialized_memory else 'not filled'}, "
         "SSD: mamba-ssm Triton in its deterministic mode with pinned configs (PyTorch scan without mamba-ssm), "
         "conv: our Triton kernels"
     )

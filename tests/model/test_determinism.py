@@ -65,6 +65,7 @@ def _modes() -> dict:
         "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
         "cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled(),
         "inductor": torch._inductor.config.deterministic,
+        "nan_fill": torch.utils.deterministic.fill_uninitialized_memory,
     }
 
 
@@ -85,6 +86,7 @@ def test_the_mode_switches_everything_on_and_restores_it(no_cublas_env):
         "mem_efficient": False,
         "cudnn_sdp": False,
         "inductor": True,
+        "nan_fill": False,  # torch's NaN fill of new tensors: a kernel per allocation, and no bit of a run changes
     }
     assert _modes() == before
     with determinism.deterministic_mode(False):
@@ -114,13 +116,13 @@ def test_a_cublas_workspace_it_cannot_set_is_refused_in_one_line(monkeypatch, va
 
 
 # ------------------------------------------------------------------------------- which kernels run
-def test_attention_takes_math_sdpa_on_cuda_in_deterministic_mode():
+def test_deterministic_attention_is_flex_where_compiled_and_math_sdpa_where_eager():
     assert blocks.attention_backend(is_cuda=True, deterministic=True) == "math"
-    assert blocks.attention_backend(is_cuda=True, deterministic=True, compiling=True) == "math"
+    assert blocks.attention_backend(is_cuda=True, deterministic=True, compiling=True) == "flex"
     assert blocks.attention_backend(is_cuda=True, deterministic=False) == "auto"
     assert blocks.attention_backend(is_cuda=False, deterministic=True) == "auto"
-    # FlexAttention when asked for, and only where it is compiled
-    assert blocks.attention_backend(True, True, compiling=True, choice="flex") == "flex"
+    # math SDPA compiled too when asked for (it replays runs made with it)
+    assert blocks.attention_backend(True, True, compiling=True, choice="math") == "math"
     assert blocks.attention_backend(True, True, compiling=False, choice="flex") == "math"
     assert blocks.attention_backend(True, False, compiling=True, choice="flex") == "auto"
 
@@ -133,10 +135,24 @@ def test_flex_causal_attention_is_causal_sdpa():
     torch.testing.assert_close(blocks.flex_causal_attention(q, k, v, gqa=True), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_the_nan_fill_comes_back_on_request_and_a_bad_value_is_one_line(monkeypatch, no_cublas_env):
+    monkeypatch.setenv(determinism.FILL_ENV, "1")
+    with determinism.deterministic_mode(True):
+        assert torch.utils.deterministic.fill_uninitialized_memory is True
+        assert torch.empty(4).isnan().all()  # what the fill is for: a read of memory nobody wrote shows
+    monkeypatch.setenv(determinism.FILL_ENV, "yes")
+    with (
+        pytest.raises(ConfigError, match=r"^NVFP4TRAIN_FILL_UNINITIALIZED=yes: allowed 0, 1 \(1: torch fills"),
+        determinism.deterministic_mode(True),
+    ):
+        pass
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
 def test_an_unknown_deterministic_attention_is_refused_in_one_line(monkeypatch, no_cublas_env):
     monkeypatch.setenv(blocks.DETERMINISTIC_ATTENTION_ENV, "fast")
     with (
-        pytest.raises(ConfigError, match="NVFP4TRAIN_DETERMINISTIC_ATTENTION=fast: allowed math, flex"),
+        pytest.raises(ConfigError, match="NVFP4TRAIN_DETERMINISTIC_ATTENTION=fast: allowed flex, math"),
         determinism.deterministic_mode(True),
     ):
         pass
