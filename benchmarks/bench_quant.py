@@ -76,6 +76,16 @@ def cases(device: torch.device, rht_blocks=None):
         ("nvfp4.quantize 1x16 rne", lambda x, i: nvfp4.quantize(x, (1, 16), "rne", impl=i)),
         ("nvfp4.quantize 1x16 sr", lambda x, i: nvfp4.quantize(x, (1, 16), "sr", gen(), impl=i)),
         ("nvfp4.quantize 16x16 rne", lambda x, i: nvfp4.quantize(x, (16, 16), "rne", impl=i)),
+        # TE's 4over6 and row scaling, to compare with the plain rows above on the same tensor
+        (
+            "nvfp4.quantize 1x16 4over6-mae b256",
+            lambda x, i: nvfp4.quantize(x, four_over_six="mae", scale_bound=256, impl=i),
+        ),
+        (
+            "nvfp4.quantize 16x16 4over6-mae b256",
+            lambda x, i: nvfp4.quantize(x, (16, 16), four_over_six="mae", scale_bound=256, impl=i),
+        ),
+        ("nvfp4.quantize 1x16 row-scaled", lambda x, i: nvfp4.quantize(x, row_scaled=True, impl=i)),
         ("nvfp4.fake_quantize 1x16 rne", lambda x, i: nvfp4.fake_quantize(x, (1, 16), "rne", out_dtype=bf16, impl=i)),
         ("nvfp4.fake_quantize 1x16 sr", lambda x, i: nvfp4.fake_quantize(x, (1, 16), "sr", gen(), bf16, impl=i)),
         ("nvfp4.fake_quantize 16x16 rne", lambda x, i: nvfp4.fake_quantize(x, (16, 16), out_dtype=bf16, impl=i)),

@@ -22,6 +22,22 @@ element of ``x`` is NaN or ±Inf, ``amax`` records it (NaN or Inf), the global s
 every block scale is E4M3 NaN (0x7F), so the whole tensor dequantizes to NaN and a trainer's
 non-finite guard fires instead of training on silently clipped numbers.
 
+Transformer Engine's two newer options (TE >= 2.16; ``four_over_six``, ``scale_bound``, ``row_scaled``;
+golden/te_nvfp4_4over6/), RNE only, never with the RHT:
+
+* ``four_over_six="mae" | "mse"`` ("4over6"): each block is quantized twice, its max mapped to 6 and to 4
+  (``base = (amax_b / 6) * s_enc``, S6 = e4m3(min(base, 448)), S4 = e4m3(min(base * 1.5, 448))), and the
+  candidate with the smaller error ``sum_i e(((e2m1_i * S) * amax) / (6 B) - x_i)`` (|d| or d*d, summed in
+  element order; a 16x16 tile adds its 16 row sums as a tree) is kept; ties keep map-to-6. Nothing but
+  the chosen scale byte records the choice.
+* ``scale_bound`` B = 448 (standard) or 256 (TE's default under 4over6): s_enc = 6 B / amax. 256 only
+  with 4over6 (TE forces 448 otherwise).
+* ``row_scaled=True`` (1x16 only): one amax / s_enc / s_dec per row (token), shaped ``[..., 1]``.
+
+With any of them, amax == 0 gives s_enc = FLT_MAX (TE's reference; the standard path keeps 1: codes and
+scales are 0 either way) and ``dequantize`` uses TE's dequantize-kernel rounding,
+``e2m1 * ((fp32(S) * amax) * fp32(1 / (6 B)))``, which the golden set records.
+
 Implementations (``impl``, see impl.py): "reference" is the PyTorch code below; "triton" the
 fused kernel in kernels/ (same bits; one read of x after the amax pass); "auto" (the
 default) picks Triton for CUDA tensors.
@@ -50,6 +66,8 @@ E4M3_MAX = 448.0
 TILES = ((1, 16), (16, 16))
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _FLT_MAX = torch.finfo(torch.float32).max
+FOUR_OVER_SIX_MODES = (None, "mae", "mse")
+SCALE_BOUNDS = (448, 256)
 
 
 @dataclass
@@ -62,11 +80,20 @@ class NVFP4Tensor:
     global_decode_scale: torch.Tensor  # float32 0-d, 1 / s_enc
     shape: torch.Size
     tile: tuple[int, int]
+    # TE's options (module docstring): amax and global_decode_scale are [..., 1] when row_scaled.
+    four_over_six: str | None = None
+    scale_bound: int = 448
+    row_scaled: bool = False
+
+    @property
+    def te_options(self) -> bool:
+        """Whether any of TE's newer options is on (they change dequantize's rounding)."""
+        return self.four_over_six is not None or self.row_scaled or self.scale_bound != 448
 
     @property
     def nbytes(self) -> int:
-        """Packed storage: codes + block scales + the FP32 amax."""
-        return self.codes.numel() + self.scales.numel() + 4
+        """Packed storage: codes + block scales + the FP32 amax (one per row when row-scaled)."""
+        return self.codes.numel() + self.scales.numel() + 4 * self.amax.numel()
 
     def unpacked_codes(self) -> torch.Tensor:
         """One 4-bit code per uint8, logical shape."""
@@ -77,7 +104,10 @@ class NVFP4Tensor:
     ) -> torch.Tensor:
         """Decode to ``dtype``. ``apply_global_scale=False`` returns ``e2m1 * fp32(scale_b)``
         only (exact in BF16; apply ``global_decode_scale`` after the matmul). On CUDA one Triton pass
-        (the same bits)."""
+        (the same bits). With TE's options (``te_options``) the global scale is applied with TE's
+        dequantize-kernel rounding (module docstring), in PyTorch on any device."""
+        if self.te_options and apply_global_scale:
+            return dequantize_te(self.codes, self.scales, self.amax, self.scale_bound).reshape(self.shape).to(dtype)
         if use_triton(self.codes, impl, "nvfp4.NVFP4Tensor.dequantize"):
             from . import kernels
 
@@ -98,6 +128,39 @@ class NVFP4Tensor:
         if apply_global_scale:
             values.mul_(self.global_decode_scale)
         return values.flatten(-2).to(dtype)
+
+
+def dequantize_te(codes: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor, scale_bound: int) -> torch.Tensor:
+    """FP32 [..., cols] values of packed codes, TE's dequantize kernel: ``e2m1 * fl(fl(fp32(S) * amax) * c)``,
+    c = fp32(1 / (6 B)) a rounded constant; amax 0-d, or [..., 1] per row."""
+    final = scales.to(torch.float32) * amax.to(torch.float32)  # amax broadcasts: 0-d or [..., 1]
+    final = final * torch.reciprocal(torch.full((), 6.0 * scale_bound, dtype=torch.float32, device=codes.device))
+    values = e2m1.decode(e2m1.unpack(codes)).unflatten(-1, (-1, BLOCK))
+    return (values * final.unsqueeze(-1)).flatten(-2)
+
+
+def check_te_options(tile, rounding: str, four_over_six, scale_bound, row_scaled, who: str = "nvfp4") -> None:
+    """TE's rules for 4over6 / the scale bound / row scaling, each refusal one line (ValueError)."""
+    if four_over_six not in FOUR_OVER_SIX_MODES:
+        raise ValueError(f"{who}: four_over_six={four_over_six!r} is not supported; allowed: {FOUR_OVER_SIX_MODES}")
+    if scale_bound not in SCALE_BOUNDS or isinstance(scale_bound, bool):
+        raise ValueError(f"{who}: scale_bound={scale_bound!r} is not supported; allowed: {SCALE_BOUNDS}")
+    if scale_bound != 448 and four_over_six is None:
+        raise ValueError(
+            f"{who}: scale_bound=256 needs four_over_six ('mae' or 'mse'); without 4over6 the bound is 448"
+        )
+    if not isinstance(row_scaled, bool):
+        raise ValueError(f"{who}: row_scaled={row_scaled!r} is not supported; allowed: True, False")
+    if row_scaled and tuple(tile) != (1, 16):
+        raise ValueError(
+            f"{who}: row_scaled=True needs tile (1, 16), got {tuple(tile)} (TE: row-scaled NVFP4 is 1x16 only)"
+        )
+    if (four_over_six is not None or row_scaled) and rounding != "rne":
+        what = "four_over_six" if four_over_six is not None else "row_scaled"
+        raise ValueError(
+            f"{who}: {what} needs rounding='rne', got {rounding!r} "
+            "(TE refuses 4over6 and row scaling with stochastic rounding)"
+        )
 
 
 def _check_input(x: torch.Tensor, tile) -> tuple[int, int]:
@@ -134,6 +197,16 @@ def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
     s_enc = torch.div(torch.full_like(amax, 6.0 * E4M3_MAX), amax)  # a tensor / tensor: one rounding
     s_enc = torch.clamp(s_enc, max=_FLT_MAX)
     s_enc = torch.where((amax == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
+    return torch.where(torch.isfinite(amax), s_enc, torch.full_like(s_enc, float("nan")))
+
+
+def global_encode_scale_te(amax: torch.Tensor, scale_bound: int) -> torch.Tensor:
+    """s_enc = 6 B / amax as TE's reference computes it under its newer options: FP32 division, capped at
+    FLT_MAX (so amax == 0 gives FLT_MAX), 1 where it is 0; NaN where amax is not finite (our policy)."""
+    amax = amax.to(torch.float32)
+    s_enc = torch.div(torch.full_like(amax, 6.0 * scale_bound), amax)
+    s_enc = torch.clamp(s_enc, max=_FLT_MAX)
+    s_enc = torch.where(s_enc == 0, torch.ones_like(s_enc), s_enc)
     return torch.where(torch.isfinite(amax), s_enc, torch.full_like(s_enc, float("nan")))
 
 
@@ -181,17 +254,96 @@ def _quantize_core(x: torch.Tensor, tile, rounding: str, random_bits):
     return values, scales, amax, s_dec
 
 
-def _quantize_impl(x: torch.Tensor, tile, rounding: str, random_bits):
+def _sequential_sum(e: torch.Tensor) -> torch.Tensor:
+    """FP32 sum over the last dim in element order (TE's loop), not torch.sum's pairwise order."""
+    acc = e[..., 0].clone()
+    for i in range(1, e.shape[-1]):
+        acc += e[..., i]
+    return acc
+
+
+def _tile_tree_sum(r: torch.Tensor) -> torch.Tensor:
+    """[rows, nb] row errors -> the 16x16 tile's sum repeated on its rows: rows i + i+8, then +4, +2, +1
+    (TE's warp-shuffle order)."""
+    t = r.reshape(-1, 16, r.shape[-1])
+    for half in (8, 4, 2, 1):
+        t = t[:, :half] + t[:, half:]
+    return t.expand(-1, 16, -1).reshape(r.shape)
+
+
+def _quantize_core_te(x: torch.Tensor, tile, four_over_six, scale_bound: int, row_scaled: bool):
+    """``_quantize_core`` under TE's options (RNE): (values [rows, nb, 16], scales_e4m3 [rows, nb], amax, s_dec),
+    amax and s_dec 0-d, or [rows, 1] when row-scaled."""
+    cols = x.shape[-1]
+    rows = x.numel() // cols
+    nb = cols // BLOCK
+    xf = x.reshape(rows, cols).to(torch.float32, copy=True)
+    amax_b = block_amax(xf.abs(), tile, rows, cols)  # [rows, nb]
+    amax = amax_b.amax(dim=1, keepdim=True) if row_scaled else amax_b.amax()
+    s_enc = global_encode_scale_te(amax, scale_bound)
+    s_dec = torch.reciprocal(s_enc)
+    x_blocks = xf.view(rows, nb, BLOCK)
+
+    def encode(scales):
+        block_encode = torch.clamp(torch.reciprocal(scales.to(torch.float32) * s_dec), max=_FLT_MAX)
+        return e2m1.round_signed_(x_blocks * block_encode.unsqueeze(-1), "rne")
+
+    if four_over_six is None:  # row-scaled standard NVFP4: section 2's folded multiplier, per row
+        multiplier = s_enc * torch.reciprocal(torch.full_like(s_enc, e2m1.E2M1_MAX))
+        scales = torch.clamp(amax_b * multiplier, max=E4M3_MAX).to(torch.float8_e4m3fn)
+        return encode(scales), scales, amax, s_dec
+
+    # 4over6: divide first, then multiply (not the folded order above); both candidates clamp at 448.
+    base = torch.div(amax_b, e2m1.E2M1_MAX) * s_enc
+    candidates = []
+    for scaled in (base, base * 1.5):  # map-to-6, map-to-4
+        scales = torch.clamp(scaled, max=E4M3_MAX).to(torch.float8_e4m3fn)
+        values = encode(scales)
+        # error in the input domain: ((q * S) * amax) / (6 B) - x, a true division by the constant
+        recon = values * scales.to(torch.float32).unsqueeze(-1)
+        recon = torch.div(recon * (amax.unsqueeze(-1) if row_scaled else amax), 6.0 * scale_bound)
+        d = recon - x_blocks
+        err = _sequential_sum(d.abs() if four_over_six == "mae" else d * d)
+        candidates.append((values, scales, _tile_tree_sum(err) if tile == (16, 16) else err))
+    (values6, scales6, err6), (values4, scales4, err4) = candidates
+    pick4 = err4 < err6  # strict: ties (and NaN) keep map-to-6
+    values = torch.where(pick4.unsqueeze(-1), values4, values6)
+    scales = torch.where(pick4, scales4.view(torch.uint8), scales6.view(torch.uint8)).view(torch.float8_e4m3fn)
+    return values, scales, amax, s_dec
+
+
+def _core(x, tile, rounding, random_bits, four_over_six, scale_bound, row_scaled):
+    if four_over_six is None and not row_scaled:
+        return _quantize_core(x, tile, rounding, random_bits)  # scale_bound is 448 here (checked)
+    values, scales, amax, s_dec = _quantize_core_te(x, tile, four_over_six, scale_bound, row_scaled)
+    if row_scaled:
+        lead = x.shape[:-1]
+        amax, s_dec = amax.reshape(*lead, 1), s_dec.reshape(*lead, 1)
+    return values, scales, amax, s_dec
+
+
+def _quantize_impl(
+    x: torch.Tensor, tile, rounding: str, random_bits, four_over_six=None, scale_bound=448, row_scaled=False
+):
     """Packed codes [..., cols/2], scales [..., cols/16], amax, s_dec."""
-    values, scales, amax, s_dec = _quantize_core(x, tile, rounding, random_bits)
+    values, scales, amax, s_dec = _core(x, tile, rounding, random_bits, four_over_six, scale_bound, row_scaled)
     lead = x.shape[:-1]
     codes = e2m1.pack(e2m1.encode_values(values).flatten(-2))
     return codes.reshape(*lead, -1), scales.reshape(*lead, -1), amax, s_dec
 
 
-def _fake_quantize_impl(x: torch.Tensor, tile, rounding: str, random_bits, out_dtype: torch.dtype):
+def _fake_quantize_impl(
+    x: torch.Tensor,
+    tile,
+    rounding: str,
+    random_bits,
+    out_dtype: torch.dtype,
+    four_over_six=None,
+    scale_bound=448,
+    row_scaled=False,
+):
     """(e2m1 * scale_b in out_dtype, s_dec)."""
-    values, scales, _, s_dec = _quantize_core(x, tile, rounding, random_bits)
+    values, scales, _, s_dec = _core(x, tile, rounding, random_bits, four_over_six, scale_bound, row_scaled)
     values.mul_(scales.to(torch.float32).unsqueeze(-1))  # e2m1 * scale_b: exact (FP32 and bf16)
     return values.view(x.shape).to(out_dtype), s_dec
 
@@ -203,23 +355,31 @@ def quantize(
     generator: torch.Generator | None = None,
     *,
     impl: str = "auto",
+    four_over_six: str | None = None,
+    scale_bound: int = 448,
+    row_scaled: bool = False,
 ) -> NVFP4Tensor:
     """Quantize ``x`` (float32/bfloat16/float16, blocks along dim -1) to packed NVFP4.
 
     rounding: "rne" (weights, activations) or "sr" (gradients; draws from ``generator``, a
     ``torch.Generator`` on x's device, or torch's default generator when None).
+    four_over_six / scale_bound / row_scaled: TE's options (module docstring; RNE only).
     impl: "auto" | "reference" | "triton" (see the module docstring)."""
     tile = tuple(tile)
     _check_input(x, tile)
     e2m1.check_rounding(rounding)
+    check_te_options(tile, rounding, four_over_six, scale_bound, row_scaled, "nvfp4.quantize")
+    options = {"four_over_six": four_over_six, "scale_bound": scale_bound, "row_scaled": row_scaled}
     if use_triton(x, impl, "nvfp4.quantize"):
         from . import kernels
 
-        codes, scales, amax, s_dec = kernels.nvfp4.quantize(x, tile[0], rounding, dense=False, generator=generator)
+        codes, scales, amax, s_dec = kernels.nvfp4.quantize(
+            x, tile[0], rounding, dense=False, generator=generator, **options
+        )
         scales = scales.view(torch.float8_e4m3fn)
     else:
         random_bits = _draw_random_bits(x, rounding, generator)
-        codes, scales, amax, s_dec = _quantize_impl(x, tile, rounding, random_bits)
+        codes, scales, amax, s_dec = _quantize_impl(x, tile, rounding, random_bits, **options)
     return NVFP4Tensor(
         codes=codes,
         scales=scales,
@@ -227,6 +387,7 @@ def quantize(
         global_decode_scale=s_dec,
         shape=x.shape,
         tile=tuple(tile),
+        **options,
     )
 
 
@@ -238,23 +399,29 @@ def fake_quantize(
     out_dtype: torch.dtype | None = None,
     *,
     impl: str = "auto",
+    four_over_six: str | None = None,
+    scale_bound: int = 448,
+    row_scaled: bool = False,
 ):
     """``(values, global_decode_scale)`` with ``values = e2m1 * fp32(scale_b)`` in ``out_dtype``
     (default: x.dtype; exact in bf16/fp32), equal bit for bit to
     ``quantize(...).dequantize(out_dtype, apply_global_scale=False)`` (the same ``impl`` and
-    generator state). No packing, no Python loops."""
+    generator state). No packing, no Python loops. Row-scaled: ``global_decode_scale`` is [..., 1],
+    one per row (it broadcasts against ``values`` and a GEMM's output rows)."""
     tile = tuple(tile)
     _check_input(x, tile)
     e2m1.check_rounding(rounding)
+    check_te_options(tile, rounding, four_over_six, scale_bound, row_scaled, "nvfp4.fake_quantize")
+    options = {"four_over_six": four_over_six, "scale_bound": scale_bound, "row_scaled": row_scaled}
     if use_triton(x, impl, "nvfp4.fake_quantize"):
         from . import kernels
 
         values, _, s_dec = kernels.nvfp4.quantize(
-            x, tile[0], rounding, dense=True, generator=generator, out_dtype=out_dtype or x.dtype
+            x, tile[0], rounding, dense=True, generator=generator, out_dtype=out_dtype or x.dtype, **options
         )
         return values, s_dec
     random_bits = _draw_random_bits(x, rounding, generator)
-    return _fake_quantize_impl(x, tile, rounding, random_bits, out_dtype or x.dtype)
+    return _fake_quantize_impl(x, tile, rounding, random_bits, out_dtype or x.dtype, **options)
 
 
 # ------------------------------------------------------------------------------ Wgrad operand

@@ -164,12 +164,18 @@ class _E2M1BlockFormat(OperandFormat):
 
     def fake_quantize(self, x, spec, generator):
         values, decode_scale = self.quantizer.fake_quantize(
-            x, *self.quantizer_args(spec), generator, out_dtype=torch.bfloat16, impl=QUANT_IMPL
+            x,
+            *self.quantizer_args(spec),
+            generator,
+            out_dtype=torch.bfloat16,
+            impl=QUANT_IMPL,
+            **spec.nvfp4_options,
         )
         return Quantized(values, decode_scale if self.global_scale else None)
 
     def pack(self, x, spec, generator):
-        return self.tensors(self.quantizer.quantize(x, *self.quantizer_args(spec), generator, impl=QUANT_IMPL))
+        q = self.quantizer.quantize(x, *self.quantizer_args(spec), generator, impl=QUANT_IMPL, **spec.nvfp4_options)
+        return self.tensors(q)
 
     def tensors(self, q) -> tuple:
         """The quantized tensor's stored parts (`storage` lists their shapes)."""
@@ -208,8 +214,8 @@ class NVFP4Format(_E2M1BlockFormat):
         return [
             ((rows, k // 2), torch.uint8),
             ((rows, k // self.block), torch.float8_e4m3fn),
-            ((), torch.float32),
-            ((), torch.float32),
+            ((rows, 1) if spec.row_scaled else (), torch.float32),
+            ((rows, 1) if spec.row_scaled else (), torch.float32),
         ]
 
     def scale_flags(self, scales):

@@ -39,13 +39,25 @@ from .recipe import ROLES, LayerRecipe, OperandSpec
 def encode_operand(spec: OperandSpec) -> str:
     """The spec as a short string, e.g. "nvfp4,16x16,rne,0," (`decode_operand` inverts it)."""
     tile = "-" if spec.tile is None else f"{spec.tile[0]}x{spec.tile[1]}"
-    return f"{spec.format},{tile},{spec.rounding},{spec.rht_dim},{spec.scale_mode}"
+    key = f"{spec.format},{tile},{spec.rounding},{spec.rht_dim},{spec.scale_mode}"
+    if spec.four_over_six or spec.row_scaled:  # TE's options: three more fields
+        key += f",{spec.four_over_six},{spec.scale_bound},{int(spec.row_scaled)}"
+    return key
 
 
 def decode_operand(key: str) -> OperandSpec:
-    fmt, tile, rounding, rht_dim, scale_mode = key.split(",")
+    fields = key.split(",")
+    fmt, tile, rounding, rht_dim, scale_mode = fields[:5]
+    extra = {}
+    if len(fields) == 8:
+        extra = {"four_over_six": fields[5], "scale_bound": int(fields[6]), "row_scaled": fields[7] == "1"}
     return OperandSpec(
-        fmt, None if tile == "-" else tuple(int(v) for v in tile.split("x")), rounding, int(rht_dim), scale_mode
+        fmt,
+        None if tile == "-" else tuple(int(v) for v in tile.split("x")),
+        rounding,
+        int(rht_dim),
+        scale_mode,
+        **extra,
     )
 
 

@@ -49,6 +49,7 @@ def fprop_and_wgrad_x(
         and fprop_spec.rounding == wgrad_spec.rounding == "rne"
         and tuple(fprop_spec.tile) == (1, nvfp4.BLOCK)
         and not fprop_spec.rht_dim
+        and not fprop_spec.nvfp4_options
         and prologue is None
     )
     if not (pair and x2d.ndim == 2 and x2d.shape[1] == k_f and operands._fused_wgrad_rht(x2d.t(), wgrad_spec, k_w)):

@@ -44,6 +44,10 @@ Backend = StrEnum("Backend", "auto emulated scaled_mm te")
 Rht = StrEnum("Rht", "wgrad all none")
 Sr = StrEnum("Sr", "grads all none")
 SwitchMode = StrEnum("SwitchMode", "full forward_only backward_only")
+# TE's nvfp4_4over6 scopes, plus ours: *_fprop puts 4over6 on the activations' Fprop copy only, so their
+# Wgrad copy keeps the RHT (TE refuses 4over6 on an RHT'd operand, hence on its whole activation quantizer).
+FourOverSix = StrEnum("FourOverSix", "none weights activations all activations_fprop all_fprop")
+FourOverSixErr = StrEnum("FourOverSixErr", "mae mse")
 # MXFP4 block-scale rules, named as torchao names them (formats/mxfp4.py): "rceil" rounds the scale
 # up (the paper's rule), "floor" is OCP MX.
 Mxfp4ScaleRule = StrEnum("Mxfp4ScaleRule", " ".join(mxfp4.SCALE_RULES))
@@ -81,6 +85,21 @@ class OperandSpec:
     rounding: str = "rne"  # "rne" | "sr"
     rht_dim: int = 0
     scale_mode: str = ""  # mxfp4: "rceil" | "floor"; fp8 blockwise: "pow2" | "fp32"; else ""
+    # nvfp4 only, TE's newer options (formats/nvfp4.py): "mae" | "mse" | "" (off); the E4M3 bound; per-row scales
+    four_over_six: str = ""
+    scale_bound: int = 448
+    row_scaled: bool = False
+
+    @property
+    def nvfp4_options(self) -> dict:
+        """The keyword arguments nvfp4.quantize / fake_quantize take for this operand's TE options."""
+        if not self.four_over_six and not self.row_scaled:
+            return {}
+        return {
+            "four_over_six": self.four_over_six or None,
+            "scale_bound": self.scale_bound,
+            "row_scaled": self.row_scaled,
+        }
 
     @property
     def is_bf16(self) -> bool:
@@ -105,7 +124,9 @@ class OperandSpec:
             return "bf16"
         tile = "tensor" if self.tile is None else f"{self.tile[0]}x{self.tile[1]}"
         rht = f" rht{self.rht_dim}" if self.rht_dim else ""
-        return f"{self.format} {tile} {self.rounding}{rht}"
+        fos = f" 4over6-{self.four_over_six} b{self.scale_bound}" if self.four_over_six else ""
+        rows = " row-scaled" if self.row_scaled else ""
+        return f"{self.format} {tile} {self.rounding}{rht}{fos}{rows}"
 
 
 BF16_OPERAND = OperandSpec("bf16")
@@ -136,7 +157,16 @@ class LayerRecipe:
         square tile without RHT: a square tile's scale covers the same elements either way, so
         the two quantizations are bit-identical transposes (arXiv 2509.25149 §4.3)."""
         w, wt = self.fprop_w, self.dgrad_w
-        return not w.is_bf16 and w == wt and w.tile is not None and w.tile[0] == w.tile[1] and w.rht_dim == 0
+        # 4over6 re-sums a 16x16 tile's errors in the transposed order for W.T, so its copies are quantized
+        # separately (TE's columnwise copy), not assumed to be transposes.
+        return (
+            not w.is_bf16
+            and w == wt
+            and w.tile is not None
+            and w.tile[0] == w.tile[1]
+            and w.rht_dim == 0
+            and not w.four_over_six
+        )
 
     def with_bf16(self, roles) -> LayerRecipe:
         return dataclasses.replace(self, **{r: BF16_OPERAND for r in roles})
@@ -222,6 +252,16 @@ class PrecisionPolicy:
     """BF16 blocks at the end of the model, as bf16_first (0.13 of 62 blocks: the last 8)."""
     switch: SwitchConfig = field(default_factory=SwitchConfig)
     """A mid-run switch to BF16."""
+    four_over_six: FourOverSix = FourOverSix.none
+    """nvfp4 "4over6" (TE's nvfp4_4over6): each block quantized with its max mapped to 6 and to 4, the smaller
+    error kept. weights (fprop_w, dgrad_w) | activations (fprop_x and wgrad_x: needs rht none) | all (both) |
+    ours, beyond TE: activations_fprop / all_fprop (fprop_x only: wgrad_x keeps its RHT) | none. Never gradients."""
+    four_over_six_err_mode: FourOverSixErr = FourOverSixErr.mae
+    """4over6's block error: mae (TE's default) or mse."""
+    four_over_six_scale_bound: int = 256
+    """E4M3 bound in the global scale of the 4over6 operands: 256 (TE's default) or 448."""
+    row_scaled_activation: bool = False
+    """nvfp4: one FP32 scale per token for the activations' Fprop copy (fprop_x), TE's row_scaled_activation."""
     stats_every: int = bounded(0, ge=0)
     """Collect quantization telemetry every N steps; 0: never."""
     name: str = ""
@@ -258,6 +298,7 @@ class PrecisionPolicy:
             d = self.resolved_rht_dim
             if not (d >= 2 and d & (d - 1) == 0 and d <= 256):
                 raise ConfigError(f"precision.rht_dim={d!r} is not allowed; choose a power of two in [2, 256]")
+        self._check_te_options()
         for key in ("bf16_first", "bf16_last"):
             value = getattr(self, key)
             if value >= 1 and value != int(value):
@@ -266,6 +307,39 @@ class PrecisionPolicy:
                 )
             if value == int(value):  # a count: kept an int, so the saved config reads as it was written
                 object.__setattr__(self, key, int(value))
+
+    def _check_te_options(self) -> None:
+        """TE's refusals for 4over6 and row scaling (RHT, SR, formats), and ours (one line each)."""
+        fos, rht, sr = self.four_over_six.value, self.rht.value, self.sr.value
+        if self.four_over_six_scale_bound not in (256, 448):
+            raise ConfigError(
+                f"precision.four_over_six_scale_bound={self.four_over_six_scale_bound!r} is not allowed; "
+                "choose 256 or 448"
+            )
+        if (fos != "none" or self.row_scaled_activation) and self.format != "nvfp4":
+            key = "four_over_six" if fos != "none" else "row_scaled_activation"
+            raise ConfigError(f"precision.{key} is an nvfp4 option; format is {self.format.value} (choose none/false)")
+        if fos in ("activations", "all") and rht != "none":
+            raise ConfigError(
+                f"precision.four_over_six={fos!r} needs rht='none' (TE refuses 4over6 on the RHT'd Wgrad copy of "
+                f"the activations); with rht={rht!r} choose 'none', 'weights' or ours 'activations_fprop', 'all_fprop'"
+            )
+        if fos != "none" and rht == "all":
+            raise ConfigError(
+                f"precision.four_over_six={fos!r} is not allowed with rht='all' (4over6 never runs on an RHT'd "
+                "operand); choose four_over_six 'none' or rht 'wgrad'/'none'"
+            )
+        if (fos != "none" or self.row_scaled_activation) and sr == "all":
+            key = "four_over_six" if fos != "none" else "row_scaled_activation"
+            raise ConfigError(
+                f"precision.{key} is not allowed with sr='all' (TE refuses 4over6 and row scaling with "
+                "stochastic rounding); choose sr 'grads' or 'none'"
+            )
+        if self.row_scaled_activation and rht == "all":
+            raise ConfigError(
+                "precision.row_scaled_activation is not allowed with rht='all' (TE refuses row scaling with the "
+                "RHT); choose rht 'wgrad' or 'none'"
+            )
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -319,7 +393,7 @@ class PrecisionPolicy:
         def spec(tile, rounding, rht):
             return OperandSpec(elem, tile, rounding, rht, mode)
 
-        return LayerRecipe(
+        recipe = LayerRecipe(
             fprop_x=spec(act, sr_other, rht_all),
             fprop_w=spec(wtile, sr_other, rht_all),
             dgrad_dy=spec(act, sr_grads, rht_all),
@@ -327,6 +401,30 @@ class PrecisionPolicy:
             wgrad_dy=spec(act, sr_grads, rht_wgrad),
             wgrad_x=spec(act, sr_other, rht_wgrad),
         )
+        return self._with_te_options(recipe) if fmt == "nvfp4" else recipe
+
+    def _with_te_options(self, recipe: LayerRecipe) -> LayerRecipe:
+        """4over6 on the roles its scope names (never gradients), row scaling on fprop_x."""
+        fos = self.four_over_six.value
+        roles = {
+            "none": (),
+            "weights": ("fprop_w", "dgrad_w"),
+            "activations": ("fprop_x", "wgrad_x"),
+            "all": ("fprop_w", "dgrad_w", "fprop_x", "wgrad_x"),
+            "activations_fprop": ("fprop_x",),
+            "all_fprop": ("fprop_w", "dgrad_w", "fprop_x"),
+        }[fos]
+        changes = {
+            role: dataclasses.replace(
+                getattr(recipe, role),
+                four_over_six=self.four_over_six_err_mode.value,
+                scale_bound=self.four_over_six_scale_bound,
+            )
+            for role in roles
+        }
+        if self.row_scaled_activation:
+            changes["fprop_x"] = dataclasses.replace(changes.get("fprop_x", recipe.fprop_x), row_scaled=True)
+        return dataclasses.replace(recipe, **changes)
 
     def layer_recipe(self, block_index: int, n_blocks: int, switched: bool = False) -> LayerRecipe:
         """The recipe a linear of block `block_index` runs, given whether the schedule switch is on."""

@@ -55,6 +55,22 @@ def golden():
     return load_golden()
 
 
+# TE's newer options (4over6, the 256 scale bound, row-scaled NVFP4), from the same TE commit.
+GOLDEN_4OVER6_DIR = GOLDEN_DIR.parent / "te_nvfp4_4over6"
+
+
+def golden_4over6_manifest() -> dict:
+    return json.loads((GOLDEN_4OVER6_DIR / "manifest.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def golden_4over6():
+    """(manifest dict, tensors dict) of the 4over6 / row-scaled golden vectors."""
+    from safetensors.torch import load_file
+
+    return golden_4over6_manifest(), load_file(str(GOLDEN_4OVER6_DIR / "cases.safetensors"))
+
+
 @pytest.fixture
 def cuda():
     if not torch.cuda.is_available():

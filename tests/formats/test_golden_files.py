@@ -6,7 +6,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from .conftest import GOLDEN_DIR, golden_manifest
+from .conftest import GOLDEN_4OVER6_DIR, GOLDEN_DIR, golden_4over6_manifest, golden_manifest
 
 FIELDS = {
     "nvfp4": {
@@ -40,3 +40,20 @@ def test_manifest_and_tensor_file_hold_the_same_cases():
             x = f.get_slice(f"{c['name']}/x")
             assert x.get_shape() == c["shape"], c["name"]
             assert x.get_dtype() == {"float32": "F32", "bfloat16": "BF16"}[c["dtype"]], c["name"]
+
+
+def test_4over6_golden_vectors_are_committed_and_match_their_manifest():
+    for name in ("README.md", "manifest.json", "cases.safetensors"):
+        assert (GOLDEN_4OVER6_DIR / name).is_file(), f"{GOLDEN_4OVER6_DIR / name} is missing from the checkout"
+    manifest = golden_4over6_manifest()
+    readme = (GOLDEN_4OVER6_DIR / "README.md").read_text()
+    assert manifest["te_commit"] in readme and "Apache" in readme
+    with safe_open(str(GOLDEN_4OVER6_DIR / "cases.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+        for c in manifest["cases"]:
+            assert f.get_slice(f"x/{c['x']}").get_shape() == c["shape"], c["name"]
+            sides = ("rowwise", "columnwise") if c["columnwise"] else ("rowwise",)
+            for side in sides:
+                for field in ("codes", "scales_e4m3", "amax", "global_decode_scale"):
+                    assert f"{c['name']}/{side}_{field}" in keys, (c["name"], side, field)
+            assert f"{c['name']}/rowwise_dequant" in keys

@@ -21,6 +21,8 @@ PRESETS = (
     "nvfp4_sr_everywhere",
     "nvfp4_rht_everywhere",
     "mxfp4",
+    "nvfp4_4over6",
+    "nvfp4_row_scaled",
 )
 
 # Each ablation preset against nvfp4: the GEMM operands (roles) it must change, and no others.
@@ -30,6 +32,8 @@ ABLATION_CHANGES = [
     ("nvfp4_no_2d", {"fprop_w", "dgrad_w"}),
     ("nvfp4_sr_everywhere", {"fprop_x", "fprop_w", "dgrad_w", "wgrad_x"}),
     ("nvfp4_rht_everywhere", {"fprop_x", "fprop_w", "dgrad_dy", "dgrad_w"}),
+    ("nvfp4_4over6", {"fprop_w", "dgrad_w"}),
+    ("nvfp4_row_scaled", {"fprop_x"}),
 ]
 
 

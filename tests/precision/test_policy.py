@@ -184,3 +184,42 @@ def test_mxfp4_scale_rule_reaches_the_recipe():
         .fprop_x.scale_mode
         == "floor"
     )
+
+
+def test_four_over_six_scopes_follow_te_and_ours():
+    """TE's scopes (weights; activations/all need rht none), ours (*_fprop: wgrad_x keeps its RHT), never
+    gradients; the scale bound and error mode reach the operands."""
+    r = load_preset("nvfp4", four_over_six="weights").quantized_recipe()
+    assert (r.fprop_w.four_over_six, r.fprop_w.scale_bound, r.dgrad_w.four_over_six) == ("mae", 256, "mae")
+    assert not r.fprop_x.four_over_six and not r.dgrad_dy.four_over_six and not r.wgrad_dy.four_over_six
+    r = load_preset("nvfp4", four_over_six="all", rht="none", four_over_six_err_mode="mse").quantized_recipe()
+    assert {role for role in ROLES if getattr(r, role).four_over_six == "mse"} == {
+        "fprop_x",
+        "fprop_w",
+        "dgrad_w",
+        "wgrad_x",
+    }
+    r = load_preset("nvfp4", four_over_six="activations_fprop", four_over_six_scale_bound=448).quantized_recipe()
+    assert (r.fprop_x.four_over_six, r.fprop_x.scale_bound) == ("mae", 448)
+    assert not r.wgrad_x.four_over_six and r.wgrad_x.rht_dim == 16
+    assert not r.reuses_fprop_weight or not r.fprop_w.four_over_six
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"four_over_six": "activations"}, "precision.four_over_six='activations' needs rht='none'"),
+        ({"four_over_six": "weights", "rht": "all"}, "is not allowed with rht='all'"),
+        ({"four_over_six": "weights", "sr": "all"}, "precision.four_over_six is not allowed with sr='all'"),
+        ({"row_scaled_activation": True, "sr": "all"}, "precision.row_scaled_activation is not allowed with sr='all'"),
+        ({"row_scaled_activation": True, "rht": "all"}, "precision.row_scaled_activation is not allowed with rht"),
+        ({"four_over_six_scale_bound": 300}, "precision.four_over_six_scale_bound=300 is not allowed"),
+        ({"four_over_six": "weights", "format": "mxfp4"}, "precision.four_over_six is an nvfp4 option"),
+    ],
+)
+def test_te_option_combinations_neither_allows_are_refused_in_one_line(overrides, message):
+    from nvfp4train.schema import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_preset("nvfp4", **overrides)
+    assert message in str(info.value) and "\n" not in str(info.value)

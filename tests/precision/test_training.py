@@ -78,3 +78,16 @@ def test_short_training_run_tracks_bf16(preset, bf16_losses):
     final, final_bf16 = sum(losses[-10:]) / 10, sum(bf16_losses[-10:]) / 10
     assert final < 0.8 * losses[0], "the run must learn"
     assert abs(final - final_bf16) / final_bf16 < 0.05, (final, final_bf16)
+
+
+@pytest.fixture(scope="module")
+def nvfp4_losses():
+    return train("nvfp4")
+
+
+@pytest.mark.parametrize("preset", ["nvfp4_4over6", "nvfp4_row_scaled"])
+def test_te_option_presets_train_and_change_the_numbers(preset, nvfp4_losses):
+    """TE's 4over6 / row-scaled presets reach the quantizers: finite losses, different from nvfp4's."""
+    losses = train(preset)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses != nvfp4_losses

@@ -8,8 +8,18 @@ import triton
 import triton.language as tl
 
 from .amax import abs_max_partials
-from .common import BLOCK_COLS, BLOCK_ROWS, FLT_MAX, e2m1_outputs, launch_options, tile_offsets, to_fp32
-from .e2m1 import round_and_store_rows
+from .common import (
+    BLOCK_COLS,
+    BLOCK_ROWS,
+    FLT_MAX,
+    e2m1_outputs,
+    launch_options,
+    store_exact,
+    tile_offsets,
+    to_fp32,
+    with_sign,
+)
+from .e2m1 import masked_codes, round_and_store_rows, round_e2m1, signed_value
 from .rounding import rounding_args
 
 _ONE_SIXTH_BITS = tl.constexpr(0x3E2AAAAB)  # fp32(1/6) = torch.reciprocal(torch.tensor(6.0)), as the reference
@@ -146,6 +156,154 @@ def nvfp4_tile(
                          cols, ROUNDING, DENSE, 16, BLOCK_R, BLOCK_C)
 
 
+# ------------------------------------------------------------------------------ TE's newer options
+# nvfp4._quantize_core_te: 4over6 (two candidates a block, the smaller error kept), the 256 scale bound and
+# row scaling. A program holds BLOCK_R x BLOCK_C elements as 16 [BLOCK_R, NB] tensors, element i of every
+# block: the candidates' errors are summed over i in element order (TE's loop, not a reduction tree), and
+# the three passes over the 16 columns re-read x from the cache, not from memory.
+@triton.jit
+def _column(x_ptr, r, blk, i, rows, cols):
+    """Element i of blocks ``blk`` of rows ``r``: (FP32 [BLOCK_R, NB], offsets, mask)."""
+    c = blk * 16 + i
+    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    offs = r[:, None].to(tl.int64) * cols + c[None, :]
+    return to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0)), offs, mask
+
+
+@triton.jit
+def _encode_of(scale, s_dec):
+    encode = tl.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale * s_dec)
+    return tl.where(encode > FLT_MAX, FLT_MAX, encode)
+
+
+@triton.jit
+def _element_error(x, encode, scale, amax, ERR_MODE: tl.constexpr, SIX_BOUND: tl.constexpr):
+    """The 4over6 error of one element under a candidate: ((q * S) * amax) / (6 B) - x, |d| or d * d."""
+    _, magnitude, negative = round_e2m1(x * encode, 0, 0)
+    value = tl.div_rn((magnitude * scale) * amax, tl.full(x.shape, SIX_BOUND, tl.float32))
+    d = with_sign(value, negative) - x
+    if ERR_MODE == 1:
+        return tl.abs(d)
+    else:
+        return d * d
+
+
+@triton.jit
+def _tile_tree(err, NB: tl.constexpr):
+    """[16, NB] row errors of 16x16 tiles -> the tile sums [1, NB]: rows i + i+8, then +4, +2, +1."""
+    a, b = tl.split(tl.permute(tl.reshape(err, (2, 8, NB)), (1, 2, 0)))
+    a, b = tl.split(tl.permute(tl.reshape(a + b, (2, 4, NB)), (1, 2, 0)))
+    a, b = tl.split(tl.permute(tl.reshape(a + b, (2, 2, NB)), (1, 2, 0)))
+    a, b = tl.split(tl.permute(tl.reshape(a + b, (2, 1, NB)), (1, 2, 0)))
+    return a + b
+
+
+@triton.jit
+def _nvfp4_te_kernel(
+    x_ptr, amax_ptr, s_enc_ptr, s_dec_ptr,  # x [rows, cols]; amax, s_enc, s_dec: [rows] or [1]
+    codes_ptr, scales_ptr, values_ptr,
+    rows, cols,
+    TILE_ROWS: tl.constexpr, ROW_SCALED: tl.constexpr, ERR_MODE: tl.constexpr, SIX_BOUND: tl.constexpr,
+    DENSE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    NB: tl.constexpr = BLOCK_C // 16
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    blk = tl.program_id(1) * NB + tl.arange(0, NB)
+    if ROW_SCALED:
+        row_ok = r < rows
+        amax = tl.load(amax_ptr + r, mask=row_ok, other=0.0)[:, None]
+        s_enc = tl.load(s_enc_ptr + r, mask=row_ok, other=1.0)[:, None]
+        s_dec = tl.load(s_dec_ptr + r, mask=row_ok, other=1.0)[:, None]
+    else:
+        amax = tl.load(amax_ptr)
+        s_enc = tl.load(s_enc_ptr)
+        s_dec = tl.load(s_dec_ptr)
+
+    block_bits = tl.zeros((BLOCK_R, NB), dtype=tl.int32)
+    for i in tl.static_range(16):
+        x, _, _ = _column(x_ptr, r, blk, i, rows, cols)
+        block_bits = tl.maximum(block_bits, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    if TILE_ROWS == 16:
+        tile_bits = tl.max(tl.reshape(block_bits, (BLOCK_R // 16, 16, NB)), axis=1)
+        block_bits = tl.reshape(tl.broadcast_to(tile_bits[:, None, :], (BLOCK_R // 16, 16, NB)), (BLOCK_R, NB))
+    amax_b = block_bits.to(tl.float32, bitcast=True)
+
+    if ERR_MODE == 0:  # row-scaled standard NVFP4: the folded multiplier, per row
+        one_sixth = tl.full(amax_b.shape, _ONE_SIXTH_BITS, tl.int32).to(tl.float32, bitcast=True)
+        scale_bits, scale, encode = block_scales(amax_b, s_dec, s_enc * one_sixth)
+    else:
+        # divide first, then multiply; both candidates clamp at 448 whatever the bound
+        base = tl.div_rn(amax_b, tl.full(amax_b.shape, 6.0, tl.float32)) * s_enc
+        bits6, scale6 = e4m3_rne(tl.where(base > 448.0, 448.0, base))
+        base4 = base * 1.5
+        bits4, scale4 = e4m3_rne(tl.where(base4 > 448.0, 448.0, base4))
+        encode6 = _encode_of(scale6, s_dec)
+        encode4 = _encode_of(scale4, s_dec)
+        err6 = tl.zeros((BLOCK_R, NB), dtype=tl.float32)
+        err4 = tl.zeros((BLOCK_R, NB), dtype=tl.float32)
+        for i in tl.static_range(16):
+            x, _, _ = _column(x_ptr, r, blk, i, rows, cols)
+            err6 = err6 + _element_error(x, encode6, scale6, amax, ERR_MODE, SIX_BOUND)
+            err4 = err4 + _element_error(x, encode4, scale4, amax, ERR_MODE, SIX_BOUND)
+        if TILE_ROWS == 16:
+            pick4 = tl.broadcast_to(_tile_tree(err4, NB) < _tile_tree(err6, NB), (BLOCK_R, NB))
+        else:
+            pick4 = err4 < err6  # strict: ties and NaN keep map-to-6
+        scale_bits = tl.where(pick4, bits4, bits6)
+        scale = tl.where(pick4, scale4, scale6)
+        encode = tl.where(pick4, encode4, encode6)
+
+    scale_is_nan = scale != scale
+    for k in tl.static_range(8):
+        x0, offs0, mask0 = _column(x_ptr, r, blk, 2 * k, rows, cols)
+        x1, offs1, mask1 = _column(x_ptr, r, blk, 2 * k + 1, rows, cols)
+        y0 = x0 * encode
+        y1 = x1 * encode
+        index0, magnitude0, negative0 = round_e2m1(y0, 0, 0)
+        index1, magnitude1, negative1 = round_e2m1(y1, 0, 0)
+        if DENSE:
+            store_exact(values_ptr, offs0, signed_value(magnitude0, scale, y0), mask0)
+            store_exact(values_ptr, offs1, signed_value(magnitude1, scale, y1), mask1)
+        else:
+            code = (index0 | (negative0.to(tl.int32) << 3)) | ((index1 | (negative1.to(tl.int32) << 3)) << 4)
+            code = masked_codes(code, scale_is_nan)
+            tl.store(codes_ptr + r[:, None].to(tl.int64) * (cols // 2) + blk[None, :] * 8 + k, code.to(tl.uint8),
+                     mask=mask0)
+    if not DENSE:
+        maskb = (r[:, None] < rows) & (blk[None, :] < cols // 16)
+        tl.store(scales_ptr + r[:, None].to(tl.int64) * (cols // 16) + blk[None, :], scale_bits.to(tl.uint8),
+                 mask=maskb)
+
+
+def quantize_te(x: torch.Tensor, tile_rows: int, four_over_six, scale_bound: int, row_scaled: bool, *, dense: bool,
+                out_dtype: torch.dtype | None = None):
+    """nvfp4._quantize_core_te on the GPU (arguments checked by the caller; RNE): outputs as ``quantize``, amax
+    and s_dec 0-d or [..., 1]. The global scales are the reference's own torch functions (correctly rounded
+    divisions on the GPU too); the kernel does the blocks."""
+    from .. import nvfp4
+
+    x = x.contiguous()
+    cols = x.shape[-1]
+    rows = x.numel() // cols
+    magnitude = x.reshape(rows, cols).abs()
+    amax = (magnitude.amax(dim=1) if row_scaled else magnitude.amax()).to(torch.float32)
+    s_enc = nvfp4.global_encode_scale_te(amax, scale_bound)
+    s_dec = torch.reciprocal(s_enc)
+    codes, scales, values = e2m1_outputs(x.shape, 16, dense, out_dtype or x.dtype, x.device, unused=amax)
+    grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(cols, BLOCK_COLS))
+    _nvfp4_te_kernel[grid](
+        x, amax, s_enc, s_dec, codes, scales, values, rows, cols,
+        TILE_ROWS=tile_rows, ROW_SCALED=row_scaled, ERR_MODE={None: 0, "mae": 1, "mse": 2}[four_over_six],
+        SIX_BOUND=6.0 * scale_bound, DENSE=dense, BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS,
+        **launch_options(x),
+    )
+    if row_scaled:
+        amax, s_dec = amax.reshape(*x.shape[:-1], 1), s_dec.reshape(*x.shape[:-1], 1)
+    if dense:
+        return values, amax, s_dec
+    return codes, scales, amax, s_dec
+
+
 def quantize(
     x: torch.Tensor,
     tile_rows: int,
@@ -156,6 +314,9 @@ def quantize(
     generator: torch.Generator | None = None,
     out_dtype: torch.dtype | None = None,
     seed: torch.Tensor | None = None,
+    four_over_six: str | None = None,
+    scale_bound: int = 448,
+    row_scaled: bool = False,
 ):
     """NVFP4 of ``x`` viewed as [rows, cols] (arguments checked by the caller).
 
@@ -163,7 +324,9 @@ def quantize(
     dense=True: (values e2m1 * scale_b in out_dtype, x's shape; amax; s_dec).
     SR uses ``random_bits`` (int32, one per element, as ``rounding.random_bits_like``: the same
     bits as the reference) when given, else Philox seeded from ``seed`` (int64 [1]) or from a seed
-    drawn from ``generator``."""
+    drawn from ``generator``. four_over_six / scale_bound / row_scaled: TE's options (``quantize_te``)."""
+    if four_over_six is not None or row_scaled:
+        return quantize_te(x, tile_rows, four_over_six, scale_bound, row_scaled, dense=dense, out_dtype=out_dtype)
     x = x.contiguous()
     cols = x.shape[-1]
     rows = x.numel() // cols

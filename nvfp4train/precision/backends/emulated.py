@@ -60,6 +60,13 @@ class EmulatedBackend(Backend):
         rounded in FP32), rounded once to `out_dtype`. On CUDA cuBLAS applies the scales in its epilogue
         (cublas.py: alpha = a × b read on the device) and writes `out_dtype` once."""
         av, bv = a.values, b.values
+        if any(s is not None and s.ndim > 0 for s in (a.decode_scale, b.decode_scale)):
+            # a row-scaled operand's [rows, 1] scales (TE's row scaling): the epilogues take 0-d scales
+            out = gemm_fp32(av, bv)
+            for scale in (a.decode_scale, b.decode_scale):
+                if scale is not None:
+                    out = out * (scale if scale.ndim == 0 or scale is a.decode_scale else scale.reshape(1, -1))
+            return out.to(out_dtype)
         if cublas.supports(av, bv, out_dtype):
             alpha = None  # the product of the scales there are (None: no scale)
             for scale in (a.decode_scale, b.decode_scale):
