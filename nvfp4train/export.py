@@ -305,11 +305,6 @@ def export(
             "has no Nemotron-H equivalent in transformers; only rope=false models are exported"
         )
     meta = json.loads((ckpt / "meta.json").read_text())
-    packed = None
-    if weights == "nvfp4_packed":  # refused here, before anything is written, where it cannot apply
-        from nvfp4train.export_nvfp4 import pack_linears
-
-        packed = pack_linears(model, Path(run_dir), run_config, meta)
     if not out and (Path(run_dir) / "export").is_symlink():  # never written through a link in the run directory
         raise RunError(
             f"{Path(run_dir) / 'export'} is a symbolic link; a run directory's files must be its own: remove it "
@@ -320,6 +315,11 @@ def export(
 
     seq_len = int(run_config.get("train", {}).get("seq_len") or 4096)
     with _StopOnSignals() as stop:
+        packed = None
+        if weights == "nvfp4_packed":  # refused here, before anything is written, where it cannot apply
+            from nvfp4train.export_nvfp4 import pack_linears
+
+            packed = pack_linears(model, Path(run_dir), run_config, meta)
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # moved into place when complete

@@ -72,8 +72,8 @@ def _policy(run_dir: Path, run_config: dict, meta: dict):
     max_steps = int((run_config.get("train") or {}).get("max_steps") or 0)
     if policy.switch.mode != "backward_only" and max_steps and policy.switch_due(meta["step"] / max_steps):
         raise RunError(
-            f"{where}: precision.switch: the forward ran in BF16 from {policy.switch.at_fraction:g} of the tokens "
-            f"on, before step {meta['step']}; export with weights=dense (or name an earlier checkpoint with step=N)"
+            f"{where}: precision.switch: the forward switched to BF16 at {policy.switch.at_fraction:g} of the tokens, "
+            f"before this checkpoint (step {meta['step']}); export with weights=dense (or an earlier step=N)"
         )
     return policy
 
