@@ -1,4 +1,5 @@
-"""`python -m nvfp4train.export run_dir=RUN [step=N] [out=DIR] [dtype=float32|bfloat16] [overwrite=true]`.
+"""`python -m nvfp4train.export run_dir=RUN [step=N] [out=DIR] [dtype=float32|bfloat16] [weights=nvfp4_packed]
+[overwrite=true]`.
 
 Writes a Hugging Face model directory from any checkpoint of a run (one process, DDP, FSDP2's per-rank
 DCP shards, DeepSpeed ZeRO), loadable with `transformers` >= 5.15 as `NemotronHForCausalLM`:
@@ -17,6 +18,14 @@ The directory holds
                            the run's `tokenizers` tokenizer with <|endoftext|> as eos, bos and pad token.
 `load_export` reads it back into nvfp4train's own model. Only model weights are exported (no optimizer
 state); the quantized training linears become plain ones (the paper evaluates in BF16).
+
+weights=nvfp4_packed (a run trained with precision.format=nvfp4): the linears of its NVFP4 blocks are stored as
+the NVFP4 weights training used, packed in compressed-tensors' `nvfp4-pack-quantized` format (uint8 codes, E4M3
+block scales, FP32 global scale) with config.json's `quantization_config` for vLLM; everything else is written
+as with weights=dense (export_nvfp4.py; needs the `serve` extra).
+
+The export's directory and files are readable as the user's umask allows (0755 / 0644 under umask 022), as
+`cp` or `tar` leave them, so that another user or job on a shared file system can load them.
 
 Models with rotary position embeddings (model.rope=true, e.g. transformer_1p2b) have no Nemotron-H
 equivalent and are refused. Bad input ends with one line and exit code 2, with nothing written; an
@@ -44,6 +53,7 @@ from nvfp4train.config import ConfigError, help_requested, load, usage
 from nvfp4train.eval.weights import RunError, load_run_model, model_config_for
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+WEIGHTS = ("dense", "nvfp4_packed")
 ARCHITECTURE = "NemotronHForCausalLM"
 MODEL_TYPE = "nemotron_h"
 # transformers' Nemotron-H clamps dt from below at time_step_min (default 1e-3), which trained models
@@ -269,11 +279,22 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 
 def export(
-    run_dir: Path, step: int | None = None, out: Path | None = None, dtype: str = "float32", overwrite: bool = False
+    run_dir: Path,
+    step: int | None = None,
+    out: Path | None = None,
+    dtype: str = "float32",
+    overwrite: bool = False,
+    weights: str = "dense",
 ) -> Path:
     """Write the Hugging Face model directory of the run's checkpoint; return its path."""
     if dtype not in DTYPES:
         raise RunError(f"dtype={dtype!r}: allowed: {', '.join(DTYPES)}")
+    if weights not in WEIGHTS:
+        raise RunError(f"weights={weights!r}: allowed: {', '.join(WEIGHTS)}")
+    if weights == "nvfp4_packed":
+        from nvfp4train.export_nvfp4 import require_compressed_tensors
+
+        require_compressed_tensors()
     if not isinstance(overwrite, bool):
         raise RunError(f"overwrite={overwrite!r}: allowed: true, false")
     model, run_config, ckpt = load_run_model(Path(run_dir), step)
@@ -294,13 +315,19 @@ def export(
 
     seq_len = int(run_config.get("train", {}).get("seq_len") or 4096)
     with _StopOnSignals() as stop:
+        packed = None
+        if weights == "nvfp4_packed":  # refused here, before anything is written, where it cannot apply
+            from nvfp4train.export_nvfp4 import pack_linears
+
+            packed = pack_linears(model, Path(run_dir), run_config, meta)
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # moved into place when complete
         except OSError as e:
             raise RunError(f"out={str(out)!r}: cannot write there ({e.strerror})") from None
         try:
-            _write_export(tmp, model, run_config, model_config, meta, ckpt, dtype, seq_len)
+            _write_export(tmp, model, run_config, model_config, meta, ckpt, dtype, seq_len, packed)
+            _make_readable(tmp)
             with stop.deferred(out):
                 kept = _move_into_place(tmp, out)
         finally:
@@ -314,17 +341,25 @@ def export(
     return out
 
 
-def _write_export(tmp: Path, model, run_config: dict, model_config: dict, meta: dict, ckpt: Path, dtype, seq_len):
+def _write_export(
+    tmp: Path, model, run_config: dict, model_config: dict, meta: dict, ckpt: Path, dtype, seq_len, packed=None
+):
+    """`packed`: pack_linears' (NVFP4 linears, linears kept dense) for weights=nvfp4_packed, else None."""
     from safetensors.torch import save_file
 
     tokenizer_info, eos_id = write_tokenizer(str(run_config.get("data", {}).get("tokenizer", "")), tmp, seq_len)
-    state = {k: v.detach().to(DTYPES[dtype]) for k, v in model.state_dict().items()}
-    save_file(
-        to_hf_state(state, model_config),
-        str(tmp / "model.safetensors"),
-        metadata={"format": "pt", "step": str(meta["step"])},
-    )
+    state = {k: v.detach().to(DTYPES[dtype]) for k, v in model.state_dict().items() if not packed or k not in packed[0]}
+    hf_state = to_hf_state(state, model_config)
+    if packed:
+        from nvfp4train.export_nvfp4 import packed_state
+
+        hf_state.update(packed_state(packed[0], model_config))
+    save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt", "step": str(meta["step"])})
     config = hf_config(model_config, eos_id, seq_len, dtype)
+    if packed:
+        from nvfp4train.export_nvfp4 import ignored_modules, quantization_config
+
+        config["quantization_config"] = quantization_config(ignored_modules(packed[1]))
     config["nvfp4train"] = {
         "model": model_config,
         "step": meta["step"],
@@ -335,11 +370,29 @@ def _write_export(tmp: Path, model, run_config: dict, model_config: dict, meta: 
         "source_checkpoint": str(ckpt),
         "engine": meta.get("engine", "torch"),
         "world_size": meta.get("world_size"),
+        "weights": "nvfp4_packed" if packed else "dense",
     }
     (tmp / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     (tmp / "generation_config.json").write_text(
         json.dumps({"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id}, indent=1) + "\n"
     )
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only portable way to read it: set and restore (the export is single-threaded)
+    os.umask(mask)
+    return mask
+
+
+def _make_readable(tmp: Path) -> None:
+    """The temporary directory (mkdtemp: 0700) and the files written into it as a new directory and new files
+    are under the user's umask (0755 / 0644 under umask 022). Only what this export created in its own
+    temporary directory is touched, and a symbolic link there (none is written) is never followed."""
+    mask = _umask()
+    for path in tmp.iterdir():
+        if not path.is_symlink() and path.is_file():
+            os.chmod(path, 0o666 & ~mask)
+    os.chmod(tmp, 0o777 & ~mask)
 
 
 def _move_into_place(tmp: Path, out: Path) -> list[str]:
@@ -368,6 +421,10 @@ def load_export(path: Path):
     config = json.loads((Path(path) / "config.json").read_text())
     model = build_model(config["nvfp4train"]["model"])
     state = load_file(str(Path(path) / "model.safetensors"))
+    if "quantization_config" in config:  # weights=nvfp4_packed: its NVFP4 linears dequantized in FP32
+        from nvfp4train.export_nvfp4 import dense_from_packed
+
+        state = dense_from_packed(state)
     model.load_state_dict({k: v.float() for k, v in from_hf_state(state).items()})
     return model.eval(), config
 
@@ -379,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         cfg = load("export", argv)
-        out = export(cfg.run_dir, cfg.step, cfg.out, str(cfg.dtype), cfg.overwrite)
+        out = export(cfg.run_dir, cfg.step, cfg.out, str(cfg.dtype), cfg.overwrite, str(cfg.weights))
     except (ConfigError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -394,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
                 "out": str(out),
                 "step": config["nvfp4train"]["step"],
                 "dtype": config["dtype"],
+                "weights": config["nvfp4train"]["weights"],
                 "architecture": ARCHITECTURE,
                 "tokenizer": config["nvfp4train"]["tokenizer"]["exported"],
                 "bytes": (out / "model.safetensors").stat().st_size,

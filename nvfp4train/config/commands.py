@@ -17,6 +17,7 @@ from nvfp4train.schema import bounded, check
 # same defaults (tests/test_config_commands.py compares them) and the types, choices and ranges.
 
 ExportDtype = StrEnum("ExportDtype", "float32 bfloat16")
+ExportWeights = StrEnum("ExportWeights", "dense nvfp4_packed")
 GenerateDtype = StrEnum("GenerateDtype", "auto float32 bfloat16")
 
 
@@ -45,6 +46,7 @@ class ExportConfig:
     step: int | None = bounded(None, ge=0)
     out: Path | None = None
     dtype: ExportDtype = ExportDtype.float32
+    weights: ExportWeights = ExportWeights.dense
     overwrite: bool = False
 
     def __post_init__(self):
