@@ -113,11 +113,19 @@ def pytest_collection_modifyitems(config, items):
         module = getattr(item, "module", None)
         if module is not None:
             by_module.setdefault(module, []).append(item)
+    start_rank = {}
     for module, module_items in by_module.items():
         tier = module_tier(module, module_items)
         for item in module_items:
             item.add_marker(getattr(pytest.mark, tier))
             item.stash[TIER_KEY] = tier
+        slow = any(item.get_closest_marker("slow") for item in module_items)
+        start_rank[module] = 0 if slow else 1 if tier == "e2e" else 2
+    # The longest modules first: under --dist loadscope (.ci/run) each module runs whole on one worker, handed
+    # out in this order, so a module of minute-long runs started last would keep one worker busy while the
+    # others idle; the quick in-process modules fill the end. Within a module the order stays as written.
+    position = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (start_rank.get(getattr(item, "module", None), 2), position[id(item)]))
 
 
 TIER_KEY = pytest.StashKey[str]()
