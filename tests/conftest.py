@@ -132,11 +132,23 @@ TIER_KEY = pytest.StashKey[str]()
 PROJECT_COMMANDS = ("nvfp4train", "torchrun", "torch.distributed.run", "pytest", "ruff", "benchmarks", "slurm/", ".ci/")
 
 
+def _started_by_a_compiler(torch_dir: str) -> bool:
+    """Whether the Popen being made is torch's or triton's own (inductor's compile workers and probes, a C
+    compiler), not the test's: the first caller outside subprocess.py is in their packages (torch.distributed's
+    launcher excepted)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename == subprocess.__file__:
+        frame = frame.f_back
+    caller = frame.f_code.co_filename if frame is not None else ""
+    compilers = (torch_dir, str(Path(torch_dir).parent / "triton"))
+    return caller.startswith(compilers) and not caller.startswith(str(Path(torch_dir) / "distributed"))
+
+
 @pytest.fixture(autouse=True)
 def _unit_tests_start_no_process(request, monkeypatch):
     """A unit test that starts the CLI, torchrun, a Python child or a shell fails at once with what to do, so
-    the quick `-m unit` loop stays in-process as tests are added (torch's compile workers and a C compiler are
-    not the test's own processes and are let through)."""
+    the quick `-m unit` loop stays in-process as tests are added (what torch.compile and triton start to
+    compile are not the test's own processes and are let through)."""
     if request.node.stash.get(TIER_KEY, None) != "unit":
         return
     original = subprocess.Popen.__init__
@@ -146,10 +158,8 @@ def _unit_tests_start_no_process(request, monkeypatch):
         argv = [str(args)] if isinstance(args, (str, bytes, os.PathLike)) else [str(w) for w in args]
         program = Path(argv[0].split()[0]).name if argv and argv[0] else ""
         python = program.startswith("python") or argv[0] == sys.executable
-        own_worker = python and len(argv) > 1 and argv[1].startswith(torch_dir)
-        if not own_worker and (
-            python or program in ("bash", "sh", "torchrun") or any(c in " ".join(argv) for c in PROJECT_COMMANDS)
-        ):
+        project = python or program in ("bash", "sh", "torchrun") or any(c in " ".join(argv) for c in PROJECT_COMMANDS)
+        if project and not _started_by_a_compiler(torch_dir):
             raise AssertionError(
                 f"{request.node.nodeid} is in the unit tier but starts `{' '.join(argv)[:200]}`: add "
                 "`pytestmark = pytest.mark.e2e` to its module (docs/testing.md, test tiers)"
