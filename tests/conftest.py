@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
+import io
 import json
 import os
 import subprocess
 import sys
+import textwrap
+import tokenize
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -35,6 +40,133 @@ SMALL_MODEL = {
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+
+
+# Test tiers: every test module is exactly one of these (tests/test_tiers.py checks it), so `-m unit` is the
+# quick in-process loop, `-m e2e` the CLI / subprocess / torchrun runs, `-m gpu` the CUDA checks.
+TIERS = ("unit", "e2e", "gpu")
+GPU_DIR = REPO / "tests" / "gpu"
+# A module (or a fixture or tests/ helper it uses) naming one of these starts a process: it is e2e.
+STARTS_A_PROCESS = frozenset(
+    {
+        "subprocess",
+        "Popen",
+        "executable",  # sys.executable: a Python child
+        "run_train",
+        "run_torchrun",
+        "train_cmd",
+        "cli_env",
+        "spawn",
+        "run_and_kill_on_timeout",
+        "run_check_in_triton_interpreter",
+    }
+)
+
+
+@cache
+def _names_in(obj) -> frozenset[str]:
+    """The identifiers in ``obj``'s source (a module or function), strings and comments left out."""
+    try:
+        source = textwrap.dedent(inspect.getsource(obj))
+        tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+        return frozenset(t.string for t in tokens if t.type == tokenize.NAME)
+    except (OSError, TypeError, tokenize.TokenError, IndentationError, SyntaxError):
+        return frozenset()
+
+
+def _test_helper(obj) -> bool:
+    """A function or fixture written under tests/ (not pytest's own, not this file's process guard)."""
+    if not inspect.isfunction(obj) or obj.__name__ == "_unit_tests_start_no_process":
+        return False
+    try:
+        return (REPO / "tests") in Path(inspect.getsourcefile(obj) or "").resolve().parents
+    except TypeError:
+        return False
+
+
+def _starts_a_process(module, items) -> bool:
+    """Whether ``module``'s tests start a process: its own code, the tests/ helpers it imports and the
+    fixtures its tests use (a conftest's shared trained run) are read for the names above."""
+    helpers = [v for v in vars(module).values() if _test_helper(v) and v.__module__ != module.__name__]
+    for item in items:
+        for defs in item._fixtureinfo.name2fixturedefs.values():
+            helpers.extend(d.func for d in defs if _test_helper(d.func))
+    return any(STARTS_A_PROCESS & _names_in(obj) for obj in [module, *helpers])
+
+
+def module_tier(module, items) -> str:
+    """gpu under tests/gpu/, else the tier a module declares (``pytestmark = pytest.mark.e2e``), else e2e when it
+    starts a process and unit when it does not."""
+    path = Path(module.__file__).resolve()
+    if GPU_DIR in path.parents:
+        return "gpu"
+    marks = getattr(module, "pytestmark", [])
+    declared = {m.name for m in (marks if isinstance(marks, list) else [marks])} & {"unit", "e2e"}
+    if len(declared) == 1:
+        return declared.pop()
+    return "e2e" if _starts_a_process(module, items) else "unit"
+
+
+def pytest_collection_modifyitems(config, items):
+    by_module: dict = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None:
+            by_module.setdefault(module, []).append(item)
+    start_rank = {}
+    for module, module_items in by_module.items():
+        tier = module_tier(module, module_items)
+        for item in module_items:
+            item.add_marker(getattr(pytest.mark, tier))
+            item.stash[TIER_KEY] = tier
+        slow = any(item.get_closest_marker("slow") for item in module_items)
+        start_rank[module] = 0 if slow else 1 if tier == "e2e" else 2
+    # The longest modules first: under --dist loadscope (.ci/run) each module runs whole on one worker, handed
+    # out in this order, so a module of minute-long runs started last would keep one worker busy while the
+    # others idle; the quick in-process modules fill the end. Within a module the order stays as written.
+    position = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (start_rank.get(getattr(item, "module", None), 2), position[id(item)]))
+
+
+TIER_KEY = pytest.StashKey[str]()
+PROJECT_COMMANDS = ("nvfp4train", "torchrun", "torch.distributed.run", "pytest", "ruff", "benchmarks", "slurm/", ".ci/")
+
+
+def _started_by_a_compiler(torch_dir: str) -> bool:
+    """Whether the Popen being made is torch's or triton's own (inductor's compile workers and probes, a C
+    compiler), not the test's: the first caller outside subprocess.py is in their packages (torch.distributed's
+    launcher excepted)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename == subprocess.__file__:
+        frame = frame.f_back
+    caller = frame.f_code.co_filename if frame is not None else ""
+    compilers = (torch_dir, str(Path(torch_dir).parent / "triton"))
+    return caller.startswith(compilers) and not caller.startswith(str(Path(torch_dir) / "distributed"))
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_process(request, monkeypatch):
+    """A unit test that starts the CLI, torchrun, a Python child or a shell fails at once with what to do, so
+    the quick `-m unit` loop stays in-process as tests are added (what torch.compile and triton start to
+    compile are not the test's own processes and are let through)."""
+    if request.node.stash.get(TIER_KEY, None) != "unit":
+        return
+    original = subprocess.Popen.__init__
+    torch_dir = str(Path(__import__("torch").__file__).parent)
+
+    def guarded(self, args, *a, **kw):
+        argv = [str(args)] if isinstance(args, (str, bytes, os.PathLike)) else [str(w) for w in args]
+        program = Path(argv[0].split()[0]).name if argv and argv[0] else ""
+        python = program.startswith("python") or argv[0] == sys.executable
+        project = python or program in ("bash", "sh", "torchrun") or any(c in " ".join(argv) for c in PROJECT_COMMANDS)
+        if project and not _started_by_a_compiler(torch_dir):
+            raise AssertionError(
+                f"{request.node.nodeid} is in the unit tier but starts `{' '.join(argv)[:200]}`: add "
+                "`pytestmark = pytest.mark.e2e` to its module (docs/testing.md, test tiers)"
+            )
+        original(self, args, *a, **kw)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
 
 
 def cli_env(**extra) -> dict:

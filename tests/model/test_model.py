@@ -209,7 +209,7 @@ def test_bf16_autocast_forward_backward(small_cfg_dict):
 def test_block_norms_write_the_autocast_dtype_with_the_same_bits(small_cfg_dict, monkeypatch):
     """Under autocast a block's norm writes BF16 (its mixer's first linear would cast to it anyway):
     logits and every gradient equal those of an FP32 norm output cast by the linear, bit for bit (the
-    PyTorch norm; the Triton one on CUDA is within its last bit: test_fused_norm.py)."""
+    PyTorch norm; the Triton one on CUDA is within its last bit: tests/gpu/test_fused_norm.py)."""
     from nvfp4train.model import blocks
 
     model = build_model({**small_cfg_dict, "pattern": "M*-M"})

@@ -18,11 +18,21 @@ COMMON = [
     "train.micro_batch_size=8",
     "train.eval_sequences=2",
 ]
+TORCH_ENGINE = [c for c in COMMON if not c.startswith("train.parallel")]
+
+
+@pytest.fixture(scope="module")
+def torch_run(tmp_path_factory):
+    """The same run through the PyTorch engine, trained once for the module (each test copies it before
+    writing to it)."""
+    out = tmp_path_factory.mktemp("deepspeed") / "torch"
+    run_train(f"out_dir={out}", *TORCH_ENGINE)
+    return out
 
 
 @pytest.mark.parametrize("stage", [1, 2])
-def test_deepspeed_resume_is_exact_and_matches_torch_engine(tmp_path, stage):
-    full, cut, torch_run = tmp_path / "full", tmp_path / "cut", tmp_path / "torch"
+def test_deepspeed_resume_is_exact_and_matches_torch_engine(tmp_path, stage, torch_run):
+    full, cut = tmp_path / "full", tmp_path / "cut"
     run_train(f"out_dir={full}", f"train.zero_stage={stage}", *COMMON)
     shutil.copytree(full, cut)
     shutil.rmtree(cut / "checkpoints" / "step_00000008")  # as if killed after the step-4 checkpoint
@@ -33,16 +43,14 @@ def test_deepspeed_resume_is_exact_and_matches_torch_engine(tmp_path, stage):
     assert len(a) == len(b) == 8 and a == b
     # Same data and init through the PyTorch engine: BF16 weights (DeepSpeed) vs FP32 masters under
     # autocast differ slightly, step by step.
-    run_train(f"out_dir={torch_run}", *[c for c in COMMON if not c.startswith("train.parallel")])
     c = [r["loss"] for r in read_metrics(torch_run) if "loss" in r]
     assert a[0] == pytest.approx(c[0], rel=1e-2)
     assert a[-1] == pytest.approx(c[-1], rel=3e-2) and a[-1] < a[0] - 0.3
 
 
-def test_torch_checkpoint_is_refused_by_deepspeed_engine(tmp_path):
+def test_torch_checkpoint_is_refused_by_deepspeed_engine(tmp_path, torch_run):
     out = tmp_path / "run"
-    torch_args = [c for c in COMMON if not c.startswith("train.parallel")]
-    run_train(f"out_dir={out}", *torch_args)
+    shutil.copytree(torch_run, out)
     proc = run_train(f"out_dir={out}", *COMMON, check=False)
     assert proc.returncode == 2
     assert "written by the torch engine" in proc.stderr.strip().splitlines()[-1]

@@ -25,21 +25,27 @@ def _torchrun(out, *extra):
     return run_torchrun(f"out_dir={out}", *COMMON, *extra, launcher="torch.distributed.run")
 
 
-def test_ddp_two_ranks_matches_one_rank_with_accumulation(tmp_path):
-    run_train(f"out_dir={tmp_path / 'one'}", *COMMON)
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """The single-process run both parallel runs are held against, trained once for the module (read only)."""
+    out = tmp_path_factory.mktemp("distributed") / "one"
+    run_train(f"out_dir={out}", *COMMON)
+    return out
+
+
+def test_ddp_two_ranks_matches_one_rank_with_accumulation(tmp_path, one_rank):
     _torchrun(tmp_path / "two")
-    one = [r["loss"] for r in read_metrics(tmp_path / "one")]
+    one = [r["loss"] for r in read_metrics(one_rank)]
     two = [r["loss"] for r in read_metrics(tmp_path / "two")]
     assert len(one) == len(two) == 6
     assert one == pytest.approx(two, rel=1e-4, abs=1e-4)
 
 
-def test_fsdp2_two_ranks_tracks_one_rank(tmp_path):
+def test_fsdp2_two_ranks_tracks_one_rank(tmp_path, one_rank):
     """FSDP2 (gloo on CPU) shards the FP32 masters and computes with BF16 copies: the curve stays within
     BF16 noise of the single-process run (which casts the same FP32 weights under autocast)."""
-    run_train(f"out_dir={tmp_path / 'one'}", *COMMON)
     _torchrun(tmp_path / "fsdp", "train.parallel=fsdp2", "train.save_every=3")
-    one = [r["loss"] for r in read_metrics(tmp_path / "one")]
+    one = [r["loss"] for r in read_metrics(one_rank)]
     fsdp = [r["loss"] for r in read_metrics(tmp_path / "fsdp")]
     assert len(fsdp) == 6 and fsdp == pytest.approx(one, rel=5e-3)
     # sharded checkpoint: one DCP shard file per rank

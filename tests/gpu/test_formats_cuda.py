@@ -1,7 +1,7 @@
 """The public functions on CUDA tensors (impl="auto": the Triton kernels) give the CPU reference's
 bits (golden vectors included), SR runs on a CUDA generator, and torch.compile of the reference
 (which is what "auto" runs while dynamo traces) is checked too.
-Skipped without a GPU; run on the GPU machine: ``pytest -m gpu tests/formats``."""
+Skipped without a GPU; run on a GPU machine: ``pytest -m gpu tests/gpu``."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ import pytest
 import torch
 
 from nvfp4train.formats import fp8, hadamard, mxfp4, nvfp4, sr_generator
+from tests.formats.conftest import load_golden
 
-from .conftest import load_golden
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-pytestmark = pytest.mark.gpu
+
+@pytest.fixture
+def cuda():
+    return torch.device("cuda")
 
 
 def inputs():
