@@ -21,6 +21,7 @@ import math
 import os
 import resource
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -151,7 +152,16 @@ class MetricsLogger:
         # counters (they stay in the charts)
         for prefix in ("data/*", "quant/*"):
             self._wandb_run.define_metric(prefix, summary="none")
+        self._wandb_mode = mode
         return self._wandb_run.id
+
+    def wandb_sync_hint(self) -> str | None:
+        """For an offline W&B run, the line that says where it is and how to upload it (W&B's own hint, which
+        its silent mode drops)."""
+        if self._wandb_run is None or getattr(self, "_wandb_mode", None) != "offline":
+            return None
+        run_dir = Path(self._wandb_run.dir).parent  # .../wandb/offline-run-<time>-<id> (files/ is inside)
+        return f"W&B offline run in {run_dir}; upload it with: wandb sync {run_dir}"
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -234,6 +244,7 @@ class ProgressBar:
             and _terminal_columns() >= self.MIN_COLUMNS
         )
         self._bar = None
+        self.total, self._started = total, (initial, time.monotonic())  # for the plain lines' ETA
         if show:
             from tqdm import tqdm
 
@@ -245,9 +256,17 @@ class ProgressBar:
             self._bar.set_postfix_str(line, refresh=False)
             self._bar.update(1)
         elif self.enabled and step % self.log_every == 0:  # logs (SLURM, CI) get a plain line instead
-            print(line, flush=True)
+            print(f"{line} | {self._eta(step)}", flush=True)
         if self.enabled and step % self.log_every == 0:  # train.log gets it either way (INFO: not the terminal)
             logging.getLogger("nvfp4train.train").info(line)
+
+    def _eta(self, step: int) -> str:
+        """`37% (111/300), ETA 1m42s`: the bar's progress for a log, the rate measured since this process began."""
+        first, since = self._started
+        done = max(step - first, 0)
+        left = (time.monotonic() - since) / done * (self.total - step) if done else None
+        eta = "?" if left is None else f"{int(left // 60)}m{int(left % 60):02d}s" if left >= 60 else f"{left:.0f}s"
+        return f"{100 * step / max(self.total, 1):.0f}% ({step}/{self.total}), ETA {eta}"
 
     def write(self, message: str) -> None:
         logging.getLogger("nvfp4train.train").info(message)  # train.log gets the terminal's lines too
