@@ -58,7 +58,11 @@ def expand_inputs(spec, key: str = "input") -> list[Path]:
         elif path.is_file():
             files.append(path)
         else:
-            raise FileNotFoundError(f"{key}: input file not found: {' nor '.join(map(str, searched_paths(item)))}")
+            built = Path(item).parts[:2] == ("data", "corpora")  # configs/data/corpora.yaml's, not committed
+            how = "; build the corpora first: python scripts/build_corpora.py --corpora" if built else ""
+            raise FileNotFoundError(
+                f"{key}: input file not found: {' nor '.join(map(str, searched_paths(item)))}{how}"
+            )
     return files
 
 

@@ -46,3 +46,11 @@ def test_a_jsonl_keyed_body_says_which_text_field_to_set(tmp_path):
     assert list(iter_documents(str(path), text_field="body", key="data.sources.web.train")) == [
         "the document itself, longer than its title"
     ]
+
+
+def test_a_missing_built_corpus_says_how_to_build_it(tmp_path, monkeypatch):
+    """configs/data/corpora.yaml (the reproduction's data) names data/corpora/, which a clone does not have."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"; build the corpora first: python scripts/build_corpora.py "
+                       r"--corpora$"):  # fmt: skip
+        expand_inputs("data/corpora/nowhere/train.jsonl.gz", "data.sources.nowhere.train")
