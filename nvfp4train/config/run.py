@@ -153,6 +153,9 @@ class TrainConfig:
     """A progress bar: auto (when interactive) | true | false."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """Weights & Biases logging."""
+    tensorboard: bool = False
+    """Also write metrics.jsonl's numbers as TensorBoard scalars to out_dir/tensorboard/ (pip install
+    'nvfp4train[tensorboard]'; `tensorboard --logdir runs`)."""
 
     def __post_init__(self):
         for key in ("progress", "compile", "cuda_graph", "fsdp_reshard_after_forward"):

@@ -85,12 +85,24 @@ def require_wandb():
     return wandb
 
 
+def require_tensorboard():
+    """torch's SummaryWriter, or one line saying how to get the tensorboard package it writes with."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ConfigError(
+            "train.tensorboard=true needs the tensorboard package: pip install 'nvfp4train[tensorboard]'"
+        ) from None
+    return SummaryWriter
+
+
 class MetricsLogger:
     def __init__(self, out_dir: Path, enabled: bool):
         self.path = out_dir / "metrics.jsonl"
         self.enabled = enabled
         self._file = None
         self._wandb_run = None
+        self._tensorboard = None
 
     def open(self, resume_step: int | None, dropped_to: Path | None = None) -> list[str]:
         """Start the file; on resume keep only records of steps <= resume_step. The later records go to
@@ -155,6 +167,12 @@ class MetricsLogger:
         self._wandb_mode = mode
         return self._wandb_run.id
 
+    def start_tensorboard(self, enabled: bool, out_dir: Path) -> None:
+        """TensorBoard scalars beside metrics.jsonl, in out_dir/tensorboard/ (a resumed run adds an event file:
+        TensorBoard shows the steps of both, the later ones where they overlap)."""
+        if self.enabled and enabled:
+            self._tensorboard = require_tensorboard()(log_dir=str(out_dir / "tensorboard"))
+
     def wandb_sync_hint(self) -> str | None:
         """For an offline W&B run, the line that says where it is and how to upload it (W&B's own hint, which
         its silent mode drops)."""
@@ -180,11 +198,19 @@ class MetricsLogger:
             raise write_failed(self.path, e) from None
         if self._wandb_run is not None:
             self._wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+        if self._tensorboard is not None:  # the same numbers under the same names
+            for k, v in finite.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tensorboard.add_scalar(k, v, global_step=record["step"])
+            self._tensorboard.flush()
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
         if self._wandb_run is not None:
             self._wandb_run.finish()
             self._wandb_run = None

@@ -59,7 +59,14 @@ from nvfp4train.train.engines import StepStats, build_engine, import_deepspeed
 from nvfp4train.train.fits import check_fits
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
 from nvfp4train.train.heldout import evaluate_as, runs_in_bf16
-from nvfp4train.train.metrics import LogFile, MetricsLogger, ProgressBar, peak_memory_gib, require_wandb
+from nvfp4train.train.metrics import (
+    LogFile,
+    MetricsLogger,
+    ProgressBar,
+    peak_memory_gib,
+    require_tensorboard,
+    require_wandb,
+)
 
 
 @dataclass
@@ -99,6 +106,8 @@ class Trainer:
             checkpoint.read_meta(Path(t.resume))  # not a checkpoint at all: one line, nothing written
         if t.wandb.enabled:
             require_wandb()
+        if t.tensorboard:
+            require_tensorboard()
         if t.parallel == "deepspeed":
             import_deepspeed()  # before out_dir exists: a missing DeepSpeed is a refusal, not a half-made run
         if t.parallel == "hsdp" and info.world_size > 1:
@@ -223,6 +232,7 @@ class Trainer:
             dropped_to=self.abandoned / "metrics.jsonl" if self.abandoned else None,
         )
         self.wandb_id = self.logger.start_wandb(t.wandb, cfg.to_dict(), cfg.experiment, cfg.out_dir, self.wandb_id)
+        self.logger.start_tensorboard(t.tensorboard, cfg.out_dir)
         self.bar = ProgressBar(
             t.progress, info.is_main, total=t.max_steps, initial=self.start_step, log_every=t.log_every
         )
