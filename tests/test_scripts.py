@@ -39,7 +39,9 @@ def test_te_script_runs_the_verb_it_is_given():
     assert proc.returncode != 0 and "usage:" not in out and "transformer_engine" in out, out[-2000:]
 
 
-@pytest.mark.parametrize("script", ["single_node.sbatch", "multi_node.sbatch", "ab_array.sbatch", "reproduce_array.sbatch"])
+@pytest.mark.parametrize(
+    "script", ["single_node.sbatch", "multi_node.sbatch", "ab_array.sbatch", "reproduce_array.sbatch"]
+)
 def test_every_sbatch_script_appends_to_its_log(script):
     """A requeued job (preemption) writes the same --output file again: without append mode it truncates the
     log of the run so far."""

@@ -195,7 +195,9 @@ def resolve_micro_batch(train: TrainConfig, world_size: int) -> TrainConfig:
     micro, total = train.micro_batch_size, train.global_batch_size
     step = world_size * (micro or 1)
     if total % step:
-        near = " or ".join(f"train.global_batch_size={n}" for n in sorted({total // step * step, -(-total // step) * step}) if n)
+        near = " or ".join(
+            f"train.global_batch_size={n}" for n in sorted({total // step * step, -(-total // step) * step}) if n
+        )
         if micro is None:
             raise ConfigError(
                 f"train.global_batch_size={total} is not a multiple of the world size {world_size}: set {near} "

@@ -60,9 +60,7 @@ def expand_inputs(spec, key: str = "input") -> list[Path]:
         else:
             built = Path(item).parts[:2] == ("data", "corpora")  # configs/data/corpora.yaml's, not committed
             how = "; build the corpora first: python scripts/build_corpora.py --corpora" if built else ""
-            raise FileNotFoundError(
-                f"{key}: input file not found: {' nor '.join(map(str, searched_paths(item)))}{how}"
-            )
+            raise FileNotFoundError(f"{key}: input file not found: {' nor '.join(map(str, searched_paths(item)))}{how}")
     return files
 
 

@@ -28,7 +28,6 @@ def _main(cfg) -> None:
     from nvfp4train.train.checkpoint import CheckpointError
     from nvfp4train.train.guards import TrainingHalted
     from nvfp4train.train.loop import run
-
     from nvfp4train.train.sweep import place_sweep_job
 
     placed = place_sweep_job(cfg)  # a `-m` sweep's job trains in a directory of its own: train/sweep.py

@@ -5,9 +5,10 @@ and `runs/sweep/1_precision=nvfp4`: `<job number>_<the swept keys of that job>`,
 `hydra.job.override_dirname` restricted to the keys that take several values. The same command again resumes
 each job from its own directory. A sweep over `out_dir` alone (`out_dir=runs/a,runs/b`), or an out_dir that
 interpolates a swept key (`out_dir=runs/s${seed}`), uses those directories as given; `out_dir` swept together
-with another key would put several jobs in one directory, so it is refused before job 0 starts. With `hydra/launcher=submitit_slurm` (or `submitit_local`) the jobs are submitted by
-Hydra's submitit launcher, whose batch files and logs go to `out_dir/.submitit/` (on the cluster's shared file
-system, where the compute nodes read them), and Hydra's `multirun.yaml` to `out_dir/`.
+with another key would put several jobs in one directory, so it is refused before job 0 starts. With
+`hydra/launcher=submitit_slurm` (or `submitit_local`) the jobs are submitted by Hydra's submitit launcher,
+whose batch files and logs go to `out_dir/.submitit/` (on the cluster's shared file system, where the
+compute nodes read them), and Hydra's `multirun.yaml` to `out_dir/`.
 """
 
 from __future__ import annotations

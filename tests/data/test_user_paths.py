@@ -29,7 +29,10 @@ def test_a_missing_input_names_the_repository_and_the_working_directory(tmp_path
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError) as e:
         expand_inputs("x.jsonl", "data.sources.own.train")
-    assert str(e.value) == f"data.sources.own.train: input file not found: {REPO_ROOT / 'x.jsonl'} nor {tmp_path / 'x.jsonl'}"
+    assert (
+        str(e.value)
+        == f"data.sources.own.train: input file not found: {REPO_ROOT / 'x.jsonl'} nor {tmp_path / 'x.jsonl'}"
+    )
 
 
 def test_a_jsonl_keyed_body_says_which_text_field_to_set(tmp_path):

@@ -29,7 +29,9 @@ def test_short_banner_full_log_and_switch_in_metrics(tmp_path):
         "step 4: held-out evaluation (training precision, up to 1 sequences per source: literature, encyclopedic, "
         "code) ..."
     ), lines
-    assert lines[3].startswith("held-out loss at step 4 (in training, training precision, up to 1 sequences per source): "), lines
+    assert lines[3].startswith(
+        "held-out loss at step 4 (in training, training precision, up to 1 sequences per source): "
+    ), lines
     # what it measured, so that a slow machine says why
     assert re.search(r" \| [\d,]+ tok/s in \d+ s on \d+ thread\(s\), load average [\d.]+$", lines[4]), lines
     assert "backend" not in proc.stdout.replace("(emulated)", "") and proc.stderr == "", proc.stderr
