@@ -45,6 +45,9 @@ def sweep_hydra_overrides(overrides: list[str], default_out_dir: str) -> list[st
     fixed = sorted({o.key_or_group for o in task if not o.is_sweep_override()})
     extra = [f"hydra.job.config.override_dirname.exclude_keys=[{','.join(_quoted(k) for k in fixed)}]"]
     launcher = next((o.get_value_element_as_str() for o in parsed if o.key_or_group == "hydra/launcher"), None)
+    keys = [o.key_or_group for o in parsed if o.key_or_group.startswith("hydra.launcher.")]
+    if keys and launcher is None:  # Hydra's basic launcher has none of these keys
+        raise ConfigError(f"{keys[0]}: a key of the submitit launcher; choose it too: hydra/launcher=submitit_slurm")
     if launcher is not None:
         if not _has_plugin():
             raise ConfigError(

@@ -204,6 +204,15 @@ def test_only_the_submitit_launcher_and_its_plain_keys_are_settable(override, ex
         check_overrides(["hydra/launcher=submitit_slurm"])
 
 
+def test_a_launcher_key_without_the_launcher_is_refused_before_job_0(tmp_path):
+    proc = _sweep(tmp_path, "hydra.launcher.partition=gpu", "seed=1,2", "out_dir=sweep", *TINY_RUN)
+    line = _one_line_refusal(proc)
+    assert line == (
+        "error: hydra.launcher.partition: a key of the submitit launcher; choose it too: hydra/launcher=submitit_slurm"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_a_launcher_without_a_sweep_is_refused(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "nvfp4train.train", "hydra/launcher=submitit_local", "out_dir=run"],
