@@ -68,6 +68,16 @@ def _check_key(schema, key: str) -> None:
 # the launcher's and sweeper's targets) and where Hydra writes its files (hydra.run.dir, hydra.sweep.dir,
 # hydra.output_subdir): configs/train.yaml fixes those. Of Hydra's keys an override may set only these:
 HYDRA_KEYS = {"hydra.verbose": "true, or the loggers to log at DEBUG level, e.g. hydra.verbose=nvfp4train"}
+# A `-m` sweep may choose the submitit launcher (pip install 'nvfp4train[slurm]') and set its resources: plain
+# values only. Not its `setup` (shell lines for the batch script), `srun_args`, `submitit_folder` (where the
+# jobs' pickles are read from) or `_target_`: those name code or where it is loaded from.
+HYDRA_LAUNCHERS = ("submitit_slurm", "submitit_local")
+LAUNCHER_KEYS = (
+    "timeout_min", "partition", "nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "mem_gb", "name",
+    "account", "qos", "constraint", "comment", "exclude", "gres", "cpus_per_gpu", "gpus_per_task", "mem_per_gpu",
+    "mem_per_cpu", "signal_delay_s", "max_num_timeout", "array_parallelism", "additional_parameters",
+    "stderr_to_stdout",
+)  # fmt: skip
 # The resolvers an override's `${...}` may call (none of them runs code): an environment variable, another
 # key with a default, the time. Plain `${key}` interpolations are always allowed. An experiment file, which
 # people share, may use none of them: `${oc.env:HF_TOKEN}` would copy a secret into the runs' config.yaml.
@@ -95,10 +105,28 @@ def check_hydra_flags(args) -> None:
             )
 
 
-def _check_safe(arg: str, o, resolvers: tuple[str, ...]) -> None:
-    """No override names code or moves Hydra's files: `hydra.*` only as HYDRA_KEYS allows, no `_target_` (or
-    any Hydra/OmegaConf `_special_` key), no `@package`, and `${resolver:...}` only for `resolvers`."""
+def _special_parts(arg: str) -> list[str]:
+    return [part for part in re.split(r"[.=,:/\[\]{}\s'\"]+", arg.lstrip("~+")) if part in SPECIAL_KEYS]
+
+
+def _check_safe(arg: str, o, resolvers: tuple[str, ...], launcher: bool = False) -> None:
+    """No override names code or moves Hydra's files: `hydra.*` only as HYDRA_KEYS allows (and, with `launcher`,
+    HYDRA_LAUNCHERS and LAUNCHER_KEYS), no `_target_` (or any Hydra/OmegaConf `_special_` key), no `@package`, and
+    `${resolver:...}` only for `resolvers`."""
     key = o.key_or_group if o.package is None else f"{o.key_or_group}@{o.package}"
+    if not launcher:
+        pass
+    elif key == "hydra/launcher" and o.package is None and not o.is_delete() and not o.is_sweep_override():
+        if o.get_value_element_as_str() not in HYDRA_LAUNCHERS:
+            raise ConfigError(f"{arg}: allowed launchers: {', '.join(f'hydra/launcher={n}' for n in HYDRA_LAUNCHERS)}")
+        return _check_resolvers(arg, resolvers)
+    elif key.startswith("hydra.launcher.") and o.package is None and not o.is_delete():
+        if key.partition("hydra.launcher.")[2].split(".")[0] not in LAUNCHER_KEYS or _special_parts(arg):
+            raise ConfigError(
+                f"{arg}: not a settable key of the submitit launcher; allowed: "
+                + ", ".join(f"hydra.launcher.{k}" for k in LAUNCHER_KEYS)
+            )
+        return _check_resolvers(arg, resolvers)
     if key == "hydra" or key.startswith(("hydra.", "hydra/")) or (o.package or "").split(".")[0] == "hydra":
         allowed = "; ".join(f"{k}={v}" for k, v in HYDRA_KEYS.items())
         if key not in HYDRA_KEYS or o.is_delete() or o.is_add() or o.package is not None:
@@ -109,22 +137,29 @@ def _check_safe(arg: str, o, resolvers: tuple[str, ...]) -> None:
         return
     if o.package is not None:
         raise ConfigError(f"{arg}: a config group's @package is not supported; allowed: {key}=OPTION")
-    special = [part for part in re.split(r"[.=,:/\[\]{}\s'\"]+", arg.lstrip("~+")) if part in SPECIAL_KEYS]
+    special = _special_parts(arg)
     if special:
         raise ConfigError(
             f"{arg}: {special[0]!r} is a Hydra/OmegaConf special key (it can name code to instantiate); "
             "a config holds only the keys of configs/ and its dataclasses"
         )
+    _check_resolvers(arg, resolvers)
+
+
+def _check_resolvers(arg: str, resolvers: tuple[str, ...]) -> None:
     for resolver in _RESOLVER_CALL.findall(arg):
         if resolver not in resolvers:
             allowed = ", ".join(["${KEY}"] + [f"${{{r}:...}}" for r in resolvers])
             raise ConfigError(f"{arg}: the resolver {resolver!r} is not allowed; allowed interpolations: {allowed}")
 
 
-def check_overrides(overrides: list[str], name: str = "train", resolvers: tuple[str, ...] = RESOLVERS) -> None:
+def check_overrides(
+    overrides: list[str], name: str = "train", resolvers: tuple[str, ...] = RESOLVERS, launcher: bool = False
+) -> None:
     """Check command-line overrides (`group=option`, `a.b=value`, sweeps `a=1,2`, `~a.b` deletes) against
     COMMANDS[name], and that none names code or moves Hydra's files (`_check_safe`). `resolvers`: those a
-    `${name:...}` may call (an experiment file passes none)."""
+    `${name:...}` may call (an experiment file passes none); `launcher`: a training command line, which may
+    choose the submitit launcher of a sweep."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -144,11 +179,11 @@ def check_overrides(overrides: list[str], name: str = "train", resolvers: tuple[
     except OverrideParseException as e:
         raise ConfigError(" ".join(str(e).split())) from None
     for arg, o in zip(overrides, parsed):
-        _check_safe(arg, o, resolvers)
+        _check_safe(arg, o, resolvers, launcher)
     _check_deletes(list(zip(overrides, parsed)), name)
     for o in parsed:
         key = o.key_or_group
-        if key.split(".")[0] == "hydra":
+        if key.split(".")[0].split("/")[0] == "hydra":
             continue
         if o.is_delete():
             _check_key(schema, key)

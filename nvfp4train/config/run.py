@@ -153,6 +153,9 @@ class TrainConfig:
     """A progress bar: auto (when interactive) | true | false."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """Weights & Biases logging."""
+    tensorboard: bool = False
+    """Also write metrics.jsonl's numbers as TensorBoard scalars to out_dir/tensorboard/ (pip install
+    'nvfp4train[tensorboard]'; `tensorboard --logdir runs`)."""
 
     def __post_init__(self):
         for key in ("progress", "compile", "cuda_graph", "fsdp_reshard_after_forward"):
@@ -189,20 +192,25 @@ class TrainConfig:
 def resolve_micro_batch(train: TrainConfig, world_size: int) -> TrainConfig:
     """`train` with micro_batch_size set: as given, or the global batch split over the ranks (as torchtitan's
     local batch and Megatron's default are), checked against the world size."""
-    micro = train.micro_batch_size
-    if micro is None:
-        if train.global_batch_size % world_size:
-            raise ConfigError(
-                f"train.global_batch_size={train.global_batch_size} must be a multiple of the world "
-                f"size {world_size} (or set train.micro_batch_size with gradient accumulation)"
-            )
-        micro = train.global_batch_size // world_size
-    if train.global_batch_size % (micro * world_size):
-        raise ConfigError(
-            f"train.global_batch_size={train.global_batch_size} must be a multiple of "
-            f"train.micro_batch_size x world size = {micro} x {world_size} = {micro * world_size} "
-            f"(leave train.micro_batch_size unset to derive it)"
+    micro, total = train.micro_batch_size, train.global_batch_size
+    step = world_size * (micro or 1)
+    if total % step:
+        near = " or ".join(
+            f"train.global_batch_size={n}" for n in sorted({total // step * step, -(-total // step) * step}) if n
         )
+        if micro is None:
+            raise ConfigError(
+                f"train.global_batch_size={total} is not a multiple of the world size {world_size}: set {near} "
+                f"(each rank then takes global/{world_size} sequences a step)"
+            )
+        per_rank = total // world_size if total % world_size == 0 else None
+        choices = [m for m in range(1, per_rank + 1) if per_rank % m == 0] if per_rank else []
+        other = f", or train.micro_batch_size one of {', '.join(map(str, choices))}" if choices else ""
+        raise ConfigError(
+            f"train.global_batch_size={total} is not a multiple of train.micro_batch_size x world size = "
+            f"{micro} x {world_size} = {step}: set {near}{other}"
+        )
+    micro = micro or total // world_size
     return dataclasses.replace(train, micro_batch_size=micro)
 
 

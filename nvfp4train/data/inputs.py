@@ -9,10 +9,11 @@ import glob
 import gzip
 import json
 import os
+import re
 import zlib
 from pathlib import Path
 
-from .paths import resolve_path
+from .paths import resolve_path, searched_paths
 from .shards import sha256_file
 
 KNOWN_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".txt", ".txt.gz", ".parquet")
@@ -57,7 +58,9 @@ def expand_inputs(spec, key: str = "input") -> list[Path]:
         elif path.is_file():
             files.append(path)
         else:
-            raise FileNotFoundError(f"{key}: input file not found: {path}")
+            built = Path(item).parts[:2] == ("data", "corpora")  # configs/data/corpora.yaml's, not committed
+            how = "; build the corpora first: python scripts/build_corpora.py --corpora" if built else ""
+            raise FileNotFoundError(f"{key}: input file not found: {' nor '.join(map(str, searched_paths(item)))}{how}")
     return files
 
 
@@ -144,6 +147,18 @@ def iter_documents(spec, *, text_field: str = "text", fmt: str | None = None, ke
             ) from None
 
 
+def _no_field(row, text_field: str, key: str) -> str:
+    """`no 'text' field (its fields: id, body); set data.sources.web.text_field=body`: the key to set, named as
+    the input was (a data source's key, or prepare's --text-field), with the record's likeliest text field."""
+    if not isinstance(row, dict):
+        return f"not a JSON object with a {text_field!r} field"
+    strings = [k for k, v in row.items() if isinstance(v, str)]
+    guess = max(strings, key=lambda k: len(row[k]), default="FIELD")  # the longest string: the document
+    m = re.match(r"(data\.sources\.[^.]+)\.", key)
+    setting = f"{m.group(1)}.text_field={guess}" if m else f"--text-field {guess}"
+    return f"no {text_field!r} field (its fields: {', '.join(map(str, row)) or 'none'}); set {setting}"
+
+
 def _iter_file(path: Path, kind: str, text_field: str, key: str):
     """The documents of one input file, in file order."""
     opener = gzip.open if path.name.endswith(".gz") else open
@@ -161,7 +176,7 @@ def _iter_file(path: Path, kind: str, text_field: str, key: str):
                 except json.JSONDecodeError as err:
                     raise ValueError(f"{path}:{line_no}: not a JSON line ({err})") from None
                 except (KeyError, TypeError):
-                    raise ValueError(f"{path}:{line_no}: no {text_field!r} field (set text_field)") from None
+                    raise ValueError(f"{path}:{line_no}: {_no_field(row, text_field, key)}") from None
                 if not isinstance(text, str):
                     raise ValueError(f"{path}:{line_no}: field {text_field!r} is not a string")
                 yield text

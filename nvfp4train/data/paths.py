@@ -43,6 +43,16 @@ def resolve_path(path, *, cache: bool = False) -> Path:
     return SHIPPED_ROOT / p if (SHIPPED_ROOT / p).exists() else Path.cwd() / p
 
 
+def searched_paths(path) -> list[Path]:
+    """Where resolve_path(path) looks for a relative path that exists nowhere, in its order: what a
+    "not found" line names (the working directory too, not only the repository)."""
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return [p]
+    roots = [REPO_ROOT, Path.cwd()] if not SHIPPED_ROOT.is_dir() else [SHIPPED_ROOT, Path.cwd()]
+    return list(dict.fromkeys(root / p for root in roots))
+
+
 def git_commit(short: bool = False) -> str:
     """HEAD of the repository (`-dirty` appended when tracked files other than `docs/results/` differ from
     it), or "unknown" where there is no git or no .git (a copy of the tree, an installed wheel). Results are

@@ -463,7 +463,7 @@ def main(argv=None) -> None:
             fail(f"{flag} {value}: expected an integer >= 1")
     if not args.config and (not args.out or not (args.input or args.hf)):
         fail("give --out and --input (or --hf), or --config (see --help)")
-    out = resolve_path(args.out) if args.out else None
+    out = Path(args.out).expanduser().absolute() if args.out else None  # the user's path: from where they are
     if out is not None:
         blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
         if blocker is not None:
@@ -529,7 +529,7 @@ def _main(args) -> None:
             spec["data_files"] = args.data_files
     manifest = prepare_split(
         spec,
-        args.out,
+        Path(args.out).expanduser().absolute(),  # as checked in main(): from the user's working directory
         tokenizer=args.tokenizer,
         text_field=args.text_field,
         fmt=args.format,

@@ -175,7 +175,17 @@ def shard_fsdp2(model: nn.Module, reshard_after_forward: bool = True, prefetch: 
     prefetch=0 leaves FSDP2's implicit prefetching (the next block, issued when the CPU gets there).
     mesh: a 2-D ("replicate", "shard") DeviceMesh for HSDP (sharded along the second dimension, the
     gradients all-reduced along the first); None shards over every rank."""
+    import warnings
+
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    # FSDP2 warns, once per process, when a wrapped module returns a view (our blocks' mixer output is a
+    # reshape of the out-projection's 2-D GEMM; the model's loss a view of its sum): an in-place op on it would
+    # skip the pre-backward all-gather. Nothing in this model modifies them in place (the residual adds are
+    # out of place: RMSNorm.add_and_norm, HybridLM.forward), so the warning says nothing about this model.
+    warnings.filterwarnings(
+        "ignore", message=r"FSDP2-wrapped module \(FSDP(Block|HybridLM)\) returned a view tensor", category=UserWarning
+    )
     # BF16 compute copies of the sharded FP32 master weights; gradients reduced in FP32.
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     blocks = list(model.blocks)

@@ -72,6 +72,7 @@ def _evaluate(cfg: EvalConfig, device: str) -> dict:
         raise RunError(f"{run_dir / 'config.yaml'}: data: {e}") from None
 
     heldout, in_training_precision = None, None
+    progress(f"held-out loss ({cfg.eval_precision}, up to {cfg.heldout_sequences} sequences of {', '.join(val_data)})")
     if cfg.eval_precision != "train":
         heldout = harness.heldout_losses(model, val_data, cfg.batch_size, device)
     if cfg.eval_precision != "bf16":
@@ -82,8 +83,9 @@ def _evaluate(cfg: EvalConfig, device: str) -> dict:
             in_training_precision = harness.heldout_losses(quantized, val_data, cfg.batch_size, device)
         del quantized
     tasks = {}
-    for name in names:
+    for i, name in enumerate(names, 1):
         spec = definitions[name]
+        progress(f"task {name} ({i}/{len(names)}, {len(task_items[name])} items)")
         scores = harness.score_task(model, tokenizer, spec, task_items[name], seq_len, cfg.batch_size, device)
         tasks[name] = {"kind": spec["kind"], "primary": harness.PRIMARY_METRIC[spec["kind"]], **scores}
     meta = json.loads((ckpt / "meta.json").read_text())
@@ -109,6 +111,11 @@ def _evaluate(cfg: EvalConfig, device: str) -> dict:
     return result
 
 
+def progress(what: str) -> None:
+    """What the evaluation is doing, on stderr as it starts (stdout, the results, may go to a file)."""
+    print(f"eval: {what} ...", file=sys.stderr, flush=True)
+
+
 def summary(result: dict, path: Path) -> dict:
     out = {"eval_json": str(path), "step": result["step"]}
     out.update({f"heldout/{k}": round(v["loss"], 4) for k, v in result["heldout"].items()})
@@ -119,6 +126,8 @@ def summary(result: dict, path: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if hasattr(sys.stdout, "reconfigure"):  # each line as it is printed, also into a file or a pipe
+        sys.stdout.reconfigure(line_buffering=True)
     if help_requested(argv):
         print(usage("eval", __doc__))
         return 0

@@ -28,7 +28,11 @@ def _main(cfg) -> None:
     from nvfp4train.train.checkpoint import CheckpointError
     from nvfp4train.train.guards import TrainingHalted
     from nvfp4train.train.loop import run
+    from nvfp4train.train.sweep import place_sweep_job
 
+    placed = place_sweep_job(cfg)  # a `-m` sweep's job trains in a directory of its own: train/sweep.py
+    if placed and int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0:
+        print(placed, flush=True)
     try:
         run_cfg = RunConfig.from_omegaconf(cfg)
         summary = run(run_cfg)
@@ -115,9 +119,20 @@ def _cli() -> None:
     if args.help:  # ours, not Hydra's "powered by Hydra" and the whole config (`--cfg job` prints that)
         print(usage())
         sys.exit(0)
+    if args.shell_completion:  # Hydra's completion script or its answer: it composes configs, runs no job
+        hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(_main)()
+        return
     try:
         check_hydra_flags(args)
-        check_overrides(args.overrides)
+        check_overrides(args.overrides, launcher=True)
+        if args.multirun:  # each job its own out_dir; a submitit launcher's files under out_dir: train/sweep.py
+            from nvfp4train.config import RunConfig
+            from nvfp4train.schema import defaults
+            from nvfp4train.train.sweep import sweep_hydra_overrides
+
+            sys.argv += sweep_hydra_overrides(args.overrides, str(defaults(RunConfig)["out_dir"]))
+        elif any(a.startswith(("hydra/launcher", "hydra.launcher.")) for a in args.overrides):
+            raise ConfigError("hydra/launcher: a launcher runs the jobs of a sweep; add -m (--multirun)")
         if not args.multirun:  # one job: compose it here so that what Hydra would reject is one line too
             composed = compose("train", args.overrides)
             if not args.cfg:  # --cfg job shows a config with its `???` still open

@@ -5,6 +5,7 @@ all validated, and the peak FLOP/s MFU is measured against."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -31,9 +32,26 @@ def persistent_kernel_caches() -> str:
     return str(root)
 
 
+def running_elsewhere(samples: int = 5, interval_s: float = 0.02) -> int | None:
+    """How many other processes are running on the CPUs right now (Linux's /proc/loadavg: runnable tasks,
+    this one excluded), the median of a few samples; None where it cannot be read."""
+    counts = []
+    for i in range(samples):
+        try:
+            with open("/proc/loadavg") as f:
+                counts.append(int(f.read().split()[3].split("/")[0]) - 1)
+        except (OSError, ValueError, IndexError):
+            return None
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    return max(0, sorted(counts)[len(counts) // 2])
+
+
 def cpu_threads() -> str:
     """Pick torch's CPU threads unless OMP_NUM_THREADS (or torchrun, which sets it) did: the cores this
-    process may use that other processes are not busy on (cores - the 1-minute load average, at least 1).
+    process may use (os.sched_getaffinity) that other processes are not busy on, at least 1. Busy: the
+    1-minute load average, unless fewer processes run right now (running_elsewhere): right after `pip install`
+    the average still counts pip for a minute, and would cost the first run half of a 2-core machine.
     torch's default (every core) collapses on a shared machine: the default run on 2 cores with other jobs
     running (load average ~10) made ~250 tokens/s with 2 threads and ~900 with 1; on an idle
     machine it keeps every core. The thread count does not change the numbers (same losses, bitwise).
@@ -43,11 +61,14 @@ def cpu_threads() -> str:
         n = torch.get_num_threads()
         return f" ({n} thread{'s' if n > 1 else ''}: OMP_NUM_THREADS)"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    threads = max(1, min(cores, cores - round(load)))
+    now = running_elsewhere()
+    busy = load if now is None else min(load, now)
+    threads = max(1, min(cores, cores - round(busy)))
     torch.set_num_threads(threads)
     if threads == cores:
         return f" ({threads} thread{'s' if threads > 1 else ''})"
-    return f" ({threads} of {cores} cores: load average {load:.1f}; OMP_NUM_THREADS=N to choose)"
+    running = "" if now is None else f", {now} other process{'es' if now != 1 else ''} running"
+    return f" ({threads} of {cores} cores: load average {load:.1f}{running}; OMP_NUM_THREADS=N to choose)"
 
 
 def check_out_dir_writable(out_dir: Path) -> None:

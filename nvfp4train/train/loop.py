@@ -11,7 +11,9 @@ Hydra sweep share it): train/__main__.py destroys it once, at the end.
 from __future__ import annotations
 
 import math
+import os
 import signal
+import time
 
 import torch
 
@@ -63,6 +65,21 @@ def _profiler(cfg: RunConfig, trainer: Trainer) -> StepProfiler:
     return StepProfiler(start, t.profile_steps, cfg.out_dir, trainer.info.rank, trainer.info.device, trainer.bar.write)
 
 
+def measured(steps: int, tokens_per_step: int, seconds: float) -> str:
+    """What the run measured, so that a slow machine says why: the throughput over this process's steps
+    (evaluation and checkpoints included), the threads it used and the machine's load."""
+    if steps <= 0 or seconds <= 0:
+        return ""
+    try:
+        load = f", load average {os.getloadavg()[0]:.1f}"
+    except OSError:  # not every platform has one
+        load = ""
+    return (
+        f" | {steps * tokens_per_step / seconds:,.0f} tok/s in {seconds:.0f} s on {torch.get_num_threads()} "
+        f"thread(s){load}"
+    )
+
+
 def _run(cfg: RunConfig, stop: StopSignal) -> dict:
     trainer = Trainer(cfg)
     trainer.resume()
@@ -91,6 +108,7 @@ def _run(cfg: RunConfig, stop: StopSignal) -> dict:
         stop.starting = False  # from here a signal is answered with a checkpoint after the current step
         if stop.received is not None:  # arrived between the handler's last check and now
             raise stop.stopped()
+        first_step, started = trainer.step, time.monotonic()
         while trainer.step < cfg.train.max_steps:
             profiler.before_step(trainer.step + 1)
             trainer.train_step()
@@ -121,7 +139,13 @@ def _run(cfg: RunConfig, stop: StopSignal) -> dict:
                     "exiting so the job can be requeued (the same command resumes)"
                 )
             elif last_ckpt:
-                trainer.bar.write(f"done: step {trainer.step}, loss {loss:.4f}, checkpoint {last_ckpt}")
+                trainer.bar.write(
+                    f"done: step {trainer.step}, loss {loss:.4f}, checkpoint {last_ckpt}"
+                    f"{measured(trainer.step - first_step, trainer.tokens_per_step, time.monotonic() - started)}"
+                )
+            hint = trainer.logger.wandb_sync_hint()
+            if hint:
+                trainer.bar.write(hint)
     finally:
         trainer.close()
     dist.barrier(info)

@@ -21,6 +21,7 @@ import math
 import os
 import resource
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -84,12 +85,24 @@ def require_wandb():
     return wandb
 
 
+def require_tensorboard():
+    """torch's SummaryWriter, or one line saying how to get the tensorboard package it writes with."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ConfigError(
+            "train.tensorboard=true needs the tensorboard package: pip install 'nvfp4train[tensorboard]'"
+        ) from None
+    return SummaryWriter
+
+
 class MetricsLogger:
     def __init__(self, out_dir: Path, enabled: bool):
         self.path = out_dir / "metrics.jsonl"
         self.enabled = enabled
         self._file = None
         self._wandb_run = None
+        self._tensorboard = None
 
     def open(self, resume_step: int | None, dropped_to: Path | None = None) -> list[str]:
         """Start the file; on resume keep only records of steps <= resume_step. The later records go to
@@ -151,7 +164,22 @@ class MetricsLogger:
         # counters (they stay in the charts)
         for prefix in ("data/*", "quant/*"):
             self._wandb_run.define_metric(prefix, summary="none")
+        self._wandb_mode = mode
         return self._wandb_run.id
+
+    def start_tensorboard(self, enabled: bool, out_dir: Path) -> None:
+        """TensorBoard scalars beside metrics.jsonl, in out_dir/tensorboard/ (a resumed run adds an event file:
+        TensorBoard shows the steps of both, the later ones where they overlap)."""
+        if self.enabled and enabled:
+            self._tensorboard = require_tensorboard()(log_dir=str(out_dir / "tensorboard"))
+
+    def wandb_sync_hint(self) -> str | None:
+        """For an offline W&B run, the line that says where it is and how to upload it (W&B's own hint, which
+        its silent mode drops)."""
+        if self._wandb_run is None or getattr(self, "_wandb_mode", None) != "offline":
+            return None
+        run_dir = Path(self._wandb_run.dir).parent  # .../wandb/offline-run-<time>-<id> (files/ is inside)
+        return f"W&B offline run in {run_dir}; upload it with: wandb sync {run_dir}"
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -170,11 +198,19 @@ class MetricsLogger:
             raise write_failed(self.path, e) from None
         if self._wandb_run is not None:
             self._wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+        if self._tensorboard is not None:  # the same numbers under the same names
+            for k, v in finite.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tensorboard.add_scalar(k, v, global_step=record["step"])
+            self._tensorboard.flush()
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
         if self._wandb_run is not None:
             self._wandb_run.finish()
             self._wandb_run = None
@@ -234,6 +270,7 @@ class ProgressBar:
             and _terminal_columns() >= self.MIN_COLUMNS
         )
         self._bar = None
+        self.total, self._started = total, (initial, time.monotonic())  # for the plain lines' ETA
         if show:
             from tqdm import tqdm
 
@@ -245,9 +282,17 @@ class ProgressBar:
             self._bar.set_postfix_str(line, refresh=False)
             self._bar.update(1)
         elif self.enabled and step % self.log_every == 0:  # logs (SLURM, CI) get a plain line instead
-            print(line, flush=True)
+            print(f"{line} | {self._eta(step)}", flush=True)
         if self.enabled and step % self.log_every == 0:  # train.log gets it either way (INFO: not the terminal)
             logging.getLogger("nvfp4train.train").info(line)
+
+    def _eta(self, step: int) -> str:
+        """`37% (111/300), ETA 1m42s`: the bar's progress for a log, the rate measured since this process began."""
+        first, since = self._started
+        done = max(step - first, 0)
+        left = (time.monotonic() - since) / done * (self.total - step) if done else None
+        eta = "?" if left is None else f"{int(left // 60)}m{int(left % 60):02d}s" if left >= 60 else f"{left:.0f}s"
+        return f"{100 * step / max(self.total, 1):.0f}% ({step}/{self.total}), ETA {eta}"
 
     def write(self, message: str) -> None:
         logging.getLogger("nvfp4train.train").info(message)  # train.log gets the terminal's lines too

@@ -59,7 +59,14 @@ from nvfp4train.train.engines import StepStats, build_engine, import_deepspeed
 from nvfp4train.train.fits import check_fits
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
 from nvfp4train.train.heldout import evaluate_as, runs_in_bf16
-from nvfp4train.train.metrics import LogFile, MetricsLogger, ProgressBar, peak_memory_gib, require_wandb
+from nvfp4train.train.metrics import (
+    LogFile,
+    MetricsLogger,
+    ProgressBar,
+    peak_memory_gib,
+    require_tensorboard,
+    require_wandb,
+)
 
 
 @dataclass
@@ -99,6 +106,8 @@ class Trainer:
             checkpoint.read_meta(Path(t.resume))  # not a checkpoint at all: one line, nothing written
         if t.wandb.enabled:
             require_wandb()
+        if t.tensorboard:
+            require_tensorboard()
         if t.parallel == "deepspeed":
             import_deepspeed()  # before out_dir exists: a missing DeepSpeed is a refusal, not a half-made run
         if t.parallel == "hsdp" and info.world_size > 1:
@@ -223,6 +232,7 @@ class Trainer:
             dropped_to=self.abandoned / "metrics.jsonl" if self.abandoned else None,
         )
         self.wandb_id = self.logger.start_wandb(t.wandb, cfg.to_dict(), cfg.experiment, cfg.out_dir, self.wandb_id)
+        self.logger.start_tensorboard(t.tensorboard, cfg.out_dir)
         self.bar = ProgressBar(
             t.progress, info.is_main, total=t.max_steps, initial=self.start_step, log_every=t.log_every
         )
@@ -379,12 +389,20 @@ class Trainer:
         if (t.eval_every and r.step % t.eval_every == 0) or is_last:
             record = record or {"step": r.step, "tokens": r.step * self.tokens_per_step}
             layers = self.controller.layers
+            if is_main and is_last and self.val_data:  # tens of seconds on a CPU: say what is running
+                in_precision = {"bf16": "BF16", "both": "BF16 and training precision"}.get(
+                    t.eval_precision, "training precision"
+                )
+                self.bar.write(
+                    f"step {r.step}: held-out evaluation ({in_precision}, up to {t.eval_sequences} sequences "
+                    f"per source: {', '.join(self.val_data)}) ..."
+                )
             held_out = evaluate_as(
                 t.eval_precision, self.engine.module, self.val_data, t.micro_batch_size, self.info.device, layers
             )
             self.engine.after_evaluation()
             record.update(held_out)
-            if is_main and held_out:  # train.log (INFO: not the terminal)
+            if is_main and held_out:
                 if t.eval_precision == "both":
                     precision = "BF16 and training precision"
                     trained_in = "bf16" if runs_in_bf16(layers) else self.cfg.precision.get("name", "training")
@@ -396,10 +414,12 @@ class Trainer:
                 else:
                     precision = "BF16" if t.eval_precision == "bf16" else "training precision"
                     losses = [f"{k[4:]} {v:.4f}" for k, v in held_out.items()]
-                logging.getLogger(__name__).info(
+                line = (
                     f"held-out loss at step {r.step} (in training, {precision}, up to {t.eval_sequences} "
                     "sequences per source): " + ", ".join(losses)
                 )
+                # the terminal too at the end (train.log always): intermediate ones would crowd the bar
+                self.bar.write(line) if is_last else logging.getLogger(__name__).info(line)
         if record is not None:
             try:
                 self.logger.log(record)

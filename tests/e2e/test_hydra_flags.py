@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from nvfp4train.config import ConfigError, check_overrides
 from tests.conftest import cli_env
@@ -149,3 +150,106 @@ def test_no_resolver_that_runs_code_is_registered():
     compose("train", [])
     builtin = {"oc.create", "oc.decode", "oc.deprecated", "oc.dict.keys", "oc.dict.values", "oc.env", "oc.select"}
     assert set(BaseContainer._resolvers) <= builtin | {"hydra", "now", "python_version"}
+
+
+def _sweep(tmp_path, *args, env=None, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "nvfp4train.train", "-m", *args],
+        cwd=tmp_path,
+        env=env or cli_env(TMPDIR=tmp_path / "tmp"),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+TINY_RUN = ["train.max_steps=1", "train.seq_len=32", "train.global_batch_size=2", "train.eval_sequences=1"]
+
+
+def test_each_job_of_a_sweep_trains_in_a_directory_of_its_own(tmp_path):
+    proc = _sweep(tmp_path, "precision=bf16,fp8_tensorwise", "out_dir=sweep", *TINY_RUN, "train.progress=false")
+    assert proc.returncode == 0, proc.stderr
+    jobs = sorted(p.name for p in (tmp_path / "sweep").iterdir())
+    assert jobs == ["0_precision=bf16", "1_precision=fp8_tensorwise"]
+    for job in jobs:
+        assert (tmp_path / "sweep" / job / "checkpoints" / "step_00000001").is_dir()
+        config = yaml.safe_load((tmp_path / "sweep" / job / "config.yaml").read_text())
+        assert config["precision"]["name"] == job.partition("=")[2]
+    assert "sweep job 1 (precision=fp8_tensorwise): out_dir sweep/1_precision=fp8_tensorwise" in proc.stdout
+
+
+def test_a_sweep_of_out_dir_with_another_key_is_refused_before_job_0(tmp_path):
+    proc = _sweep(tmp_path, "seed=1,2", "out_dir=a,b", *TINY_RUN)
+    line = _one_line_refusal(proc)
+    assert line.startswith("error: out_dir: swept together with seed") and "DIR/<job number>" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("hydra/launcher=basic", "allowed launchers: hydra/launcher=submitit_slurm, hydra/launcher=submitit_local"),
+        ("hydra.launcher.setup=[rm]", "hydra.launcher.setup=[rm]: not a settable key of the submitit launcher"),
+        ("hydra.launcher.submitit_folder=/x", "not a settable key of the submitit launcher"),
+        ("hydra.launcher._target_=os.system", "not a settable key of the submitit launcher"),
+        ("hydra.launcher.additional_parameters={_target_:os.system}", "not a settable key of the submitit"),
+        ("hydra.sweep.dir=runs/x", "'hydra.sweep.dir' is not settable"),
+    ],
+)
+def test_only_the_submitit_launcher_and_its_plain_keys_are_settable(override, expected):
+    check_overrides(["hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu"], launcher=True)
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        check_overrides([override], launcher=True)
+    with pytest.raises(ConfigError, match="is not settable"):  # an experiment file chooses no launcher
+        check_overrides(["hydra/launcher=submitit_slurm"])
+
+
+def test_a_launcher_key_without_the_launcher_is_refused_before_job_0(tmp_path):
+    proc = _sweep(tmp_path, "hydra.launcher.partition=gpu", "seed=1,2", "out_dir=sweep", *TINY_RUN)
+    line = _one_line_refusal(proc)
+    assert line == (
+        "error: hydra.launcher.partition: a key of the submitit launcher; choose it too: hydra/launcher=submitit_slurm"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_launcher_without_a_sweep_is_refused(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "nvfp4train.train", "hydra/launcher=submitit_local", "out_dir=run"],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "a launcher runs the jobs of a sweep; add -m" in _one_line_refusal(proc)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_submitit_local_sweep_trains_each_job(tmp_path):
+    """Hydra's submitit launcher (pip install 'nvfp4train[slurm]') runs each job in a process of its own; its
+    files go under out_dir/.submitit, the runs beside them."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    proc = _sweep(tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5", "seed=1,2",
+                  "out_dir=sweep", *TINY_RUN, "train.progress=false", timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    sweep = tmp_path / "sweep"
+    assert {"0_seed=1", "1_seed=2", ".submitit", "multirun.yaml"} <= {p.name for p in sweep.iterdir()}
+    for job in ("0_seed=1", "1_seed=2"):
+        assert (sweep / job / "checkpoints" / "step_00000001").is_dir()
+
+
+def test_shell_completion_is_hydras(tmp_path):
+    """`-sc install=bash` prints Hydra's completion script and `-sc query=bash` answers it: neither runs a job."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "nvfp4train.train", "-sc", "install=bash"],
+        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "hydra_bash_completion()" in proc.stdout, proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "nvfp4train.train", "-sc", "query=bash"],
+        cwd=tmp_path, env=cli_env(COMP_LINE="train prec", COMP_POINT="10"), capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "precision=" in proc.stdout.split(), proc.stdout + proc.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -45,6 +45,12 @@ def test_eval_writes_heldout_losses_and_task_scores(tiny_run):
         assert summary[f"heldout/{source}"] == pytest.approx(v["loss"], abs=1e-4)
     definitions = harness.load_task_definitions()
     assert set(result["tasks"]) == set(definitions) and len(definitions) >= 3
+    # a progress line on stderr as each part starts (stdout may go to a file: its lines come at the end)
+    names = list(result["tasks"])
+    assert proc.stderr.splitlines() == [
+        "eval: held-out loss (bf16, up to 2 sequences of literature, encyclopedic, code) ...",
+        *(f"eval: task {name} ({i}/{len(names)}, 6 items) ..." for i, name in enumerate(names, 1)),
+    ], proc.stderr
     for name, v in result["tasks"].items():
         assert v["n"] == 6 and v["kind"] == definitions[name]["kind"]
         value = v[v["primary"]]

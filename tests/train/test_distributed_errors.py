@@ -38,6 +38,19 @@ def test_launcher_refuses_a_bad_value_before_starting_workers(tmp_path):
     assert "Rendezvous" not in proc.stderr and not (tmp_path / "run").exists()
 
 
+def test_the_readme_launcher_names_a_global_batch_that_fits_three_ranks(tmp_path):
+    """README's multi-process line (nvfp4train.dist.run) on 3 ranks with the default global batch of 16: the one
+    line names the batch sizes that fit, before any worker starts."""
+    out = tmp_path / "run"
+    proc = run_torchrun(f"out_dir={out}", "train.parallel=fsdp2", nproc=3, check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        "error: train.global_batch_size=16 is not a multiple of the world size 3: set train.global_batch_size=15 "
+        "or train.global_batch_size=18 (each rank then takes global/3 sequences a step)"
+    ]
+    assert not out.exists()
+
+
 def test_stock_torchrun_shows_the_line_once_and_in_its_summary(tmp_path):
     proc = _launch("torch.distributed.run", tmp_path / "run", *REFUSED_BY_TRAINER)
     assert proc.returncode != 0

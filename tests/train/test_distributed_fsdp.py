@@ -163,3 +163,17 @@ def test_compiled_fsdp2_compiles_every_quantized_block(tmp_path):
     assert "recompile_limit" not in output, output[-3000:]
     losses = [r["loss"] for r in read_metrics(tmp_path / "fsdp") if "loss" in r]
     assert len(losses) == 4 and all(math.isfinite(v) for v in losses)
+
+
+def test_fsdp2_is_silent_about_the_views_this_model_never_modifies(one_rank_group):
+    """FSDP2 warns when a wrapped module returns a view (an in-place op on it would skip the all-gather); the
+    blocks' and the model's outputs are views that nothing modifies in place: no warning per run."""
+    import warnings
+
+    model = HybridLM(ModelConfig.from_dict(SMALL))
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 16))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist.shard_fsdp2(model)
+        model(tokens, tokens).backward()
+    assert not [w for w in caught if "returned a view tensor" in str(w.message)], [str(w.message) for w in caught]

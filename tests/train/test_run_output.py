@@ -1,6 +1,8 @@
 """What a run shows: a short banner on the terminal, the full log in out_dir/train.log (the backend choice
 once), and the mid-run precision switch recorded in metrics.jsonl so comparisons can mark it."""
 
+import re
+
 import pytest
 
 from tests.conftest import read_metrics, run_train
@@ -21,7 +23,17 @@ def test_short_banner_full_log_and_switch_in_metrics(tmp_path):
     )
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("model hybrid_tiny:") and lines[-1].startswith("done: step 4")
-    assert len(lines) == 3 and lines[1].startswith("step 3: precision: switched full to BF16"), lines
+    assert len(lines) == 5 and lines[1].startswith("step 3: precision: switched full to BF16"), lines
+    # the end-of-run evaluation says what it is doing, then its loss, on the terminal (not only in train.log)
+    assert lines[2] == (
+        "step 4: held-out evaluation (training precision, up to 1 sequences per source: literature, encyclopedic, "
+        "code) ..."
+    ), lines
+    assert lines[3].startswith(
+        "held-out loss at step 4 (in training, training precision, up to 1 sequences per source): "
+    ), lines
+    # what it measured, so that a slow machine says why
+    assert re.search(r" \| [\d,]+ tok/s in \d+ s on \d+ thread\(s\), load average [\d.]+$", lines[4]), lines
     assert "backend" not in proc.stdout.replace("(emulated)", "") and proc.stderr == "", proc.stderr
     log = (out / "train.log").read_text()
     assert log.count("backend emulated (") == 1 and "model hybrid_tiny:" in log
@@ -47,6 +59,8 @@ def test_wandb_summary_leads_with_the_loss(tmp_path):
     )
     assert "wandb:" not in proc.stdout + proc.stderr
     (log,) = out.glob("wandb/offline-run-*/run-*.wandb")
+    # but it says where the offline run is and how to upload it, as W&B's own banner would
+    assert proc.stdout.splitlines()[-1] == f"W&B offline run in {log.parent}; upload it with: wandb sync {log.parent}"
     metrics = [r.metric for r in read_wandb_file(log) if r.WhichOneof("record_type") == "metric"]
     assert {m.glob_name for m in metrics if m.summary.none} == {"data/*", "quant/*"}
 
@@ -63,5 +77,6 @@ def test_deepspeed_start_up_lines_go_to_the_log_file(tmp_path):
         "train.global_batch_size=2",
         "train.eval_sequences=1",
     )
-    assert [line.split(":")[0] for line in proc.stdout.splitlines()] == ["model hybrid_tiny", "done"], proc.stdout
+    shown = [line.split(":")[0] for line in proc.stdout.splitlines() if not line.startswith(("held-out", "step 1:"))]
+    assert shown == ["model hybrid_tiny", "done"], proc.stdout
     assert "DeepSpeed" not in proc.stderr and "deepspeed INFO" in (out / "train.log").read_text()

@@ -5,6 +5,7 @@ N of M"; SIGTERM/SIGUSR1 exit 0 (SLURM requeues); a second Ctrl-C exits at once 
 arrives while the run is starting ends it with one line; a finished run run again says there was nothing
 to do; the default micro-batch follows the world size."""
 
+import dataclasses
 import fcntl
 import signal
 import subprocess
@@ -98,10 +99,16 @@ def test_micro_batch_follows_the_world_size():
     default = TrainConfig()
     assert default.micro_batch_size is None
     assert [resolve_micro_batch(default, w).micro_batch_size for w in (1, 2, 4, 8, 16)] == [16, 8, 4, 2, 1]
-    with pytest.raises(ConfigError, match="multiple of the world size 3"):
+    # each hint names a value that works, not another key that cannot help
+    with pytest.raises(ConfigError, match="multiple of the world size 3: set train.global_batch_size=15 or "
+                       "train.global_batch_size=18"):  # fmt: skip
         resolve_micro_batch(default, 3)
-    with pytest.raises(ConfigError, match=r"train.micro_batch_size x world size = 16 x 2 = 32"):
+    assert resolve_micro_batch(dataclasses.replace(default, global_batch_size=18), 3).micro_batch_size == 6
+    with pytest.raises(ConfigError, match=r"train.micro_batch_size x world size = 16 x 2 = 32: set "
+                       r"train.global_batch_size=32, or train.micro_batch_size one of 1, 2, 4, 8$"):  # fmt: skip
         resolve_micro_batch(TrainConfig(micro_batch_size=16), 2)
+    for micro in (1, 2, 4, 8):
+        assert resolve_micro_batch(TrainConfig(micro_batch_size=micro), 2).micro_batch_size == micro
     assert resolve_micro_batch(TrainConfig(micro_batch_size=4), 2).micro_batch_size == 4  # accumulation 2
 
 
