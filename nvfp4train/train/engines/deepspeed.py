@@ -173,8 +173,16 @@ class DeepSpeedEngine:
             as_tensor(math.isfinite(loss_value) and math.isfinite(norm_value)),
         )
 
+    def captured_at(self, start_step: int) -> int | None:
+        """DeepSpeed's steps are not captured as a CUDA graph."""
+        return None
+
     def after_evaluation(self) -> None:
         """DeepSpeed's steps are not captured: nothing to free."""
+
+    def close(self) -> None:
+        """Nothing to free: DeepSpeed's engine holds no CUDA graph (the process group is shut down once, after
+        every run: dist.shutdown)."""
 
     def state_is_finite(self) -> torch.Tensor:
         """This rank's BF16 weights, FP32 master partitions and Adam moments, all finite (a device bool)."""

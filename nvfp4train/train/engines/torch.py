@@ -68,20 +68,18 @@ class TorchEngine:
         parallel: str,
         info: dist.DistInfo,
         compile: bool = False,
-        reshard_after_forward: bool | str = True,
+        reshard_after_forward: bool = True,
         cuda_graph: bool = False,
         fsdp_prefetch: int = 1,
         ddp_bucket_cap_mb: int = 100,
         hsdp_shard_size: int = 0,
     ):
+        """compile, reshard_after_forward, cuda_graph: decided (train/plan.py); hsdp_shard_size: ranks per
+        shard group (0: the ranks of a node)."""
         self.model, self.info, self.parallel = model, info, parallel
         self.fsdp = parallel in ("fsdp2", "hsdp") and info.world_size > 1
         if self.fsdp:
-            n_params = sum(p.numel() for p in model.parameters())
-            reshard_after_forward, why = dist.resolve_reshard_after_forward(
-                str(reshard_after_forward).lower(), n_params, info
-            )
-            log.info("FSDP2: %s; prefetch %d block(s)", why, fsdp_prefetch)
+            log.info("FSDP2: reshard_after_forward=%s; prefetch %d block(s)", reshard_after_forward, fsdp_prefetch)
         # a DDP or FSDP2 step captured with its collectives (cuda_graph.py): its gradients stay where the
         # graph writes them (DDP's bucket views, FSDP2's sharded gradients)
         ddp_graph = cuda_graph and parallel == "ddp" and info.world_size > 1
@@ -135,6 +133,11 @@ class TorchEngine:
                 distributed=self.keep_grad_buffers,
                 reshard=(lambda: dist.reshard_fsdp(model)) if self.fsdp else None,
             )
+
+    def captured_at(self, start_step: int) -> int | None:
+        """The step whose forward and backward are captured as a CUDA graph, for a process that starts after
+        `start_step` (None: every step runs eagerly)."""
+        return None if self.step_graph is None else start_step + self.step_graph.warmup_steps + 1
 
     def autocast(self):
         return torch.autocast(self.info.device.type, dtype=torch.bfloat16)
