@@ -107,7 +107,9 @@ def test_the_plan_tells_the_capture_policy_whether_fsdp2_reshards():
         data=load_preset("data", "bundled"),
     )
     for parallel, reshard, expected_reshard, expected_graph in cases:
-        train = TrainConfig(parallel=Parallel(parallel), fsdp_reshard_after_forward=FsdpReshard(reshard))
+        train = TrainConfig(
+            parallel=Parallel(parallel), fsdp_reshard_after_forward=FsdpReshard(reshard), micro_batch_size=8
+        )
         plan = plan_run(dataclasses.replace(base, train=train), info, facts)
         assert (plan.fsdp_reshard_after_forward, plan.cuda_graph) == (expected_reshard, expected_graph), parallel
 
