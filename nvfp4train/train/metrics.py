@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from nvfp4train.config import ConfigError, WandbConfig
+from nvfp4train.runs import RESOLVED_PREFIX
 from nvfp4train.train.rundir import check_own, open_own, write_atomic, write_failed
 
 DAMAGED_SUFFIX = ".damaged"
@@ -169,7 +170,9 @@ class MetricsLogger:
                 pass
             raise write_failed(self.path, e) from None
         if self._wandb_run is not None:
-            self._wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+            # the run plan's resolved/* fields are in the W&B run's config (its `resolved` section) already
+            charted = {k: v for k, v in record.items() if k != "step" and not k.startswith(RESOLVED_PREFIX)}
+            self._wandb_run.log(charted, step=record["step"])
 
     def close(self) -> None:
         if self._file is not None:
