@@ -56,10 +56,11 @@ from nvfp4train.dist import DistInfo
 from nvfp4train.model import HybridLM, ModelConfig, flops_per_token, param_groups
 from nvfp4train.model.mfu import peak_flops
 from nvfp4train.optim import OptimConfig
-from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
+from nvfp4train.precision import PrecisionController, PrecisionPolicy, QuantLinear, build_linear_factory
 from nvfp4train.schema import ConfigError
 from nvfp4train.train.build import persistent_kernel_caches
-from nvfp4train.train.engines import TorchEngine, resolve_compile, resolve_cuda_graph
+from nvfp4train.train.engines import TorchEngine
+from nvfp4train.train.plan import RunFacts, decide_compile, decide_cuda_graph
 from nvfp4train.train.profiling import kernel_rows, summary_lines
 
 REPO = Path(__file__).resolve().parents[1]
@@ -216,14 +217,23 @@ def bench_one(
     if precision_set:  # its own row: e.g. fp8_tensorwise[bf16_first=0,bf16_last=0] beside fp8_tensorwise
         precision += "[" + ",".join(f"{k}={v}" for k, v in precision_set.items()) + "]"
     info = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
-    graphed = resolve_cuda_graph(cuda_graph, model, info, "ddp")
+    facts = RunFacts(
+        n_params=sum(p.numel() for p in model.parameters()),
+        mamba_blocks=model_cfg.count("M"),
+        quantized=any(isinstance(m, QuantLinear) and m.quantized for m in model.modules()),
+        te_layers=backend == "te",
+        precision_backend=backend,
+        precision_backend_reason="",
+    )
+    graphed = decide_cuda_graph(cuda_graph, facts, device, 1, "ddp")[0]
+    compiled = decide_compile(compile, device.type, facts.mamba_blocks)[0]
     engine = TorchEngine(
         model,
         lambda m: param_groups(m, 0.1),
         OptimConfig(),
         "ddp",
         info,
-        compile=resolve_compile(compile, device),
+        compile=compiled,
         cuda_graph=graphed,
     )
     if graphed:  # the capture happens in the warm-up, never in the timed window
@@ -263,7 +273,7 @@ def bench_one(
         "batch": batch,
         "precision": precision,
         "backend": backend,
-        "compiled": resolve_compile(compile, device),
+        "compiled": compiled,
         "cuda_graph": graphed,
         "step_ms": round(step_s * 1e3, 3),
         "tokens_per_s": round(tokens_per_s, 1),

@@ -48,6 +48,11 @@ MAX_METRICS_LINES = 5_000_000
 DAMAGED_NAMED = 100  # damaged metrics lines kept by number (all are counted)
 
 TEXT_FIELDS = ("precision_switch",)  # the one metrics field that holds text; the others are numbers or null
+# The trainer's decisions (train/plan.py's RunPlan): config.yaml's last section, and `resolved/<decision>` fields
+# (text among them: the device, the backends) of the first metrics record a process writes. Not part of the
+# run's config: runs that differ only there are the same run made on other machines.
+RESOLVED = "resolved"
+RESOLVED_PREFIX = RESOLVED + "/"
 CONFIG_SECTIONS = ("model", "precision", "data", "optim", "train")  # mappings wherever present
 
 
@@ -190,7 +195,11 @@ def is_record(record) -> bool:
         return False
     return all(
         _encodable(k)
-        and (v is None or isinstance(v, (int, float)) or (k in TEXT_FIELDS and isinstance(v, str) and _encodable(v)))
+        and (
+            v is None
+            or isinstance(v, (int, float))
+            or ((k in TEXT_FIELDS or k.startswith(RESOLVED_PREFIX)) and isinstance(v, str) and _encodable(v))
+        )
         for k, v in record.items()
     )
 

@@ -38,7 +38,7 @@ class Run:
 
     def __post_init__(self):
         self.config = recorded_run_config(self.config)  # a record written before a key was renamed: today's key
-        self.flat = flatten(self.config)
+        self.flat = flatten({k: v for k, v in self.config.items() if k != rundir.RESOLVED})  # decisions, not config
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:

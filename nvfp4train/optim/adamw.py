@@ -128,7 +128,7 @@ class ClippingAdamW(torch.optim.AdamW):
 def build_optimizer(param_groups: list[dict], cfg: OptimConfig, fused: bool = False) -> ClippingAdamW:
     """AdamW on the given groups (each group may carry its own `weight_decay`). fused=True: the fused
     kernel, which skips the whole update (moments and step count included) where `optimizer.found_inf`
-    is 1, decided on the device (train/engines.py), and applies `optimizer.clip_coef` to the gradients."""
+    is 1, decided on the device (train/engines/torch.py), and applies `optimizer.clip_coef` to the gradients."""
     for group in param_groups:
         for p in group["params"]:
             if p.dtype != torch.float32:

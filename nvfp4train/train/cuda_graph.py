@@ -56,7 +56,6 @@ import logging
 import torch
 import torch.nn as nn
 
-from nvfp4train.precision.backends import TELinear
 from nvfp4train.precision.controller import drop_weight_caches
 from nvfp4train.precision.linear import QuantLinear
 
@@ -72,7 +71,7 @@ DDP_WARMUP_STEPS = 11  # torch's CUDA-graph notes: at least 11 DDP-enabled eager
 
 
 def cuda_graph_blocker(
-    model: nn.Module,
+    facts,
     device: torch.device,
     world_size: int,
     parallel: str,
@@ -85,13 +84,13 @@ def cuda_graph_blocker(
     forward; auto captures FSDP2's and HSDP's steps in any precision where the gathered weights are kept
     from forward to backward (`fsdp_reshard` False: resharding means memory comes first, and the graph's
     pool holds more) and DDP's where a linear is quantized (the host issues a BF16 DDP step faster than
-    the GPU runs it; docs/distributed.md has the measurements)."""
+    the GPU runs it; docs/distributed.md has the measurements). `facts`: the model's (train/plan.py's RunFacts:
+    `quantized`, `te_layers`)."""
     if device.type != "cuda":
         return f"the device is {device.type}, not cuda"
     if parallel == "deepspeed":
         return "train.parallel=deepspeed (DeepSpeed's hooks and its optimizer step are not captured)"
-    quantized = any(isinstance(m, QuantLinear) and m.quantized for m in model.modules())
-    if world_size > 1 and parallel == "ddp" and not explicit and not quantized:
+    if world_size > 1 and parallel == "ddp" and not explicit and not facts.quantized:
         return (
             f"{world_size} ranks with train.parallel=ddp in BF16 (the host keeps ahead of the GPU there; "
             f"captured with train.cuda_graph=true)"
@@ -103,7 +102,7 @@ def cuda_graph_blocker(
         )
     if activation_checkpointing != "none":
         return f"train.activation_checkpointing={activation_checkpointing} (recomputation saves RNG states on the host)"
-    if any(isinstance(m, TELinear) for m in model.modules()):
+    if facts.te_layers:
         return "precision.backend=te (Transformer Engine's layers keep their own state)"
     return None
 

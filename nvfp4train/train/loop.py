@@ -52,9 +52,8 @@ def _profiler(cfg: RunConfig, trainer: Trainer) -> StepProfiler:
     """train.profile_start's window, moved past the CUDA graph's capture (this process's first graphed step:
     a capture is not profiled) and said so."""
     t, start = cfg.train, cfg.train.profile_start
-    graph = getattr(trainer.engine, "step_graph", None)
-    if start and graph is not None:
-        captured = trainer.start_step + graph.warmup_steps + 1
+    captured = trainer.engine.captured_at(trainer.start_step)
+    if start and captured is not None:
         if start <= captured:
             if trainer.info.is_main:
                 trainer.bar.write(

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from nvfp4train.config import ConfigError, WandbConfig
+from nvfp4train.runs import RESOLVED_PREFIX
 from nvfp4train.train.rundir import check_own, open_own, write_atomic, write_failed
 
 DAMAGED_SUFFIX = ".damaged"
@@ -197,10 +198,14 @@ class MetricsLogger:
                 pass
             raise write_failed(self.path, e) from None
         if self._wandb_run is not None:
-            self._wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
-        if self._tensorboard is not None:  # the same numbers under the same names
+            # the run plan's resolved/* fields are in the W&B run's config (its `resolved` section) already
+            charted = {k: v for k, v in record.items() if k != "step" and not k.startswith(RESOLVED_PREFIX)}
+            self._wandb_run.log(charted, step=record["step"])
+        if self._tensorboard is not None:  # the same numbers under the same names (the plan is in config.yaml)
             for k, v in finite.items():
-                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                if k == "step" or k.startswith(RESOLVED_PREFIX):
+                    continue
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
                     self._tensorboard.add_scalar(k, v, global_step=record["step"])
             self._tensorboard.flush()
 

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from nvfp4train.config import ConfigError
+from nvfp4train.runs import RESOLVED
 from nvfp4train.train import checkpoint
 
 LOCK = ".lock"
@@ -169,6 +170,13 @@ def check_own_files(out_dir: Path) -> None:
         check_own(Path(out_dir) / name)
 
 
+def config_part(text: str) -> str:
+    """config.yaml's text without its last section, `resolved:` (the trainer's decisions, which another
+    machine or terminal makes differently: train/plan.py), so that the same config compares equal."""
+    head, found, _ = text.partition(f"\n{RESOLVED}:\n")
+    return head + "\n" if found else text
+
+
 def save_config(out_dir: Path, text: str, resumed_step: int | None) -> Path | None:
     """Write config.yaml; on a resume that changes it, keep the previous one as config.step_<N>.yaml (or
     config.step_<N>~k.yaml when that name is taken: a kept config is never overwritten). Return where the
@@ -183,7 +191,9 @@ def save_config(out_dir: Path, text: str, resumed_step: int | None) -> Path | No
         return None
     write_atomic(path.with_name("config.yaml.new"), text)
     kept = None
-    if old and old.strip():  # an empty config.yaml (a failed write of an older version) is not worth keeping
+    # an empty config.yaml (a failed write of an older version) is not worth keeping, nor one whose decisions
+    # alone differ (resolved:, made again at each start)
+    if old and old.strip() and config_part(old) != config_part(text):
         kept, n = path.with_name(f"config.step_{resumed_step:08d}.yaml"), 1
         while os.path.lexists(kept) and not _holds(kept, old.encode()):
             kept, n = path.with_name(f"config.step_{resumed_step:08d}~{n}.yaml"), n + 1
@@ -380,7 +390,7 @@ def history_held(out_dir: Path, config_text: str | None = None) -> list[str]:
     if metrics.is_file() and metrics.stat().st_size:
         held.append("metrics.jsonl")
     try:
-        if config.is_file() and (config_text is None or config.read_text() != config_text):
+        if config.is_file() and (config_text is None or config_part(config.read_text()) != config_part(config_text)):
             held.append("config.yaml")
     except (OSError, UnicodeDecodeError):
         held.append("config.yaml")

@@ -67,6 +67,7 @@ from nvfp4train.train.metrics import (
     require_tensorboard,
     require_wandb,
 )
+from nvfp4train.train.plan import RESOLVED, RunFacts, plan_run
 
 
 @dataclass
@@ -113,6 +114,10 @@ class Trainer:
         if t.parallel == "hsdp" and info.world_size > 1:
             dist.hsdp_shape(t.hsdp_shard_size, info.world_size)  # a shard size that does not divide the ranks
         self.model_cfg, self.model, self.controller, self.loader, self.val_data = build_model_and_data(cfg, info)
+        # every decision the config left open, made once (train/plan.py): the engine, the progress bar and
+        # W&B read it; train.log, config.yaml and the first metrics record say it
+        self.plan = plan_run(cfg, info, RunFacts.of(self.model_cfg, self.model, self.controller), micro_derived)
+        logging.getLogger("nvfp4train.train.plan").info("run plan:\n" + "\n".join(self.plan.lines()))
         self.lock = rundir.RunDirLock(cfg.out_dir)
 
         def claim_out_dir():
@@ -124,12 +129,12 @@ class Trainer:
 
         self._on_main(claim_out_dir)
 
-        self.grad_accum = t.global_batch_size // (t.micro_batch_size * info.world_size)
+        self.grad_accum = self.plan.grad_accum
         self.tokens_per_step = t.global_batch_size * t.seq_len
         self.ckpt_root = cfg.out_dir / "checkpoints"
         self.guard, self.spikes = NonFiniteGuard(t.max_nonfinite_steps), SpikeDetector(t.spike_factor)
         self.engine = build_engine(
-            self.model, lambda m: param_groups(m, cfg.optim.weight_decay), cfg.optim, t, info, self.grad_accum
+            self.model, lambda m: param_groups(m, cfg.optim.weight_decay), cfg.optim, self.plan, t, info
         )
         self.pending: list[tuple[int, float, str | None, StepStats]] = []  # enqueued steps not read yet
         self.read_at = time.perf_counter()  # when the host last waited for the device
@@ -162,7 +167,7 @@ class Trainer:
             existing = checkpoint.list_checkpoints(self.ckpt_root)
             self.resumed_from = existing[-1] if existing else None
             if not existing:  # a run's history with nothing to resume it from is not rewritten silently
-                config_text = OmegaConf.to_yaml(self.cfg.to_dict())
+                config_text = self._config_text()
                 self._on_main(lambda: rundir.check_history_resumable(self.cfg.out_dir, t.overwrite, config_text))
         elif t.resume == "never":
             self._on_main(lambda: rundir.check_fresh_start(self.cfg.out_dir, t.overwrite))
@@ -214,7 +219,15 @@ class Trainer:
         if isinstance(meta.get("run_config"), dict):
             return meta["run_config"]
         saved = self.resumed_from.parent.parent / "config.yaml"
-        return OmegaConf.to_container(OmegaConf.load(saved)) if saved.is_file() else self.cfg.to_dict()
+        if not saved.is_file():
+            return self.cfg.to_dict()
+        config = OmegaConf.to_container(OmegaConf.load(saved))
+        config.pop(RESOLVED, None)  # the decisions, not the config (they may differ on another machine)
+        return config
+
+    def _config_text(self) -> str:
+        """config.yaml: the run's config, then the plan's decisions under `resolved:` (rundir.save_config)."""
+        return OmegaConf.to_yaml({**self.cfg.to_dict(), RESOLVED: self.plan.to_dict()})
 
     def open_outputs(self) -> None:
         """config.yaml (the previous one kept as config.step_<N>.yaml when a resume changes it),
@@ -223,7 +236,7 @@ class Trainer:
         if info.is_main:  # written whole or not at all; a resume keeps the previous one (rundir.save_config)
             rundir.save_config(
                 cfg.out_dir,
-                OmegaConf.to_yaml(cfg.to_dict()),
+                self._config_text(),
                 self.start_step if self.resumed_from is not None else None,
             )
             self.log_file.open(cfg.out_dir / "train.log")
@@ -231,10 +244,16 @@ class Trainer:
             resume_step=self.start_step if self.resumed_from is not None else None,
             dropped_to=self.abandoned / "metrics.jsonl" if self.abandoned else None,
         )
-        self.wandb_id = self.logger.start_wandb(t.wandb, cfg.to_dict(), cfg.experiment, cfg.out_dir, self.wandb_id)
+        self.wandb_id = self.logger.start_wandb(
+            dataclasses.replace(t.wandb, mode=self.plan.wandb_mode or t.wandb.mode),
+            {**cfg.to_dict(), RESOLVED: self.plan.decisions()},
+            cfg.experiment,
+            cfg.out_dir,
+            self.wandb_id,
+        )
         self.logger.start_tensorboard(t.tensorboard, cfg.out_dir)
         self.bar = ProgressBar(
-            t.progress, info.is_main, total=t.max_steps, initial=self.start_step, log_every=t.log_every
+            self.plan.progress, info.is_main, total=t.max_steps, initial=self.start_step, log_every=t.log_every
         )
         if info.is_main:
             n_params = sum(p.numel() for p in self.model.parameters())
@@ -378,6 +397,7 @@ class Trainer:
             record["peak_mem_gib"] = peak_memory_gib(self.info.device)
             if r.step == self.start_step + 1:
                 record["deterministic"] = t.deterministic  # so that a report can say how its runs were made
+                record.update(self.plan.metrics())  # how this process's run was made: resolved/<decision>
                 if self.time_to_first_step is not None:
                     record["time_to_first_step_s"] = self.time_to_first_step
             if self.checkpoint_seconds is not None:  # the latest checkpoint's save time, reported once
@@ -496,9 +516,8 @@ class Trainer:
         return path
 
     def close(self) -> None:
-        close_engine = getattr(getattr(self, "engine", None), "close", None)
-        if close_engine is not None:
-            close_engine()
+        if getattr(self, "engine", None) is not None:  # None: the build stopped before the engine
+            self.engine.close()
         if self.bar is not None:
             self.bar.close()
         self.logger.close()

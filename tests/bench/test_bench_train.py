@@ -52,7 +52,7 @@ def test_bench_train_smoke_and_json_merge(tmp_path):
     host = proc.stdout[proc.stdout.index("host, one step under cProfile:") :].splitlines()
     own = host.index("    own time (calls, ms):")
     ours = host.index("    this package's functions, with what they call (calls, ms):")
-    assert ours - own - 1 == 6 and "train_step (engines.py:" in host[ours + 1]  # the step itself comes first
+    assert ours - own - 1 == 6 and "train_step (torch.py:" in host[ours + 1]  # the step itself comes first
 
 
 def test_kernel_kinds_of_real_kernel_names():

@@ -2,6 +2,7 @@
 step: the same losses and weights, the same stochastic-rounding streams, a recapture when the precision
 switches, and telemetry steps run eagerly."""
 
+import dataclasses
 import json
 import math
 
@@ -16,9 +17,9 @@ from nvfp4train.optim import OptimConfig
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
 from nvfp4train.precision.linear import QuantLinear
 from nvfp4train.schema import ConfigError
-from nvfp4train.train import engines
 from nvfp4train.train.cuda_graph import cuda_graph_blocker
-from nvfp4train.train.engines import TorchEngine, resolve_cuda_graph
+from nvfp4train.train.engines import TorchEngine
+from nvfp4train.train.plan import RunFacts, decide_cuda_graph, plan_run
 from tests.conftest import run_train
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -36,12 +37,23 @@ def _info(device: str) -> DistInfo:
     return DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device(device))
 
 
+def _facts(precision: str) -> RunFacts:
+    model, controller, cfg = _model(precision, "cpu")
+    return RunFacts.of(cfg, model, controller)
+
+
+def captures(setting, facts, info, parallel, activation_checkpointing="none", fsdp_reshard=False):
+    return decide_cuda_graph(
+        setting, facts, info.device, info.world_size, parallel, activation_checkpointing, fsdp_reshard
+    )[0]
+
+
 # ------------------------------------------------------------------------------ CPU: where it applies
 def test_auto_runs_eager_where_a_graph_cannot_be_captured():
-    model, _, _ = _model("nvfp4", "cpu")
+    model = _facts("nvfp4")
     assert "cpu" in cuda_graph_blocker(model, torch.device("cpu"), 1, "ddp", "none")
-    assert resolve_cuda_graph("auto", model, _info("cpu"), "ddp") is False
-    assert resolve_cuda_graph("false", model, _info("cpu"), "ddp") is False
+    assert captures("auto", model, _info("cpu"), "ddp") is False
+    assert captures("false", model, _info("cpu"), "ddp") is False
     cuda = torch.device("cuda")
     assert "deepspeed" in cuda_graph_blocker(model, cuda, 1, "deepspeed", "none")
     assert "activation_checkpointing=full" in cuda_graph_blocker(model, cuda, 1, "ddp", "full")
@@ -49,7 +61,7 @@ def test_auto_runs_eager_where_a_graph_cannot_be_captured():
 
 
 def test_auto_captures_fsdp2_steps_and_ddp_steps_where_quantized_deepspeed_never():
-    model, _, _ = _model("bf16", "cpu")
+    model = _facts("bf16")
     cuda = torch.device("cuda")
     assert "ddp in BF16" in cuda_graph_blocker(model, cuda, 2, "ddp", "none")
     assert cuda_graph_blocker(model, cuda, 2, "ddp", "none", explicit=True) is None
@@ -64,50 +76,48 @@ def test_auto_captures_fsdp2_steps_and_ddp_steps_where_quantized_deepspeed_never
     assert "deepspeed" in cuda_graph_blocker(model, cuda, 2, "deepspeed", "none", explicit=True)
     assert "activation_checkpointing" in cuda_graph_blocker(model, cuda, 2, "ddp", "full", explicit=True)
     info = DistInfo(rank=0, world_size=2, local_rank=0, device=cuda)
-    assert resolve_cuda_graph("auto", model, info, "ddp") is False
-    assert resolve_cuda_graph("true", model, info, "ddp") is True
-    assert resolve_cuda_graph("true", model, info, "fsdp2") is True
-    assert resolve_cuda_graph("auto", model, info, "fsdp2") is True
-    assert resolve_cuda_graph("auto", model, info, "fsdp2", fsdp_reshard=True) is False
-    assert resolve_cuda_graph("true", model, info, "fsdp2", fsdp_reshard=True) is True
+    assert captures("auto", model, info, "ddp") is False
+    assert captures("true", model, info, "ddp") is True
+    assert captures("true", model, info, "fsdp2") is True
+    assert captures("auto", model, info, "fsdp2") is True
+    assert captures("auto", model, info, "fsdp2", fsdp_reshard=True) is False
+    assert captures("true", model, info, "fsdp2", fsdp_reshard=True) is True
     with pytest.raises(ConfigError, match=r"train.cuda_graph=true: .*deepspeed"):
-        resolve_cuda_graph("true", model, info, "deepspeed")
+        captures("true", model, info, "deepspeed")
     for precision in ("nvfp4", "fp8_tensorwise"):
-        quantized, _, _ = _model(precision, "cpu")
-        assert resolve_cuda_graph("auto", quantized, info, "ddp") is True
-        assert resolve_cuda_graph("auto", quantized, info, "fsdp2") is True
+        quantized = _facts(precision)
+        assert captures("auto", quantized, info, "ddp") is True
+        assert captures("auto", quantized, info, "fsdp2") is True
         assert "activation_checkpointing" in cuda_graph_blocker(quantized, cuda, 2, "ddp", "full")
         assert "activation_checkpointing" in cuda_graph_blocker(quantized, cuda, 2, "fsdp2", "full")
 
 
-def test_the_engine_tells_the_capture_policy_whether_fsdp2_reshards(monkeypatch):
-    """build_engine resolves train.fsdp_reshard_after_forward before train.cuda_graph: auto leaves the steps of
-    an FSDP2 run that reshards after forward eager (a 2-rank DistInfo; the engine is not built)."""
-    model, _, _ = _model("bf16", "cpu")
-    seen = []
+def test_the_plan_tells_the_capture_policy_whether_fsdp2_reshards():
+    """plan_run decides train.fsdp_reshard_after_forward before train.cuda_graph: auto leaves the steps of an
+    FSDP2 run that reshards after forward eager (a 2-rank DistInfo on a GPU; nothing is built)."""
+    from nvfp4train.config import RunConfig
 
-    class Resolved(Exception):
-        pass
-
-    def spy(setting, model, info, parallel, activation_checkpointing, fsdp_reshard):
-        seen.append(fsdp_reshard)
-        raise Resolved
-
-    monkeypatch.setattr(engines, "resolve_cuda_graph", spy)
-    info = DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
-    cases = [("fsdp2", "true", True), ("hsdp", "true", True), ("fsdp2", "false", False)]
-    cases += [("fsdp2", "auto", False), ("ddp", "true", False)]  # hybrid_tiny's gathered weights: kept
-    for parallel, reshard, _ in cases:
-        train = TrainConfig(parallel=Parallel(parallel), fsdp_reshard_after_forward=FsdpReshard(reshard))
-        with pytest.raises(Resolved):
-            engines.build_engine(model, param_groups(model, 0.1), OptimConfig(), train, info, 1)
-    assert seen == [expected for *_, expected in cases]
+    facts = _facts("bf16")
+    info = DistInfo(rank=1, world_size=2, local_rank=0, device=torch.device("cuda"))
+    cases = [("fsdp2", "true", True, False), ("hsdp", "true", True, False), ("fsdp2", "false", False, True)]
+    cases += [("ddp", "true", None, False)]  # DDP does not reshard; a BF16 DDP step stays eager under auto
+    base = RunConfig(
+        model=load_preset("model", "hybrid_tiny"),
+        precision=load_preset("precision", "bf16"),
+        data=load_preset("data", "bundled"),
+    )
+    for parallel, reshard, expected_reshard, expected_graph in cases:
+        train = TrainConfig(
+            parallel=Parallel(parallel), fsdp_reshard_after_forward=FsdpReshard(reshard), micro_batch_size=8
+        )
+        plan = plan_run(dataclasses.replace(base, train=train), info, facts)
+        assert (plan.fsdp_reshard_after_forward, plan.cuda_graph) == (expected_reshard, expected_graph), parallel
 
 
 def test_true_refuses_a_run_that_cannot_capture_naming_the_key():
-    model, _, _ = _model("bf16", "cpu")
+    model = _facts("bf16")
     with pytest.raises(ConfigError, match=r"train.cuda_graph=true: .*the device is cpu.*allowed: auto"):
-        resolve_cuda_graph("true", model, _info("cpu"), "ddp")
+        captures("true", model, _info("cpu"), "ddp")
 
 
 def test_train_cli_refuses_cuda_graph_true_on_cpu_with_one_line(tmp_path):

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 
 from nvfp4train.dist import DistInfo
 from nvfp4train.optim import OptimConfig
-from nvfp4train.train.engines import TorchEngine, resolve_compile
+from nvfp4train.train.engines import TorchEngine
 from nvfp4train.train.guards import NonFiniteGuard, TrainingHalted
+from nvfp4train.train.plan import decide_compile
 from tests.conftest import run_train
 
 CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -81,8 +82,8 @@ def test_nonfinite_step_is_skipped_on_the_device_then_the_guard_halts():
 
 
 def test_compile_auto_means_cuda_only():
-    assert not resolve_compile("auto", torch.device("cpu")) and resolve_compile("auto", torch.device("cuda"))
-    assert resolve_compile("true", torch.device("cpu")) and not resolve_compile("false", torch.device("cuda"))
+    assert not decide_compile("auto", "cpu", mamba_blocks=0)[0] and decide_compile("auto", "cuda", mamba_blocks=2)[0]
+    assert decide_compile("true", "cpu", mamba_blocks=0)[0] and not decide_compile("false", "cuda", mamba_blocks=2)[0]
 
 
 def test_quantized_weights_follow_every_optimizer_step_without_the_controller():

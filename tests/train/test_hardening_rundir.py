@@ -64,8 +64,9 @@ def test_a_full_disk_outside_the_save_is_one_line_and_loses_nothing(tmp_path):
     assert _files(out) == before
 
     # 2. metrics.jsonl fills up at step 6: one line naming it and the checkpoint to resume from; no torn line
+    # room for step 5's record (the first of a process: it carries the run plan's resolved/* fields), not step 6's
     line = _one_line(
-        _train_with_file_size_limit(len((out / "metrics.jsonl").read_bytes()) + 1400, *args, "train.max_steps=6")
+        _train_with_file_size_limit(len((out / "metrics.jsonl").read_bytes()) + 2000, *args, "train.max_steps=6")
     )
     assert "metrics.jsonl: cannot write" in line and "step_00000004" in line, line
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3, 4, 5]  # read_metrics parses every line
