@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,11 +269,24 @@ class Trainer:
             )
             for note in self.resume_notes:
                 self.bar.write(note)
+            if self.plan.compile or self.plan.cuda_graph:  # the first step waits for this, silently otherwise
+                self.bar.write(self._first_step_note())
             if self.abandoned:
                 self.bar.write(
                     f"checkpoints after step {self.start_step} and their metrics moved to "
                     f"{self.abandoned} (a new timeline starts at step {self.start_step})"
                 )
+
+    def _first_step_note(self) -> str:
+        """What the first step waits for: compilation, the CUDA graph's capture and, on a machine's first run
+        of these shapes, Triton's autotuning, each cached for the runs after it (persistent_kernel_caches)."""
+        parts = [("compiling the model", self.plan.compile), ("capturing the step", self.plan.cuda_graph)]
+        work = " and ".join(what for what, on in parts if on)
+        caches = Path(os.environ.get("TRITON_CACHE_DIR", "~/.cache/nvfp4train/triton")).parent
+        return (
+            f"step 1: {work} (a minute or more the first time these shapes run on this machine, with kernel "
+            f"autotuning; seconds once {caches} holds them) ..."
+        )
 
     # ------------------------------------------------------------------------------- one step
     def train_step(self) -> None:

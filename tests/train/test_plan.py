@@ -107,3 +107,18 @@ def test_config_yaml_with_or_without_resolved_is_the_same_config(tmp_path):
     changed = new.replace("max_steps: 6", "max_steps: 9")
     kept = rundir.save_config(tmp_path, changed, resumed_step=6)  # another config: the previous one is kept
     assert kept.name == "config.step_00000006.yaml" and kept.read_text() == new
+
+
+def test_the_first_step_says_what_it_waits_for(monkeypatch, tmp_path):
+    """A compiled or captured first step waits for compilation (and, on a machine's first run, autotuning)
+    before it prints anything: the line before it says so and where the caches that make it quick live."""
+    from types import SimpleNamespace
+
+    from nvfp4train.train.trainer import Trainer
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "kernels" / "triton"))
+    note = Trainer._first_step_note(SimpleNamespace(plan=SimpleNamespace(compile=True, cuda_graph=True)))
+    assert note.startswith("step 1: compiling the model and capturing the step (")
+    assert str(tmp_path / "kernels") in note
+    eager_graph = Trainer._first_step_note(SimpleNamespace(plan=SimpleNamespace(compile=False, cuda_graph=True)))
+    assert eager_graph.startswith("step 1: capturing the step (")
