@@ -9,6 +9,7 @@ from nvfp4train.precision.recipe import DEQUANTIZED_OPERAND
 from nvfp4train.schema import ConfigError
 
 from .helpers import GemmSpy, inputs, load_preset, make_layer, run
+from .test_compile import loss_and_grads
 from .test_training import train
 
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
@@ -55,6 +56,16 @@ def test_forward_override_runs_fprop_in_bf16_and_keeps_the_backward_quantized(mo
     assert not torch.equal(ops["dgrad_dy"], grad.double())
     # a fixed dY, the same W and X: the backward is nvfp4's, bit for bit
     assert torch.equal(dx, dx0) and torch.equal(dw, dw0)
+
+
+def test_dequantized_backward_compiles_to_the_eager_bits():
+    """Fprop's extra output (the dequantized X) and Dgrad's re-read of Fprop's W go through the custom ops'
+    fake registrations too."""
+    policy = load_preset("nvfp4", backward_override="dequantized")
+    eager, _ = loss_and_grads(policy, compile_model=False)
+    compiled, _ = loss_and_grads(policy, compile_model=True)
+    for (loss_e, grads_e), (loss_c, grads_c) in zip(eager, compiled):
+        assert torch.equal(loss_e, loss_c) and all(torch.equal(a, b) for a, b in zip(grads_e, grads_c))
 
 
 @pytest.fixture(scope="module")
