@@ -32,7 +32,7 @@ from nvfp4train.formats import activation
 from . import operands, pairs
 from .backends import Backend, gemm_k_multiple, gemm_out_width, get_backend, pad_fp8_k
 from .operands import round_up
-from .recipe import ROLES, LayerRecipe, OperandSpec
+from .recipe import DEQUANTIZED, ROLES, LayerRecipe, OperandSpec
 
 
 # ---------------------------------------------------------------------------------- the recipe codec
@@ -230,9 +230,18 @@ def _with_row_stride(y2d: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def _saves_x_copy(recipe: LayerRecipe, x_dtype: torch.dtype, x_prologue: str = "") -> bool:
-    """Whether Fprop returns a copy of X for Wgrad: a quantized one, or a BF16 copy of a non-BF16 X or of
-    a prologue's output (a BF16 X is saved as it is)."""
-    return not recipe.wgrad_x.is_bf16 or x_dtype != torch.bfloat16 or bool(x_prologue)
+    """Whether Fprop returns a copy of X for Wgrad: a quantized one, Fprop's quantized X dequantized
+    (backward_override=dequantized), or a BF16 copy of a non-BF16 X or of a prologue's output (a BF16 X is
+    saved as it is)."""
+    wgrad_x = recipe.wgrad_x
+    return not wgrad_x.is_bf16 or wgrad_x.scale_mode == DEQUANTIZED or x_dtype != torch.bfloat16 or bool(x_prologue)
+
+
+def _dequantized(q: operands.Quantized, rows: int, cols: int) -> torch.Tensor:
+    """The [rows, cols] values a quantized operand stands for, in BF16 (TE's dequantize into the activations'
+    dtype): its values times its decode scale (0-d, or one per row when row-scaled)."""
+    scale = q.decode_scale if q.decode_scale.dim() == 0 else q.decode_scale[:rows]
+    return (q.values[:rows, :cols].float() * scale).to(torch.bfloat16)
 
 
 def _wgrad_x_shape(recipe: LayerRecipe, in_f: int, tokens) -> tuple:
@@ -293,7 +302,9 @@ def quant_linear_fprop(
         y = y2d.reshape(*x.shape[:-1], out_f)
         outputs = [y]
         if save_x and _saves_x_copy(recipe, x.dtype, x_prologue):
-            if recipe.wgrad_x.is_bf16:
+            if recipe.wgrad_x.scale_mode == DEQUANTIZED:
+                outputs.append(_dequantized(x_q, x2d.shape[0], in_f))
+            elif recipe.wgrad_x.is_bf16:
                 outputs.append(x2d.to(torch.bfloat16))
             elif both:
                 outputs.extend(both[1].tensors)
@@ -361,7 +372,11 @@ def quant_linear_dgrad(
                 cached = state.weights.peek(("fprop", recipe_key, backend.name, k_f), weight)
                 if cached is not None and cached[2] is not None:  # Wᵀ from Fprop's cast (per-tensor FP8)
                     return cached[2]
-                return state.quantize("dgrad_w", weight.t(), recipe.dgrad_w, k_d).first_rows(in_f)
+                wt = weight.t()
+                if recipe.dgrad_w.scale_mode == DEQUANTIZED:  # Fprop's W operand (RNE: the same bits again)
+                    w_q = cached[0] if cached is not None else state.quantize("fprop_w", weight, recipe.fprop_w, k_f)
+                    wt = _dequantized(w_q, out_f, in_f).t()
+                return state.quantize("dgrad_w", wt, recipe.dgrad_w, k_d).first_rows(in_f)
 
         if recipe.dgrad_w.rounding == "sr":
             wt_q = build()

@@ -13,8 +13,9 @@ built from the Hydra `precision` group) resolves, for a block index and a schedu
 `LayerRecipe`: one `OperandSpec` per operand role.
 
 Knobs are independent: rht on wgrad|all|none, sr on grads|all|none, weight tile, BF16 first/last
-blocks (bf16_first, bf16_last: a count or a fraction), and a mid-run switch to BF16
-(full|forward_only|backward_only).
+blocks (bf16_first, bf16_last: a count or a fraction), a mid-run switch to BF16
+(full|forward_only|backward_only), and the same one-sided BF16 for the whole run: backward_override
+(TE's: high_precision, dequantized) and forward_override (the paper's App. D forward-only BF16).
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ SwitchMode = StrEnum("SwitchMode", "full forward_only backward_only")
 # Wgrad copy keeps the RHT (TE refuses 4over6 on an RHT'd operand, hence on its whole activation quantizer).
 FourOverSix = StrEnum("FourOverSix", "none weights activations all activations_fprop all_fprop")
 FourOverSixErr = StrEnum("FourOverSixErr", "mae mse")
+# TE's backward_override: the backward GEMMs in BF16 on the original operands (high_precision) or on the Fprop
+# operands' quantized values, dequantized (dequantized); dY is never quantized under either.
+BackwardOverride = StrEnum("BackwardOverride", "none high_precision dequantized")
+# Its opposite (paper App. D, TE issue #2569): Fprop in BF16, Dgrad and Wgrad quantized.
+ForwardOverride = StrEnum("ForwardOverride", "none high_precision")
 # MXFP4 block-scale rules, named as torchao names them (formats/mxfp4.py): "rceil" rounds the scale
 # up (the paper's rule), "floor" is OCP MX.
 Mxfp4ScaleRule = StrEnum("Mxfp4ScaleRule", " ".join(mxfp4.SCALE_RULES))
@@ -84,7 +90,8 @@ class OperandSpec:
     tile: tuple[int, int] | None = None
     rounding: str = "rne"  # "rne" | "sr"
     rht_dim: int = 0
-    scale_mode: str = ""  # mxfp4: "rceil" | "floor"; fp8 blockwise: "pow2" | "fp32"; else ""
+    # mxfp4: "rceil" | "floor"; fp8 blockwise: "pow2" | "fp32"; bf16: "dequantized" (DEQUANTIZED_OPERAND); else ""
+    scale_mode: str = ""
     # nvfp4 only, TE's newer options (formats/nvfp4.py): "mae" | "mse" | "" (off); the E4M3 bound; per-row scales
     four_over_six: str = ""
     scale_bound: int = 448
@@ -121,7 +128,7 @@ class OperandSpec:
 
     def describe(self) -> str:
         if self.is_bf16:
-            return "bf16"
+            return "bf16 (dequantized Fprop operand)" if self.scale_mode == DEQUANTIZED else "bf16"
         tile = "tensor" if self.tile is None else f"{self.tile[0]}x{self.tile[1]}"
         rht = f" rht{self.rht_dim}" if self.rht_dim else ""
         fos = f" 4over6-{self.four_over_six} b{self.scale_bound}" if self.four_over_six else ""
@@ -130,6 +137,10 @@ class OperandSpec:
 
 
 BF16_OPERAND = OperandSpec("bf16")
+# backward_override=dequantized: a BF16 backward operand made of the Fprop operand's quantized values (dgrad_w:
+# Fprop's W, wgrad_x: Fprop's X), dequantized to BF16, not of the original tensor.
+DEQUANTIZED = "dequantized"
+DEQUANTIZED_OPERAND = OperandSpec("bf16", scale_mode=DEQUANTIZED)
 
 
 @dataclass(frozen=True)
@@ -262,6 +273,13 @@ class PrecisionPolicy:
     """E4M3 bound in the global scale of the 4over6 operands: 256 (TE's default) or 448."""
     row_scaled_activation: bool = False
     """nvfp4: one FP32 scale per token for the activations' Fprop copy (fprop_x), TE's row_scaled_activation."""
+    backward_override: BackwardOverride = BackwardOverride.none
+    """TE's backward_override for the whole run: none (quantized backward) | high_precision (Dgrad and Wgrad in
+    BF16 on the original W, X and dY: the backward_only switch from step 0) | dequantized (Dgrad and Wgrad in
+    BF16 on the Fprop operands' quantized values, dequantized, and dY unquantized)."""
+    forward_override: ForwardOverride = ForwardOverride.none
+    """The opposite: high_precision runs Fprop in BF16 for the whole run and keeps Dgrad and Wgrad quantized
+    (paper App. D; the forward_only switch from step 0) | none."""
     stats_every: int = bounded(0, ge=0)
     """Collect quantization telemetry every N steps; 0: never."""
     name: str = ""
@@ -299,6 +317,7 @@ class PrecisionPolicy:
             if not (d >= 2 and d & (d - 1) == 0 and d <= 256):
                 raise ConfigError(f"precision.rht_dim={d!r} is not allowed; choose a power of two in [2, 256]")
         self._check_te_options()
+        self._check_overrides()
         for key in ("bf16_first", "bf16_last"):
             value = getattr(self, key)
             if value >= 1 and value != int(value):
@@ -339,6 +358,22 @@ class PrecisionPolicy:
             raise ConfigError(
                 "precision.row_scaled_activation is not allowed with rht='all' (TE refuses row scaling with the "
                 "RHT); choose rht 'wgrad' or 'none'"
+            )
+
+    def _check_overrides(self) -> None:
+        bwd, fwd = self.backward_override.value, self.forward_override.value
+        key = "backward_override" if bwd != "none" else "forward_override"
+        if (bwd != "none" or fwd != "none") and self.format == "bf16":
+            raise ConfigError(f"precision.{key} needs a quantized format; format is bf16 (choose none)")
+        if bwd != "none" and fwd != "none":
+            raise ConfigError(
+                f"precision.backward_override={bwd!r} with forward_override={fwd!r} leaves no GEMM quantized; "
+                "set one of them to 'none' (or format bf16)"
+            )
+        if bwd == "dequantized" and self.sr == "all":
+            raise ConfigError(
+                "precision.backward_override='dequantized' is not allowed with sr='all' (Dgrad re-reads Fprop's "
+                "weight quantization, which stochastic rounding would not repeat); choose sr 'grads' or 'none'"
             )
 
     # ------------------------------------------------------------------ derived values
@@ -401,7 +436,19 @@ class PrecisionPolicy:
             wgrad_dy=spec(act, sr_grads, rht_wgrad),
             wgrad_x=spec(act, sr_other, rht_wgrad),
         )
-        return self._with_te_options(recipe) if fmt == "nvfp4" else recipe
+        recipe = self._with_te_options(recipe) if fmt == "nvfp4" else recipe
+        return self._with_overrides(recipe)
+
+    def _with_overrides(self, recipe: LayerRecipe) -> LayerRecipe:
+        """backward_override / forward_override: one side's GEMMs in BF16 for the whole run."""
+        if self.forward_override == "high_precision":
+            return recipe.with_bf16(FORWARD_ROLES)
+        if self.backward_override == "high_precision":
+            return recipe.with_bf16(BACKWARD_ROLES)
+        if self.backward_override == "dequantized":
+            recipe = recipe.with_bf16(GRADIENT_ROLES)
+            return dataclasses.replace(recipe, dgrad_w=DEQUANTIZED_OPERAND, wgrad_x=DEQUANTIZED_OPERAND)
+        return recipe
 
     def _with_te_options(self, recipe: LayerRecipe) -> LayerRecipe:
         """4over6 on the roles its scope names (never gradients), row scaling on fprop_x."""

@@ -46,8 +46,8 @@ def task_batches():
         yield x, (torch.tanh(x @ teacher1) @ teacher2).argmax(-1)
 
 
-def train(preset: str) -> list[float]:
-    policy = load_preset(preset)
+def train(preset: str, **overrides) -> list[float]:
+    policy = load_preset(preset, **overrides)
     torch.manual_seed(0)
     model = Student(build_linear_factory(policy, N_BLOCKS, seed=0))
     for fc in list(model.fc1) + list(model.fc2):  # small init, like the model's

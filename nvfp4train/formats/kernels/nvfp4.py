@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .amax import abs_max_partials
+from .amax import abs_max, abs_max_partials
 from .common import (
     BLOCK_COLS,
     BLOCK_ROWS,
@@ -159,17 +159,10 @@ def nvfp4_tile(
 # ------------------------------------------------------------------------------ TE's newer options
 # nvfp4._quantize_core_te: 4over6 (two candidates a block, the smaller error kept), the 256 scale bound and
 # row scaling. A program holds BLOCK_R x BLOCK_C elements as 16 [BLOCK_R, NB] tensors, element i of every
-# block: the candidates' errors are summed over i in element order (TE's loop, not a reduction tree), and
-# the three passes over the 16 columns re-read x from the cache, not from memory.
-@triton.jit
-def _column(x_ptr, r, blk, i, rows, cols):
-    """Element i of blocks ``blk`` of rows ``r``: (FP32 [BLOCK_R, NB], offsets, mask)."""
-    c = blk * 16 + i
-    mask = (r[:, None] < rows) & (c[None, :] < cols)
-    offs = r[:, None].to(tl.int64) * cols + c[None, :]
-    return to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0)), offs, mask
-
-
+# block, loaded once as 16-byte vectors (CHUNK elements of a block) and split in registers: each thread
+# owns whole blocks, so the block max, both candidates' errors summed in TE's element order (a loop, not
+# a reduction tree) and the chosen codes all come from those registers, with no re-read of x. The options
+# are run-time arguments, not constexprs: one compiled variant per tile height, output kind and dtype.
 @triton.jit
 def _encode_of(scale, s_dec):
     encode = tl.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale * s_dec)
@@ -177,15 +170,50 @@ def _encode_of(scale, s_dec):
 
 
 @triton.jit
-def _element_error(x, encode, scale, amax, ERR_MODE: tl.constexpr, SIX_BOUND: tl.constexpr):
-    """The 4over6 error of one element under a candidate: ((q * S) * amax) / (6 B) - x, |d| or d * d."""
-    _, magnitude, negative = round_e2m1(x * encode, 0, 0)
-    value = tl.div_rn((magnitude * scale) * amax, tl.full(x.shape, SIX_BOUND, tl.float32))
-    d = with_sign(value, negative) - x
-    if ERR_MODE == 1:
-        return tl.abs(d)
-    else:
-        return d * d
+def _split4(t, R: tl.constexpr, NB: tl.constexpr):
+    """[R, NB, 4] -> its 4 columns [R, NB], in element order."""
+    even, odd = tl.split(tl.reshape(t, (R, NB, 2, 2)))  # elements 0, 2 / 1, 3
+    t0, t2 = tl.split(even)
+    t1, t3 = tl.split(odd)
+    return t0, t1, t2, t3
+
+
+@triton.jit
+def _join4(t0, t1, t2, t3, R: tl.constexpr, NB: tl.constexpr):
+    """_split4's inverse: 4 columns [R, NB] -> [R, NB, 4]."""
+    return tl.reshape(tl.join(tl.join(t0, t2), tl.join(t1, t3)), (R, NB, 4))
+
+
+@triton.jit
+def _load_columns(x_ptr, r, blk, rows, cols, R: tl.constexpr, NB: tl.constexpr, CHUNK: tl.constexpr):
+    """The 16 elements of blocks ``blk`` of rows ``r`` as 16 FP32 [R, NB] tensors (a tuple), read as
+    [R, NB, CHUNK] vectors (CHUNK = 16 bytes of x's dtype, so a thread's vector stays in its registers)."""
+    mask = (r[:, None, None] < rows) & (blk[None, :, None] < cols // 16)
+    base = r[:, None, None].to(tl.int64) * cols + blk[None, :, None] * 16
+    xs = ()
+    for k in tl.static_range(16 // CHUNK):
+        offs = base + k * CHUNK + tl.arange(0, CHUNK)[None, None, :]
+        chunk = to_fp32(tl.load(x_ptr + offs, mask=mask, other=0.0))
+        if CHUNK == 8:
+            low, high = tl.split(tl.permute(tl.reshape(chunk, (R, NB, 2, 4)), (0, 1, 3, 2)))
+            xs = xs + _split4(low, R, NB) + _split4(high, R, NB)
+        else:
+            xs = xs + _split4(chunk, R, NB)
+    return xs
+
+
+@triton.jit
+def _block_error(xs, encode, scale, amax, err_mode, six_bound):
+    """The 4over6 error of each block under a candidate (xs: the 16 columns; encode, scale [R, NB]; amax
+    [R, 1]): ((q * S) * amax) / (6 B) - x per element, |d| (err_mode 1) or d * d (2), summed in order."""
+    six_b = tl.zeros(encode.shape, tl.float32) + six_bound
+    err = tl.zeros(encode.shape, tl.float32)
+    for i in tl.static_range(16):
+        _, magnitude, negative = round_e2m1(xs[i] * encode, 0, 0)
+        value = tl.div_rn((magnitude * scale) * amax, six_b)
+        d = with_sign(value, negative) - xs[i]
+        err = err + tl.where(err_mode == 1, tl.abs(d), d * d)
+    return err
 
 
 @triton.jit
@@ -198,37 +226,42 @@ def _tile_tree(err, NB: tl.constexpr):
     return a + b
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["amax_stride", "rows", "err_mode"])
 def _nvfp4_te_kernel(
-    x_ptr, amax_ptr, s_enc_ptr, s_dec_ptr,  # x [rows, cols]; amax, s_enc, s_dec: [rows] or [1]
+    x_ptr, amax_ptr, amax_stride, s_dec_ptr,  # x [rows, cols]; FP32 amax per row (stride 1) or per tensor (0)
     codes_ptr, scales_ptr, values_ptr,
     rows, cols,
-    TILE_ROWS: tl.constexpr, ROW_SCALED: tl.constexpr, ERR_MODE: tl.constexpr, SIX_BOUND: tl.constexpr,
-    DENSE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    err_mode, six_bound,  # 0: no 4over6 (row-scaled standard NVFP4), 1: MAE, 2: MSE; 6 B in FP32
+    TILE_ROWS: tl.constexpr, DENSE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     NB: tl.constexpr = BLOCK_C // 16
+    pid_c = tl.program_id(1)
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    blk = tl.program_id(1) * NB + tl.arange(0, NB)
-    if ROW_SCALED:
-        row_ok = r < rows
-        amax = tl.load(amax_ptr + r, mask=row_ok, other=0.0)[:, None]
-        s_enc = tl.load(s_enc_ptr + r, mask=row_ok, other=1.0)[:, None]
-        s_dec = tl.load(s_dec_ptr + r, mask=row_ok, other=1.0)[:, None]
-    else:
-        amax = tl.load(amax_ptr)
-        s_enc = tl.load(s_enc_ptr)
-        s_dec = tl.load(s_dec_ptr)
+    blk = pid_c * NB + tl.arange(0, NB)
+    xs = _load_columns(x_ptr, r, blk, rows, cols, BLOCK_R, NB, CHUNK)  # exact FP32
 
-    block_bits = tl.zeros((BLOCK_R, NB), dtype=tl.int32)
-    for i in tl.static_range(16):
-        x, _, _ = _column(x_ptr, r, blk, i, rows, cols)
-        block_bits = tl.maximum(block_bits, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    # The global scales of these rows (nvfp4.global_encode_scale_te): amax 0 gives FLT_MAX, not 1.
+    row_ok = r < rows
+    amax = tl.load(amax_ptr + r * amax_stride, mask=row_ok, other=0.0)
+    s_enc = tl.div_rn(tl.zeros(amax.shape, tl.float32) + six_bound, amax)
+    s_enc = tl.where(s_enc > FLT_MAX, FLT_MAX, s_enc)
+    s_enc = tl.where(s_enc == 0, 1.0, s_enc)
+    s_enc = tl.where(amax <= FLT_MAX, s_enc, float("nan"))  # amax Inf or NaN -> NaN
+    s_dec = tl.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
+    # One program column stores the rows' s_dec; a per-tensor scale only once.
+    tl.store(s_dec_ptr + r * amax_stride, s_dec, mask=row_ok & (pid_c == 0) & ((amax_stride != 0) | (r == 0)))
+    amax, s_enc, s_dec = amax[:, None], s_enc[:, None], s_dec[:, None]
+
+    block_bits = xs[0].to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    for i in tl.static_range(1, 16):
+        block_bits = tl.maximum(block_bits, xs[i].to(tl.int32, bitcast=True) & 0x7FFFFFFF)
     if TILE_ROWS == 16:
         tile_bits = tl.max(tl.reshape(block_bits, (BLOCK_R // 16, 16, NB)), axis=1)
         block_bits = tl.reshape(tl.broadcast_to(tile_bits[:, None, :], (BLOCK_R // 16, 16, NB)), (BLOCK_R, NB))
     amax_b = block_bits.to(tl.float32, bitcast=True)
 
-    if ERR_MODE == 0:  # row-scaled standard NVFP4: the folded multiplier, per row
+    if err_mode == 0:  # row-scaled standard NVFP4: the folded multiplier, per row
         one_sixth = tl.full(amax_b.shape, _ONE_SIXTH_BITS, tl.int32).to(tl.float32, bitcast=True)
         scale_bits, scale, encode = block_scales(amax_b, s_dec, s_enc * one_sixth)
     else:
@@ -239,12 +272,8 @@ def _nvfp4_te_kernel(
         bits4, scale4 = e4m3_rne(tl.where(base4 > 448.0, 448.0, base4))
         encode6 = _encode_of(scale6, s_dec)
         encode4 = _encode_of(scale4, s_dec)
-        err6 = tl.zeros((BLOCK_R, NB), dtype=tl.float32)
-        err4 = tl.zeros((BLOCK_R, NB), dtype=tl.float32)
-        for i in tl.static_range(16):
-            x, _, _ = _column(x_ptr, r, blk, i, rows, cols)
-            err6 = err6 + _element_error(x, encode6, scale6, amax, ERR_MODE, SIX_BOUND)
-            err4 = err4 + _element_error(x, encode4, scale4, amax, ERR_MODE, SIX_BOUND)
+        err6 = _block_error(xs, encode6, scale6, amax, err_mode, six_bound)
+        err4 = _block_error(xs, encode4, scale4, amax, err_mode, six_bound)
         if TILE_ROWS == 16:
             pick4 = tl.broadcast_to(_tile_tree(err4, NB) < _tile_tree(err6, NB), (BLOCK_R, NB))
         else:
@@ -253,49 +282,53 @@ def _nvfp4_te_kernel(
         scale = tl.where(pick4, scale4, scale6)
         encode = tl.where(pick4, encode4, encode6)
 
-    scale_is_nan = scale != scale
-    for k in tl.static_range(8):
-        x0, offs0, mask0 = _column(x_ptr, r, blk, 2 * k, rows, cols)
-        x1, offs1, mask1 = _column(x_ptr, r, blk, 2 * k + 1, rows, cols)
-        y0 = x0 * encode
-        y1 = x1 * encode
-        index0, magnitude0, negative0 = round_e2m1(y0, 0, 0)
-        index1, magnitude1, negative1 = round_e2m1(y1, 0, 0)
-        if DENSE:
-            store_exact(values_ptr, offs0, signed_value(magnitude0, scale, y0), mask0)
-            store_exact(values_ptr, offs1, signed_value(magnitude1, scale, y1), mask1)
-        else:
-            code = (index0 | (negative0.to(tl.int32) << 3)) | ((index1 | (negative1.to(tl.int32) << 3)) << 4)
-            code = masked_codes(code, scale_is_nan)
-            tl.store(codes_ptr + r[:, None].to(tl.int64) * (cols // 2) + blk[None, :] * 8 + k, code.to(tl.uint8),
-                     mask=mask0)
-    if not DENSE:
-        maskb = (r[:, None] < rows) & (blk[None, :] < cols // 16)
+    mask = (r[:, None] < rows) & (blk[None, :] < cols // 16)
+    row_offs = r[:, None].to(tl.int64) * cols + blk[None, :] * 16  # the blocks' first elements
+    if DENSE:  # e2m1 * fp32(scale), the sign of y (signed_value), 4 columns a vector store
+        for k in tl.static_range(4):
+            v = ()
+            for j in tl.static_range(4):
+                y = xs[4 * k + j] * encode
+                _, magnitude, _ = round_e2m1(y, 0, 0)
+                v = v + (signed_value(magnitude, scale, y),)
+            offs = row_offs[:, :, None] + 4 * k + tl.arange(0, 4)[None, None, :]
+            store_exact(values_ptr, offs, _join4(v[0], v[1], v[2], v[3], BLOCK_R, NB), mask[:, :, None])
+    else:  # packed codes (element 2j in the low nibble, sign in bit 3), 4 bytes a vector store; scale bytes
+        scale_is_nan = scale != scale
+        for k in tl.static_range(2):
+            b = ()
+            for j in tl.static_range(4):
+                index0, _, negative0 = round_e2m1(xs[8 * k + 2 * j] * encode, 0, 0)
+                index1, _, negative1 = round_e2m1(xs[8 * k + 2 * j + 1] * encode, 0, 0)
+                code = (index0 | (negative0.to(tl.int32) << 3)) | ((index1 | (negative1.to(tl.int32) << 3)) << 4)
+                b = b + (masked_codes(code, scale_is_nan).to(tl.uint8),)
+            offs = (row_offs[:, :, None] // 2) + 4 * k + tl.arange(0, 4)[None, None, :]
+            tl.store(codes_ptr + offs, _join4(b[0], b[1], b[2], b[3], BLOCK_R, NB), mask=mask[:, :, None])
         tl.store(scales_ptr + r[:, None].to(tl.int64) * (cols // 16) + blk[None, :], scale_bits.to(tl.uint8),
-                 mask=maskb)
+                 mask=mask)
 
 
 def quantize_te(x: torch.Tensor, tile_rows: int, four_over_six, scale_bound: int, row_scaled: bool, *, dense: bool,
                 out_dtype: torch.dtype | None = None):
     """nvfp4._quantize_core_te on the GPU (arguments checked by the caller; RNE): outputs as ``quantize``, amax
-    and s_dec 0-d or [..., 1]. The global scales are the reference's own torch functions (correctly rounded
-    divisions on the GPU too); the kernel does the blocks."""
-    from .. import nvfp4
-
+    and s_dec 0-d or [..., 1]. One pass for the amax (the plain quantizer's, or a per-row max), one kernel for
+    the global scales and the blocks."""
     x = x.contiguous()
     cols = x.shape[-1]
     rows = x.numel() // cols
-    magnitude = x.reshape(rows, cols).abs()
-    amax = (magnitude.amax(dim=1) if row_scaled else magnitude.amax()).to(torch.float32)
-    s_enc = nvfp4.global_encode_scale_te(amax, scale_bound)
-    s_dec = torch.reciprocal(s_enc)
+    if row_scaled:  # max |x| per row, one pass (exact: no arithmetic), NaN propagating
+        amax = torch.linalg.vector_norm(x.reshape(rows, cols), float("inf"), dim=1).to(torch.float32)
+        s_dec = torch.empty_like(amax)
+    else:
+        amax = abs_max(x)
+        s_dec = torch.empty((), dtype=torch.float32, device=x.device)
     codes, scales, values = e2m1_outputs(x.shape, 16, dense, out_dtype or x.dtype, x.device, unused=amax)
     grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(cols, BLOCK_COLS))
     _nvfp4_te_kernel[grid](
-        x, amax, s_enc, s_dec, codes, scales, values, rows, cols,
-        TILE_ROWS=tile_rows, ROW_SCALED=row_scaled, ERR_MODE={None: 0, "mae": 1, "mse": 2}[four_over_six],
-        SIX_BOUND=6.0 * scale_bound, DENSE=dense, BLOCK_R=BLOCK_ROWS, BLOCK_C=BLOCK_COLS,
-        **launch_options(x),
+        x, amax, 1 if row_scaled else 0, s_dec, codes, scales, values, rows, cols,
+        {None: 0, "mae": 1, "mse": 2}[four_over_six], 6.0 * scale_bound,
+        TILE_ROWS=tile_rows, DENSE=dense, CHUNK=8 if x.element_size() == 2 else 4, BLOCK_R=BLOCK_ROWS,
+        BLOCK_C=BLOCK_COLS, **launch_options(x),
     )
     if row_scaled:
         amax, s_dec = amax.reshape(*x.shape[:-1], 1), s_dec.reshape(*x.shape[:-1], 1)

@@ -63,6 +63,19 @@ DEQUANTIZE_ARGS = {
     "rows": "i32",
     "cols": "i32",
 }
+NVFP4_TE_ARGS = {
+    "x_ptr": "*bf16",
+    "amax_ptr": "*fp32",
+    "amax_stride": "i32",
+    "s_dec_ptr": "*fp32",
+    "codes_ptr": "*u8",
+    "scales_ptr": "*u8",
+    "values_ptr": "*bf16",
+    "rows": "i32",
+    "cols": "i32",
+    "err_mode": "i32",
+    "six_bound": "fp32",
+}
 RHT_AMAX_ARGS = {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i32", "n_features": "i32"}
 SCALE_CAST_ARGS = {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32"}
 FP8_TENSORWISE_ROWCOL_ARGS = {
@@ -107,7 +120,7 @@ def compile_sm90(kernel, signature: dict[str, str], constexprs: dict, num_warps:
     """``kernel`` compiled for sm_90 (as the launchers run it: no FP fusion) with ``signature`` (its
     non-constexpr arguments' types) and ``constexprs`` (those left out take the kernel's defaults).
     ``aligned``: specialize pointers as 16-byte aligned and i32 sizes as divisible by 16, as Triton's JIT
-    does at run time for our launches."""
+    does at run time for our launches (not the arguments the kernel marks ``do_not_specialize``)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.compiler import compile as triton_compile
@@ -121,7 +134,7 @@ def compile_sm90(kernel, signature: dict[str, str], constexprs: dict, num_warps:
         attrs = {
             (i,): [["tt.divisibility", 16]]
             for i, name in enumerate(kernel.arg_names)
-            if full[name].startswith("*") or full[name] == "i32"
+            if (full[name].startswith("*") or full[name] == "i32") and not kernel.params[i].do_not_specialize
         }
     return triton_compile(
         ASTSource(fn=kernel, signature=full, constexprs=constexprs, attrs=attrs),
@@ -186,6 +199,20 @@ VARIANTS = {
             "BLOCK_R": common.BLOCK_ROWS,
             "BLOCK_C": common.BLOCK_COLS,
         },
+        common.BLOCK_ROWS * common.BLOCK_COLS,
+    ),
+    # TE's newer options (_nvfp4_te_kernel, one variant for every error mode / bound / scaling): the 4over6
+    # weights (16x16, dense: Fprop's W), a 4over6 or row-scaled activation (1x16, dense: Fprop's X)
+    "nvfp4_te_16x16": Variant(
+        nvfp4._nvfp4_te_kernel,
+        NVFP4_TE_ARGS,
+        {"TILE_ROWS": 16, "DENSE": True, "CHUNK": 8, "BLOCK_R": common.BLOCK_ROWS, "BLOCK_C": common.BLOCK_COLS},
+        common.BLOCK_ROWS * common.BLOCK_COLS,
+    ),
+    "nvfp4_te_1x16": Variant(
+        nvfp4._nvfp4_te_kernel,
+        NVFP4_TE_ARGS,
+        {"TILE_ROWS": 1, "DENSE": True, "CHUNK": 8, "BLOCK_R": common.BLOCK_ROWS, "BLOCK_C": common.BLOCK_COLS},
         common.BLOCK_ROWS * common.BLOCK_COLS,
     ),
     # the 16-point RHT along tokens, transposed (Wgrad operands); "rowwise": with the 1x16 copy of the same tile

@@ -10,8 +10,9 @@ package depends on it (`backends.TE` is this module's `TEBackend`). Mapping onto
                                         disable_2d_quantization=weight_tile == 1x16)   (sm_100+)
 
 TE cannot express: RHT or SR outside its fixed placement (rht: all, sr: all), an RHT size other
-than 16, MXFP4 training, blockwise FP8 with non-power-of-two scales, or a forward-only /
-backward-only mid-run switch; those policies are refused here (auto falls back to emulated).
+than 16, MXFP4 training, blockwise FP8 with non-power-of-two scales, a forward-only /
+backward-only mid-run switch, or forward_override (backward_override, which TE has, is not mapped
+yet); those policies are refused here (auto falls back to emulated).
 BF16 blocks, and every block after a full switch, run outside `te.autocast`.
 
 TE's FP8 GEMMs need both weight dims to be multiples of 16 and the token count a multiple of 8
@@ -51,6 +52,10 @@ def unsupported(policy: PrecisionPolicy) -> str | None:
         return "TE has no MXFP4 training recipe"
     if policy.switch.at_fraction is not None and policy.switch.mode != "full":
         return f"TE cannot switch only one pass to BF16 (switch.mode={policy.switch.mode!r})"
+    if policy.forward_override != "none":
+        return f"TE has no forward-only BF16 (forward_override={policy.forward_override.value!r})"
+    if policy.backward_override != "none":  # TE's own field, not mapped onto its recipe here yet
+        return f"backward_override={policy.backward_override.value!r} is not mapped onto TE's recipe here"
     if fmt.startswith("fp8"):
         if cap < (8, 9):
             return f"TE FP8 needs sm_89+; this GPU is sm_{cap[0]}{cap[1]}"
