@@ -52,10 +52,16 @@ class Cell:
     n: float
     d: float
     losses: dict[str, dict[int, float]]
+    nominal: float | None = None  # the sweep's tokens per parameter (d / n differs by the rounding to steps)
 
     @property
     def tokens_per_param(self) -> float:
         return self.d / self.n
+
+    @property
+    def budget(self) -> float:
+        """The tokens per parameter the cell was planned at, to group cells by."""
+        return self.nominal if self.nominal is not None else float(f"{self.d / self.n:.3g}")
 
 
 # ---------------------------------------------------------------------------------------- the fits
@@ -311,7 +317,10 @@ def fit_sweep(
     centre = ((min(ns) + max(ns)) / 2, (min(rs) + max(rs)) / 2)
     base, gaps = _cell_numbers(cells, baseline, arms, None)
     point = _estimates(cells, arms, base, gaps, centre)[0]
-    per_cell = [{a: (float(n[0, list(i).index(k)]), float(p[0, list(i).index(k)])) for a, (i, n, p) in gaps.items() if k in i} for k in range(len(cells))]
+    per_cell = [
+        {a: (float(n[0, list(i).index(k)]), float(p[0, list(i).index(k)])) for a, (i, n, p) in gaps.items() if k in i}
+        for k in range(len(cells))
+    ]
     rng = np.random.default_rng(seed)
     draws = [rng.integers(0, len(c.losses[baseline]), (bootstrap, len(c.losses[baseline]))) for c in cells]
     replicates = _estimates(cells, arms, *_cell_numbers(cells, baseline, arms, draws), centre) if bootstrap else []
@@ -352,7 +361,7 @@ def sweep_cells(exp, runs: dict, evaluation: str = "bf16") -> tuple[list[Cell], 
             key = repr(run.config["model"])
             if key not in params:
                 params[key] = float(model_params(run.config["model"])[1])
-            cell = cells.setdefault((size, tpp), Cell(size, params[key], run.total, {}))
+            cell = cells.setdefault((size, tpp), Cell(size, params[key], run.total, {}, tpp))
             cell.losses.setdefault(template, {})[seed] = loss
     return sorted(cells.values(), key=lambda c: (c.n, c.d)), " and ".join(sorted(sources)) or "nothing"
 
