@@ -25,7 +25,7 @@ A sweep runs its arms (the `arms` key, as in any experiment) in every cell of a 
     sweep:
       tokens_per_param: [20]        every size at these (tokens = this x the non-embedding parameters)
       min_lr_fraction: 0.01         optim.min_lr = this x the size's lr (default 0.01)
-      sizes:                        smallest first or not: `run` orders the cells by their compute
+      sizes:                        in any order: `run` takes the cells by parameters x tokens, smallest first
         - model: hybrid_0p5m        a preset of configs/model/ (one family: the same pattern, so the same
           lr: 3.0e-3                BF16 blocks); lr: the peak, tuned on BF16 only, then every arm's
           name: s0p5m               the cell's directory part (default: the model's name)
@@ -360,6 +360,11 @@ def _read_sweep(
                 f"{path}: {key}.model={model!r}; allowed: the presets of configs/model/: {', '.join(models)}"
             )
         lr = entry.get("lr")
+        if isinstance(lr, str):  # YAML reads 3e-3 (no dot) as text
+            try:
+                lr = float(lr)
+            except ValueError:
+                pass
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < 1:
             raise UsageError(
                 f"{path}: {key}.lr={lr!r}; expected the peak learning rate, a number in (0, 1), tuned on BF16"

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -176,8 +177,9 @@ def _inflated_means(values: np.ndarray, draws: np.ndarray | None) -> np.ndarray:
     if draws is None:
         return np.array([centre])
     dev = values[draws] - centre
-    with np.errstate(invalid="ignore"):
-        drawn = np.nanmean(np.where(np.isnan(dev), np.nan, dev), axis=1)
+    with warnings.catch_warnings():  # a draw of none of the seeds this arm ran: no deviation, the mean itself
+        warnings.simplefilter("ignore", RuntimeWarning)
+        drawn = np.nanmean(dev, axis=1)
     return centre + math.sqrt(n / (n - 1)) * np.nan_to_num(drawn)
 
 
@@ -402,8 +404,7 @@ class Prediction:
     law_pct: tuple[float, float, float]
     law_nats: tuple[float, float, float]
     trend_pct: tuple[float, float, float]
-    decades: tuple[float, float]
-    notes: list[str] = field(default_factory=list)
+    decades: tuple[float, float]  # outside the measured cells, in N and in D/N
 
 
 def predict(fit: SweepFit, arm: str, n: float, d: float) -> Prediction:

@@ -328,3 +328,10 @@ def test_a_bad_sweep_key_is_one_line_naming_it(tmp_path, capsys, change, message
 def test_the_example_sweep_file_says_how_to_use_other_data_and_what_limits_it():
     text = textwrap.dedent((load_experiment("sweep_size").path).read_text())
     assert "tuned on BF16 only" in text and "Hugging Face" in text and "passes" in text
+
+
+def test_a_learning_rate_yaml_reads_as_text_is_taken_as_the_number(tmp_path):
+    (tmp_path / "s.yaml").write_text(SWEEP.replace("lr: 3.0e-3", "lr: 3e-3"))  # YAML 1.1: 3e-3 is a string
+    exp = load_experiment("s", tmp_path)
+    assert exp.sweep.sizes[0].lr == 0.003
+    assert "optim.lr=0.003" in exp.arms["hybrid_0p5m-tpp5-bf16"].overrides
