@@ -23,7 +23,8 @@ Uncertainty: a paired bootstrap over seeds. Each replicate draws, in every cell,
 replacement, the same draws for every arm (so the arms stay paired), and refits everything. A draw of n
 seeds has a spread smaller than the seeds' by sqrt((n-1)/n) (a third too narrow at n = 3), so each draw's
 deviation from the cell's mean is scaled by sqrt(n/(n-1)), which makes the replicates' variance of a cell
-mean the usual s^2/n. Intervals are the bootstrap percentiles.
+mean the usual s^2/n. Intervals are the bootstrap percentiles; at 3 seeds per cell a nominal 90% one
+holds a known law's values in 80-93% of synthetic sweeps (tests/reproduce/test_sweep.py).
 
 Pure numbers here (numpy only); `sweep_cells` reads them from the report's runs.
 """
