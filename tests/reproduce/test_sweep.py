@@ -254,6 +254,7 @@ def test_report_has_the_sweep_section_with_its_tables_law_slopes_and_figures(swe
     text = (out / "reproduction.md").read_text()
     section = text.split("## Sweep small_sweep")[1]
     assert "36 of the 36 runs it plans are finished" in section
+    assert "## Runs not compared" not in text  # a sweep's runs are its arms' runs
     assert "| hybrid_0p5m | 469K | 80 | 3 |" in section  # a cell's row: size, N, D/N, seeds
     assert "| alpha |" in section and "| c (nvfp4) |" in section
     assert "per decade of N, %" in section and "with size" in section
