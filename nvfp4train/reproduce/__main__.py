@@ -12,6 +12,9 @@
     copy-results EXPERIMENT... [--to D]  copy finished runs' results (config, metrics gzipped, eval, run.json;
                                          no checkpoints) to docs/results/runs/, to commit them
     report                               docs/results/reproduction.md (+ figures) from the finished runs
+    predict model=M tokens=D precision=P the gap a sweep's fitted law predicts at M (a preset or N) and D
+            [--extrapolate]              tokens, with its interval; past 0.5 decade outside the sweep only
+                                         with --extrapolate
 
 Experiments are configs/reproduce/<name>.yaml (experiments.py describes the keys). Runs live in
 runs/repro/<experiment>/<arm>/seed<k>/ (--runs-dir): the trainer's out_dir, plus console.log (the
@@ -42,6 +45,7 @@ from nvfp4train.reproduce.plan import (
     plan_experiment,
     run_state,
     shell,
+    sweep_status,
 )
 from nvfp4train.runs import RunError, finished_run, read_run_info
 
@@ -59,7 +63,7 @@ def select(args, exp, device: str):
 def cmd_plan(args) -> int:
     exp = load_experiment(args.experiment, args.experiments_dir)
     runs = select(args, exp, args.device)
-    for line in describe(exp, runs):
+    for line in describe(exp, runs, args.gpu, args.gpus_per_run):
         print(line)
     for run in runs:
         print(
@@ -110,8 +114,8 @@ def cmd_run(args) -> int:
         return 0
     device = args.device or cuda_device()
     # seed by seed across the experiments (stable: experiments, then arms, keep their order within a seed), so
-    # that a campaign stopped part-way leaves whole seeds of every experiment
-    runs = sorted((run for exp in exps for run in select(args, exp, device)), key=lambda run: run.seed)
+    # that a campaign stopped part-way leaves whole seeds of every experiment; a sweep's cells smallest first
+    runs = sorted((run for exp in exps for run in select(args, exp, device)), key=lambda run: (run.order, run.seed))
     gpus = executors.visible_gpus(args.gpus, device)
     if device == "cuda" and not gpus:
         raise UsageError("no CUDA GPU visible: pass --device cpu to run on the CPU")
@@ -175,10 +179,11 @@ def cmd_status(args) -> int:
     names = args.experiments or experiment_names(args.experiments_dir)
     print(f"{'run':<46} {'state':<12} {'step':>13} {'tokens':>13} {'loss':>7} {'tok/s':>10}")
     counts: dict[str, int] = {}
-    damaged = []
+    damaged, grids = [], []
     for name in names:
         exp = load_experiment(name, args.experiments_dir)
-        for run in plan_experiment(exp, Path(args.runs_dir), device="cuda"):
+        states, planned = {}, plan_experiment(exp, Path(args.runs_dir), device="cuda")
+        for run in planned:
             state = run_state(run.out_dir)
             rec = {}
             try:
@@ -191,6 +196,7 @@ def cmd_status(args) -> int:
                 state = "damaged"
                 damaged.append(str(e))
             counts[state] = counts.get(state, 0) + 1
+            states[run.key] = state
             if state == "pending" and not args.all:
                 continue
             step, loss, speed = rec.get("step", 0), rec.get("loss"), rec.get("tokens_per_s")
@@ -199,7 +205,11 @@ def cmd_status(args) -> int:
                 f"{rec.get('tokens', 0):>13,} {'-' if loss is None else f'{loss:.3f}':>7} "
                 f"{'-' if speed is None else f'{speed:,.0f}':>10}"
             )
+        if exp.sweep is not None:
+            grids += sweep_status(exp, planned, states)
     print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs planned")
+    for line in grids:
+        print(line)
     for line in damaged:
         print(f"error: {line}", file=sys.stderr)
     return 2 if damaged else 0
@@ -227,6 +237,16 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_predict(args) -> int:
+    from nvfp4train.reproduce.forecast import predict_command
+
+    for line in predict_command(
+        args.question, [Path(p) for p in args.runs_dir], args.experiments_dir, args.experiment, args.extrapolate
+    ):
+        print(line)
+    return 0
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(
         prog="python -m nvfp4train.reproduce", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -250,6 +270,7 @@ def parse_args(argv):
     p = verbs.add_parser("plan", help="every run with its commands and out_dir", description=cmd_plan.__doc__)
     common(p)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="commands for this device (default cuda)")
+    p.add_argument("--gpu", help="a sweep's GPU-hours from the benchmarks of GPUs whose name contains this (e.g. H100)")
 
     p = verbs.add_parser("run", help="run the experiments here (local) or submit them (slurm)")
     common(p, several=True)
@@ -298,6 +319,16 @@ def parse_args(argv):
     )
     p.add_argument("--out", default="docs/results", help="where reproduction.md and its figures go")
     p.add_argument("--no-figures", action="store_true")
+
+    p = verbs.add_parser("predict", help="the gap a sweep's fitted law predicts for a size and token budget")
+    p.add_argument("question", nargs="+", metavar="KEY=VALUE", help="model=<preset or N> tokens=<D> precision=<arm>")
+    p.add_argument("--experiment", help="the sweep (default: the only one in the experiments dir)")
+    p.add_argument("--extrapolate", action="store_true", help="answer past 0.5 decade outside the sweep too")
+    p.add_argument(
+        "--runs-dir",
+        action="append",
+        help=f"a results dir (repeatable; default: docs/results/runs and {DEFAULT_RUNS_DIR})",
+    )
     args = ap.parse_args(argv)
     if getattr(args, "runs_dir", "") is None:
         args.runs_dir = ["docs/results/runs", str(DEFAULT_RUNS_DIR)]
@@ -313,6 +344,7 @@ def main(argv=None) -> int:
         "status": cmd_status,
         "copy-results": cmd_copy_results,
         "report": cmd_report,
+        "predict": cmd_predict,
     }
     try:
         return verbs[args.verb](args)

@@ -17,6 +17,25 @@ others are measured against. Keys:
     eval: [ARG, ...]                `python -m nvfp4train.eval run_dir=RUN ARG...` after training
     eval_points: 20                 in-training validations per run (20: every 5% of the tokens); 0: the
                                     overrides' train.eval_every stands
+    sweep: {...}                    a grid over model size and tokens per parameter (below); `tokens` is
+                                    then each cell's, from its size and tokens per parameter
+
+A sweep runs its arms (the `arms` key, as in any experiment) in every cell of a grid:
+
+    sweep:
+      tokens_per_param: [20]        every size at these (tokens = this x the non-embedding parameters)
+      min_lr_fraction: 0.01         optim.min_lr = this x the size's lr (default 0.01)
+      sizes:                        in any order: `run` takes the cells by parameters x tokens, smallest first
+        - model: hybrid_0p5m        a preset of configs/model/ (one family: the same pattern, so the same
+          lr: 3.0e-3                BF16 blocks); lr: the peak, tuned on BF16 only, then every arm's
+          name: s0p5m               the cell's directory part (default: the model's name)
+          seeds: [1, 2, 3, 4, 5]    (default: the experiment's)
+          tokens_per_param: [5, 80] (default: the sweep's)
+          arms: [bf16, nvfp4]       the arms run at this size (default: every arm)
+
+Each (size, tokens per parameter, arm) becomes an arm of its own, `<size>-tpp<T>-<arm>`, whose runs live in
+<runs-dir>/<experiment>/<size>-tpp<T>-<arm>/seed<k>/; the model, optim.lr and optim.min_lr come from the size,
+so `base` and the arms may not set them.
 
 Files whose name starts with `_` are includes, not experiments.
 """
@@ -50,7 +69,11 @@ KEYS = (
     "borrow",
     "eval",
     "eval_points",
+    "sweep",
 )
+SWEEP_KEYS = ("sizes", "tokens_per_param", "min_lr_fraction")
+SIZE_KEYS = ("model", "lr", "name", "seeds", "tokens_per_param", "arms")
+SIZE_SET = ("model", "optim.lr", "optim.min_lr")  # what a sweep's sizes set, so no other override may
 TIERS = ("A", "B", "earlier")
 
 
@@ -60,6 +83,28 @@ class Arm:
     overrides: tuple[str, ...]
     seeds: tuple[int, ...]
     tokens: int | None = None  # None: the experiment's
+    tokens_per_param: float | None = None  # a sweep's cell: tokens = this x the model's non-embedding parameters
+    cell: tuple[str, float, str] | None = None  # a sweep's: (size, tokens per parameter, the arm it repeats)
+
+
+@dataclass(frozen=True)
+class Size:
+    name: str
+    model: str
+    lr: float
+    seeds: tuple[int, ...]
+    tokens_per_param: tuple[float, ...]
+    arms: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Sweep:
+    sizes: tuple[Size, ...]
+    arms: dict[str, Arm]  # the arms each cell repeats, as the file names them
+    min_lr_fraction: float = 0.01
+
+    def cells(self) -> list[tuple[Size, float]]:
+        return [(size, tpp) for size in self.sizes for tpp in size.tokens_per_param]
 
 
 @dataclass(frozen=True)
@@ -76,6 +121,7 @@ class Experiment:
     eval: tuple[str, ...] | None = None
     eval_points: int = 0
     path: Path | None = None
+    sweep: Sweep | None = None
 
     def arm_source(self, arm: str) -> str:
         """The experiment whose runs of `arm` this one compares (itself, or the one it borrows from)."""
@@ -158,11 +204,17 @@ def load_experiment(name: str, directory: Path = EXPERIMENTS_DIR) -> Experiment:
         base += list(_str_list(inc, "base", common.get("base")))
     spec.update(own)
     base += list(_str_list(path, "base", own.get("base")))
-    for key in ("tokens", "seeds", "arms", "baseline"):
+    for key in (
+        ("seeds", "arms", "baseline") if spec.get("sweep") is not None else ("tokens", "seeds", "arms", "baseline")
+    ):
         if spec.get(key) in (None, [], {}):
             raise UsageError(f"{path}: {key} missing (in it or in its include)")
-    tokens = spec["tokens"]
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+    tokens = spec.get("tokens", 0) if spec.get("sweep") is not None else spec["tokens"]
+    if spec.get("sweep") is not None and tokens:
+        raise UsageError(
+            f"{path}: tokens={tokens!r} beside sweep; a sweep's tokens are each cell's (sweep.tokens_per_param)"
+        )
+    if spec.get("sweep") is None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
         raise UsageError(f"{path}: tokens={tokens!r}; expected training tokens per run, an integer >= 1")
     seeds = _int_list(path, "seeds", spec["seeds"])
     tier = str(spec.get("tier", "earlier"))
@@ -216,6 +268,12 @@ def load_experiment(name: str, directory: Path = EXPERIMENTS_DIR) -> Experiment:
         _check_overrides(path, f"arms.{arm.name}", list(arm.overrides), "train")
     if eval_args is not None:
         _check_overrides(path, "eval", list(_str_list(path, "eval", eval_args)), "eval")
+    sweep = None
+    if spec.get("sweep") is not None:
+        if borrow:
+            raise UsageError(f"{path}: borrow beside sweep; a sweep runs every arm it compares in each cell")
+        sweep = _read_sweep(path, spec["sweep"], arms, spec["arms"], seeds, str(spec["baseline"]), base)
+        arms = _sweep_arms(sweep)
     return Experiment(
         name=name,
         description=" ".join(str(spec.get("description", "")).split()),
@@ -229,7 +287,131 @@ def load_experiment(name: str, directory: Path = EXPERIMENTS_DIR) -> Experiment:
         eval=None if eval_args is None else _str_list(path, "eval", eval_args),
         eval_points=eval_points,
         path=path,
+        sweep=sweep,
     )
+
+
+def _number_list(path: Path, key: str, value) -> tuple[float, ...]:
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value)
+    ):
+        raise UsageError(f"{path}: {key}={value!r}; expected a non-empty list of numbers > 0")
+    if len(set(value)) != len(value):
+        raise UsageError(f"{path}: {key}={value!r}; a value is listed twice")
+    return tuple(float(v) for v in value)
+
+
+def _plain_name(value) -> bool:
+    return (
+        isinstance(value, str)
+        and value.isascii()
+        and value[:1].isalnum()
+        and all(c.isalnum() or c in "_.+-" for c in value)
+    )
+
+
+def _read_sweep(
+    path: Path, spec, arms: dict[str, Arm], arms_spec: dict, seeds: tuple[int, ...], baseline: str, base: list[str]
+) -> Sweep:
+    """The `sweep` key, checked key by key (one line naming the key and what is allowed)."""
+    for name, arm_spec in arms_spec.items():
+        for key in ("seeds", "tokens"):
+            if isinstance(arm_spec, dict) and key in arm_spec:
+                raise UsageError(
+                    f"{path}: arms.{name}.{key} beside sweep; a sweep's seeds and tokens are each size's "
+                    "(sweep.sizes[].seeds, sweep.tokens_per_param)"
+                )
+    if not isinstance(spec, dict):
+        raise UsageError(f"{path}: sweep: expected a mapping of {', '.join(SWEEP_KEYS)}")
+    unknown = sorted(set(spec) - set(SWEEP_KEYS))
+    if unknown:
+        raise UsageError(f"{path}: sweep: unknown key {unknown[0]!r}; allowed: {', '.join(SWEEP_KEYS)}")
+    for where, overrides in [("base", base)] + [(f"arms.{a.name}", a.overrides) for a in arms.values()]:
+        for o in overrides:
+            key = str(o).split("=", 1)[0].lstrip("+~")
+            if key in SIZE_SET:
+                raise UsageError(
+                    f"{path}: {where}: {o!r} beside sweep; each size sets {', '.join(SIZE_SET)} "
+                    "(sweep.sizes[].model and .lr)"
+                )
+    default_tpp = (
+        _number_list(path, "sweep.tokens_per_param", spec["tokens_per_param"]) if "tokens_per_param" in spec else None
+    )
+    fraction = spec.get("min_lr_fraction", 0.01)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+        raise UsageError(f"{path}: sweep.min_lr_fraction={fraction!r}; expected a number in [0, 1]")
+    sizes_spec = spec.get("sizes")
+    if not isinstance(sizes_spec, list) or not sizes_spec:
+        raise UsageError(f"{path}: sweep.sizes={sizes_spec!r}; expected a non-empty list of {{model, lr, ...}}")
+    models = sorted(p.stem for p in (_configs_dir() / "model").glob("*.yaml"))
+    sizes, names = [], set()
+    for i, entry in enumerate(sizes_spec):
+        key = f"sweep.sizes[{i}]"
+        if not isinstance(entry, dict):
+            raise UsageError(f"{path}: {key}={entry!r}; expected a mapping of {', '.join(SIZE_KEYS)}")
+        unknown = sorted(set(entry) - set(SIZE_KEYS))
+        if unknown:
+            raise UsageError(f"{path}: {key}: unknown key {unknown[0]!r}; allowed: {', '.join(SIZE_KEYS)}")
+        model = entry.get("model")
+        if not isinstance(model, str) or model not in models:
+            raise UsageError(
+                f"{path}: {key}.model={model!r}; allowed: the presets of configs/model/: {', '.join(models)}"
+            )
+        lr = entry.get("lr")
+        if isinstance(lr, str):  # YAML reads 3e-3 (no dot) as text
+            try:
+                lr = float(lr)
+            except ValueError:
+                pass
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < 1:
+            raise UsageError(
+                f"{path}: {key}.lr={lr!r}; expected the peak learning rate, a number in (0, 1), tuned on BF16"
+            )
+        name = entry.get("name", model)
+        if not _plain_name(name):
+            raise UsageError(
+                f"{path}: {key}.name={name!r} is not a plain name (letters, digits and _ . + -, starting with a "
+                "letter or digit): it names a directory of the runs"
+            )
+        if name in names:
+            raise UsageError(f"{path}: {key}.name={name!r}: two sizes share it; give each its own name")
+        names.add(name)
+        tpp = (
+            _number_list(path, f"{key}.tokens_per_param", entry["tokens_per_param"])
+            if "tokens_per_param" in entry
+            else default_tpp
+        )
+        if tpp is None:
+            raise UsageError(f"{path}: {key}: no tokens_per_param (give sweep.tokens_per_param or the size's own)")
+        size_arms = entry.get("arms", list(arms))
+        if not isinstance(size_arms, list) or not size_arms or not all(a in arms for a in size_arms):
+            raise UsageError(f"{path}: {key}.arms={size_arms!r}; expected a list of the file's arms: {', '.join(arms)}")
+        if baseline not in size_arms:
+            raise UsageError(
+                f"{path}: {key}.arms={size_arms!r} lacks the baseline {baseline!r}: every cell compares against it"
+            )
+        size_seeds = _int_list(path, f"{key}.seeds", entry["seeds"]) if "seeds" in entry else seeds
+        sizes.append(Size(name, model, float(lr), size_seeds, tpp, tuple(size_arms)))
+    return Sweep(tuple(sizes), dict(arms), float(fraction))
+
+
+def tpp_text(tpp: float) -> str:
+    return f"{tpp:g}"
+
+
+def _sweep_arms(sweep: Sweep) -> dict[str, Arm]:
+    """Every (size, tokens per parameter, arm) as an arm of its own (the module doc)."""
+    out = {}
+    for size, tpp in sweep.cells():
+        sets = [f"model={size.model}", f"optim.lr={size.lr:g}", f"optim.min_lr={size.lr * sweep.min_lr_fraction:g}"]
+        for template in size.arms:
+            name = f"{size.name}-tpp{tpp_text(tpp)}-{template}"
+            out[name] = Arm(
+                name, tuple(sets) + sweep.arms[template].overrides, size.seeds, None, tpp, (size.name, tpp, template)
+            )
+    return out
 
 
 def all_experiments(directory: Path = EXPERIMENTS_DIR) -> list[Experiment]:

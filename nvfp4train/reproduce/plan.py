@@ -36,6 +36,7 @@ class Run:
     precision: str
     device: str = "cuda"  # cuda | cpu
     info: dict = field(default_factory=dict)
+    order: float = 0.0  # a sweep's: the cell's training compute (parameters x tokens); runs go smallest first
 
     @property
     def key(self) -> str:
@@ -106,7 +107,11 @@ def plan_experiment(
         cfg = compose_arm(list(exp.base) + list(arm.overrides) + extra)
         t = cfg["train"]
         per_step = int(t["global_batch_size"]) * int(t["seq_len"])
-        steps = max(1, round((arm.tokens or exp.tokens) / per_step))
+        budget, params = arm.tokens or exp.tokens, None
+        if arm.tokens_per_param is not None:  # a sweep's cell: the budget from the model's size
+            params = model_params(cfg["model"])[1]
+            budget = arm.tokens_per_param * params
+        steps = max(1, round(budget / per_step))
         every = [f"train.eval_every={max(1, round(steps / exp.eval_points))}"] if exp.eval_points else []
         for seed in arm.seeds:
             if seeds is not None and seed not in seeds:
@@ -138,7 +143,8 @@ def plan_experiment(
                     steps * per_step,
                     str(cfg["precision"].get("name") or cfg["precision"].get("format")),
                     device,
-                    {"model": cfg["model"], "data": cfg["data"], "per_step": per_step},
+                    {"model": cfg["model"], "data": cfg["data"], "per_step": per_step, "params": params},
+                    0.0 if params is None else float(params) * steps * per_step,
                 )
             )
     if seeds is not None and not runs:
@@ -146,7 +152,8 @@ def plan_experiment(
             f"--seeds {','.join(map(str, seeds))}: no arm of {exp.name} runs these seeds "
             f"(its seeds: {', '.join(map(str, exp.seeds))})"
         )
-    return sorted(runs, key=lambda run: run.seed)  # stable: arms keep their order within a seed
+    # stable: arms keep their order within a seed; a sweep's cells go smallest first, each seed by seed
+    return sorted(runs, key=lambda run: (run.order, run.seed))
 
 
 # ------------------------------------------------------------------------------------------- state
@@ -292,19 +299,31 @@ def data_passes(data_cfg: dict, tokens: int, prepare: bool = False) -> dict[str,
     return {name: drawn[name] / available[name] for name in drawn if available.get(name)}
 
 
+_PARAMS: dict[str, tuple[int, int]] = {}
+
+
 def model_params(model_cfg: dict) -> tuple[int, int]:
     """(all parameters, without embedding and LM head), counted on the meta device."""
     from nvfp4train.model import ModelConfig
     from nvfp4train.summary import summarize
 
-    s = summarize(ModelConfig.from_dict(model_cfg), 1)
-    return s["params"], s["params_non_embedding"]
+    key = json.dumps(model_cfg, sort_keys=True, default=str)
+    if key not in _PARAMS:
+        s = summarize(ModelConfig.from_dict(model_cfg), 1)
+        _PARAMS[key] = (s["params"], s["params_non_embedding"])
+    return _PARAMS[key]
 
 
-def describe(exp: Experiment, runs: list[Run]) -> list[str]:
-    """The plan's header: model size, tokens per parameter, passes over the data."""
+def describe(exp: Experiment, runs: list[Run], gpu: str | None = None, gpus_per_run: int = 1) -> list[str]:
+    """The plan's header: model size, tokens per parameter, passes over the data; a sweep's grid."""
     if not runs:
         return [f"{exp.name}: no runs selected"]
+    if exp.sweep is not None:
+        return [
+            f"{exp.name} (sweep): {exp.description}",
+            *sweep_grid(exp, runs, gpu, gpus_per_run),
+            f"  baseline {exp.baseline}",
+        ]
     first = runs[0]
     params, non_embedding = model_params(first.info["model"])
     passes = data_passes(first.info["data"], first.tokens)
@@ -326,3 +345,124 @@ def describe(exp: Experiment, runs: list[Run]) -> list[str]:
             else ""
         ),
     ]
+
+
+# ------------------------------------------------------------------------------------------ sweeps
+BENCH_FILE = Path(__file__).resolve().parents[2] / "docs" / "results" / "bench" / "train.json"
+
+
+def bench_rows(path: Path = BENCH_FILE) -> list[dict]:
+    """The measured training throughputs (python -m benchmarks.bench_train's rows), [] where there are none."""
+    try:
+        rows = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return []
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def measured_speed(run: Run, rows: list[dict], gpu: str | None = None) -> tuple[float, list[str]] | None:
+    """The median tokens/s of the benchmark rows of this run's model, precision, sequence length and
+    batch (on GPUs whose name contains `gpu`), and the GPUs they were measured on; None: unmeasured."""
+    import statistics
+
+    t = compose_train(run)
+    found = [
+        r
+        for r in rows
+        if r.get("model") == run.info["model"].get("name")
+        and r.get("precision") == run.precision
+        and r.get("seq") == t["seq_len"]
+        and r.get("batch") == t["global_batch_size"]
+        and isinstance(r.get("tokens_per_s"), (int, float))
+        and r["tokens_per_s"] > 0
+        and (gpu is None or gpu.lower() in str(r.get("gpu", "")).lower())
+    ]
+    if not found:
+        return None
+    return statistics.median(float(r["tokens_per_s"]) for r in found), sorted({str(r.get("gpu")) for r in found})
+
+
+def compose_train(run: Run) -> dict:
+    words = dict(o.split("=", 1) for o in run.train_overrides if "=" in o)
+    return {"seq_len": int(words["train.seq_len"]), "global_batch_size": int(words["train.global_batch_size"])}
+
+
+def _cells(exp: Experiment, runs: list[Run]) -> dict[tuple[str, float], list[Run]]:
+    """The runs of a sweep, cell by cell, in the order they run (smallest compute first)."""
+    cells: dict[tuple[str, float], list[Run]] = {}
+    for run in sorted(runs, key=lambda r: r.order):
+        size, tpp, _ = exp.arms[run.arm].cell
+        cells.setdefault((size, tpp), []).append(run)
+    return cells
+
+
+def _arm_counts(exp: Experiment, runs: list[Run], count=None) -> str:
+    counts: dict[str, list[int]] = {}
+    for run in runs:
+        c = counts.setdefault(exp.arms[run.arm].cell[2], [0, 0])
+        c[0] += 1 if count is None else int(count(run))
+        c[1] += 1
+    if count is None:
+        return ", ".join(f"{a} x{n}" for a, (n, _) in counts.items())
+    return ", ".join(f"{a} {done}/{n}" for a, (done, n) in counts.items())
+
+
+def sweep_grid(exp: Experiment, runs: list[Run], gpu: str | None = None, gpus_per_run: int = 1) -> list[str]:
+    """The grid a sweep plans, smallest cell first: per cell its size, tokens per parameter, tokens, arms
+    with their seeds, and GPU-hours from the measured throughput (docs/results/bench/train.json), or
+    "unmeasured" where no row measured that model and precision."""
+    from nvfp4train.reproduce.scaling import count_text
+
+    rows = bench_rows()
+    lines = [
+        f"{exp.name}: a sweep of {len({exp.arms[r.arm].cell[:2] for r in runs})} cells over "
+        f"{len(exp.sweep.sizes)} sizes, smallest first; GPU-hours: training only, from the median tokens/s "
+        f"of {BENCH_FILE.relative_to(BENCH_FILE.parents[3]) if BENCH_FILE.is_file() else 'the benchmark'} "
+        "rows of the same model, precision, seq_len and batch (measured without train.deterministic, which "
+        "costs some tokens/s: docs/determinism.md); unmeasured where there is none; passes: the most passes "
+        "over one data source (? until the token shards are prepared)",
+        f"  {'cell':<24} {'N':>7} {'D/N':>5} {'tokens':>13} {'steps':>6} {'passes':>6}  {'GPU-hours':<22} arms (seeds)",
+    ]
+    total, unmeasured, gpus_seen = 0.0, 0, set()
+    for (size, tpp), cell_runs in _cells(exp, runs).items():
+        first = cell_runs[0]
+        hours, missing = 0.0, 0
+        for run in cell_runs:
+            speed = measured_speed(run, rows, gpu)
+            if speed is None:
+                missing += 1
+            else:
+                hours += run.tokens / speed[0] / 3600 * gpus_per_run
+                gpus_seen.update(speed[1])
+        total += hours
+        unmeasured += missing
+        if missing == len(cell_runs):
+            text = "unmeasured"
+        elif missing:
+            text = f"{hours:.2f} + {missing} unmeasured"
+        else:
+            text = f"{hours:.2f}"
+        passes = data_passes(first.info["data"], first.tokens)
+        most = f"{max(passes.values()):.1f}" if passes else "?"
+        lines.append(
+            f"  {f'{size}-tpp{tpp:g}':<24} {count_text(first.info['params']):>7} {tpp:>5g} {first.tokens:>13,} "
+            f"{first.max_steps:>6} {most:>6}  {text:<22} {_arm_counts(exp, cell_runs)}"
+        )
+    measured_runs = len(runs) - unmeasured
+    lines.append(
+        f"  {len(runs)} run(s): {total:.2f} GPU-hours for the {measured_runs} measured"
+        + (f" (on {', '.join(sorted(gpus_seen))})" if gpus_seen else "")
+        + (f"; {unmeasured} unmeasured (benchmark their model: python -m benchmarks.bench_train)" if unmeasured else "")
+    )
+    return lines
+
+
+def sweep_status(exp: Experiment, runs: list[Run], states: dict[str, str]) -> list[str]:
+    """The grid of a sweep with, per cell and arm, its finished runs of those planned (states: run key ->
+    state, as `status` found them)."""
+    lines = [f"{exp.name}: the grid, smallest cell first (done/planned per arm)"]
+    for (size, tpp), cell_runs in _cells(exp, runs).items():
+        lines.append(
+            f"  {f'{size}-tpp{tpp:g}':<24} {_arm_counts(exp, cell_runs, lambda r: states.get(r.key) == 'done')}"
+        )
+    return lines

@@ -832,6 +832,8 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     runs = load_runs([d for d in results_dirs if Path(d).is_dir()])
     experiments = all_experiments(experiments_dir)
+    sweeps = [e for e in experiments if e.sweep is not None]  # their own section: a fit, not claims
+    experiments = [e for e in experiments if e.sweep is None]
     # an experiments directory without claims of its own is judged against the paper's claims
     own_claims = Path(experiments_dir) / "claims" / CLAIMS_FILE.name
     claims = load_claims(claims_file or (own_claims if own_claims.exists() else CLAIMS_FILE))
@@ -914,13 +916,17 @@ def write_report(
             if figures and relative_figure(exp, runs, out / "reproduction" / f"{exp.name}.png"):
                 lines_tier += [f"![{exp.name}: paired relative gap](reproduction/{exp.name}.png)", ""]
         body += lines_tier
+    for exp in sweeps:
+        from nvfp4train.reproduce.forecast import report_lines
+
+        body += report_lines(exp, runs, out, bool(figures))
     if figures is None:
         lines += [
             "Figures: not drawn, matplotlib is not installed (`pip install 'nvfp4train[plots]'` and run the "
             "report again).",
             "",
         ]
-    lines += summary_lines(claims, results, family) + body + left_out_lines(runs, experiments)
+    lines += summary_lines(claims, results, family) + body + left_out_lines(runs, experiments + sweeps)
     lines += replicate_lines(replicates, runs)
     lines += spread_lines(experiments, runs)
     lines += [
