@@ -99,6 +99,33 @@ def _nan(values):
     return [math.nan if v is None else v for v in values]
 
 
+# An arm's colour follows its name, so the same precision looks the same in every comparison folder.
+PRECISION_COLORS = {
+    "bf16": "C0",
+    "fp8_blockwise": "C1",
+    "mxfp4": "C2",
+    "nvfp4": "C3",
+    "fp8_tensorwise": "C4",
+}
+
+
+def arm_colors(labels: list[str]) -> dict[str, str]:
+    """label -> matplotlib colour: the precision's own colour when the label names one (its last path part,
+    e.g. runs/exp/nvfp4), else one drawn from the label's CRC (the same in every process and folder), moved
+    on to the next free colour when two arms of one figure would share it."""
+    import zlib
+
+    colors: dict[str, str] = {}
+    wanted = {label: PRECISION_COLORS.get(label.rstrip("/").rsplit("/", 1)[-1]) for label in labels}
+    for label in sorted(labels, key=lambda lb: (wanted[lb] is None, lb)):  # named precisions first, then by name
+        index = int(wanted[label][1:]) if wanted[label] else zlib.crc32(label.encode()) % 10
+        taken = set(colors.values())
+        while f"C{index % 10}" in taken and len(taken) < 10:
+            index += 1
+        colors[label] = f"C{index % 10}"
+    return colors
+
+
 def _heldout_label(arm: dict) -> str:
     n = arm.get("eval_sequences")
     return (
@@ -115,7 +142,7 @@ def write_figures(result: dict, out: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     written = []
-    colors = {a["label"]: f"C{i}" for i, a in enumerate(result["arms"])}
+    colors = arm_colors([a["label"] for a in result["arms"]])
     arms = {a["label"]: a for a in result["arms"]}
     curves = result["curves"]
     any_events = any(events for c in curves.values() for events in c["events"].values())
