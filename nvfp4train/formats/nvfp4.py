@@ -54,6 +54,7 @@ Two ways in:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -369,7 +370,7 @@ def quantize(
     _check_input(x, tile)
     e2m1.check_rounding(rounding)
     check_te_options(tile, rounding, four_over_six, scale_bound, row_scaled, "nvfp4.quantize")
-    options = {"four_over_six": four_over_six, "scale_bound": scale_bound, "row_scaled": row_scaled}
+    options: dict[str, Any] = {"four_over_six": four_over_six, "scale_bound": scale_bound, "row_scaled": row_scaled}
     if use_triton(x, impl, "nvfp4.quantize"):
         from . import kernels
 
@@ -412,7 +413,7 @@ def fake_quantize(
     _check_input(x, tile)
     e2m1.check_rounding(rounding)
     check_te_options(tile, rounding, four_over_six, scale_bound, row_scaled, "nvfp4.fake_quantize")
-    options = {"four_over_six": four_over_six, "scale_bound": scale_bound, "row_scaled": row_scaled}
+    options: dict[str, Any] = {"four_over_six": four_over_six, "scale_bound": scale_bound, "row_scaled": row_scaled}
     if use_triton(x, impl, "nvfp4.fake_quantize"):
         from . import kernels
 
