@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -12,6 +13,14 @@ import pytest
 import torch
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def kernel_test(fn):
+    """A check of the Triton kernels: runs in the interpreter subprocess, or on a GPU (marked gpu)."""
+    if INTERPRETING:
+        return fn
+    marks = (pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))
+    return functools.reduce(lambda f, mark: mark(f), marks, fn)
 
 
 def rerun_in_triton_interpreter(test_file: str, timeout: float) -> str:

@@ -5,7 +5,6 @@ as tests/formats/test_triton.py does) gives the reference's bits, ragged shapes 
 
 from __future__ import annotations
 
-import functools
 import re
 
 import pytest
@@ -14,18 +13,10 @@ import torch.nn.functional as F
 
 from nvfp4train.formats import fp8
 
-from .conftest import INTERPRETING, rerun_in_triton_interpreter
+from .conftest import INTERPRETING, kernel_test, rerun_in_triton_interpreter
 
 DEVICE = torch.device("cpu" if INTERPRETING else "cuda")
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
-
-
-def kernel_test(fn):
-    """A check of the kernel: runs in the interpreter subprocess, or on a GPU (marked gpu)."""
-    if INTERPRETING:
-        return fn
-    marks = (pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))
-    return functools.reduce(lambda f, mark: mark(f), marks, fn)
 
 
 def assert_same(got, want, what):

@@ -13,7 +13,6 @@ The reference always runs on CPU (its bits are the same on every device).
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 
@@ -23,17 +22,9 @@ import torch
 from nvfp4train.formats import fp8, hadamard, mxfp4, nvfp4, sr_generator
 from nvfp4train.formats.rounding import random_bits_like
 
-from .conftest import INTERPRETING, golden_manifest, load_golden, rerun_in_triton_interpreter
+from .conftest import INTERPRETING, golden_manifest, kernel_test, load_golden, rerun_in_triton_interpreter
 
 DEVICE = torch.device("cpu" if INTERPRETING else "cuda")
-
-
-def kernel_test(fn):
-    """A check of the kernels: runs in the interpreter subprocess, or on a GPU (marked gpu)."""
-    if INTERPRETING:
-        return fn
-    marks = (pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))
-    return functools.reduce(lambda f, mark: mark(f), marks, fn)
 
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")

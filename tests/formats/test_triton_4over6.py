@@ -12,7 +12,6 @@ cases that cover every option (the interpreter takes seconds a launch).
 
 from __future__ import annotations
 
-import functools
 import re
 
 import pytest
@@ -20,18 +19,10 @@ import torch
 
 from nvfp4train.formats import nvfp4
 
-from .conftest import INTERPRETING, golden_4over6_manifest, rerun_in_triton_interpreter
+from .conftest import INTERPRETING, golden_4over6_manifest, kernel_test, rerun_in_triton_interpreter
 from .test_golden_4over6 import check_case
 
 DEVICE = torch.device("cpu" if INTERPRETING else "cuda")
-
-
-def kernel_test(fn):
-    """A check of the kernel: runs in the interpreter subprocess, or on a GPU (marked gpu)."""
-    if INTERPRETING:
-        return fn
-    marks = (pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))
-    return functools.reduce(lambda f, mark: mark(f), marks, fn)
 
 
 def _interpreter_cases() -> list[str]:
