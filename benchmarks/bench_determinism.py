@@ -2,22 +2,22 @@
 and with the mode minus one of its pieces at a time, so the cost of each piece reads off one table.
 
     python -m benchmarks.bench_determinism --model hybrid_5m --precision nvfp4 --seq 1024 --batch 32
-    python -m benchmarks.bench_determinism --variants off on on-fill --steps 20   # a subset
+    python -m benchmarks.bench_determinism --variants off on on+nofill --steps 20   # a subset
 
 Each variant runs in its own process (deterministic settings, mamba-ssm's mode and Triton's pinned
 configurations are process state), one after the other on the same GPU, sharing Triton's and Inductor's
 caches, so only the first pays compilation and autotuning. A variant names what it takes out of the mode:
 
-    off           no deterministic mode (the baseline)
-    on            train.deterministic=true as the trainer runs it
-    on+math+fill  ... with math SDPA for attention and torch's NaN fill of new tensors (the mode's earlier
-                  settings: NVFP4TRAIN_DETERMINISTIC_ATTENTION=math NVFP4TRAIN_FILL_UNINITIALIZED=1)
-    on+fill       ... with the NaN fill only
-    on+math       ... with math SDPA only
-    on-ssd-free   ... mamba-ssm's SSD kernels in their default (atomic, autotuned) mode
-    on-ssd-tuned  ... mamba-ssm's deterministic SSD kernels, autotuned instead of pinned to one configuration
-    on-inductor   ... Inductor not in its deterministic mode (reduction configurations chosen freely)
-    on-conv       ... causal_conv1d's CUDA extension for the Mamba conv where it is installed
+    off             no deterministic mode (the baseline)
+    on              train.deterministic=true as the trainer runs it (math SDPA, new tensors NaN-filled)
+    on+flex+nofill  ... with FlexAttention where compiled and no NaN fill (NVFP4TRAIN_DETERMINISTIC_ATTENTION=flex
+                    NVFP4TRAIN_FILL_UNINITIALIZED=0: the fastest settings)
+    on+flex         ... with FlexAttention only
+    on+nofill       ... without the NaN fill only
+    on-ssd-free     ... mamba-ssm's SSD kernels in their default (atomic, autotuned) mode
+    on-ssd-tuned    ... mamba-ssm's deterministic SSD kernels, autotuned instead of pinned to one configuration
+    on-inductor     ... Inductor not in its deterministic mode (reduction configurations chosen freely)
+    on-conv         ... causal_conv1d's CUDA extension for the Mamba conv where it is installed
 
 Timing is bench_train's (the trainer's TorchEngine.train_step, compiled and with the CUDA graph by default,
 random tokens, after warm-up). Rows merge into --out (one per model x seq x batch x precision x variant x GPU):
@@ -37,7 +37,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-VARIANTS = ("off", "on", "on+math+fill", "on+fill", "on+math", "on-ssd-free", "on-ssd-tuned", "on-inductor", "on-conv")
+VARIANTS = (
+    "off", "on", "on+flex+nofill", "on+flex", "on+nofill", "on-ssd-free", "on-ssd-tuned", "on-inductor", "on-conv",
+)  # fmt: skip
 KEY = ("model", "seq", "batch", "precision", "variant", "gpu")
 
 
@@ -68,10 +70,9 @@ def _take_out(variant: str) -> None:
 
 
 def worker(args) -> dict:
-    if "+math" in args.variant:
-        os.environ["NVFP4TRAIN_DETERMINISTIC_ATTENTION"] = "math"
-    if "+fill" in args.variant:
-        os.environ["NVFP4TRAIN_FILL_UNINITIALIZED"] = "1"
+    parts = args.variant.split("+")[1:]
+    os.environ["NVFP4TRAIN_DETERMINISTIC_ATTENTION"] = "flex" if "flex" in parts else "math"
+    os.environ["NVFP4TRAIN_FILL_UNINITIALIZED"] = "0" if "nofill" in parts else "1"
     from nvfp4train.train.build import persistent_kernel_caches
 
     persistent_kernel_caches()
