@@ -1,13 +1,14 @@
-"""A training run's config: `RunConfig`, made of sections (model, precision, data as plain data that their
-own dataclasses check; optim; train), and `TrainConfig` (steps, batch, checkpoints, parallelism, logging)."""
+"""A training run's config: `RunConfig`, made of typed sections (ModelConfig, PrecisionPolicy, DataConfig,
+OptimConfig, TrainConfig), each parsed once, and `TrainConfig` (steps, batch, checkpoints, parallelism,
+logging)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 from nvfp4train.data.config import DataConfig, parse_data_config
 from nvfp4train.model.config import ModelConfig
@@ -226,12 +227,12 @@ SECTIONS = {
 
 @dataclass(frozen=True)
 class RunConfig:
-    model: dict[str, Any]
-    """The model section as plain data (checked by ModelConfig)."""
-    precision: dict[str, Any]
-    """The precision section as plain data (checked by PrecisionPolicy)."""
-    data: dict[str, Any]
-    """The data section as plain data (checked by nvfp4train.data.parse_data_config)."""
+    model: ModelConfig
+    """The model (a mapping is parsed by ModelConfig.from_dict)."""
+    precision: PrecisionPolicy
+    """The precision policy (a mapping is parsed by PrecisionPolicy.from_dict)."""
+    data: DataConfig
+    """The data sources and blend (a mapping is parsed by nvfp4train.data.parse_data_config)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and learning-rate schedule."""
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -244,22 +245,25 @@ class RunConfig:
     """Runs of one experiment share a W&B group."""
 
     def __post_init__(self):
+        # each section parsed once, here, in the order of the fields (the first bad one is the one named)
+        for key, parse_section in (
+            ("model", ModelConfig.from_dict),
+            ("precision", PrecisionPolicy.from_dict),
+            ("data", parse_data_config),
+        ):
+            if isinstance(getattr(self, key), Mapping):
+                object.__setattr__(self, key, parse_section(getattr(self, key)))
         check(self, "")
-        # parsed once, here; the plain data above stays what config.yaml and checkpoints record
-        object.__setattr__(
-            self, "_parsed", (ModelConfig.from_dict(self.model), PrecisionPolicy.from_dict(self.precision))
-        )
-        parse_data_config(self.data)  # the data room parses it again where it reads the files
 
     @property
     def model_config(self) -> ModelConfig:
-        """The model section as the checked ModelConfig."""
-        return self._parsed[0]
+        """Alias of `model` (from when the section was plain data beside its parsed copy)."""
+        return self.model
 
     @property
     def policy(self) -> PrecisionPolicy:
-        """The precision section as the checked PrecisionPolicy."""
-        return self._parsed[1]
+        """Alias of `precision` (from when the section was plain data beside its parsed copy)."""
+        return self.precision
 
     @classmethod
     def from_omegaconf(cls, cfg) -> RunConfig:
@@ -268,4 +272,10 @@ class RunConfig:
         return from_node("train", cfg)
 
     def to_dict(self) -> dict:
-        return {**to_plain(self), "out_dir": str(self.out_dir)}
+        """The run's one record, as plain data: config.yaml, a checkpoint's meta.json, W&B's config. The data
+        section is recorded as it was given (DataConfig.to_dict), the others as their checked values."""
+        record = {
+            f.name: self.data.to_dict() if f.name == "data" else to_plain(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+        }
+        return {**record, "out_dir": str(self.out_dir)}

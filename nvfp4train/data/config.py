@@ -20,13 +20,15 @@ Every key, its default and its meaning: the dataclasses below (DataConfig, Sourc
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
 from enum import StrEnum
 from fractions import Fraction
+from typing import Any
 
-from nvfp4train.schema import ConfigError, bounded, check, not_a_key, parse
+from nvfp4train.schema import ConfigError, bounded, check, not_a_key, parse, to_plain
 
 SourceFormat = StrEnum("SourceFormat", "jsonl json txt parquet")
 
@@ -86,6 +88,10 @@ class DataConfig:
     """A tokenizer name such as bpe8k, or the path of a tokenizer file."""
     sources: dict[str, object]
     """Source name -> SourceConfig (insertion order kept)."""
+    written: dict[str, Any] = not_a_key()
+    """The section as it was given, as plain data (not a config key): what config.yaml and a checkpoint record
+    (`to_dict`). The parsed fields cannot give it back: the phase weights become exact normalized fractions
+    and a source's unset keys take their defaults."""
     phases: tuple[object, ...] | None = None
     """Phases of the blend (Phase); null: one phase with equal token fractions."""
     cache_dir: str = "data/cache"
@@ -103,6 +109,10 @@ class DataConfig:
     def __post_init__(self):
         check(self, "data")
 
+    def to_dict(self) -> dict[str, Any]:
+        """The section as it was given (`written`): the record a run's config.yaml and checkpoints keep."""
+        return copy.deepcopy(self.written)
+
 
 def _fraction(value: float, key: str) -> Fraction:
     if not math.isfinite(value):
@@ -110,8 +120,12 @@ def _fraction(value: float, key: str) -> Fraction:
     return Fraction(str(value))  # str() keeps decimal literals exact: 0.7 means 7/10, not the nearest binary float
 
 
-def parse_data_config(cfg: dict) -> DataConfig:
-    raw = parse(DataConfig, cfg, "data")
+def parse_data_config(cfg: dict | DataConfig) -> DataConfig:
+    """The data section (plain data) checked and parsed: sources as SourceConfig, phases as exact Phase. A
+    DataConfig (a RunConfig's `data`) is parsed already and comes back as it is."""
+    if isinstance(cfg, DataConfig):
+        return cfg
+    raw = parse(DataConfig, cfg, "data", written=to_plain(cfg))
     if not isinstance(raw.sources, dict) or not raw.sources:
         raise ConfigError("data.sources must be a non-empty mapping of source name -> {train: ..., val: ...}")
     sources = {name: parse(SourceConfig, spec, f"data.sources.{name}", name=name) for name, spec in raw.sources.items()}

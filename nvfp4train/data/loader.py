@@ -263,7 +263,7 @@ def _check_int(name: str, value, minimum: int) -> int:
 
 
 def build_train_loader(
-    data_cfg: dict,
+    data_cfg: DataConfig | dict,
     *,
     seq_len: int,
     global_batch_size: int,
@@ -316,7 +316,7 @@ def build_train_loader(
     )
 
 
-def build_val_data(data_cfg: dict, *, seq_len: int, max_sequences_per_domain: int) -> dict:
+def build_val_data(data_cfg: DataConfig | dict, *, seq_len: int, max_sequences_per_domain: int) -> dict:
     """Held-out documents of every source with a val split -> {source: LongTensor[n, seq_len + 1]}.
     Rows are consecutive windows over the documents in file order (EOS between them) with a stride of
     seq_len, so every held-out token is a target once; n = min(max_sequences_per_domain, available)."""

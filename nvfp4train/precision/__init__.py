@@ -1,7 +1,7 @@
 """Precision policies and quantized linear layers.
 
     from nvfp4train.precision import PrecisionPolicy, build_linear_factory, PrecisionController
-    policy = PrecisionPolicy.from_dict(cfg.precision)         # validates
+    policy = PrecisionPolicy.from_dict(section)               # a mapping, validated (RunConfig parses its own)
     factory = build_linear_factory(policy, n_blocks, seed)    # the model's linear_factory
     ctl = PrecisionController(policy, model)                  # schedule, telemetry, checkpoint state
     peak = gemm_peak_kind(policy, ctl.backend_name)           # "bf16" | "fp8" | "fp4": MFU's peak

@@ -12,7 +12,7 @@ import torch
 
 from nvfp4train import dist
 from nvfp4train.config import ConfigError, RunConfig
-from nvfp4train.data import build_train_loader, build_val_data
+from nvfp4train.data import DataConfig, build_train_loader, build_val_data
 from nvfp4train.data.paths import resolve_path
 from nvfp4train.model import HybridLM, ModelConfig
 from nvfp4train.model.mfu import peak_flops
@@ -85,16 +85,16 @@ def check_out_dir_writable(out_dir: Path) -> None:
         raise ConfigError(f"out_dir={str(out_dir)!r}: not writable ({existing} is not a writable directory)")
 
 
-def data_cache_dir(data: dict) -> Path | None:
+def data_cache_dir(data: DataConfig) -> Path | None:
     try:
-        return resolve_path(data.get("cache_dir") or "data/cache", cache=True)
+        return resolve_path(data.cache_dir or "data/cache", cache=True)
     except (TypeError, ValueError):
         return None  # the data config's own check names the key
 
 
 def build_model_and_data(cfg: RunConfig, info: dist.DistInfo):
     """Model (with the precision room's linears), precision controller and data, all validated."""
-    model_cfg, policy = cfg.model_config, cfg.policy  # parsed and checked once, by RunConfig
+    model_cfg, policy = cfg.model, cfg.precision  # parsed and checked once, by RunConfig
     t = cfg.train
     try:
         loader = build_train_loader(

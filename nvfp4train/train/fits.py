@@ -42,14 +42,14 @@ def parameter_count(cfg: RunConfig) -> int:
     from nvfp4train.model import HybridLM
 
     with torch.device("meta"):  # shapes only, no memory
-        return HybridLM(cfg.model_config).num_params()
+        return HybridLM(cfg.model).num_params()
 
 
 def check_fits(cfg: RunConfig, world_size: int, device: torch.device, micro_derived: bool = False) -> None:
     """Refuse, in one line naming the key, a run whose lower bound (module docstring) exceeds the memory of
     its device (a GPU's total memory; on the CPU this machine's memory over its ranks). `cfg.train` has its
     micro-batch resolved; micro_derived: from train.global_batch_size over the ranks (none was given)."""
-    t, m = cfg.train, cfg.model_config
+    t, m = cfg.train, cfg.model
     params = parameter_count(cfg)
     shards = world_size if world_size > 1 and t.parallel != "ddp" else 1
     state = params * STATE_BYTES_PER_PARAM / shards

@@ -33,7 +33,7 @@ def model_hash(model_config: dict) -> str:
 
 def of(run_id: str, cfg) -> dict:
     """The identity a checkpoint of this run records."""
-    return {"run_id": run_id, "seed": cfg.seed, "model": model_hash(cfg.model)}
+    return {"run_id": run_id, "seed": cfg.seed, "model": model_hash(cfg.model.to_dict())}
 
 
 def read(ckpt: Path) -> dict | None:

@@ -283,7 +283,7 @@ def plan_run(cfg: RunConfig, info: dist.DistInfo, facts: RunFacts, micro_derived
     progress, reasons["progress"] = decide_progress(t.progress, info.is_main)
     wandb_mode, reasons["wandb_mode"] = decide_wandb_mode(t.wandb)
     reasons["precision_backend"] = facts.precision_backend_reason
-    ssd, reasons["ssd_backend"] = decide_ssd_backend(cfg.model_config.ssd_backend, facts.mamba_blocks, device)
+    ssd, reasons["ssd_backend"] = decide_ssd_backend(cfg.model.ssd_backend, facts.mamba_blocks, device)
     return RunPlan(
         device=device,
         world_size=world,

@@ -184,7 +184,7 @@ class Trainer:
             self.resume_notes.insert(0, note)
         # betas, eps and weight_decay are this run's config: the checkpoint brings the moments, not these
         hyperparameters = get_hyperparameters(self.engine.optimizer)
-        meta, state = checkpoint.load(self.resumed_from, self.engine, self.info.rank, self.cfg.model)
+        meta, state = checkpoint.load(self.resumed_from, self.engine, self.info.rank, self.cfg.model.to_dict())
         set_hyperparameters(self.engine.optimizer, hyperparameters)
         self.step = self.start_step = int(meta["step"])
         if t.resume != "auto":  # an older checkpoint starts a new timeline from its step
@@ -262,7 +262,7 @@ class Trainer:
             parallel = t.parallel if info.world_size > 1 or t.parallel == "deepspeed" else "single"
             self.bar.write(
                 f"model {self.model_cfg.name}: {n_params / 1e6:.2f}M params | precision "
-                f"{cfg.precision.get('name', '?')} ({self.controller.backend_name}) | {parallel} "
+                f"{cfg.precision.name} ({self.controller.backend_name}) | {parallel} "
                 f"x{info.world_size} on {info.device.type}{self.threads_note} | {t.max_steps} steps x "
                 f"{self.tokens_per_step} tokens | {where}"
                 f"{' | deterministic' if t.deterministic else ''}"
@@ -439,7 +439,7 @@ class Trainer:
             if is_main and held_out:
                 if t.eval_precision == "both":
                     precision = "BF16 and training precision"
-                    trained_in = "bf16" if runs_in_bf16(layers) else self.cfg.precision.get("name", "training")
+                    trained_in = "bf16" if runs_in_bf16(layers) else self.cfg.precision.name
                     losses = [
                         f"{k[4:]} {v:.4f} (bf16) {held_out['val_tp/' + k[4:]]:.4f} ({trained_in})"
                         for k, v in held_out.items()
@@ -505,7 +505,7 @@ class Trainer:
         if self.info.device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state()
         meta = {
-            "model_config": self.cfg.model,
+            "model_config": self.cfg.model.to_dict(),
             "tokens": self.step * self.tokens_per_step,
             "wandb_id": self.wandb_id,
             "experiment": self.cfg.experiment,

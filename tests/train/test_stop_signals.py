@@ -169,12 +169,11 @@ def test_stock_torchrun_prints_its_own_traceback_on_sigterm(tmp_path, spawn):
 def _lock_of_first_source(cache) -> Path:
     """The lock that a trainer with data.cache_dir=cache takes first, to build its first source's shards."""
     from nvfp4train.config import load
-    from nvfp4train.data.config import parse_data_config
     from nvfp4train.data.inputs import inputs_fingerprint
     from nvfp4train.data.prepare import _cache_split_dir
     from nvfp4train.data.tokenizer import load_tokenizer
 
-    data = parse_data_config(load("train", ["model=hybrid_tiny", f"data.cache_dir={cache}"]).data)
+    data = load("train", ["model=hybrid_tiny", f"data.cache_dir={cache}"]).data
     name, src = next(iter(data.sources.items()))
     fingerprint = inputs_fingerprint(src.train, src.text_field, src.format, f"data.sources.{name}.train")
     out = _cache_split_dir(data, load_tokenizer(data.tokenizer).identity, name, "train", fingerprint)
