@@ -13,7 +13,7 @@ Columns: launch_to_first_step_s (wall clock, the launch to the first metrics rec
 trainer_to_first_step_s (the trainer's own time_to_first_step_s: build, compile, capture, autotuning),
 imports_s (the difference: interpreter, imports, config), run_s (the whole process). Rows merge into --out:
     {model, precision, deterministic, seq, batch, trial, launch_to_first_step_s, trainer_to_first_step_s,
-     imports_s, run_s, gpu, commit}
+     imports_s, run_s, cprofile, gpu, commit}   (cprofile: that trial ran under cProfile, which slows its host side)
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-KEY = ("model", "precision", "deterministic", "seq", "batch", "trial", "gpu")
+KEY = ("model", "precision", "deterministic", "seq", "batch", "trial", "cprofile", "gpu")
 DEFAULT_SET = (
     "model=hybrid_5m",
     "precision=nvfp4",
@@ -115,7 +115,8 @@ def main() -> None:
                 cache = Path(tmp) / f"cache{i}"  # an empty one
             profile = Path(tmp) / "startup.prof" if args.cprofile and i == len(args.trials) - 1 else None
             timing = one_trial(overrides, args.steps, cache, Path(tmp) / f"run{i}", profile)
-            rows.append({**base, "trial": trial, **timing, "gpu": gpu, "commit": git_commit(short=True)})
+            row = {**base, "trial": trial, **timing, "cprofile": profile is not None}  # cProfile slows the host
+            rows.append({**row, "gpu": gpu, "commit": git_commit(short=True)})
             print(f"{trial:6s} {timing}", flush=True)
             merge_rows(args.out, rows)
         if args.cprofile:
