@@ -249,6 +249,7 @@ class RunConfig:
         object.__setattr__(
             self, "_parsed", (ModelConfig.from_dict(self.model), PrecisionPolicy.from_dict(self.precision))
         )
+        self.policy.check_module_names(self.model_config.linear_modules())  # precision.modules' patterns
         parse_data_config(self.data)  # the data room parses it again where it reads the files
 
     @property
