@@ -78,7 +78,8 @@ def module_lines(policy: PrecisionPolicy, modules: Mapping[str, tuple[int, str]]
     for pattern, names in policy.module_assignments(modules).items():
         preset = policy.module_policies()[pattern]
         what = preset.name or preset.format
-        lines.append(f"{pattern} -> {what}: {len(names)} linear{'s' if len(names) != 1 else ''} ({compact_names(names)})")
+        count = f"{len(names)} linear{'s' if len(names) != 1 else ''}"
+        lines.append(f"{pattern} -> {what}: {count} ({compact_names(names)})")
     return lines
 
 

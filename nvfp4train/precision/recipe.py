@@ -394,7 +394,7 @@ class PrecisionPolicy:
             if not pattern:
                 raise ConfigError("precision.modules: an empty pattern; allowed: a glob over the module names")
             if module.modules:
-                raise ConfigError(f"{key}: a module's preset has precision.modules of its own; allowed: a preset without")
+                raise ConfigError(f"{key}: the preset has precision.modules of its own; allowed: a preset without")
             if module.backend not in ("auto", self.backend):
                 raise ConfigError(
                     f"{key}={module.name or module.format.value!r} sets backend={module.backend.value!r}: one backend "
@@ -408,9 +408,8 @@ class PrecisionPolicy:
                     "preset without a switch (set precision.switch instead)"
                 )
             # the preset's GEMM numerics; its own BF16 blocks do not apply (the pattern chose the linears)
-            effective[pattern] = dataclasses.replace(
-                module, bf16_first=0, bf16_last=0, backend=self.backend, switch=self.switch, stats_every=self.stats_every
-            )
+            run_wide = dict(backend=self.backend, switch=self.switch, stats_every=self.stats_every)
+            effective[pattern] = dataclasses.replace(module, bf16_first=0, bf16_last=0, **run_wide)
         object.__setattr__(self, "_module_policies", effective)
 
     # ------------------------------------------------------------------ per-module precision
