@@ -408,8 +408,14 @@ class PrecisionPolicy:
                     "preset without a switch (set precision.switch instead)"
                 )
             # the preset's GEMM numerics; its own BF16 blocks do not apply (the pattern chose the linears)
-            run_wide = dict(backend=self.backend, switch=self.switch, stats_every=self.stats_every)
-            effective[pattern] = dataclasses.replace(module, bf16_first=0, bf16_last=0, **run_wide)
+            effective[pattern] = dataclasses.replace(
+                module,
+                bf16_first=0,
+                bf16_last=0,
+                backend=self.backend,
+                switch=self.switch,
+                stats_every=self.stats_every,
+            )
         object.__setattr__(self, "_module_policies", effective)
 
     # ------------------------------------------------------------------ per-module precision
