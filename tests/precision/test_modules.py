@@ -11,6 +11,8 @@ import yaml
 
 from nvfp4train.config import ConfigError, RunConfig, compose, load
 from nvfp4train.config import load_preset as load_section
+from nvfp4train.eval import load_run_model
+from nvfp4train.eval.harness import in_training_precision
 from nvfp4train.model import HybridLM, ModelConfig
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
 from nvfp4train.precision.backends import resolve_backend
@@ -191,4 +193,10 @@ def test_a_short_run_trains_the_chosen_linears_in_their_precision_and_records_it
     assert records[0]["resolved/precision_modules"] == expected
     log = (out / "train.log").read_text()
     assert "precision.modules: *.in_proj -> bf16: 5 linears" in log and "precision_modules" in log
+    # eval's training precision (eval_precision=train) rebuilds each linear as the run trained it
+    model, run_config, ckpt = load_run_model(out)
+    rebuilt, _ = in_training_precision(model, run_config, ckpt, torch.device("cpu"))
+    layers = dict(rebuilt.named_modules())
+    assert not layers["blocks.0.mixer.in_proj"].quantized and layers["blocks.0.mixer.out_proj"].quantized
+    assert layers["blocks.3.mixer.fc1"].recipe.fprop_x.format == "fp8_e4m3"
     assert torch.isfinite(torch.tensor([r["loss"] for r in records if "loss" in r])).all()
