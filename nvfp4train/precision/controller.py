@@ -136,8 +136,9 @@ class PrecisionController:
         else:
             backend, self.backend_reason = resolve_backend(policy)
             self.backend_name = backend.name
-        # What precision.modules decided, for the run's plan: one line per pattern, the linears by their names here
-        named = {name: (m.block_index, m.name) for name, m in model.named_modules() if isinstance(m, PrecisionLinear)}
+        # What precision.modules decided, for the run's plan: one line per pattern, the linears by the names the
+        # factory resolved them by (the model's own, whatever wraps it later)
+        named = {m.module_name: (m.block_index, m.name) for m in self.layers if getattr(m, "module_name", None)}
         self.module_lines = module_lines(policy, named) if policy.modules else []
         labels = [m.label for m in self.layers]
         if len(set(labels)) != len(labels):
