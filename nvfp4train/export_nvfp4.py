@@ -89,8 +89,11 @@ def pack_linears(model, run_dir: Path, run_config: dict, meta: dict) -> tuple[di
         match = LINEAR_WEIGHT.fullmatch(name)
         if not match:
             continue
-        spec = policy.layer_recipe(int(match.group(1)), n_blocks).fprop_w
-        if spec.is_bf16:
+        # the linear's own policy: precision.modules may give it another preset than the run's
+        spec = policy.for_module(name.removesuffix(".weight")).layer_recipe(int(match.group(1)), n_blocks).fprop_w
+        # BF16, or what precision.modules chose for it without one packable weight (another format, a rotated or
+        # stochastically rounded weight operand; for the run's own policy `_policy` refused those): kept dense
+        if spec.format != "nvfp4" or spec.rht_dim or spec.rounding == "sr":
             kept.append(name)
             continue
         rows, cols = weight.shape

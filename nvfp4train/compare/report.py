@@ -135,6 +135,35 @@ def _heldout_label(arm: dict) -> str:
     )
 
 
+def stability_figure(result: dict, colors: dict[str, str]):
+    """stability.png's figure: each arm's gradient norm (left) and throughput (right) against tokens, one line per
+    run, the arm's name on its first line in each panel (so the legend has every arm, whichever of its seeds logged
+    the quantity first), the markers' vertical lines named above each panel."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.3))
+    grad_values = []
+    for label, c in result["curves"].items():
+        for ax, key in ((ax1, "grad_norm"), (ax2, "tokens_per_s")):
+            lines = [points for points in c[key].values() if points]
+            for i, points in enumerate(lines):
+                ax.plot(*zip(*points), color=colors[label], lw=1, label=label if i == 0 else None)
+            if key == "grad_norm":
+                grad_values += [y for points in lines for _, y in points]
+    _log_axis(ax1, grad_values)
+    ax2.yaxis.set_major_formatter(FuncFormatter(_tokens_label))
+    ax1.set(ylabel="gradient norm (before clipping)", title="Gradient norm")
+    ax2.set(ylabel="tokens/s", title="Throughput")
+    for ax in (ax1, ax2):
+        _mark(ax, result["markers"], with_labels=True)
+        _tokens_axis(ax)
+        if ax.get_legend_handles_labels()[0]:  # a panel no run logged has no legend (matplotlib would warn)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def write_figures(result: dict, out: Path) -> list[str]:
     import matplotlib
 
@@ -224,27 +253,7 @@ def write_figures(result: dict, out: Path) -> list[str]:
     written.append("relative_loss.png")
     plt.close(fig)
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.3))
-    grad_values = []
-    for label, c in curves.items():
-        for i, points in enumerate(c["grad_norm"].values()):
-            if points:
-                ax1.plot(*zip(*points), color=colors[label], lw=1, label=label if i == 0 else None)
-                grad_values += [y for _, y in points]
-        for i, points in enumerate(c["tokens_per_s"].values()):
-            if points:
-                ax2.plot(*zip(*points), color=colors[label], lw=1, label=label if i == 0 else None)
-    _mark(ax1, result["markers"], with_labels=False)
-    _log_axis(ax1, grad_values)
-    from matplotlib.ticker import FuncFormatter
-
-    ax2.yaxis.set_major_formatter(FuncFormatter(_tokens_label))
-    for ax in (ax1, ax2):
-        _tokens_axis(ax)
-        ax.legend(fontsize=8)
-    ax1.set(ylabel="gradient norm (before clipping)", title="Gradient norm")
-    ax2.set(ylabel="tokens/s", title="Throughput")
-    fig.tight_layout()
+    fig = stability_figure(result, colors)
     fig.savefig(out / "stability.png", dpi=120)
     written.append("stability.png")
     plt.close(fig)

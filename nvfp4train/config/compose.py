@@ -219,6 +219,11 @@ def _check_deletes(overrides: list, name: str) -> None:
 def _explain(message: str) -> str:
     """Hydra's "Could not override 'data.sources.NAME...'" for a source the data config lacks: say how to
     train on one's own files instead of suggesting `+key`, which would add it to the bundled blend."""
+    if message.startswith("Could not override 'precision.modules'"):
+        return (
+            "precision.modules: patterns are added with a leading +, e.g. '+precision.modules={*.in_proj: bf16, "
+            "blocks.3.*: fp8_blockwise}' (++ where the preset has precision.modules of its own); docs/training.md"
+        )
     m = re.match(r"Could not override '(data\.sources\.([^.']+)[^']*)'", message)
     if m:
         return (
@@ -299,7 +304,34 @@ def from_node(name: str, cfg):
     raw = resolved(cfg)  # first: check_complete would meet an interpolation that does not resolve
     check_complete(cfg)
     raw.pop("hydra", None)
+    if isinstance(raw.get("precision"), dict):
+        raw["precision"] = with_module_presets(raw["precision"])
     return parse(command_schema(name), raw, "")
+
+
+def with_module_presets(precision: dict) -> dict:
+    """The precision section with each precision.modules value that names a preset (`*.in_proj: bf16`) replaced by
+    that preset's keys, as `precision=NAME` reads them: what PrecisionPolicy checks and config.yaml records. A
+    mapping of precision keys stays as it is (a recorded run's)."""
+    modules = precision.get("modules")
+    if not isinstance(modules, dict) or all(isinstance(v, dict) for v in modules.values()):
+        return precision
+    options = [o for o in group_options("precision") if not o.startswith("_")]
+    expanded = {}
+    for pattern, value in modules.items():
+        if not isinstance(value, (str, dict)):
+            raise ConfigError(
+                f"precision.modules.{pattern}={value!r}: allowed: a precision preset ({', '.join(options)}) "
+                "or a mapping of precision keys"
+            )
+        if isinstance(value, str):
+            if value not in options:
+                raise ConfigError(
+                    f"precision.modules.{pattern}={value!r}: no such precision preset; allowed: {', '.join(options)}"
+                )
+            value = load_preset("precision", value)
+        expanded[pattern] = value
+    return {**precision, "modules": expanded}
 
 
 def load(name: str, overrides: list[str] = ()):
@@ -309,8 +341,15 @@ def load(name: str, overrides: list[str] = ()):
 
 @functools.cache
 def _preset(group: str, name: str) -> dict:
+    from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
+    if GlobalHydra.instance().is_initialized():
+        # inside the running Hydra app (`python -m nvfp4train.train` reads precision.modules' presets): Hydra holds
+        # one config loader per process, the app's, which reads these configs/ (train/__main__.py)
+        from hydra import compose as hydra_compose
+
+        return OmegaConf.to_container(hydra_compose("train", [f"{group}={name}"])[group], resolve=True)
     return OmegaConf.to_container(compose("train", [f"{group}={name}"])[group], resolve=True)
 
 

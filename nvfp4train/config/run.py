@@ -254,6 +254,7 @@ class RunConfig:
             if isinstance(getattr(self, key), Mapping):
                 object.__setattr__(self, key, parse_section(getattr(self, key)))
         check(self, "")
+        self.precision.check_module_names(self.model.linear_modules())  # precision.modules' patterns
 
     @property
     def model_config(self) -> ModelConfig:

@@ -111,7 +111,12 @@ def in_training_precision(model, run_config: dict, ckpt: Path, device) -> tuple[
     config_file = ckpt.parents[1] / "config.yaml"
     try:
         policy = PrecisionPolicy.from_dict(recorded_run_config(run_config).get("precision") or {})
-        factory = build_linear_factory(policy, n_blocks=len(model.cfg.pattern), seed=int(run_config.get("seed", 0)))
+        factory = build_linear_factory(
+            policy,
+            n_blocks=len(model.cfg.pattern),
+            seed=int(run_config.get("seed", 0)),
+            modules=model.cfg.linear_modules(),
+        )
     except (TypeError, ValueError) as e:  # a backend this machine lacks (precision.backend=te on a CPU) too
         raise RunError(
             f"{config_file}: precision: {e} (eval_precision=train and both build the run's linears)"

@@ -23,6 +23,9 @@ from typing import Any
 from nvfp4train.schema import ConfigError, bounded, check, parse, to_plain
 
 BLOCK_KINDS = {"M": "mamba", "*": "attention", "-": "mlp"}
+# The linears each block kind's mixer builds through the linear factory (blocks.py), in the order it builds them;
+# HybridLM holds them at `blocks.<i>.mixer.<name>`, the names precision.modules' patterns match.
+BLOCK_LINEARS = {"M": ("in_proj", "out_proj"), "*": ("qkv", "out"), "-": ("fc1", "fc2")}
 
 
 SsdBackend = StrEnum("SsdBackend", "auto torch triton")
@@ -98,6 +101,12 @@ class ModelConfig:
     def mamba_in_proj_dim(self) -> int:
         """in_proj output: z (d_inner) + xBC (conv_dim) + dt (one per head)."""
         return self.mamba_d_inner + self.mamba_conv_dim + self.mamba_heads
+
+    def linear_modules(self) -> dict[str, tuple[int, str]]:
+        """{module name in HybridLM: (block index, linear name)} of every linear the precision factory builds."""
+        return {
+            f"blocks.{i}.mixer.{name}": (i, name) for i, kind in enumerate(self.pattern) for name in BLOCK_LINEARS[kind]
+        }
 
     def count(self, kind: str) -> int:
         """Number of blocks of one kind ("M", "*" or "-")."""

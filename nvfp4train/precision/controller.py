@@ -12,7 +12,7 @@ torch.save(ctl.state_dict(), f)      # switch state + SR generator states (weigh
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
@@ -25,32 +25,80 @@ from .recipe import LINEAR_NAMES, PrecisionPolicy
 log = logging.getLogger(__name__)
 
 
-def build_linear_factory(policy: PrecisionPolicy, n_blocks: int, seed: int) -> Callable[..., nn.Module]:
+def build_linear_factory(
+    policy: PrecisionPolicy, n_blocks: int, seed: int, modules: Mapping[str, tuple[int, str]] | None = None
+) -> Callable[..., nn.Module]:
     """The model's `linear_factory(in_features, out_features, *, block_index, name) -> nn.Module`.
 
-    Resolves the backend once (auto logs its choice). `seed` seeds the per-layer SR streams."""
+    Resolves the backend once (auto logs its choice). `seed` seeds the per-layer SR streams. `modules`: the
+    model's linears, {module name: (block_index, name)} (`ModelConfig.linear_modules()`), which
+    precision.modules' patterns match; needed where the policy has any. Each linear runs
+    `policy.for_module(its name)`, and says which in `precision_source`."""
     if not isinstance(policy, PrecisionPolicy):
         raise TypeError(f"build_linear_factory: policy must be a PrecisionPolicy, got {type(policy).__name__}")
     if n_blocks < 1:
         raise ValueError(f"build_linear_factory: n_blocks must be >= 1, got {n_blocks}")
+    if policy.modules and modules is None:
+        raise ValueError("build_linear_factory: precision.modules needs the model's linears (modules=)")
+    module_of = {where: module for module, where in (modules or {}).items()}
+    if modules is not None:
+        policy.check_module_names(modules)
     backend, reason = resolve_backend(policy)
     log.info("precision %s: backend %s (%s)", policy.name or policy.format, backend.name, reason)
     log.info("precision %s", policy.summary(n_blocks))
+    for line in module_lines(policy, modules or {}):
+        log.info("precision.modules: %s", line)
 
     def linear_factory(in_features: int, out_features: int, *, block_index: int, name: str) -> nn.Module:
         if name not in LINEAR_NAMES:
             raise ValueError(f"linear_factory: name={name!r} is not one of {list(LINEAR_NAMES)}")
-        kwargs = dict(policy=policy, block_index=block_index, n_blocks=n_blocks, name=name, seed=seed)
+        module = module_of.get((block_index, name))
+        pattern = policy.module_pattern(module)
+        layer_policy = policy.for_module(module)
+        kwargs = dict(policy=layer_policy, block_index=block_index, n_blocks=n_blocks, name=name, seed=seed)
         if backend is TE:
             layer = TELinear(in_features, out_features, **kwargs)
         else:
             layer = QuantLinear(in_features, out_features, backend=backend, **kwargs)
         layer.backend_reason = reason
+        layer.module_name = module
+        layer.precision_source = (
+            f"precision.modules.{pattern}: {layer_policy.name or layer_policy.format}" if pattern is not None else ""
+        )
         return layer
 
     linear_factory.backend_name = backend.name
     linear_factory.backend_reason = reason
     return linear_factory
+
+
+def module_lines(policy: PrecisionPolicy, modules: Mapping[str, tuple[int, str]]) -> list[str]:
+    """One line per precision.modules pattern: the preset and the linears it decides (in a run's log and plan)."""
+    lines = []
+    for pattern, names in policy.module_assignments(modules).items():
+        preset = policy.module_policies()[pattern]
+        what = preset.name or preset.format
+        count = f"{len(names)} linear{'s' if len(names) != 1 else ''}"
+        lines.append(f"{pattern} -> {what}: {count} ({compact_names(names)})")
+    return lines
+
+
+def compact_names(names: list[str]) -> str:
+    """Module names with the block index gathered: blocks.0.mixer.in_proj, blocks.2.mixer.in_proj ->
+    blocks.{0,2}.mixer.in_proj (names without a block index as they are)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name in names:
+        head, sep, rest = name.partition(".")
+        index, _, tail = rest.partition(".")
+        key = (head, tail) if sep and index.isdigit() else (name, "")
+        groups.setdefault(key, []).append(index if key[1] else "")
+    parts = []
+    for (head, tail), indices in groups.items():
+        if not tail:
+            parts.append(head)
+        else:
+            parts.append(f"{head}.{indices[0] if len(indices) == 1 else '{' + ','.join(indices) + '}'}.{tail}")
+    return ", ".join(parts) if parts else "none"
 
 
 def drop_weight_caches(layers) -> None:
@@ -88,6 +136,10 @@ class PrecisionController:
         else:
             backend, self.backend_reason = resolve_backend(policy)
             self.backend_name = backend.name
+        # What precision.modules decided, for the run's plan: one line per pattern, the linears by the names the
+        # factory resolved them by (the model's own, whatever wraps it later)
+        named = {m.module_name: (m.block_index, m.name) for m in self.layers if getattr(m, "module_name", None)}
+        self.module_lines = module_lines(policy, named) if policy.modules else []
         labels = [m.label for m in self.layers]
         if len(set(labels)) != len(labels):
             raise ValueError("PrecisionController: two linears share a (block_index, name) label")

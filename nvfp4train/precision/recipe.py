@@ -21,8 +21,9 @@ blocks (bf16_first, bf16_last: a count or a fraction), a mid-run switch to BF16
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -284,6 +285,13 @@ class PrecisionPolicy:
     """Collect quantization telemetry every N steps; 0: never."""
     name: str = ""
     """The preset's name, for logs."""
+    modules: dict[str, PrecisionPolicy] = field(default_factory=dict, hash=False)
+    """Per-module precision on top of the rest of this section: a glob pattern over the model's linear module names
+    (`blocks.3.mixer.in_proj`; fnmatch: `*` matches any text, dots included, `?` one character) -> a precision
+    preset (its name in a config, e.g. `*.in_proj: bf16`; config.yaml records the preset's keys). A linear that
+    patterns match runs the GEMMs of the last one that matches, whatever bf16_first / bf16_last say of its block;
+    the preset gives its format and operand keys, and the run-wide keys (backend, switch, stats_every) stay this
+    section's."""
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -318,6 +326,7 @@ class PrecisionPolicy:
                 raise ConfigError(f"precision.rht_dim={d!r} is not allowed; choose a power of two in [2, 256]")
         self._check_te_options()
         self._check_overrides()
+        self._check_modules()
         for key in ("bf16_first", "bf16_last"):
             value = getattr(self, key)
             if value >= 1 and value != int(value):
@@ -375,6 +384,77 @@ class PrecisionPolicy:
                 "precision.backward_override='dequantized' is not allowed with sr='all' (Dgrad re-reads Fprop's "
                 "weight quantization, which stochastic rounding would not repeat); choose sr 'grads' or 'none'"
             )
+
+    def _check_modules(self) -> None:
+        """What a module's preset cannot change: the run's backend and switch (one for every linear), and it
+        holds no modules of its own. Its effective policy (`for_module`) is made once here."""
+        effective = {}
+        for pattern, module in self.modules.items():
+            key = f"precision.modules.{pattern}"
+            if not pattern:
+                raise ConfigError("precision.modules: an empty pattern; allowed: a glob over the module names")
+            if module.modules:
+                raise ConfigError(f"{key}: the preset has precision.modules of its own; allowed: a preset without")
+            if module.backend not in ("auto", self.backend):
+                raise ConfigError(
+                    f"{key}={module.name or module.format.value!r} sets backend={module.backend.value!r}: one backend "
+                    f"runs every linear of a run (precision.backend={self.backend.value!r}); allowed: a preset with "
+                    "backend auto, or set precision.backend"
+                )
+            if module.switch.at_fraction is not None and module.switch != self.switch:
+                raise ConfigError(
+                    f"{key}={module.name or module.format.value!r} has a switch to BF16 at "
+                    f"{module.switch.at_fraction:g}: the switch is one schedule for every linear of a run; allowed: a "
+                    "preset without a switch (set precision.switch instead)"
+                )
+            # the preset's GEMM numerics; its own BF16 blocks do not apply (the pattern chose the linears)
+            effective[pattern] = dataclasses.replace(
+                module,
+                bf16_first=0,
+                bf16_last=0,
+                backend=self.backend,
+                switch=self.switch,
+                stats_every=self.stats_every,
+            )
+        object.__setattr__(self, "_module_policies", effective)
+
+    # ------------------------------------------------------------------ per-module precision
+    def module_pattern(self, module_name: str | None) -> str | None:
+        """The precision.modules pattern that decides linear `module_name` (the last that matches), or None."""
+        if module_name is None:
+            return None
+        matched = [p for p in self.modules if fnmatch.fnmatchcase(module_name, p)]
+        return matched[-1] if matched else None
+
+    def for_module(self, module_name: str | None) -> PrecisionPolicy:
+        """The policy linear `module_name` runs: its precision.modules preset (without BF16 blocks, with this
+        policy's backend, switch and telemetry), or this policy where no pattern matches it (or no name is given)."""
+        pattern = self.module_pattern(module_name)
+        return self if pattern is None else self._module_policies[pattern]
+
+    def module_policies(self) -> dict[str, PrecisionPolicy]:
+        """{pattern: the policy the linears it decides run}, in precision.modules' order."""
+        return dict(self._module_policies)
+
+    def check_module_names(self, module_names: Iterable[str]) -> None:
+        """Each precision.modules pattern must match a linear of the model (a typo would otherwise change nothing)."""
+        names = list(module_names)
+        for pattern in self.modules:
+            if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+                shown = ", ".join(names[:4]) + (f", ... {names[-1]}" if len(names) > 4 else "")
+                raise ConfigError(
+                    f"precision.modules.{pattern}: the pattern matches no linear of the model; allowed: a glob over "
+                    f"its linears' names ({len(names)}: {shown}), e.g. *.in_proj or blocks.3.*"
+                )
+
+    def module_assignments(self, module_names: Iterable[str]) -> dict[str, list[str]]:
+        """{pattern: the linears it decides}, in precision.modules' order (a linear under its last match)."""
+        out: dict[str, list[str]] = {p: [] for p in self.modules}
+        for name in module_names:
+            pattern = self.module_pattern(name)
+            if pattern is not None:
+                out[pattern].append(name)
+        return out
 
     # ------------------------------------------------------------------ derived values
     @property

@@ -67,8 +67,9 @@ arguments: the tiny CPU model on the bundled corpus in BF16, written to runs/def
 config groups (group=option):
 {groups}
 
-main keys (key=value; every key with its default and meaning: `--cfg job`, and the dataclasses in
-nvfp4train/config.py, nvfp4train/optim, nvfp4train/data/config.py):
+main keys (key=value; `--cfg job` prints every key with its value, without meanings; what each key means:
+docs/configuration.md, and the docstring under each field of the dataclasses in nvfp4train/config/run.py,
+nvfp4train/model/config.py, nvfp4train/precision/recipe.py, nvfp4train/optim, nvfp4train/data/config.py):
   out_dir=runs/default        where metrics.jsonl, train.log, config.yaml and checkpoints/ go
   seed=1234                   initial weights, data order, stochastic rounding
   train.max_steps=300         optimizer steps
@@ -82,7 +83,7 @@ nvfp4train/config.py, nvfp4train/optim, nvfp4train/data/config.py):
 your own data:  data=own data.sources.own.train=[a.jsonl,b.txt] data.sources.own.val=held.jsonl  (docs/data.md)
 several GPUs:   torchrun --standalone --nproc_per_node=8 -m nvfp4train.train ...  (docs/gpu.md, docs/slurm.md)
 the paper's experiments: python -m nvfp4train.reproduce --help
---cfg job prints the composed config and exits; --hydra-help: Hydra's own flags (e.g. -m for sweeps).\
+--cfg job prints the composed config (keys and values) and exits; --hydra-help: Hydra's own flags (e.g. -m for sweeps).\
 """
 
 

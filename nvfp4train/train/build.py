@@ -122,7 +122,9 @@ def build_model_and_data(cfg: RunConfig, info: dist.DistInfo):
 
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     try:  # a backend that cannot run here (e.g. backend=te, nvfp4 on Hopper) is one line, exit 2
-        factory = build_linear_factory(policy, n_blocks=len(model_cfg.pattern), seed=cfg.seed)
+        factory = build_linear_factory(
+            policy, n_blocks=len(model_cfg.pattern), seed=cfg.seed, modules=model_cfg.linear_modules()
+        )
     except ValueError as e:
         raise ConfigError(str(e)) from None
     model = build_model(model_cfg, lambda: HybridLM(model_cfg, linear_factory=factory), info.device)

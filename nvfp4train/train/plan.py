@@ -49,6 +49,8 @@ class RunFacts:
     te_layers: bool  # the linears are Transformer Engine's (precision.backend=te)
     precision_backend: str
     precision_backend_reason: str
+    # what precision.modules decided: one line per pattern, its preset and the linears it decides
+    precision_modules: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, model_cfg, model: nn.Module, controller) -> RunFacts:
@@ -59,6 +61,7 @@ class RunFacts:
             te_layers=controller.backend_name == "te",
             precision_backend=controller.backend_name,
             precision_backend_reason=controller.backend_reason,
+            precision_modules=tuple(controller.module_lines),
         )
 
 
@@ -78,6 +81,7 @@ class RunPlan:
     progress: bool  # a drawn progress bar (else plain lines every log_every steps)
     wandb_mode: str | None  # online | offline (None: W&B off)
     precision_backend: str
+    precision_modules: str | None  # the linears precision.modules gave another preset, by pattern (None: none)
     ssd_backend: str | None  # the Mamba blocks' scan: torch | triton (None: no Mamba blocks)
     reasons: Mapping[str, str] = field(default_factory=dict)
 
@@ -283,6 +287,10 @@ def plan_run(cfg: RunConfig, info: dist.DistInfo, facts: RunFacts, micro_derived
     progress, reasons["progress"] = decide_progress(t.progress, info.is_main)
     wandb_mode, reasons["wandb_mode"] = decide_wandb_mode(t.wandb)
     reasons["precision_backend"] = facts.precision_backend_reason
+    modules = "; ".join(facts.precision_modules) or None
+    reasons["precision_modules"] = (
+        "precision.modules: the last pattern that matches a linear decides it" if modules else "no precision.modules"
+    )
     ssd, reasons["ssd_backend"] = decide_ssd_backend(cfg.model.ssd_backend, facts.mamba_blocks, device)
     return RunPlan(
         device=device,
@@ -297,6 +305,7 @@ def plan_run(cfg: RunConfig, info: dist.DistInfo, facts: RunFacts, micro_derived
         progress=progress,
         wandb_mode=wandb_mode,
         precision_backend=facts.precision_backend,
+        precision_modules=modules,
         ssd_backend=ssd,
         reasons=reasons,
     )

@@ -70,11 +70,18 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
+        if isinstance(v, dict) and v and key != "precision.modules":  # its patterns hold dots: one key, whole
             out.update(_flatten(v, key + "."))
         else:
             out[key] = v
     return out
+
+
+def _shown(key: str, value):
+    """A value as a resume note shows it: precision.modules by each pattern's preset name, not all its keys."""
+    if key == "precision.modules" and isinstance(value, dict):
+        return {p: m.get("name") or m.get("format", "bf16") if isinstance(m, dict) else m for p, m in value.items()}
+    return value
 
 
 def rule_for(key: str) -> tuple[str, str]:
@@ -92,7 +99,7 @@ def check(old: dict, new: dict, ckpt) -> list[str]:
     notes = []
     for key in sorted(set(old_flat) | set(new_flat)):
         before, after = old_flat.get(key), new_flat.get(key)
-        if before == after:
+        if before == after or (key == "precision.modules" and not before and not after):  # a record from before it
             continue
         kind, why = rule_for(key)
         if kind == REFUSE:
@@ -102,5 +109,6 @@ def check(old: dict, new: dict, ckpt) -> list[str]:
                 "a new run in another out_dir"
             )
         if kind == NOTE:
+            before, after = _shown(key, before), _shown(key, after)
             notes.append(f"resume changes {key}: {before!r} -> {after!r}" + (f" ({why})" if why else ""))
     return notes

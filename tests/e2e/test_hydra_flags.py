@@ -26,6 +26,21 @@ def test_cfg_job_prints_the_composed_config(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_help_says_what_cfg_job_prints_and_where_the_meanings_are():
+    """--help once promised that `--cfg job` prints every key's meaning; it prints keys and values. What --help
+    names instead must exist: every repository path it points to."""
+    from pathlib import Path
+
+    from nvfp4train.train.__main__ import usage
+
+    text = usage()
+    assert "--cfg job` prints every key with its value, without meanings" in text
+    root = Path(__file__).resolve().parents[2]
+    paths = re.findall(r"(?:nvfp4train|docs)/[\w/]+(?:\.\w+)?", text)
+    assert "nvfp4train/precision/recipe.py" in paths and "docs/configuration.md" in paths
+    assert [p for p in paths if not (root / p).exists()] == []
+
+
 def test_multirun_leaves_no_multirun_yaml_in_the_cwd(tmp_path):
     out = tmp_path / "runs"
     proc = subprocess.run(

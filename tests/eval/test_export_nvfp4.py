@@ -217,6 +217,23 @@ def test_recipes_without_one_packed_weight_are_refused_in_one_line(nvfp4_run, tm
     assert not (tmp_path / "x").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_linears_precision_modules_kept_in_another_format_are_exported_dense(nvfp4_run, tmp_path):
+    """A run whose precision.modules put the Mamba in_proj layers in BF16 and block 2's attention in FP8 (as its
+    config.yaml records the presets: their keys) exports those dense, as trained, and packs the other NVFP4 ones."""
+    modules = "modules:\n    '*.in_proj': {name: bf16}\n    blocks.2.*: {name: fp8_blockwise, format: fp8_blockwise}"
+    run_dir = edited_run(tmp_path, nvfp4_run, "modules: {}", modules)
+    assert main([f"run_dir={run_dir}", f"out={tmp_path / 'x'}", "weights=nvfp4_packed"]) == 0
+    state, (model, _, _) = load_file(str(tmp_path / "x" / "model.safetensors")), load_run_model(nvfp4_run)
+    expected = model.state_dict()
+    for i in (0, 4):  # the Mamba blocks of "M-*-M-"
+        assert torch.equal(
+            state[f"model.layers.{i}.mixer.in_proj.weight"], expected[f"blocks.{i}.mixer.in_proj.weight"]
+        )
+        assert f"model.layers.{i}.mixer.out_proj.weight_packed" in state
+    assert torch.equal(state["model.layers.2.mixer.o_proj.weight"], expected["blocks.2.mixer.out.weight"])
+    assert "model.layers.3.mixer.up_proj.weight_packed" in state
+
+
 def test_a_bf16_run_is_refused_in_one_line(tiny_run, tmp_path, capsys):
     assert main([f"run_dir={tiny_run}", f"out={tmp_path / 'x'}", "weights=nvfp4_packed"]) == 2
     err = capsys.readouterr().err.strip()

@@ -185,3 +185,28 @@ def test_clipping_is_clip_grad_norm_then_adamw(grad_clip, device):
     opt.step()
     assert stats.grad_norm.item() == norm.item() and norm.item() > 0.05  # reported before clipping
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+
+
+def test_inductors_tf32_hint_is_filtered_and_fp32_matmuls_keep_their_precision():
+    """Inductor hints at TF32 when it compiles an FP32 GEMM on an sm_80+ GPU; TF32 would change the SSD scan's bits,
+    so the engine filters the hint and leaves the precision as torch's default. The filter must match torch's
+    own wording (read from its source), and swallow that hint only."""
+    import inspect
+    import warnings
+
+    from torch._inductor import compile_fx
+
+    from nvfp4train.train.engines.torch import TF32_HINT, keep_fp32_matmuls
+
+    assert TF32_HINT in inspect.getsource(compile_fx._warn_tf32_disabled)
+    before = (torch.backends.cuda.matmul.fp32_precision, torch.get_float32_matmul_precision())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert keep_fp32_matmuls(torch.device("cpu")) is None  # no GPU: no hint, nothing for train.log
+        line = keep_fp32_matmuls(torch.device("cuda"))  # reads a flag only: no GPU needed
+        hint = TF32_HINT + ". Consider setting `torch.set_float32_matmul_precision('high')`"
+        warnings.warn(hint, UserWarning, stacklevel=1)
+        warnings.warn("another warning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["another warning"]
+    assert (torch.backends.cuda.matmul.fp32_precision, torch.get_float32_matmul_precision()) == before
+    assert before[1] == "highest" and "FP32 matmuls stay FP32" in line and "filtered" in line

@@ -46,24 +46,36 @@ def get_backend(backend: Backend | str) -> Backend:
 
 
 def resolve_backend(policy: PrecisionPolicy) -> tuple[Backend, str]:
-    """(backend, reason). Raises ConfigError (a ValueError) when an explicitly requested backend cannot run."""
+    """(backend, reason): one backend for every linear, so it must run the policy and each precision.modules
+    preset that quantizes. Raises ConfigError (a ValueError) when an explicitly requested backend cannot run."""
     requested = policy.backend
-    if policy.format == "bf16":
+    quantized = {"": policy} if policy.format != "bf16" else {}
+    quantized.update({p: m for p, m in policy.module_policies().items() if m.format != "bf16"})
+    if not quantized:
         # Every linear is plain F.linear: nothing to choose.
         return EMULATED, "format bf16 runs torch's own linear (F.linear) under autocast"
+
+    def why_not(backend: Backend) -> str | None:
+        for pattern, p in quantized.items():
+            why = backend.unsupported(p)
+            if why:
+                return f"{why} (precision.modules.{pattern}: {p.name or p.format})" if pattern else why
+        return None
+
     if requested != "auto":
         backend = BACKENDS[requested]
-        why = backend.unsupported(policy)
+        why = why_not(backend)
         if why:
             raise ConfigError(
                 f"precision.backend={str(requested)!r} cannot run here: {why}. Use backend: emulated or auto"
             )
         return backend, "requested"
+    formats = ", ".join(dict.fromkeys(str(p.format) for p in quantized.values()))
     reasons = []
     for backend in (TE, SCALED_MM):
-        why = backend.unsupported(policy)
+        why = why_not(backend)
         if why is None:
-            return backend, f"auto: {backend.name} runs {policy.format} here"
+            return backend, f"auto: {backend.name} runs {formats} here"
         reasons.append(f"not {backend.name}: {why}")
     return EMULATED, "auto: " + "; ".join(reasons)
 

@@ -134,8 +134,9 @@ class TELinear(PrecisionLinear):
         )
         del te_linear.weight  # TE reads `weight` by attribute at each call: forward() sets it
         object.__setattr__(self, "te_linear", te_linear)  # not a submodule: see the class docstring
-        self.te_recipe = make_recipe(policy)
-        self.bf16_block = policy.is_bf16_block(self.block_index, self.n_blocks)
+        # a BF16 layer of a quantized run (a BF16 block, or precision.modules naming bf16) runs outside te.autocast
+        self.bf16_block = policy.format == "bf16" or policy.is_bf16_block(self.block_index, self.n_blocks)
+        self.te_recipe = None if policy.format == "bf16" else make_recipe(policy)
         self.stats_enabled = False
 
     def set_switched(self, switched: bool) -> None:
@@ -185,6 +186,7 @@ class TELinear(PrecisionLinear):
 
     def extra_repr(self) -> str:
         return (
-            f"{self.in_features}, {self.out_features}, {self.label}, te {type(self.te_recipe).__name__}"
+            f"{self.in_features}, {self.out_features}, {self.label}, te "
+            f"{type(self.te_recipe).__name__ if self.te_recipe is not None else 'bf16'}"
             f"{' (bf16 block)' if self.bf16_block else ''}"
         )

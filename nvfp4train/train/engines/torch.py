@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -50,6 +52,29 @@ def allow_a_compile_per_block(model: nn.Module) -> None:
         name = next((n for n in names if hasattr(config, n)), None)
         if name is not None:
             setattr(config, name, max(getattr(config, name), least))
+
+
+# Inductor's hint, warned once per process when it compiles a graph with an FP32 mm/bmm on an sm_80+ GPU while
+# torch.backends.cuda.matmul.fp32_precision is not "tf32" (torch/_inductor/compile_fx.py, _warn_tf32_disabled;
+# fx_passes/fuse_attention.py has a variant for FP32 attention). A run's FP32 GEMMs are the PyTorch SSD scan's
+# chunk products (model/ssd.py computes in FP32 whatever the input dtype); the linears run in BF16 under autocast
+# or on quantized operands, which this setting does not touch. TF32 would round the scan's FP32 inputs to 10
+# mantissa bits and change the bits of every run made so far, so matmuls stay IEEE FP32 (torch's default,
+# "highest") and the hint is filtered, saying so once in train.log.
+TF32_HINT = "TensorFloat32 tensor cores for float32 matrix multiplication available but not enabled"
+
+
+def keep_fp32_matmuls(device: torch.device) -> str | None:
+    """Filter Inductor's TF32 hint (TF32_HINT) for this process, leaving torch's FP32 matmul precision as it is;
+    the train.log line that says so on CUDA (None elsewhere, where Inductor never gives the hint)."""
+    warnings.filterwarnings("ignore", message=re.escape(TF32_HINT))
+    precision = torch.backends.cuda.matmul.fp32_precision
+    if device.type != "cuda" or precision == "tf32":  # no hint to explain: none is given
+        return None
+    return (
+        f"compile: FP32 matmuls stay FP32 (torch.backends.cuda.matmul.fp32_precision={precision!r}), so the SSD "
+        "scan's FP32 products keep their bits; Inductor's hint to enable TF32 is filtered"
+    )
 
 
 class TorchEngine:
@@ -114,6 +139,10 @@ class TorchEngine:
         # lower for the SSD scan's chunking (torch 2.13: "cannot determine truth value of Relational").
         if compile and self.fsdp:
             allow_a_compile_per_block(model)
+        if compile:
+            note = keep_fp32_matmuls(info.device)
+            if note:
+                log.info(note)
         self.forward = torch.compile(self.wrapped, dynamic=False) if compile else self.wrapped
         self.grad_clip = optim_cfg.grad_clip
         # Evaluation runs the uncompiled model: a held-out pass is a few dozen sequences, and through the
