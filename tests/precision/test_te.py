@@ -59,6 +59,71 @@ def test_auto_picks_te_where_it_runs_and_falls_back_saying_why(monkeypatch, capl
     assert backend is EMULATED and "not te: transformer_engine is not installed" in reason
 
 
+TE_FIELDS = {"disable_rht", "disable_stochastic_rounding", "disable_2d_quantization"}
+TE_NEWER_FIELDS = TE_FIELDS | {
+    "nvfp4_4over6", "nvfp4_4over6_e4m3_use_256", "nvfp4_4over6_err_mode", "row_scaled_activation", "backward_override",
+}  # fmt: skip
+
+
+def fake_te_recipe(monkeypatch, fields):
+    monkeypatch.setattr(hardware, "te_nvfp4_recipe_fields", lambda: frozenset(fields))
+
+
+@pytest.mark.parametrize(
+    "preset, overrides, newer",
+    [
+        ("nvfp4", {}, {}),
+        ("nvfp4_4over6", {}, {"nvfp4_4over6": "weights", "nvfp4_4over6_e4m3_use_256": "weights",
+                              "nvfp4_4over6_err_mode": "MAE"}),
+        ("nvfp4_4over6", {"four_over_six_scale_bound": 448, "four_over_six_err_mode": "mse"},
+         {"nvfp4_4over6": "weights", "nvfp4_4over6_e4m3_use_256": "none", "nvfp4_4over6_err_mode": "MSE"}),
+        ("nvfp4", {"rht": "none", "four_over_six": "all"},
+         {"nvfp4_4over6": "all", "nvfp4_4over6_e4m3_use_256": "all", "nvfp4_4over6_err_mode": "MAE"}),
+        ("nvfp4_row_scaled", {"backward_override": "dequantized"},
+         {"row_scaled_activation": True, "backward_override": "dequantized"}),
+        ("nvfp4", {"backward_override": "high_precision"}, {"backward_override": "high_precision"}),
+    ],
+)  # fmt: skip
+def test_te_newer_nvfp4_options_map_onto_its_recipe_fields(monkeypatch, preset, overrides, newer):
+    from nvfp4train.precision.backends import te
+
+    fake_machine(monkeypatch, (10, 0))
+    fake_te_recipe(monkeypatch, TE_NEWER_FIELDS)
+    policy = load_preset(preset, backend="te", **overrides)
+    expected = {
+        "disable_rht": policy.rht == "none",
+        "disable_stochastic_rounding": policy.sr == "none",
+        "disable_2d_quantization": policy.resolved_weight_tile == "1x16",
+    }
+    assert te.nvfp4_recipe_kwargs(policy) == {**expected, **newer}  # the older fields only where nothing newer is set
+    assert resolve_backend(policy)[0] is TE
+
+
+@pytest.mark.parametrize(
+    "preset, overrides, fields, fragment",
+    [
+        ("nvfp4_4over6", {}, TE_FIELDS,
+         "NVFP4BlockScaling has no nvfp4_4over6, nvfp4_4over6_e4m3_use_256, nvfp4_4over6_err_mode (TE 2.17 or newer"),
+        ("nvfp4_row_scaled", {"backward_override": "high_precision"}, TE_FIELDS,
+         "has no backward_override, row_scaled_activation"),
+        ("nvfp4_4over6", {"four_over_six": "activations_fprop"}, TE_NEWER_FIELDS,
+         "four_over_six='activations_fprop' is ours, not TE's"),
+        ("nvfp4_row_scaled", {}, TE_NEWER_FIELDS,
+         "row-scaled activations have no quantized backward: it needs precision.backward_override=high_precision"),
+        ("fp8_blockwise", {"backward_override": "high_precision"}, TE_NEWER_FIELDS,
+         "backward_override='high_precision' is mapped onto TE's NVFP4 recipe only"),
+    ],
+)  # fmt: skip
+def test_te_refuses_newer_options_it_cannot_run_and_auto_falls_back(monkeypatch, preset, overrides, fields, fragment):
+    fake_machine(monkeypatch, (10, 0) if preset.startswith("nvfp4") else (9, 0))
+    fake_te_recipe(monkeypatch, fields)
+    with pytest.raises(ValueError) as e:
+        resolve_backend(load_preset(preset, backend="te", **overrides))
+    assert fragment in str(e.value) and "precision.backend='te' cannot run here" in str(e.value)
+    backend, reason = resolve_backend(load_preset(preset, **overrides))
+    assert backend is EMULATED and fragment in reason
+
+
 def test_trainer_stops_with_one_line_for_te_nvfp4_below_blackwell(monkeypatch, tmp_path, capsys):
     from nvfp4train.config import compose
     from nvfp4train.train.__main__ import _main

@@ -8,11 +8,21 @@ package depends on it (`backends.TE` is this module's `TEBackend`). Mapping onto
     fp8_tensorwise -> Float8CurrentScaling(fp8_format=HYBRID) (E4M3 forward, E5M2 gradients)
     nvfp4          -> NVFP4BlockScaling(disable_rht=rht == none, disable_stochastic_rounding=sr == none,
                                         disable_2d_quantization=weight_tile == 1x16)   (sm_100+)
+                      + TE's newer fields (nvfp4_recipe_kwargs), passed only where the policy sets them:
+                        four_over_six=S               -> nvfp4_4over6=S (none / weights / activations / all)
+                        four_over_six_scale_bound=256 -> nvfp4_4over6_e4m3_use_256=S (448: "none")
+                        four_over_six_err_mode=mae    -> nvfp4_4over6_err_mode="MAE" (mse: "MSE")
+                        row_scaled_activation=true    -> row_scaled_activation=True
+                        backward_override=B           -> backward_override=B (high_precision / dequantized)
 
 TE cannot express: RHT or SR outside its fixed placement (rht: all, sr: all), an RHT size other
 than 16, MXFP4 training, blockwise FP8 with non-power-of-two scales, a forward-only /
-backward-only mid-run switch, or forward_override (backward_override, which TE has, is not mapped
-yet); those policies are refused here (auto falls back to emulated).
+backward-only mid-run switch, forward_override, our four_over_six=activations_fprop / all_fprop
+(4over6 on the activations' Fprop copy beside an RHT'd Wgrad copy: TE refuses 4over6 with the RHT),
+row-scaled activations with a quantized backward (TE needs backward_override with them), and, on a
+TE whose NVFP4BlockScaling lacks a field above, that option; those policies are refused here (auto
+falls back to emulated). The newer fields' mapping is checked on CPU against the field names; it has
+not run on a Blackwell GPU.
 BF16 blocks, and every block after a full switch, run outside `te.autocast`.
 
 TE's FP8 GEMMs need both weight dims to be multiples of 16 and the token count a multiple of 8
@@ -54,8 +64,8 @@ def unsupported(policy: PrecisionPolicy) -> str | None:
         return f"TE cannot switch only one pass to BF16 (switch.mode={policy.switch.mode!r})"
     if policy.forward_override != "none":
         return f"TE has no forward-only BF16 (forward_override={policy.forward_override.value!r})"
-    if policy.backward_override != "none":  # TE's own field, not mapped onto its recipe here yet
-        return f"backward_override={policy.backward_override.value!r} is not mapped onto TE's recipe here"
+    if policy.backward_override != "none" and fmt != "nvfp4":
+        return f"backward_override={policy.backward_override.value!r} is mapped onto TE's NVFP4 recipe only"
     if fmt.startswith("fp8"):
         if cap < (8, 9):
             return f"TE FP8 needs sm_89+; this GPU is sm_{cap[0]}{cap[1]}"
@@ -77,6 +87,22 @@ def unsupported(policy: PrecisionPolicy) -> str | None:
             return "TE applies RHT to Wgrad inputs only and SR to gradients only (rht/sr: all is emulated only)"
         if policy.rht != "none" and policy.resolved_rht_dim != 16:
             return "TE's RHT is 16x16"
+        fos = policy.four_over_six.value
+        if fos in ("activations_fprop", "all_fprop"):
+            return (
+                f"four_over_six={fos!r} is ours, not TE's (4over6 on the activations' Fprop copy beside their "
+                "RHT'd Wgrad copy: TE refuses 4over6 with the RHT)"
+            )
+        if policy.row_scaled_activation and policy.backward_override == "none":
+            return (
+                "TE's row-scaled activations have no quantized backward: it needs "
+                "precision.backward_override=high_precision or dequantized"
+            )
+        missing = sorted(set(nvfp4_recipe_kwargs(policy)) - hardware.te_nvfp4_recipe_fields())
+        if missing:
+            return (
+                f"this Transformer Engine's NVFP4BlockScaling has no {', '.join(missing)} (TE 2.17 or newer has them)"
+            )
         return None
     return f"format {fmt!r} has no TE recipe"
 
@@ -88,6 +114,26 @@ class TEBackend(Backend):
         return unsupported(policy)
 
 
+def nvfp4_recipe_kwargs(policy: PrecisionPolicy) -> dict:
+    """NVFP4BlockScaling's arguments for an nvfp4 `policy` (the mapping in the module docstring). TE's newer
+    fields appear only where the policy sets them, so the paper's recipe needs no newer TE."""
+    kwargs = {
+        "disable_rht": policy.rht == "none",
+        "disable_stochastic_rounding": policy.sr == "none",
+        "disable_2d_quantization": policy.resolved_weight_tile == "1x16",
+    }
+    fos = policy.four_over_six.value
+    if fos != "none":
+        kwargs["nvfp4_4over6"] = fos
+        kwargs["nvfp4_4over6_e4m3_use_256"] = fos if policy.four_over_six_scale_bound == 256 else "none"
+        kwargs["nvfp4_4over6_err_mode"] = policy.four_over_six_err_mode.value.upper()
+    if policy.row_scaled_activation:
+        kwargs["row_scaled_activation"] = True
+    if policy.backward_override != "none":
+        kwargs["backward_override"] = policy.backward_override.value
+    return kwargs
+
+
 def make_recipe(policy: PrecisionPolicy):
     from transformer_engine.common import recipe as te_recipe
 
@@ -96,11 +142,7 @@ def make_recipe(policy: PrecisionPolicy):
     if policy.format == "fp8_tensorwise":
         return te_recipe.Float8CurrentScaling(fp8_format=te_recipe.Format.HYBRID)
     if policy.format == "nvfp4":
-        return te_recipe.NVFP4BlockScaling(
-            disable_rht=policy.rht == "none",
-            disable_stochastic_rounding=policy.sr == "none",
-            disable_2d_quantization=policy.resolved_weight_tile == "1x16",
-        )
+        return te_recipe.NVFP4BlockScaling(**nvfp4_recipe_kwargs(policy))
     raise ValueError(f"format {policy.format!r} has no TE recipe")
 
 
