@@ -114,10 +114,10 @@ class TEBackend(Backend):
         return unsupported(policy)
 
 
-def nvfp4_recipe_kwargs(policy: PrecisionPolicy) -> dict:
+def nvfp4_recipe_kwargs(policy: PrecisionPolicy) -> dict[str, bool | str]:
     """NVFP4BlockScaling's arguments for an nvfp4 `policy` (the mapping in the module docstring). TE's newer
     fields appear only where the policy sets them, so the paper's recipe needs no newer TE."""
-    kwargs = {
+    kwargs: dict[str, bool | str] = {
         "disable_rht": policy.rht == "none",
         "disable_stochastic_rounding": policy.sr == "none",
         "disable_2d_quantization": policy.resolved_weight_tile == "1x16",
