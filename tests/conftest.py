@@ -78,10 +78,7 @@ def _names_in(obj) -> frozenset[str]:
 
 def _test_helper(obj) -> bool:
     """A function or fixture written under tests/ (not pytest's own, not this file's process guard)."""
-    if not inspect.isfunction(obj) or obj.__name__ in (
-        "_in_process_tests_start_no_process",
-        "_unit_tests_do_not_compile",
-    ):
+    if not inspect.isfunction(obj) or obj.__name__ == "_in_process_tests_start_no_process":
         return False
     try:
         return (REPO / "tests") in Path(inspect.getsourcefile(obj) or "").resolve().parents
