@@ -43,8 +43,10 @@ os.environ.setdefault("WANDB_MODE", "offline")
 
 
 # Test tiers: every test module is exactly one of these (tests/test_tiers.py checks it), so `-m unit` is the
-# quick in-process loop, `-m e2e` the CLI / subprocess / torchrun runs, `-m gpu` the CUDA checks.
-TIERS = ("unit", "e2e", "gpu")
+# quick in-process loop, `-m integration` the in-process tests that compile or train (declared by their
+# module), `-m e2e` the CLI / subprocess / torchrun runs, `-m gpu` the CUDA checks.
+TIERS = ("unit", "integration", "e2e", "gpu")
+IN_PROCESS_TIERS = ("unit", "integration")
 GPU_DIR = REPO / "tests" / "gpu"
 # A module (or a fixture or tests/ helper it uses) naming one of these starts a process: it is e2e.
 STARTS_A_PROCESS = frozenset(
@@ -76,7 +78,7 @@ def _names_in(obj) -> frozenset[str]:
 
 def _test_helper(obj) -> bool:
     """A function or fixture written under tests/ (not pytest's own, not this file's process guard)."""
-    if not inspect.isfunction(obj) or obj.__name__ == "_unit_tests_start_no_process":
+    if not inspect.isfunction(obj) or obj.__name__ == "_in_process_tests_start_no_process":
         return False
     try:
         return (REPO / "tests") in Path(inspect.getsourcefile(obj) or "").resolve().parents
@@ -95,13 +97,13 @@ def _starts_a_process(module, items) -> bool:
 
 
 def module_tier(module, items) -> str:
-    """gpu under tests/gpu/, else the tier a module declares (``pytestmark = pytest.mark.e2e``), else e2e when it
-    starts a process and unit when it does not."""
+    """gpu under tests/gpu/, else the tier a module declares (``pytestmark = pytest.mark.integration``), else e2e
+    when it starts a process and unit when it does not."""
     path = Path(module.__file__).resolve()
     if GPU_DIR in path.parents:
         return "gpu"
     marks = getattr(module, "pytestmark", [])
-    declared = {m.name for m in (marks if isinstance(marks, list) else [marks])} & {"unit", "e2e"}
+    declared = {m.name for m in (marks if isinstance(marks, list) else [marks])} & {"unit", "integration", "e2e"}
     if len(declared) == 1:
         return declared.pop()
     return "e2e" if _starts_a_process(module, items) else "unit"
@@ -120,12 +122,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, tier))
             item.stash[TIER_KEY] = tier
         slow = any(item.get_closest_marker("slow") for item in module_items)
-        start_rank[module] = 0 if slow else 1 if tier == "e2e" else 2
+        start_rank[module] = 0 if slow else {"e2e": 1, "integration": 2}.get(tier, 3)
     # The longest modules first: under --dist loadscope (.ci/run) each module runs whole on one worker, handed
     # out in this order, so a module of minute-long runs started last would keep one worker busy while the
-    # others idle; the quick in-process modules fill the end. Within a module the order stays as written.
+    # others idle; the quick unit modules fill the end. Within a module the order stays as written.
     position = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (start_rank.get(getattr(item, "module", None), 2), position[id(item)]))
+    items.sort(key=lambda item: (start_rank.get(getattr(item, "module", None), 3), position[id(item)]))
 
 
 TIER_KEY = pytest.StashKey[str]()
@@ -145,11 +147,12 @@ def _started_by_a_compiler(torch_dir: str) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _unit_tests_start_no_process(request, monkeypatch):
-    """A unit test that starts the CLI, torchrun, a Python child or a shell fails at once with what to do, so
-    the quick `-m unit` loop stays in-process as tests are added (what torch.compile and triton start to
-    compile are not the test's own processes and are let through)."""
-    if request.node.stash.get(TIER_KEY, None) != "unit":
+def _in_process_tests_start_no_process(request, monkeypatch):
+    """A unit or integration test that starts the CLI, torchrun, a Python child or a shell fails at once with
+    what to do, so `-m unit` and `-m integration` stay in-process as tests are added (what torch.compile and
+    triton start to compile are not the test's own processes and are let through)."""
+    tier = request.node.stash.get(TIER_KEY, None)
+    if tier not in IN_PROCESS_TIERS:
         return
     original = subprocess.Popen.__init__
     torch_dir = str(Path(__import__("torch").__file__).parent)
@@ -161,12 +164,36 @@ def _unit_tests_start_no_process(request, monkeypatch):
         project = python or program in ("bash", "sh", "torchrun") or any(c in " ".join(argv) for c in PROJECT_COMMANDS)
         if project and not _started_by_a_compiler(torch_dir):
             raise AssertionError(
-                f"{request.node.nodeid} is in the unit tier but starts `{' '.join(argv)[:200]}`: add "
+                f"{request.node.nodeid} is in the {tier} tier but starts `{' '.join(argv)[:200]}`: add "
                 "`pytestmark = pytest.mark.e2e` to its module (docs/testing.md, test tiers)"
             )
         original(self, args, *a, **kw)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_do_not_compile(request, monkeypatch):
+    """A CPU unit test that calls torch.compile with Inductor (its default backend, which generates and
+    compiles C++ for a CPU graph: tens of seconds for a small model on 2 cores) fails at once with what to do,
+    so `-m unit` stays a loop of minutes. Dynamo's tracing backends ("eager", "aot_eager") stay allowed; a
+    CUDA test (``gpu``) runs only on a GPU machine and may compile."""
+    if request.node.stash.get(TIER_KEY, None) != "unit" or request.node.get_closest_marker("gpu"):
+        return
+    import torch
+
+    original = torch.compile
+
+    def guarded(*args, backend="inductor", **kwargs):
+        if backend == "inductor":
+            raise AssertionError(
+                f"{request.node.nodeid} is in the unit tier but compiles with Inductor: add "
+                '`pytestmark = pytest.mark.integration` to its module or compile with backend="aot_eager" '
+                "(docs/testing.md, test tiers)"
+            )
+        return original(*args, backend=backend, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", guarded)
 
 
 def cli_env(**extra) -> dict:

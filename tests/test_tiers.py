@@ -1,5 +1,6 @@
-"""Every test module is in exactly one tier (unit, e2e or gpu: tests/conftest.py), CUDA-only modules are under
-tests/gpu/, a unit test cannot start a process, and README's test command (which CI runs) selects no tier.
+"""Every test module is in exactly one tier (unit, integration, e2e or gpu: tests/conftest.py), CUDA-only modules
+are under tests/gpu/, a unit test can neither start a process nor compile with Inductor, no unit test is marked
+slow, and README's test command (which CI runs) selects no tier.
 
 The module checks cover the modules this session collected: all of them in the whole suite."""
 
@@ -24,7 +25,7 @@ def _modules(session) -> dict[Path, list]:
 
 def test_every_module_has_exactly_one_tier(request):
     for path, items in _modules(request.session).items():
-        tiers = {name for item in items for name in ("unit", "e2e") if item.get_closest_marker(name)}
+        tiers = {name for item in items for name in ("unit", "integration", "e2e") if item.get_closest_marker(name)}
         if GPU_DIR in path.parents:
             assert not tiers and all(item.get_closest_marker("gpu") for item in items), path
         else:
@@ -48,13 +49,15 @@ def test_gpu_modules_skip_without_cuda():
 def test_the_tiers_of_known_modules(request):
     """The classifier on modules whose tier is plain: the CLI through tests.conftest.run_train, through a
     conftest's shared trained run (tiny_run) or a subprocess of its own is e2e; quantizer maths in-process is
-    unit."""
+    unit; the model under torch.compile and a training run per precision preset are integration."""
     expected = {
         "tests/e2e/test_default_run.py": "e2e",
         "tests/eval/test_hf_export.py": "e2e",
         "tests/test_lint.py": "e2e",
         "tests/formats/test_nvfp4.py": "unit",
         "tests/test_tiers.py": "unit",
+        "tests/model/test_compile.py": "integration",
+        "tests/precision/test_training.py": "integration",
     }
     collected = _modules(request.session)
     for rel, tier in expected.items():
@@ -69,6 +72,26 @@ def test_a_unit_test_that_starts_a_python_child_fails_with_what_to_do():
 
     with pytest.raises(AssertionError, match=r"is in the unit tier but starts .*pytestmark = pytest.mark.e2e"):
         subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+
+def test_a_unit_test_that_compiles_with_inductor_fails_with_what_to_do():
+    import torch
+
+    with pytest.raises(AssertionError, match=r"is in the unit tier but compiles with Inductor: .*mark.integration"):
+        torch.compile(torch.neg)
+    traced = torch.compile(lambda x: -x, backend="eager")  # dynamo's tracing alone generates no code: allowed
+    assert traced(torch.ones(2)).tolist() == [-1.0, -1.0]
+
+
+def test_no_unit_test_is_marked_slow(request):
+    """`slow` (more than ~20 s on 2 cores) and the quick loop exclude each other: such a test's module is
+    integration (or e2e)."""
+    slow = [
+        item.nodeid
+        for item in request.session.items
+        if item.get_closest_marker("unit") and item.get_closest_marker("slow")
+    ]
+    assert slow == [], "marked slow in the unit tier (move them to an integration module): " + ", ".join(slow)
 
 
 def test_the_readme_and_ci_command_selects_every_cpu_tier():

@@ -8,6 +8,8 @@ import torch
 
 from nvfp4train.formats import nvfp4
 
+pytestmark = pytest.mark.integration  # Inductor generates and compiles the quantizer's C++: not the quick loop
+
 
 def as_bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view({4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()])

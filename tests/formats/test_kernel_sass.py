@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # compiles Triton kernels for sm_90a and disassembles them: not the quick loop
+
 
 def test_counts_instructions_per_element_of_each_variant(capsys):
     triton = pytest.importorskip("triton")

@@ -1,14 +1,24 @@
-"""torch.compile of the whole model: one graph (no break outside the quantized linear), and the compiled
-loss and gradients equal eager ones. On CPU with the PyTorch SSD; the Triton SSD's custom op is checked
-on a GPU (test_compile_triton_ssd_one_graph)."""
+"""torch.compile of the whole model: one graph (no break outside the quantized linear), the compiled loss
+and gradients equal eager ones, Inductor's code of the model gives eager's logits and that of the chunked
+loss writes no FP32 logits. On CPU with the PyTorch SSD; the Triton SSD's custom op is checked on a GPU
+(test_compile_triton_ssd_one_graph)."""
+
+import os
+import re
+import shutil
 
 import pytest
 import torch
 import torch._dynamo
 
 from nvfp4train.config import load_preset
-from nvfp4train.model import HybridLM, ModelConfig
+from nvfp4train.model import HybridLM, ModelConfig, build_model, linear_cross_entropy
 from nvfp4train.precision import PrecisionPolicy, build_linear_factory
+
+pytestmark = pytest.mark.integration  # compiles the model (Inductor's C++ code on CPU): not the quick loop
+needs_a_cxx_compiler = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "g++")) is None, reason="Inductor's CPU code needs a C++ compiler"
+)
 
 
 def _model(precision: str, device="cpu", **overrides) -> HybridLM:
@@ -59,6 +69,51 @@ def test_compiled_loss_and_grads_match_eager():
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow
+@needs_a_cxx_compiler
+def test_torch_compile_matches_eager(small_cfg_dict):
+    """Inductor's code (the default backend) of a model with all three block types gives eager's logits."""
+    torch.manual_seed(0)
+    model = build_model(small_cfg_dict)
+    tokens = torch.randint(0, 97, (2, 24))
+    eager = model(tokens)
+    torch._dynamo.reset()  # what other tests compiled in this process must not make this one's shapes dynamic
+    compiled = torch.compile(model, fullgraph=True)(tokens)
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+
+
+@needs_a_cxx_compiler
+def test_compiled_loss_writes_no_fp32_logits():
+    """Compiled (Inductor's CPU code here), a chunk's logits are only read after their GEMM: the only
+    buffers of a chunk's logits' shape are BF16 (the logits and their gradient); and the compiled
+    loss and gradients equal eager ones."""
+    from torch._inductor.utils import run_and_get_code
+
+    g = torch.Generator().manual_seed(4)
+    h1 = torch.randn(24, 16, generator=g, requires_grad=True)
+    w1 = (0.3 * torch.randn(300, 16, generator=g)).requires_grad_()
+    y = torch.randint(0, 300, (24,), generator=g)
+    y[5] = -100
+    h2, w2 = h1.detach().clone().requires_grad_(), w1.detach().clone().requires_grad_()
+    torch._dynamo.reset()
+    step = torch.compile(linear_cross_entropy, fullgraph=True)
+
+    def compiled():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return step(h2, w2, y, chunk_tokens=8)
+
+    out, codes = run_and_get_code(compiled)
+    chunk_logits = re.findall(r"empty_strided_cpu\(\(8, 300\), \(300, 1\), torch\.(\w+)\)", "\n".join(codes))
+    assert chunk_logits and set(chunk_logits) == {"bfloat16"}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = linear_cross_entropy(h1, w1, y, chunk_tokens=8)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    ref.backward()
+    out.backward()
+    torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.gpu

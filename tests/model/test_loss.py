@@ -1,10 +1,6 @@
 """The chunked linear cross-entropy equals F.cross_entropy of the full logits: loss and gradients,
 in FP32 and under BF16 autocast, for chunks that do and do not divide the token count, with ignored
-tokens and with large logits; compiled, it writes no FP32 tensor of a chunk's logits' size."""
-
-import os
-import re
-import shutil
+tokens and with large logits (compiled: tests/model/test_compile.py)."""
 
 import pytest
 import torch
@@ -88,34 +84,3 @@ def test_large_logits():
     out.backward()
     torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.skipif(
-    shutil.which(os.environ.get("CXX", "g++")) is None, reason="Inductor's CPU code needs a C++ compiler"
-)
-def test_compiled_writes_no_fp32_logits():
-    """Compiled (Inductor's CPU code here), a chunk's logits are only read after their GEMM: the only
-    buffers of a chunk's logits' shape are BF16 (the logits and their gradient); and the compiled
-    loss and gradients equal eager ones."""
-    from torch._inductor.utils import run_and_get_code
-
-    h1, w1, y = _inputs(n=24, vocab=300, seed=4)
-    y[5] = -100
-    h2, w2 = h1.detach().clone().requires_grad_(), w1.detach().clone().requires_grad_()
-    torch._dynamo.reset()
-    step = torch.compile(linear_cross_entropy, fullgraph=True)
-
-    def compiled():
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return step(h2, w2, y, chunk_tokens=8)
-
-    out, codes = run_and_get_code(compiled)
-    chunk_logits = re.findall(r"empty_strided_cpu\(\(8, 300\), \(300, 1\), torch\.(\w+)\)", "\n".join(codes))
-    assert chunk_logits and set(chunk_logits) == {"bfloat16"}
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        ref = linear_cross_entropy(h1, w1, y, chunk_tokens=8)
-    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
-    ref.backward()
-    out.backward()
-    torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-5, atol=1e-7)

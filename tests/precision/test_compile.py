@@ -18,12 +18,14 @@ from nvfp4train.precision import PrecisionController, build_linear_factory
 
 from .helpers import load_preset
 
+pytestmark = pytest.mark.integration  # dynamo and AOTAutograd trace a model per preset: not the quick loop
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _fresh_compiler_after_this_module():
     """Forget what torch.compile traced here when the module ends: dynamo keeps its caches (and its decision to
     mark shapes dynamic) per code object across tests, and this module's compiles used to make a later compile
-    of the same model code fail (tests/model/test_model.py::test_torch_compile_matches_eager run after it:
+    of the same model code fail (tests/model/test_compile.py::test_torch_compile_matches_eager run after it:
     "cannot determine truth value of Relational")."""
     yield
     torch._dynamo.reset()

@@ -121,7 +121,6 @@ def test_a_prologue_op_alone_differentiates_through_the_activation():
         assert torch.equal(got, want)
 
 
-@pytest.mark.slow
 def test_compiled_one_node_gives_the_separate_layers_bits():
     """torch.compile traces the node (an autograd.Function around the layers' custom ops) without a graph break;
     against the separate layers compiled the same way."""

@@ -14,8 +14,11 @@ from nvfp4train.precision import PrecisionController, build_linear_factory
 
 from .helpers import PRESETS, load_preset
 
-# RMSNorm gets BF16 activations and an FP32 weight under autocast; torch warns it cannot fuse that.
-pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
+pytestmark = [
+    pytest.mark.integration,  # a 60-step training run per preset: not the quick loop
+    # RMSNorm gets BF16 activations and an FP32 weight under autocast; torch warns it cannot fuse that.
+    pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight"),
+]
 
 D, HIDDEN, CLASSES, N_BLOCKS, STEPS, BATCH = 64, 128, 16, 4, 60, 256
 
