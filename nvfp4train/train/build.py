@@ -16,7 +16,7 @@ from nvfp4train.data import build_train_loader, build_val_data
 from nvfp4train.data.paths import resolve_path
 from nvfp4train.model import HybridLM, ModelConfig
 from nvfp4train.model.mfu import peak_flops
-from nvfp4train.model.ssd import triton_ssd_available
+from nvfp4train.model.ops import triton_ssd_available
 from nvfp4train.precision import PrecisionController, build_linear_factory, gemm_peak_kind
 
 
