@@ -26,7 +26,7 @@ from dataclasses import replace as dataclass_replace
 from enum import StrEnum
 from fractions import Fraction
 
-from nvfp4train.schema import ConfigError, bounded, check, not_a_key, parse
+from nvfp4train.config.schema import ConfigError, bounded, check, not_a_key, parse
 
 SourceFormat = StrEnum("SourceFormat", "jsonl json txt parquet")
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from nvfp4train.schema import ConfigError
+from nvfp4train.config.schema import ConfigError
 
 PARALLEL_MODES = ("ddp", "fsdp2", "hsdp", "deepspeed")
 

@@ -127,7 +127,7 @@ def _cli() -> None:
         check_overrides(args.overrides, launcher=True)
         if args.multirun:  # each job its own out_dir; a submitit launcher's files under out_dir: train/sweep.py
             from nvfp4train.config import RunConfig
-            from nvfp4train.schema import defaults
+            from nvfp4train.config.schema import defaults
             from nvfp4train.train.sweep import sweep_hydra_overrides
 
             sys.argv += sweep_hydra_overrides(args.overrides, str(defaults(RunConfig)["out_dir"]))

@@ -36,7 +36,7 @@ import os
 
 import torch
 
-from nvfp4train.schema import ConfigError
+from nvfp4train.config.schema import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ one line naming the key."""
 import pytest
 
 from nvfp4train import dist
-from nvfp4train.schema import ConfigError
+from nvfp4train.config.schema import ConfigError
 from tests.conftest import read_metrics, run_torchrun, run_train
 
 COMMON = [

@@ -15,9 +15,9 @@ import torch
 import torch.nn as nn
 
 from nvfp4train import dist
+from nvfp4train.config.schema import ConfigError
 from nvfp4train.optim import OptimConfig
 from nvfp4train.precision.cpu_bf16 import cpu_bf16_matmuls
-from nvfp4train.schema import ConfigError
 from nvfp4train.train import checkpoint
 from nvfp4train.train.engines.base import StepStats
 
