@@ -89,8 +89,7 @@ def resolve_reshard_after_forward(setting: str, n_params: int, info: DistInfo) -
     """train.fsdp_reshard_after_forward as a bool, and why (the trainer logs it).
 
     Resharding after forward costs a second all-gather of every block in backward (3 collectives of the
-    weights per step instead of 2: measured on 2x H100 with hybrid_1b, 97-108k tokens/s against 142-147k
-    unresharded); not resharding holds every block's gathered BF16 weights, 2 bytes a parameter, from
+    weights per step instead of 2: docs/results/code-measurements.md); not resharding holds every block's gathered BF16 weights, 2 bytes a parameter, from
     its forward until its backward. auto pays that memory when it is at most KEEP_GATHERED_MAX_SHARE of
     the device's (hybrid_1b: 2.0 GB of 80; nemotron_h_8b, 16.2 GB, reshards)."""
     if setting in ("true", "false"):

@@ -51,8 +51,8 @@ def _rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, 
 
 # Warps each SM gets from the backward's grid. mamba-ssm's launcher (`_layer_norm_bwd`) starts one program
 # of up to 8 warps per SM (about 4 warps per SM for the gated norm's groups), each walking its rows one
-# after another: too few warps to hide the latency of a row's loads and reductions (hybrid_1b on an H100:
-# 39 backward norms, 11.4 ms of a 241 ms BF16 step). Its kernel is launched here with more programs.
+# after another: too few warps to hide the latency of a row's loads and reductions (what it cost:
+# docs/results/code-measurements.md). Its kernel is launched here with more programs.
 NORM_BWD_WARPS_PER_SM = 32
 
 

@@ -3,7 +3,7 @@
 in_proj's output zxbcdt [b, T, d_inner + conv channels + heads] is read as three slices (z, xBC, dt) by three
 layers: the conv, the scan and the gated norm. As separate autograd nodes, their backwards return three
 gradients and autograd concatenates them into zxbcdt's, a pass over the widest activation of the layer
-(2.6 ms a step for hybrid_1b's 12 Mamba layers on an H100). Here one backward allocates that gradient once
+(its cost: docs/results/code-measurements.md). Here one backward allocates that gradient once
 and each kernel writes its slice: the norm's dz, the scan's ddt (mamba-ssm takes the buffers to write into,
 as its own `mamba_split_conv1d_scan_combined` does) and the conv's dxBC. The kernels and their order are the
 ones the separate layers run (`causal_conv.py`, mamba-ssm's `_mamba_chunk_scan_combined_fwd/_bwd`,

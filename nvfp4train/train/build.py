@@ -1,5 +1,5 @@
 """What Trainer(cfg) sets up and checks before it writes anything: the host (CPU threads, kernel caches),
-out_dir's writability, and the model (with the precision room's linears), precision controller and data,
+out_dir's writability, and the model (with the precision package's linears), precision controller and data,
 all validated, and the peak FLOP/s MFU is measured against."""
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ def cpu_threads() -> str:
     process may use (os.sched_getaffinity) that other processes are not busy on, at least 1. Busy: the
     1-minute load average, unless fewer processes run right now (running_elsewhere): right after `pip install`
     the average still counts pip for a minute, and would cost the first run half of a 2-core machine.
-    torch's default (every core) collapses on a shared machine: the default run on 2 cores with other jobs
-    running (load average ~10) made ~250 tokens/s with 2 threads and ~900 with 1; on an idle
-    machine it keeps every core. The thread count does not change the numbers (same losses, bitwise).
+    torch's default (every core) collapses on a shared machine, where threads wait on cores other processes
+    hold (docs/results/code-measurements.md); on an idle machine it keeps every core. The thread count does not
+    change the numbers (same losses, bitwise).
     Returns the banner's note."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if os.environ.get("OMP_NUM_THREADS"):
@@ -93,7 +93,7 @@ def data_cache_dir(data: dict) -> Path | None:
 
 
 def build_model_and_data(cfg: RunConfig, info: dist.DistInfo):
-    """Model (with the precision room's linears), precision controller and data, all validated."""
+    """Model (with the precision package's linears), precision controller and data, all validated."""
     model_cfg, policy = cfg.model_config, cfg.policy  # parsed and checked once, by RunConfig
     t = cfg.train
     try:

@@ -3,7 +3,7 @@
 One optimizer step, as data flows:
   1. the loader hands this rank `grad_accum` micro-batches of the global batch;
   2. the precision controller applies its schedule for the current token fraction;
-  3. forward under BF16 autocast (each linear is the precision room's layer), FP32 cross-entropy
+  3. forward under BF16 autocast (each linear is the precision package's layer), FP32 cross-entropy
      fused with the LM head (model/loss.py), backward; FP32 gradients accumulate over micro-batches
      (DDP/FSDP2 sync on the last one);
   4. global-norm clipping; a non-finite loss or gradient skips the step (decided on the device);

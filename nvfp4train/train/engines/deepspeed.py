@@ -43,8 +43,8 @@ def deepspeed_arch_list(current: str | None, capability: tuple[int, int]) -> str
 
     DeepSpeed's builder reads the variable (or torch's own arch list, which for torch's CUDA wheels
     holds "9.0a") with int() on each part and fails on the suffix (ValueError: invalid literal for
-    int() with base 10: '0a') before any op is built. Measured on 2x H200 (docs/results/resume_gpu.md):
-    ZeRO-1/2 train with the variable set to "9.0"."""
+    int() with base 10: '0a') before any op is built. ZeRO-1/2 train with the variable set to "9.0"
+    (docs/results/resume_gpu.md)."""
     if not current or not current.strip():
         return f"{capability[0]}.{capability[1]}"
     out = []
