@@ -17,7 +17,7 @@ FIRST_IMPORTS = [
     "nvfp4train.data.config",
     "nvfp4train.optim",
     "nvfp4train.optim.schedules",
-    "nvfp4train.dist",
+    "nvfp4train.parallel",
     "nvfp4train.config.run",
     "nvfp4train.train.resume_policy",
 ]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from nvfp4train import dist
+from nvfp4train import parallel
 from nvfp4train.config import ConfigError, RunConfig
 from nvfp4train.data import build_train_loader, build_val_data
 from nvfp4train.data.paths import resolve_path
@@ -92,7 +92,7 @@ def data_cache_dir(data: dict) -> Path | None:
         return None  # the data config's own check names the key
 
 
-def build_model_and_data(cfg: RunConfig, info: dist.DistInfo):
+def build_model_and_data(cfg: RunConfig, info: parallel.DistInfo):
     """Model (with the precision package's linears), precision controller and data, all validated."""
     model_cfg, policy = cfg.model_config, cfg.policy  # parsed and checked once, by RunConfig
     t = cfg.train
@@ -156,7 +156,7 @@ def build_model(model_cfg: ModelConfig, build, device: torch.device):
         raise ConfigError(f"{need}; they could not be allocated on {device.type}: choose a smaller model") from None
 
 
-def mfu_peak(cfg: RunConfig, controller: PrecisionController, info: dist.DistInfo) -> tuple[float, str] | None:
+def mfu_peak(cfg: RunConfig, controller: PrecisionController, info: parallel.DistInfo) -> tuple[float, str] | None:
     """The peak FLOP/s MFU is measured against (None off CUDA or on a GPU not in the table)."""
     gemm_precision = gemm_peak_kind(controller.policy, controller.backend_name)  # emulated: the BF16 peak
     return peak_flops(info.device, gemm_precision) if info.device.type == "cuda" else None

@@ -17,7 +17,7 @@ import torch
 # cuBLAS reads its workspace setting once, when this process first uses it: set before any test runs
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-from nvfp4train.dist.processes import run_and_kill_on_timeout
+from nvfp4train.launch.processes import run_and_kill_on_timeout
 from nvfp4train.model import blocks, ops, ssd
 from nvfp4train.train.determinism import deterministic_mode
 from tests.conftest import REPO, cli_env
