@@ -1,9 +1,9 @@
 """All-gather and reduce-scatter bandwidth at the sizes FSDP2 uses for a model, on N GPUs of one node.
 
     torchrun --standalone --nproc_per_node=2 benchmarks/bench_comm.py --model hybrid_1b --json comm.json
-    python -m nvfp4train.dist.run --standalone --nproc_per_node=2 benchmarks/bench_comm.py --device cpu --sizes-mb 1 4
+    python -m nvfp4train.launch --standalone --nproc_per_node=2 benchmarks/bench_comm.py --device cpu --sizes-mb 1 4
 
-FSDP2 (nvfp4train.dist.shard_fsdp2) gathers each block's weights in BF16 (2 bytes a parameter) and
+FSDP2 (nvfp4train.parallel.shard_fsdp2) gathers each block's weights in BF16 (2 bytes a parameter) and
 reduce-scatters its gradients in FP32 (4 bytes); the root unit (embedding, final norm, LM head) once
 more. For each of those sizes this times the single-tensor all-gather and reduce-scatter (NCCL on
 CUDA, gloo on CPU; gloo has no reduce-scatter, so CPU rows are all-gathers only) and prints, per op and

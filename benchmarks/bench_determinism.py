@@ -46,6 +46,7 @@ KEY = ("model", "seq", "batch", "precision", "variant", "gpu")
 def _take_out(variant: str) -> None:
     """Inside deterministic mode: undo the one piece the variant names."""
     from nvfp4train.model import ssd
+    from nvfp4train.model.ops import mamba_kernels
 
     if variant == "on-inductor":
         from torch._inductor import config
@@ -56,14 +57,16 @@ def _take_out(variant: str) -> None:
         free = variant == "on-ssd-free"
 
         def unpinned() -> None:
-            if ssd._PINNED_STATE is not False:
-                ssd.pin_triton_configs([ssd.import_mamba_triton(n) for n in ssd.SSD_TRITON_MODULES], False)
+            if mamba_kernels._PINNED_STATE is not False:
+                mamba_kernels.pin_triton_configs(
+                    [mamba_kernels.import_mamba_triton(n) for n in mamba_kernels.SSD_TRITON_MODULES], False
+                )
                 switch = sys.modules.get("mamba_ssm.utils.determinism")
                 if switch is not None:
                     switch.set_deterministic_mode(False if free else True)
-                ssd._PINNED_STATE = False
+                mamba_kernels._PINNED_STATE = False
 
-        ssd._match_triton_determinism = unpinned
+        ssd.match_triton_determinism = unpinned  # the scan's custom ops call it by this module's name
     elif variant == "on-conv":
         real = ssd.conv_backend
         ssd.conv_backend = lambda is_cuda, deterministic, ext, tri: real(is_cuda, False, ext, tri)

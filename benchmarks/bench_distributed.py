@@ -7,7 +7,7 @@ FSDP2 (at its defaults and resharding), DeepSpeed ZeRO-1/2 and NVFP4 under FSDP2
     python benchmarks/bench_distributed.py --device cpu --model hybrid_tiny --seq 64 --steps 4   # a smoke test
     python benchmarks/bench_distributed.py --runs 1gpu fsdp2 --no-comm --profile /tmp/prof   # + where time goes
 
-Each run is `python -m nvfp4train.dist.run --standalone --nproc_per_node=N -m nvfp4train.train ...` (the
+Each run is `python -m nvfp4train.launch --standalone --nproc_per_node=N -m nvfp4train.train ...` (the
 one-GPU run: `python -m nvfp4train.train ...`) with the trainer's defaults (train.compile and train.cuda_graph
 auto: compiled on CUDA, the step captured as a CUDA graph on one GPU and under FSDP2), no evaluation, one
 after another. From each run's metrics.jsonl: tokens/s as the mean of the logged steps after the first half
@@ -114,7 +114,7 @@ def command(name: str, out_dir: Path, args) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "nvfp4train.dist.run",
+        "nvfp4train.launch",
         "--standalone",
         f"--nproc_per_node={gpus}",
         "-m",
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--comm-out", type=Path, default=REPO / "docs/results/bench/comm.json")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))  # run as a script: the package of this checkout
-    from nvfp4train.dist.processes import run_and_kill_on_timeout  # a timed-out run ends with its workers
+    from nvfp4train.launch.processes import run_and_kill_on_timeout  # a timed-out run ends with its workers
 
     shm = Path("/dev/shm")
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_distributed_", dir=shm if shm.is_dir() else None))
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
         comm = [
             sys.executable,
             "-m",
-            "nvfp4train.dist.run",
+            "nvfp4train.launch",
             "--standalone",
             f"--nproc_per_node={args.gpus}",
             str(REPO / "benchmarks/bench_comm.py"),

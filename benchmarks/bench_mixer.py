@@ -50,6 +50,7 @@ def main(argv=None) -> list[dict]:
     from nvfp4train.model import causal_conv as cc
     from nvfp4train.model import fused_norm
     from nvfp4train.model.config import ModelConfig
+    from nvfp4train.model.ops import gated_norm_kernels
 
     cfg = ModelConfig.from_dict(yaml.safe_load((ROOT / "configs" / "model" / f"{args.model}.yaml").read_text()))
     d_inner, conv_dim = cfg.mamba_d_inner, cfg.mamba_conv_dim
@@ -120,7 +121,7 @@ def main(argv=None) -> list[dict]:
     cc.ROWS4, cc.BLOCK_C4, cc.WARPS4 = saved
 
     # the norms: the residual stream's RMSNorm (d_model) and the mixer's gated RMSNorm (d_inner, groups)
-    mamba = fused_norm._kernels()
+    mamba = gated_norm_kernels()
     M = b * T
     for label, N, group in (
         ("rmsnorm", cfg.d_model, cfg.d_model),

@@ -51,13 +51,13 @@ import torch
 from omegaconf import OmegaConf
 
 from nvfp4train.config import load_preset
+from nvfp4train.config.schema import ConfigError
 from nvfp4train.data.paths import git_commit
-from nvfp4train.dist import DistInfo
 from nvfp4train.model import HybridLM, ModelConfig, flops_per_token, param_groups
 from nvfp4train.model.mfu import peak_flops
 from nvfp4train.optim import OptimConfig
+from nvfp4train.parallel import DistInfo
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, QuantLinear, build_linear_factory
-from nvfp4train.schema import ConfigError
 from nvfp4train.train.build import persistent_kernel_caches
 from nvfp4train.train.engines import TorchEngine
 from nvfp4train.train.plan import RunFacts, decide_compile, decide_cuda_graph

@@ -67,7 +67,7 @@ MODELS = {
 # collectives until bench_comm.py measures it on the node.
 ASSUMED_INTER_NODE_GBPS = 400.0  # InfiniBand NDR, one 400 Gb/s NIC per GPU
 ASSUMED_INTRA_NODE_BUS_GBYTES = 300.0  # H100 NVLink 4 all-gather / reduce-scatter bus bandwidth, GB/s
-KEEP_GATHERED_MAX_SHARE = 1 / 8  # nvfp4train.dist: auto keeps gathered weights below this share
+KEEP_GATHERED_MAX_SHARE = 1 / 8  # nvfp4train.parallel: auto keeps gathered weights below this share
 GPU_MEMORY_BYTES = 80e9
 
 

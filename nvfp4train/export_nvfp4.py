@@ -45,9 +45,9 @@ def require_compressed_tensors():
 
 def _policy(run_dir: Path, run_config: dict, meta: dict):
     """The run's precision policy, refused in one line where its weights have no packed NVFP4 form."""
+    from nvfp4train.config.schema import ConfigError
     from nvfp4train.precision import PrecisionPolicy
     from nvfp4train.precision.recipe import recorded_precision
-    from nvfp4train.schema import ConfigError
 
     where = f"weights=nvfp4_packed: {Path(run_dir) / 'config.yaml'}"
     try:

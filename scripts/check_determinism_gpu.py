@@ -42,7 +42,7 @@ def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL the launcher and every process under it (torchrun gives each rank a session of its own)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))  # the repository's package, also where it is not installed
-    from nvfp4train.dist.processes import kill_tree as kill_all
+    from nvfp4train.launch.processes import kill_tree as kill_all
 
     kill_all(proc)
 

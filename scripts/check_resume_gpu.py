@@ -63,7 +63,7 @@ def run_killed(cmd: list[str], marker: Path, log: Path) -> None:
     each in a session of its own, so killpg of the launcher left them training to the end (and the "resume"
     that followed had nothing to do)."""
     sys.path.insert(0, str(ROOT))
-    from nvfp4train.dist.processes import kill_tree
+    from nvfp4train.launch.processes import kill_tree
 
     with open(log, "a") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)

@@ -9,7 +9,7 @@
 # On the GPU node, from the repository root:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 # mamba-ssm is built without its CUDA extension (Triton kernels only); nvfp4train imports its Triton
-# SSD without importing the package's __init__ (see nvfp4train/model/ssd.py).
+# SSD without importing the package's __init__ (see nvfp4train/model/ops/mamba_kernels.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 wheel_dir=.whl

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nvfp4train.dist.processes import kill_tree, run_and_kill_on_timeout
+from nvfp4train.launch.processes import kill_tree, run_and_kill_on_timeout
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -252,13 +252,13 @@ def run_train(*overrides: str, timeout: float = 600, check: bool = True) -> subp
 
 def run_torchrun(
     *overrides: str,
-    launcher: str = "nvfp4train.dist.run",
+    launcher: str = "nvfp4train.launch",
     nproc: int = 2,
     env: dict | None = None,
     timeout: float = 600,
     check: bool = True,
 ) -> subprocess.CompletedProcess:
-    """The trainer on ``nproc`` local ranks (gloo on CPU) under ``launcher`` (nvfp4train.dist.run or stock
+    """The trainer on ``nproc`` local ranks (gloo on CPU) under ``launcher`` (nvfp4train.launch or stock
     torch.distributed.run) with --standalone: a free rendezvous port, so runs side by side never collide."""
     cmd = [
         sys.executable,

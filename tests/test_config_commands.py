@@ -10,10 +10,10 @@ import yaml
 
 from nvfp4train import config
 from nvfp4train.config import COMMANDS, CONFIG_DIR, ConfigError, compose, load
-from nvfp4train.dist.processes import run_and_kill_on_timeout
+from nvfp4train.config.schema import to_plain
+from nvfp4train.launch.processes import run_and_kill_on_timeout
 from nvfp4train.model.config import ModelConfig
 from nvfp4train.precision.recipe import PrecisionPolicy
-from nvfp4train.schema import to_plain
 from tests.conftest import cli_env
 
 

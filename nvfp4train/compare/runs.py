@@ -124,13 +124,13 @@ def check_comparable(runs: list[Run]) -> None:
     """Refuse runs trained on other data, another model or another token budget than the first."""
     ref = runs[0]
     for run in runs[1:]:
-        for room, ignored in (("data", DATA_KEYS_IGNORED), ("model", MODEL_KEYS_IGNORED)):
-            keys = sorted(k for k in set(ref.flat) | set(run.flat) if k.startswith(room + ".") and k not in ignored)
+        for section, ignored in (("data", DATA_KEYS_IGNORED), ("model", MODEL_KEYS_IGNORED)):
+            keys = sorted(k for k in set(ref.flat) | set(run.flat) if k.startswith(section + ".") and k not in ignored)
             for key in keys:
                 if ref.flat.get(key) != run.flat.get(key):
                     raise RunError(
                         f"{run.source} and {ref.source} differ in {key} ({_short(run.flat.get(key))} "
-                        f"vs {_short(ref.flat.get(key))}): not the same {room}; pass --allow-mismatch "
+                        f"vs {_short(ref.flat.get(key))}): not the same {section}; pass --allow-mismatch "
                         "to compare anyway"
                     )
         if budget(run) != budget(ref):

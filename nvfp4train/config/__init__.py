@@ -10,40 +10,46 @@ A training run (`RunConfig`) is made of sections: `model` (ModelConfig), `precis
 (DataConfig), `optim` (OptimConfig) and `train` (TrainConfig, here). `configs/train.yaml` starts from every
 section's dataclass defaults (registered with Hydra's ConfigStore as `nvfp4train_defaults`), then one option
 of each config group (`configs/model/`, `configs/precision/`, `configs/data/`), then the overrides.
-The checking itself (types, StrEnum choices, `bounded` ranges) is `nvfp4train.schema`, which the rooms'
-dataclasses use too; this module sits above them (it imports model, precision, data, optim).
+The checking itself (types, StrEnum choices, `bounded` ranges) is `nvfp4train.config.schema`, which the
+dataclasses of model, precision, data and optim use too; the other modules here sit above those packages (they
+import them), so this package's names load on first use: importing `nvfp4train.config.schema` from below
+does not import the packages that import it.
 
 `configs/` sits at the repository root; a wheel ships a copy inside the package (`setup.py`).
 
 The package's modules, by topic: `run` (RunConfig, TrainConfig), `commands` (the other commands' options,
-COMMANDS, GROUPS), `compose` (Hydra composition, checking, presets), `usage` (--help). Import the names from
-`nvfp4train.config`.
+COMMANDS, GROUPS), `compose` (Hydra composition, checking, presets), `usage` (--help), `schema` (the
+validator). Import the names from `nvfp4train.config`.
 """
 
-from nvfp4train.config.commands import (
-    COMMANDS,
-    GROUPS,
-    EvalConfig,
-    ExportConfig,
-    GenerateConfig,
-    SummaryConfig,
-    SummarySeqLen,
-)
-from nvfp4train.config.compose import (
-    CONFIG_DIR,
-    check_complete,
-    check_hydra_flags,
-    check_overrides,
-    compose,
-    from_node,
-    group_options,
-    load,
-    load_preset,
-    register_defaults,
-)
-from nvfp4train.config.run import SECTIONS, RunConfig, TrainConfig, WandbConfig, resolve_micro_batch
-from nvfp4train.config.usage import help_requested, usage
-from nvfp4train.schema import ConfigError
+from typing import TYPE_CHECKING
+
+from nvfp4train.config.schema import ConfigError
+
+if TYPE_CHECKING:
+    from nvfp4train.config.commands import (
+        COMMANDS,
+        GROUPS,
+        EvalConfig,
+        ExportConfig,
+        GenerateConfig,
+        SummaryConfig,
+        SummarySeqLen,
+    )
+    from nvfp4train.config.compose import (
+        CONFIG_DIR,
+        check_complete,
+        check_hydra_flags,
+        check_overrides,
+        compose,
+        from_node,
+        group_options,
+        load,
+        load_preset,
+        register_defaults,
+    )
+    from nvfp4train.config.run import SECTIONS, RunConfig, TrainConfig, WandbConfig, resolve_micro_batch
+    from nvfp4train.config.usage import help_requested, usage
 
 __all__ = [
     "COMMANDS",
@@ -72,3 +78,23 @@ __all__ = [
     "resolve_micro_batch",
     "usage",
 ]
+
+
+# The modules whose names this package exports, in the order they import each other. The functions `compose` and
+# `usage` share their modules' names (importing a submodule sets the package's attribute of that name to it), so
+# the names are bound once every module has loaded.
+_MODULES = ("commands", "compose", "run", "usage")
+
+
+def __getattr__(name: str):
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    import types
+
+    for module in [importlib.import_module(f"{__name__}.{m}") for m in _MODULES]:
+        for exported in __all__:
+            value = vars(module).get(exported)
+            if value is not None and not isinstance(value, types.ModuleType):
+                globals()[exported] = value
+    return globals()[name]

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from nvfp4train.config.run import Device, EvalPrecision, RunConfig, TrainConfig
+from nvfp4train.config.schema import bounded, check
 from nvfp4train.model.config import ModelConfig
-from nvfp4train.schema import bounded, check
 
 # ------------------------------------------------------------------------------- the other commands' options
 # Their keys, defaults and meanings are in configs/<name>.yaml (shown by --help); the dataclasses hold the

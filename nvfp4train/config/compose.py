@@ -10,8 +10,8 @@ from typing import Any
 
 from nvfp4train.config.commands import COMMANDS, GROUPS, SummarySeqLen
 from nvfp4train.config.run import SECTIONS, RunConfig
+from nvfp4train.config.schema import ConfigError, child_type, defaults, fields_of, parse, unknown_key
 from nvfp4train.data.config import DataConfig, SourceConfig
-from nvfp4train.schema import ConfigError, child_type, defaults, fields_of, parse, unknown_key
 
 
 def _config_dir() -> Path:

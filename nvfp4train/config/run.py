@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from nvfp4train.config.schema import INT64_MAX, ConfigError, bounded, check, to_plain
 from nvfp4train.data.config import DataConfig, parse_data_config
 from nvfp4train.model.config import ModelConfig
 from nvfp4train.optim import OptimConfig
 from nvfp4train.precision.recipe import PrecisionPolicy
-from nvfp4train.schema import INT64_MAX, ConfigError, bounded, check, to_plain
 
 Device = StrEnum("Device", "auto cpu cuda")
 Parallel = StrEnum("Parallel", "ddp fsdp2 hsdp deepspeed")
@@ -268,7 +268,7 @@ class RunConfig:
 
     @classmethod
     def from_omegaconf(cls, cfg) -> RunConfig:
-        from nvfp4train.config.compose import from_node  # compose imports this module
+        from nvfp4train.config import from_node  # compose imports this module
 
         return from_node("train", cfg)
 

@@ -10,7 +10,7 @@ from enum import StrEnum
 
 from nvfp4train.config.commands import GROUPS
 from nvfp4train.config.compose import CONFIG_DIR, command_schema, group_options
-from nvfp4train.schema import child_type, defaults
+from nvfp4train.config.schema import child_type, defaults
 
 
 def help_requested(argv: list[str]) -> bool:

@@ -28,7 +28,7 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
-from nvfp4train.schema import ConfigError, bounded, check, not_a_key, parse, to_plain
+from nvfp4train.config.schema import ConfigError, bounded, check, not_a_key, parse, to_plain
 
 SourceFormat = StrEnum("SourceFormat", "jsonl json txt parquet")
 

@@ -215,7 +215,7 @@ class TokenShards:
             offsets = read_index(self.dir, f"shards[{i}]", shard)
             tokens = np.memmap(bin_path, dtype=self.dtype, mode="r") if shard["n_tokens"] else np.zeros(0, self.dtype)
             # a shard damaged at the same size (no checksum asked for) must not feed ids past the embedding:
-            # one pass over the file: ~0.15 ms per million tokens in the page cache (the bundled data: 0.4 ms)
+            # one pass over the file, cheap in the page cache (docs/results/code-measurements.md)
             if tokens.size and int(tokens.max()) >= self.vocab_size:
                 raise ValueError(
                     f"corrupt shard {bin_path}: token id {int(tokens.max())} >= the tokenizer's vocab "

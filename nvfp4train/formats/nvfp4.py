@@ -217,8 +217,8 @@ def block_amax(a: torch.Tensor, tile, rows: int, cols: int) -> torch.Tensor:
     if tile == (16, 16):
         # Reduce the 16 rows first (an outer dim: vectorized), then the 16 columns.
         a = a.reshape(rows // 16, 16, cols).amax(dim=1)
-    # max_pool1d with kernel = stride = 16 is the blocks' max, ~2x faster on CPU than
-    # amax(dim=-1), whose reduction over a short contiguous dim is not vectorized.
+    # max_pool1d with kernel = stride = 16 is the blocks' max, faster on CPU than amax(dim=-1), whose
+    # reduction over a short contiguous dim is not vectorized (docs/results/code-measurements.md).
     amax_b = torch.nn.functional.max_pool1d(a.reshape(-1, 1, cols), BLOCK, BLOCK).view(-1, cols // BLOCK)
     return amax_b.repeat_interleave(16, dim=0) if tile == (16, 16) else amax_b
 

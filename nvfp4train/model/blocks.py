@@ -300,8 +300,8 @@ class Block(nn.Module):
         # Every mixer starts with a linear, which under autocast casts its input to the autocast dtype:
         # the norm writes that dtype itself, without an FP32 output and a cast kernel forward, nor a
         # widening of the linear's dX to FP32 backward. The same bits on CPU; the Triton kernel's FP32
-        # result depends on its output dtype in the last bit (2 of 236,544 BF16 outputs one ulp apart
-        # on an H100: tests/gpu/test_fused_norm.py).
+        # result depends on its output dtype in the last bit (a few BF16 outputs one ulp apart:
+        # tests/gpu/test_fused_norm.py, docs/results/code-measurements.md).
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
         if h is None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from nvfp4train.schema import ConfigError, bounded, check, parse, to_plain
+from nvfp4train.config.schema import ConfigError, bounded, check, parse, to_plain
 
 BLOCK_KINDS = {"M": "mamba", "*": "attention", "-": "mlp"}
 # The linears each block kind's mixer builds through the linear factory (blocks.py), in the order it builds them;

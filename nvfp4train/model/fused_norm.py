@@ -13,22 +13,13 @@ import math
 
 import torch
 
-from .ssd import import_mamba_triton
-
-_KERNELS = None
-
-
-def _kernels():
-    global _KERNELS
-    if _KERNELS is None:
-        _KERNELS = import_mamba_triton("layernorm_gated")
-    return _KERNELS
+from .ops import gated_norm_kernels
 
 
 @torch.compiler.assume_constant_result  # evaluated once when compiling, not traced
 def fused_norm_available() -> bool:
     try:
-        _kernels()
+        gated_norm_kernels()
         return True
     except ImportError:
         return False
@@ -38,7 +29,7 @@ def fused_norm_available() -> bool:
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor | None, eps: float,
               group_size: int, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)  # the kernel rounds its FP32 result on the store
-    out, _, rstd = _kernels()._layer_norm_fwd(x, weight, None, eps, z=z, out=out, group_size=group_size,
+    out, _, rstd = gated_norm_kernels()._layer_norm_fwd(x, weight, None, eps, z=z, out=out, group_size=group_size,
                                               norm_before_gate=False, is_rms_norm=True)
     return out, rstd
 
@@ -60,8 +51,8 @@ def _rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, 
 
 # Warps each SM gets from the backward's grid. mamba-ssm's launcher (`_layer_norm_bwd`) starts one program
 # of up to 8 warps per SM (about 4 warps per SM for the gated norm's groups), each walking its rows one
-# after another: too few warps to hide the latency of a row's loads and reductions (hybrid_1b on an H100:
-# 39 backward norms, 11.4 ms of a 241 ms BF16 step). Its kernel is launched here with more programs.
+# after another: too few warps to hide the latency of a row's loads and reductions (what it cost:
+# docs/results/code-measurements.md). Its kernel is launched here with more programs.
 NORM_BWD_WARPS_PER_SM = 32
 
 
@@ -102,7 +93,7 @@ def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, z
         dz = torch.empty_like(z)
     dw_partial = torch.empty((programs, N), dtype=torch.float32, device=x.device)
     with torch.cuda.device(x.device.index):
-        _kernels()._layer_norm_bwd_kernel[(programs, ngroups)](
+        gated_norm_kernels()._layer_norm_bwd_kernel[(programs, ngroups)](
             x, weight, None, z, None, dy, dx, dw_partial, None, dz, None, rstd,
             x.stride(0), z.stride(0) if z is not None else 0, 0, dy.stride(0), dx.stride(0),
             dz.stride(0) if dz is not None else 0, dw_partial.stride(0), 0,

@@ -3,7 +3,7 @@
 in_proj's output zxbcdt [b, T, d_inner + conv channels + heads] is read as three slices (z, xBC, dt) by three
 layers: the conv, the scan and the gated norm. As separate autograd nodes, their backwards return three
 gradients and autograd concatenates them into zxbcdt's, a pass over the widest activation of the layer
-(2.6 ms a step for hybrid_1b's 12 Mamba layers on an H100). Here one backward allocates that gradient once
+(its cost: docs/results/code-measurements.md). Here one backward allocates that gradient once
 and each kernel writes its slice: the norm's dz, the scan's ddt (mamba-ssm takes the buffers to write into,
 as its own `mamba_split_conv1d_scan_combined` does) and the conv's dxBC. The kernels and their order are the
 ones the separate layers run (`causal_conv.py`, mamba-ssm's `_mamba_chunk_scan_combined_fwd/_bwd`,
@@ -15,21 +15,19 @@ mixer keeps the separate layers. out_proj stays outside: a quantized linear must
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
 from .fused_norm import fused_norm_available
-from .ssd import (
-    _mamba_backward_cumsums_allowed,
-    _match_triton_determinism,
-    _resolved_backend,
-    _unpack_xbc,
+from .ops import (
+    backward_cumsums_allowed,
     causal_conv1d_kernel_available,
-    conv_backend,
+    chunk_scan_backward,
+    chunk_scan_forward,
+    gated_norm_kernels,
     load_triton_ssd,
-    triton_conv_available,
+    match_triton_determinism,
 )
+from .ssd import conv_backend, resolved_ssd_backend, triton_conv_available, unpack_xbc
 
 
 def mixer_op_applies(is_cuda: bool, ssd_backend: str) -> bool:
@@ -39,7 +37,7 @@ def mixer_op_applies(is_cuda: bool, ssd_backend: str) -> bool:
         return False
     deterministic = torch.are_deterministic_algorithms_enabled()
     conv = conv_backend(True, deterministic, causal_conv1d_kernel_available(), triton_conv_available())
-    return conv == "triton" and _resolved_backend(True, ssd_backend) == "triton"
+    return conv == "triton" and resolved_ssd_backend(True, ssd_backend) == "triton"
 
 
 def _split(zxbcdt: torch.Tensor, d_inner: int, conv_dim: int):
@@ -66,18 +64,16 @@ def mamba_conv_scan_norm(
     """(out [b, T, d_inner] in zxbcdt's dtype: the gated norm's output, out_proj's input; then what the backward
     reads: the conv's output [b, T, conv channels], the scan's output [b, T, heads, head_dim], the norm's rstd)."""
     from .causal_conv import conv_silu_forward
-    from .fused_norm import _kernels
 
     load_triton_ssd()
-    _match_triton_determinism()
+    match_triton_determinism()
     b, T, _ = zxbcdt.shape
     z, xbc, dt = _split(zxbcdt, d_inner, conv_weight.shape[0])
     xbc_post = conv_silu_forward(xbc, conv_weight, conv_bias)
-    x, B, C = _unpack_xbc(xbc_post, dt.shape[-1], head_dim, groups)
-    fwd = sys.modules["mamba_ssm.ops.triton.ssd_combined"]._mamba_chunk_scan_combined_fwd
-    y = fwd(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias, dt_softplus=True)[0].contiguous()
+    x, B, C = unpack_xbc(xbc_post, dt.shape[-1], head_dim, groups)
+    y = chunk_scan_forward(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias, dt_softplus=True)[0].contiguous()
     out = torch.empty((b, T, d_inner), dtype=zxbcdt.dtype, device=zxbcdt.device)
-    _, _, rstd = _kernels()._layer_norm_fwd(
+    _, _, rstd = gated_norm_kernels()._layer_norm_fwd(
         y.view(b * T, d_inner),
         norm_weight.contiguous(),
         None,
@@ -129,7 +125,7 @@ def _mamba_conv_scan_norm_backward(
     from .causal_conv import conv_silu_backward
     from .fused_norm import rms_norm_backward
 
-    _match_triton_determinism()
+    match_triton_determinism()
     b, T, _ = zxbcdt.shape
     conv_dim = conv_weight.shape[0]
     z, xbc, dt = _split(zxbcdt, d_inner, conv_dim)
@@ -146,11 +142,10 @@ def _mamba_conv_scan_norm_backward(
         dz=dz.view(b * T, d_inner),
     )
     dxbc_post = torch.empty_like(xbc_post)
-    x, B, C = _unpack_xbc(xbc_post, dt.shape[-1], head_dim, groups)
-    dx, dB, dC = _unpack_xbc(dxbc_post, dt.shape[-1], head_dim, groups)
-    bwd = sys.modules["mamba_ssm.ops.triton.ssd_combined"]._mamba_chunk_scan_combined_bwd
-    with _mamba_backward_cumsums_allowed():
-        _, _, dA, _, _, dD, _, ddt_bias, _ = bwd(
+    x, B, C = unpack_xbc(xbc_post, dt.shape[-1], head_dim, groups)
+    dx, dB, dC = unpack_xbc(dxbc_post, dt.shape[-1], head_dim, groups)
+    with backward_cumsums_allowed():
+        _, _, dA, _, _, dD, _, ddt_bias, _ = chunk_scan_backward(
             dy.view(y.shape),
             x,
             dt,

@@ -3,8 +3,8 @@
 The Triton backward kernels of the fused norms (fused_norm.py: the weight gradient) and of the causal
 conv (causal_conv.py: weight and bias) write one FP32 row of partial sums per program, to be added up
 afterwards. `partial.sum(0)` is a reduction over the outer dimension, which torch runs as one short
-kernel per call with few threads in flight: 135 of them took 3.4 ms of a 207 ms hybrid_1b BF16 step
-(hybrid_1b, 4 x 4096, H200), about 25 us each for a few MB. Here each program owns a strip of
+kernel per call with few threads in flight, one per norm and conv in a step (what they cost:
+docs/results/code-measurements.md). Here each program owns a strip of
 SUM_COLS columns and walks the rows SUM_ROWS at a time; the order of the additions is fixed, so the
 sums repeat bit for bit.
 """

@@ -29,18 +29,22 @@ CUDA (torch's CUDA cumsum has no deterministic kernel and raises in that mode).
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import importlib
-import importlib.util
 import math
-import sys
-import types
-import warnings
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from .ops import (
+    backward_cumsums_allowed,
+    causal_conv1d_extension,
+    causal_conv1d_kernel_available,
+    chunk_scan_backward,
+    chunk_scan_forward,
+    load_triton_ssd,
+    match_triton_determinism,
+    triton_ssd_available,
+    triton_ssd_deterministic_mode,
+)
 
 
 def deterministic_scan_needed(x: torch.Tensor) -> bool:
@@ -172,149 +176,6 @@ def ssd_recurrent(
 
 # ---- mamba-ssm's Triton kernel --------------------------------------------------------------
 
-_TRITON_SSD: Callable | None = None
-_TRITON_SSD_ERROR: str | None = None
-
-
-def import_mamba_triton(submodule: str):
-    """Import one of mamba-ssm's Triton modules (`mamba_ssm.ops.triton.<submodule>`) without importing
-    the mamba_ssm package.
-
-    `import mamba_ssm` runs its __init__, which needs the compiled `selective_scan_cuda`
-    extension; the pure-Python wheel (MAMBA_SKIP_CUDA_BUILD) has only the Triton kernels.
-    Registering a bare package object under the name `mamba_ssm` lets the Triton submodules
-    import (README.md, GPU install: mamba-ssm's Triton-only build). Raises ImportError when unavailable.
-    """
-    try:
-        if "mamba_ssm" not in sys.modules:
-            spec = importlib.util.find_spec("mamba_ssm")
-            if spec is None or spec.submodule_search_locations is None:
-                raise ImportError("mamba-ssm is not installed")
-            package = types.ModuleType("mamba_ssm")
-            package.__path__ = list(spec.submodule_search_locations)
-            package.__spec__ = spec
-            sys.modules["mamba_ssm"] = package
-        return importlib.import_module(f"mamba_ssm.ops.triton.{submodule}")
-    except Exception as e:  # ImportError, or triton failing to initialise without a GPU
-        raise ImportError(
-            f"mamba-ssm Triton {submodule} unavailable ({type(e).__name__}: {e}); it needs triton (CUDA) and "
-            "mamba-ssm's pure wheel: MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip wheel "
-            "--no-deps --no-build-isolation mamba-ssm==2.3.2.post1, installed with --no-deps"
-        ) from e
-
-
-def load_triton_ssd() -> Callable:
-    """mamba-ssm's `mamba_chunk_scan_combined` (its own autograd.Function); raises ImportError when unavailable."""
-    global _TRITON_SSD, _TRITON_SSD_ERROR
-    if _TRITON_SSD is not None:
-        return _TRITON_SSD
-    if _TRITON_SSD_ERROR is not None:
-        raise ImportError(_TRITON_SSD_ERROR)
-    try:
-        _TRITON_SSD = import_mamba_triton("ssd_combined").mamba_chunk_scan_combined
-    except ImportError as e:
-        _TRITON_SSD_ERROR = str(e)
-        raise
-    return _TRITON_SSD
-
-
-# mamba-ssm's modules whose kernels `mamba_chunk_scan_combined` runs (all of them autotuned by timing)
-SSD_TRITON_MODULES = ("ssd_bmm", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk_scan", "ssd_combined")
-_PINNED: dict = {}  # Autotuner -> its own list of configs, while pinned
-
-
-def _config_cost(config) -> int:
-    """A configuration's size: the product of its block sizes times its pipeline stages (the smallest is
-    the one mamba-ssm's deterministic mode keeps when it decides at import)."""
-    size = 1
-    for key, value in config.kwargs.items():
-        if key.startswith("BLOCK_SIZE_"):
-            size *= value
-    return size * (config.num_stages or 1)
-
-
-def pin_triton_configs(modules, pinned: bool) -> int:
-    """Pin every Triton autotuner in `modules` to one configuration (the smallest, the first of equals: the
-    same in every process), or give each back its own list. Returns how many autotuners changed.
-
-    mamba-ssm decides between autotuning and one configuration when its modules are imported (with
-    TRITON_CACHE_AUTOTUNING=1, which the trainer sets (train/build.py), it keeps autotuning even in its deterministic
-    mode, and two fresh processes can time their way to different block sizes). Pinning here holds whatever
-    was imported first, and a choice cached from an earlier call is dropped."""
-    from triton.runtime.autotuner import Autotuner
-
-    changed = 0
-    for module in modules:
-        for kernel in vars(module).values():
-            if not isinstance(kernel, Autotuner):
-                continue
-            if pinned and kernel not in _PINNED and len(kernel.configs) > 1:
-                _PINNED[kernel] = kernel.configs
-                kernel.configs = [min(kernel.configs, key=_config_cost)]
-            elif not pinned and kernel in _PINNED:
-                kernel.configs = _PINNED.pop(kernel)
-            else:
-                continue
-            kernel.cache.clear()
-            changed += 1
-    return changed
-
-
-_PINNED_STATE: bool | None = None
-
-
-def _match_triton_determinism() -> None:
-    """Pin mamba-ssm's SSD kernels while torch's deterministic mode is on, unpin them when it is off (runs
-    inside the custom ops below, so eagerly at every call: a comparison once the state matches)."""
-    global _PINNED_STATE
-    wanted = torch.are_deterministic_algorithms_enabled()
-    if _PINNED_STATE is not wanted:
-        pin_triton_configs([import_mamba_triton(name) for name in SSD_TRITON_MODULES], wanted)
-        switch = sys.modules.get("mamba_ssm.utils.determinism")
-        if switch is not None:  # its own flag, whatever MAMBA_DETERMINISTIC says; None: follow torch's again
-            switch.set_deterministic_mode(True if wanted else None)
-        _PINNED_STATE = wanted
-
-
-@contextlib.contextmanager
-def _mamba_backward_cumsums_allowed():
-    """mamba-ssm's SSD backward calls torch.cumsum on CUDA tensors (over each chunk's positions), and torch's
-    deterministic mode refuses every floating-point CUDA cumsum (it has no kernel it vouches for). Along the
-    innermost dimension of a tensor of many rows, as here, torch scans each row in a fixed order, and the GPU
-    check (scripts/check_determinism_gpu.py) repeats the whole backward bit for bit. For the length of that
-    call only, deterministic mode is warn-only and that one warning is silenced; any other op it would flag
-    still warns."""
-    if not torch.are_deterministic_algorithms_enabled() or torch.is_deterministic_algorithms_warn_only_enabled():
-        yield
-        return
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="cumsum_cuda_kernel does not have a deterministic")
-            yield
-    finally:
-        torch.use_deterministic_algorithms(True)
-
-
-@functools.cache
-def triton_ssd_deterministic_mode() -> bool:
-    """Whether the installed mamba-ssm has a deterministic mode (2.3+: `mamba_ssm.utils.determinism`,
-    which follows torch.are_deterministic_algorithms_enabled())."""
-    try:
-        load_triton_ssd()  # its modules import mamba_ssm.utils.determinism where there is one
-    except ImportError:
-        return False
-    return "mamba_ssm.utils.determinism" in sys.modules
-
-
-@torch.compiler.assume_constant_result  # evaluated once when compiling, not traced
-def triton_ssd_available() -> bool:
-    try:
-        load_triton_ssd()
-        return True
-    except ImportError:
-        return False
-
 
 # The Triton scan as a torch.library custom op: torch.compile sees one opaque node with a fake
 # (shape-only) implementation and a registered backward, so the whole model compiles as one graph
@@ -325,7 +186,7 @@ def triton_ssd_available() -> bool:
 # conv's output), and its backward writes their gradients into one tensor of that shape through views (as
 # mamba-ssm's `mamba_split_conv1d_scan_combined` does): separate dx, dB and dC would be concatenated by
 # autograd's split backward, a full extra pass over the tensor per Mamba layer.
-def _unpack_xbc(xbc: torch.Tensor, heads: int, head_dim: int, groups: int):
+def unpack_xbc(xbc: torch.Tensor, heads: int, head_dim: int, groups: int):
     b, T, width = xbc.shape
     d_inner = heads * head_dim
     state = (width - d_inner) // (2 * groups)
@@ -345,10 +206,9 @@ def _ssd_scan_triton(
     groups: int,
 ) -> torch.Tensor:
     load_triton_ssd()
-    _match_triton_determinism()
-    fwd = sys.modules["mamba_ssm.ops.triton.ssd_combined"]._mamba_chunk_scan_combined_fwd
-    x, B, C = _unpack_xbc(xbc, dt.shape[-1], head_dim, groups)
-    return fwd(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias, dt_softplus=True)[0].contiguous()
+    match_triton_determinism()
+    x, B, C = unpack_xbc(xbc, dt.shape[-1], head_dim, groups)
+    return chunk_scan_forward(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias, dt_softplus=True)[0].contiguous()
 
 
 # The fakes promise contiguous outputs and the ops make sure of it: inputs arrive as strided views
@@ -372,13 +232,12 @@ def _ssd_scan_triton_backward(
     head_dim: int,
     groups: int,
 ) -> list[torch.Tensor]:
-    _match_triton_determinism()
-    bwd = sys.modules["mamba_ssm.ops.triton.ssd_combined"]._mamba_chunk_scan_combined_bwd
-    x, B, C = _unpack_xbc(xbc, dt.shape[-1], head_dim, groups)
+    match_triton_determinism()
+    x, B, C = unpack_xbc(xbc, dt.shape[-1], head_dim, groups)
     dxbc = torch.empty(xbc.shape, dtype=xbc.dtype, device=xbc.device)
-    dx, dB, dC = _unpack_xbc(dxbc, dt.shape[-1], head_dim, groups)
-    with _mamba_backward_cumsums_allowed():
-        _, ddt, dA, _, _, dD, _, ddt_bias, _ = bwd(
+    dx, dB, dC = unpack_xbc(dxbc, dt.shape[-1], head_dim, groups)
+    with backward_cumsums_allowed():
+        _, ddt, dA, _, _, dD, _, ddt_bias, _ = chunk_scan_backward(
             dout.contiguous(),
             x,
             dt,
@@ -453,7 +312,7 @@ def resolve_ssd_backend(
     raise ValueError(f"ssd_backend: {backend!r} is not one of auto, torch, triton")
 
 
-def _resolved_backend(is_cuda: bool, backend: str) -> str:
+def resolved_ssd_backend(is_cuda: bool, backend: str) -> str:
     deterministic = torch.are_deterministic_algorithms_enabled()
     use_triton_check = is_cuda and backend != "torch"
     return resolve_ssd_backend(
@@ -467,7 +326,7 @@ def _resolved_backend(is_cuda: bool, backend: str) -> str:
 
 def ssd_scan(x, dt, A, B, C, D, dt_bias, chunk_size: int, backend: str = "auto") -> torch.Tensor:
     """Dispatch to a backend: "torch", "triton" (CUDA tensors only) or "auto" (resolve_ssd_backend)."""
-    if _resolved_backend(x.is_cuda, backend) == "torch":
+    if resolved_ssd_backend(x.is_cuda, backend) == "torch":
         return ssd_chunked_torch(x, dt, A, B, C, D, dt_bias, chunk_size)
     return ssd_chunked_triton(x, dt, A, B, C, D, dt_bias, chunk_size)
 
@@ -478,39 +337,13 @@ def ssd_scan_packed(
     """`ssd_scan` of x, B and C packed along the last dimension of xbc [b, T, heads head_dim + 2 groups state],
     the layout the Mamba mixer's conv writes: y [b, T, heads, head_dim]. The Triton backend takes the packed
     tensor whole (and gives its gradient as one tensor); the PyTorch scan takes views of it."""
-    if _resolved_backend(xbc.is_cuda, backend) == "torch":
-        x, B, C = _unpack_xbc(xbc, dt.shape[-1], head_dim, groups)
+    if resolved_ssd_backend(xbc.is_cuda, backend) == "torch":
+        x, B, C = unpack_xbc(xbc, dt.shape[-1], head_dim, groups)
         return ssd_chunked_torch(x, dt, A, B, C, D, dt_bias, chunk_size)
     return _ssd_scan_triton(xbc, dt, A, D, dt_bias, chunk_size, head_dim, groups)
 
 
 # ---- depthwise causal conv1d ----------------------------------------------------------------
-
-_CAUSAL_CONV1D: Callable | None = None
-_CAUSAL_CONV1D_TRIED = False
-
-
-def _load_causal_conv1d() -> Callable | None:
-    global _CAUSAL_CONV1D, _CAUSAL_CONV1D_TRIED
-    if not _CAUSAL_CONV1D_TRIED:
-        _CAUSAL_CONV1D_TRIED = True
-        try:
-            from causal_conv1d import causal_conv1d_fn  # compiled CUDA extension, optional
-
-            _CAUSAL_CONV1D = causal_conv1d_fn
-        except Exception:
-            _CAUSAL_CONV1D = None
-    return _CAUSAL_CONV1D
-
-
-@torch.compiler.assume_constant_result
-def causal_conv1d_kernel_available() -> bool:
-    return _load_causal_conv1d() is not None
-
-
-@torch.compiler.disable  # compiled CUDA extension: run it eagerly
-def _causal_conv1d_kernel(x, weight, bias):
-    return _load_causal_conv1d()(x, weight.squeeze(1), bias, activation="silu")
 
 
 def conv_backend(is_cuda: bool, deterministic: bool, extension_available: bool, triton_available: bool) -> str:
@@ -546,7 +379,7 @@ def causal_conv1d_silu(
             bias is not None and triton_conv_available(),
         )
     if backend == "causal_conv1d":
-        return _causal_conv1d_kernel(x.transpose(1, 2), weight, bias).transpose(1, 2)
+        return causal_conv1d_extension(x.transpose(1, 2), weight, bias).transpose(1, 2)
     if backend == "triton":
         from .causal_conv import causal_conv1d_silu_triton
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nvfp4train.config.schema import ConfigError, bounded, check, parse
 from nvfp4train.formats.impl import triton_available
 from nvfp4train.optim.schedules import ScheduleConfig
-from nvfp4train.schema import ConfigError, bounded, check, parse
 
 
 @dataclass(frozen=True)

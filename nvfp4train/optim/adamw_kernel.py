@@ -14,9 +14,9 @@ all of it in FP32 with the hyperparameters rounded to FP32:
     p  = p - (step_size * m) / (sqrt(v) / sqrt(1 - beta2 ** step) + eps),   step_size = lr / (1 - beta1 ** step)
 
 with correctly rounded square roots and divisions, and the two bias corrections from each parameter's step count
-on the device (PyTorch's FP32 `pow`, outside the kernel). Measured on an H100 against torch 2.13's fused AdamW
-(4M values, steps 1 to 1000, two learning rates, with weight decay): the same bits in weights and both moments
-(`tests/train/test_adamw_kernel.py` checks it over a run of steps).
+on the device (PyTorch's FP32 `pow`, outside the kernel): the same bits as torch's fused AdamW in weights and both
+moments (`tests/train/test_adamw_kernel.py` checks it over a run of steps; the GPU comparison:
+docs/results/code-measurements.md).
 
 A step skips every write where `found_inf` is nonzero, as fused AdamW does; the caller keeps the step counts.
 The kernel reads its tensors through a table of addresses (one row per parameter: param, grad, exp_avg,

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from nvfp4train.schema import bounded, check
+from nvfp4train.config.schema import bounded, check
 
 Schedule = StrEnum("Schedule", "wsd cosine constant")
 DecayStyle = StrEnum("DecayStyle", "linear cosine exponential minus_sqrt")

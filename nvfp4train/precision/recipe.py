@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from nvfp4train.config.schema import ConfigError, bounded, check, parse, to_plain
 from nvfp4train.formats import mxfp4
-from nvfp4train.schema import ConfigError, bounded, check, parse, to_plain
 
 # The names a model gives the linears it asks the factory for (`linear_factory(..., name=...)`), listed once:
 # the factory refuses others, and a layer's SR streams are numbered by its name's place here (so the order is

@@ -24,7 +24,7 @@ def _main(cfg) -> None:
     if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) != 0:
         logging.getLogger().setLevel(logging.WARNING)  # one copy of the start-up log lines, from rank 0
     from nvfp4train.config import ConfigError, RunConfig
-    from nvfp4train.dist.errors import fail
+    from nvfp4train.launch.errors import fail
     from nvfp4train.train.checkpoint import CheckpointError
     from nvfp4train.train.guards import TrainingHalted
     from nvfp4train.train.loop import run
@@ -37,7 +37,7 @@ def _main(cfg) -> None:
         run_cfg = RunConfig.from_omegaconf(cfg)
         summary = run(run_cfg)
     except (ConfigError, CheckpointError) as e:
-        fail(str(e), 2)  # one line from rank 0 (and in torchrun's error file): dist/errors.py
+        fail(str(e), 2)  # one line from rank 0 (and in torchrun's error file): launch/errors.py
     except TrainingHalted as e:
         fail(str(e), 3)
     if summary.get("note") and summary["rank"] == 0:
@@ -114,7 +114,7 @@ def _cli() -> None:
         compose,
         register_defaults,
     )
-    from nvfp4train.dist.errors import fail
+    from nvfp4train.launch.errors import fail
 
     args = get_args_parser().parse_args()
     if args.help:  # ours, not Hydra's "powered by Hydra" and the whole config (`--cfg job` prints that)
@@ -128,7 +128,7 @@ def _cli() -> None:
         check_overrides(args.overrides, launcher=True)
         if args.multirun:  # each job its own out_dir; a submitit launcher's files under out_dir: train/sweep.py
             from nvfp4train.config import RunConfig
-            from nvfp4train.schema import defaults
+            from nvfp4train.config.schema import defaults
             from nvfp4train.train.sweep import sweep_hydra_overrides
 
             sys.argv += sweep_hydra_overrides(args.overrides, str(defaults(RunConfig)["out_dir"]))
@@ -142,9 +142,9 @@ def _cli() -> None:
         fail(str(e), 2)  # under torchrun: every rank refuses alike, before any process group; rank 0 says it
     register_defaults()
     hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(_main)()
-    from nvfp4train import dist
+    from nvfp4train import parallel
 
-    dist.shutdown()  # once, after every run: the runs of a sweep share the process group
+    parallel.shutdown()  # once, after every run: the runs of a sweep share the process group
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """What Trainer(cfg) sets up and checks before it writes anything: the host (CPU threads, kernel caches),
-out_dir's writability, and the model (with the precision room's linears), precision controller and data,
+out_dir's writability, and the model (with the precision package's linears), precision controller and data,
 all validated, and the peak FLOP/s MFU is measured against."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import torch
 
-from nvfp4train import dist
+from nvfp4train import parallel
 from nvfp4train.config import ConfigError, RunConfig
 from nvfp4train.data import DataConfig, build_train_loader, build_val_data
 from nvfp4train.data.paths import resolve_path
 from nvfp4train.model import HybridLM, ModelConfig
 from nvfp4train.model.mfu import peak_flops
-from nvfp4train.model.ssd import triton_ssd_available
+from nvfp4train.model.ops import triton_ssd_available
 from nvfp4train.precision import PrecisionController, build_linear_factory, gemm_peak_kind
 
 
@@ -52,9 +52,9 @@ def cpu_threads() -> str:
     process may use (os.sched_getaffinity) that other processes are not busy on, at least 1. Busy: the
     1-minute load average, unless fewer processes run right now (running_elsewhere): right after `pip install`
     the average still counts pip for a minute, and would cost the first run half of a 2-core machine.
-    torch's default (every core) collapses on a shared machine: the default run on 2 cores with other jobs
-    running (load average ~10) made ~250 tokens/s with 2 threads and ~900 with 1; on an idle
-    machine it keeps every core. The thread count does not change the numbers (same losses, bitwise).
+    torch's default (every core) collapses on a shared machine, where threads wait on cores other processes
+    hold (docs/results/code-measurements.md); on an idle machine it keeps every core. The thread count does not
+    change the numbers (same losses, bitwise).
     Returns the banner's note."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if os.environ.get("OMP_NUM_THREADS"):
@@ -92,8 +92,8 @@ def data_cache_dir(data: DataConfig) -> Path | None:
         return None  # the data config's own check names the key
 
 
-def build_model_and_data(cfg: RunConfig, info: dist.DistInfo):
-    """Model (with the precision room's linears), precision controller and data, all validated."""
+def build_model_and_data(cfg: RunConfig, info: parallel.DistInfo):
+    """Model (with the precision package's linears), precision controller and data, all validated."""
     model_cfg, policy = cfg.model, cfg.precision  # parsed and checked once, by RunConfig
     t = cfg.train
     try:
@@ -158,7 +158,7 @@ def build_model(model_cfg: ModelConfig, build, device: torch.device):
         raise ConfigError(f"{need}; they could not be allocated on {device.type}: choose a smaller model") from None
 
 
-def mfu_peak(cfg: RunConfig, controller: PrecisionController, info: dist.DistInfo) -> tuple[float, str] | None:
+def mfu_peak(cfg: RunConfig, controller: PrecisionController, info: parallel.DistInfo) -> tuple[float, str] | None:
     """The peak FLOP/s MFU is measured against (None off CUDA or on a GPU not in the table)."""
     gemm_precision = gemm_peak_kind(controller.policy, controller.backend_name)  # emulated: the BF16 peak
     return peak_flops(info.device, gemm_precision) if info.device.type == "cuda" else None

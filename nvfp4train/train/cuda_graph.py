@@ -2,7 +2,7 @@
 
 Why: an emulated low-precision linear launches many small kernels (quantize, RHT, dequantize, GEMM
 epilogue) from Python, and at the model sizes a reproduction affords the host launching them, not the
-GPU, sets the step time (hybrid_350m NVFP4 on an H100: 208 ms of kernels in a 332 ms eager step).
+GPU, sets the step time (docs/results/code-measurements.md).
 Captured once, every later step is one `replay()`.
 
 What is captured, for a step of n micro-batches: under DDP and FSDP2 the gradients zeroed in place, then per micro-batch
@@ -200,7 +200,7 @@ class StepGraph:
         else:
             # The first micro-batch's backward assigns each gradient (the tensor its last op wrote, in the graph's
             # pool; every replay rewrites it there), as an eager step does: no zeroing and no FP32 add per
-            # parameter (3.0 ms of a 207 ms hybrid_1b BF16 step on an H200).
+            # parameter (docs/results/code-measurements.md).
             for p in self.params:
                 p.grad = None
             grads = []

@@ -4,7 +4,7 @@ What it switches on, for the duration of a run (and restores afterwards, so that
 not leak into each other):
 - torch's deterministic mode (`torch.use_deterministic_algorithms(True)`, not warn-only): an op with no
   deterministic kernel raises instead of running (one exception: inside mamba-ssm's SSD backward, whose
-  torch.cumsum calls torch flags wholesale, the mode is warn-only for that call: model/ssd.py); on
+  torch.cumsum calls torch flags wholesale, the mode is warn-only for that call: model/ops/mamba_kernels.py); on
   torch >= 2.9 it also puts Inductor in its deterministic mode (no timing-based choices of reduction
   configs, templates or padding), which is set
   explicitly here too (`torch._inductor.config.deterministic`) where the torch version has it;
@@ -38,7 +38,7 @@ import os
 
 import torch
 
-from nvfp4train.schema import ConfigError
+from nvfp4train.config.schema import ConfigError
 
 log = logging.getLogger(__name__)
 

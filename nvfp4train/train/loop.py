@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from nvfp4train import dist
+from nvfp4train import parallel
 from nvfp4train.config import RunConfig
 from nvfp4train.train import determinism
 from nvfp4train.train.metrics import LogFile
@@ -26,7 +26,7 @@ from nvfp4train.train.stop import StopSignal, exit_code
 from nvfp4train.train.trainer import Trainer
 
 
-def _agree(flag: bool, info: dist.DistInfo) -> bool:
+def _agree(flag: bool, info: parallel.DistInfo) -> bool:
     """True on every rank if it is true on any (a signal may reach one rank first)."""
     if info.world_size == 1:
         return flag
@@ -147,7 +147,7 @@ def _run(cfg: RunConfig, stop: StopSignal) -> dict:
                 trainer.bar.write(hint)
     finally:
         trainer.close()
-    dist.barrier(info)
+    parallel.barrier(info)
     return {
         "step": trainer.step,
         "loss": loss,

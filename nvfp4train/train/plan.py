@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from nvfp4train import dist
+from nvfp4train import parallel as dist
 from nvfp4train.config import ConfigError, RunConfig
-from nvfp4train.model.ssd import resolve_ssd_backend, triton_ssd_available, triton_ssd_deterministic_mode
+from nvfp4train.model.ops import triton_ssd_available, triton_ssd_deterministic_mode
+from nvfp4train.model.ssd import resolve_ssd_backend
 from nvfp4train.runs import RESOLVED, RESOLVED_PREFIX
 from nvfp4train.train.cuda_graph import cuda_graph_blocker
 

@@ -56,7 +56,7 @@ def kernel_rows(prof, cuda: bool, sources: dict | None = None) -> list[dict]:
     rows = []
     for evt in prof.key_averages():
         # A record_function range (e.g. "Optimizer.step#AdamW.step") also shows up on the GPU timeline,
-        # spanning kernels that are counted on their own: 10.6 ms counted twice in a hybrid_1b step.
+        # spanning kernels that are counted on their own: they would be counted twice.
         if getattr(evt, "is_user_annotation", False):
             continue
         if cuda and evt.device_type != DeviceType.CUDA:

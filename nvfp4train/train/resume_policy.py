@@ -11,8 +11,8 @@ under it. The most specific rule wins.
 
 from __future__ import annotations
 
+from nvfp4train.config.schema import ConfigError
 from nvfp4train.precision.recipe import recorded_run_config
-from nvfp4train.schema import ConfigError
 
 NOTE, QUIET, REFUSE = "note", "quiet", "refuse"
 

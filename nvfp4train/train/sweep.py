@@ -17,7 +17,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from nvfp4train.schema import ConfigError
+from nvfp4train.config.schema import ConfigError
 
 SUBMITIT_PLUGIN = "hydra_plugins.hydra_submitit_launcher"
 

@@ -3,7 +3,7 @@
 One optimizer step, as data flows:
   1. the loader hands this rank `grad_accum` micro-batches of the global batch;
   2. the precision controller applies its schedule for the current token fraction;
-  3. forward under BF16 autocast (each linear is the precision room's layer), FP32 cross-entropy
+  3. forward under BF16 autocast (each linear is the precision package's layer), FP32 cross-entropy
      fused with the LM head (model/loss.py), backward; FP32 gradients accumulate over micro-batches
      (DDP/FSDP2 sync on the last one);
   4. global-norm clipping; a non-finite loss or gradient skips the step (decided on the device);
@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from nvfp4train import dist
+from nvfp4train import parallel
 from nvfp4train.config import RunConfig, resolve_micro_batch
 from nvfp4train.model import flops_per_token, param_groups
 from nvfp4train.optim import lr_at
@@ -92,7 +92,7 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig):
         self.started = time.perf_counter()  # time to first step is counted from here
-        self.info = info = dist.init_distributed(cfg.train.device)
+        self.info = info = parallel.init_distributed(cfg.train.device)
         self.threads_note = cpu_threads() if info.device.type == "cpu" else ""
         self.kernel_cache = persistent_kernel_caches() if info.device.type == "cuda" else None
         # the micro-batch depends on the world size, known only now; config.yaml records the value used
@@ -113,7 +113,7 @@ class Trainer:
         if t.parallel == "deepspeed":
             import_deepspeed()  # before out_dir exists: a missing DeepSpeed is a refusal, not a half-made run
         if t.parallel == "hsdp" and info.world_size > 1:
-            dist.hsdp_shape(t.hsdp_shard_size, info.world_size)  # a shard size that does not divide the ranks
+            parallel.hsdp_shape(t.hsdp_shard_size, info.world_size)  # a shard size that does not divide the ranks
         self.model_cfg, self.model, self.controller, self.loader, self.val_data = build_model_and_data(cfg, info)
         # every decision the config left open, made once (train/plan.py): the engine, the progress bar and
         # W&B read it; train.log, config.yaml and the first metrics record say it
@@ -175,10 +175,10 @@ class Trainer:
         else:
             self.resumed_from = Path(t.resume)
         if self.resumed_from is None:
-            self.run_id = dist.broadcast_from_main(identity.new_run_id(), self.info)
+            self.run_id = parallel.broadcast_from_main(identity.new_run_id(), self.info)
             return
         self.run_id, note = identity.check(self.resumed_from, self.ckpt_root, t.resume_foreign)
-        self.run_id = dist.broadcast_from_main(self.run_id, self.info)
+        self.run_id = parallel.broadcast_from_main(self.run_id, self.info)
         self.resume_notes = resume_policy.check(self._resumed_run_config(), self.cfg.to_dict(), self.resumed_from)
         if note:
             self.resume_notes.insert(0, note)
@@ -259,10 +259,10 @@ class Trainer:
         if info.is_main:
             n_params = sum(p.numel() for p in self.model.parameters())
             where = f"resumed from {self.resumed_from}" if self.resumed_from else "from scratch"
-            parallel = t.parallel if info.world_size > 1 or t.parallel == "deepspeed" else "single"
+            layout = t.parallel if info.world_size > 1 or t.parallel == "deepspeed" else "single"
             self.bar.write(
                 f"model {self.model_cfg.name}: {n_params / 1e6:.2f}M params | precision "
-                f"{cfg.precision.name} ({self.controller.backend_name}) | {parallel} "
+                f"{cfg.precision.name} ({self.controller.backend_name}) | {layout} "
                 f"x{info.world_size} on {info.device.type}{self.threads_note} | {t.max_steps} steps x "
                 f"{self.tokens_per_step} tokens | {where}"
                 f"{' | deterministic' if t.deterministic else ''}"
@@ -523,7 +523,7 @@ class Trainer:
             meta,
             state,
             self.cfg.train.keep_last,
-            barrier=lambda: dist.barrier(self.info),
+            barrier=lambda: parallel.barrier(self.info),
         )
         self.checkpoint_seconds = time.perf_counter() - t0  # reported with the next metrics record
         self.unhealthy_since_save = False
@@ -545,7 +545,7 @@ class Trainer:
                 result = fn()
             except rundir.RunDirError as e:
                 problem = str(e)
-        problem = dist.broadcast_from_main(problem, self.info)
+        problem = parallel.broadcast_from_main(problem, self.info)
         if problem:
             raise rundir.RunDirError(problem)
         return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from nvfp4train.dist.processes import run_and_kill_on_timeout
+from nvfp4train.launch.processes import run_and_kill_on_timeout
 from tests.conftest import REPO, cli_env
 
 

@@ -5,8 +5,8 @@ import sys
 import torch
 
 from benchmarks.rht_sum_order import butterfly
-from nvfp4train.dist.processes import run_and_kill_on_timeout
 from nvfp4train.formats import hadamard
+from nvfp4train.launch.processes import run_and_kill_on_timeout
 from tests.conftest import REPO, cli_env, run_train
 
 

@@ -1,4 +1,4 @@
-"""The data room's modules import one way (tokenizer/shards <- prepare <- loader), counting imports
+"""The data package's modules import one way (tokenizer/shards <- prepare <- loader), counting imports
 inside functions too: a cycle hidden in a function body is still a cycle."""
 
 import ast

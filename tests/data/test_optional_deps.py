@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from nvfp4train.config import WandbConfig
+from nvfp4train.config.schema import ConfigError
 from nvfp4train.data.inputs import iter_documents
-from nvfp4train.schema import ConfigError
 from nvfp4train.train.metrics import MetricsLogger
 
 

@@ -1,4 +1,4 @@
-"""One config mechanism: every section is a dataclass checked by nvfp4train.schema, defaults live in the
+"""One config mechanism: every section is a dataclass checked by nvfp4train.config.schema, defaults live in the
 dataclasses, presets state only what differs, and a wheel install finds the configs."""
 
 import ast
@@ -23,11 +23,11 @@ from nvfp4train.config import (
     check_overrides,
     load_preset,
 )
+from nvfp4train.config.schema import ConfigError, parse
 from nvfp4train.data.config import DataConfig, PhaseSpec, SourceConfig, parse_data_config
 from nvfp4train.model.config import ModelConfig
 from nvfp4train.optim import OptimConfig, ScheduleConfig
 from nvfp4train.precision.recipe import PrecisionPolicy, SwitchConfig
-from nvfp4train.schema import ConfigError, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = [

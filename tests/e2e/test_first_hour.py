@@ -14,7 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from nvfp4train.config import CONFIG_DIR, TrainConfig
-from nvfp4train.dist.processes import run_and_kill_on_timeout
+from nvfp4train.launch.processes import run_and_kill_on_timeout
 from tests.conftest import REPO, cli_env, read_metrics
 from tests.e2e.test_optional_imports import run_blocked
 

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from nvfp4train.dist.processes import run_and_kill_on_timeout
+from nvfp4train.launch.processes import run_and_kill_on_timeout
 from tests.conftest import REPO, cli_env
 
 STEPS = "train.max_steps=2"

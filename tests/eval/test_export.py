@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from nvfp4train.dist.processes import run_and_kill_on_timeout
 from nvfp4train.eval import load_run_model
 from nvfp4train.export import from_hf_state, load_export, main
+from nvfp4train.launch.processes import run_and_kill_on_timeout
 from tests.conftest import REPO, cli_env, run_train
 from tests.eval.conftest import TINY
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from nvfp4train.data import load_tokenizer
-from nvfp4train.dist.processes import run_and_kill_on_timeout
 from nvfp4train.eval import harness, load_run_model
 from nvfp4train.export import main as export_main
+from nvfp4train.launch.processes import run_and_kill_on_timeout
 from tests.conftest import REPO, cli_env
 
 pytest.importorskip("lm_eval")

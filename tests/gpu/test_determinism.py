@@ -17,8 +17,8 @@ import torch
 # cuBLAS reads its workspace setting once, when this process first uses it: set before any test runs
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-from nvfp4train.dist.processes import run_and_kill_on_timeout
-from nvfp4train.model import blocks, ssd
+from nvfp4train.launch.processes import run_and_kill_on_timeout
+from nvfp4train.model import blocks, ops, ssd
 from nvfp4train.train.determinism import deterministic_mode
 from tests.conftest import REPO, cli_env
 
@@ -57,13 +57,13 @@ def _ssd_inputs(b=4, T=1024, h=16, p=64, g=4, n=64):
 
 @pytest.mark.parametrize("backend", ["auto", "torch"])
 def test_the_ssd_repeats_bitwise_in_deterministic_mode(backend):
-    if backend == "auto" and not ssd.triton_ssd_deterministic_mode():
+    if backend == "auto" and not ops.triton_ssd_deterministic_mode():
         pytest.skip("mamba-ssm >= 2.3 (its Triton kernels with a deterministic mode) is not installed")
     with deterministic_mode(True):
         first, second = _twice(lambda *t: ssd.ssd_scan(*t, chunk_size=128, backend=backend), *_ssd_inputs())
         _assert_bitwise(first, second)
         if backend == "auto":
-            modules = [sys.modules[f"mamba_ssm.ops.triton.{m}"] for m in ssd.SSD_TRITON_MODULES]
+            modules = [sys.modules[f"mamba_ssm.ops.triton.{m}"] for m in ops.SSD_TRITON_MODULES]
             from triton.runtime.autotuner import Autotuner
 
             tuners = [k for m in modules for k in vars(m).values() if isinstance(k, Autotuner)]
@@ -74,7 +74,7 @@ def test_the_ssd_repeats_bitwise_in_deterministic_mode(backend):
 
 
 def test_the_deterministic_ssd_matches_the_pytorch_scan():
-    if not ssd.triton_ssd_deterministic_mode():
+    if not ops.triton_ssd_deterministic_mode():
         pytest.skip("mamba-ssm >= 2.3 is not installed")
     inputs = [t.float() if t.dtype == torch.bfloat16 else t for t in _ssd_inputs(b=2, T=512)]
     with deterministic_mode(True):

@@ -14,7 +14,7 @@ cases also without an importable transformer_engine, the DeepSpeed case without 
    3% below its one-GPU loss at step 16, where BF16's agreed within 0.2%).
 4. DDP's step captured as a CUDA graph (train.cuda_graph=true) against eager DDP, uncompiled and compiled.
 
-Every run is the trainer's own command under `python -m nvfp4train.dist.run --standalone --nproc_per_node=2`;
+Every run is the trainer's own command under `python -m nvfp4train.launch --standalone --nproc_per_node=2`;
 runs that are compared start side by side on the same two GPUs (each launcher has its own rendezvous port).
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4train.dist.processes import kill_tree, run_and_kill_on_timeout
+from nvfp4train.launch.processes import kill_tree, run_and_kill_on_timeout
 from nvfp4train.precision import hardware
 from tests.conftest import REPO, cli_env, read_metrics
 
@@ -60,7 +60,7 @@ def launch(jobs: list, out: Path, *overrides: str) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
-        "nvfp4train.dist.run",
+        "nvfp4train.launch",
         "--standalone",
         "--nproc_per_node=2",
         "-m",

@@ -106,17 +106,18 @@ def test_backward_launcher_matches_mamba_ssm(group_size):
     """Our launch of mamba-ssm's backward kernel (more programs, fewer rows each) gives its launcher's dx and
     dz bit for bit (each row is the same computation) and its weight gradient up to the order of the FP32
     partial sums; rows that no program count divides (1000) included."""
-    from nvfp4train.model.fused_norm import _kernels, rms_norm_backward
+    from nvfp4train.model.fused_norm import rms_norm_backward
+    from nvfp4train.model.ops import gated_norm_kernels
 
     g = torch.Generator(device="cuda").manual_seed(2)
     M, N = 1000, 2048
     x, dy, z = (torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
     w = torch.rand(N, device="cuda", generator=g) + 0.5
     z = z if group_size < N else None
-    _, _, rstd = _kernels()._layer_norm_fwd(
+    _, _, rstd = gated_norm_kernels()._layer_norm_fwd(
         x, w, None, 1e-5, z=z, group_size=group_size, norm_before_gate=False, is_rms_norm=True
     )
-    want_dx, want_dw, _, want_dz = _kernels()._layer_norm_bwd(
+    want_dx, want_dw, _, want_dz = gated_norm_kernels()._layer_norm_bwd(
         dy, x, w, None, 1e-5, None, rstd, z, group_size, False, True
     )
     for warps_per_sm in (4, 32, 10_000):

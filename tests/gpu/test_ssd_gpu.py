@@ -38,7 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from nvfp4train.model import build_model
-from nvfp4train.model.ssd import load_triton_ssd, ssd_scan
+from nvfp4train.model.ops import load_triton_ssd
+from nvfp4train.model.ssd import ssd_scan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -121,7 +121,7 @@ def test_compile_triton_ssd_one_graph():
     """The Triton scan is a custom op: the model compiles to one graph and matches eager (BF16 rounding)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from nvfp4train.model.ssd import triton_ssd_available
+    from nvfp4train.model.ops import triton_ssd_available
 
     if not triton_ssd_available():
         pytest.skip("mamba-ssm's Triton SSD is not installed")

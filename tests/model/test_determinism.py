@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from nvfp4train.config import ConfigError, RunConfig, compose
-from nvfp4train.model import blocks, ssd
+from nvfp4train.model import blocks, ops, ssd
 from nvfp4train.train import determinism
 from nvfp4train.train.loop import run
 from tests.conftest import read_metrics
@@ -265,10 +265,10 @@ def test_mamba_ssm_s_autotuned_kernels_are_pinned_and_given_back():
     module = types.ModuleType("fake_ssd")
     module.kernel, module.not_a_kernel = kernel, 3
     kernel.cache[("key",)] = configs[0]  # a choice timed earlier in this process
-    assert ssd.pin_triton_configs([module], True) == 1
+    assert ops.pin_triton_configs([module], True) == 1
     assert kernel.configs == [configs[1]] and not kernel.cache  # the smallest, the first of equals
-    assert ssd.pin_triton_configs([module], True) == 0
-    assert ssd.pin_triton_configs([module], False) == 1
+    assert ops.pin_triton_configs([module], True) == 0
+    assert ops.pin_triton_configs([module], False) == 1
     assert kernel.configs == configs
 
 
@@ -296,11 +296,11 @@ def test_a_default_run_records_that_it_was_not_deterministic(tmp_path):
 
 
 def test_mamba_s_backward_cumsums_are_let_through_only_for_that_call():
-    with ssd._mamba_backward_cumsums_allowed():  # outside deterministic mode: nothing changes
+    with ops.backward_cumsums_allowed():  # outside deterministic mode: nothing changes
         assert not torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        with ssd._mamba_backward_cumsums_allowed():
+        with ops.backward_cumsums_allowed():
             assert torch.is_deterministic_algorithms_warn_only_enabled()
         assert torch.are_deterministic_algorithms_enabled()
         assert not torch.is_deterministic_algorithms_warn_only_enabled()

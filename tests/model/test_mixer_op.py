@@ -37,7 +37,7 @@ def _run(mixer, u, grad, fused: bool, monkeypatch):
 @pytest.mark.gpu
 def test_one_op_equals_the_separate_layers(cuda_device, monkeypatch):
     from nvfp4train.model.fused_norm import fused_norm_available
-    from nvfp4train.model.ssd import triton_ssd_available
+    from nvfp4train.model.ops import triton_ssd_available
 
     if not (triton_ssd_available() and fused_norm_available()):
         pytest.skip("mamba-ssm Triton kernels not importable")
@@ -60,7 +60,7 @@ def test_one_op_equals_the_separate_layers(cuda_device, monkeypatch):
 @pytest.mark.gpu
 def test_op_passes_opcheck(cuda_device):
     from nvfp4train.model.fused_norm import fused_norm_available
-    from nvfp4train.model.ssd import triton_ssd_available
+    from nvfp4train.model.ops import triton_ssd_available
 
     if not (triton_ssd_available() and fused_norm_available()):
         pytest.skip("mamba-ssm Triton kernels not importable")

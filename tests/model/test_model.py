@@ -48,7 +48,7 @@ def test_rope_changes_attention_output(small_cfg_dict):
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_causal_on_gpu(small_cfg_dict, cuda_device, backend):
-    from nvfp4train.model.ssd import triton_ssd_available
+    from nvfp4train.model.ops import triton_ssd_available
 
     if backend == "triton" and not triton_ssd_available():
         pytest.skip("mamba-ssm Triton SSD not importable")

@@ -137,7 +137,7 @@ def test_packed_scan_reads_x_b_c_as_the_mixer_packs_them():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_matches_torch_reference_forward_and_backward(dtype, cuda_device):
     device = cuda_device
-    from nvfp4train.model.ssd import triton_ssd_available
+    from nvfp4train.model.ops import triton_ssd_available
 
     if not triton_ssd_available():
         pytest.skip("mamba-ssm Triton SSD not importable")
@@ -165,7 +165,8 @@ def test_triton_custom_op_equals_mamba_function_and_passes_opcheck(cuda_device):
     in one tensor: the same output as mamba_chunk_scan_combined and the same gradients (up to the order of
     mamba-ssm's atomic adds), x's, B's and C's written into one gradient tensor; opcheck checks its fake
     (shape) and autograd registrations."""
-    from nvfp4train.model.ssd import _ssd_scan_triton, load_triton_ssd, triton_ssd_available
+    from nvfp4train.model.ops import load_triton_ssd, triton_ssd_available
+    from nvfp4train.model.ssd import _ssd_scan_triton
 
     if not triton_ssd_available():
         pytest.skip("mamba-ssm Triton SSD not importable")

@@ -76,9 +76,9 @@ def test_the_training_step_runs_its_products_through_it(monkeypatch):
     """The engine's CPU step (forward and backward) runs inside the mode where the CPU lacks BF16 GEMMs, and its
     loss and gradients are those of PyTorch's BF16 GEMMs up to FP32 sum order."""
     from nvfp4train.config import load_preset
-    from nvfp4train.dist import DistInfo
     from nvfp4train.model import HybridLM, ModelConfig, param_groups
     from nvfp4train.optim import OptimConfig
+    from nvfp4train.parallel import DistInfo
     from nvfp4train.train.engines import TorchEngine
 
     seen = []

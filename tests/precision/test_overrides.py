@@ -5,8 +5,8 @@ each GEMM is given, that a small model trains under each, and the one-line refus
 import pytest
 import torch
 
+from nvfp4train.config.schema import ConfigError
 from nvfp4train.precision.recipe import DEQUANTIZED_OPERAND
-from nvfp4train.schema import ConfigError
 
 from .helpers import GemmSpy, inputs, load_preset, make_layer, run
 from .test_compile import loss_and_grads

@@ -218,7 +218,7 @@ def test_four_over_six_scopes_follow_te_and_ours():
     ],
 )
 def test_te_option_combinations_neither_allows_are_refused_in_one_line(overrides, message):
-    from nvfp4train.schema import ConfigError
+    from nvfp4train.config.schema import ConfigError
 
     with pytest.raises(ConfigError) as info:
         load_preset("nvfp4", **overrides)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from nvfp4train.dist.processes import run_and_kill_on_timeout
+from nvfp4train.launch.processes import run_and_kill_on_timeout
 from nvfp4train.precision import PrecisionController, build_linear_factory, hardware
 from nvfp4train.precision.backends import EMULATED, TE, resolve_backend
 
@@ -341,7 +341,7 @@ def test_te_training_resumes_from_a_checkpoint(tmp_path):
     then steps 5-8 again from step 4's checkpoint (a new timeline in the same out_dir). GPU kernels are
     not run-to-run deterministic here (docs/results/resume_gpu.md): the resumed losses are compared to
     a tolerance, not bitwise."""
-    from nvfp4train.dist.processes import run_and_kill_on_timeout
+    from nvfp4train.launch.processes import run_and_kill_on_timeout
     from tests.conftest import REPO, cli_env, read_metrics, train_cmd
 
     common = [

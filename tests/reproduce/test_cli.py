@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from nvfp4train.dist.processes import run_and_kill_on_timeout
+from nvfp4train.launch.processes import run_and_kill_on_timeout
 from tests.conftest import REPO, cli_env
 
 TINY = """

@@ -84,7 +84,7 @@ def test_setup_line_says_where_the_data_starts_repeating(tmp_path):
 
 
 def test_copy_results_refuses_a_link_in_a_run_and_copies_the_others(tmp_path):
-    from nvfp4train.dist.processes import run_and_kill_on_timeout
+    from nvfp4train.launch.processes import run_and_kill_on_timeout
     from tests.conftest import REPO, cli_env
 
     runs_dir, results = tmp_path / "runs", tmp_path / "results"

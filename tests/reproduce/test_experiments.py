@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nvfp4train.dist.processes import run_and_kill_on_timeout
+from nvfp4train.launch.processes import run_and_kill_on_timeout
 from nvfp4train.reproduce.experiments import EXPERIMENTS_DIR, UsageError, all_experiments, load_experiment
 from nvfp4train.reproduce.plan import model_params, plan_experiment
 from tests.conftest import REPO, cli_env

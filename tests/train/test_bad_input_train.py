@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from nvfp4train.config import ConfigError, RunConfig, compose
-from nvfp4train.dist.processes import run_and_kill_on_timeout
+from nvfp4train.launch.processes import run_and_kill_on_timeout
 from nvfp4train.train import checkpoint
 from nvfp4train.train.checkpoint import CheckpointError
 from nvfp4train.train.loop import run

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from nvfp4train.dist import DistInfo
 from nvfp4train.optim import OptimConfig
+from nvfp4train.parallel import DistInfo
 from nvfp4train.train import checkpoint
 from nvfp4train.train.checkpoint import CheckpointError
 from nvfp4train.train.engines import TorchEngine

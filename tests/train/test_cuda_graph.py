@@ -11,12 +11,12 @@ import torch
 
 from nvfp4train.config import load_preset
 from nvfp4train.config.run import FsdpReshard, Parallel, TrainConfig
-from nvfp4train.dist import DistInfo
+from nvfp4train.config.schema import ConfigError
 from nvfp4train.model import HybridLM, ModelConfig, param_groups
 from nvfp4train.optim import OptimConfig
+from nvfp4train.parallel import DistInfo
 from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_linear_factory
 from nvfp4train.precision.linear import QuantLinear
-from nvfp4train.schema import ConfigError
 from nvfp4train.train.cuda_graph import cuda_graph_blocker
 from nvfp4train.train.engines import TorchEngine
 from nvfp4train.train.plan import RunFacts, decide_cuda_graph, plan_run

@@ -1,4 +1,4 @@
-"""nvfp4train.dist.processes: a launched job ends whole. torchrun starts each worker in a session of its own
+"""nvfp4train.launch.processes: a launched job ends whole. torchrun starts each worker in a session of its own
 (so killpg of the launcher misses them, and they train on without it); a launcher of that shape stands in
 for it here, a real one in tests/gpu/test_distributed_gpu.py."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nvfp4train.dist.processes import descendants, kill_tree, run_and_kill_on_timeout
+from nvfp4train.launch.processes import descendants, kill_tree, run_and_kill_on_timeout
 
 
 def launcher(tag: str = "") -> str:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from nvfp4train.dist.processes import run_and_kill_on_timeout
+from nvfp4train.launch.processes import run_and_kill_on_timeout
 from tests.conftest import REPO, cli_env, read_metrics, run_torchrun, run_train
 
 COMMON = [

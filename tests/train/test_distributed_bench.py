@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from nvfp4train.dist.processes import run_and_kill_on_timeout
+from nvfp4train.launch.processes import run_and_kill_on_timeout
 from tests.conftest import REPO, cli_env
 
 TRAIN_KEYS = {
@@ -58,7 +58,7 @@ def test_bench_comm_two_gloo_ranks(tmp_path):
         [
             sys.executable,
             "-m",
-            "nvfp4train.dist.run",
+            "nvfp4train.launch",
             "--standalone",
             "--nproc_per_node=2",
             "benchmarks/bench_comm.py",

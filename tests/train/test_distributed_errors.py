@@ -2,14 +2,14 @@
 
 Stock torchrun: rank 0 prints the line once and every rank records it in torchrun's error file, so
 torchrun's summary shows it instead of "To enable traceback see ..." (torchrun's own traceback of its
-ChildFailedError stays: stock torchrun always prints one). `python -m nvfp4train.dist.run`, torchrun with
+ChildFailedError stays: stock torchrun always prints one). `python -m nvfp4train.launch`, torchrun with
 the same options, prints only the line and exits with the worker's code."""
 
 import sys
 
 import pytest
 
-from nvfp4train.dist.processes import run_and_kill_on_timeout
+from nvfp4train.launch.processes import run_and_kill_on_timeout
 from tests.conftest import REPO, cli_env, read_metrics, run_torchrun
 
 TINY = ["train.max_steps=2", "train.global_batch_size=4", "train.seq_len=32", "train.progress=false"]
@@ -23,7 +23,7 @@ def _launch(launcher: str, out, *overrides, timeout=300):
 
 
 def test_launcher_prints_one_line_and_the_workers_exit_code(tmp_path):
-    proc = _launch("nvfp4train.dist.run", tmp_path / "run", *REFUSED_BY_TRAINER)
+    proc = _launch("nvfp4train.launch", tmp_path / "run", *REFUSED_BY_TRAINER)
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(LINE), lines
@@ -31,7 +31,7 @@ def test_launcher_prints_one_line_and_the_workers_exit_code(tmp_path):
 
 
 def test_launcher_refuses_a_bad_value_before_starting_workers(tmp_path):
-    proc = _launch("nvfp4train.dist.run", tmp_path / "run", "train.zero_stage=3", timeout=120)
+    proc = _launch("nvfp4train.launch", tmp_path / "run", "train.zero_stage=3", timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert proc.stderr.startswith("error: train.zero_stage=3") and "[1, 2]" in proc.stderr
@@ -39,7 +39,7 @@ def test_launcher_refuses_a_bad_value_before_starting_workers(tmp_path):
 
 
 def test_the_readme_launcher_names_a_global_batch_that_fits_three_ranks(tmp_path):
-    """README's multi-process line (nvfp4train.dist.run) on 3 ranks with the default global batch of 16: the one
+    """README's multi-process line (nvfp4train.launch) on 3 ranks with the default global batch of 16: the one
     line names the batch sizes that fit, before any worker starts."""
     out = tmp_path / "run"
     proc = run_torchrun(f"out_dir={out}", "train.parallel=fsdp2", nproc=3, check=False, timeout=120)
@@ -85,7 +85,7 @@ def test_eval_sequences_zero_means_no_evaluation(tmp_path):
 
 @pytest.mark.parametrize("argv, code", [(["-m", "nvfp4train.train", "train.zero_stage=3"], 2)])
 def test_precheck_names_the_key(argv, code):
-    from nvfp4train.dist.run import precheck
+    from nvfp4train.launch.torchrun import precheck
 
     line = precheck(argv[2:])
     assert line is not None and line.startswith("error: train.zero_stage=3")

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed
 
-from nvfp4train import dist
+from nvfp4train import parallel
 from nvfp4train.config import TrainConfig
 from nvfp4train.model import HybridLM, ModelConfig
 from nvfp4train.model.hybrid import param_groups
@@ -20,18 +20,18 @@ from tests.conftest import SMALL_MODEL, read_metrics, run_torchrun, run_train
 from tests.precision.helpers import load_preset
 
 SMALL = {**SMALL_MODEL, "name": "fsdp_small"}
-CPU = dist.DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
+CPU = parallel.DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
 
 
 def test_reshard_auto_keeps_gathered_weights_when_they_are_small():
-    memory = dist.device_memory_bytes(CPU.device)
-    small = int(dist.KEEP_GATHERED_MAX_SHARE * memory / 2)  # exactly at the limit: kept
-    keep, why = dist.resolve_reshard_after_forward("auto", small, CPU)
+    memory = parallel.device_memory_bytes(CPU.device)
+    small = int(parallel.KEEP_GATHERED_MAX_SHARE * memory / 2)  # exactly at the limit: kept
+    keep, why = parallel.resolve_reshard_after_forward("auto", small, CPU)
     assert keep is False and "auto -> false" in why and "GB" in why
-    reshard, why = dist.resolve_reshard_after_forward("auto", small + 10**6, CPU)
+    reshard, why = parallel.resolve_reshard_after_forward("auto", small + 10**6, CPU)
     assert reshard is True and "auto -> true" in why
-    assert dist.resolve_reshard_after_forward("true", 1, CPU)[0] is True
-    assert dist.resolve_reshard_after_forward("false", 10**15, CPU)[0] is False
+    assert parallel.resolve_reshard_after_forward("true", 1, CPU)[0] is True
+    assert parallel.resolve_reshard_after_forward("false", 10**15, CPU)[0] is False
 
 
 @pytest.mark.parametrize("value, expected", [(True, "true"), (False, "false"), ("auto", "auto")])
@@ -55,21 +55,21 @@ def test_reshard_fsdp_frees_the_weights_an_evaluation_left_gathered(one_rank_gro
     from torch.distributed.tensor import DTensor
 
     model = HybridLM(ModelConfig.from_dict(SMALL))
-    dist.shard_fsdp2(model, reshard_after_forward=reshard_after_forward)
+    parallel.shard_fsdp2(model, reshard_after_forward=reshard_after_forward)
     assert all(isinstance(p, DTensor) for p in model.parameters())  # sharded
     with torch.no_grad():
         model(torch.randint(0, SMALL["vocab_size"], (1, 16)))
     gathered = [p for p in model.parameters() if not isinstance(p, DTensor)]
     assert gathered and any(p is q for p in gathered for q in model.blocks[-1].parameters())
-    dist.reshard_fsdp(model)
+    parallel.reshard_fsdp(model)
     assert all(isinstance(p, DTensor) for p in model.parameters())
-    dist.reshard_fsdp(HybridLM(ModelConfig.from_dict(SMALL)))  # no FSDP2: nothing to do
+    parallel.reshard_fsdp(HybridLM(ModelConfig.from_dict(SMALL)))  # no FSDP2: nothing to do
 
 
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_prefetch_reaches_fsdp2(one_rank_group, prefetch):
     model = HybridLM(ModelConfig.from_dict(SMALL))
-    dist.shard_fsdp2(model, reshard_after_forward=True, prefetch=prefetch)
+    parallel.shard_fsdp2(model, reshard_after_forward=True, prefetch=prefetch)
     blocks = list(model.blocks)
     forward = [block._get_fsdp_state()._states_to_forward_prefetch for block in blocks]
     backward = [block._get_fsdp_state()._states_to_backward_prefetch for block in blocks]
@@ -174,6 +174,6 @@ def test_fsdp2_is_silent_about_the_views_this_model_never_modifies(one_rank_grou
     tokens = torch.randint(0, SMALL["vocab_size"], (1, 16))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        dist.shard_fsdp2(model)
+        parallel.shard_fsdp2(model)
         model(tokens, tokens).backward()
     assert not [w for w in caught if "returned a view tensor" in str(w.message)], [str(w.message) for w in caught]

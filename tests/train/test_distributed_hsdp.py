@@ -6,8 +6,8 @@ one line naming the key."""
 
 import pytest
 
-from nvfp4train import dist
-from nvfp4train.schema import ConfigError
+from nvfp4train import parallel
+from nvfp4train.config.schema import ConfigError
 from tests.conftest import read_metrics, run_torchrun, run_train
 
 COMMON = [
@@ -24,18 +24,22 @@ COMMON = [
 def test_hsdp_shape_reads_the_node_size(monkeypatch):
     monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    assert dist.hsdp_shape(0, 16) == (2, 8) and dist.hsdp_shape(4, 16) == (4, 4) and dist.hsdp_shape(16, 16) == (1, 16)
+    assert (
+        parallel.hsdp_shape(0, 16) == (2, 8)
+        and parallel.hsdp_shape(4, 16) == (4, 4)
+        and parallel.hsdp_shape(16, 16) == (1, 16)
+    )
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4(x2)")  # srun without torchrun: 4 tasks on each of 2 nodes
-    assert dist.hsdp_shape(0, 8) == (2, 4)
+    assert parallel.hsdp_shape(0, 8) == (2, 4)
     monkeypatch.delenv("SLURM_NTASKS_PER_NODE")
-    assert dist.hsdp_shape(0, 6) == (1, 6)  # no node size known: one replica over every rank
+    assert parallel.hsdp_shape(0, 6) == (1, 6)  # no node size known: one replica over every rank
     refusal = r"^train.hsdp_shard_size=3 does not divide the 4 ranks; allowed: 0 .* 1, 2, 4$"
     with pytest.raises(ConfigError, match=refusal):
-        dist.hsdp_shape(3, 4)
+        parallel.hsdp_shape(3, 4)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
     with pytest.raises(ConfigError, match=r"train.hsdp_shard_size=0 \(the ranks of a node: 3\) does not divide"):
-        dist.hsdp_shape(0, 4)
+        parallel.hsdp_shape(0, 4)
 
 
 def test_hsdp_on_four_ranks_tracks_one_process_and_resumes(tmp_path):

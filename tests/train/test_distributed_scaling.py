@@ -64,9 +64,9 @@ def test_calibrated_overhead_reproduces_the_measurement():
 
 
 def test_auto_reshard_matches_the_trainer_policy():
-    from nvfp4train import dist
+    from nvfp4train import parallel
 
-    assert sm.KEEP_GATHERED_MAX_SHARE == dist.KEEP_GATHERED_MAX_SHARE
+    assert sm.KEEP_GATHERED_MAX_SHARE == parallel.KEEP_GATHERED_MAX_SHARE
     assert sm.reshard_auto(sm.MODELS["hybrid_1b"]["params"]) is False
     assert sm.reshard_auto(sm.MODELS["nemotron_h_8b"]["params"]) is True
 

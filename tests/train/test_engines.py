@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nvfp4train.dist import DistInfo
 from nvfp4train.optim import OptimConfig
+from nvfp4train.parallel import DistInfo
 from nvfp4train.train.engines import TorchEngine
 from nvfp4train.train.guards import NonFiniteGuard, TrainingHalted
 from nvfp4train.train.plan import decide_compile

@@ -7,8 +7,8 @@ import torch
 import torch.distributed
 from torch.distributed.tensor import DTensor
 
-from nvfp4train.dist import shard_fsdp2
 from nvfp4train.model import HybridLM, ModelConfig
+from nvfp4train.parallel import shard_fsdp2
 from tests.conftest import SMALL_MODEL
 
 SMALL = {**SMALL_MODEL, "name": "fsdp_small"}

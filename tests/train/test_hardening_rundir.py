@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from nvfp4train.data import TokenShards, prepare_split
-from nvfp4train.dist.processes import run_and_kill_on_timeout
+from nvfp4train.launch.processes import run_and_kill_on_timeout
 from tests.conftest import REPO, cli_env, read_metrics, run_train, train_cmd
 
 ARGS = [

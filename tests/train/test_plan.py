@@ -9,7 +9,7 @@ import torch
 
 from nvfp4train.config import ConfigError, RunConfig, load_preset
 from nvfp4train.config.run import TrainConfig, WandbConfig
-from nvfp4train.dist import DistInfo
+from nvfp4train.parallel import DistInfo
 from nvfp4train.runs import is_record
 from nvfp4train.train import rundir
 from nvfp4train.train.plan import RunFacts, plan_run, tri_state

@@ -126,7 +126,7 @@ def test_launcher_stopped_by_a_signal_exits_with_the_workers_code_and_no_traceba
     passes the signal on, and exits as one trainer would: 0 after SIGTERM (checkpoint saved, requeue), 130
     after Ctrl-C."""
     out = tmp_path / "run"
-    proc = _launch(spawn, "nvfp4train.dist.run", out)
+    proc = _launch(spawn, "nvfp4train.launch", out)
     _wait_for_steps(out, proc, n=3)
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=300)
@@ -142,7 +142,7 @@ def test_launcher_stopped_by_a_signal_exits_with_the_workers_code_and_no_traceba
 
 def test_launcher_says_which_rank_it_killed_when_the_shutdown_timeout_ran_out(tmp_path, spawn):
     out = tmp_path / "run"
-    proc = _launch(spawn, "nvfp4train.dist.run", out, "--shutdown_timeout=0")  # SIGKILL right after SIGTERM
+    proc = _launch(spawn, "nvfp4train.launch", out, "--shutdown_timeout=0")  # SIGKILL right after SIGTERM
     _wait_for_steps(out, proc, n=3)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=300)

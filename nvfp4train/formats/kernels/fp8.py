@@ -351,8 +351,8 @@ def _fp8_blockwise_rowcol_kernel(
     the column copy is made from the tile transposed, not from codes transposed: shared memory moves 16-bit
     words without the bank conflicts of single bytes. Each program's scales are contiguous runs: both scale
     tensors are stored with the 128-element blocks' index outermost ([row_width / 128, tokens] and
-    [tokens / 128, features]), which is also the layout torch._scaled_mm takes them in. Together: 238 -> 194 us
-    at 16384 x 8192 on an H200 (docs/results/bench/fp8_targets.md).
+    [tokens / 128, features]), which is also the layout torch._scaled_mm takes them in. What these gain:
+    docs/results/code-measurements.md.
 
     PROLOGUE (bf16 x): the tile quantized is `apply_prologue`'s output (a_ptr: the activation's input, read for
     squared_relu_grad), so the activation's output is never written."""

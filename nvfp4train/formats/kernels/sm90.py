@@ -4,13 +4,11 @@ checks (tests/formats/test_triton.py) use, and SASS instructions per element of 
     python -m nvfp4train.formats.kernels.sm90                      # every kernel variant below
     python -m nvfp4train.formats.kernels.sm90 --kernels rht_rowwise_rne dequantize_nvfp4
 
-The quantizers are bound by instruction issue, not memory (Nsight Compute on an H100, 2026-11-25: the RHT +
-rowwise kernel at 79% SM throughput and 18% of DRAM bandwidth), so the machine code a kernel runs per
-element is a fair proxy for its speed where no GPU is at hand: 129 -> 86 instructions per element for that
-kernel came with 50.1 -> 33.0 ms a hybrid_1b step on the H100, and 65 -> 57 and 83 -> 70 (2026-11-27) with
-kernels 12-14% faster on an H200. The proxy holds only while the memory access pattern stays: a version of
-that cut which loaded each 16-element block as two strided halves had fewer instructions still and a slower
-kernel, waiting on memory (docs/results/bench/fp8_targets.md). Time a cut on a GPU before keeping it. Each
+The quantizers are bound by instruction issue, not memory (Nsight Compute), so the machine code a kernel runs
+per element is a fair proxy for its speed where no GPU is at hand: fewer instructions per element have come with
+faster kernels and steps. The proxy holds only while the memory access pattern stays: a cut that loaded each
+16-element block as two strided halves had fewer instructions still and a slower kernel, waiting on memory (the
+numbers: docs/results/code-measurements.md). Time a cut on a GPU before keeping it. Each
 variant is compiled as the launcher runs it (its block shape, warps and constexprs; pointers 16-byte aligned
 and sizes divisible by 16, as Triton's JIT specializes them at run time), disassembled with the nvdisasm
 Triton ships, and its static instruction count divided by the elements a thread handles (the kernels are

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nvfp4train.schema import ConfigError
+from nvfp4train.config.schema import ConfigError
 
 from ..operands import operand_format
 from ..recipe import PrecisionPolicy

@@ -11,7 +11,7 @@ does (compile, capture, FSDP2's resharding) was decided before it is built: trai
 
 from __future__ import annotations
 
-from nvfp4train import dist
+from nvfp4train import parallel
 from nvfp4train.optim import OptimConfig
 from nvfp4train.train.engines.base import Engine, StepStats
 from nvfp4train.train.engines.deepspeed import (
@@ -24,7 +24,7 @@ from nvfp4train.train.engines.torch import TorchEngine, allow_a_compile_per_bloc
 from nvfp4train.train.plan import RunPlan
 
 
-def build_engine(model, groups, optim_cfg: OptimConfig, plan: RunPlan, train_cfg, info: dist.DistInfo) -> Engine:
+def build_engine(model, groups, optim_cfg: OptimConfig, plan: RunPlan, train_cfg, info: parallel.DistInfo) -> Engine:
     """The engine `plan` says, for `model` (`groups(model)`: its optimizer parameter groups). `train_cfg`
     gives the explicit settings the plan leaves as they are (activation checkpointing, ZeRO stage, FSDP2's
     prefetch, DDP's bucket size)."""

@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from nvfp4train import dist
+from nvfp4train import parallel
+from nvfp4train.config.schema import ConfigError
 from nvfp4train.optim import OptimConfig
 from nvfp4train.precision.cpu_bf16 import cpu_bf16_matmuls
-from nvfp4train.schema import ConfigError
 from nvfp4train.train import checkpoint
 from nvfp4train.train.engines.base import StepStats
 
@@ -43,8 +43,8 @@ def deepspeed_arch_list(current: str | None, capability: tuple[int, int]) -> str
 
     DeepSpeed's builder reads the variable (or torch's own arch list, which for torch's CUDA wheels
     holds "9.0a") with int() on each part and fails on the suffix (ValueError: invalid literal for
-    int() with base 10: '0a') before any op is built. Measured on 2x H200 (docs/results/resume_gpu.md):
-    ZeRO-1/2 train with the variable set to "9.0"."""
+    int() with base 10: '0a') before any op is built. ZeRO-1/2 train with the variable set to "9.0"
+    (docs/results/resume_gpu.md)."""
     if not current or not current.strip():
         return f"{capability[0]}.{capability[1]}"
     out = []
@@ -108,7 +108,7 @@ class DeepSpeedEngine:
         zero_stage: int,
         grad_accum: int,
         micro_batch_size: int,
-        info: dist.DistInfo,
+        info: parallel.DistInfo,
     ):
         deepspeed = import_deepspeed()
         _ensure_rendezvous_env()
@@ -159,7 +159,7 @@ class DeepSpeedEngine:
                 self.engine.backward(loss)
             losses.append(loss.detach())
             if i == n - 1:
-                loss_value = dist.all_reduce_mean(torch.stack(losses).mean(), self.info).item()
+                loss_value = parallel.all_reduce_mean(torch.stack(losses).mean(), self.info).item()
                 if not math.isfinite(loss_value):
                     self.engine.optimizer.zero_grad()
             self.engine.step()
@@ -182,7 +182,7 @@ class DeepSpeedEngine:
 
     def close(self) -> None:
         """Nothing to free: DeepSpeed's engine holds no CUDA graph (the process group is shut down once, after
-        every run: dist.shutdown)."""
+        every run: parallel.shutdown)."""
 
     def state_is_finite(self) -> torch.Tensor:
         """This rank's BF16 weights, FP32 master partitions and Adam moments, all finite (a device bool)."""

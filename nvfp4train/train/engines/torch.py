@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from nvfp4train import dist
 from nvfp4train.optim import OptimConfig, build_optimizer
+from nvfp4train.parallel import DistInfo, all_reduce_mean, reshard_fsdp, wrap_model
 from nvfp4train.precision.controller import drop_weight_caches_after_each_step
 from nvfp4train.precision.cpu_bf16 import cpu_bf16_matmuls
 from nvfp4train.precision.linear import QuantLinear
@@ -91,7 +91,7 @@ class TorchEngine:
         groups: list[dict],
         optim_cfg: OptimConfig,
         parallel: str,
-        info: dist.DistInfo,
+        info: DistInfo,
         compile: bool = False,
         reshard_after_forward: bool = True,
         cuda_graph: bool = False,
@@ -110,7 +110,7 @@ class TorchEngine:
         ddp_graph = cuda_graph and parallel == "ddp" and info.world_size > 1
         self.keep_grad_buffers = ddp_graph or (cuda_graph and self.fsdp)
         # FSDP2 swaps parameters: the optimizer is built after
-        self.wrapped = dist.wrap_model(
+        self.wrapped = wrap_model(
             model,
             parallel,
             info,
@@ -160,7 +160,7 @@ class TorchEngine:
                 warmup_steps=DDP_WARMUP_STEPS if ddp_graph else 2,
                 sync_context=self._sync_context,
                 distributed=self.keep_grad_buffers,
-                reshard=(lambda: dist.reshard_fsdp(model)) if self.fsdp else None,
+                reshard=(lambda: reshard_fsdp(model)) if self.fsdp else None,
             )
 
     def captured_at(self, start_step: int) -> int | None:
@@ -188,7 +188,7 @@ class TorchEngine:
                         loss = self.forward(x, y)  # the model's fused, chunked cross-entropy (model/loss.py)
                     (loss / n).backward()
                 loss_sum += loss.detach()
-        loss_t = dist.all_reduce_mean(loss_sum / n, self.info)
+        loss_t = all_reduce_mean(loss_sum / n, self.info)
         max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
         if self.fused_clipping:
             # clip_grad_norm_'s norm and coefficient; the optimizer's kernel applies the coefficient as it reads
@@ -210,7 +210,7 @@ class TorchEngine:
         """An evaluation ran the model: with a captured FSDP2 step, free the weights its forward left gathered
         (replays gather into the graph's own memory; cuda_graph.py)."""
         if self.step_graph is not None and self.fsdp:
-            dist.reshard_fsdp(self.model)
+            reshard_fsdp(self.model)
 
     def close(self) -> None:
         """Free the step's CUDA graph: NCCL destroys a communicator only once no graph holds its collectives

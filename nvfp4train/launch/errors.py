@@ -4,8 +4,9 @@ Every rank checks the same config and data, so every rank refuses the same way; 
 would repeat the line N times. Rank 0 prints it. Every rank launched by torchrun also writes it to the
 error file torchrun names in TORCHELASTIC_ERROR_FILE, the way torchrun's `@record` would write a
 traceback: torchrun's failure summary then shows the line instead of "To enable traceback see: ...", and
-`python -m nvfp4train.dist.run` (torchrun with a one-line failure, dist/run.py) prints it as the only line.
+`python -m nvfp4train.launch` (torchrun with a one-line failure, launch/torchrun.py) prints it as the only line.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ import os
 import sys
 import time
 
-# Set by nvfp4train.dist.run for the processes it starts: it prints the failing rank's line itself.
+# Set by nvfp4train.launch for the processes it starts: it prints the failing rank's line itself.
 LAUNCHER_PRINTS = "NVFP4TRAIN_LAUNCHER_PRINTS_ERRORS"
 
 

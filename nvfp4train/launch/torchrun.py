@@ -1,4 +1,4 @@
-"""`python -m nvfp4train.dist.run [torchrun options] -m nvfp4train.train [overrides]`: torchrun whose
+"""`python -m nvfp4train.launch [torchrun options] -m nvfp4train.train [overrides]`: torchrun whose
 failures end in one line and the failing rank's exit code.
 
 Stock torchrun answers any worker's non-zero exit with its own Python traceback and a ChildFailedError
@@ -8,12 +8,13 @@ torch.distributed.run underneath) and:
     line and exit 2, in a second, whatever the number of processes;
   - keeps torchrun's own log lines (rendezvous, OMP_NUM_THREADS, "closing signal") quiet;
   - when a worker fails, prints the first failure's line (the `error: ...` the worker recorded in its
-    error file, dist/errors.py) and exits with that worker's exit code (128 + N for a signal N);
+    error file, launch/errors.py) and exits with that worker's exit code (128 + N for a signal N);
   - on SIGTERM or Ctrl-C (stock torchrun: its own SignalException traceback and exit 1), passes the signal
     to the workers, which checkpoint and say so in one line, waits up to --shutdown_timeout (default
     SHUTDOWN_TIMEOUT here, 30 s in torchrun: too short for a large model's checkpoint) and exits with the
     workers' exit code: 0 after SIGTERM (requeue), 130 after Ctrl-C; one line if a worker had to be killed.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +24,7 @@ import signal
 import subprocess
 import sys
 
-from nvfp4train.dist.errors import LAUNCHER_PRINTS
+from nvfp4train.launch.errors import LAUNCHER_PRINTS
 
 TRAIN_MODULE = "nvfp4train.train"
 SHUTDOWN_TIMEOUT = 300  # seconds a worker has, after SIGTERM, to finish its step and write its checkpoint
@@ -75,8 +76,10 @@ def failure_line(exc, script: str) -> tuple[str, int]:
         return f"error: {script}: rank {rank} was killed by {name}", code
     if message.startswith("error: "):
         return message, failure.exitcode
-    return (f"error: {script}: rank {rank} exited with code {failure.exitcode} (its output above says why)",
-            failure.exitcode)
+    return (
+        f"error: {script}: rank {rank} exited with code {failure.exitcode} (its output above says why)",
+        failure.exitcode,
+    )
 
 
 @contextlib.contextmanager
@@ -117,15 +120,18 @@ def stopped_line(sigval: int, exits: dict[int, int], script: str, shutdown_timeo
         return None, 128 + int(sigval)
     for local_rank, code in sorted(exits.items()):
         if code == -signal.SIGKILL:
-            return (f"error: {script}: local rank {local_rank} did not stop within {shutdown_timeout} s of {name} "
-                    f"and was killed (its checkpoint was not written; raise --shutdown_timeout)"), 137
+            return (
+                f"error: {script}: local rank {local_rank} did not stop within {shutdown_timeout} s of {name} "
+                f"and was killed (its checkpoint was not written; raise --shutdown_timeout)"
+            ), 137
     codes = set(exits.values())
     if len(codes) == 1:  # all alike: each rank has said its own line (checkpoint saved, or why not)
         code = codes.pop()
         return None, 128 - code if code < 0 else code
     local_rank, code = next((r, c) for r, c in sorted(exits.items()) if c != 0)
-    return (f"error: {script}: after {name}, local rank {local_rank} exited with code {code} "
-            f"(its output above says why)"), 128 - code if code < 0 else code
+    return (
+        f"error: {script}: after {name}, local rank {local_rank} exited with code {code} (its output above says why)"
+    ), 128 - code if code < 0 else code
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -137,7 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.shutdown_timeout is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
         args.shutdown_timeout = SHUTDOWN_TIMEOUT
     shutdown_timeout = (
-        args.shutdown_timeout if args.shutdown_timeout is not None
+        args.shutdown_timeout
+        if args.shutdown_timeout is not None
         else int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 30))
     )
     if args.module and args.training_script == TRAIN_MODULE:

@@ -1,4 +1,4 @@
-"""Ending a launched job whole: torchrun (and `python -m nvfp4train.dist.run`) starts each worker in a session
+"""Ending a launched job whole: torchrun (and `python -m nvfp4train.launch`) starts each worker in a session
 of its own, so a signal to the launcher's process group does not reach the workers, and workers whose
 launcher was killed go on running (training to the end, holding their GPUs). The benchmarks, the GPU resume
 checks and the tests that kill a job on purpose end it here: the launcher and every process under it.

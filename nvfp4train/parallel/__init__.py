@@ -3,6 +3,7 @@
 torchrun sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT. A task launched by plain
 `srun` (no torchrun) has only SLURM_* variables: we translate them, so both launch styles work.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from nvfp4train.schema import ConfigError
+from nvfp4train.config.schema import ConfigError
 
 PARALLEL_MODES = ("ddp", "fsdp2", "hsdp", "deepspeed")
 
@@ -40,8 +41,9 @@ def _env_from_slurm() -> None:
     if "MASTER_ADDR" not in os.environ:
         nodelist = os.environ.get("SLURM_JOB_NODELIST", os.environ.get("SLURM_NODELIST", "127.0.0.1"))
         try:  # the first host of a compressed list such as "gpu[01-04]"
-            first = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                                   text=True, check=True).stdout.split()[0]
+            first = subprocess.run(
+                ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
+            ).stdout.split()[0]
         except (OSError, subprocess.CalledProcessError, IndexError):
             first = nodelist.split(",")[0]
         os.environ["MASTER_ADDR"] = first
@@ -58,8 +60,10 @@ def init_distributed(device: str = "auto") -> DistInfo:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError("train.device=cuda: no CUDA GPU is visible (torch.cuda.is_available() is False); "
-                              "use train.device=cpu or auto")
+            raise ConfigError(
+                "train.device=cuda: no CUDA GPU is visible (torch.cuda.is_available() is False); "
+                "use train.device=cpu or auto"
+            )
         torch.cuda.set_device(local_rank)
         dev = torch.device("cuda", local_rank)
     elif device == "cpu":
@@ -67,8 +71,12 @@ def init_distributed(device: str = "auto") -> DistInfo:
     else:
         raise ConfigError(f"train.device={device!r}: allowed auto, cpu, cuda")
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo",
-                                rank=rank, world_size=world_size, device_id=dev if dev.type == "cuda" else None)
+        dist.init_process_group(
+            backend="nccl" if dev.type == "cuda" else "gloo",
+            rank=rank,
+            world_size=world_size,
+            device_id=dev if dev.type == "cuda" else None,
+        )
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
 
 
@@ -89,19 +97,21 @@ def resolve_reshard_after_forward(setting: str, n_params: int, info: DistInfo) -
     """train.fsdp_reshard_after_forward as a bool, and why (the trainer logs it).
 
     Resharding after forward costs a second all-gather of every block in backward (3 collectives of the
-    weights per step instead of 2: measured on 2x H100 with hybrid_1b, 97-108k tokens/s against 142-147k
-    unresharded); not resharding holds every block's gathered BF16 weights, 2 bytes a parameter, from
-    its forward until its backward. auto pays that memory when it is at most KEEP_GATHERED_MAX_SHARE of
-    the device's (hybrid_1b: 2.0 GB of 80; nemotron_h_8b, 16.2 GB, reshards)."""
+    weights per step instead of 2: docs/results/code-measurements.md); not resharding holds every block's
+    gathered BF16 weights, 2 bytes a parameter, from its forward until its backward. auto pays that memory when
+    it is at most KEEP_GATHERED_MAX_SHARE of the device's (hybrid_1b: 2.0 GB of 80; nemotron_h_8b, 16.2 GB,
+    reshards)."""
     if setting in ("true", "false"):
         return setting == "true", f"train.fsdp_reshard_after_forward={setting}"
     gathered = 2 * n_params
     memory = device_memory_bytes(info.device)
     keep = gathered <= KEEP_GATHERED_MAX_SHARE * memory
     verdict = "false: kept from forward to backward" if keep else "true: gathered again in backward"
-    return not keep, (f"train.fsdp_reshard_after_forward=auto -> {verdict} (the gathered BF16 weights, "
-                      f"{gathered / 1e9:.1f} GB, are {gathered / memory:.0%} of the {info.device.type} memory's "
-                      f"{memory / 1e9:.0f} GB; kept when at most {KEEP_GATHERED_MAX_SHARE:.1%})")
+    return not keep, (
+        f"train.fsdp_reshard_after_forward=auto -> {verdict} (the gathered BF16 weights, "
+        f"{gathered / 1e9:.1f} GB, are {gathered / memory:.0%} of the {info.device.type} memory's "
+        f"{memory / 1e9:.0f} GB; kept when at most {KEEP_GATHERED_MAX_SHARE:.1%})"
+    )
 
 
 def ranks_per_node(world_size: int) -> int:
@@ -127,9 +137,16 @@ def hsdp_shape(shard_size: int, world_size: int) -> tuple[int, int]:
     return world_size // size, size
 
 
-def wrap_model(model: nn.Module, mode: str, info: DistInfo, reshard_after_forward: bool = True,
-               prefetch: int = 1, ddp_bucket_cap_mb: int = 100, capturable: bool = False,
-               hsdp_shard_size: int = 0) -> nn.Module:
+def wrap_model(
+    model: nn.Module,
+    mode: str,
+    info: DistInfo,
+    reshard_after_forward: bool = True,
+    prefetch: int = 1,
+    ddp_bucket_cap_mb: int = 100,
+    capturable: bool = False,
+    hsdp_shard_size: int = 0,
+) -> nn.Module:
     """Wrap for data parallelism. World size 1 runs the bare model (DeepSpeed wraps in its own engine).
 
     capturable: DDP as torch's CUDA-graph notes ask for a step captured with its all-reduce (built on a
@@ -142,23 +159,27 @@ def wrap_model(model: nn.Module, mode: str, info: DistInfo, reshard_after_forwar
         return model
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
+
         # Gradients as views of DDP's buckets: no copy into the buckets before each all-reduce, and one
         # copy of the gradients in memory instead of two.
         device_ids = [info.local_rank] if info.device.type == "cuda" else None
         if not capturable:
-            return DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=ddp_bucket_cap_mb,
-                                           gradient_as_bucket_view=True)
+            return DistributedDataParallel(
+                model, device_ids=device_ids, bucket_cap_mb=ddp_bucket_cap_mb, gradient_as_bucket_view=True
+            )
         side = torch.cuda.Stream(info.device)
         side.wait_stream(torch.cuda.current_stream(info.device))
         with torch.cuda.stream(side):
-            ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=ddp_bucket_cap_mb,
-                                          gradient_as_bucket_view=True)
+            ddp = DistributedDataParallel(
+                model, device_ids=device_ids, bucket_cap_mb=ddp_bucket_cap_mb, gradient_as_bucket_view=True
+            )
         torch.cuda.current_stream(info.device).wait_stream(side)
         ddp._set_ddp_runtime_logging_sample_rate(2**31 - 1)
         return ddp
     mesh = None
     if mode == "hsdp":
         from torch.distributed.device_mesh import init_device_mesh
+
         replicas, shard = hsdp_shape(hsdp_shard_size, info.world_size)
         mesh = init_device_mesh(info.device.type, (replicas, shard), mesh_dim_names=("replicate", "shard"))
     return shard_fsdp2(model, reshard_after_forward, prefetch, mesh)
@@ -190,21 +211,21 @@ def shard_fsdp2(model: nn.Module, reshard_after_forward: bool = True, prefetch: 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     blocks = list(model.blocks)
     for i, block in enumerate(blocks):
-        fully_shard(block, mesh=mesh, mp_policy=mp,
-                    reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     if prefetch > 0:
         for i, block in enumerate(blocks):
             if i + 1 < len(blocks):
-                block.set_modules_to_forward_prefetch(blocks[i + 1:i + 1 + prefetch])
+                block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 1 + prefetch])
             if i > 0:
-                block.set_modules_to_backward_prefetch(blocks[max(0, i - prefetch):i][::-1])
+                block.set_modules_to_backward_prefetch(blocks[max(0, i - prefetch) : i][::-1])
     return model
 
 
 def reshard_fsdp(model: nn.Module) -> None:
     """Free every FSDP2 module's gathered weights (no-op for a model without FSDP2)."""
     from torch.distributed.fsdp import FSDPModule
+
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
