@@ -12,11 +12,11 @@ from omegaconf import OmegaConf
 
 from nvfp4train.config import ConfigError, RunConfig, compose, from_node, group_options
 from nvfp4train.config.compose import resolved
+from nvfp4train.config.schema import parse
 from nvfp4train.data.config import DataConfig, parse_data_config
 from nvfp4train.model.config import ModelConfig
 from nvfp4train.optim import OptimConfig
 from nvfp4train.precision.recipe import PrecisionPolicy, recorded_precision, recorded_run_config
-from nvfp4train.config.schema import parse
 from nvfp4train.train import resume_policy
 from nvfp4train.train.rundir import RESOLVED
 
