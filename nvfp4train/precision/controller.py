@@ -74,11 +74,14 @@ class PrecisionLayers:
         is built (a layer's init draws from torch's generator)."""
         if self.backend is TE:
             return None
-        recipes = {
-            name: [self._policy_of(block_index, name).layer_recipe(block_index, self.n_blocks, switched=s) for s in (False, True)]
-            for name in ("fc1", "fc2")
-        }
-        if not any(recipes_fuse(r1, r2) for r1, r2 in zip(recipes["fc1"], recipes["fc2"])):
+        fc1_policy, fc2_policy = self._policy_of(block_index, "fc1"), self._policy_of(block_index, "fc2")
+        if not any(
+            recipes_fuse(
+                fc1_policy.layer_recipe(block_index, self.n_blocks, switched=switched),
+                fc2_policy.layer_recipe(block_index, self.n_blocks, switched=switched),
+            )
+            for switched in (False, True)
+        ):
             return None
         fc1 = self.linear(in_features, hidden_features, block_index=block_index, name="fc1")
         fc2 = self.linear(hidden_features, in_features, block_index=block_index, name="fc2")
@@ -110,7 +113,8 @@ def build_linear_factory(
     if modules is not None:
         policy.check_module_names(modules)
     factory = PrecisionLayers(policy, n_blocks, seed, modules or {})
-    log.info("precision %s: backend %s (%s)", policy.name or policy.format, factory.backend_name, factory.backend_reason)
+    name = policy.name or policy.format
+    log.info("precision %s: backend %s (%s)", name, factory.backend_name, factory.backend_reason)
     log.info("precision %s", policy.summary(n_blocks))
     for line in module_lines(policy, modules or {}):
         log.info("precision.modules: %s", line)

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from nvfp4train.formats import hadamard, rounding
-
 from nvfp4train.model.layers import LINEAR_NAMES
 
 from .recipe import ROLES, PrecisionPolicy

@@ -41,9 +41,7 @@ def fuses_squared_relu(fc1: torch.nn.Module, fc2: torch.nn.Module) -> bool:
     backend, fc2's X pair and fc1's dY pair FP8 (blockwise or per tensor)."""
     if not (isinstance(fc1, QuantLinear) and isinstance(fc2, QuantLinear) and fc1.quantized and fc2.quantized):
         return False
-    return (
-        fc1.backend_name == fc2.backend_name and not fc1.strided_output and recipes_fuse(fc1.recipe, fc2.recipe)
-    )
+    return fc1.backend_name == fc2.backend_name and not fc1.strided_output and recipes_fuse(fc1.recipe, fc2.recipe)
 
 
 class SquaredReLUMLP(torch.nn.Module):

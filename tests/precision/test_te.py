@@ -123,9 +123,11 @@ def _emulated_layer(name, w):
 
 
 def _te_layer(policy, w, block_index=0, n_blocks=1):
-    layer = build_linear_factory(policy, n_blocks=n_blocks, seed=0).linear(
-        IN_F, OUT_F, block_index=block_index, name="fc1"
-    ).cuda()
+    layer = (
+        build_linear_factory(policy, n_blocks=n_blocks, seed=0)
+        .linear(IN_F, OUT_F, block_index=block_index, name="fc1")
+        .cuda()
+    )
     with torch.no_grad():
         layer.weight.copy_(w)
     return layer
