@@ -12,6 +12,7 @@ torch.save(ctl.state_dict(), f)      # switch state + SR generator states (weigh
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -24,7 +25,7 @@ from .backends import TE, TELinear, resolve_backend
 from .layer import PrecisionLinear
 from .linear import QuantLinear
 from .mlp import SquaredReLUMLP, recipes_fuse
-from .recipe import PrecisionPolicy
+from .recipe import FORWARD_ROLES, PrecisionPolicy
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,46 @@ def drop_weight_caches_after_each_step(optimizer, model: nn.Module) -> None:
     quantized = quant_linears(model)
     if quantized:
         optimizer.register_step_post_hook(lambda *_: drop_weight_caches(quantized))
+
+
+# Held-out evaluation (train/heldout.py) in BF16 or in the training precision, leaving training's state as it was
+@contextlib.contextmanager
+def bf16_linears(layers):
+    """The precision linears `layers` run their GEMMs in BF16 inside the block (as after a full switch)."""
+    saved = []
+    for layer in layers:
+        if isinstance(layer, QuantLinear):  # a plain flag its forward reads (False: F.linear under autocast)
+            saved.append((layer, "quantized", layer.quantized))
+            layer.quantized = False
+        else:  # TELinear: `quantized` follows `switched`
+            saved.append((layer, "switched", layer.switched))
+            layer.switched = True
+    try:
+        yield
+    finally:
+        for layer, attr, value in saved:
+            setattr(layer, attr, value)
+
+
+@contextlib.contextmanager
+def training_state_kept(layers):
+    """Inside the block, a forward of the precision linears `layers` leaves what training reads as it found
+    it: telemetry is off (it describes the training GEMMs), and the SR streams a quantized forward draws from
+    (precision.sr=all) are rewound afterwards, so that an evaluation does not change the
+    rounding of the steps after it."""
+    saved = []
+    for layer in layers:
+        draws = isinstance(layer, QuantLinear) and layer.quantized  # (TELinear: TE draws from torch's generator)
+        draws = draws and any(getattr(layer.recipe, role).rounding == "sr" for role in FORWARD_ROLES)
+        saved.append((layer, layer.stats_enabled, layer.sr.positions() if draws else None))
+        layer.stats_enabled = False
+    try:
+        yield
+    finally:
+        for layer, stats_enabled, positions in saved:
+            layer.stats_enabled = stats_enabled
+            if positions is not None:
+                layer.sr.rewind(positions)
 
 
 class PrecisionController:
