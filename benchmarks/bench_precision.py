@@ -67,8 +67,8 @@ class MLPStack(nn.Module):
 
     def __init__(self, factory, blocks: int, d: int, hidden: int):
         super().__init__()
-        self.fc1 = nn.ModuleList(factory(d, hidden, block_index=i, name="fc1") for i in range(blocks))
-        self.fc2 = nn.ModuleList(factory(hidden, d, block_index=i, name="fc2") for i in range(blocks))
+        self.fc1 = nn.ModuleList(factory.linear(d, hidden, block_index=i, name="fc1") for i in range(blocks))
+        self.fc2 = nn.ModuleList(factory.linear(hidden, d, block_index=i, name="fc2") for i in range(blocks))
 
     def forward(self, x):
         for fc1, fc2 in zip(self.fc1, self.fc2):
@@ -185,7 +185,7 @@ def main() -> None:
     for preset in args.presets.split(","):
         policy = load(preset, args.backend)
         factory = build_linear_factory(policy, n_blocks=1, seed=0)
-        layer = factory(args.in_features, args.out_features, block_index=0, name="fc1").to(device)
+        layer = factory.linear(args.in_features, args.out_features, block_index=0, name="fc1").to(device)
         ms = time_layer(layer, x, grad, args.iters)
         saved = saved_activation_bytes(layer, x)
         print(

@@ -93,7 +93,7 @@ def _model(
     policy = PrecisionPolicy.from_dict(
         {**load_preset("precision", precision), **(precision_set or {}), "backend": backend}
     )
-    model = HybridLM(model_cfg, linear_factory=build_linear_factory(policy, n_blocks=len(model_cfg.pattern), seed=0))
+    model = HybridLM(model_cfg, layer_factory=build_linear_factory(policy, n_blocks=len(model_cfg.pattern), seed=0))
     model = model.to(device)
     return model, PrecisionController(policy, model).backend_name
 

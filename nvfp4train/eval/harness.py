@@ -121,7 +121,7 @@ def in_training_precision(model, run_config: dict, ckpt: Path, device) -> tuple[
         raise RunError(
             f"{config_file}: precision: {e} (eval_precision=train and both build the run's linears)"
         ) from None
-    quantized = build_model(model_config_for(run_config), linear_factory=factory)
+    quantized = build_model(model_config_for(run_config), layer_factory=factory)
     # strict=False for TE's `_extra_state`; the seed and sign buffers are the run's, made from its config
     loaded = quantized.load_state_dict(model.state_dict(), strict=False)
     unloaded = [k for k in loaded.missing_keys if not k.endswith("_extra_state")] + loaded.unexpected_keys

@@ -1,39 +1,27 @@
 """The three block types of the hybrid family and their norms.
 
-Each block is pre-RMSNorm -> mixer -> residual add. Every GEMM of a linear layer goes through
-`linear_factory(in_features, out_features, *, block_index, name)`, so the precision layer can
-hand out quantized linears; everything else (norms, conv1d, the SSD scan, attention's softmax
-and batched matmuls) stays in high precision here.
+Each block is pre-RMSNorm -> mixer -> residual add. Every linear layer comes from the layer factory
+(`layers.LayerFactory`: `factory.linear(in_features, out_features, *, block_index, name)`, and the MLP from
+`factory.mlp(...)` where the factory has its own), so the precision package can hand out quantized layers;
+everything else (norms, conv1d, the SSD scan, attention's softmax and batched matmuls) stays in high precision
+here.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from nvfp4train.precision.mlp import fuses_squared_relu, squared_relu_mlp
-
 from .config import ModelConfig
 from .fused_norm import fused_norm_available, fused_rms_norm
+from .layers import LayerFactory
 from .mixer_op import mamba_conv_scan_norm, mixer_op_applies
 from .ssd import causal_conv1d_silu, ssd_scan_packed
-
-LinearFactory = Callable[..., nn.Module]
-
-
-# The names the model gives its linears (`linear_factory(..., name=...)`) are the factory's contract, so they
-# are listed where the factory lives (precision.recipe.LINEAR_NAMES: a layer's SR streams follow their order).
-OUTPUT_LINEARS = ("out_proj", "out", "fc2")  # write into the residual stream: scaled init
-
-
-def default_linear_factory(in_features: int, out_features: int, *, block_index: int, name: str) -> nn.Module:
-    return nn.Linear(in_features, out_features, bias=False)
 
 
 class RMSNorm(nn.Module):
@@ -96,7 +84,7 @@ class Mamba2Mixer(nn.Module):
     applied here, outside any fused kernel, so a quantized out_proj is really used.
     """
 
-    def __init__(self, cfg: ModelConfig, block_index: int, linear_factory: LinearFactory):
+    def __init__(self, cfg: ModelConfig, block_index: int, factory: LayerFactory):
         super().__init__()
         self.d_inner = cfg.mamba_d_inner
         self.n_heads = cfg.mamba_heads
@@ -107,15 +95,16 @@ class Mamba2Mixer(nn.Module):
         self.ssd_backend = cfg.ssd_backend
         conv_dim = cfg.mamba_conv_dim
 
-        self.in_proj = linear_factory(cfg.d_model, cfg.mamba_in_proj_dim, block_index=block_index, name="in_proj")
-        if hasattr(self.in_proj, "strided_output"):  # a precision layer: its output is read through the splits
-            self.in_proj.strided_output = True  # below only, so a GEMM's padded output needs no cropping copy
+        # its output is read only through the splits below, so a GEMM's padded output needs no cropping copy
+        self.in_proj = factory.linear(
+            cfg.d_model, cfg.mamba_in_proj_dim, block_index=block_index, name="in_proj", strided_output=True
+        )
         self.conv1d = nn.Conv1d(conv_dim, conv_dim, cfg.mamba_conv, groups=conv_dim, bias=True)
         self.dt_bias = nn.Parameter(torch.empty(self.n_heads))
         self.A_log = nn.Parameter(torch.empty(self.n_heads))
         self.D = nn.Parameter(torch.empty(self.n_heads))
         self.norm = GatedRMSNorm(self.d_inner, self.d_inner // self.groups, cfg.norm_eps)
-        self.out_proj = linear_factory(self.d_inner, cfg.d_model, block_index=block_index, name="out_proj")
+        self.out_proj = factory.linear(self.d_inner, cfg.d_model, block_index=block_index, name="out_proj")
         self.reset_ssm_parameters()
 
     @torch.no_grad()
@@ -227,13 +216,13 @@ def flex_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa
 class Attention(nn.Module):
     """Causal grouped-query self-attention: fused qkv linear -> (RoPE) -> SDPA -> out linear."""
 
-    def __init__(self, cfg: ModelConfig, block_index: int, linear_factory: LinearFactory):
+    def __init__(self, cfg: ModelConfig, block_index: int, factory: LayerFactory):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.rope_theta = cfg.rope_theta if cfg.rope else None
         qkv_dim = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
-        self.qkv = linear_factory(cfg.d_model, qkv_dim, block_index=block_index, name="qkv")
-        self.out = linear_factory(cfg.n_heads * cfg.head_dim, cfg.d_model, block_index=block_index, name="out")
+        self.qkv = factory.linear(cfg.d_model, qkv_dim, block_index=block_index, name="qkv")
+        self.out = factory.linear(cfg.n_heads * cfg.head_dim, cfg.d_model, block_index=block_index, name="out")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, T, _ = x.shape
@@ -263,22 +252,26 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """fc1 -> squared ReLU -> fc2 (non-gated, no biases; Nemotron-H's FFN). With both linears in FP8, one node
-    whose quantizers apply the activation and its derivative as they read their inputs
-    (`precision.mlp.squared_relu_mlp`: the same bits, without writing relu(a)² or its gradient)."""
+    """fc1 -> squared ReLU -> fc2 (non-gated, no biases; Nemotron-H's FFN), the two linears from the factory.
+    A factory may build the whole MLP instead (`build_mlp`: the precision package's FP8 MLP applies the activation
+    inside its quantizers)."""
 
-    def __init__(self, cfg: ModelConfig, block_index: int, linear_factory: LinearFactory):
+    def __init__(self, cfg: ModelConfig, block_index: int, factory: LayerFactory):
         super().__init__()
-        self.fc1 = linear_factory(cfg.d_model, cfg.ffn_hidden, block_index=block_index, name="fc1")
-        self.fc2 = linear_factory(cfg.ffn_hidden, cfg.d_model, block_index=block_index, name="fc2")
+        self.fc1 = factory.linear(cfg.d_model, cfg.ffn_hidden, block_index=block_index, name="fc1")
+        self.fc2 = factory.linear(cfg.ffn_hidden, cfg.d_model, block_index=block_index, name="fc2")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if fuses_squared_relu(self.fc1, self.fc2):
-            return squared_relu_mlp(self.fc1, self.fc2, x)
         return self.fc2(F.relu(self.fc1(x)).square())
 
 
-MIXERS = {"M": Mamba2Mixer, "*": Attention, "-": MLP}
+def build_mlp(cfg: ModelConfig, block_index: int, factory: LayerFactory) -> nn.Module:
+    """The factory's MLP for this block where it has one, else `MLP` from two of its linears."""
+    own = factory.mlp(cfg.d_model, cfg.ffn_hidden, block_index=block_index)
+    return own if own is not None else MLP(cfg, block_index, factory)
+
+
+MIXERS = {"M": Mamba2Mixer, "*": Attention, "-": build_mlp}
 
 
 class Block(nn.Module):
@@ -289,12 +282,12 @@ class Block(nn.Module):
     `forward(x, h)` takes the stream and the previous block's mixer output h (None for the first block) and
     returns (x + h, this block's mixer output)."""
 
-    def __init__(self, cfg: ModelConfig, index: int, kind: str, linear_factory: LinearFactory):
+    def __init__(self, cfg: ModelConfig, index: int, kind: str, factory: LayerFactory):
         super().__init__()
         self.index = index
         self.kind = kind
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mixer = MIXERS[kind](cfg, index, linear_factory)
+        self.mixer = MIXERS[kind](cfg, index, factory)
 
     def forward(self, x: torch.Tensor, h: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         # Every mixer starts with a linear, which under autocast casts its input to the autocast dtype:

@@ -23,7 +23,7 @@ from typing import Any
 from nvfp4train.config.schema import ConfigError, bounded, check, parse, to_plain
 
 BLOCK_KINDS = {"M": "mamba", "*": "attention", "-": "mlp"}
-# The linears each block kind's mixer builds through the linear factory (blocks.py), in the order it builds them;
+# The linears each block kind's mixer builds through the layer factory (layers.py), in the order it builds them;
 # HybridLM holds them at `blocks.<i>.mixer.<name>`, the names precision.modules' patterns match.
 BLOCK_LINEARS = {"M": ("in_proj", "out_proj"), "*": ("qkv", "out"), "-": ("fc1", "fc2")}
 

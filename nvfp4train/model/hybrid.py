@@ -2,7 +2,7 @@
 
 Untied input embedding and LM head, no biases, no position embedding (RoPE optional inside
 attention). The embedding, norms and LM head are plain high-precision modules; the linears
-inside blocks come from `linear_factory` (see blocks.py).
+inside blocks come from the layer factory (layers.py).
 
 Initialization (Megatron / Nemotron-H): every weight matrix ~ N(0, init_std), except the
 output-side linears of each block (Mamba out_proj, attention out, MLP fc2), which use
@@ -20,27 +20,24 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint
 
-from nvfp4train.precision.recipe import LINEAR_NAMES
-
-from .blocks import (
-    OUTPUT_LINEARS,
-    Block,
-    GatedRMSNorm,
-    LinearFactory,
-    Mamba2Mixer,
-    RMSNorm,
-    default_linear_factory,
-)
+from .blocks import Block, GatedRMSNorm, Mamba2Mixer, RMSNorm
 from .config import ModelConfig
+from .layers import LINEAR_NAMES, OUTPUT_LINEARS, PLAIN_LAYERS, LayerFactory
 from .loss import linear_cross_entropy
 
 
 class HybridLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, linear_factory: LinearFactory | None = None):
+    def __init__(self, cfg: ModelConfig, layer_factory: LayerFactory | None = None):
+        """layer_factory: where the blocks' linears (and MLPs) come from (layers.py); None: `PLAIN_LAYERS`."""
         super().__init__()
         cfg.validate()
         self.cfg = cfg
-        factory = linear_factory or default_linear_factory
+        factory = PLAIN_LAYERS if layer_factory is None else layer_factory
+        if not isinstance(factory, LayerFactory):
+            raise TypeError(
+                f"HybridLM: layer_factory must have linear() and mlp() (model.layers.LayerFactory), "
+                f"got {type(factory).__name__}"
+            )
         self.embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, i, kind, factory) for i, kind in enumerate(cfg.pattern))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)

@@ -2,16 +2,16 @@
 
     from nvfp4train.precision import PrecisionPolicy, build_linear_factory, PrecisionController
     policy = PrecisionPolicy.from_dict(section)               # a mapping, validated (RunConfig parses its own)
-    factory = build_linear_factory(policy, n_blocks, seed)    # the model's linear_factory
+    factory = build_linear_factory(policy, n_blocks, seed)    # the model's layer factory (model.layers)
     ctl = PrecisionController(policy, model)                  # schedule, telemetry, checkpoint state
     peak = gemm_peak_kind(policy, ctl.backend_name)           # "bf16" | "fp8" | "fp4": MFU's peak
 
-Imports `nvfp4train.formats` only (the model imports the linear names the factory takes, `recipe.LINEAR_NAMES`,
-from here); Transformer Engine is imported lazily by the `te` backend (`backends/te.py`).
+Imports `nvfp4train.formats`, and from the model only the protocol it implements and the linear names it takes
+(`model.layers`); Transformer Engine is imported lazily by the `te` backend (`backends/te.py`).
 """
 
 from .backends import gemm_peak_kind
-from .controller import PrecisionController, build_linear_factory
+from .controller import PrecisionController, PrecisionLayers, build_linear_factory, quant_linears
 from .linear import QuantLinear
 from .memory import saved_activation_bytes, saved_bytes_report
 from .recipe import ROLES, LayerRecipe, OperandSpec, PrecisionPolicy, SwitchConfig
@@ -19,6 +19,8 @@ from .recipe import ROLES, LayerRecipe, OperandSpec, PrecisionPolicy, SwitchConf
 __all__ = [
     "PrecisionPolicy",
     "build_linear_factory",
+    "PrecisionLayers",
+    "quant_linears",
     "PrecisionController",
     "QuantLinear",
     "LayerRecipe",

@@ -1,7 +1,8 @@
-"""The linear factory the model calls, and the controller the trainer drives.
+"""The layer factory the model asks, and the controller the trainer drives.
 
-factory = build_linear_factory(policy, n_blocks, seed)
-layer = factory(in_features, out_features, block_index=3, name="fc1")   # QuantLinear / TELinear
+factory = build_linear_factory(policy, n_blocks, seed)   # a model.layers.LayerFactory
+layer = factory.linear(in_features, out_features, block_index=3, name="fc1")   # QuantLinear / TELinear
+mlp = factory.mlp(d_model, ffn_hidden, block_index=3)   # precision.mlp.SquaredReLUMLP, or None
 ctl = PrecisionController(policy, model)
 msg = ctl.on_step(tokens_fraction)   # schedule switch + telemetry gating, once per step
 ctl.weights_changed()                # after optimizer.step(): drop the cached quantized weights
@@ -11,24 +12,94 @@ torch.save(ctl.state_dict(), f)      # switch state + SR generator states (weigh
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
 
+from nvfp4train.model.layers import LINEAR_NAMES
+
 from .backends import TE, TELinear, resolve_backend
 from .layer import PrecisionLinear
 from .linear import QuantLinear
-from .recipe import LINEAR_NAMES, PrecisionPolicy
+from .mlp import SquaredReLUMLP, recipes_fuse
+from .recipe import FORWARD_ROLES, PrecisionPolicy
 
 log = logging.getLogger(__name__)
 
 
+class PrecisionLayers:
+    """The model's layer factory (`model.layers.LayerFactory`) for one policy: `linear` builds a QuantLinear (a
+    TELinear on the te backend) running `policy.for_module(its name)`, `mlp` the FP8 MLP as one node where the
+    block's fc1 and fc2 recipes fuse. `backend_name` / `backend_reason`: the backend resolved once."""
+
+    def __init__(self, policy: PrecisionPolicy, n_blocks: int, seed: int, modules: Mapping[str, tuple[int, str]]):
+        self.policy, self.n_blocks, self.seed = policy, n_blocks, seed
+        self.module_of = {where: module for module, where in modules.items()}
+        self.backend, self.backend_reason = resolve_backend(policy)
+        self.backend_name = self.backend.name
+
+    def linear(
+        self, in_features: int, out_features: int, *, block_index: int, name: str, strided_output: bool = False
+    ) -> nn.Module:
+        if name not in LINEAR_NAMES:
+            raise ValueError(f"layer factory: name={name!r} is not one of {list(LINEAR_NAMES)}")
+        policy = self.policy
+        module = self.module_of.get((block_index, name))
+        pattern = policy.module_pattern(module)
+        layer_policy = policy.for_module(module)
+        kwargs = dict(
+            policy=layer_policy,
+            block_index=block_index,
+            n_blocks=self.n_blocks,
+            name=name,
+            seed=self.seed,
+            strided_output=strided_output,
+        )
+        if self.backend is TE:
+            layer = TELinear(in_features, out_features, **kwargs)
+        else:
+            layer = QuantLinear(in_features, out_features, backend=self.backend, **kwargs)
+        layer.backend_reason = self.backend_reason
+        layer.module_name = module
+        layer.precision_source = (
+            f"precision.modules.{pattern}: {layer_policy.name or layer_policy.format}" if pattern is not None else ""
+        )
+        return layer
+
+    def mlp(self, in_features: int, hidden_features: int, *, block_index: int) -> nn.Module | None:
+        """A `SquaredReLUMLP` where fc1's and fc2's recipes fuse before or after the switch, else None (the
+        model's MLP: the same function and bits, the layers one by one). Decided from the policy, before any layer
+        is built (a layer's init draws from torch's generator)."""
+        if self.backend is TE:
+            return None
+        fc1_policy, fc2_policy = self._policy_of(block_index, "fc1"), self._policy_of(block_index, "fc2")
+        if not any(
+            recipes_fuse(
+                fc1_policy.layer_recipe(block_index, self.n_blocks, switched=switched),
+                fc2_policy.layer_recipe(block_index, self.n_blocks, switched=switched),
+            )
+            for switched in (False, True)
+        ):
+            return None
+        fc1 = self.linear(in_features, hidden_features, block_index=block_index, name="fc1")
+        fc2 = self.linear(hidden_features, in_features, block_index=block_index, name="fc2")
+        return SquaredReLUMLP(fc1, fc2)
+
+    def _policy_of(self, block_index: int, name: str) -> PrecisionPolicy:
+        return self.policy.for_module(self.module_of.get((block_index, name)))
+
+    def __repr__(self) -> str:
+        return f"PrecisionLayers({self.policy.name or self.policy.format}, backend={self.backend_name})"
+
+
 def build_linear_factory(
     policy: PrecisionPolicy, n_blocks: int, seed: int, modules: Mapping[str, tuple[int, str]] | None = None
-) -> Callable[..., nn.Module]:
-    """The model's `linear_factory(in_features, out_features, *, block_index, name) -> nn.Module`.
+) -> PrecisionLayers:
+    """The model's layer factory (`model.layers.LayerFactory`): `linear(in_features, out_features, *, block_index,
+    name, strided_output=False) -> nn.Module` and `mlp(in_features, hidden_features, *, block_index)`.
 
     Resolves the backend once (auto logs its choice). `seed` seeds the per-layer SR streams. `modules`: the
     model's linears, {module name: (block_index, name)} (`ModelConfig.linear_modules()`), which
@@ -40,36 +111,15 @@ def build_linear_factory(
         raise ValueError(f"build_linear_factory: n_blocks must be >= 1, got {n_blocks}")
     if policy.modules and modules is None:
         raise ValueError("build_linear_factory: precision.modules needs the model's linears (modules=)")
-    module_of = {where: module for module, where in (modules or {}).items()}
     if modules is not None:
         policy.check_module_names(modules)
-    backend, reason = resolve_backend(policy)
-    log.info("precision %s: backend %s (%s)", policy.name or policy.format, backend.name, reason)
+    factory = PrecisionLayers(policy, n_blocks, seed, modules or {})
+    name = policy.name or policy.format
+    log.info("precision %s: backend %s (%s)", name, factory.backend_name, factory.backend_reason)
     log.info("precision %s", policy.summary(n_blocks))
     for line in module_lines(policy, modules or {}):
         log.info("precision.modules: %s", line)
-
-    def linear_factory(in_features: int, out_features: int, *, block_index: int, name: str) -> nn.Module:
-        if name not in LINEAR_NAMES:
-            raise ValueError(f"linear_factory: name={name!r} is not one of {list(LINEAR_NAMES)}")
-        module = module_of.get((block_index, name))
-        pattern = policy.module_pattern(module)
-        layer_policy = policy.for_module(module)
-        kwargs = dict(policy=layer_policy, block_index=block_index, n_blocks=n_blocks, name=name, seed=seed)
-        if backend is TE:
-            layer = TELinear(in_features, out_features, **kwargs)
-        else:
-            layer = QuantLinear(in_features, out_features, backend=backend, **kwargs)
-        layer.backend_reason = reason
-        layer.module_name = module
-        layer.precision_source = (
-            f"precision.modules.{pattern}: {layer_policy.name or layer_policy.format}" if pattern is not None else ""
-        )
-        return layer
-
-    linear_factory.backend_name = backend.name
-    linear_factory.backend_reason = reason
-    return linear_factory
+    return factory
 
 
 def module_lines(policy: PrecisionPolicy, modules: Mapping[str, tuple[int, str]]) -> list[str]:
@@ -101,6 +151,14 @@ def compact_names(names: list[str]) -> str:
     return ", ".join(parts) if parts else "none"
 
 
+def quant_linears(model: nn.Module) -> list[QuantLinear]:
+    """`model`'s linears that run through this package's custom ops (`QuantLinear`), in module order: each keeps
+    a weight cache, draws from SR generators of its own and names its recipe in `recipe_key`, which the
+    optimizer's post-step hook, FSDP2's weight-cache keying and a CUDA graph capture look after (Transformer
+    Engine's layers keep their own state). So a caller asks this package, not the layers' classes."""
+    return [m for m in model.modules() if isinstance(m, QuantLinear)]
+
+
 def drop_weight_caches(layers) -> None:
     """Drop the cached quantized weights of every QuantLinear in `layers` (their weights changed, or a CUDA
     graph capture wants a clean start). The one place outside a layer that invalidates its cache: the
@@ -116,9 +174,49 @@ def drop_weight_caches_after_each_step(optimizer, model: nn.Module) -> None:
     `.data`, FSDP2 re-gathering into the same storage) cannot be noticed by the cache itself, and a caller
     that drives the optimizer without a controller (a benchmark, a library user) would otherwise reuse
     stale quantized weights."""
-    quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    quantized = quant_linears(model)
     if quantized:
         optimizer.register_step_post_hook(lambda *_: drop_weight_caches(quantized))
+
+
+# Held-out evaluation (train/heldout.py) in BF16 or in the training precision, leaving training's state as it was
+@contextlib.contextmanager
+def bf16_linears(layers):
+    """The precision linears `layers` run their GEMMs in BF16 inside the block (as after a full switch)."""
+    saved = []
+    for layer in layers:
+        if isinstance(layer, QuantLinear):  # a plain flag its forward reads (False: F.linear under autocast)
+            saved.append((layer, "quantized", layer.quantized))
+            layer.quantized = False
+        else:  # TELinear: `quantized` follows `switched`
+            saved.append((layer, "switched", layer.switched))
+            layer.switched = True
+    try:
+        yield
+    finally:
+        for layer, attr, value in saved:
+            setattr(layer, attr, value)
+
+
+@contextlib.contextmanager
+def training_state_kept(layers):
+    """Inside the block, a forward of the precision linears `layers` leaves what training reads as it found
+    it: telemetry is off (it describes the training GEMMs), and the SR streams a quantized forward draws from
+    (precision.sr=all) are rewound afterwards, so that an evaluation does not change the
+    rounding of the steps after it."""
+    saved = []
+    for layer in layers:
+        draws = isinstance(layer, QuantLinear) and layer.quantized  # (TELinear: TE draws from torch's generator)
+        draws = draws and any(getattr(layer.recipe, role).rounding == "sr" for role in FORWARD_ROLES)
+        saved.append((layer, layer.stats_enabled, layer.sr.positions() if draws else None))
+        layer.stats_enabled = False
+    try:
+        yield
+    finally:
+        for layer, stats_enabled, positions in saved:
+            layer.stats_enabled = stats_enabled
+            if positions is not None:
+                layer.sr.rewind(positions)
 
 
 class PrecisionController:

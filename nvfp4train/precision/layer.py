@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from nvfp4train.formats import hadamard, rounding
+from nvfp4train.model.layers import LINEAR_NAMES
 
-from .recipe import LINEAR_NAMES, ROLES, PrecisionPolicy
+from .recipe import ROLES, PrecisionPolicy
 
 # The buffers a layer's config (seed, block, name, precision) determines: a state dict without them (a checkpoint
 # written before they were stored) or with another RHT size loads, the layer keeping its own values.
@@ -42,6 +43,7 @@ class PrecisionLinear(nn.Module):
         name: str,
         seed: int = 0,
         rht_signs=None,
+        strided_output: bool = False,
         device=None,
         dtype=torch.float32,
     ):
@@ -55,8 +57,8 @@ class PrecisionLinear(nn.Module):
         # Whether the caller reads the output only through views along features (e.g. a split, as a Mamba
         # in_proj's is), so it may be the first out_features columns of a wider row-major buffer: a GEMM that
         # pads N (blockwise FP8 on scaled_mm: W's 128-row tiles) then returns its output without the copy that
-        # would crop it. False: a contiguous output, as nn.Linear's.
-        self.strided_output = False
+        # would crop it. False: a contiguous output, as nn.Linear's. The model asks for it (LayerFactory.linear).
+        self.strided_output = bool(strided_output)
         # Each (block, name) draws its own SR streams: 8 stream ids per name, 8 names per block (a name outside
         # LINEAR_NAMES, e.g. a test's, takes slot 7), one per operand role.
         name_id = LINEAR_NAMES.index(name) if name in LINEAR_NAMES else 7

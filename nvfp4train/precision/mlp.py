@@ -7,18 +7,33 @@ activation of the block).
 
 The GEMMs, quantizers, weight cache and SR streams are the layers' own custom ops (`ops.py`), called in the order
 the separate layers call them, so the output and every gradient are the separate layers' bits
-(`tests/precision/test_mlp.py`). Used by `model.blocks.MLP` where `fuses_squared_relu` says both layers' pairs of
-operands take a prologue; elsewhere the MLP runs its layers one by one.
+(`tests/precision/test_mlp.py`). The layer factory's `mlp` (controller.py) builds a `SquaredReLUMLP` for a block
+whose fc1 and fc2 recipes fuse (`recipes_fuse`), which runs this node while `fuses_squared_relu` says both layers'
+pairs of operands take a prologue (not after a switch to BF16) and its layers one by one otherwise; every other
+block gets the model's own MLP (`model.blocks.MLP`).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from nvfp4train.formats import activation
 
 from . import ops, pairs
 from .linear import QuantLinear
+from .recipe import LayerRecipe
+
+
+def recipes_fuse(r1: LayerRecipe, r2: LayerRecipe) -> bool:
+    """Whether an MLP whose fc1 runs `r1` and fc2 `r2` can run as one node: both quantized, fc2's X pair and fc1's
+    dY pair FP8 (blockwise or per tensor)."""
+    return (
+        not r1.all_bf16
+        and not r2.all_bf16
+        and pairs.takes_prologue(r2.fprop_x, r2.wgrad_x)
+        and pairs.takes_prologue(r1.dgrad_dy, r1.wgrad_dy)
+    )
 
 
 def fuses_squared_relu(fc1: torch.nn.Module, fc2: torch.nn.Module) -> bool:
@@ -26,13 +41,22 @@ def fuses_squared_relu(fc1: torch.nn.Module, fc2: torch.nn.Module) -> bool:
     backend, fc2's X pair and fc1's dY pair FP8 (blockwise or per tensor)."""
     if not (isinstance(fc1, QuantLinear) and isinstance(fc2, QuantLinear) and fc1.quantized and fc2.quantized):
         return False
-    r1, r2 = fc1.recipe, fc2.recipe
-    return (
-        fc1.backend_name == fc2.backend_name
-        and not fc1.strided_output
-        and pairs.takes_prologue(r2.fprop_x, r2.wgrad_x)
-        and pairs.takes_prologue(r1.dgrad_dy, r1.wgrad_dy)
-    )
+    return fc1.backend_name == fc2.backend_name and not fc1.strided_output and recipes_fuse(fc1.recipe, fc2.recipe)
+
+
+class SquaredReLUMLP(torch.nn.Module):
+    """fc2(relu(fc1(x))²), the function of the model's MLP (`model.blocks.MLP`), with the same children `fc1` and
+    `fc2`: one node (`squared_relu_mlp`) while `fuses_squared_relu(fc1, fc2)` holds, the layers one by one after
+    a switch has made them BF16. What the layer factory's `mlp` returns where the recipes fuse."""
+
+    def __init__(self, fc1: QuantLinear, fc2: QuantLinear):
+        super().__init__()
+        self.fc1, self.fc2 = fc1, fc2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fuses_squared_relu(self.fc1, self.fc2):
+            return squared_relu_mlp(self.fc1, self.fc2, x)
+        return self.fc2(F.relu(self.fc1(x)).square())
 
 
 def squared_relu_mlp(fc1: QuantLinear, fc2: QuantLinear, x: torch.Tensor) -> torch.Tensor:

@@ -31,10 +31,6 @@ from typing import Any
 from nvfp4train.config.schema import ConfigError, bounded, check, parse, to_plain
 from nvfp4train.formats import mxfp4
 
-# The names a model gives the linears it asks the factory for (`linear_factory(..., name=...)`), listed once:
-# the factory refuses others, and a layer's SR streams are numbered by its name's place here (so the order is
-# part of the random streams a seed gives: append, never reorder).
-LINEAR_NAMES = ("in_proj", "out_proj", "qkv", "out", "fc1", "fc2")
 ROLES = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
 FORWARD_ROLES = ("fprop_x", "fprop_w")
 BACKWARD_ROLES = ("dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")

@@ -127,7 +127,7 @@ def build_model_and_data(cfg: RunConfig, info: parallel.DistInfo):
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    model = build_model(model_cfg, lambda: HybridLM(model_cfg, linear_factory=factory), info.device)
+    model = build_model(model_cfg, lambda: HybridLM(model_cfg, layer_factory=factory), info.device)
     controller = PrecisionController(policy, model)
     return model_cfg, model, controller, loader, val_data
 

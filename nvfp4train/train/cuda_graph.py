@@ -56,8 +56,7 @@ import logging
 import torch
 import torch.nn as nn
 
-from nvfp4train.precision.controller import drop_weight_caches
-from nvfp4train.precision.linear import QuantLinear
+from nvfp4train.precision.controller import drop_weight_caches, quant_linears
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +133,7 @@ class StepGraph:
         self.distributed = distributed
         self.reshard = reshard or (lambda: None)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+        self.layers = quant_linears(model)  # the layers whose SR generators and weight caches a capture handles
         self.eager_steps: dict[tuple, int] = {}  # eager warm-up steps run per (shapes, recipes)
         self.captures = 0  # how many times a step was captured (tests and logs read it)
         self.graph: torch.cuda.CUDAGraph | None = None

@@ -4,57 +4,16 @@ running their GEMMs in BF16 (bf16), or both (BF16 as `val/*`, the training preci
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
+from nvfp4train.precision.controller import bf16_linears, training_state_kept
 from nvfp4train.precision.cpu_bf16 import cpu_bf16_matmuls
-from nvfp4train.precision.recipe import FORWARD_ROLES
-
-
-@contextlib.contextmanager
-def bf16_linears(layers):
-    """The precision linears `layers` run their GEMMs in BF16 inside the block (as after a full switch)."""
-    saved = []
-    for layer in layers:
-        if isinstance(getattr(type(layer), "quantized", None), property):  # te backend: follows `switched`
-            saved.append((layer, "switched", layer.switched))
-            layer.switched = True
-        else:  # QuantLinear: a plain flag its forward reads (False: F.linear under autocast)
-            saved.append((layer, "quantized", layer.quantized))
-            layer.quantized = False
-    try:
-        yield
-    finally:
-        for layer, attr, value in saved:
-            setattr(layer, attr, value)
 
 
 def runs_in_bf16(layers) -> bool:
     """Every precision linear of `layers` runs its GEMMs in BF16 now (a BF16 model, or after a full switch):
     its training-precision evaluation is its BF16 one."""
     return not any(layer.quantized for layer in layers)
-
-
-@contextlib.contextmanager
-def training_state_kept(layers):
-    """Inside the block, a forward of the precision linears `layers` leaves what training reads as it found
-    it: telemetry is off (it describes the training GEMMs), and the SR streams a quantized forward draws from
-    (precision.sr=all) are rewound afterwards, so that an evaluation does not change the
-    rounding of the steps after it."""
-    saved = []
-    for layer in layers:
-        draws = getattr(layer, "quantized", False) and hasattr(layer, "sr")  # QuantLinear (te: its own RNG)
-        draws = draws and any(getattr(layer.recipe, role).rounding == "sr" for role in FORWARD_ROLES)
-        saved.append((layer, layer.stats_enabled, layer.sr.positions() if draws else None))
-        layer.stats_enabled = False
-    try:
-        yield
-    finally:
-        for layer, stats_enabled, positions in saved:
-            layer.stats_enabled = stats_enabled
-            if positions is not None:
-                layer.sr.rewind(positions)
 
 
 @torch.no_grad()

@@ -18,7 +18,7 @@ import torch
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 from nvfp4train.launch.processes import run_and_kill_on_timeout
-from nvfp4train.model import blocks, ops, ssd
+from nvfp4train.model import PLAIN_LAYERS, blocks, ops, ssd
 from nvfp4train.train.determinism import deterministic_mode
 from tests.conftest import REPO, cli_env
 
@@ -99,7 +99,7 @@ def test_math_attention_repeats_bitwise():
 
     cfg = ModelConfig.from_dict({**SMALL, "d_model": 512, "n_heads": 8, "n_kv_heads": 2, "head_dim": 64})
     torch.manual_seed(0)
-    attn = blocks.Attention(cfg, 1, blocks.default_linear_factory).cuda()
+    attn = blocks.Attention(cfg, 1, PLAIN_LAYERS).cuda()
     x = torch.randn(8, 1024, 512, device="cuda")
     with deterministic_mode(True), torch.autocast("cuda", dtype=torch.bfloat16):
         first, second = _twice(attn, x)

@@ -118,7 +118,7 @@ def test_hybrid_with_the_strided_in_proj_output_eager_and_compiled():
     results = []
     for strided, compiled in ((False, False), (True, False), (True, True)):
         torch.manual_seed(0)
-        model = build_model({"pattern": "M-", "d_model": 256}, linear_factory=build_linear_factory(p, 2, seed=1))
+        model = build_model({"pattern": "M-", "d_model": 256}, layer_factory=build_linear_factory(p, 2, seed=1))
         in_proj = model.blocks[0].mixer.in_proj
         in_proj.strided_output = strided
         model = model.cuda()

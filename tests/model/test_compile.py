@@ -25,7 +25,7 @@ def _model(precision: str, device="cpu", **overrides) -> HybridLM:
     cfg = ModelConfig.from_dict({**load_preset("model", "hybrid_tiny"), **overrides})
     policy = PrecisionPolicy.from_dict(load_preset("precision", precision))
     torch.manual_seed(0)
-    return HybridLM(cfg, linear_factory=build_linear_factory(policy, n_blocks=len(cfg.pattern), seed=0)).to(device)
+    return HybridLM(cfg, layer_factory=build_linear_factory(policy, n_blocks=len(cfg.pattern), seed=0)).to(device)
 
 
 def _batch(model, device="cpu", b=2, T=33):

@@ -207,7 +207,9 @@ def test_the_math_attention_path_gives_sdpa_s_result(small_cfg_dict, monkeypatch
     from nvfp4train.model.config import ModelConfig
 
     torch.manual_seed(0)
-    attn = blocks.Attention(ModelConfig.from_dict(small_cfg_dict), 1, blocks.default_linear_factory)
+    from nvfp4train.model.layers import PLAIN_LAYERS
+
+    attn = blocks.Attention(ModelConfig.from_dict(small_cfg_dict), 1, PLAIN_LAYERS)
     x = torch.randn(2, 12, small_cfg_dict["d_model"], requires_grad=True)
     y_auto = attn(x)
     seen = []

@@ -1,4 +1,4 @@
-"""HybridLM behaviour: causality, the linear-factory protocol, init, parameter groups."""
+"""HybridLM behaviour: causality, the layer-factory protocol, init, parameter groups."""
 
 import math
 
@@ -70,15 +70,20 @@ class RecordingLinear(nn.Module):
         return x @ self.weight.T
 
 
-def test_linear_factory_gets_every_block_linear_and_nothing_else(small_cfg_dict):
-    requests, made = [], []
+def test_layer_factory_gets_every_block_linear_and_nothing_else(small_cfg_dict):
+    requests, made, strided = [], [], []
 
-    def factory(in_features, out_features, *, block_index, name):
-        requests.append((block_index, name, in_features, out_features))
-        made.append(RecordingLinear(in_features, out_features))
-        return made[-1]
+    class Recording:
+        def linear(self, in_features, out_features, *, block_index, name, strided_output=False):
+            requests.append((block_index, name, in_features, out_features))
+            strided.append(strided_output)
+            made.append(RecordingLinear(in_features, out_features))
+            return made[-1]
 
-    model = build_model(small_cfg_dict, linear_factory=factory)
+        def mlp(self, in_features, hidden_features, *, block_index):
+            return None
+
+    model = build_model(small_cfg_dict, layer_factory=Recording())
     cfg = model.cfg
     expected = []
     for i, kind in enumerate(cfg.pattern):
@@ -95,6 +100,7 @@ def test_linear_factory_gets_every_block_linear_and_nothing_else(small_cfg_dict)
         else:
             expected += [(i, "fc1", cfg.d_model, cfg.ffn_hidden), (i, "fc2", cfg.ffn_hidden, cfg.d_model)]
     assert requests == expected
+    assert strided == [name == "in_proj" for _, name, _, _ in expected]  # in_proj's output is only split
     # The model really uses the factory's modules (no fused path around out_proj), and
     # nothing else is a Linear: embedding, norms, conv and LM head stay high precision.
     model(torch.randint(0, 97, (1, 9)))

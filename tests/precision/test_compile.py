@@ -38,8 +38,8 @@ N_BLOCKS = 4  # the FP8 presets keep the first block and the last two in BF16: b
 class Stack(nn.Module):
     def __init__(self, factory, d=32, hidden=64):
         super().__init__()
-        self.fc1 = nn.ModuleList(factory(d, hidden, block_index=i, name="fc1") for i in range(N_BLOCKS))
-        self.fc2 = nn.ModuleList(factory(hidden, d, block_index=i, name="fc2") for i in range(N_BLOCKS))
+        self.fc1 = nn.ModuleList(factory.linear(d, hidden, block_index=i, name="fc1") for i in range(N_BLOCKS))
+        self.fc2 = nn.ModuleList(factory.linear(hidden, d, block_index=i, name="fc2") for i in range(N_BLOCKS))
 
     def forward(self, x):
         for fc1, fc2 in zip(self.fc1, self.fc2):
@@ -112,7 +112,7 @@ def test_small_hybrid_lm_compiles_in_one_graph_with_eager_bits():
     results = []
     for compile_model in (False, True):
         torch.manual_seed(0)
-        model = build_model({"pattern": "M*-", "d_model": 64}, linear_factory=build_linear_factory(policy, 3, seed=1))
+        model = build_model({"pattern": "M*-", "d_model": 64}, layer_factory=build_linear_factory(policy, 3, seed=1))
         ctl = PrecisionController(policy, model)
         assert all(not layer.recipe.all_bf16 for layer in ctl.layers)
         torch._dynamo.reset()

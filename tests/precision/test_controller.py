@@ -19,8 +19,8 @@ class TinyStack(nn.Module):
         self.blocks = nn.ModuleList(
             nn.ModuleDict(
                 {
-                    "fc1": factory(d, hidden, block_index=i, name="fc1"),
-                    "fc2": factory(hidden, d, block_index=i, name="fc2"),
+                    "fc1": factory.linear(d, hidden, block_index=i, name="fc1"),
+                    "fc2": factory.linear(hidden, d, block_index=i, name="fc2"),
                 }
             )
             for i in range(n_blocks)
@@ -61,9 +61,9 @@ def test_factory_builds_bf16_blocks_by_index_and_validates_names():
     assert all(isinstance(m, QuantLinear) and m.weight.dtype == torch.float32 for m in ctl.layers)
     factory = build_linear_factory(policy, 6, 0)
     with pytest.raises(ValueError, match="name='proj'"):
-        factory(8, 8, block_index=0, name="proj")
+        factory.linear(8, 8, block_index=0, name="proj")
     with pytest.raises(ValueError, match="block_index=6"):
-        factory(8, 8, block_index=6, name="fc1")
+        factory.linear(8, 8, block_index=6, name="fc1")
 
 
 @pytest.mark.parametrize("mode", ["full", "forward_only", "backward_only"])
@@ -73,7 +73,7 @@ def test_mid_run_switch_changes_numerics_from_that_step_on(mode):
 
     def single(policy):
         torch.manual_seed(0)
-        layer = build_linear_factory(policy, 1, 0)(32, 48, block_index=0, name="fc1")
+        layer = build_linear_factory(policy, 1, 0).linear(32, 48, block_index=0, name="fc1")
         return layer, PrecisionController(policy, layer)
 
     model, ctl = single(policy)

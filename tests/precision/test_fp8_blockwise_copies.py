@@ -169,14 +169,18 @@ def _mamba_model(strided: bool, seed=0):
 
     policy = load_preset("fp8_blockwise", **ALL_QUANTIZED)
 
-    def factory(in_features, out_features, *, block_index, name):
-        return QuantLinear(
-            in_features, out_features, policy=policy, block_index=block_index, n_blocks=2, name=name,
-            backend="scaled_mm",
-        )  # fmt: skip
+    class ScaledMMLayers:  # the layer factory, on scaled_mm whatever the machine (the policy's auto might not say)
+        def linear(self, in_features, out_features, *, block_index, name, strided_output=False):
+            return QuantLinear(
+                in_features, out_features, policy=policy, block_index=block_index, n_blocks=2, name=name,
+                backend="scaled_mm", strided_output=strided_output,
+            )  # fmt: skip
+
+        def mlp(self, in_features, hidden_features, *, block_index):
+            return None
 
     torch.manual_seed(seed)
-    model = build_model({"pattern": "M-", "d_model": 64, "ssd_backend": "torch"}, linear_factory=factory)
+    model = build_model({"pattern": "M-", "d_model": 64, "ssd_backend": "torch"}, layer_factory=ScaledMMLayers())
     assert model.blocks[0].mixer.in_proj.strided_output
     model.blocks[0].mixer.in_proj.strided_output = strided
     return model, PrecisionController(policy, model)

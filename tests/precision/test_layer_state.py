@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from nvfp4train.formats import hadamard, rounding
+from nvfp4train.model.layers import LINEAR_NAMES
 from nvfp4train.precision import QuantLinear
-from nvfp4train.precision.recipe import LINEAR_NAMES, ROLES
+from nvfp4train.precision.recipe import ROLES
 
 from .helpers import inputs, load_preset, make_layer, run
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nvfp4train.model.blocks import MLP
+from nvfp4train.model.blocks import MLP, build_mlp
 from nvfp4train.model.config import ModelConfig
 from nvfp4train.precision import PrecisionController, build_linear_factory
-from nvfp4train.precision.mlp import fuses_squared_relu, squared_relu_mlp
+from nvfp4train.precision.mlp import SquaredReLUMLP, fuses_squared_relu, squared_relu_mlp
 
 from .helpers import load_preset
 
@@ -23,7 +23,7 @@ def make_mlp(preset: str, device: str, d=128, hidden=256, backend=None):
     policy = load_preset(preset, **overrides)
     cfg = ModelConfig(d_model=d, ffn_hidden=hidden)
     torch.manual_seed(0)
-    mlp = MLP(cfg, BLOCK, build_linear_factory(policy, N_BLOCKS, seed=3)).to(device)
+    mlp = build_mlp(cfg, BLOCK, build_linear_factory(policy, N_BLOCKS, seed=3)).to(device)  # as the model builds it
     with torch.no_grad():
         for fc in (mlp.fc1, mlp.fc2):
             fc.weight.normal_(0, 0.05, generator=torch.Generator(device).manual_seed(fc.in_features))
@@ -33,6 +33,10 @@ def make_mlp(preset: str, device: str, d=128, hidden=256, backend=None):
 
 def separate(mlp, x):
     return mlp.fc2(F.relu(mlp.fc1(x)).square())
+
+
+def forward(mlp, x):  # the MLP module the model holds (the factory's SquaredReLUMLP)
+    return mlp(x)
 
 
 def run(forward, mlp, x, dy, autocast: bool):
@@ -67,10 +71,25 @@ def test_fuses_for_the_fp8_presets_only():
     for preset, fused in (("fp8_blockwise", True), ("fp8_tensorwise", True), ("nvfp4", False), ("bf16", False)):
         mlp = make_mlp(preset, "cpu")
         assert fuses_squared_relu(mlp.fc1, mlp.fc2) == fused, preset
-    # the first block stays BF16 in the FP8 presets
-    policy = load_preset("fp8_blockwise")
-    first = MLP(ModelConfig(d_model=128, ffn_hidden=256), 0, build_linear_factory(policy, N_BLOCKS, seed=3))
+        assert type(mlp) is (SquaredReLUMLP if fused else MLP), preset  # the factory's own MLP where it fuses
+    # the first block stays BF16 in the FP8 presets: the factory leaves it to the model's MLP
+    factory = build_linear_factory(load_preset("fp8_blockwise"), N_BLOCKS, seed=3)
+    assert factory.mlp(128, 256, block_index=0) is None
+    first = MLP(ModelConfig(d_model=128, ffn_hidden=256), 0, factory)
     assert not fuses_squared_relu(first.fc1, first.fc2)
+
+
+def test_the_factory_mlp_runs_its_layers_one_by_one_after_a_switch():
+    """A full switch to BF16 makes both layers BF16: the node no longer applies, the layers run as the model's MLP
+    would run them."""
+    policy = load_preset("fp8_blockwise", switch={"at_fraction": 0.5, "mode": "full"})
+    mlp = build_mlp(ModelConfig(d_model=128, ffn_hidden=256), BLOCK, build_linear_factory(policy, N_BLOCKS, seed=3))
+    ctl = PrecisionController(policy, mlp)
+    assert isinstance(mlp, SquaredReLUMLP) and fuses_squared_relu(mlp.fc1, mlp.fc2)
+    ctl.on_step(0.6)
+    assert not fuses_squared_relu(mlp.fc1, mlp.fc2)
+    x, dy = inputs("cpu")
+    assert_same_bits(run(forward, mlp, x, dy, autocast=True), run(separate, mlp, x, dy, autocast=True))
 
 
 @pytest.mark.parametrize("preset", ["fp8_blockwise", "fp8_tensorwise"])
@@ -81,11 +100,11 @@ def test_one_node_gives_the_separate_layers_bits_on_cpu(preset, tokens):
     want = run(separate, mlp, x, dy, autocast=False)
     got = run(lambda m, t: squared_relu_mlp(m.fc1, m.fc2, t), mlp, x, dy, autocast=False)
     assert_same_bits(got, want)
-    assert_same_bits(run(MLP.forward, mlp, x, dy, autocast=False), want)  # the model's MLP takes the node
+    assert_same_bits(run(forward, mlp, x, dy, autocast=False), want)  # the model's MLP takes the node
     # an FP32 input under autocast, and no gradient for x (a frozen embedding upstream)
     x32 = x.float()
     want = run(separate, mlp, x32, dy, autocast=True)
-    assert_same_bits(run(MLP.forward, mlp, x32, dy, autocast=True), want)
+    assert_same_bits(run(forward, mlp, x32, dy, autocast=True), want)
     mlp.zero_grad()
     squared_relu_mlp(mlp.fc1, mlp.fc2, x).backward(dy)
     w1 = mlp.fc1.weight.grad.clone()
@@ -128,7 +147,7 @@ def test_compiled_one_node_gives_the_separate_layers_bits():
     x, dy = inputs("cpu")
     torch._dynamo.reset()
     try:
-        fused = torch.compile(MLP.forward, backend="aot_eager", fullgraph=True)
+        fused = torch.compile(SquaredReLUMLP.forward, backend="aot_eager", fullgraph=True)
         want = run(separate, mlp, x, dy, autocast=False)
         assert_same_bits(run(fused, mlp, x, dy, autocast=False), want)
     finally:
@@ -147,10 +166,10 @@ def test_one_node_gives_the_separate_layers_bits_on_cuda(preset, backend):
     assert fuses_squared_relu(mlp.fc1, mlp.fc2)
     x, dy = inputs("cuda", tokens=512, d=256)
     want = run(separate, mlp, x, dy, autocast=True)
-    assert_same_bits(run(MLP.forward, mlp, x, dy, autocast=True), want)
+    assert_same_bits(run(forward, mlp, x, dy, autocast=True), want)
     torch._dynamo.reset()
     try:
         want = run(torch.compile(separate), mlp, x, dy, autocast=True)
-        assert_same_bits(run(torch.compile(MLP.forward), mlp, x, dy, autocast=True), want)
+        assert_same_bits(run(torch.compile(SquaredReLUMLP.forward), mlp, x, dy, autocast=True), want)
     finally:
         torch._dynamo.reset()

@@ -65,7 +65,7 @@ def test_a_pattern_overrides_the_bf16_blocks_and_runs_its_presets_recipe_with_th
 def test_the_model_config_names_the_linears_the_model_holds():
     cfg = ModelConfig.from_dict(MODEL)
     factory = build_linear_factory(policy({}), cfg.n_blocks, seed=0, modules=cfg.linear_modules())
-    model = HybridLM(cfg, linear_factory=factory)
+    model = HybridLM(cfg, layer_factory=factory)
     held = {name: (m.block_index, m.name) for name, m in model.named_modules() if isinstance(m, PrecisionLinear)}
     assert held == cfg.linear_modules() and len(held) == 24
 
@@ -73,7 +73,7 @@ def test_the_model_config_names_the_linears_the_model_holds():
 def test_the_factory_builds_each_linear_in_its_modules_precision_and_the_controller_says_which():
     cfg = ModelConfig.from_dict(MODEL)
     p = policy({"*.in_proj": "bf16", "blocks.3.*": "fp8_blockwise"})
-    model = HybridLM(cfg, linear_factory=build_linear_factory(p, cfg.n_blocks, seed=0, modules=cfg.linear_modules()))
+    model = HybridLM(cfg, layer_factory=build_linear_factory(p, cfg.n_blocks, seed=0, modules=cfg.linear_modules()))
     layers = {name: m for name, m in model.named_modules() if isinstance(m, PrecisionLinear)}
     for i in (0, 2, 4, 8, 10):
         layer = layers[f"blocks.{i}.mixer.in_proj"]

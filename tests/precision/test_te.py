@@ -188,9 +188,11 @@ def _emulated_layer(name, w):
 
 
 def _te_layer(policy, w, block_index=0, n_blocks=1):
-    layer = build_linear_factory(policy, n_blocks=n_blocks, seed=0)(
-        IN_F, OUT_F, block_index=block_index, name="fc1"
-    ).cuda()
+    layer = (
+        build_linear_factory(policy, n_blocks=n_blocks, seed=0)
+        .linear(IN_F, OUT_F, block_index=block_index, name="fc1")
+        .cuda()
+    )
     with torch.no_grad():
         layer.weight.copy_(w)
     return layer
@@ -301,7 +303,7 @@ def _fp8_flags(layers) -> dict[int, bool]:
 def test_bf16_blocks_and_full_switch_turn_te_fp8_off():
     policy = load_preset("fp8_blockwise", backend="te", switch={"at_fraction": 0.5, "mode": "full"})
     factory = build_linear_factory(policy, n_blocks=4, seed=0)
-    layers = nn.ModuleList([factory(IN_F, IN_F, block_index=i, name="fc1") for i in range(4)]).cuda()
+    layers = nn.ModuleList([factory.linear(IN_F, IN_F, block_index=i, name="fc1") for i in range(4)]).cuda()
     controller = PrecisionController(policy, layers)
     flags = _fp8_flags(layers)
     x = torch.randn(TOKENS, IN_F, device="cuda", dtype=torch.bfloat16)

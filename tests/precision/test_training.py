@@ -30,8 +30,8 @@ class Student(nn.Module):
         super().__init__()
         self.inp = nn.Linear(32, D, bias=False)
         self.norms = nn.ModuleList(nn.RMSNorm(D) for _ in range(N_BLOCKS))
-        self.fc1 = nn.ModuleList(factory(D, HIDDEN, block_index=i, name="fc1") for i in range(N_BLOCKS))
-        self.fc2 = nn.ModuleList(factory(HIDDEN, D, block_index=i, name="fc2") for i in range(N_BLOCKS))
+        self.fc1 = nn.ModuleList(factory.linear(D, HIDDEN, block_index=i, name="fc1") for i in range(N_BLOCKS))
+        self.fc2 = nn.ModuleList(factory.linear(HIDDEN, D, block_index=i, name="fc2") for i in range(N_BLOCKS))
         self.head = nn.Linear(D, CLASSES, bias=False)
 
     def forward(self, x):

@@ -17,8 +17,8 @@ ALL_QUANTIZED = {"bf16_first": 0, "bf16_last": 0}
 class TwoLayers(nn.Module):
     def __init__(self, factory):
         super().__init__()
-        self.fc1 = factory(32, 64, block_index=0, name="fc1")
-        self.fc2 = factory(64, 48, block_index=0, name="fc2")
+        self.fc1 = factory.linear(32, 64, block_index=0, name="fc1")
+        self.fc2 = factory.linear(64, 48, block_index=0, name="fc2")
 
     def forward(self, x):
         return self.fc2(torch.relu(self.fc1(x)))

@@ -20,7 +20,7 @@ def build(precision: str, **changes):
     section = yaml.safe_load((CONFIG_DIR / "precision" / f"{precision}.yaml").read_text())
     policy = PrecisionPolicy.from_dict(section | changes)
     torch.manual_seed(0)
-    model = HybridLM(model_cfg, linear_factory=build_linear_factory(policy, len(model_cfg.pattern), seed=0))
+    model = HybridLM(model_cfg, layer_factory=build_linear_factory(policy, len(model_cfg.pattern), seed=0))
     return model, PrecisionController(policy, model)
 
 

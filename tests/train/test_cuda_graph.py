@@ -29,7 +29,7 @@ def _model(precision: str, device: str):
     torch.manual_seed(0)
     cfg = ModelConfig.from_dict(load_preset("model", "hybrid_tiny"))
     policy = PrecisionPolicy.from_dict(load_preset("precision", precision))
-    model = HybridLM(cfg, linear_factory=build_linear_factory(policy, n_blocks=len(cfg.pattern), seed=3)).to(device)
+    model = HybridLM(cfg, layer_factory=build_linear_factory(policy, n_blocks=len(cfg.pattern), seed=3)).to(device)
     return model, PrecisionController(policy, model), cfg
 
 

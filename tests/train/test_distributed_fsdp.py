@@ -88,7 +88,7 @@ def test_nvfp4_weights_are_quantized_once_per_step_under_fsdp2(one_rank_group, m
     policy = load_preset("nvfp4", bf16_first=0, bf16_last=0)
     cfg = ModelConfig.from_dict(SMALL)
     torch.manual_seed(0)
-    model = HybridLM(cfg, linear_factory=build_linear_factory(policy, n_blocks=len(cfg.pattern), seed=3))
+    model = HybridLM(cfg, layer_factory=build_linear_factory(policy, n_blocks=len(cfg.pattern), seed=3))
     controller = PrecisionController(policy, model)
     engine = TorchEngine(
         model, lambda m: param_groups(m, 0.1), OptimConfig(), "fsdp2", CPU, reshard_after_forward=reshard == "true"

@@ -100,7 +100,7 @@ def test_quantized_weights_follow_every_optimizer_step_without_the_controller():
     for with_controller_steps in (True, False):
         torch.manual_seed(0)
         policy = PrecisionPolicy.from_dict({**load_preset("precision", "nvfp4"), "stats_every": 0})
-        model = HybridLM(cfg, linear_factory=build_linear_factory(policy, n_blocks=len(cfg.pattern), seed=3))
+        model = HybridLM(cfg, layer_factory=build_linear_factory(policy, n_blocks=len(cfg.pattern), seed=3))
         ctl = PrecisionController(policy, model)
         engine = TorchEngine(model, lambda m: param_groups(m, 0.1), OptimConfig(lr=1e-2), "ddp", CPU)
         run = []

@@ -122,7 +122,7 @@ def test_timeline_lines_break_down_a_quantized_linears_custom_ops():
     policy = PrecisionPolicy.from_dict(load_preset("precision", "nvfp4"))
     factory = build_linear_factory(policy, n_blocks=4, seed=0)
     torch.manual_seed(0)
-    layer = factory(64, 64, block_index=1, name="fc1")
+    layer = factory.linear(64, 64, block_index=1, name="fc1")
     x = torch.randn(2, 32, 64, requires_grad=True)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         layer(x).square().sum().backward()
