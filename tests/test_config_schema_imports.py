@@ -20,6 +20,8 @@ FIRST_IMPORTS = [
     "nvfp4train.parallel",
     "nvfp4train.config.run",
     "nvfp4train.train.resume_policy",
+    "nvfp4train.config.composition",  # the modules of the exported functions, imported before the names are
+    "nvfp4train.config.help_text",
 ]
 
 

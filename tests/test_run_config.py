@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from nvfp4train.config import ConfigError, RunConfig, compose, from_node, group_options
-from nvfp4train.config.compose import resolved
+from nvfp4train.config.composition import resolved
 from nvfp4train.config.schema import parse
 from nvfp4train.data.config import DataConfig, parse_data_config
 from nvfp4train.model.config import ModelConfig

@@ -18,7 +18,7 @@ does not import the packages that import it.
 `configs/` sits at the repository root; a wheel ships a copy inside the package (`setup.py`).
 
 The package's modules, by topic: `run` (RunConfig, TrainConfig), `commands` (the other commands' options,
-COMMANDS, GROUPS), `compose` (Hydra composition, checking, presets), `usage` (--help), `schema` (the
+COMMANDS, GROUPS), `composition` (Hydra composition, checking, presets), `help_text` (--help), `schema` (the
 validator). Import the names from `nvfp4train.config`.
 """
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
         SummaryConfig,
         SummarySeqLen,
     )
-    from nvfp4train.config.compose import (
+    from nvfp4train.config.composition import (
         CONFIG_DIR,
         check_complete,
         check_hydra_flags,
@@ -48,8 +48,8 @@ if TYPE_CHECKING:
         load_preset,
         register_defaults,
     )
+    from nvfp4train.config.help_text import help_requested, usage
     from nvfp4train.config.run import SECTIONS, RunConfig, TrainConfig, WandbConfig, resolve_micro_batch
-    from nvfp4train.config.usage import help_requested, usage
 
 __all__ = [
     "COMMANDS",
@@ -80,10 +80,10 @@ __all__ = [
 ]
 
 
-# The modules whose names this package exports, in the order they import each other. The functions `compose` and
-# `usage` share their modules' names (importing a submodule sets the package's attribute of that name to it), so
-# the names are bound once every module has loaded.
-_MODULES = ("commands", "compose", "run", "usage")
+# The modules whose names this package exports, in the order they import each other. No module shares a name with a
+# function it exports: importing a submodule sets the package's attribute of that name, which would then hide the
+# function from `from nvfp4train.config import ...`.
+_MODULES = ("commands", "composition", "run", "help_text")
 
 
 def __getattr__(name: str):

@@ -9,7 +9,7 @@ import textwrap
 from enum import StrEnum
 
 from nvfp4train.config.commands import GROUPS
-from nvfp4train.config.compose import CONFIG_DIR, command_schema, group_options
+from nvfp4train.config.composition import CONFIG_DIR, command_schema, group_options
 from nvfp4train.config.schema import child_type, defaults
 
 
