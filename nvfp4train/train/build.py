@@ -90,7 +90,7 @@ def reuse_freed_host_memory() -> bool:
     try:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt if hasattr(libc, "gnu_get_libc_version") else None
-    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
+    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS, Windows)
         mallopt = None
     if mallopt is None:
         return False
