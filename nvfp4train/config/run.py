@@ -54,7 +54,7 @@ MAX_TOKENS_PER_STEP = 2**31
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """The CPU default: a few minutes on 2 cores."""
+    """The CPU default: 1-2 minutes on 2 cores."""
 
     max_steps: int = bounded(300, ge=1)
     """Optimizer steps to train for."""

@@ -15,7 +15,8 @@ gradient, softmax - one_hot(target), as one out-of-place expression of the logit
 a chunk's logits are then only read, in the GEMM's dtype, by the per-token reductions and by the
 element-wise kernel that writes the gradient in that dtype, and no FP32 tensor of their size is written
 (an in-place exp_/scatter_add_ on FP32 log-probabilities forces them into memory: 12 bytes of traffic
-per BF16 logit, against about 6). Eager, each step is still an FP32 temporary of a chunk's size. On CPU
+per BF16 logit, against about 6). Eager, where each expression is its own pass over an FP32 temporary of a
+chunk's size, the same operations run in place on one FP32 copy instead, with the same numbers. On CPU
 the sum of exponentials is not ordered as in ATen's fused log_softmax kernel, so the loss and the
 gradients can differ in the last bits from those computed with `torch.log_softmax`.
 """
@@ -32,6 +33,40 @@ def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     """The dtype nn.Linear would run in here: the autocast dtype when autocast is on, else the weight's."""
     device = hidden.device.type
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+
+
+def _chunk_loss_traced(logits, index, valid, need_grad: bool):
+    """A chunk's summed negative log-likelihood (FP32) and, with need_grad, the FP32 gradient of its logits
+    (softmax - one_hot(target), zero on ignored tokens), as torch.compile should see them: log_softmax as
+    torch decomposes it, shifted - log(sum(exp(shifted))) with shifted = x - max(x), and the gradient as
+    out-of-place expressions of the logits, so that compiled no FP32 tensor of their size is written
+    (module docstring); the cast and the shift are recomputed where used rather than held."""
+    amax = logits.float().amax(-1, keepdim=True)
+    lse = torch.log(torch.exp(logits.float() - amax).sum(-1, keepdim=True))
+    logp_target = (logits.gather(1, index).float() - amax) - lse
+    loss = (logp_target * valid).sum()
+    if not need_grad:
+        return loss, None
+    p = torch.exp((logits.float() - amax) - lse)
+    is_target = torch.arange(logits.shape[-1], device=logits.device) == index
+    return loss, torch.where(is_target, p - 1, p) * valid
+
+
+def _chunk_loss_eager(logits, index, valid, need_grad: bool):
+    """_chunk_loss_traced's numbers bit for bit, for eager runs: the same operations on the same values,
+    the logits cast and shifted once and the shift, exponential and target's -1 applied in place, so that
+    each FP32 pass over the chunk is made once (eager, every expression is a pass over memory, and the
+    element-wise passes cost the CPU default run more than its GEMMs) and at most two FP32 copies of the
+    chunk live at once."""
+    shifted = logits.to(torch.float32, copy=True)  # a copy also of FP32 logits: the caller's stay as they are
+    shifted -= shifted.amax(-1, keepdim=True)
+    lse = torch.log(torch.exp(shifted).sum(-1, keepdim=True))
+    loss = ((shifted.gather(1, index) - lse) * valid).sum()
+    if not need_grad:
+        return loss, None
+    p = shifted.sub_(lse).exp_()
+    p.scatter_(1, index, p.gather(1, index) - 1)
+    return loss, p.mul_(valid)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -55,19 +90,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 valid = (y != ignore_index).unsqueeze(-1)
                 index = y.clamp(min=0).unsqueeze(-1)
                 logits = F.linear(h, w)
-                # log_softmax(x) as torch decomposes it: shifted - log(sum(exp(shifted))), shifted = x - max(x).
-                # The loss and the gradient are out-of-place expressions of the logits, so that compiled no FP32
-                # tensor of their size is written (module docstring); the cast and the shift are recomputed where
-                # used rather than held, so that eager keeps fewer FP32 copies of the chunk alive at once
-                amax = logits.float().amax(-1, keepdim=True)
-                lse = torch.log(torch.exp(logits.float() - amax).sum(-1, keepdim=True))
-                logp_target = (logits.gather(1, index).float() - amax) - lse
-                total = total - (logp_target * valid).sum()
-                if need_hidden or need_weight:
-                    # softmax - one_hot(target); ignored tokens contribute nothing
-                    p = torch.exp((logits.float() - amax) - lse)
-                    is_target = torch.arange(logits.shape[-1], device=logits.device) == index
-                    grad_logits = (torch.where(is_target, p - 1, p) * valid).to(dtype)
+                need_grad = need_hidden or need_weight
+                chunk_loss = _chunk_loss_traced if torch.compiler.is_compiling() else _chunk_loss_eager
+                loss, grad_logits = chunk_loss(logits, index, valid, need_grad)
+                total = total - loss
+                if need_grad:
+                    grad_logits = grad_logits.to(dtype)
                     if need_hidden:
                         grad_hidden[start : start + chunk_tokens] = grad_logits @ w
                     if need_weight:

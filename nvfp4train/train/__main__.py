@@ -61,7 +61,7 @@ USAGE = """\
 usage: python -m nvfp4train.train [group=option ...] [key=value ...] [--cfg job]
 
 Pretrain a hybrid Mamba-Transformer from Hydra configs (configs/train.yaml and its groups). Without
-arguments: the tiny CPU model on the bundled corpus in BF16, written to runs/default/ (a few minutes on
+arguments: the tiny CPU model on the bundled corpus in BF16, written to runs/default/ (1-2 minutes on
 2 cores). Run the same command again to resume from its latest checkpoint; Ctrl-C saves one first.
 
 config groups (group=option):

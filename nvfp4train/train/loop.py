@@ -64,19 +64,30 @@ def _profiler(cfg: RunConfig, trainer: Trainer) -> StepProfiler:
     return StepProfiler(start, t.profile_steps, cfg.out_dir, trainer.info.rank, trainer.info.device, trainer.bar.write)
 
 
-def measured(steps: int, tokens_per_step: int, seconds: float) -> str:
+def measured(steps: int, tokens_per_step: int, seconds: float, cpu_seconds: tuple[float, float]) -> str:
     """What the run measured, so that a slow machine says why: the throughput over this process's steps
-    (evaluation and checkpoints included), the threads it used and the machine's load."""
+    (evaluation and checkpoints included), the threads it used, the CPU time it got in those seconds
+    (cpu_seconds: user and system, all threads; less than seconds x threads: other processes had the
+    cores; much of it in the kernel: page faults, memory pressure) and the machine's load, this run's
+    own threads included."""
     if steps <= 0 or seconds <= 0:
         return ""
     try:
-        load = f", load average {os.getloadavg()[0]:.1f}"
+        load = f", load average {os.getloadavg()[0]:.1f} (this run included)"
     except OSError:  # not every platform has one
         load = ""
+    threads = torch.get_num_threads()
+    user, system = cpu_seconds
     return (
-        f" | {steps * tokens_per_step / seconds:,.0f} tok/s in {seconds:.0f} s on {torch.get_num_threads()} "
-        f"thread(s){load}"
+        f" | {steps * tokens_per_step / seconds:,.0f} tok/s in {seconds:.0f} s on {threads} "
+        f"thread{'s' if threads > 1 else ''}, CPU time {user + system:.0f} s ({system:.0f} s of it in the kernel){load}"
     )
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """This process's user and system CPU time so far, all threads."""
+    times = os.times()
+    return times.user, times.system
 
 
 def _run(cfg: RunConfig, stop: StopSignal) -> dict:
@@ -107,7 +118,7 @@ def _run(cfg: RunConfig, stop: StopSignal) -> dict:
         stop.starting = False  # from here a signal is answered with a checkpoint after the current step
         if stop.received is not None:  # arrived between the handler's last check and now
             raise stop.stopped()
-        first_step, started = trainer.step, time.monotonic()
+        first_step, started, cpu_started = trainer.step, time.monotonic(), _cpu_seconds()
         while trainer.step < cfg.train.max_steps:
             profiler.before_step(trainer.step + 1)
             trainer.train_step()
@@ -138,9 +149,12 @@ def _run(cfg: RunConfig, stop: StopSignal) -> dict:
                     "exiting so the job can be requeued (the same command resumes)"
                 )
             elif last_ckpt:
+                seconds = time.monotonic() - started
+                (user, system), (user0, system0) = _cpu_seconds(), cpu_started
+                cpu_used = (user - user0, system - system0)
                 trainer.bar.write(
                     f"done: step {trainer.step}, loss {loss:.4f}, checkpoint {last_ckpt}"
-                    f"{measured(trainer.step - first_step, trainer.tokens_per_step, time.monotonic() - started)}"
+                    f"{measured(trainer.step - first_step, trainer.tokens_per_step, seconds, cpu_used)}"
                 )
             hint = trainer.logger.wandb_sync_hint()
             if hint:

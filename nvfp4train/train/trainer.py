@@ -55,6 +55,7 @@ from nvfp4train.train.build import (
     data_cache_dir,
     mfu_peak,
     persistent_kernel_caches,
+    reuse_freed_host_memory,
 )
 from nvfp4train.train.engines import StepStats, build_engine, import_deepspeed
 from nvfp4train.train.fits import check_fits
@@ -94,6 +95,8 @@ class Trainer:
         self.started = time.perf_counter()  # time to first step is counted from here
         self.info = info = parallel.init_distributed(cfg.train.device)
         self.threads_note = cpu_threads() if info.device.type == "cpu" else ""
+        if info.device.type == "cpu":
+            reuse_freed_host_memory()
         self.kernel_cache = persistent_kernel_caches() if info.device.type == "cuda" else None
         # the micro-batch depends on the world size, known only now; config.yaml records the value used
         micro_derived = cfg.train.micro_batch_size is None

@@ -194,6 +194,45 @@ def test_cpu_threads_leave_busy_cores_alone(monkeypatch):
         torch.set_num_threads(before)
 
 
+# Page faults of a loop that makes and frees a 64 MiB tensor (above glibc's largest mmap threshold, as the
+# default run's FP32 logits are), over its last 10 of 20 rounds: the first rounds grow the heap.
+FAULTS_OF_FRESH_TENSORS = """
+import resource, sys, torch
+from nvfp4train.train.build import reuse_freed_host_memory
+assert reuse_freed_host_memory() if sys.argv[1] == "reuse" else True
+x = torch.ones(16 << 20)
+for i in range(20):
+    if i == 10:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    y = x * 2
+    del y
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_cpu_runs_reuse_freed_memory_instead_of_faulting_it_in_again():
+    def faults(mode: str) -> int:
+        proc = run_and_kill_on_timeout(
+            [sys.executable, "-c", FAULTS_OF_FRESH_TENSORS, mode], cwd=REPO, env=cli_env(), timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return int(proc.stdout.split()[-1])
+
+    # glibc's default maps each one fresh and the kernel faults in every page again (at least one a 2 MiB
+    # huge page); kept for reuse, its pages are already there
+    fresh, reused = faults("default"), faults("reuse")
+    assert fresh >= 10 * 32 and reused < 32, (fresh, reused)
+    # a user who tunes malloc keeps their settings
+    proc = run_and_kill_on_timeout(
+        [sys.executable, "-c", "from nvfp4train.train.build import reuse_freed_host_memory as r; print(r())"],
+        cwd=REPO,
+        env=cli_env(MALLOC_MMAP_THRESHOLD_="1000000"),
+        timeout=120,
+    )
+    assert proc.stdout.split()[-1] == "False", proc.stderr[-2000:]
+
+
 def test_lm_eval_adapter_without_lm_eval_is_one_line():
     proc = run_blocked("""
         import runpy, sys

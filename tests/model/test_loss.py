@@ -1,12 +1,14 @@
 """The chunked linear cross-entropy equals F.cross_entropy of the full logits: loss and gradients,
 in FP32 and under BF16 autocast, for chunks that do and do not divide the token count, with ignored
-tokens and with large logits (compiled: tests/model/test_compile.py)."""
+tokens and with large logits (compiled: tests/model/test_compile.py); eager, its in-place arithmetic gives the
+compiled formulation's numbers bit for bit."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from nvfp4train.model import linear_cross_entropy
+from nvfp4train.model.loss import _chunk_loss_eager, _chunk_loss_traced
 
 
 def _inputs(n=37, d=16, vocab=50, seed=0):
@@ -84,3 +86,24 @@ def test_large_logits():
     out.backward()
     torch.testing.assert_close(h2.grad, h1.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_eager_chunk_loss_is_bitwise_the_traced_one(dtype):
+    """The eager chunk (one FP32 copy, shifted, exponentiated and -1'd in place) against the out-of-place
+    expressions torch.compile sees: the same loss and logits' gradient bit for bit (signs of zeros too),
+    with ignored tokens, logits in the hundreds, a vocabulary that is no multiple of a vector's width, and
+    without gradients (evaluation); the caller's logits are left as they were."""
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(67, 1003, generator=g) * torch.logspace(-1, 2.5, 67).unsqueeze(-1)).to(dtype)
+    targets = torch.randint(0, 1003, (67,), generator=g)
+    targets[[0, 9, 66]] = -100
+    valid, index = (targets != -100).unsqueeze(-1), targets.clamp(min=0).unsqueeze(-1)
+    given = logits.clone()
+    loss, grad = _chunk_loss_traced(logits, index, valid, True)
+    eager_loss, eager_grad = _chunk_loss_eager(logits, index, valid, True)
+    assert torch.equal(logits, given)  # in place on its own copy, also of FP32 logits
+    assert torch.equal(eager_loss, loss) and eager_loss.dtype == torch.float32
+    assert torch.equal(eager_grad, grad) and torch.equal(eager_grad.signbit(), grad.signbit())
+    assert torch.all(eager_grad[[0, 9, 66]] == 0) and (eager_grad.sum(-1)[1:9].abs() < 1e-5).all()
+    assert _chunk_loss_eager(logits, index, valid, False) == (loss, None)

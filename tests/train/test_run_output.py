@@ -33,7 +33,11 @@ def test_short_banner_full_log_and_switch_in_metrics(tmp_path):
         "held-out loss at step 4 (in training, training precision, up to 1 sequences per source): "
     ), lines
     # what it measured, so that a slow machine says why
-    assert re.search(r" \| [\d,]+ tok/s in \d+ s on \d+ thread\(s\), load average [\d.]+$", lines[4]), lines
+    assert re.search(
+        r" \| [\d,]+ tok/s in \d+ s on (1 thread|[2-9]\d* threads), CPU time \d+ s \(\d+ s of it in the kernel\), "
+        r"load average [\d.]+ \(this run included\)$",
+        lines[4],
+    ), lines
     assert "backend" not in proc.stdout.replace("(emulated)", "") and proc.stderr == "", proc.stderr
     log = (out / "train.log").read_text()
     assert log.count("backend emulated (") == 1 and "model hybrid_tiny:" in log
