@@ -1,9 +1,8 @@
 """BF16 matrix products on a CPU without BF16 matrix instructions, at FP32 GEMM speed.
 
 PyTorch multiplies BF16 matrices on a CPU with oneDNN where the CPU has BF16 instructions (AVX512-BF16, AMX).
-Elsewhere (AVX2-only CPUs: many AMD EPYC and Ryzen, older Intel) it falls back to a scalar loop that runs 3-60x
-slower than its FP32 GEMM, depending on the operands' layout (1.3 to 24 GFLOP/s against 81 on one AVX2 core of an
-AMD EPYC): the default `python -m nvfp4train.train` ran at 297 tokens/s there, 1,637 with this. On such a
+Elsewhere (AVX2-only CPUs: many AMD EPYC and Ryzen, older Intel) it falls back to a scalar loop several times
+slower than its FP32 GEMM (docs/results/code-measurements.md has the numbers). On such a
 CPU, `cpu_bf16_matmuls()` runs every BF16 mm, addmm, bmm and baddbmm as the FP32 GEMM of the same values, rounded
 to BF16 once. That is what a BF16 GEMM computes: the product of two BF16 values is exact in FP32, both
 accumulate in FP32 and round the result once; only the order of the FP32 sums may differ, as it does between any

@@ -4,7 +4,7 @@ The emulated NVFP4 GEMM is (A · Bᵀ) × a × b: BF16 operands that are exact (
 FP32 accumulation, and the operands' FP32 global decode scales a and b, which live on the GPU (they come
 from each tensor's amax; reading them on the host would stall the step and break CUDA graphs). torch's
 matmuls take a scale only as a host number, so the product went out in FP32 and a second pass multiplied
-and rounded it (`backends.scale_and_cast`): 132 passes and 15 ms of a 288 ms hybrid_1b step on an H100.
+and rounded it (`backends.scale_and_cast`), a pass per GEMM (docs/results/code-measurements.md).
 cuBLAS itself reads alpha from device memory in CUBLAS_POINTER_MODE_DEVICE: here `cublasGemmEx` is
 called through ctypes on torch's own handle (its stream and workspace), alpha = a × b, beta = 0, the output
 written once in its dtype (FP32 accumulator × alpha, rounded once to BF16 or kept in FP32).
