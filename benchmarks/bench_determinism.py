@@ -9,11 +9,11 @@ configurations are process state), one after the other on the same GPU, sharing 
 caches, so only the first pays compilation and autotuning. A variant names what it takes out of the mode:
 
     off             no deterministic mode (the baseline)
-    on              train.deterministic=true as the trainer runs it (math SDPA, new tensors NaN-filled)
-    on+flex+nofill  ... with FlexAttention where compiled and no NaN fill (NVFP4TRAIN_DETERMINISTIC_ATTENTION=flex
-                    NVFP4TRAIN_FILL_UNINITIALIZED=0: the fastest settings)
-    on+flex         ... with FlexAttention only
-    on+nofill       ... without the NaN fill only
+    on              train.deterministic=true as the trainer runs it (FlexAttention where compiled, no NaN fill)
+    on+math+fill    ... with math SDPA and new tensors NaN-filled (NVFP4TRAIN_DETERMINISTIC_ATTENTION=math
+                    NVFP4TRAIN_FILL_UNINITIALIZED=1: the settings the committed campaign ran with)
+    on+math         ... with math SDPA only
+    on+fill         ... with the NaN fill only
     on-ssd-free     ... mamba-ssm's SSD kernels in their default (atomic, autotuned) mode
     on-ssd-tuned    ... mamba-ssm's deterministic SSD kernels, autotuned instead of pinned to one configuration
     on-inductor     ... Inductor not in its deterministic mode (reduction configurations chosen freely)
@@ -22,6 +22,7 @@ caches, so only the first pays compilation and autotuning. A variant names what 
 Timing is bench_train's (the trainer's TorchEngine.train_step, compiled and with the CUDA graph by default,
 random tokens, after warm-up). Rows merge into --out (one per model x seq x batch x precision x variant x GPU):
     {model, seq, batch, precision, variant, step_ms, tokens_per_s, cost_vs_off, mfu, peak_gib, gpu, commit}
+A piece taken out of the math+fill settings reads `on+math+fill-ssd-free` and so on.
 A variant that is not deterministic (on-ssd-free, on-ssd-tuned across fresh caches, on-inductor, on-conv) is a
 measurement of a piece's price, not a setting to train with.
 """
@@ -37,24 +38,26 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+PIECES = ("ssd-free", "ssd-tuned", "inductor", "conv")  # what an `on-<piece>` variant takes out
 VARIANTS = (
-    "off", "on", "on+flex+nofill", "on+flex", "on+nofill", "on-ssd-free", "on-ssd-tuned", "on-inductor", "on-conv",
+    "off", "on", "on+math+fill", "on+math", "on+fill", *(f"on-{p}" for p in PIECES),
+    *(f"on+math+fill-{p}" for p in PIECES),
 )  # fmt: skip
 KEY = ("model", "seq", "batch", "precision", "variant", "gpu")
 
 
-def _take_out(variant: str) -> None:
-    """Inside deterministic mode: undo the one piece the variant names."""
+def _take_out(piece: str) -> None:
+    """Inside deterministic mode: undo the one piece named (one of PIECES)."""
     from nvfp4train.model import ssd
     from nvfp4train.model.ops import mamba_kernels
 
-    if variant == "on-inductor":
+    if piece == "inductor":
         from torch._inductor import config
 
         config.deterministic = False
         config.write_are_deterministic_algorithms_enabled = False
-    elif variant in ("on-ssd-free", "on-ssd-tuned"):
-        free = variant == "on-ssd-free"
+    elif piece in ("ssd-free", "ssd-tuned"):
+        free = piece == "ssd-free"
 
         def unpinned() -> None:
             if mamba_kernels._PINNED_STATE is not False:
@@ -67,15 +70,16 @@ def _take_out(variant: str) -> None:
                 mamba_kernels._PINNED_STATE = False
 
         ssd.match_triton_determinism = unpinned  # the scan's custom ops call it by this module's name
-    elif variant == "on-conv":
+    elif piece == "conv":
         real = ssd.conv_backend
         ssd.conv_backend = lambda is_cuda, deterministic, ext, tri: real(is_cuda, False, ext, tri)
 
 
 def worker(args) -> dict:
-    parts = args.variant.split("+")[1:]
-    os.environ["NVFP4TRAIN_DETERMINISTIC_ATTENTION"] = "flex" if "flex" in parts else "math"
-    os.environ["NVFP4TRAIN_FILL_UNINITIALIZED"] = "0" if "nofill" in parts else "1"
+    settings, _, piece = args.variant.partition("-")
+    parts = settings.split("+")[1:]
+    os.environ["NVFP4TRAIN_DETERMINISTIC_ATTENTION"] = "math" if "math" in parts else "flex"
+    os.environ["NVFP4TRAIN_FILL_UNINITIALIZED"] = "1" if "fill" in parts else "0"
     from nvfp4train.train.build import persistent_kernel_caches
 
     persistent_kernel_caches()
@@ -88,8 +92,8 @@ def worker(args) -> dict:
 
     model_cfg = ModelConfig.from_dict(load_preset("model", args.model))
     with deterministic_mode(args.variant != "off"):
-        if args.variant.startswith("on-"):
-            _take_out(args.variant)
+        if piece:
+            _take_out(piece)
         row = bench_one(
             args.model,
             model_cfg,
@@ -151,10 +155,10 @@ def main() -> None:
         for r in rows:
             r["cost_vs_off"] = round(1 - r["tokens_per_s"] / base["tokens_per_s"], 4) if base else None
         merge_rows(args.out, rows)  # after each variant: a stopped invocation keeps what it measured
-    print(f"\n{'variant':<14} {'step ms':>9} {'tokens/s':>11} {'cost vs off':>12}")
+    print(f"\n{'variant':<22} {'step ms':>9} {'tokens/s':>11} {'cost vs off':>12}")
     for r in rows:
         cost = f"{100 * r['cost_vs_off']:.1f}%" if r["cost_vs_off"] is not None else "-"
-        print(f"{r['variant']:<14} {r['step_ms']:>9.2f} {r['tokens_per_s']:>11.0f} {cost:>12}")
+        print(f"{r['variant']:<22} {r['step_ms']:>9.2f} {r['tokens_per_s']:>11.0f} {cost:>12}")
     if rows:
         r = rows[0]
         print(f"({r['model']} {r['precision']} seq {r['seq']} x {r['batch']}, {r['gpu']}, commit {r['commit']})")

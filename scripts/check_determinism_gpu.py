@@ -7,10 +7,11 @@ First the timed pairs run one case at a time: BF16 and NVFP4 compiled with the C
 Then the untimed cases run side by side: the eager pairs; DDP on both GPUs (eager unless --ddp-compile; the
 command twice, one after the other); and the resume case, which kills a run with SIGKILL as soon as its
 checkpoint at --kill-at is complete, resumes it (train.resume=auto) and compares the resumed steps with
-the uninterrupted run A of the
-BF16 graph case. Last the same compiled pairs without the flag, timed alone: the baseline of the cost
-column (which also shows that those runs differ), and between them the BF16 pair with the flag and
-FlexAttention in place of math SDPA (NVFP4TRAIN_DETERMINISTIC_ATTENTION=flex).
+the uninterrupted run A of the BF16 graph case (every case runs with the caller's
+NVFP4TRAIN_DETERMINISTIC_ATTENTION and NVFP4TRAIN_FILL_UNINITIALIZED, or the trainer's defaults). Last the
+same compiled pairs without the flag, timed alone: the baseline of the cost column (which also shows that
+those runs differ), and between them the BF16 pair with the flag and math SDPA in place of FlexAttention
+(NVFP4TRAIN_DETERMINISTIC_ATTENTION=math).
 `--cases cost_1b` adds hybrid_1b with and without the flag (tokens/s only), alone on GPU 0 at the end.
 
     python scripts/check_determinism_gpu.py                       # the default cases, hybrid_repro seq 1024 x 32
@@ -34,8 +35,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = ("graph", "eager", "baseline", "ddp", "resume", "flex", "cost_1b")
-DEFAULT_CASES = ("graph", "eager", "baseline", "ddp", "resume", "flex")
+CASES = ("graph", "eager", "baseline", "ddp", "resume", "math", "cost_1b")
+DEFAULT_CASES = ("graph", "eager", "baseline", "ddp", "resume", "math")
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -197,7 +198,7 @@ def run_pair(
     deterministic: bool,
     compiled: bool,
     steps: int,
-    attention: str = "math",
+    attention: str | None = None,
 ) -> dict:
     """Run A on GPU 0 and run B on GPU 1 at once (one after the other on CPU), each with its own caches."""
     case = args.out / name
@@ -214,7 +215,8 @@ def run_pair(
         cache = case / f"cache_{run}" if deterministic else None  # the non-deterministic baseline keeps the shared one
         cmd = train_cmd(1, overrides_for(args, case / run, precision, deterministic, compiled, steps))
         env = env_for(gpu if args.device == "cuda" else "", cache)
-        env["NVFP4TRAIN_DETERMINISTIC_ATTENTION"] = attention
+        if attention:  # else the caller's environment (or the trainer's default), as the resume case runs with
+            env["NVFP4TRAIN_DETERMINISTIC_ATTENTION"] = attention
         proc = start(cmd, env, case / f"{run}.log")
         if not args.parallel:  # one GPU (or the CPU): one run after the other
             finish([proc], clock.left())
@@ -324,7 +326,7 @@ def run_cost_1b(args, clock: Clock) -> list[dict]:
 def table(rows: list[dict]) -> str:
     by_case = {r["case"]: r for r in rows}
     baseline_of = {f"{p}_graph_det": f"{p}_graph_nondet" for p in ("bf16", "nvfp4")}
-    baseline_of["bf16_graph_det_flex"] = "bf16_graph_nondet"
+    baseline_of["bf16_graph_det_math"] = "bf16_graph_nondet"
     baseline_of["cost_hybrid_1b_bf16_det"] = "cost_hybrid_1b_bf16_nondet"
     header = (
         "| case | GPUs | steps compared | first differing step | max abs dloss | final val A = B | "
@@ -355,8 +357,8 @@ def main() -> int:
         choices=CASES,
         help="graph: BF16 and NVFP4 compiled with the CUDA graph; eager: both eager; baseline: "
         "both compiled without the flag (the cost's reference); ddp; resume (needs graph); "
-        "flex: BF16 compiled "
-        "with FlexAttention instead of math SDPA; cost_1b (hybrid_1b "
+        "math: BF16 compiled "
+        "with math SDPA instead of FlexAttention; cost_1b (hybrid_1b "
         "with and without the flag: not in the default set)",
     )
     ap.add_argument("--model", default="hybrid_repro")
@@ -499,8 +501,8 @@ def main() -> int:
     #    only the cost; then hybrid_1b
     if "baseline" in args.cases:
         timed_pairs([("bf16_graph_nondet", "bf16", False)])
-    if "flex" in args.cases:  # the compiled model's attention as FlexAttention instead of math SDPA
-        timed_pairs([("bf16_graph_det_flex", "bf16", True, "flex")])
+    if "math" in args.cases:  # the compiled model's attention as math SDPA instead of FlexAttention
+        timed_pairs([("bf16_graph_det_math", "bf16", True, "math")])
     if "baseline" in args.cases:
         timed_pairs([("nvfp4_graph_nondet", "nvfp4", False)])
     if "cost_1b" in args.cases and due("cost_hybrid_1b"):

@@ -171,15 +171,14 @@ def apply_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     return (x32 * cos + rotated * sin).to(x.dtype)
 
 
-# Deterministic attention where the model is compiled: "math" (default: SDPA's math backend, which writes the
-# T x T scores and computes them in FP32; the committed campaign's runs were made with it, and a run killed and
-# resumed repeats the uninterrupted one with it on the GPU check) or "flex" (FlexAttention, Inductor's template,
-# whose backward loops over blocks without atomics and keeps the scores on chip: faster, repeatable between fresh
-# processes, but not yet through the GPU check's kill-and-resume case: docs/determinism.md). Eager deterministic
-# runs take math either way. Read once; train/determinism.py refuses another value in one line.
+# Deterministic attention where the model is compiled: "flex" (default: FlexAttention, Inductor's template,
+# whose backward loops over blocks without atomics and keeps the scores on chip) or "math" (SDPA's math backend,
+# which writes the T x T scores and computes them in FP32; it replays the bits of runs made with it, such as
+# the committed campaign's). Eager deterministic runs take math either way. Read once; train/determinism.py refuses
+# another value in one line.
 DETERMINISTIC_ATTENTION_ENV = "NVFP4TRAIN_DETERMINISTIC_ATTENTION"
 DETERMINISTIC_ATTENTION_CHOICES = ("flex", "math")
-DETERMINISTIC_ATTENTION_DEFAULT = "math"
+DETERMINISTIC_ATTENTION_DEFAULT = "flex"
 
 
 def attention_backend(

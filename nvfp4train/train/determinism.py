@@ -11,16 +11,15 @@ not leak into each other):
 - `CUBLAS_WORKSPACE_CONFIG=:4096:8` (cuBLAS's deterministic workspace; it must be in the environment
   before the process's first cuBLAS call, so it is set before CUDA starts, or the run refuses);
 - cuDNN deterministic, without benchmark mode;
-- attention through PyTorch's math SDPA (model/blocks.py): cuDNN's and flash's backward kernels accumulate
-  in an order that varies; the fused backends are also switched off process-wide, so that no compiled
-  pattern can reach them. NVFP4TRAIN_DETERMINISTIC_ATTENTION=flex takes FlexAttention where the model is
-  compiled (Inductor's template: its backward has no atomics; faster, see docs/determinism.md for what it
-  has and has not been checked for);
-- torch's deterministic mode fills every new tensor with NaN (`fill_uninitialized_memory`, a kernel per
-  allocation), so that memory nobody wrote reads the same whatever was there before (after a resume the
-  caching allocator holds other data than in an uninterrupted run). NVFP4TRAIN_FILL_UNINITIALIZED=0 leaves
-  new tensors unfilled: faster, and bitwise repeatable between fresh runs, but a run killed and resumed did
-  not repeat the uninterrupted one on the GPU check with it and FlexAttention together (docs/determinism.md);
+- attention through FlexAttention where the model is compiled (Inductor's template: its backward has no
+  atomics) and PyTorch's math SDPA where it is eager (model/blocks.py): cuDNN's and flash's backward kernels
+  accumulate in an order that varies; the fused backends are also switched off process-wide, so that
+  no compiled pattern can reach them. NVFP4TRAIN_DETERMINISTIC_ATTENTION=math takes math SDPA compiled too
+  (it replays runs made with it);
+- new tensors are not filled with NaN (torch's deterministic mode fills every torch.empty, a kernel per
+  allocation, so that a read of memory nobody wrote shows; every kernel here writes all of its output, and
+  the fill changes no bit of a run, fresh or resumed: docs/determinism.md). NVFP4TRAIN_FILL_UNINITIALIZED=1
+  turns the fill back on, to hunt such a read;
 - Mamba's SSD (model/ssd.py): mamba-ssm's Triton kernels in their own deterministic mode (per-program
   partial sums reduced in a fixed order instead of atomics), each kernel pinned to one configuration
   instead of the one autotuning picks by timing; the chunked PyTorch scan where mamba-ssm is missing.
@@ -82,10 +81,10 @@ def deterministic_mode(enabled: bool):
             f"{DETERMINISTIC_ATTENTION_ENV}={attention}: allowed "
             f"{', '.join(DETERMINISTIC_ATTENTION_CHOICES)} (the attention of train.deterministic=true)"
         )
-    fill = os.environ.get(FILL_ENV, "1")
+    fill = os.environ.get(FILL_ENV, "0")
     if fill not in ("0", "1"):
         raise ConfigError(
-            f"{FILL_ENV}={fill}: allowed 0, 1 (1, the default: torch fills new tensors with NaN in deterministic mode)"
+            f"{FILL_ENV}={fill}: allowed 0, 1 (1: torch fills new tensors with NaN in deterministic mode)"
         )
     _set_cublas_workspace()
     saved = {
@@ -140,7 +139,7 @@ def describe() -> str:
         f"{CUBLAS_ENV}={os.environ.get(CUBLAS_ENV, 'unset')}, cudnn.deterministic="
         f"{torch.backends.cudnn.deterministic}, inductor deterministic="
         f"{inductor.deterministic if inductor is not None else 'n/a (torch too old)'}, attention: "
-        f"{os.environ.get('NVFP4TRAIN_DETERMINISTIC_ATTENTION', 'math')} where compiled (math SDPA where eager), "
+        f"{os.environ.get('NVFP4TRAIN_DETERMINISTIC_ATTENTION', 'flex')} where compiled (math SDPA where eager), "
         f"new tensors {'filled with NaN' if torch.utils.deterministic.fill_uninitialized_memory else 'not filled'}, "
         "SSD: mamba-ssm Triton in its deterministic mode with pinned configs (PyTorch scan without mamba-ssm), "
         "conv: our Triton kernels"
