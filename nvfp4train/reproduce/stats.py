@@ -254,38 +254,6 @@ def verdict(interval: Interval | None, claim: Claim) -> Verdict:
     return Verdict(UNRESOLVED, f"the interval crosses ±{bound:g}%", seeds_to_resolve(bound - abs(mean), sd))
 
 
-# --------------------------------------------------------------------------- token equivalent
-def tokens_to_reach(curve: dict[float, float], target: float) -> float | None:
-    """The first token count at which a loss-vs-tokens curve reaches `target`, linearly interpolated
-    between logged points; None if it never does."""
-    points = sorted(curve.items())
-    for (t0, l0), (t1, l1) in zip(points, points[1:]):
-        if l0 <= target:
-            return t0
-        if l1 <= target:
-            return t0 + (t1 - t0) * (l0 - target) / (l0 - l1)
-    if points and points[-1][1] <= target:
-        return points[-1][0]
-    return None
-
-
-def token_ratio(
-    arm_curve: dict[float, float], arm_tokens: float, base_curve: dict[float, float], base_tokens: float
-) -> float | None:
-    """The arm's tokens / the baseline's tokens for the same loss, that of the run that ends worse (the
-    better run reaches it within its budget): > 1, the arm is less token-efficient. A worse arm: its
-    tokens / those the baseline needs to reach the arm's final loss; a better arm: the tokens it needs to
-    reach the baseline's final loss / the baseline's. Both cases count, so every seed counts: keeping only
-    seeds where the arm ends worse would bias the mean above 1x. None: the better run starts at or below
-    that loss (a point at 0 tokens), so there is no ratio."""
-    arm_final, base_final = arm_curve[max(arm_curve)], base_curve[max(base_curve)]
-    if arm_final >= base_final:
-        reached = tokens_to_reach(base_curve, arm_final)
-        return arm_tokens / reached if reached else None
-    reached = tokens_to_reach(arm_curve, base_final)
-    return reached / base_tokens if reached else None
-
-
 # --------------------------------------------------------------------------- tests of the claims' kinds
 # Each test takes the per-seed paired values (in %, positive = the arm's loss is higher) and returns a
 # Verdict whose `p` is that of the rejection its verdict rests on: `holm` adjusts those p-values over a

@@ -103,19 +103,10 @@ def test_unequal_seeds_pair_only_the_common_ones():
     assert stats.verdict(interval, stats.Claim("worse")).verdict == stats.REPRODUCED
 
 
-def test_window_and_token_ratio():
+def test_window_mean():
     curve = {float(t): float(t) for t in range(11)}
     assert stats.window_mean(curve, 10, (0.2, 0.8)) == pytest.approx(5.5)  # 3..8
     assert stats.window_mean(curve, 10, (0.8, 1.0)) == pytest.approx(9.5)  # 9, 10
-    base = {0.0: 10.0, 100.0: 5.0, 200.0: 4.0}
-    assert stats.tokens_to_reach(base, 4.5) == pytest.approx(150.0)
-    worse = {0.0: 10.0, 200.0: 4.5}
-    assert stats.token_ratio(worse, 200.0, base, 200.0) == pytest.approx(200 / 150)
-    # a better arm counts too (below 1x): it reaches the baseline's final 4.0 at 150 of the baseline's 200
-    better = {0.0: 10.0, 100.0: 5.0, 200.0: 3.0}
-    assert stats.token_ratio(better, 200.0, base, 200.0) == pytest.approx(150 / 200)
-    # the better run is below the worse one's final loss from 0 tokens on: no ratio
-    assert stats.token_ratio({0.0: 10.0, 200.0: 9.0}, 200.0, {0.0: 8.0, 100.0: 12.0, 200.0: 11.0}, 200.0) is None
 
 
 # ------------------------------------------------------------------------------ report on synthetic runs
