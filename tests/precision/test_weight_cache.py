@@ -283,7 +283,7 @@ def test_fresh_storage_at_every_use_is_cached_within_the_epoch(monkeypatch):
         for _ in range(3):
             for layer in (f.model.fc1, f.model.fc2):  # a gather: the same values in new storage
                 layer.weight.data = layer.weight.data.clone()
-            out = f.train_forward()
+            f.train_forward()
         assert calls.count(("block0.fc1", "fprop_w")) == 1
         optimizer.step()
         optimizer.zero_grad()
