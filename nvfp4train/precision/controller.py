@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 class PrecisionLayers:
     """The model's layer factory (`model.layers.LayerFactory`) for one policy: `linear` builds a QuantLinear (a
     TELinear on the te backend) running `policy.for_module(its name)`, `mlp` the FP8 MLP as one node where the
-    block's fc1 and fc2 recipes fuse. `backend_name` / `backend_reason`: the backend resolved once."""
+    block's fc1 and fc2 recipes fuse. `backend_name` / `backend_reason`: the backend resolved once;
+    `weight_epoch`: the `WeightEpoch` its QuantLinears share (their weight caches' key)."""
 
     def __init__(self, policy: PrecisionPolicy, n_blocks: int, seed: int, modules: Mapping[str, tuple[int, str]]):
         self.policy, self.n_blocks, self.seed = policy, n_blocks, seed

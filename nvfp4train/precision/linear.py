@@ -127,6 +127,10 @@ class WeightEpoch:
         self.value += 1
         self._entries.clear()
 
+    def discard(self, cache_id: int) -> None:
+        """Free one cache's entries (a layer leaving this epoch for another)."""
+        self._entries.pop(cache_id, None)
+
     def __repr__(self) -> str:
         return f"WeightEpoch({self.value}, {len(self._entries)} layer(s) cached)"
 
@@ -295,7 +299,7 @@ class QuantLinear(PrecisionLinear):
 
     @weight_epoch.setter
     def weight_epoch(self, epoch: WeightEpoch) -> None:
-        self.weight_cache.epoch._entries.pop(self.weight_cache.id, None)  # what it cached there is freed
+        self.weight_cache.epoch.discard(self.weight_cache.id)  # what it cached there is freed
         self.weight_cache.epoch = epoch
 
     def extra_repr(self) -> str:
