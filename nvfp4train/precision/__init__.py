@@ -4,6 +4,7 @@
     policy = PrecisionPolicy.from_dict(section)               # a mapping, validated (RunConfig parses its own)
     factory = build_linear_factory(policy, n_blocks, seed)    # the model's layer factory (model.layers)
     ctl = PrecisionController(policy, model)                  # schedule, telemetry, checkpoint state
+    weights_changed(model)                                    # after editing weights by hand (a new weight epoch)
     peak = gemm_peak_kind(policy, ctl.backend_name)           # "bf16" | "fp8" | "fp4": MFU's peak
 
 Imports `nvfp4train.formats`, and from the model only the protocol it implements and the linear names it takes
@@ -11,8 +12,8 @@ Imports `nvfp4train.formats`, and from the model only the protocol it implements
 """
 
 from .backends import gemm_peak_kind
-from .controller import PrecisionController, PrecisionLayers, build_linear_factory, quant_linears
-from .linear import QuantLinear
+from .controller import PrecisionController, PrecisionLayers, build_linear_factory, quant_linears, weights_changed
+from .linear import QuantLinear, WeightEpoch
 from .memory import saved_activation_bytes, saved_bytes_report
 from .recipe import ROLES, LayerRecipe, OperandSpec, PrecisionPolicy, SwitchConfig
 
@@ -23,6 +24,8 @@ __all__ = [
     "quant_linears",
     "PrecisionController",
     "QuantLinear",
+    "WeightEpoch",
+    "weights_changed",
     "LayerRecipe",
     "OperandSpec",
     "SwitchConfig",

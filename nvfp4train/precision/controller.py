@@ -5,7 +5,8 @@ layer = factory.linear(in_features, out_features, block_index=3, name="fc1")   #
 mlp = factory.mlp(d_model, ffn_hidden, block_index=3)   # precision.mlp.SquaredReLUMLP, or None
 ctl = PrecisionController(policy, model)
 msg = ctl.on_step(tokens_fraction)   # schedule switch + telemetry gating, once per step
-ctl.weights_changed()                # after optimizer.step(): drop the cached quantized weights
+ctl.weights_changed()                # weights changed outside optimizer.step(): a new weight epoch
+weights_changed(model)               # the same for any model of precision linears, controller or not
 stats = ctl.quant_stats()            # {"quant/block3.fc1/wgrad_dy/rel_err": ..., ...}
 torch.save(ctl.state_dict(), f)      # switch state + SR generator states (weights_only-loadable)
 """
@@ -23,7 +24,7 @@ from nvfp4train.model.layers import LINEAR_NAMES
 
 from .backends import TE, TELinear, resolve_backend
 from .layer import PrecisionLinear
-from .linear import QuantLinear
+from .linear import QuantLinear, WeightEpoch
 from .mlp import SquaredReLUMLP, recipes_fuse
 from .recipe import FORWARD_ROLES, PrecisionPolicy
 
@@ -33,13 +34,15 @@ log = logging.getLogger(__name__)
 class PrecisionLayers:
     """The model's layer factory (`model.layers.LayerFactory`) for one policy: `linear` builds a QuantLinear (a
     TELinear on the te backend) running `policy.for_module(its name)`, `mlp` the FP8 MLP as one node where the
-    block's fc1 and fc2 recipes fuse. `backend_name` / `backend_reason`: the backend resolved once."""
+    block's fc1 and fc2 recipes fuse. `backend_name` / `backend_reason`: the backend resolved once;
+    `weight_epoch`: the `WeightEpoch` its QuantLinears share (their weight caches' key)."""
 
     def __init__(self, policy: PrecisionPolicy, n_blocks: int, seed: int, modules: Mapping[str, tuple[int, str]]):
         self.policy, self.n_blocks, self.seed = policy, n_blocks, seed
         self.module_of = {where: module for module, where in modules.items()}
         self.backend, self.backend_reason = resolve_backend(policy)
         self.backend_name = self.backend.name
+        self.weight_epoch = WeightEpoch()  # shared by the QuantLinears it builds (their weight caches' key)
 
     def linear(
         self, in_features: int, out_features: int, *, block_index: int, name: str, strided_output: bool = False
@@ -61,7 +64,9 @@ class PrecisionLayers:
         if self.backend is TE:
             layer = TELinear(in_features, out_features, **kwargs)
         else:
-            layer = QuantLinear(in_features, out_features, backend=self.backend, **kwargs)
+            layer = QuantLinear(
+                in_features, out_features, backend=self.backend, weight_epoch=self.weight_epoch, **kwargs
+            )
         layer.backend_reason = self.backend_reason
         layer.module_name = module
         layer.precision_source = (
@@ -154,29 +159,36 @@ def compact_names(names: list[str]) -> str:
 def quant_linears(model: nn.Module) -> list[QuantLinear]:
     """`model`'s linears that run through this package's custom ops (`QuantLinear`), in module order: each keeps
     a weight cache, draws from SR generators of its own and names its recipe in `recipe_key`, which the
-    optimizer's post-step hook, FSDP2's weight-cache keying and a CUDA graph capture look after (Transformer
+    optimizer's post-step hook (a new weight epoch) and a CUDA graph capture look after (Transformer
     Engine's layers keep their own state). So a caller asks this package, not the layers' classes."""
     return [m for m in model.modules() if isinstance(m, QuantLinear)]
 
 
-def drop_weight_caches(layers) -> None:
-    """Drop the cached quantized weights of every QuantLinear in `layers` (their weights changed, or a CUDA
-    graph capture wants a clean start). The one place outside a layer that invalidates its cache: the
-    controller's `on_step` / `weights_changed`, the optimizer hook below and the CUDA graph capture call it."""
-    for layer in layers:
-        if isinstance(layer, QuantLinear):
-            layer.invalidate_weight_cache()
+def bump_weight_epochs(layers) -> None:
+    """A new weight epoch (`linear.WeightEpoch`) for every QuantLinear in `layers` (each distinct epoch bumped
+    once): their cached quantized weights are freed and the next training use quantizes afresh."""
+    epochs = {id(layer.weight_epoch): layer.weight_epoch for layer in layers if isinstance(layer, QuantLinear)}
+    for epoch in epochs.values():
+        epoch.bump()
 
 
-def drop_weight_caches_after_each_step(optimizer, model: nn.Module) -> None:
-    """Register `drop_weight_caches` of `model`'s quantized linears as `optimizer`'s post-step hook: an
-    update that does not bump a weight's version counter (torch's fused AdamW, DeepSpeed writing through
-    `.data`, FSDP2 re-gathering into the same storage) cannot be noticed by the cache itself, and a caller
-    that drives the optimizer without a controller (a benchmark, a library user) would otherwise reuse
-    stale quantized weights."""
+def weights_changed(model: nn.Module) -> None:
+    """Call after changing the weights of `model`'s precision linears outside `optimizer.step()` and
+    `load_state_dict` (`weight.copy_(...)`, `weight.data = ...`, an update by hand) before its next training
+    forward: a new weight epoch, so the quantized weights cached in the old one are not reused. Evaluation
+    forwards (no_grad) never read the cache. The optimizer's post-step hook (`weights_changed_after_each_step`),
+    loads, precision switches and CUDA graph captures bump the epoch themselves."""
+    bump_weight_epochs(quant_linears(model))
+
+
+def weights_changed_after_each_step(optimizer, model: nn.Module) -> None:
+    """Register a bump of the weight epoch of `model`'s quantized linears as `optimizer`'s post-step hook: what
+    keeps their cached quantized weights fresh whatever the optimizer writes through (torch's fused AdamW does
+    not bump version counters, FSDP2 gathers into fresh storage), also for a caller that drives the optimizer
+    without a controller (a benchmark, a library user)."""
     quantized = quant_linears(model)
     if quantized:
-        optimizer.register_step_post_hook(lambda *_: drop_weight_caches(quantized))
+        optimizer.register_step_post_hook(lambda *_: bump_weight_epochs(quantized))
 
 
 # Held-out evaluation (train/heldout.py) in BF16 or in the training precision, leaving training's state as it was
@@ -244,17 +256,22 @@ class PrecisionController:
         self.switched = False
         self.switched_at: float | None = None
         self.steps = 0  # on_step calls so far
-        # The controller owns the weight caches' schedule (on_step, weights_changed), so it turns them on.
-        for layer in self.layers:
-            if isinstance(layer, QuantLinear):
-                layer.cache_weights = cache_weights
+        # The controller bumps the weight epoch (on_step, weights_changed, load_state_dict), so it turns the weight
+        # caches on; its linears share one epoch (the factory's, else one it makes for linears built one by one).
+        quantized = [m for m in self.layers if isinstance(m, QuantLinear)]
+        epochs = {id(m.weight_epoch) for m in quantized}
+        self.weight_epoch = quantized[0].weight_epoch if len(epochs) == 1 else WeightEpoch()
+        for layer in quantized:
+            layer.weight_epoch = self.weight_epoch
+            layer.cache_weights = cache_weights
         log.info("precision controller: %d linears, backend %s", len(self.layers), self.backend_name)  # reason: above
 
     # ------------------------------------------------------------------ per step
     def on_step(self, tokens_fraction: float) -> str | None:
         """Call once per optimizer step, before its forward passes. Switches to BF16 when the
         schedule says so (returns a message then), enables telemetry every `stats_every` steps, and
-        drops the quantized weights cached during the previous step (see `weights_changed`)."""
+        starts a new weight epoch (`weights_changed`: for an optimizer without the post-step hook, e.g.
+        DeepSpeed's)."""
         self.weights_changed()
         every = self.policy.stats_every
         collect = every > 0 and self.steps % every == 0
@@ -271,19 +288,18 @@ class PrecisionController:
         return None
 
     def weights_changed(self) -> None:
-        """Drop every layer's cached quantized weights (and free their memory). Call it after
-        `optimizer.step()` and after loading weights; `on_step` and `load_state_dict` call it too.
-        Between two calls each layer quantizes its weight once (the first training forward of the
-        step) and every micro-batch's Fprop and Dgrad reuse it. An in-place update that bumps the
-        weight's version counter (`copy_`, foreach optimizers) is noticed without it; torch's fused
-        AdamW, updates through `.data` (DeepSpeed) and re-gathered storage (FSDP2) are not (the
-        optimizer's post-step hook, `drop_weight_caches_after_each_step`, catches those)."""
-        drop_weight_caches(self.layers)
+        """A new weight epoch for every linear: their cached quantized weights are freed, and each
+        quantizes its weight once more (at its first training forward) for every micro-batch's Fprop and
+        Dgrad to reuse. Call it after changing weights outside `optimizer.step()` and `load_state_dict`;
+        `on_step`, `load_state_dict` and the optimizer's post-step hook (`weights_changed_after_each_step`,
+        which the training engine installs) bump it themselves. The cache never looks at the weight's
+        version counter or storage."""
+        self.weight_epoch.bump()
 
     def _apply_switch(self, switched: bool) -> None:
         self.switched = switched
         for layer in self.layers:
-            layer.set_switched(switched)
+            layer.set_switched(switched)  # a QuantLinear whose recipe changes bumps the weight epoch
 
     def quant_stats(self) -> dict[str, float]:
         """Telemetry gathered since the last call, flat: quant/<layer>/<operand>/<stat>."""

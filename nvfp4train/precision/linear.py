@@ -20,13 +20,14 @@ The layer's random constants are buffers (`sr_seeds`: one stream seed per operan
 Hadamard sign vector), so they travel in its state_dict and checkpoints; where each SR stream stands (per rank)
 is checkpointed by the controller. The three GEMMs run as custom ops (`ops.py`), which reach the layer's
 `ops.LayerState` (host copies of those constants, the SR generators, telemetry, weight cache) by an int id.
-Quantized weight operands are cached per layer between the controller's invalidations (`WeightCache`;
-`controller.drop_weight_caches` is the one caller of `clear` from outside the layer): one quantization per
-optimizer step, not one per micro-batch and per GEMM.
+Quantized weight operands are cached per layer within a weight epoch (`WeightCache`, `WeightEpoch`: one counter
+the layers of a model share, bumped by the optimizer's post-step hook, loads, CUDA graph captures and precision
+switches): one quantization per optimizer step, not one per micro-batch and per GEMM.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import defaultdict
 from typing import Any
@@ -104,56 +105,77 @@ class SRStreams:
         self._generators, self._pending_states = generators, pending
 
 
-class WeightCache:
-    """A layer's quantized weight operands, kept from one use to the next while the weight stays
-    the same: built by the first training forward after an invalidation, reused by the other
-    micro-batches' forwards and by every Dgrad, instead of quantizing the FP32 master weight again.
+class WeightEpoch:
+    """How many times the weights of the quantized linears sharing it may have changed, and those linears'
+    quantized weight operands of the current epoch (`WeightCache` entries). `bump()` starts a new epoch: the
+    operands of the old one are freed at once and each layer's next training use quantizes its weight again.
 
-    An entry is dropped when the weight's version counter, storage, shape, dtype or device changes
-    (an in-place update, a copy into it, `.data` replaced) and on `clear()`, which `controller.drop_weight_caches`
-    calls (the controller's `on_step` and `weights_changed`, the optimizer's post-step hook, a CUDA graph
-    capture): updates that do not bump the version counter (torch's fused AdamW, DeepSpeed
-    writing through `.data`, FSDP2 re-gathering into the same storage) are only seen that way.
-    Stochastically rounded weight operands are never cached (each use draws anew, as before)."""
+    One epoch is shared by every linear one layer factory (`PrecisionLayers`) builds, and by every linear of a
+    `PrecisionController` (it adopts one epoch for them all). Bumped by the optimizer's post-step hook
+    (`controller.weights_changed_after_each_step`, which the training engine installs), the controller's
+    `on_step` / `weights_changed` / `load_state_dict`, a layer's `load_state_dict`, a precision switch, a CUDA
+    graph capture (before and after) and `precision.weights_changed(model)`, the one call for a user who
+    changes weights by hand (`copy_`, `.data`): the cache does not look at the weight's storage or version
+    counter, which torch's fused AdamW, DeepSpeed (through `.data`) and FSDP2 (a fresh gather at every use)
+    do not keep meaningful."""
 
     def __init__(self):
-        self.enabled = False  # set by PrecisionController: it owns the invalidation schedule
-        # FSDP2 gathers the weight into fresh storage at every forward (and, resharded, again in
-        # backward): with the storage in the stamp each micro-batch would quantize again. The engine
-        # that wraps the model in FSDP2 turns this on, its optimizer-step hook clearing the entries.
-        self.until_cleared = False
-        self._stamp: tuple | None = None
-        self._entries: dict[tuple, Any] = {}
+        self.value = 0
+        self._entries: dict[int, tuple[tuple, dict[tuple, Any]]] = {}  # cache id -> (weight's form, entries)
 
-    def _stamp_of(self, weight: torch.Tensor) -> tuple:
-        if self.until_cleared:
-            return (tuple(weight.shape), weight.dtype, weight.device)
-        return (weight._version, weight.data_ptr(), tuple(weight.shape), weight.dtype, weight.device)
+    def bump(self) -> None:
+        self.value += 1
+        self._entries.clear()
+
+    def discard(self, cache_id: int) -> None:
+        """Free one cache's entries (a layer leaving this epoch for another)."""
+        self._entries.pop(cache_id, None)
+
+    def __repr__(self) -> str:
+        return f"WeightEpoch({self.value}, {len(self._entries)} layer(s) cached)"
+
+
+_CACHE_IDS = itertools.count()
+
+
+class WeightCache:
+    """A layer's quantized weight operands, kept from one use to the next within a weight epoch
+    (`WeightEpoch`, shared with the layer's siblings): built by the first training forward of the epoch,
+    reused by the other micro-batches' forwards and by every Dgrad, instead of quantizing the FP32 master
+    weight again. The entries live in the epoch, keyed on this cache, so a bump frees them all. Beside the
+    epoch, an entry is kept only for a weight of the same shape, dtype and device (`model.to(...)`).
+    Stochastically rounded weight operands are never cached (each use draws anew, as before)."""
+
+    def __init__(self, epoch: WeightEpoch | None = None):
+        self.enabled = False  # set by PrecisionController: it installs the epoch's bumps
+        self.epoch = epoch if epoch is not None else WeightEpoch()
+        self.id = next(_CACHE_IDS)
+
+    @staticmethod
+    def _form(weight: torch.Tensor) -> tuple:
+        return (tuple(weight.shape), weight.dtype, weight.device)
 
     def get(self, key: tuple, weight: torch.Tensor, build, training: bool = True):
-        """`build()`, or its result from an earlier call with the same `key` and weight. Only
+        """`build()`, or its result from an earlier call with the same `key` in this epoch. Only
         training passes use the cache (`training`: a forward that saves for backward, or a
-        backward): an evaluation forward between `optimizer.step()` and the next invalidation
-        quantizes afresh."""
+        backward): an evaluation forward quantizes afresh, so it needs no bump after changed weights."""
         if not (self.enabled and training):
             return build()
-        stamp = self._stamp_of(weight)
-        if stamp != self._stamp:
-            self._entries.clear()
-            self._stamp = stamp
-        if key not in self._entries:
-            self._entries[key] = build()
-        return self._entries[key]
+        form = self._form(weight)
+        held = self.epoch._entries.get(self.id)
+        if held is None or held[0] != form:
+            held = self.epoch._entries[self.id] = (form, {})
+        entries = held[1]
+        if key not in entries:
+            entries[key] = build()
+        return entries[key]
 
     def peek(self, key: tuple, weight: torch.Tensor):
         """The entry `get` would return for `key` and this weight, or None (nothing is built)."""
-        if not self.enabled or self._stamp != self._stamp_of(weight):
+        held = self.epoch._entries.get(self.id) if self.enabled else None
+        if held is None or held[0] != self._form(weight):
             return None
-        return self._entries.get(key)
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self._stamp = None
+        return held[1].get(key)
 
 
 class _BF16LinearFP32Wgrad(torch.autograd.Function):
@@ -205,8 +227,11 @@ class QuantLinear(PrecisionLinear):
         out_features: int,
         *,
         backend: Backend | str = "emulated",
+        weight_epoch: WeightEpoch | None = None,
         **common,
     ):
+        """`weight_epoch`: the epoch its weight cache is keyed on, shared with the other linears of the model
+        (the factory's); None: one of its own (a `PrecisionController` makes its linears share one)."""
         super().__init__(in_features, out_features, **common)
         policy, block_index = common["policy"], self.block_index
         self.format = policy.format
@@ -214,7 +239,7 @@ class QuantLinear(PrecisionLinear):
         # The ops read host copies of the layer's seed and sign buffers (no device read per GEMM, none inside a
         # CUDA graph capture), refreshed when a state dict is loaded (`constants_loaded`).
         self.sr = SRStreams(self.sr_seed_values, self.label)
-        self.weight_cache = WeightCache()
+        self.weight_cache = WeightCache(weight_epoch)
         self._state = ops.LayerState(self.sr, self.rht_sign_values, self.weight_cache)
         self.layer_id = self._state.id  # what the custom ops get
         self._stats: dict[str, list[float]] = defaultdict(list)
@@ -232,6 +257,11 @@ class QuantLinear(PrecisionLinear):
         self.sr.reseed(self.sr_seed_values)
         self._state.rht_signs = self.rht_sign_values
 
+    def _load_from_state_dict(self, *args, **kwargs):
+        """As PrecisionLinear's; a loaded weight starts a new weight epoch (`WeightEpoch`)."""
+        super()._load_from_state_dict(*args, **kwargs)
+        self.weight_cache.epoch.bump()
+
     @property
     def recipe(self) -> LayerRecipe:
         return self._recipe
@@ -239,8 +269,10 @@ class QuantLinear(PrecisionLinear):
     @recipe.setter
     def recipe(self, recipe: LayerRecipe) -> None:
         # The forward reads plain attributes (a bool, a string): cheap for dynamo to guard on.
+        changed = getattr(self, "_recipe", recipe) != recipe
         self._recipe, self.recipe_key, self.quantized = recipe, ops.encode_recipe(recipe), not recipe.all_bf16
-        self.weight_cache.clear()
+        if changed:  # a precision switch: the old recipe's operands are not wanted again
+            self.weight_cache.epoch.bump()
 
     @property
     def stats_enabled(self) -> bool:
@@ -258,17 +290,17 @@ class QuantLinear(PrecisionLinear):
     @cache_weights.setter
     def cache_weights(self, enabled: bool) -> None:
         self.weight_cache.enabled = bool(enabled)
-        self.weight_cache.clear()
+        self.weight_cache.epoch.bump()
 
-    def keep_weight_cache_until_cleared(self) -> None:
-        """Key the cached weight operands on the step alone, not on the weight's storage: for a weight
-        that FSDP2 gathers afresh at every use, unchanged until the next `invalidate_weight_cache`."""
-        self._state.weights.until_cleared = True
-        self._state.weights.clear()
+    @property
+    def weight_epoch(self) -> WeightEpoch:
+        """The epoch its cached weight operands belong to (`WeightEpoch`)."""
+        return self.weight_cache.epoch
 
-    def invalidate_weight_cache(self) -> None:
-        """Forget the quantized weight operands (the weight changed, or memory is wanted back)."""
-        self.weight_cache.clear()
+    @weight_epoch.setter
+    def weight_epoch(self, epoch: WeightEpoch) -> None:
+        self.weight_cache.epoch.discard(self.weight_cache.id)  # what it cached there is freed
+        self.weight_cache.epoch = epoch
 
     def extra_repr(self) -> str:
         kind = "bf16" if self.recipe.all_bf16 else self.format

@@ -174,7 +174,7 @@ def _fprop_weight(
     wants_dgrad: bool = False,
 ):
     """(W operand of Fprop, its packed form when Dgrad reuses it, Dgrad's Wᵀ operand when the same cast made
-    it), cached per weight version. `wants_dgrad`: this forward saves W for a Dgrad."""
+    it), cached per weight epoch. `wants_dgrad`: this forward saves W for a Dgrad."""
     spec = recipe.fprop_w
 
     def build():

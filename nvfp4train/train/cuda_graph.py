@@ -17,9 +17,9 @@ What must hold for a replay to be the eager step, and how it is kept:
 - Stochastic rounding: every SR generator is registered with the graph. A replay draws from the
   generator's current offset and advances it by what the eager step advances it, so the SR bits and
   the generator states a checkpoint saves are an eager run's.
-- The quantized-weight cache (precision/linear.py `WeightCache`) is emptied before the capture, so the
-  captured forward quantizes the weight itself (from the master weight's memory, which the optimizer
-  updates in place), and emptied after it, so eager code never sees the graph's tensors.
+- The quantized-weight cache (precision/linear.py `WeightCache`) starts a new weight epoch before the capture,
+  so the captured forward quantizes the weight itself (from the master weight's memory, which the optimizer
+  updates in place), and another after it, so eager code never sees the graph's tensors.
 - Python state the forward reads: a precision switch changes the layers' recipes (recapture);
   telemetry steps read statistics on the host inside the forward, so they run eagerly, after the
   graph and its memory are released (recaptured on the next step).
@@ -56,7 +56,7 @@ import logging
 import torch
 import torch.nn as nn
 
-from nvfp4train.precision.controller import drop_weight_caches, quant_linears
+from nvfp4train.precision.controller import bump_weight_epochs, quant_linears
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class StepGraph:
                 p.grad = None
             grads = []
         generators = self._sr_generators()
-        drop_weight_caches(self.layers)
+        bump_weight_epochs(self.layers)
         self.reshard()  # FSDP2 gathers inside the capture, whatever an evaluation left gathered
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # the eager steps' cached blocks, for the graph's pool
@@ -228,7 +228,7 @@ class StepGraph:
                 f"({type(e).__name__}: {e}); run with train.cuda_graph=false"
             ) from e
         finally:
-            drop_weight_caches(self.layers)
+            bump_weight_epochs(self.layers)
         self.graph, self.loss_sum, self.key = graph, loss_sum, key
         self.captures += 1
         log.info(

@@ -1,12 +1,21 @@
 """The quantized weight cache: each layer quantizes its weight once per optimizer step (the first
 training forward) and every micro-batch's Fprop and Dgrad reuse it, with the same bits as
-quantizing at every use; it is dropped when the weight changes or the controller says so."""
+quantizing at every use; keyed on the weight epoch, which the optimizer's post-step hook, loads, precision
+switches and `precision.weights_changed` bump."""
 
 import pytest
 import torch
 from torch import nn
 
-from nvfp4train.precision import PrecisionController, build_linear_factory, operands, pairs
+from nvfp4train.precision import (
+    PrecisionController,
+    QuantLinear,
+    build_linear_factory,
+    operands,
+    pairs,
+    weights_changed,
+)
+from nvfp4train.precision.controller import weights_changed_after_each_step
 from nvfp4train.precision.ops import LayerState
 
 from .helpers import load_preset
@@ -109,31 +118,191 @@ def test_cached_weights_give_the_same_bits_and_quantize_once_per_step(preset, mo
         assert ("block0.fc1", "dgrad_w") not in step_calls
 
 
-def test_a_changed_weight_is_quantized_again(monkeypatch):
-    policy = _policy("nvfp4")
-    model = TwoLayers(build_linear_factory(policy, n_blocks=1, seed=5))
-    ctl = PrecisionController(policy, model)
-    x = torch.randn(40, 32)
+def _count_weight_quantizations(monkeypatch, model) -> list:
+    """A list that collects (layer label, role) for every weight operand of `model`'s linears quantized from now
+    on (W and Wᵀ from one cast count as W's)."""
+    calls, depth, ids = [], [0], {m.layer_id for m in model.modules() if isinstance(m, QuantLinear)}
+    for method in ("pack", "quantize", "quantize_with_transpose", "pack_with_transpose"):
+        real = getattr(LayerState, method)
 
-    def forward(train=True):
-        with torch.set_grad_enabled(train), torch.autocast("cpu", dtype=torch.bfloat16):
-            return model(x).detach()
+        def spy(state, role, *args, real=real):
+            depth[0] += 1
+            try:
+                out = real(state, role, *args)
+            finally:
+                depth[0] -= 1
+            # quantize calls pack when telemetry is on; a pair's None means one by one (counted there)
+            if role.endswith("_w") and depth[0] == 0 and out is not None and state.id in ids:
+                calls.append((state.sr.label, role))
+            return out
 
-    fresh = TwoLayers(build_linear_factory(policy, n_blocks=1, seed=5))
+        monkeypatch.setattr(LayerState, method, spy)
+    return calls
 
-    def expected():
-        fresh.load_state_dict(model.state_dict())
+
+class _Fixture:
+    """TwoLayers (NVFP4 everywhere) under a controller, a training forward + backward, and what a fresh model
+    with the same state gives (every operand quantized anew)."""
+
+    def __init__(self, preset="nvfp4"):
+        self.policy = _policy(preset)
+        torch.manual_seed(0)
+        self.model = TwoLayers(build_linear_factory(self.policy, n_blocks=1, seed=5))
+        self.ctl = PrecisionController(self.policy, self.model)
+        self.x = torch.randn(40, 32, generator=torch.Generator().manual_seed(1))
+
+    def train_forward(self, model=None):
+        model = model or self.model
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            return fresh(x).detach()
+            y = model(self.x)
+        y.float().square().mean().backward()
+        return y.detach()
 
-    forward()
+    def expected(self):
+        fresh = TwoLayers(build_linear_factory(self.policy, n_blocks=1, seed=5))
+        fresh.load_state_dict(self.model.state_dict())
+        fresh.fc1.set_switched(self.model.fc1.switched)
+        fresh.fc2.set_switched(self.model.fc2.switched)
+        return self.train_forward(fresh)
+
+
+def test_the_layers_of_a_factory_and_controller_share_one_epoch():
+    f = _Fixture()
+    assert f.model.fc1.weight_epoch is f.model.fc2.weight_epoch is f.ctl.weight_epoch
+    # linears built one by one (their own epochs) are adopted into one
+    single = [QuantLinear(8, 8, policy=f.policy, block_index=0, n_blocks=1, name=n) for n in ("fc1", "fc2")]
+    assert single[0].weight_epoch is not single[1].weight_epoch
+    ctl = PrecisionController(f.policy, nn.Sequential(*single))
+    assert single[0].weight_epoch is single[1].weight_epoch is ctl.weight_epoch
+
+
+def test_a_weight_changed_by_hand_is_quantized_again_after_weights_changed(monkeypatch):
+    """The cache is keyed on the weight epoch alone, not on the weight's version counter or storage: an edit
+    by hand is seen by an evaluation forward (never cached) and, after `precision.weights_changed(model)`, by
+    training forwards."""
+    f = _Fixture()
+    calls = _count_weight_quantizations(monkeypatch, f.model)
+    before = f.train_forward()
+    assert calls.count(("block0.fc1", "fprop_w")) == 1
+    assert torch.equal(f.train_forward(), before)  # reused within the epoch: not quantized again
+    assert calls.count(("block0.fc1", "fprop_w")) == 1
     with torch.no_grad():
-        model.fc1.weight.mul_(0.5)  # in place: the version counter moves, the cache notices
-    assert torch.equal(forward(), expected())
-    model.fc1.weight.data.copy_(model.fc1.weight.data * 0.5)  # through .data: no version bump
-    assert torch.equal(forward(train=False), expected())  # evaluation never reads the cache
-    ctl.weights_changed()  # what the trainer calls after optimizer.step()
-    assert torch.equal(forward(), expected())
+        f.model.fc1.weight.mul_(0.5)  # in place: the version counter moves, the epoch does not
+    assert torch.equal(f.train_forward(), before)  # the old epoch's operands: what the docs say to bump for
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        evaluated = f.model(f.x)
+    assert torch.equal(evaluated, f.expected())  # evaluation never reads the cache
+    value = f.ctl.weight_epoch.value
+    weights_changed(f.model)
+    assert f.ctl.weight_epoch.value == value + 1
+    assert torch.equal(f.train_forward(), f.expected())
+    assert calls.count(("block0.fc1", "fprop_w")) == 3  # the first training forward, the evaluation, the bump's
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_optimizer_post_step_hook_starts_a_new_epoch(monkeypatch, fused):
+    """An optimizer with the hook (what the training engine installs) needs no controller call: the step after
+    it quantizes the updated weight once, and gives a fresh model's bits. torch's fused AdamW leaves the
+    version counters as they were; the hook sees the step, not the weight."""
+    f = _Fixture()
+    calls = _count_weight_quantizations(monkeypatch, f.model)
+    optimizer = torch.optim.AdamW(f.model.parameters(), lr=0.1, fused=fused)
+    weights_changed_after_each_step(optimizer, f.model)
+    for _ in range(3):
+        calls.clear()
+        value = f.ctl.weight_epoch.value
+        assert torch.equal(f.train_forward(), f.expected())
+        f.train_forward()  # a second micro-batch: reuses the operands
+        assert calls.count(("block0.fc1", "fprop_w")) == calls.count(("block0.fc2", "fprop_w")) == 1
+        optimizer.step()
+        optimizer.zero_grad()
+        assert f.ctl.weight_epoch.value == value + 1 and not f.ctl.weight_epoch._entries  # freed at the step
+
+
+def test_without_a_bump_an_optimizer_step_is_not_seen():
+    """The control: the hook, not the weight's version counter, is what makes the step's weights seen."""
+    f = _Fixture()
+    optimizer = torch.optim.SGD(f.model.parameters(), lr=0.5)
+    before = f.train_forward()
+    optimizer.step()  # bumps the weights' version counters
+    optimizer.zero_grad()
+    assert torch.equal(f.train_forward(), before)
+    f.ctl.weights_changed()
+    assert not torch.equal(f.train_forward(), before)
+
+
+def test_loading_weights_starts_a_new_epoch(monkeypatch):
+    """model.load_state_dict (a checkpoint, eval, export) and the controller's load_state_dict bump the epoch."""
+    f = _Fixture()
+    calls = _count_weight_quantizations(monkeypatch, f.model)
+    f.train_forward()
+    other = TwoLayers(build_linear_factory(f.policy, n_blocks=1, seed=5))  # other init weights
+    value = f.ctl.weight_epoch.value
+    f.model.load_state_dict(other.state_dict())
+    assert f.ctl.weight_epoch.value > value and not f.ctl.weight_epoch._entries
+    assert torch.equal(f.train_forward(), f.expected())
+    assert calls.count(("block0.fc1", "fprop_w")) == 2
+    value = f.ctl.weight_epoch.value
+    f.ctl.load_state_dict(f.ctl.state_dict())
+    assert f.ctl.weight_epoch.value > value and not f.ctl.weight_epoch._entries
+    f.train_forward()
+    assert calls.count(("block0.fc1", "fprop_w")) == 3
+
+
+@pytest.mark.parametrize("mode", ["full", "backward_only", "forward_only"])
+def test_a_precision_switch_starts_a_new_epoch(mode):
+    """The mid-run switch changes the layers' recipes: the epoch is bumped (the old recipe's operands freed)
+    and the next step runs the switched recipe's bits."""
+    f = _Fixture()
+    f.policy = load_preset("nvfp4", bf16_first=0, bf16_last=0, switch={"at_fraction": 0.5, "mode": mode})
+    torch.manual_seed(0)
+    f.model = TwoLayers(build_linear_factory(f.policy, n_blocks=1, seed=5))
+    f.ctl = PrecisionController(f.policy, f.model)
+    assert f.ctl.on_step(0.0) is None
+    f.train_forward()
+    assert f.ctl.weight_epoch._entries  # operands of the quantized recipe cached
+    value = f.ctl.weight_epoch.value
+    assert f.ctl.on_step(0.6) is not None  # the switch
+    assert f.ctl.weight_epoch.value > value + 1  # on_step's bump and the recipes' own
+    f.ctl.weights_changed()
+    value = f.ctl.weight_epoch.value
+    f.model.fc1.set_switched(True)  # the same recipe again: no new epoch
+    assert f.ctl.weight_epoch.value == value
+    assert torch.equal(f.train_forward(), f.expected())
+
+
+def test_fresh_storage_at_every_use_is_cached_within_the_epoch(monkeypatch):
+    """FSDP2 gathers the weight into fresh storage at every forward (and, resharded, in backward): the cache
+    keys on the epoch, so one quantization per step still (tests/train/test_distributed_fsdp.py runs FSDP2)."""
+    f = _Fixture()
+    calls = _count_weight_quantizations(monkeypatch, f.model)
+    optimizer = torch.optim.SGD(f.model.parameters(), lr=0.5)
+    weights_changed_after_each_step(optimizer, f.model)
+    for _ in range(2):
+        calls.clear()
+        for _ in range(3):
+            for layer in (f.model.fc1, f.model.fc2):  # a gather: the same values in new storage
+                layer.weight.data = layer.weight.data.clone()
+            f.train_forward()
+        assert calls.count(("block0.fc1", "fprop_w")) == 1
+        optimizer.step()
+        optimizer.zero_grad()
+    f.train_forward()
+    optimizer.zero_grad()
+    assert torch.equal(f.train_forward(), f.expected())
+
+
+def test_a_weight_moved_or_cast_is_quantized_again(monkeypatch):
+    """Beside the epoch, an entry is kept only for a weight of the same shape, dtype and device."""
+    f = _Fixture()
+    calls = _count_weight_quantizations(monkeypatch, f.model)
+    f.train_forward()
+    f.model.fc1.weight.data = f.model.fc1.weight.data.double().float()[:, :]  # same form: reused
+    f.train_forward()
+    assert calls.count(("block0.fc1", "fprop_w")) == 1
+    f.model.fc1.weight.data = f.model.fc1.weight.data.to(torch.bfloat16)
+    f.train_forward()
+    assert calls.count(("block0.fc1", "fprop_w")) == 2
 
 
 @pytest.mark.parametrize(

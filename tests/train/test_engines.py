@@ -87,8 +87,9 @@ def test_compile_auto_means_cuda_only():
 
 
 def test_quantized_weights_follow_every_optimizer_step_without_the_controller():
-    """torch's fused AdamW does not bump the weights' version counters, so the layers' quantized-weight
-    caches cannot see its update: the engine drops them after every step. A caller that never calls
+    """The engine's optimizer bumps the layers' weight epoch after every step (its post-step hook), so the
+    quantized-weight caches follow the update of torch's fused AdamW (which keeps no version counter) with no
+    controller call. A caller that never calls
     PrecisionController.on_step (the benchmark, a library user) trains exactly as the trainer does."""
     from nvfp4train.config import load_preset
     from nvfp4train.model import HybridLM, ModelConfig, param_groups

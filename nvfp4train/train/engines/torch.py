@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from nvfp4train.optim import OptimConfig, build_optimizer
 from nvfp4train.parallel import DistInfo, all_reduce_mean, reshard_fsdp, wrap_model
-from nvfp4train.precision.controller import drop_weight_caches_after_each_step, quant_linears
+from nvfp4train.precision.controller import weights_changed_after_each_step
 from nvfp4train.precision.cpu_bf16 import cpu_bf16_matmuls
 from nvfp4train.train import checkpoint
 from nvfp4train.train.cuda_graph import DDP_WARMUP_STEPS, StepGraph
@@ -127,11 +127,8 @@ class TorchEngine:
             )
         self.reshard_after_forward = bool(reshard_after_forward) if self.fsdp else None
         self.optimizer = build_optimizer(groups(model), optim_cfg, fused=True)
-        drop_weight_caches_after_each_step(self.optimizer, model)  # the fused AdamW does not bump versions
+        weights_changed_after_each_step(self.optimizer, model)  # a new weight epoch after every update
         self.fused_clipping = self.optimizer.fuses_clipping()
-        if self.fsdp:  # FSDP2 gathers each weight afresh at every use: one quantization a step, not a use
-            for layer in quant_linears(model):
-                layer.keep_weight_cache_until_cleared()
         # Static shapes: a step's shapes are fixed, and a shape that does change (another batch or sequence
         # length) recompiles for it rather than turning the sequence length symbolic, which Inductor could not
         # lower for the SSD scan's chunking (torch 2.13: "cannot determine truth value of Relational").
