@@ -563,7 +563,7 @@ def quantize_tiles_rowcol(
         col = _tiles_rowcol_outputs(values_t, scales_t, (row_width, padded_rows), col_width, dense, out_dtype)
         col += (amax.clone(), s_dec.clone())  # tensors of their own, as two separate calls give
     options: dict[str, Any] = {"four_over_six": four_over_six, "scale_bound": scale_bound}
-    out = []
+    out: list[Any] = []
     for parts, shape in ((row, (padded_rows, row_width)), (col, (row_width, col_width))):
         if dense:
             out.append((parts[0], parts[2]))
