@@ -33,7 +33,7 @@ def _interpreter_golden_case() -> str:
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
 def test_rowcol_kernel_in_the_triton_interpreter():
-    """About a minute on a 2-core CPU (7 launches)."""
+    """Under a minute on a 2-core CPU (6 launches)."""
     pytest.importorskip("triton")
     summary = rerun_in_triton_interpreter(__file__, timeout=400)
     assert re.fullmatch(r"3 passed, 9 skipped in .*", summary), summary
