@@ -3,6 +3,7 @@
     python -m benchmarks.bench_quant                              # CUDA: 8192x8192 and 16384x4096 bf16
     python -m benchmarks.bench_quant --device cpu --shapes 64x256 --repeats 2 --out /tmp/quant.json
     python -m benchmarks.bench_quant --rht-blocks 4,64 4,64,8 2,128   # sweep the fused RHT kernels' blocks
+    python -m benchmarks.bench_quant --weight-pair --dtype float32 --shapes 2048x8192 8192x2048 2048x4096
 
 GB/s counts the bytes a quantizer must move: its input read once plus its outputs written (packed
 codes + scales for ``quantize``, the dense values for ``fake_quantize``). The copy column is
@@ -14,6 +15,11 @@ global amax, which the count leaves out: their ceiling is below 1.)
 ``mxfp4.rht_quantize_t``, Triton, RNE and SR) with G groups of 16 / 32 tokens x F features per program
 on W warps (default G x F / 64, 1 to 8), a row per kernel, rounding and block shape (the quantizer's
 name ends in ``blocks=GxF`` or ``blocks=GxF warps=W``); the bits do not depend on it.
+
+``--weight-pair`` times only a 4over6 weight's two copies (16x16 tiles, MAE, bound 256: Fprop's W and Dgrad's
+Wᵀ), dense bf16 (what training makes) and packed: ``nvfp4.quantize_tiles_rowcol`` (one read of W, both copies)
+against two separate calls on W and W.T, the second with the transposed copy of W the separate path makes.
+``--dtype float32`` quantizes an FP32 tensor, as training quantizes its FP32 master weights (default bfloat16).
 
 Rows are printed as a table and merged into ``--out`` (default docs/results/bench/quant.json), one
 row per quantizer x shape x impl: {quantizer, shape, impl, ms, gbps, copy_gbps, frac_of_copy, gpu,
@@ -55,9 +61,33 @@ def _blocks_label(blocks: tuple[int, ...]) -> str:
     return f"blocks={blocks[0]}x{blocks[1]}" + (f" warps={blocks[2]}" if len(blocks) == 3 else "")
 
 
-def cases(device: torch.device, rht_blocks=None):
+def weight_pair_cases():
+    """(name, fn(x, impl)): a 4over6 weight's W and Wᵀ (16x16, MAE, bound 256), from one pass and from two calls."""
+    options = {"four_over_six": "mae", "scale_bound": 256}
+    bf16 = torch.bfloat16
+
+    def two_calls(x, i, dense):
+        if dense:
+            return tuple(nvfp4.fake_quantize(t, (16, 16), out_dtype=bf16, impl=i, **options) for t in (x, x.t()))
+        return tuple(nvfp4.quantize(t, (16, 16), impl=i, **options) for t in (x, x.t()))
+
+    return [
+        (
+            "nvfp4 4over6 W+Wt dense: quantize_tiles_rowcol",
+            lambda x, i: nvfp4.quantize_tiles_rowcol(x, "mae", 256, dense=True, out_dtype=bf16, impl=i),
+        ),
+        ("nvfp4 4over6 W+Wt dense: two fake_quantize", lambda x, i: two_calls(x, i, True)),
+        ("nvfp4 4over6 W+Wt packed: quantize_tiles_rowcol", lambda x, i: nvfp4.quantize_tiles_rowcol(x, impl=i)),
+        ("nvfp4 4over6 W+Wt packed: two quantize", lambda x, i: two_calls(x, i, False)),
+    ]
+
+
+def cases(device: torch.device, rht_blocks=None, weight_pair: bool = False):
     """(name, fn(x, impl)) for every quantizer with a Triton kernel; with ``rht_blocks`` (a list of
-    (groups, features[, warps])), the fused Wgrad kernels at each block shape instead."""
+    (groups, features[, warps])), the fused Wgrad kernels at each block shape instead; with ``weight_pair``, only
+    a 4over6 weight's two copies (``weight_pair_cases``)."""
+    if weight_pair:
+        return weight_pair_cases()
     gen = lambda: sr_generator(0, 0, device)  # noqa: E731
     bf16 = torch.bfloat16
     if rht_blocks:  # RNE (the activations' Wgrad operand) and SR (the gradients')
@@ -86,6 +116,7 @@ def cases(device: torch.device, rht_blocks=None):
             lambda x, i: nvfp4.quantize(x, (16, 16), four_over_six="mae", scale_bound=256, impl=i),
         ),
         ("nvfp4.quantize 1x16 row-scaled", lambda x, i: nvfp4.quantize(x, row_scaled=True, impl=i)),
+        *weight_pair_cases()[:2],  # a 4over6 weight's W and Wᵀ: one pass against two calls
         ("nvfp4.fake_quantize 1x16 rne", lambda x, i: nvfp4.fake_quantize(x, (1, 16), "rne", out_dtype=bf16, impl=i)),
         ("nvfp4.fake_quantize 1x16 sr", lambda x, i: nvfp4.fake_quantize(x, (1, 16), "sr", gen(), bf16, impl=i)),
         ("nvfp4.fake_quantize 16x16 rne", lambda x, i: nvfp4.fake_quantize(x, (16, 16), out_dtype=bf16, impl=i)),
@@ -146,19 +177,27 @@ def sig4(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-def bench(device: torch.device, shapes, impls, repeats: int, rht_blocks=None) -> list[dict]:
+def bench(
+    device: torch.device,
+    shapes,
+    impls,
+    repeats: int,
+    rht_blocks=None,
+    weight_pair: bool = False,
+    dtype: torch.dtype = torch.bfloat16,
+) -> list[dict]:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     rev = git_commit(short=True)
     rows = []
-    print(f"# {gpu}, torch {torch.__version__}, bf16 input, median of {repeats}")
-    print(f"{'quantizer':42s} {'shape':>11s} {'impl':>9s} {'ms':>9s} {'GB/s':>8s} {'copy GB/s':>10s} {'of copy':>8s}")
+    print(f"# {gpu}, torch {torch.__version__}, {str(dtype).removeprefix('torch.')} input, median of {repeats}")
+    print(f"{'quantizer':48s} {'shape':>11s} {'impl':>9s} {'ms':>9s} {'GB/s':>8s} {'copy GB/s':>10s} {'of copy':>8s}")
     for n_rows, n_cols in shapes:
-        x = torch.randn(n_rows, n_cols, device=device, dtype=torch.bfloat16)
+        x = torch.randn(n_rows, n_cols, device=device, dtype=dtype)
         dst = torch.empty_like(x)
         copy_ms = time_ms(lambda: dst.copy_(x), repeats, device)
         copy_gbps = 2 * nbytes(x) / (copy_ms * 1e6)
-        shape = f"{n_rows}x{n_cols}"
-        for name, fn in cases(device, rht_blocks):
+        shape = f"{n_rows}x{n_cols}" + ("" if dtype == torch.bfloat16 else f" {str(dtype).removeprefix('torch.')}")
+        for name, fn in cases(device, rht_blocks, weight_pair):
             for impl in impls:
                 out = fn(x, impl)
                 ms = time_ms(lambda: fn(x, impl), repeats, device)
@@ -176,7 +215,7 @@ def bench(device: torch.device, shapes, impls, repeats: int, rht_blocks=None) ->
                 }
                 rows.append(row)
                 print(
-                    f"{name:42s} {shape:>11s} {impl:>9s} {ms:9.3f} {gbps:8.2f} {copy_gbps:10.2f} "
+                    f"{name:48s} {shape:>11s} {impl:>9s} {ms:9.3f} {gbps:8.2f} {copy_gbps:10.2f} "
                     f"{gbps / copy_gbps:8.1%}",
                     flush=True,
                 )
@@ -241,7 +280,17 @@ def main(argv=None) -> None:
         "features per program on W warps (default G*F/64), a row per kernel and block shape "
         "(e.g. --rht-blocks 4,64 4,64,8 2,128)",
     )
+    parser.add_argument(
+        "--weight-pair",
+        action="store_true",
+        help="time only a 4over6 weight's W and Wt copies: nvfp4.quantize_tiles_rowcol against two separate calls",
+    )
+    parser.add_argument(
+        "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="the input's dtype (default bfloat16)"
+    )
     args = parser.parse_args(argv)
+    if args.rht_blocks and args.weight_pair:
+        parser.error("--rht-blocks and --weight-pair each pick their own rows: give one of them")
     if args.rht_blocks:
         if "triton" not in args.impls:
             parser.error("--rht-blocks sets the Triton kernels' block shape: --impls must include triton")
@@ -254,7 +303,8 @@ def main(argv=None) -> None:
             parser.error("--device cpu with --impls triton: triton was imported before TRITON_INTERPRET=1 could be set")
         os.environ["TRITON_INTERPRET"] = "1"  # before triton's first import (the formats import it lazily)
     shapes = args.shapes or ([(8192, 8192), (16384, 4096)] if device.type == "cuda" else [(128, 256)])
-    rows = bench(device, shapes, args.impls, args.repeats or (20 if device.type == "cuda" else 3), args.rht_blocks)
+    repeats = args.repeats or (20 if device.type == "cuda" else 3)
+    rows = bench(device, shapes, args.impls, repeats, args.rht_blocks, args.weight_pair, getattr(torch, args.dtype))
     merge(args.out, rows)
     print(f"merged {len(rows)} rows into {args.out}")
 

@@ -294,9 +294,25 @@ def _quantize_core_te(x: torch.Tensor, tile, four_over_six, scale_bound: int, ro
         scales = torch.clamp(amax_b * multiplier, max=E4M3_MAX).to(torch.float8_e4m3fn)
         return encode(scales), scales, amax, s_dec
 
-    # 4over6: divide first, then multiply (not the folded order above); both candidates clamp at 448.
-    base = torch.div(amax_b, e2m1.E2M1_MAX) * s_enc
     candidates = []
+    for values, scales, e in _four_over_six_candidates(
+        x_blocks, amax_b, amax, s_enc, encode, four_over_six, scale_bound, row_scaled
+    ):
+        err = _sequential_sum(e)
+        candidates.append((values, scales, _tile_tree_sum(err) if tile == (16, 16) else err))
+    (values6, scales6, err6), (values4, scales4, err4) = candidates
+    values, scales = _pick(err4 < err6, values6, scales6, values4, scales4)
+    return values, scales, amax, s_dec
+
+
+def _four_over_six_candidates(x_blocks, amax_b, amax, s_enc, encode, four_over_six, scale_bound: int, row_scaled: bool):
+    """4over6's map-to-6 and map-to-4 candidates of x_blocks [rows, nb, 16]: [(values [rows, nb, 16], scales
+    e4m3 [rows, nb], per-element error [rows, nb, 16])] in that order. ``encode(scales)`` rounds x_blocks
+    onto E2M1 under the block scales. The element errors do not depend on the summation order: the
+    rowwise and columnwise copies of a 16x16 tile share them (``quantize_tiles_rowcol``)."""
+    # divide first, then multiply (not the folded order of the standard path); both candidates clamp at 448.
+    base = torch.div(amax_b, e2m1.E2M1_MAX) * s_enc
+    out = []
     for scaled in (base, base * 1.5):  # map-to-6, map-to-4
         scales = torch.clamp(scaled, max=E4M3_MAX).to(torch.float8_e4m3fn)
         values = encode(scales)
@@ -304,13 +320,16 @@ def _quantize_core_te(x: torch.Tensor, tile, four_over_six, scale_bound: int, ro
         recon = values * scales.to(torch.float32).unsqueeze(-1)
         recon = torch.div(recon * (amax.unsqueeze(-1) if row_scaled else amax), 6.0 * scale_bound)
         d = recon - x_blocks
-        err = _sequential_sum(d.abs() if four_over_six == "mae" else d * d)
-        candidates.append((values, scales, _tile_tree_sum(err) if tile == (16, 16) else err))
-    (values6, scales6, err6), (values4, scales4, err4) = candidates
-    pick4 = err4 < err6  # strict: ties (and NaN) keep map-to-6
+        out.append((values, scales, d.abs() if four_over_six == "mae" else d * d))
+    return out
+
+
+def _pick(pick4, values6, scales6, values4, scales4):
+    """(values, scales) of the chosen candidates: map-to-4 where ``pick4`` (err4 < err6, strict: ties and NaN
+    keep map-to-6)."""
     values = torch.where(pick4.unsqueeze(-1), values4, values6)
     scales = torch.where(pick4, scales4.view(torch.uint8), scales6.view(torch.uint8)).view(torch.float8_e4m3fn)
-    return values, scales, amax, s_dec
+    return values, scales
 
 
 def _core(x, tile, rounding, random_bits, four_over_six, scale_bound, row_scaled):
@@ -423,6 +442,139 @@ def fake_quantize(
         return values, s_dec
     random_bits = _draw_random_bits(x, rounding, generator)
     return _fake_quantize_impl(x, tile, rounding, random_bits, out_dtype or x.dtype, **options)
+
+
+# ------------------------------------------------------------------------------ a weight and its transpose
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _tiles_rowcol_core(x: torch.Tensor, four_over_six: str, scale_bound: int):
+    """``_quantize_core_te`` of x [rows, cols] (both multiples of 16) and of x.T, 16x16 tiles under 4over6, from
+    one pass: ((values [rows, nb, 16], scales [rows, nb]), (values [cols, rows/16, 16], scales [cols, rows/16]),
+    amax, s_dec). A tile's maximum, candidates, codes and element errors are the same in both orientations; only
+    the order the errors are summed in differs (x's rows then a tree over rows; x.T's rows, i.e. x's columns,
+    then a tree over columns), so each copy makes its own choice."""
+    rows, cols = x.shape
+    nb = cols // BLOCK
+    xf = x.to(torch.float32, copy=True)
+    amax_b = block_amax(xf.abs(), (16, 16), rows, cols)  # [rows, nb]; the same maxima as x.T's tiles
+    amax = amax_b.amax()
+    s_enc = global_encode_scale_te(amax, scale_bound)
+    s_dec = torch.reciprocal(s_enc)
+    x_blocks = xf.view(rows, nb, BLOCK)
+
+    def encode(scales):  # as in _quantize_core_te
+        block_encode = torch.clamp(torch.reciprocal(scales.to(torch.float32) * s_dec), max=_FLT_MAX)
+        return e2m1.round_signed_(x_blocks * block_encode.unsqueeze(-1), "rne")
+
+    (values6, scales6, e6), (values4, scales4, e4) = _four_over_six_candidates(
+        x_blocks, amax_b, amax, s_enc, encode, four_over_six, scale_bound, False
+    )
+
+    def transposed(t):  # [rows, nb, 16] elements -> x.T's [cols, rows / 16, 16]
+        return t.reshape(rows, cols).t().reshape(cols, rows // BLOCK, BLOCK)
+
+    def transposed_scales(scales):  # a tile's scale, repeated on x.T's 16 rows of it
+        return scales.view(torch.uint8)[::16].t().repeat_interleave(16, dim=0).view(torch.float8_e4m3fn)
+
+    def row_err(e):
+        return _tile_tree_sum(_sequential_sum(e))
+
+    row = _pick(row_err(e4) < row_err(e6), values6, scales6, values4, scales4)
+    col_pick = row_err(transposed(e4)) < row_err(transposed(e6))
+    col = _pick(
+        col_pick, transposed(values6), transposed_scales(scales6), transposed(values4), transposed_scales(scales4)
+    )
+    return row, col, amax, s_dec
+
+
+def _tiles_rowcol_outputs(values, scales, shape, width: int, dense: bool, out_dtype):
+    """Packed (codes, scales) or dense (values,) of one copy [rows, cols] (values [rows, nb, 16]), K zero-padded to
+    ``width``: a padded all-zero tile has code 0, scale 0 and value 0, as quantizing the zeros gives."""
+    rows, cols = shape
+    pad = width - cols
+    if dense:
+        values = values.mul(scales.to(torch.float32).unsqueeze(-1)).view(rows, cols).to(out_dtype)
+        return (torch.nn.functional.pad(values, (0, pad)) if pad else values,)
+    codes = e2m1.pack(e2m1.encode_values(values).flatten(-2))
+    scales = scales.view(torch.uint8)
+    if pad:
+        codes = torch.nn.functional.pad(codes, (0, pad // 2))
+        scales = torch.nn.functional.pad(scales, (0, pad // BLOCK))
+    return codes, scales
+
+
+def quantize_tiles_rowcol(
+    x: torch.Tensor,
+    four_over_six: str = "mae",
+    scale_bound: int = 256,
+    *,
+    dense: bool = False,
+    out_dtype: torch.dtype | None = None,
+    row_width: int | None = None,
+    col_width: int | None = None,
+    impl: str = "auto",
+):
+    """Both copies of a 4over6 weight with 16x16 tiles from one read of x [rows, cols] (Fprop's W and Dgrad's
+    Wᵀ): ``(rowwise, columnwise)`` with, for xp = x zero-padded to [rows rounded up to 16, row_width],
+
+    * rowwise = ``quantize(xp, (16, 16), four_over_six=..., scale_bound=...)``,
+    * columnwise = the same of xp.T zero-padded to [row_width, col_width],
+
+    bit for bit (each an ``NVFP4Tensor``, or with ``dense`` the ``fake_quantize`` pair ``(values,
+    global_decode_scale)`` in ``out_dtype``, default x.dtype). Under 4over6 the two are not transposes of each
+    other: a tile's error is summed along its rows for one and along its columns for the other, which can pick
+    a different candidate (TE quantizes the columnwise copy so). The tile's maximum, candidates, codes and
+    element errors are shared, so one pass serves both: on CUDA one Triton kernel reads x once and writes both
+    copies. ``row_width`` / ``col_width``: multiples of 16, at least cols / rows (default: rounded up to 16)."""
+    who = "nvfp4.quantize_tiles_rowcol"
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{who}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{who}: x.dtype={x.dtype} is not supported; allowed: {INPUT_DTYPES}")
+    if x.ndim != 2 or x.numel() == 0:
+        raise ValueError(f"{who}: x must be a non-empty 2-D tensor, got shape {tuple(x.shape)}")
+    if four_over_six not in ("mae", "mse"):
+        raise ValueError(f"{who}: four_over_six={four_over_six!r} is not supported; allowed: 'mae', 'mse'")
+    check_te_options((16, 16), "rne", four_over_six, scale_bound, False, who)
+    rows, cols = x.shape
+    padded_rows = _round_up(rows, 16)
+    row_width = _round_up(cols, 16) if row_width is None else row_width
+    col_width = padded_rows if col_width is None else col_width
+    for name, width, least in (("row_width", row_width, cols), ("col_width", col_width, rows)):
+        if isinstance(width, bool) or not isinstance(width, int) or width % 16 or width < least:
+            raise ValueError(
+                f"{who}: {name}={width!r} must be a multiple of 16 and at least {least} (x has shape {tuple(x.shape)})"
+            )
+    out_dtype = out_dtype or x.dtype
+    if padded_rows != rows or row_width != cols:
+        x = torch.nn.functional.pad(x, (0, row_width - cols, 0, padded_rows - rows))
+    if use_triton(x, impl, who):
+        from . import kernels
+
+        row, col = kernels.nvfp4.quantize_tiles_rowcol(
+            x, four_over_six, scale_bound, dense=dense, out_dtype=out_dtype, col_width=col_width
+        )
+    else:
+        (values, scales), (values_t, scales_t), amax, s_dec = _tiles_rowcol_core(x, four_over_six, scale_bound)
+        row = _tiles_rowcol_outputs(values, scales, (padded_rows, row_width), row_width, dense, out_dtype)
+        row += (amax, s_dec)
+        col = _tiles_rowcol_outputs(values_t, scales_t, (row_width, padded_rows), col_width, dense, out_dtype)
+        col += (amax.clone(), s_dec.clone())  # tensors of their own, as two separate calls give
+    options: dict[str, Any] = {"four_over_six": four_over_six, "scale_bound": scale_bound}
+    out: list[Any] = []
+    for parts, shape in ((row, (padded_rows, row_width)), (col, (row_width, col_width))):
+        if dense:
+            out.append((parts[0], parts[2]))
+        else:
+            codes, scales, amax, s_dec = parts
+            out.append(
+                NVFP4Tensor(
+                    codes, scales.view(torch.float8_e4m3fn), amax, s_dec, torch.Size(shape), (16, 16), **options
+                )
+            )
+    return tuple(out)
 
 
 # ------------------------------------------------------------------------------ Wgrad operand

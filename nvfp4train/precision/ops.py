@@ -135,6 +135,14 @@ class LayerState:
         both = pairs.tensorwise_rowcol(x, spec, k_row, k_col)
         return None if both is None else (both[0], both[1].dequantize())
 
+    def quantize_weight_pair(self, role: str, w: torch.Tensor, spec, k_row: int, k_col: int):
+        """(Q(W), Q(Wᵀ)) of a 4over6 weight with 16x16 tiles from one pass (`pairs.weight_pair`: two copies that
+        choose their candidates separately, as TE's rowwise and columnwise ones), or None where that does not
+        apply (another spec; telemetry, which records each operand's own statistics: quantize them separately)."""
+        if self.stats is not None:
+            return None
+        return pairs.weight_pair(w, spec, k_row, k_col)
+
     def pack_with_transpose(self, role: str, w: torch.Tensor, spec, k_row: int, k_col: int):
         """(packed W, Q(Wᵀ)) of a 128x128-tiled FP8 weight from one pass (`pairs.weight_and_transpose`: Wᵀ's
         tiles are W's transposed), or None where that does not apply (another spec; telemetry, which records
@@ -194,6 +202,13 @@ def _fprop_weight(
             # operand in this cache entry (without the cache it quantizes Wᵀ itself).
             out_f = weight.shape[0]
             both = state.quantize_with_transpose("fprop_w", weight, spec, k_f, _dgrad_k(out_f, recipe, backend.name))
+            if both is not None:
+                return both[0], None, both[1]
+        if training and wants_dgrad and state.weights.enabled and pairs.four_over_six_weight_pair(spec, recipe.dgrad_w):
+            # 4over6, 16x16 tiles: Dgrad's Wᵀ chooses its candidates itself (not W's bits transposed), from the same
+            # tile maxima, candidates and element errors: one pass writes both, Dgrad finds its in this cache entry.
+            k_d = _dgrad_k(weight.shape[0], recipe, backend.name)
+            both = state.quantize_weight_pair("fprop_w", weight, spec, k_f, k_d)
             if both is not None:
                 return both[0], None, both[1]
         return state.quantize("fprop_w", weight, spec, k_f), None, None
@@ -370,7 +385,7 @@ def quant_linear_dgrad(
 
             def build():
                 cached = state.weights.peek(("fprop", recipe_key, backend.name, k_f), weight)
-                if cached is not None and cached[2] is not None:  # Wᵀ from Fprop's cast (per-tensor FP8)
+                if cached is not None and cached[2] is not None:  # Wᵀ made with W (per-tensor FP8; 4over6 16x16)
                     return cached[2]
                 wt = weight.t()
                 if recipe.dgrad_w.scale_mode == DEQUANTIZED:  # Fprop's W operand (RNE: the same bits again)

@@ -1,9 +1,10 @@
 """Pairs of GEMM operands quantized from one read of a tensor: Fprop's X and Wgrad's Xᵀ, Dgrad's dY and
 Wgrad's dYᵀ, Fprop's W and Dgrad's Wᵀ. Each pair gives the bits of its two separate quantizations
 (`operands.fake_quantize` / `operands.pack`) through one call into the formats' dispatch
-(`nvfp4.quantize_rowwise_and_rht_t`, `fp8.quantize_blockwise_rowcol`, `fp8.quantize_tensorwise_rowcol`,
-`fp8.quantize_tiles_rowcol`), which picks the fused Triton kernel on CUDA and the PyTorch reference elsewhere;
-a pair these do not cover returns None, and the caller quantizes the two operands separately.
+(`nvfp4.quantize_rowwise_and_rht_t`, `nvfp4.quantize_tiles_rowcol`, `fp8.quantize_blockwise_rowcol`,
+`fp8.quantize_tensorwise_rowcol`, `fp8.quantize_tiles_rowcol`), which picks the fused Triton kernel on CUDA and
+the PyTorch reference elsewhere; a pair these do not cover returns None, and the caller quantizes the two operands
+separately.
 """
 
 from __future__ import annotations
@@ -166,6 +167,54 @@ def weight_and_transpose(
     )
     packed = operands.Packed(operands.PackedLayout(spec, tuple(data.shape)), (data, scales))
     return packed, operands.Quantized(None, None, data_t, scales_t, spec, rows=in_f)
+
+
+def four_over_six_weight_pair(fprop_spec: OperandSpec, dgrad_spec: OperandSpec) -> bool:
+    """Whether Fprop's W and Dgrad's Wᵀ are a 4over6 weight's two copies (NVFP4 16x16 tiles under 4over6, RNE, no
+    RHT, the same spec for both): not each other's transpose (TE sums a tile's errors along its rows for W, along
+    its columns for Wᵀ, which can choose another candidate), but made from the same tile maxima, candidates and
+    element errors, so one pass gives both (`weight_pair`)."""
+    return (
+        fprop_spec == dgrad_spec
+        and fprop_spec.format == "nvfp4"
+        and fprop_spec.tile is not None
+        and tuple(fprop_spec.tile) == (16, 16)
+        and bool(fprop_spec.four_over_six)
+        and not fprop_spec.row_scaled
+        and not fprop_spec.rht_dim
+        and fprop_spec.rounding == "rne"
+    )
+
+
+def weight_pair(
+    w: torch.Tensor, spec: OperandSpec, k_row: int, k_col: int
+) -> tuple[operands.Quantized, operands.Quantized] | None:
+    """Fprop's W operand [out_p, k_row] and Dgrad's Wᵀ operand [in, k_col] of a `four_over_six_weight_pair` weight
+    from one read of W (nvfp4.quantize_tiles_rowcol: one Triton kernel on CUDA, the PyTorch reference elsewhere):
+    the bits `operands.fake_quantize(w, spec, k_row)` and `operands.fake_quantize(w.t(), spec, k_col)
+    .first_rows(in)` give. None for any other spec or widths the tiles do not fit: quantize them separately."""
+    out_f, in_f = w.shape
+    if not (
+        four_over_six_weight_pair(spec, spec)
+        and w.ndim == 2
+        and w.dtype in nvfp4.INPUT_DTYPES
+        and k_row % nvfp4.BLOCK == 0
+        and k_row >= in_f
+        and k_col % nvfp4.BLOCK == 0
+        and k_col >= out_f
+    ):
+        return None
+    (values, s_dec), (values_t, s_dec_t) = nvfp4.quantize_tiles_rowcol(
+        w,
+        spec.four_over_six,
+        spec.scale_bound,
+        dense=True,
+        out_dtype=torch.bfloat16,
+        row_width=k_row,
+        col_width=k_col,
+        impl=operands.QUANT_IMPL,
+    )
+    return operands.Quantized(values, s_dec), operands.Quantized(values_t, s_dec_t).first_rows(in_f)
 
 
 def dy_pair(dgrad_spec: OperandSpec, wgrad_spec: OperandSpec) -> bool:

@@ -166,7 +166,7 @@ class LayerRecipe:
         the two quantizations are bit-identical transposes (arXiv 2509.25149 §4.3)."""
         w, wt = self.fprop_w, self.dgrad_w
         # 4over6 re-sums a 16x16 tile's errors in the transposed order for W.T, so its copies are quantized
-        # separately (TE's columnwise copy), not assumed to be transposes.
+        # separately (TE's columnwise copy), not assumed to be transposes (both from one pass: pairs.weight_pair).
         return (
             not w.is_bf16
             and w == wt

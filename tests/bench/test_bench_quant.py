@@ -48,9 +48,22 @@ def test_rht_blocks_sweep_times_the_fused_wgrad_kernels_one_row_per_block_shape(
     assert all(r["impl"] == "triton" and r["ms"] > 0 for r in rows)
 
 
+def test_weight_pair_times_one_pass_against_two_calls_on_the_given_dtype(tmp_path):
+    """--weight-pair: a 4over6 weight's W and Wt from quantize_tiles_rowcol and from two separate calls, dense and
+    packed, on an FP32 tensor (training's master weight), the shape labelled with its dtype."""
+    out = tmp_path / "quant.json"
+    args = ["--device", "cpu", "--shapes", "128x128", "--impls", "reference", "--repeats", "1", "--out", str(out)]
+    bench_quant.main([*args, "--weight-pair", "--dtype", "float32"])
+    rows = json.loads(out.read_text())
+    assert sorted(r["quantizer"] for r in rows) == sorted(name for name, _ in bench_quant.weight_pair_cases())
+    assert len(rows) == 4 and all(r["shape"] == "128x128 float32" and r["ms"] > 0 for r in rows)
+    assert {name for name, _ in bench_quant.weight_pair_cases()[:2]} <= {name for name, _ in bench_quant.cases(None)}
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
+        (["--rht-blocks", "4,64", "--weight-pair"], "give one of them"),
         (["--rht-blocks", "3,64"], "power of two"),
         (["--rht-blocks", "4,64,3"], "power of two"),
         (["--rht-blocks", "4x64"], "GROUPS,FEATURES"),

@@ -76,6 +76,15 @@ def _train(policy, cache: bool, monkeypatch=None, steps=2, micro_batches=3):
             return both
 
         monkeypatch.setattr(LayerState, "pack_with_transpose", spy_tiles)
+        real_weight_pair = LayerState.quantize_weight_pair
+
+        def spy_weight_pair(state, role, w, spec, k_row, k_col):  # a 4over6 weight's W and Wᵀ in one pass: W's
+            both = real_weight_pair(state, role, w, spec, k_row, k_col)
+            if both is not None:  # (None on telemetry steps)
+                calls[-1].append((state.sr.label, role))
+            return both
+
+        monkeypatch.setattr(LayerState, "quantize_weight_pair", spy_weight_pair)
     g = torch.Generator().manual_seed(1)
     losses = []
     for step in range(steps):
@@ -93,7 +102,8 @@ def _train(policy, cache: bool, monkeypatch=None, steps=2, micro_batches=3):
 
 
 @pytest.mark.parametrize(
-    "preset", ["nvfp4", "nvfp4_no_2d", "nvfp4_sr_everywhere", "mxfp4", "fp8_blockwise", "fp8_tensorwise"]
+    "preset",
+    ["nvfp4", "nvfp4_no_2d", "nvfp4_sr_everywhere", "nvfp4_4over6", "mxfp4", "fp8_blockwise", "fp8_tensorwise"],
 )
 def test_cached_weights_give_the_same_bits_and_quantize_once_per_step(preset, monkeypatch):
     policy = _policy(preset)
@@ -109,9 +119,11 @@ def test_cached_weights_give_the_same_bits_and_quantize_once_per_step(preset, mo
         # Fprop: once per step, not per micro-batch. Dgrad (fc2 only: fc1's input wants no gradient):
         # the Fprop bits transposed (16x16 / 128x128 tiles; per-tensor FP8's codes, from Fprop's cast),
         # else one quantization of Wᵀ per step.
-        from_fprop = recipe.reuses_fprop_weight or (
-            pairs.tensorwise_pair(recipe.fprop_w, recipe.dgrad_w) and step_calls is not calls[0]
-        )  # step 0 records telemetry
+        # (a 4over6 weight's Wᵀ is made with W, by one pass, not from W's bits)
+        made_with_w = pairs.tensorwise_pair(recipe.fprop_w, recipe.dgrad_w) or pairs.four_over_six_weight_pair(
+            recipe.fprop_w, recipe.dgrad_w
+        )
+        from_fprop = recipe.reuses_fprop_weight or (made_with_w and step_calls is not calls[0])  # step 0: telemetry
         assert step_calls.count(("block0.fc1", "fprop_w")) == 1
         assert step_calls.count(("block0.fc2", "fprop_w")) == 1
         assert step_calls.count(("block0.fc2", "dgrad_w")) == (0 if from_fprop else 1)
@@ -337,3 +349,21 @@ def test_dgrad_uses_fprop_bits_when_the_weight_changed_in_between():
             y = model(x).detach()
         results.append((model.fc1.weight.grad.clone(), y))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+@pytest.mark.parametrize(("out_f", "in_f", "k_row", "k_col"), [(48, 32, 32, 48), (40, 72, 96, 64)])
+def test_a_4over6_weight_pair_gives_the_two_separate_operands(out_f, in_f, k_row, k_col):
+    """pairs.weight_pair (one pass) against operands.fake_quantize of W and of Wᵀ, padding included: the same
+    bits, and None where the pair does not apply."""
+    spec = _policy("nvfp4_4over6").quantized_recipe().fprop_w
+    assert pairs.four_over_six_weight_pair(spec, spec)
+    w = torch.randn(out_f, in_f, generator=torch.Generator().manual_seed(3)) * torch.logspace(-2, 1, in_f)
+    w_q, wt_q = pairs.weight_pair(w, spec, k_row, k_col)
+    want_w = operands.fake_quantize(w, spec, k_row)
+    want_wt = operands.fake_quantize(w.t(), spec, k_col).first_rows(in_f)
+    for got, want in ((w_q, want_w), (wt_q, want_wt)):
+        assert got.values.dtype == want.values.dtype and torch.equal(got.values, want.values)
+        assert torch.equal(got.decode_scale, want.decode_scale)
+    plain = _policy("nvfp4").quantized_recipe().fprop_w
+    assert not pairs.four_over_six_weight_pair(plain, plain) and pairs.weight_pair(w, plain, k_row, k_col) is None
+    assert pairs.weight_pair(w, spec, k_row, out_f - 1) is None

@@ -282,6 +282,15 @@ def _nvfp4_te_kernel(
         scale = tl.where(pick4, scale4, scale6)
         encode = tl.where(pick4, encode4, encode6)
 
+    _store_rows(xs, encode, scale, scale_bits, r, blk, rows, cols, codes_ptr, scales_ptr, values_ptr, DENSE, BLOCK_R,
+                NB)
+
+
+@triton.jit
+def _store_rows(xs, encode, scale, scale_bits, r, blk, rows, cols, codes_ptr, scales_ptr, values_ptr,
+                DENSE: tl.constexpr, BLOCK_R: tl.constexpr, NB: tl.constexpr):
+    """The TE kernels' row-wise tail: the 16 columns ``xs`` of blocks ``blk`` of rows ``r`` of [rows, cols], under
+    their chosen encode / scale ([BLOCK_R, NB]), stored as dense values or as packed codes + scale bytes."""
     mask = (r[:, None] < rows) & (blk[None, :] < cols // 16)
     row_offs = r[:, None].to(tl.int64) * cols + blk[None, :] * 16  # the blocks' first elements
     if DENSE:  # e2m1 * fp32(scale), the sign of y (signed_value), 4 columns a vector store
@@ -306,6 +315,180 @@ def _nvfp4_te_kernel(
             tl.store(codes_ptr + offs, _join4(b[0], b[1], b[2], b[3], BLOCK_R, NB), mask=mask[:, :, None])
         tl.store(scales_ptr + r[:, None].to(tl.int64) * (cols // 16) + blk[None, :], scale_bits.to(tl.uint8),
                  mask=mask)
+
+
+# ------------------------------------------------------------------------------ a 4over6 weight and its transpose
+# nvfp4._tiles_rowcol_core: one program holds a row of 16x16 tiles (16 rows x BLOCK_C columns) as the TE kernel
+# does, computes each tile's maximum, candidates and element errors once, sums the errors in both of TE's orders
+# (along rows then a tree over rows, for x; along columns then a tree over columns, for x.T) and writes both
+# copies, each with its own choice: x's row-wise, x.T's from the same registers, transposed on the way out.
+@triton.jit
+def _halves(t, H: tl.constexpr, NB: tl.constexpr):
+    """[2H, NB] -> (rows 0 .. H - 1, rows H .. 2H - 1), each [H, NB]."""
+    return tl.split(tl.permute(tl.reshape(t, (2, H, NB)), (1, 2, 0)))
+
+
+@triton.jit
+def _rows4(t, NB: tl.constexpr):
+    a, b = _halves(t, 2, NB)
+    a0, a1 = _halves(a, 1, NB)
+    b0, b1 = _halves(b, 1, NB)
+    return a0, a1, b0, b1
+
+
+@triton.jit
+def _rows16(t, NB: tl.constexpr):
+    """[16, NB] -> its 16 rows, each [1, NB], a tuple in row order."""
+    a, b = _halves(t, 8, NB)
+    a0, a1 = _halves(a, 4, NB)
+    b0, b1 = _halves(b, 4, NB)
+    return _rows4(a0, NB) + _rows4(a1, NB) + _rows4(b0, NB) + _rows4(b1, NB)
+
+
+@triton.jit
+def _tree16(t):
+    """A tuple of 16 [1, NB] sums -> t_i + t_{i+8}, then +4, +2, +1 (_tile_tree's order, over a tuple)."""
+    t8 = ()
+    for i in tl.static_range(8):
+        t8 = t8 + (t[i] + t[i + 8],)
+    t4 = ()
+    for i in tl.static_range(4):
+        t4 = t4 + (t8[i] + t8[i + 4],)
+    return (t4[0] + t4[2]) + (t4[1] + t4[3])
+
+
+@triton.jit
+def _join16(v, R: tl.constexpr, NB: tl.constexpr):
+    """16 tensors [R, NB] -> [R, NB, 16], element i from v[i]."""
+    g0 = _join4(v[0], v[1], v[2], v[3], R, NB)
+    g1 = _join4(v[4], v[5], v[6], v[7], R, NB)
+    g2 = _join4(v[8], v[9], v[10], v[11], R, NB)
+    g3 = _join4(v[12], v[13], v[14], v[15], R, NB)
+    t = tl.join(tl.join(g0, g2), tl.join(g1, g3))  # [R, NB, 4, 2, 2]: [..., j, a, b] = g_{2a+b}[..., j]
+    return tl.reshape(tl.permute(t, (0, 1, 3, 4, 2)), (R, NB, 16))
+
+
+@triton.jit
+def _tile_errors(xs, encode, scale, amax, err_mode, six_bound, NB: tl.constexpr):
+    """A candidate's 4over6 error of each 16x16 tile of a row of tiles (xs: its 16 columns [16, NB]; encode,
+    scale [1, NB]; amax [1, 1]), in both of TE's orders, each [1, NB]: (x's: each row's elements in order, then
+    the tree over rows; x.T's: each column's elements in order, then the tree over columns). The element errors
+    are _block_error's."""
+    six_b = tl.zeros(encode.shape, tl.float32) + six_bound
+    err = tl.zeros(xs[0].shape, tl.float32)
+    columns = ()
+    for i in tl.static_range(16):
+        _, magnitude, negative = round_e2m1(xs[i] * encode, 0, 0)
+        value = tl.div_rn((magnitude * scale) * amax, six_b)
+        d = with_sign(value, negative) - xs[i]
+        e = tl.where(err_mode == 1, tl.abs(d), d * d)
+        err = err + e
+        rows = _rows16(e, NB)
+        column = rows[0]
+        for j in tl.static_range(1, 16):
+            column = column + rows[j]
+        columns = columns + (column,)
+    return _tile_tree(err, NB), _tree16(columns)
+
+
+@triton.jit(do_not_specialize=["err_mode"])
+def _nvfp4_4over6_rowcol_kernel(
+    x_ptr, amax_ptr, s_dec_ptr,  # x [rows, cols] (rows a multiple of 16); its FP32 amax; s_dec out (0-d)
+    codes_ptr, scales_ptr, values_ptr,  # x's copy [rows, cols]
+    codes_t_ptr, scales_t_ptr, values_t_ptr,  # x.T's copy [cols, col_width], columns from rows on left alone
+    rows, cols, col_width,
+    err_mode, six_bound,  # 1: MAE, 2: MSE; 6 B in FP32
+    DENSE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    NB: tl.constexpr = BLOCK_C // 16
+    pid_r, pid_c = tl.program_id(0), tl.program_id(1)
+    r = pid_r * 16 + tl.arange(0, 16)
+    blk = pid_c * NB + tl.arange(0, NB)
+    xs = _load_columns(x_ptr, r, blk, rows, cols, 16, NB, CHUNK)  # exact FP32
+
+    # the global scales (nvfp4.global_encode_scale_te), as _nvfp4_te_kernel: amax 0 gives FLT_MAX
+    amax = tl.load(amax_ptr + tl.arange(0, 1))
+    s_enc = tl.div_rn(tl.zeros(amax.shape, tl.float32) + six_bound, amax)
+    s_enc = tl.where(s_enc > FLT_MAX, FLT_MAX, s_enc)
+    s_enc = tl.where(s_enc == 0, 1.0, s_enc)
+    s_enc = tl.where(amax <= FLT_MAX, s_enc, float("nan"))  # amax Inf or NaN -> NaN
+    s_dec = tl.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
+    tl.store(s_dec_ptr + tl.arange(0, 1), s_dec, mask=(pid_r == 0) & (pid_c == 0))
+    amax, s_enc, s_dec = amax[:, None], s_enc[:, None], s_dec[:, None]
+
+    block_bits = xs[0].to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    for i in tl.static_range(1, 16):
+        block_bits = tl.maximum(block_bits, xs[i].to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    amax_b = tl.max(block_bits, axis=0)[None, :].to(tl.float32, bitcast=True)  # [1, NB]: the tiles' maxima
+
+    base = tl.div_rn(amax_b, tl.full(amax_b.shape, 6.0, tl.float32)) * s_enc
+    bits6, scale6 = e4m3_rne(tl.where(base > 448.0, 448.0, base))
+    base4 = base * 1.5
+    bits4, scale4 = e4m3_rne(tl.where(base4 > 448.0, 448.0, base4))
+    encode6 = _encode_of(scale6, s_dec)
+    encode4 = _encode_of(scale4, s_dec)
+    row6, col6 = _tile_errors(xs, encode6, scale6, amax, err_mode, six_bound, NB)
+    row4, col4 = _tile_errors(xs, encode4, scale4, amax, err_mode, six_bound, NB)
+
+    # x's copy (strict <: ties and NaN keep map-to-6)
+    pick4 = row4 < row6
+    _store_rows(xs, tl.broadcast_to(tl.where(pick4, encode4, encode6), (16, NB)),
+                tl.broadcast_to(tl.where(pick4, scale4, scale6), (16, NB)),
+                tl.broadcast_to(tl.where(pick4, bits4, bits6), (16, NB)), r, blk, rows, cols, codes_ptr, scales_ptr,
+                values_ptr, DENSE, 16, NB)
+
+    # x.T's copy: row blk * 16 + i of it is column i of block blk; its elements r are this program's rows
+    pick4 = col4 < col6
+    encode = tl.where(pick4, encode4, encode6)
+    scale = tl.where(pick4, scale4, scale6)
+    out_row = blk[:, None].to(tl.int64) * 16 + tl.arange(0, 16)[None, :]  # [NB, 16]
+    mask_blocks = (blk < cols // 16)[:, None]  # [NB, 1]
+    mask = mask_blocks[:, :, None]
+    if DENSE:
+        v = ()
+        for i in tl.static_range(16):
+            y = xs[i] * encode
+            _, magnitude, _ = round_e2m1(y, 0, 0)
+            v = v + (signed_value(magnitude, scale, y),)
+        offs = out_row[:, :, None] * col_width + pid_r * 16 + tl.arange(0, 16)[None, None, :]
+        store_exact(values_t_ptr, offs, tl.permute(_join16(v, 16, NB), (1, 2, 0)), mask)
+    else:  # packed: elements 2j, 2j + 1 of an x.T row are rows 2j, 2j + 1 here
+        scale_is_nan = scale != scale
+        b = ()
+        for i in tl.static_range(16):
+            index, _, negative = round_e2m1(xs[i] * encode, 0, 0)
+            code = index | (negative.to(tl.int32) << 3)
+            low, high = tl.split(tl.permute(tl.reshape(code, (8, 2, NB)), (0, 2, 1)))
+            b = b + (masked_codes(low | (high << 4), scale_is_nan).to(tl.uint8),)
+        offs = out_row[:, :, None] * (col_width // 2) + pid_r * 8 + tl.arange(0, 8)[None, None, :]
+        tl.store(codes_t_ptr + offs, tl.permute(_join16(b, 8, NB), (1, 2, 0)), mask=mask)
+        bits = tl.broadcast_to(tl.reshape(tl.where(pick4, bits4, bits6), (NB,))[:, None], (NB, 16))
+        tl.store(scales_t_ptr + out_row * (col_width // 16) + pid_r, bits.to(tl.uint8), mask=mask_blocks)
+
+
+def quantize_tiles_rowcol(x: torch.Tensor, four_over_six: str, scale_bound: int, *, dense: bool,
+                          out_dtype: torch.dtype, col_width: int):
+    """nvfp4.quantize_tiles_rowcol on the GPU for x [rows, cols] already padded (both multiples of 16; arguments
+    checked by the caller): ((x's outputs), (x.T's, its K zero-padded to col_width)), each as ``quantize_te``
+    returns them (codes, scales, amax, s_dec) or dense (values, amax, s_dec). One amax pass, one kernel."""
+    x = x.contiguous()
+    rows, cols = x.shape
+    amax = abs_max(x)
+    s_dec = torch.empty((), dtype=torch.float32, device=x.device)
+    codes, scales, values = e2m1_outputs((rows, cols), 16, dense, out_dtype, x.device, unused=amax)
+    codes_t, scales_t, values_t = e2m1_outputs((cols, col_width), 16, dense, out_dtype, x.device, unused=amax)
+    if col_width > rows:  # the K padding of x.T's copy: zero codes, scales and values (what zeros quantize to)
+        for t in (values_t,) if dense else (codes_t, scales_t):
+            t[:, rows * t.shape[1] // col_width:].zero_()
+    grid = (rows // 16, triton.cdiv(cols, BLOCK_COLS))
+    _nvfp4_4over6_rowcol_kernel[grid](
+        x, amax, s_dec, codes, scales, values, codes_t, scales_t, values_t, rows, cols, col_width,
+        {"mae": 1, "mse": 2}[four_over_six], 6.0 * scale_bound,
+        DENSE=dense, CHUNK=8 if x.element_size() == 2 else 4, BLOCK_C=BLOCK_COLS, **launch_options(x),
+    )
+    if dense:
+        return (values, amax, s_dec), (values_t, amax.clone(), s_dec.clone())
+    return (codes, scales, amax, s_dec), (codes_t, scales_t, amax.clone(), s_dec.clone())
 
 
 def quantize_te(x: torch.Tensor, tile_rows: int, four_over_six, scale_bound: int, row_scaled: bool, *, dense: bool,

@@ -74,6 +74,23 @@ NVFP4_TE_ARGS = {
     "err_mode": "i32",
     "six_bound": "fp32",
 }
+# nvfp4._nvfp4_4over6_rowcol_kernel as training launches it: an FP32 master weight, dense bf16 W and Wᵀ
+NVFP4_4OVER6_ROWCOL_ARGS = {
+    "x_ptr": "*fp32",
+    "amax_ptr": "*fp32",
+    "s_dec_ptr": "*fp32",
+    "codes_ptr": "*fp32",
+    "scales_ptr": "*fp32",
+    "values_ptr": "*bf16",
+    "codes_t_ptr": "*fp32",
+    "scales_t_ptr": "*fp32",
+    "values_t_ptr": "*bf16",
+    "rows": "i32",
+    "cols": "i32",
+    "col_width": "i32",
+    "err_mode": "i32",
+    "six_bound": "fp32",
+}
 RHT_AMAX_ARGS = {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i32", "n_features": "i32"}
 SCALE_CAST_ARGS = {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32"}
 FP8_TENSORWISE_ROWCOL_ARGS = {
@@ -211,6 +228,13 @@ VARIANTS = {
         nvfp4._nvfp4_te_kernel,
         NVFP4_TE_ARGS,
         {"TILE_ROWS": 1, "DENSE": True, "CHUNK": 8, "BLOCK_R": common.BLOCK_ROWS, "BLOCK_C": common.BLOCK_COLS},
+        common.BLOCK_ROWS * common.BLOCK_COLS,
+    ),
+    # a 4over6 weight's W (Fprop) and Wᵀ (Dgrad) from one read (nvfp4.quantize_tiles_rowcol; the weight cache)
+    "nvfp4_4over6_rowcol": Variant(
+        nvfp4._nvfp4_4over6_rowcol_kernel,
+        NVFP4_4OVER6_ROWCOL_ARGS,
+        {"DENSE": True, "CHUNK": 4, "BLOCK_C": common.BLOCK_COLS},
         common.BLOCK_ROWS * common.BLOCK_COLS,
     ),
     # the 16-point RHT along tokens, transposed (Wgrad operands); "rowwise": with the 1x16 copy of the same tile
