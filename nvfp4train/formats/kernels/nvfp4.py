@@ -170,6 +170,29 @@ def _encode_of(scale, s_dec):
 
 
 @triton.jit
+def _bounded_global_scales(amax, six_bound):
+    """nvfp4.global_encode_scale_te with the 4over6 bound (6 x 448 or 6 x 256): amax 0 gives FLT_MAX, not 1;
+    amax Inf or NaN gives NaN. Returns (s_enc, s_dec)."""
+    s_enc = tl.div_rn(tl.zeros(amax.shape, tl.float32) + six_bound, amax)
+    s_enc = tl.where(s_enc > FLT_MAX, FLT_MAX, s_enc)
+    s_enc = tl.where(s_enc == 0, 1.0, s_enc)
+    s_enc = tl.where(amax <= FLT_MAX, s_enc, float("nan"))
+    s_dec = tl.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
+    return s_enc, s_dec
+
+
+@triton.jit
+def _four_over_six_candidates(amax_b, s_enc, s_dec):
+    """A block's two 4over6 candidates, amax mapped to 6 and to 4: (bits, scale, encode) of each. TE divides
+    first, then multiplies, and clamps both at 448 whatever the bound."""
+    base = tl.div_rn(amax_b, tl.full(amax_b.shape, 6.0, tl.float32)) * s_enc
+    bits6, scale6 = e4m3_rne(tl.where(base > 448.0, 448.0, base))
+    base4 = base * 1.5
+    bits4, scale4 = e4m3_rne(tl.where(base4 > 448.0, 448.0, base4))
+    return bits6, scale6, _encode_of(scale6, s_dec), bits4, scale4, _encode_of(scale4, s_dec)
+
+
+@triton.jit
 def _split4(t, R: tl.constexpr, NB: tl.constexpr):
     """[R, NB, 4] -> its 4 columns [R, NB], in element order."""
     even, odd = tl.split(tl.reshape(t, (R, NB, 2, 2)))  # elements 0, 2 / 1, 3
@@ -244,11 +267,7 @@ def _nvfp4_te_kernel(
     # The global scales of these rows (nvfp4.global_encode_scale_te): amax 0 gives FLT_MAX, not 1.
     row_ok = r < rows
     amax = tl.load(amax_ptr + r * amax_stride, mask=row_ok, other=0.0)
-    s_enc = tl.div_rn(tl.zeros(amax.shape, tl.float32) + six_bound, amax)
-    s_enc = tl.where(s_enc > FLT_MAX, FLT_MAX, s_enc)
-    s_enc = tl.where(s_enc == 0, 1.0, s_enc)
-    s_enc = tl.where(amax <= FLT_MAX, s_enc, float("nan"))  # amax Inf or NaN -> NaN
-    s_dec = tl.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
+    s_enc, s_dec = _bounded_global_scales(amax, six_bound)
     # One program column stores the rows' s_dec; a per-tensor scale only once.
     tl.store(s_dec_ptr + r * amax_stride, s_dec, mask=row_ok & (pid_c == 0) & ((amax_stride != 0) | (r == 0)))
     amax, s_enc, s_dec = amax[:, None], s_enc[:, None], s_dec[:, None]
@@ -265,13 +284,7 @@ def _nvfp4_te_kernel(
         one_sixth = tl.full(amax_b.shape, _ONE_SIXTH_BITS, tl.int32).to(tl.float32, bitcast=True)
         scale_bits, scale, encode = block_scales(amax_b, s_dec, s_enc * one_sixth)
     else:
-        # divide first, then multiply; both candidates clamp at 448 whatever the bound
-        base = tl.div_rn(amax_b, tl.full(amax_b.shape, 6.0, tl.float32)) * s_enc
-        bits6, scale6 = e4m3_rne(tl.where(base > 448.0, 448.0, base))
-        base4 = base * 1.5
-        bits4, scale4 = e4m3_rne(tl.where(base4 > 448.0, 448.0, base4))
-        encode6 = _encode_of(scale6, s_dec)
-        encode4 = _encode_of(scale4, s_dec)
+        bits6, scale6, encode6, bits4, scale4, encode4 = _four_over_six_candidates(amax_b, s_enc, s_dec)
         err6 = _block_error(xs, encode6, scale6, amax, err_mode, six_bound)
         err4 = _block_error(xs, encode4, scale4, amax, err_mode, six_bound)
         if TILE_ROWS == 16:
@@ -408,11 +421,7 @@ def _nvfp4_4over6_rowcol_kernel(
 
     # the global scales (nvfp4.global_encode_scale_te), as _nvfp4_te_kernel: amax 0 gives FLT_MAX
     amax = tl.load(amax_ptr + tl.arange(0, 1))
-    s_enc = tl.div_rn(tl.zeros(amax.shape, tl.float32) + six_bound, amax)
-    s_enc = tl.where(s_enc > FLT_MAX, FLT_MAX, s_enc)
-    s_enc = tl.where(s_enc == 0, 1.0, s_enc)
-    s_enc = tl.where(amax <= FLT_MAX, s_enc, float("nan"))  # amax Inf or NaN -> NaN
-    s_dec = tl.div_rn(tl.full(amax.shape, 1.0, tl.float32), s_enc)
+    s_enc, s_dec = _bounded_global_scales(amax, six_bound)
     tl.store(s_dec_ptr + tl.arange(0, 1), s_dec, mask=(pid_r == 0) & (pid_c == 0))
     amax, s_enc, s_dec = amax[:, None], s_enc[:, None], s_dec[:, None]
 
@@ -421,12 +430,7 @@ def _nvfp4_4over6_rowcol_kernel(
         block_bits = tl.maximum(block_bits, xs[i].to(tl.int32, bitcast=True) & 0x7FFFFFFF)
     amax_b = tl.max(block_bits, axis=0)[None, :].to(tl.float32, bitcast=True)  # [1, NB]: the tiles' maxima
 
-    base = tl.div_rn(amax_b, tl.full(amax_b.shape, 6.0, tl.float32)) * s_enc
-    bits6, scale6 = e4m3_rne(tl.where(base > 448.0, 448.0, base))
-    base4 = base * 1.5
-    bits4, scale4 = e4m3_rne(tl.where(base4 > 448.0, 448.0, base4))
-    encode6 = _encode_of(scale6, s_dec)
-    encode4 = _encode_of(scale4, s_dec)
+    bits6, scale6, encode6, bits4, scale4, encode4 = _four_over_six_candidates(amax_b, s_enc, s_dec)
     row6, col6 = _tile_errors(xs, encode6, scale6, amax, err_mode, six_bound, NB)
     row4, col4 = _tile_errors(xs, encode4, scale4, amax, err_mode, six_bound, NB)
 
