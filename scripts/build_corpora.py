@@ -269,7 +269,7 @@ for split, (tree, count) in regimes.items():
     for index, (name, module) in enumerate(flat(tree)):
         if index % n_shards != shard:
             continue
-        random.seed(index); np.random.seed(index)
+        seed_all(index)
         try:
             pairs = []
             for _ in range(count):
