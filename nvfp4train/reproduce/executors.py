@@ -27,7 +27,7 @@ from pathlib import Path
 
 from nvfp4train.reproduce.experiments import UsageError
 from nvfp4train.reproduce.plan import Run, read_json, run_state, shell
-from nvfp4train.runs import recorded_state
+from nvfp4train.runs import RunError, read_config, recorded_state
 from nvfp4train.train import checkpoint
 from nvfp4train.train.rundir import (
     RunDirError,
@@ -80,12 +80,11 @@ def package_version(name: str) -> str:
 
 
 def deterministic_flag(out_dir: Path) -> bool:
-    """train.deterministic of the run's saved config (false where the trainer has no such key)."""
-    import yaml
-
+    """train.deterministic of the run's saved config (false where the trainer has no such key, or the config
+    cannot be read)."""
     try:
-        cfg = yaml.safe_load((out_dir / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
+        cfg = read_config(out_dir)
+    except (OSError, RunError):
         return False
     return bool((cfg.get("train") or {}).get("deterministic", False))
 
