@@ -54,8 +54,9 @@ def cpu_threads() -> str:
     1-minute load average, unless fewer processes run right now (running_elsewhere): right after `pip install`
     the average still counts pip for a minute, and would cost the first run half of a 2-core machine.
     torch's default (every core) collapses on a shared machine, where threads wait on cores other processes
-    hold (docs/results/code-measurements.md); on an idle machine it keeps every core. The thread count does not
-    change the numbers (same losses, bitwise).
+    hold (docs/results/code-measurements.md); on an idle machine it keeps every core. The thread count changes
+    the last bits of a CPU run (a matmul's reduction is split among the threads), so a resumed run takes the
+    count its checkpoint recorded (resume_cpu_threads) and OMP_NUM_THREADS=N makes fresh runs repeatable.
     Returns the banner's note."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if os.environ.get("OMP_NUM_THREADS"):
@@ -70,6 +71,24 @@ def cpu_threads() -> str:
         return f" ({threads} thread{'s' if threads > 1 else ''})"
     running = "" if now is None else f", {now} other process{'es' if now != 1 else ''} running"
     return f" ({threads} of {cores} cores: load average {load:.1f}{running}; OMP_NUM_THREADS=N to choose)"
+
+
+def resume_cpu_threads(recorded) -> tuple[str | None, str | None]:
+    """A CPU run resumed from a checkpoint that recorded `recorded` threads: torch's thread count set to it,
+    unless OMP_NUM_THREADS chose one (then a note when they differ), so that the resumed steps repeat the
+    uninterrupted run's bits. Returns (the banner's thread note or None, a resume note or None)."""
+    if not isinstance(recorded, int) or isinstance(recorded, bool) or recorded < 1:
+        return None, None  # a checkpoint written before the count was recorded
+    now = torch.get_num_threads()
+    if os.environ.get("OMP_NUM_THREADS"):
+        if now == recorded:
+            return None, None
+        return None, (
+            f"CPU threads: {now} (OMP_NUM_THREADS), the checkpoint's run used {recorded}: the resumed steps may "
+            "differ from an uninterrupted run in their last bits"
+        )
+    torch.set_num_threads(recorded)
+    return f" ({recorded} thread{'s' if recorded > 1 else ''}: as the run being resumed)", None
 
 
 # glibc's mallopt parameters (malloc.h)

@@ -229,6 +229,7 @@ OPTIONAL_META_FIELDS = {
     "param_groups": (list,),
     "healthy": (bool,),
     "identity": (dict,),  # train/identity.py checks its fields
+    "cpu_threads": (int,),  # a CPU run's torch threads: its resume takes the same (the count changes bits)
 }
 # What every rank file holds (the trainer's save() writes it): the state each part restores from.
 RANK_FIELDS = {"loader": dict, "precision": dict, "guard": dict, "spikes": dict, "rng_cpu": torch.Tensor}

@@ -55,6 +55,7 @@ from nvfp4train.train.build import (
     data_cache_dir,
     mfu_peak,
     persistent_kernel_caches,
+    resume_cpu_threads,
     reuse_freed_host_memory,
 )
 from nvfp4train.train.engines import StepStats, build_engine, import_deepspeed
@@ -187,6 +188,11 @@ class Trainer:
             self.resume_notes.insert(0, note)
         # betas, eps and weight_decay are this run's config: the checkpoint brings the moments, not these
         hyperparameters = get_hyperparameters(self.engine.optimizer)
+        if self.info.device.type == "cpu":
+            threads, note = resume_cpu_threads(checkpoint.read_meta(self.resumed_from).get("cpu_threads"))
+            self.threads_note = threads or self.threads_note
+            if note:
+                self.resume_notes.append(note)
         meta, state = checkpoint.load(self.resumed_from, self.engine, self.info.rank, self.cfg.model.to_dict())
         set_hyperparameters(self.engine.optimizer, hyperparameters)
         self.step = self.start_step = int(meta["step"])
@@ -516,6 +522,8 @@ class Trainer:
             "healthy": not self.unhealthy_since_save,
             "identity": identity.of(self.run_id, self.cfg),
         }  # pruning keeps the last healthy one (checkpoint.prune)
+        if self.info.device.type == "cpu":  # a resume takes the same count (resume_cpu_threads)
+            meta["cpu_threads"] = torch.get_num_threads()
         t0 = time.perf_counter()
         path = checkpoint.save(
             self.ckpt_root,
