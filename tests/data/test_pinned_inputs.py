@@ -153,7 +153,9 @@ def test_check_prints_each_files_hash_and_whether_it_matches_the_pin(tmp_path, c
     build = _build_corpora()
     assert build.check_corpora(config, corpora) == 1  # one differs, one is missing
     out = capsys.readouterr().out.splitlines()
-    assert any(line.split()[:4] == ["kjv/train", str(corpora / "kjv/train.jsonl.gz"), kjv[:16], "matches"] for line in out)
+    assert any(
+        line.split()[:4] == ["kjv/train", str(corpora / "kjv/train.jsonl.gz"), kjv[:16], "matches"] for line in out
+    )
     differs = next(line for line in out if line.strip().startswith("foldoc/train"))
     assert f"{foldoc[:16]} DIFFERS from the pinned ffffffffffffffff" in differs
     assert "not pinned" in next(line for line in out if line.strip().startswith("code/train"))
