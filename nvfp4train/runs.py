@@ -354,6 +354,10 @@ _RUN_INFO_FIELDS = {
     "started": (_finite, "a finite time"),
     "finished": (_finite, "a finite time"),
     **{k: (lambda v: isinstance(v, str), "text") for k in ("experiment", "arm", "commit", "gpu", "host", "torch")},
+    "corpus": (
+        lambda v: v is None or (isinstance(v, dict) and all(isinstance(x, str) for x in (*v, *v.values()))),
+        "null or a mapping of source/split to a hash",
+    ),
 }
 
 

@@ -6,6 +6,9 @@ Two outputs, both reproducible from pinned package versions:
              data/tokenizer/bpe8k.json                     (byte-level BPE, vocab 8192, trained here)
   --corpora  data/corpora/<domain>/{train,val}.jsonl.gz   (larger, built at setup time, gitignored)
 
+Then (and alone with --check) each corpus file's sha256 is printed beside the one configs/data/repro30m.yaml
+pins (`sources.<name>.sha256`): training refuses a file with another.
+
 Every document is one JSON line {"id": ..., "text": ...}. Held-out validation documents are chosen
 per domain by a hash of the *work* (play, article, module), so a validation work never leaks into
 training. Gzip is written with mtime=0, so the same sources give byte-identical files.
@@ -415,6 +418,61 @@ def build_corpora(download_dir: Path, out_dir: Path, math_per_module: int, math_
         write_jsonl_gz(out_dir / "math_large" / "val.jsonl.gz", to_documents(val_works))
 
 
+# ----------------------------------------------------------------------------- the built files' identity
+REPRO_CONFIG = REPO / "configs" / "data" / "repro30m.yaml"
+
+
+def check_corpora(config: Path = REPRO_CONFIG, corpora_dir: Path | None = None) -> int:
+    """Print, for every file a data config's sources read, its sha256 (first 16 hex digits) and whether it is
+    the one the config pins (`sources.<name>.sha256.{train,val}`: training refuses another); then, where a
+    file is not pinned yet, the config's `sources:` block with the hashes of those files added, to paste
+    over the config's own. `corpora_dir`: where data/corpora/ was built (--out), if elsewhere. Returns the
+    exit code: 1 where a file differs from its pin or is missing, else 0."""
+    import yaml
+
+    from nvfp4train.data.paths import resolve_path
+    from nvfp4train.data.shards import sha256_file
+
+    sources = (yaml.safe_load(config.read_text()) or {}).get("sources") or {}
+    try:
+        shown = config.resolve().relative_to(REPO)
+    except ValueError:
+        shown = config
+    print(f"corpus files of {shown}:")
+    counts = {"matches": 0, "differs": 0, "not pinned": 0, "missing": 0}
+    pasted = {}
+    for name, spec in sources.items():
+        pins = dict(spec.get("sha256") or {})
+        added = {}
+        for split in ("train", "val"):
+            file = spec.get(split)
+            if not isinstance(file, str):
+                continue
+            parts = Path(file).parts
+            path = corpora_dir.joinpath(*parts[2:]) if corpora_dir and parts[:2] == ("data", "corpora") else None
+            path = path or resolve_path(file)
+            expected = pins.get(split)
+            if not path.is_file():
+                verdict, status = "missing", "missing"
+            else:
+                found = sha256_file(path)
+                if expected is None:
+                    verdict, status = f"{found[:16]} not pinned (no sources.{name}.sha256.{split})", "not pinned"
+                    added[split] = found
+                elif found == str(expected).lower():
+                    verdict, status = f"{found[:16]} matches", "matches"
+                else:
+                    verdict, status = f"{found[:16]} DIFFERS from the pinned {str(expected)[:16]}", "differs"
+            counts[status] += 1
+            print(f"  {f'{name}/{split}':<20} {path} {verdict}")
+        pasted[name] = {**spec, "sha256": {**pins, **added}} if added else spec
+    print("; ".join(f"{n} {what}" for what, n in counts.items() if n) or "no files")
+    if counts["not pinned"]:
+        print(f"to pin them, replace the `sources:` block of {shown} with:")
+        print(yaml.safe_dump({"sources": pasted}, sort_keys=False, default_flow_style=None, width=400), end="")
+    return 1 if counts["differs"] or counts["missing"] else 0
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", action="store_true", help="rebuild data/bundled/ (committed)")
@@ -435,9 +493,25 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--download-dir", type=Path, default=None, help="where sdists/debs go (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=None, help="output dir (default data/bundled or data/corpora)")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="print each corpus file's sha256 and whether it is the one --data-config pins (builds nothing; "
+        "--corpora does it after building); exit 1 where one differs or is missing",
+    )
+    parser.add_argument(
+        "--data-config",
+        type=Path,
+        default=REPRO_CONFIG,
+        help="the data config whose files --check (and --corpora) compare with its sha256 pins",
+    )
     args = parser.parse_args(argv)
-    if not (args.bundle or args.corpora):
-        parser.error("choose --bundle and/or --corpora")
+    if not (args.bundle or args.corpora or args.check):
+        parser.error("choose --bundle and/or --corpora, or --check")
+    if not args.data_config.is_file():
+        parser.error(f"--data-config {args.data_config}: no such file")
+    if args.check and not (args.bundle or args.corpora):
+        sys.exit(check_corpora(args.data_config, args.out))
     with tempfile.TemporaryDirectory() as tmp:
         download_dir = args.download_dir or Path(tmp)
         download_dir.mkdir(parents=True, exist_ok=True)
@@ -454,6 +528,8 @@ def main(argv=None) -> None:
             build_corpora(
                 download_dir, args.out or REPO / "data" / "corpora", args.math_per_module, args.math_large_per_module
             )
+    if args.corpora or args.check:
+        sys.exit(check_corpora(args.data_config, args.out if args.corpora else None))
 
 
 if __name__ == "__main__":

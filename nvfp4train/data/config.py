@@ -11,6 +11,10 @@
         val_shards: /path/to/prepared/books/val
       web:
         train: {hf: "some/dataset", name: null, split: train}   # a hub dataset, where a hub is reachable
+      kjv:
+        train: data/corpora/kjv/train.jsonl.gz
+        val: data/corpora/kjv/val.jsonl.gz
+        sha256: {train: 3f2a..., val: 9c01...}             # optional: the files must have these sha256
     phases:                            # start = fraction of all training tokens; weights = token fractions
       - {start: 0.0, weights: {literature: 0.5, web: 0.5}}
       - {start: 0.7, weights: {literature: 0.3, web: 0.7}}
@@ -22,6 +26,8 @@ from __future__ import annotations
 
 import copy
 import math
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
 from enum import StrEnum
@@ -31,6 +37,33 @@ from typing import Any
 from nvfp4train.config.schema import ConfigError, bounded, check, not_a_key, parse, to_plain
 
 SourceFormat = StrEnum("SourceFormat", "jsonl json txt parquet")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class InputHashes:
+    """A source's `sha256`: the expected sha256 of the one file each split reads. Preparing the shards refuses
+    a file with another sha256 (prepare.py), so that a run trains on exactly the corpus a config names (the
+    reproduction's, configs/data/repro30m.yaml), not on one rebuilt with other package versions."""
+
+    key: str = not_a_key()
+    """The config key, data.sources.<name>.sha256 (not a config key)."""
+    train: str | None = None
+    """The sha256 (64 hex digits, as `sha256sum` prints it) of the training file; null: not checked."""
+    val: str | None = None
+    """The same for the held-out file."""
+
+    def __post_init__(self):
+        check(self, self.key)
+        for split in ("train", "val"):
+            value = getattr(self, split)
+            if value is not None and not _SHA256.fullmatch(value.lower()):
+                raise ConfigError(
+                    f"{self.key}.{split}={value!r}: expected the file's sha256, 64 hex digits "
+                    "(`sha256sum FILE` or `python scripts/build_corpora.py --check` prints it), or null"
+                )
+            if value is not None:
+                object.__setattr__(self, split, value.lower())
 
 
 @dataclass(frozen=True)
@@ -49,14 +82,29 @@ class SourceConfig:
     """The text column of jsonl / parquet / hub sources."""
     format: SourceFormat | None = None
     """null: inferred from the file extension."""
+    sha256: InputHashes | None = None
+    """{train: <sha256>, val: <sha256>}: the expected sha256 of the one file each split reads (of `shards`: the
+    file its manifest says it was made from); a file with another is refused. null: not checked."""
 
     def __post_init__(self):
         key = f"data.sources.{self.name}"
+        if isinstance(self.sha256, Mapping):  # its key names the source, which only this level knows
+            object.__setattr__(self, "sha256", parse(InputHashes, self.sha256, f"{key}.sha256", key=f"{key}.sha256"))
         check(self, key)
         if (self.train is None) == (self.shards is None):
             raise ConfigError(f"{key} needs exactly one of 'train' (raw documents) or 'shards' (prepared shards)")
         if self.val is not None and self.val_shards is not None:
             raise ConfigError(f"{key}: give 'val' or 'val_shards', not both")
+        if self.sha256 is not None:
+            for split, raw, prepared in (("train", self.train, self.shards), ("val", self.val, self.val_shards)):
+                if getattr(self.sha256, split) is None:
+                    continue
+                if raw is None and prepared is None:
+                    raise ConfigError(f"{key}.sha256.{split}: the source has no '{split}' to check; remove the key")
+                if isinstance(raw, Mapping):
+                    raise ConfigError(
+                        f"{key}.sha256.{split}: checks a file, and {key}.{split} is a `datasets` input; remove the key"
+                    )
 
 
 @dataclass(frozen=True)

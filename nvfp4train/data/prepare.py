@@ -40,7 +40,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from .config import DataConfig, parse_data_config
-from .inputs import inputs_fingerprint, iter_documents
+from .inputs import expand_inputs, inputs_fingerprint, iter_documents
 from .paths import resolve_path
 from .shards import (
     FORMAT_VERSION,
@@ -372,6 +372,97 @@ def _finished_shards(out_dir: Path, header: dict, dtype: np.dtype) -> list[dict]
 
 
 # ----------------------------------------------------------------------------- every source of a config
+# A source's `sha256` pins the file each split is made from (config.py, InputHashes): another file is refused
+# before its shards are built or a finished directory of its shards is used, in one line saying how to get the
+# pinned one. The corpus of the reproduction (configs/data/repro30m.yaml) is built, not committed, so a build
+# with other package versions or another CPython would otherwise train quietly on other text.
+REBUILD_PINNED = (
+    "rebuild it with `python scripts/build_corpora.py --corpora` (with the package versions and the CPython "
+    "data/README.md names)"
+)
+
+
+def _pin(src, split: str) -> tuple[str, str | None]:
+    """(the config key of the split's pin, the sha256 it expects or None)."""
+    return f"data.sources.{src.name}.sha256.{split}", getattr(src.sha256, split) if src.sha256 else None
+
+
+def check_pinned_inputs(src, split: str, files: list[Path], fingerprint: dict) -> None:
+    """Refuse the split's input unless it is the one file whose sha256 the source pins (no pin: nothing to
+    check). `fingerprint`: inputs_fingerprint of `files`, which holds their sha256 already."""
+    pin, expected = _pin(src, split)
+    if expected is None:
+        return
+    if len(files) != 1:
+        shown = ", ".join(str(p) for p in files[:3]) + (", ..." if len(files) > 3 else "")
+        raise ValueError(
+            f"{pin}: pins one file, but data.sources.{src.name}.{split} names {len(files)} ({shown}); "
+            f"name one file, or remove {pin}"
+        )
+    found = fingerprint["files"][0]["sha256"]
+    if found != expected:
+        raise ValueError(
+            f"{files[0]}: sha256 {found[:16]}..., but {pin} expects {expected[:16]}...: not the pinned corpus; "
+            f"{REBUILD_PINNED}, or remove {pin} to train on this file"
+        )
+
+
+def check_pinned_shards(src, split: str, split_dir: Path) -> None:
+    """Refuse prepared shards (`shards`, `val_shards`) unless their manifest says they were made from the one
+    file whose sha256 the source pins."""
+    pin, expected = _pin(src, split)
+    if expected is None:
+        return
+    inputs = read_manifest(split_dir).get("inputs")
+    files = inputs.get("files") if isinstance(inputs, dict) else None
+    made_from = files[0] if isinstance(files, list) and len(files) == 1 and isinstance(files[0], dict) else {}
+    found = made_from.get("sha256")
+    if not isinstance(found, str):
+        raise ValueError(
+            f"{split_dir / MANIFEST}: does not record the one input file {pin} pins (shards made from several "
+            f"files, or by another program); prepare them from the pinned file, or remove {pin}"
+        )
+    if found != expected:
+        raise ValueError(
+            f"{split_dir / MANIFEST}: made from {made_from.get('name')} with sha256 {found[:16]}..., but {pin} "
+            f"expects {expected[:16]}...: not the pinned corpus; {REBUILD_PINNED} and prepare the shards from it "
+            f"again, or remove {pin} to train on these shards"
+        )
+
+
+def _digest(inputs) -> str:
+    """16 hex digits naming what a split is made from: the sha256 of its one file, or of the whole record."""
+    import hashlib
+
+    one_file = isinstance(inputs, dict) and set(inputs) <= {"text_field", "format", "files"}  # not a `datasets` one
+    files = inputs.get("files") if one_file else None
+    if isinstance(files, list) and len(files) == 1 and isinstance(files[0], dict):
+        if isinstance(files[0].get("sha256"), str):
+            return files[0]["sha256"][:16]
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def corpus_record(data_cfg) -> dict[str, str]:
+    """What a run's data is made from, for its record (the reproduction's run.json): "<source>/<split>" -> the
+    first 16 hex digits of the sha256 of the split's input file (of several files: of their names and sha256
+    together), for the training splits the phases use and every held-out split, as the trainer reads them.
+    Raw inputs are hashed (as preparing their shards does); prepared shards give what their manifest records."""
+    cfg = data_cfg if isinstance(data_cfg, DataConfig) else parse_data_config(data_cfg)
+    used = {name for phase in cfg.phases for name in phase.weights}
+    record = {}
+    for name, src in cfg.sources.items():
+        for split, raw, prepared in (("train", src.train, src.shards), ("val", src.val, src.val_shards)):
+            if split == "train" and name not in used:
+                continue
+            if prepared is not None:
+                manifest = read_manifest(resolve_path(prepared))
+                record[f"{name}/{split}"] = _digest(manifest.get("inputs") or [s["sha256"] for s in manifest["shards"]])
+            elif raw is not None:
+                key = f"data.sources.{name}.{split}"
+                record[f"{name}/{split}"] = _digest(inputs_fingerprint(raw, src.text_field, src.format, key))
+    return record
+
+
 def _cache_split_dir(cfg: DataConfig, identity: str, source: str, split: str, fingerprint: dict) -> Path:
     """cache_dir/<tokenizer identity>/<source>-<hash of the inputs>/<split>: keyed by what the shards are made
     from (files and their sha256, text field, format, shard size), not by the source's name alone, so two
@@ -398,10 +489,12 @@ def prepare_all(
         for split in splits:
             raw, prepared = (src.train, src.shards) if split == "train" else (src.val, src.val_shards)
             if prepared is not None:
+                check_pinned_shards(src, split, resolve_path(prepared))
                 dirs[f"{name}/{split}"] = resolve_path(prepared)
             elif raw is not None:
                 key = f"data.sources.{name}.{split}"
                 fingerprint = inputs_fingerprint(raw, src.text_field, src.format, key)
+                check_pinned_inputs(src, split, expand_inputs(raw, key), fingerprint)  # before anything is written
                 out = _cache_split_dir(cfg, tok.identity, name, split, fingerprint)
                 try:
                     prepare_split(

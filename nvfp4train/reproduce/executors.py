@@ -4,6 +4,7 @@ local: one run per GPU (CUDA_VISIBLE_DEVICES), or one per group of --gpus-per-ru
 the rest wait in a queue. Finished runs are skipped; interrupted ones resume through the trainer's own
 auto-resume (train.resume=auto: the latest checkpoint in out_dir); one that failed or was killed before its
 first checkpoint starts afresh, the earlier attempt's files moved aside into `<out_dir>.replaced-<time>/`.
+run.json records the run's commit, GPU, versions and its corpus (the sha256 of each data file it read).
 Ctrl-C / SIGTERM reach each trainer once: it checkpoints after its current step and exits, and the same
 command later resumes it. Each run ends with the evaluation of its final checkpoint (eval.json: in BF16,
 and in the training precision where the experiment's eval line says eval_precision=both) and run.json.
@@ -87,6 +88,22 @@ def deterministic_flag(out_dir: Path) -> bool:
     except (OSError, RunError):
         return False
     return bool((cfg.get("train") or {}).get("deterministic", False))
+
+
+def corpus_of(out_dir: Path) -> dict[str, str] | None:
+    """What the run's data is made from, by the data section its config.yaml saved: "<source>/<split>" -> the
+    first 16 hex digits of the sha256 of the split's file (nvfp4train.data.prepare.corpus_record), so that the
+    report can tell runs of one comparison trained on different builds of a corpus apart. None where it cannot
+    be told: no config.yaml (the trainer did not start), or an input that is gone or unreadable now."""
+    import yaml
+
+    from nvfp4train.data.prepare import corpus_record
+
+    try:
+        cfg = yaml.safe_load((out_dir / "config.yaml").read_text()) or {}
+        return corpus_record(cfg["data"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):  # a record, never a reason to fail
+        return None
 
 
 class RunProcess:
@@ -223,6 +240,7 @@ class RunProcess:
             "python": sys.version.split()[0],
             "host": socket.gethostname(),
             "deterministic": deterministic_flag(out_dir),
+            "corpus": corpus_of(out_dir) or previous.get("corpus"),
             "started": previous.get("started", started),
             "finished": finished,
             "wall_s": round(float(previous.get("wall_s", 0.0)) + finished - started, 1),

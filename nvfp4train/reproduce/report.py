@@ -2,13 +2,15 @@
 
 One row per claim of the paper (arXiv 2509.25149) and experiment: the paper's value, ours as a paired
 95% interval over seeds (stats.py) with its seed count, the verdict, and flags where the paired runs
-differ in GPU model, commit, token budget or evaluation. Held-out numbers say what they are: the
+differ in GPU model, commit, token budget, corpus or evaluation. Held-out numbers say what they are: the
 in-training validation (at the precision it names, N sequences per source) or the BF16 evaluation of
 the final checkpoint (eval.json).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -403,6 +405,30 @@ def short_commit(run: RunData) -> str:
     return str(run.info.get("commit", "not recorded"))[:10]
 
 
+def corpus_label(run: RunData) -> str:
+    """The corpus a run trained on, in 8 hex digits (of its run.json `corpus`: each data file's sha256), or
+    "unknown" for a run recorded before run.json had it."""
+    corpus = run.info.get("corpus")
+    if not isinstance(corpus, dict) or not corpus:
+        return "unknown"
+    return hashlib.sha256(json.dumps(corpus, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def mixed_corpora(runs: list[RunData]) -> str | None:
+    """The flag for runs of one comparison that trained on different corpora, with the files that differ;
+    None where they agree. Runs that do not record theirs count as one corpus, "unknown", so that they are
+    flagged only beside runs that do."""
+    labels: dict[str, int] = {}
+    for r in runs:
+        labels[corpus_label(r)] = labels.get(corpus_label(r), 0) + 1
+    if len(labels) < 2:
+        return None
+    known = [r.info["corpus"] for r in runs if corpus_label(r) != "unknown"]
+    splits = sorted({k for c in known for k in c if len({c2.get(k) for c2 in known}) > 1})
+    counted = ", ".join(f"{label} ({n} run{'s' if n > 1 else ''})" for label, n in sorted(labels.items()))
+    return f"mixed corpora: {counted}" + (f", differing in {' and '.join(splits)}" if splits else "")
+
+
 def flags(runs: list[RunData], same_bits: list[set[str]] = ()) -> list[str]:
     """What differs between the runs of one comparison. `same_bits`: groups of commits that replicates
     showed to train bit for bit alike (`bitwise_commit_groups`); mixed commits within one group say so."""
@@ -419,6 +445,8 @@ def flags(runs: list[RunData], same_bits: list[set[str]] = ()) -> list[str]:
         out.append("mixed commits: " + ", ".join(commits) + note)
     if len(budgets) > 1:
         out.append("mixed token budgets: " + ", ".join(f"{b:,}" for b in budgets))
+    if corpora := mixed_corpora(runs):
+        out.append(corpora)
     if len(vals) > 1:
         out.append("mixed validation: " + "; ".join(vals))
     shared = sorted({int(r.info.get("runs_per_gpu", 1)) for r in runs if r.info})

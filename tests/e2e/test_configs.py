@@ -24,7 +24,7 @@ from nvfp4train.config import (
     load_preset,
 )
 from nvfp4train.config.schema import ConfigError, parse
-from nvfp4train.data.config import DataConfig, PhaseSpec, SourceConfig, parse_data_config
+from nvfp4train.data.config import DataConfig, InputHashes, PhaseSpec, SourceConfig, parse_data_config
 from nvfp4train.model.config import ModelConfig
 from nvfp4train.optim import OptimConfig, ScheduleConfig
 from nvfp4train.precision.recipe import PrecisionPolicy, SwitchConfig
@@ -41,6 +41,7 @@ SCHEMAS = [
     SwitchConfig,
     DataConfig,
     SourceConfig,
+    InputHashes,
     PhaseSpec,
 ]
 

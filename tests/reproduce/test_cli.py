@@ -371,6 +371,9 @@ def test_retry_failed_run_without_a_checkpoint_starts_afresh_and_keeps_its_histo
     assert sorted(p.name for p in aside.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl", "train.log"]
     info = json.loads((run_dir / "run.json").read_text())
     assert info["state"] == "done" and info["attempts"] == 2 and info["started"] == 1.0 and info["wall_s"] > 7.0
+    assert set(info["corpus"]) == {
+        f"{name}/{split}" for name in ("literature", "encyclopedic", "code") for split in ("train", "val")
+    }
     assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1] == 3
     assert (run_dir / "console.log").read_text().startswith(old["console.log"])
     assert not (run_dir / "executor.json").exists()

@@ -72,3 +72,37 @@ def test_a_failed_attempt_is_not_moved_aside_while_a_trainer_holds_its_run_direc
     assert json.loads((run.out_dir / "run.json").read_text())["attempts"] == 1
     assert sorted(p.name for p in run.out_dir.parent.iterdir()) == ["seed1"]
     assert not (run.out_dir / "executor.json").exists() and not (run.out_dir / "console.log").exists()
+
+
+def test_run_json_records_the_corpus_the_run_read(tmp_path, monkeypatch):
+    """run.json's `corpus`: each data file the run's saved config reads, by the first 16 hex digits of its
+    sha256 (training splits of the blend, every held-out split); null where the trainer wrote no config."""
+    import yaml
+
+    from nvfp4train.data.paths import REPO_ROOT
+    from nvfp4train.data.shards import sha256_file
+
+    run = one_run(tmp_path)
+    bundled = yaml.safe_load((REPO_ROOT / "configs" / "data" / "bundled.yaml").read_text())
+
+    def train_then_eval(self, command, console):  # what the trainer leaves behind, without training
+        if "nvfp4train.train" in command:
+            (run.out_dir / "config.yaml").write_text(yaml.safe_dump({"seed": 1, "data": bundled}))
+            run.final_checkpoint().mkdir(parents=True)
+        return 0
+
+    monkeypatch.setattr(executors.RunProcess, "_call", train_then_eval)
+    assert executors.RunProcess(run, "abc1234", None).execute() == "done"
+    corpus = json.loads((run.out_dir / "run.json").read_text())["corpus"]
+    expected = {
+        f"{name}/{split}": sha256_file(REPO_ROOT / bundled["sources"][name][split])[:16]
+        for name in ("literature", "encyclopedic", "code")
+        for split in ("train", "val")
+    }
+    assert corpus == expected
+
+    (tmp_path / "other").mkdir()
+    other = one_run(tmp_path / "other")
+    monkeypatch.setattr(executors.RunProcess, "_call", lambda self, command, console: 1)  # failed at start
+    assert executors.RunProcess(other, "abc1234", None).execute() == "failed"
+    assert json.loads((other.out_dir / "run.json").read_text())["corpus"] is None

@@ -123,7 +123,9 @@ arms:
 """
 
 
-def write_run(root, arm, seed, gap_pct, commit="abc", gpu="NVIDIA H100", deterministic=False, sources=None):
+def write_run(
+    root, arm, seed, gap_pct, commit="abc", gpu="NVIDIA H100", deterministic=False, sources=None, corpus=None
+):
     d = root / "synth" / arm / f"seed{seed}"
     d.mkdir(parents=True)
     cfg = {
@@ -148,7 +150,8 @@ def write_run(root, arm, seed, gap_pct, commit="abc", gpu="NVIDIA H100", determi
             record[f"val/{name}"] = (base + 0.1) * (1 + source_gap(step) / 100)
         lines.append(json.dumps(record))
     (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    (d / "run.json").write_text(json.dumps({"state": "done", "train_rc": 0, "commit": commit, "gpu": gpu}))
+    info = {"state": "done", "train_rc": 0, "commit": commit, "gpu": gpu}
+    (d / "run.json").write_text(json.dumps(info | ({"corpus": corpus} if corpus is not None else {})))
     (d / "eval.json").write_text(
         json.dumps(
             {
@@ -209,6 +212,39 @@ def test_report_rows_flags_and_labels(tmp_path):
         [runs], tmp_path / "out", experiments, figures=False, claims_file=claims_file(tmp_path, SYNTH_CLAIMS)
     )
     assert "## Tier A" in path.read_text() and "reproduced" in path.read_text()
+
+
+def test_runs_of_one_comparison_on_different_corpora_are_flagged(tmp_path):
+    """run.json's `corpus` (each data file's sha256): runs that agree, or that all lack it, are not flagged;
+    a known corpus beside another, or beside runs that do not record theirs ("unknown"), is, with the files."""
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "synth.yaml").write_text(EXPERIMENT)
+    exp = load_experiment("synth", experiments)
+    claims = load_claims(claims_file(tmp_path, SYNTH_CLAIMS))
+    old = {"math/train": "59569a4ad435b613", "math/val": "00aa", "kjv/train": "11bb"}
+    new = {**old, "math/train": "0123456789abcdef"}
+
+    def corpus_flag(corpora: dict):
+        runs = tmp_path / f"runs{len(list(tmp_path.glob('runs*')))}"
+        for seed in (1, 2, 3):
+            write_run(runs, "fp8_blockwise", seed, 0.0, corpus=corpora.get(("fp8_blockwise", seed)))
+            write_run(runs, "nvfp4", seed, 0.4, corpus=corpora.get(("nvfp4", seed)))
+        results = report.evaluate_all(claims, [exp], report.load_runs([runs]))
+        row = report.claim_rows(results, report.primary_family(results))[0]
+        return next((f for f in row[6].split("; ") if f.startswith("mixed corpora")), None), row[6]
+
+    every = [(arm, seed) for arm in ("fp8_blockwise", "nvfp4") for seed in (1, 2, 3)]
+    assert corpus_flag({})[0] is None  # none recorded: nothing to compare
+    assert corpus_flag({run: old for run in every})[0] is None
+    label_old, label_new = (
+        report.corpus_label(report.RunData(None, None, {}, {}, {}, 0, {"corpus": c})) for c in (old, new)
+    )
+    flag, row = corpus_flag({**{run: old for run in every}, ("nvfp4", 3): new})
+    counted = sorted([f"{label_old} (5 runs)", f"{label_new} (1 run)"])
+    assert flag == f"mixed corpora: {', '.join(counted)}, differing in math/train", row
+    flag, _ = corpus_flag({("nvfp4", 1): old, ("fp8_blockwise", 1): old})  # two known beside four unknown
+    assert flag == f"mixed corpora: {', '.join(sorted([f'{label_old} (2 runs)', 'unknown (4 runs)']))}"
 
 
 def test_mixed_commits_linked_by_a_bitwise_replicate_say_so(tmp_path):
