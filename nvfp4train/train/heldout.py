@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from nvfp4train.precision.controller import bf16_linears, training_state_kept
+from nvfp4train.precision.controller import bf16_linears, quant_linears, training_state_kept, weights_quantized_once
 from nvfp4train.precision.cpu_bf16 import cpu_bf16_matmuls
 
 
@@ -46,18 +46,24 @@ def evaluate(model, val_data: dict, micro_batch_size: int, device: torch.device,
 
 
 def _evaluate(model, val_data: dict, micro_batch_size: int, device: torch.device) -> dict[str, float]:
+    """One pass over the held-out sequences (on `device` already, where the trainer keeps them: no copy then),
+    each quantized weight quantized once for all its batches, and the sums read to the host once."""
     was_training = model.training
     model.eval()
-    out = {}
-    for domain, seqs in val_data.items():
-        total, count = torch.zeros((), device=device), 0
-        for i in range(0, len(seqs), micro_batch_size):
-            chunk = seqs[i : i + micro_batch_size].to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16), cpu_bf16_matmuls(device):
-                total += model(chunk[:, :-1], chunk[:, 1:], reduction="sum")  # FP32, chunked (model/loss.py)
-            count += chunk[:, 1:].numel()
-        out[f"val/{domain}"] = total.item() / max(count, 1)
+    totals, counts = [], []
+    with weights_quantized_once(quant_linears(model)):
+        for seqs in val_data.values():
+            total, count = torch.zeros((), device=device), 0
+            for i in range(0, len(seqs), micro_batch_size):
+                chunk = seqs[i : i + micro_batch_size].to(device)
+                with torch.autocast(device.type, dtype=torch.bfloat16), cpu_bf16_matmuls(device):
+                    total += model(chunk[:, :-1], chunk[:, 1:], reduction="sum")  # FP32, chunked (model/loss.py)
+                count += chunk[:, 1:].numel()
+            totals.append(total)
+            counts.append(count)
+    model.train(was_training)
+    sums = torch.stack(totals).tolist() if totals else []
+    out = {f"val/{domain}": total / max(count, 1) for domain, total, count in zip(val_data, sums, counts)}
     if out:
         out["val/mean"] = sum(out.values()) / len(out)
-    model.train(was_training)
     return out
