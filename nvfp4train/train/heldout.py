@@ -21,19 +21,21 @@ def evaluate_as(eval_precision: str, model, val_data: dict, micro_batch_size: in
     """The held-out losses of train.eval_precision, `layers` being the model's precision linears: train ->
     `val/*` in the training precision; bf16 -> `val/*` in BF16; both -> `val/*` in BF16 (the numbers a bf16
     run writes) and `val_tp/*` in the training precision, from one evaluation where every layer runs in
-    BF16 anyway."""
+    BF16 anyway. The host reads the losses once, at the end."""
     if eval_precision == "bf16":
         return evaluate(model, val_data, micro_batch_size, device, layers)
     if eval_precision == "train":
         with training_state_kept(layers):
-            return _evaluate(model, val_data, micro_batch_size, device)
-    out = evaluate(model, val_data, micro_batch_size, device, layers)
+            return _losses(val_data, _sums(model, val_data, micro_batch_size, device))[0]
+    with bf16_linears(layers):
+        in_bf16 = _sums(model, val_data, micro_batch_size, device)
     if runs_in_bf16(layers):
-        in_training_precision = dict(out)
+        in_training_precision = in_bf16
     else:
         with training_state_kept(layers):
-            in_training_precision = _evaluate(model, val_data, micro_batch_size, device)
-    out.update({f"val_tp/{key[4:]}": value for key, value in in_training_precision.items()})
+            in_training_precision = _sums(model, val_data, micro_batch_size, device)
+    out, tp = _losses(val_data, in_bf16, in_training_precision)
+    out.update({f"val_tp/{key[4:]}": value for key, value in tp.items()})
     return out
 
 
@@ -42,12 +44,14 @@ def evaluate(model, val_data: dict, micro_batch_size: int, device: torch.device,
     """Mean next-token loss per held-out domain; the linears of `bf16_layers` run in BF16 meanwhile
     (train.eval_precision=bf16)."""
     with bf16_linears(bf16_layers):
-        return _evaluate(model, val_data, micro_batch_size, device)
+        sums = _sums(model, val_data, micro_batch_size, device)
+    return _losses(val_data, sums)[0]
 
 
-def _evaluate(model, val_data: dict, micro_batch_size: int, device: torch.device) -> dict[str, float]:
+def _sums(model, val_data: dict, micro_batch_size: int, device: torch.device) -> tuple[torch.Tensor, list[int]]:
     """One pass over the held-out sequences (on `device` already, where the trainer keeps them: no copy then),
-    each quantized weight quantized once for all its batches, and the sums read to the host once."""
+    each quantized weight quantized once for all its batches: per domain, the summed next-token loss (FP32, on
+    the device; not read here) and the number of tokens."""
     was_training = model.training
     model.eval()
     totals, counts = [], []
@@ -62,8 +66,19 @@ def _evaluate(model, val_data: dict, micro_batch_size: int, device: torch.device
             totals.append(total)
             counts.append(count)
     model.train(was_training)
-    sums = torch.stack(totals).tolist() if totals else []
-    out = {f"val/{domain}": total / max(count, 1) for domain, total, count in zip(val_data, sums, counts)}
-    if out:
-        out["val/mean"] = sum(out.values()) / len(out)
+    return (torch.stack(totals) if totals else torch.zeros(0, device=device)), counts
+
+
+def _losses(val_data: dict, *passes: tuple[torch.Tensor, list[int]]) -> list[dict[str, float]]:
+    """The `val/*` losses of each pass (`_sums`), from one host read of all their sums."""
+    sums = torch.cat([totals for totals, _ in passes]).tolist()
+    out = []
+    for k, (_, counts) in enumerate(passes):
+        at = k * len(val_data)
+        losses = {
+            f"val/{domain}": sums[at + i] / max(count, 1) for i, (domain, count) in enumerate(zip(val_data, counts))
+        }
+        if losses:
+            losses["val/mean"] = sum(losses.values()) / len(losses)
+        out.append(losses)
     return out

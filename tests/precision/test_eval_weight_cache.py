@@ -15,7 +15,7 @@ from nvfp4train.config import CONFIG_DIR
 from nvfp4train.eval import harness
 from nvfp4train.model import HybridLM, ModelConfig
 from nvfp4train.precision import PrecisionController, build_linear_factory
-from nvfp4train.precision.controller import weights_changed_after_each_step
+from nvfp4train.precision.controller import bf16_linears, training_state_kept, weights_changed_after_each_step
 from nvfp4train.precision.cpu_bf16 import cpu_bf16_matmuls
 from nvfp4train.train import heldout
 
@@ -38,7 +38,7 @@ def held_out_tokens():
     return {"a": torch.randint(0, 8192, (3, 17), generator=g), "b": torch.randint(0, 8192, (3, 17), generator=g)}
 
 
-@torch.no_grad()  # (evaluate_as's, when it calls it)
+@torch.no_grad()
 def evaluate_per_batch(model, val_data, micro_batch_size, device):
     """train/heldout.py's `_evaluate` as it was: every batch's weights quantized afresh, copied to the device
     per batch, one host read per source."""
@@ -59,6 +59,19 @@ def evaluate_per_batch(model, val_data, micro_batch_size, device):
     return out
 
 
+def evaluate_as_per_batch(eval_precision, model, val_data, micro_batch_size, device, layers):
+    """train/heldout.py's `evaluate_as` as it was, on `evaluate_per_batch`."""
+    with bf16_linears(layers):
+        in_bf16 = evaluate_per_batch(model, val_data, micro_batch_size, device)
+    if eval_precision == "bf16":
+        return in_bf16
+    with training_state_kept(layers):
+        in_training_precision = evaluate_per_batch(model, val_data, micro_batch_size, device)
+    if eval_precision == "train":
+        return in_training_precision
+    return in_bf16 | {f"val_tp/{key[4:]}": value for key, value in in_training_precision.items()}
+
+
 @torch.no_grad()
 def heldout_losses_per_batch(model, val_data, batch_size, device):
     """eval/harness.py's `heldout_losses` as it was: every batch quantized afresh and read to the host."""
@@ -76,18 +89,16 @@ def heldout_losses_per_batch(model, val_data, batch_size, device):
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_an_evaluation_gives_the_bits_of_quantizing_at_every_batch(preset, monkeypatch):
+def test_an_evaluation_gives_the_bits_of_quantizing_at_every_batch(preset):
     model, controller = build(preset)
     val = held_out_tokens()
-    new = {p: heldout.evaluate_as(p, model, val, 2, CPU, controller.layers) for p in ("train", "bf16", "both")}
-    new_harness = harness.heldout_losses(model, val, 2, CPU)
-    with monkeypatch.context() as m:
-        m.setattr(heldout, "_evaluate", evaluate_per_batch)
-        old = {p: heldout.evaluate_as(p, model, val, 2, CPU, controller.layers) for p in ("train", "bf16", "both")}
-    assert new == old
-    assert new_harness == heldout_losses_per_batch(model, val, 2, CPU)
-    if preset != "bf16":
-        assert new["train"] != new["bf16"]  # quantized: the comparison above saw quantized weights
+    for p in ("train", "bf16", "both"):
+        out = heldout.evaluate_as(p, model, val, 2, CPU, controller.layers)
+        assert out == evaluate_as_per_batch(p, model, val, 2, CPU, controller.layers), p
+    assert harness.heldout_losses(model, val, 2, CPU) == heldout_losses_per_batch(model, val, 2, CPU)
+    assert heldout.evaluate(model, val, 2, CPU) == evaluate_per_batch(model, val, 2, CPU)
+    if preset != "bf16":  # quantized: the comparisons above saw quantized weights
+        assert out["val_tp/mean"] != out["val/mean"]
 
 
 @pytest.mark.parametrize("preset", ["fp8_tensorwise", "fp8_blockwise", "nvfp4"])
@@ -125,6 +136,23 @@ def test_an_evaluation_quantizes_each_weight_once_and_keeps_nothing(preset, monk
     with torch.no_grad():
         quantized[0].weight.mul_(0.5)
     assert heldout.evaluate_as("train", model, val, 2, CPU, controller.layers) == evaluate_per_batch(model, val, 2, CPU)
+
+
+@pytest.mark.parametrize("evaluation", ["train", "both", "harness"])
+def test_an_evaluation_reads_its_losses_to_the_host_once(evaluation, monkeypatch):
+    model, controller = build("nvfp4")
+    val = held_out_tokens()  # two sources of two batches each
+    reads = []
+    for name in ("item", "tolist", "cpu", "numpy"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda t, *a, real=real, name=name, **k: reads.append(name) or real(t, *a, **k)
+        )
+    if evaluation == "harness":
+        harness.heldout_losses(model, val, 2, CPU)
+    else:
+        heldout.evaluate_as(evaluation, model, val, 2, CPU, controller.layers)
+    assert reads == ["tolist"]
 
 
 def train(preset: str, evaluate: bool, steps: int = 3, micro_batches: int = 2):
