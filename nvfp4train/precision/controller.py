@@ -219,7 +219,8 @@ def weights_quantized_once(layers):
     forwards reuse those bits (the bits a fresh quantization gives: the same weight, the same round-to-nearest
     quantizer; stochastically rounded weights still draw at every use). They live in a `WeightEpoch` of the
     block's own (`WeightCache.eval_epoch`), freed when it ends: training's cached operands are neither read nor
-    replaced, and a weight changed by hand before the block is quantized as it is now."""
+    replaced, and a weight changed by hand before the block is quantized as it is now. A layer whose cache is
+    off (`PrecisionController(cache_weights=False)`) quantizes at every forward."""
     epoch = WeightEpoch()
     caches = [layer.weight_cache for layer in layers if isinstance(layer, QuantLinear)]
     saved = [cache.eval_epoch for cache in caches]

@@ -148,8 +148,9 @@ class WeightCache:
     Stochastically rounded weight operands are never cached (each use draws anew, as before).
 
     An evaluation's forwards (no_grad) read `eval_epoch` instead, set only for the length of one evaluation
-    (`precision.weights_quantized_once`): a `WeightEpoch` of their own, which training never reads, built
-    afresh by each evaluation and dropped at its end."""
+    (`controller.weights_quantized_once`): a `WeightEpoch` of their own, which training never reads, made
+    afresh by each evaluation and emptied at its end. A cache turned off (`cache_weights=False`) keeps
+    neither."""
 
     def __init__(self, epoch: WeightEpoch | None = None):
         self.enabled = False  # set by PrecisionController: it installs the epoch's bumps
@@ -167,8 +168,8 @@ class WeightCache:
         does not (no_grad) uses `eval_epoch` inside an evaluation and quantizes afresh elsewhere, so it needs
         no bump after changed weights, and an evaluation's operands (built without Dgrad's Wᵀ) never reach a
         training pass."""
-        epoch = (self.epoch if self.enabled else None) if training else self.eval_epoch
-        if epoch is None:
+        epoch = self.epoch if training else self.eval_epoch
+        if not self.enabled or epoch is None:
             return build()
         form = self._form(weight)
         held = epoch._entries.get(self.id)

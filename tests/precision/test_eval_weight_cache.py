@@ -1,6 +1,7 @@
 """An evaluation quantizes each weight once (`weights_quantized_once`: an epoch of the evaluation's own), with
 the losses of quantizing at every batch, bit for bit; training's cached operands are neither read nor replaced,
-so a run's losses are the same with or without evaluations between its micro-batches and steps."""
+so a run's losses are the same with or without evaluations between its micro-batches and steps; the host reads
+an evaluation's losses once."""
 
 from __future__ import annotations
 
@@ -131,6 +132,13 @@ def test_an_evaluation_quantizes_each_weight_once_and_keeps_nothing(preset, monk
     harness.heldout_losses(model, val, 2, CPU)  # the final evaluation's pass: the same, a fresh epoch
     assert sorted(calls) == sorted((layer.label, "fprop_w") for layer in quantized)
     assert seen[-1] is not eval_epoch and not seen[-1]._entries
+
+    # a cache turned off (PrecisionController(cache_weights=False)) keeps nothing in an evaluation either
+    PrecisionController(controller.policy, model, cache_weights=False)
+    calls.clear()
+    heldout.evaluate_as("train", model, val, 2, CPU, controller.layers)
+    assert sorted(calls) == sorted((layer.label, "fprop_w") for layer in quantized for _ in range(4))
+    PrecisionController(controller.policy, model)
 
     # a weight changed by hand (no bump) is seen by the next evaluation: nothing carries over between them
     with torch.no_grad():
