@@ -70,6 +70,7 @@ def _evaluate(cfg: EvalConfig, device: str) -> dict:
         tokenizer = load_tokenizer(run_config["data"]["tokenizer"])
     except (ValueError, FileNotFoundError) as e:
         raise RunError(f"{run_dir / 'config.yaml'}: data: {e}") from None
+    val_data = {source: seqs.to(device) for source, seqs in val_data.items()}  # once, for every pass over them
 
     heldout, in_training_precision = None, None
     progress(f"held-out loss ({cfg.eval_precision}, up to {cfg.heldout_sequences} sequences of {', '.join(val_data)})")

@@ -82,18 +82,32 @@ def loglikelihoods(
 
 @torch.no_grad()
 def heldout_losses(model, val_data: dict[str, torch.Tensor], batch_size: int = 16, device="cpu") -> dict:
-    """Mean next-token loss and perplexity per held-out source (the training loop's `val/*` in BF16)."""
+    """Mean next-token loss and perplexity per held-out source (the training loop's `val/*` in BF16). Each
+    quantized weight is quantized once for all the batches (`weights_quantized_once`), and the batches' sums
+    are read to the host once, then added up there in batch order."""
+    from nvfp4train.precision.controller import quant_linears, weights_quantized_once
+
+    sums, counts = {}, {}
+    with weights_quantized_once(quant_linears(model)):
+        for source, seqs in val_data.items():
+            sums[source], counts[source] = [], 0
+            for i in range(0, len(seqs), batch_size):
+                chunk = seqs[i : i + batch_size].to(device)
+                with torch.autocast(torch.device(device).type, dtype=torch.bfloat16), cpu_bf16_matmuls(device):
+                    logits = model(chunk[:, :-1])
+                sums[source].append(
+                    F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum")
+                )
+                counts[source] += chunk[:, 1:].numel()
+    every = [batch for batches in sums.values() for batch in batches]
+    values = iter(torch.stack(every).tolist() if every else [])
     out = {}
-    for source, seqs in val_data.items():
-        total, count = 0.0, 0
-        for i in range(0, len(seqs), batch_size):
-            chunk = seqs[i : i + batch_size].to(device)
-            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16), cpu_bf16_matmuls(device):
-                logits = model(chunk[:, :-1])
-            total += F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item()
-            count += chunk[:, 1:].numel()
-        loss = total / count
-        out[source] = {"loss": loss, "ppl": math.exp(loss), "tokens": count}
+    for source, batches in sums.items():
+        total = 0.0
+        for _ in batches:
+            total += next(values)
+        loss = total / counts[source]
+        out[source] = {"loss": loss, "ppl": math.exp(loss), "tokens": counts[source]}
     return out
 
 

@@ -7,6 +7,7 @@ ctl = PrecisionController(policy, model)
 msg = ctl.on_step(tokens_fraction)   # schedule switch + telemetry gating, once per step
 ctl.weights_changed()                # weights changed outside optimizer.step(): a new weight epoch
 weights_changed(model)               # the same for any model of precision linears, controller or not
+with weights_quantized_once(layers): ...   # an evaluation: each weight quantized once for all its batches
 stats = ctl.quant_stats()            # {"quant/block3.fc1/wgrad_dy/rel_err": ..., ...}
 torch.save(ctl.state_dict(), f)      # switch state + SR generator states (weights_only-loadable)
 """
@@ -176,8 +177,9 @@ def weights_changed(model: nn.Module) -> None:
     """Call after changing the weights of `model`'s precision linears outside `optimizer.step()` and
     `load_state_dict` (`weight.copy_(...)`, `weight.data = ...`, an update by hand) before its next training
     forward: a new weight epoch, so the quantized weights cached in the old one are not reused. Evaluation
-    forwards (no_grad) never read the cache. The optimizer's post-step hook (`weights_changed_after_each_step`),
-    loads, precision switches and CUDA graph captures bump the epoch themselves."""
+    forwards (no_grad) never read it (an evaluation caches into its own: `weights_quantized_once`). The
+    optimizer's post-step hook (`weights_changed_after_each_step`), loads, precision switches and CUDA graph
+    captures bump the epoch themselves."""
     bump_weight_epochs(quant_linears(model))
 
 
@@ -208,6 +210,28 @@ def bf16_linears(layers):
     finally:
         for layer, attr, value in saved:
             setattr(layer, attr, value)
+
+
+@contextlib.contextmanager
+def weights_quantized_once(layers):
+    """Inside the block (an evaluation: the weights do not change in it), each QuantLinear of `layers`
+    quantizes its weight at most once per operand form, at its first forward without grad, and its other such
+    forwards reuse those bits (the bits a fresh quantization gives: the same weight, the same round-to-nearest
+    quantizer; stochastically rounded weights still draw at every use). They live in a `WeightEpoch` of the
+    block's own (`WeightCache.eval_epoch`), freed when it ends: training's cached operands are neither read nor
+    replaced, and a weight changed by hand before the block is quantized as it is now. A layer whose cache is
+    off (`PrecisionController(cache_weights=False)`) quantizes at every forward."""
+    epoch = WeightEpoch()
+    caches = [layer.weight_cache for layer in layers if isinstance(layer, QuantLinear)]
+    saved = [cache.eval_epoch for cache in caches]
+    for cache in caches:
+        cache.eval_epoch = epoch
+    try:
+        yield
+    finally:
+        for cache, previous in zip(caches, saved):
+            cache.eval_epoch = previous
+        epoch.bump()  # the evaluation's operands freed now, not when the epoch object goes
 
 
 @contextlib.contextmanager

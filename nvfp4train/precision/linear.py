@@ -22,7 +22,8 @@ is checkpointed by the controller. The three GEMMs run as custom ops (`ops.py`),
 `ops.LayerState` (host copies of those constants, the SR generators, telemetry, weight cache) by an int id.
 Quantized weight operands are cached per layer within a weight epoch (`WeightCache`, `WeightEpoch`: one counter
 the layers of a model share, bumped by the optimizer's post-step hook, loads, CUDA graph captures and precision
-switches): one quantization per optimizer step, not one per micro-batch and per GEMM.
+switches): one quantization per optimizer step, not one per micro-batch and per GEMM; an evaluation's forwards
+share one of their own (`WeightCache.eval_epoch`): one quantization per evaluation, not one per batch.
 """
 
 from __future__ import annotations
@@ -144,11 +145,17 @@ class WeightCache:
     reused by the other micro-batches' forwards and by every Dgrad, instead of quantizing the FP32 master
     weight again. The entries live in the epoch, keyed on this cache, so a bump frees them all. Beside the
     epoch, an entry is kept only for a weight of the same shape, dtype and device (`model.to(...)`).
-    Stochastically rounded weight operands are never cached (each use draws anew, as before)."""
+    Stochastically rounded weight operands are never cached (each use draws anew, as before).
+
+    An evaluation's forwards (no_grad) read `eval_epoch` instead, set only for the length of one evaluation
+    (`controller.weights_quantized_once`): a `WeightEpoch` of their own, which training never reads, made
+    afresh by each evaluation and emptied at its end. A cache turned off (`cache_weights=False`) keeps
+    neither."""
 
     def __init__(self, epoch: WeightEpoch | None = None):
         self.enabled = False  # set by PrecisionController: it installs the epoch's bumps
         self.epoch = epoch if epoch is not None else WeightEpoch()
+        self.eval_epoch: WeightEpoch | None = None
         self.id = next(_CACHE_IDS)
 
     @staticmethod
@@ -156,15 +163,18 @@ class WeightCache:
         return (tuple(weight.shape), weight.dtype, weight.device)
 
     def get(self, key: tuple, weight: torch.Tensor, build, training: bool = True):
-        """`build()`, or its result from an earlier call with the same `key` in this epoch. Only
-        training passes use the cache (`training`: a forward that saves for backward, or a
-        backward): an evaluation forward quantizes afresh, so it needs no bump after changed weights."""
-        if not (self.enabled and training):
+        """`build()`, or its result from an earlier call with the same `key` in this epoch. Training passes
+        (`training`: a forward that saves for backward, or a backward) use the training epoch; a forward that
+        does not (no_grad) uses `eval_epoch` inside an evaluation and quantizes afresh elsewhere, so it needs
+        no bump after changed weights, and an evaluation's operands (built without Dgrad's Wᵀ) never reach a
+        training pass."""
+        epoch = self.epoch if training else self.eval_epoch
+        if not self.enabled or epoch is None:
             return build()
         form = self._form(weight)
-        held = self.epoch._entries.get(self.id)
+        held = epoch._entries.get(self.id)
         if held is None or held[0] != form:
-            held = self.epoch._entries[self.id] = (form, {})
+            held = epoch._entries[self.id] = (form, {})
         entries = held[1]
         if key not in entries:
             entries[key] = build()

@@ -157,6 +157,8 @@ def build_model_and_data(cfg: RunConfig, info: parallel.DistInfo):
             if t.eval_sequences
             else {}
         )  # 0: no held-out evaluation
+        # on the device for the whole run: an evaluation copies no tokens (train/heldout.py)
+        val_data = {source: seqs.to(info.device) for source, seqs in val_data.items()}
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(f"data: {e}") from None
     if loader.tokenizer.vocab_size > model_cfg.vocab_size:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from nvfp4train.precision.controller import bf16_linears, training_state_kept
+from nvfp4train.precision.controller import bf16_linears, quant_linears, training_state_kept, weights_quantized_once
 from nvfp4train.precision.cpu_bf16 import cpu_bf16_matmuls
 
 
@@ -21,19 +21,21 @@ def evaluate_as(eval_precision: str, model, val_data: dict, micro_batch_size: in
     """The held-out losses of train.eval_precision, `layers` being the model's precision linears: train ->
     `val/*` in the training precision; bf16 -> `val/*` in BF16; both -> `val/*` in BF16 (the numbers a bf16
     run writes) and `val_tp/*` in the training precision, from one evaluation where every layer runs in
-    BF16 anyway."""
+    BF16 anyway. The host reads the losses once, at the end."""
     if eval_precision == "bf16":
         return evaluate(model, val_data, micro_batch_size, device, layers)
     if eval_precision == "train":
         with training_state_kept(layers):
-            return _evaluate(model, val_data, micro_batch_size, device)
-    out = evaluate(model, val_data, micro_batch_size, device, layers)
+            return _losses(val_data, _sums(model, val_data, micro_batch_size, device))[0]
+    with bf16_linears(layers):
+        in_bf16 = _sums(model, val_data, micro_batch_size, device)
     if runs_in_bf16(layers):
-        in_training_precision = dict(out)
+        in_training_precision = in_bf16
     else:
         with training_state_kept(layers):
-            in_training_precision = _evaluate(model, val_data, micro_batch_size, device)
-    out.update({f"val_tp/{key[4:]}": value for key, value in in_training_precision.items()})
+            in_training_precision = _sums(model, val_data, micro_batch_size, device)
+    out, tp = _losses(val_data, in_bf16, in_training_precision)
+    out.update({f"val_tp/{key[4:]}": value for key, value in tp.items()})
     return out
 
 
@@ -42,22 +44,41 @@ def evaluate(model, val_data: dict, micro_batch_size: int, device: torch.device,
     """Mean next-token loss per held-out domain; the linears of `bf16_layers` run in BF16 meanwhile
     (train.eval_precision=bf16)."""
     with bf16_linears(bf16_layers):
-        return _evaluate(model, val_data, micro_batch_size, device)
+        sums = _sums(model, val_data, micro_batch_size, device)
+    return _losses(val_data, sums)[0]
 
 
-def _evaluate(model, val_data: dict, micro_batch_size: int, device: torch.device) -> dict[str, float]:
+def _sums(model, val_data: dict, micro_batch_size: int, device: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """One pass over the held-out sequences (on `device` already, where the trainer keeps them: no copy then),
+    each quantized weight quantized once for all its batches: per domain, the summed next-token loss (FP32, on
+    the device; not read here) and the number of tokens."""
     was_training = model.training
     model.eval()
-    out = {}
-    for domain, seqs in val_data.items():
-        total, count = torch.zeros((), device=device), 0
-        for i in range(0, len(seqs), micro_batch_size):
-            chunk = seqs[i : i + micro_batch_size].to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16), cpu_bf16_matmuls(device):
-                total += model(chunk[:, :-1], chunk[:, 1:], reduction="sum")  # FP32, chunked (model/loss.py)
-            count += chunk[:, 1:].numel()
-        out[f"val/{domain}"] = total.item() / max(count, 1)
-    if out:
-        out["val/mean"] = sum(out.values()) / len(out)
+    totals, counts = [], []
+    with weights_quantized_once(quant_linears(model)):
+        for seqs in val_data.values():
+            total, count = torch.zeros((), device=device), 0
+            for i in range(0, len(seqs), micro_batch_size):
+                chunk = seqs[i : i + micro_batch_size].to(device)
+                with torch.autocast(device.type, dtype=torch.bfloat16), cpu_bf16_matmuls(device):
+                    total += model(chunk[:, :-1], chunk[:, 1:], reduction="sum")  # FP32, chunked (model/loss.py)
+                count += chunk[:, 1:].numel()
+            totals.append(total)
+            counts.append(count)
     model.train(was_training)
+    return (torch.stack(totals) if totals else torch.zeros(0, device=device)), counts
+
+
+def _losses(val_data: dict, *passes: tuple[torch.Tensor, list[int]]) -> list[dict[str, float]]:
+    """The `val/*` losses of each pass (`_sums`), from one host read of all their sums."""
+    sums = torch.cat([totals for totals, _ in passes]).tolist()
+    out = []
+    for k, (_, counts) in enumerate(passes):
+        at = k * len(val_data)
+        losses = {
+            f"val/{domain}": sums[at + i] / max(count, 1) for i, (domain, count) in enumerate(zip(val_data, counts))
+        }
+        if losses:
+            losses["val/mean"] = sum(losses.values()) / len(losses)
+        out.append(losses)
     return out

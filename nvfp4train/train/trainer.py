@@ -440,11 +440,14 @@ class Trainer:
                     f"step {r.step}: held-out evaluation ({in_precision}, up to {t.eval_sequences} sequences "
                     f"per source: {', '.join(self.val_data)}) ..."
                 )
+            started = time.perf_counter()
             held_out = evaluate_as(
                 t.eval_precision, self.engine.module, self.val_data, t.micro_batch_size, self.info.device, layers
             )
             self.engine.after_evaluation()
             record.update(held_out)
+            if held_out:  # its losses were read to the host: the evaluation is over
+                record["eval_time_s"] = time.perf_counter() - started
             if is_main and held_out:
                 if t.eval_precision == "both":
                     precision = "BF16 and training precision"

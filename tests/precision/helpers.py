@@ -8,6 +8,7 @@ import torch
 
 from nvfp4train.precision import PrecisionPolicy, QuantLinear
 from nvfp4train.precision.backends import EmulatedBackend
+from nvfp4train.precision.ops import LayerState
 
 PRESETS = (
     "bf16",
@@ -107,3 +108,25 @@ class GemmSpy:
 def rel_err(a, b) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm())
+
+
+def count_weight_quantizations(monkeypatch, model) -> list:
+    """A list that collects (layer label, role) for every weight operand of `model`'s linears quantized from now
+    on (W and Wᵀ from one cast count as W's)."""
+    calls, depth, ids = [], [0], {m.layer_id for m in model.modules() if isinstance(m, QuantLinear)}
+    for method in ("pack", "quantize", "quantize_with_transpose", "pack_with_transpose"):
+        real = getattr(LayerState, method)
+
+        def spy(state, role, *args, real=real):
+            depth[0] += 1
+            try:
+                out = real(state, role, *args)
+            finally:
+                depth[0] -= 1
+            # quantize calls pack when telemetry is on; a pair's None means one by one (counted there)
+            if role.endswith("_w") and depth[0] == 0 and out is not None and state.id in ids:
+                calls.append((state.sr.label, role))
+            return out
+
+        monkeypatch.setattr(LayerState, method, spy)
+    return calls

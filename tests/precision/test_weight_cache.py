@@ -18,7 +18,7 @@ from nvfp4train.precision import (
 from nvfp4train.precision.controller import weights_changed_after_each_step
 from nvfp4train.precision.ops import LayerState
 
-from .helpers import load_preset
+from .helpers import count_weight_quantizations, load_preset
 
 ALL_QUANTIZED = {"bf16_first": 0, "bf16_last": 0}
 
@@ -130,28 +130,6 @@ def test_cached_weights_give_the_same_bits_and_quantize_once_per_step(preset, mo
         assert ("block0.fc1", "dgrad_w") not in step_calls
 
 
-def _count_weight_quantizations(monkeypatch, model) -> list:
-    """A list that collects (layer label, role) for every weight operand of `model`'s linears quantized from now
-    on (W and Wᵀ from one cast count as W's)."""
-    calls, depth, ids = [], [0], {m.layer_id for m in model.modules() if isinstance(m, QuantLinear)}
-    for method in ("pack", "quantize", "quantize_with_transpose", "pack_with_transpose"):
-        real = getattr(LayerState, method)
-
-        def spy(state, role, *args, real=real):
-            depth[0] += 1
-            try:
-                out = real(state, role, *args)
-            finally:
-                depth[0] -= 1
-            # quantize calls pack when telemetry is on; a pair's None means one by one (counted there)
-            if role.endswith("_w") and depth[0] == 0 and out is not None and state.id in ids:
-                calls.append((state.sr.label, role))
-            return out
-
-        monkeypatch.setattr(LayerState, method, spy)
-    return calls
-
-
 class _Fixture:
     """TwoLayers (NVFP4 everywhere) under a controller, a training forward + backward, and what a fresh model
     with the same state gives (every operand quantized anew)."""
@@ -193,7 +171,7 @@ def test_a_weight_changed_by_hand_is_quantized_again_after_weights_changed(monke
     by hand is seen by an evaluation forward (never cached) and, after `precision.weights_changed(model)`, by
     training forwards."""
     f = _Fixture()
-    calls = _count_weight_quantizations(monkeypatch, f.model)
+    calls = count_weight_quantizations(monkeypatch, f.model)
     before = f.train_forward()
     assert calls.count(("block0.fc1", "fprop_w")) == 1
     assert torch.equal(f.train_forward(), before)  # reused within the epoch: not quantized again
@@ -217,7 +195,7 @@ def test_the_optimizer_post_step_hook_starts_a_new_epoch(monkeypatch, fused):
     it quantizes the updated weight once, and gives a fresh model's bits. torch's fused AdamW leaves the
     version counters as they were; the hook sees the step, not the weight."""
     f = _Fixture()
-    calls = _count_weight_quantizations(monkeypatch, f.model)
+    calls = count_weight_quantizations(monkeypatch, f.model)
     optimizer = torch.optim.AdamW(f.model.parameters(), lr=0.1, fused=fused)
     weights_changed_after_each_step(optimizer, f.model)
     for _ in range(3):
@@ -246,7 +224,7 @@ def test_without_a_bump_an_optimizer_step_is_not_seen():
 def test_loading_weights_starts_a_new_epoch(monkeypatch):
     """model.load_state_dict (a checkpoint, eval, export) and the controller's load_state_dict bump the epoch."""
     f = _Fixture()
-    calls = _count_weight_quantizations(monkeypatch, f.model)
+    calls = count_weight_quantizations(monkeypatch, f.model)
     f.train_forward()
     other = TwoLayers(build_linear_factory(f.policy, n_blocks=1, seed=5))  # other init weights
     value = f.ctl.weight_epoch.value
@@ -287,7 +265,7 @@ def test_fresh_storage_at_every_use_is_cached_within_the_epoch(monkeypatch):
     """FSDP2 gathers the weight into fresh storage at every forward (and, resharded, in backward): the cache
     keys on the epoch, so one quantization per step still (tests/train/test_distributed_fsdp.py runs FSDP2)."""
     f = _Fixture()
-    calls = _count_weight_quantizations(monkeypatch, f.model)
+    calls = count_weight_quantizations(monkeypatch, f.model)
     optimizer = torch.optim.SGD(f.model.parameters(), lr=0.5)
     weights_changed_after_each_step(optimizer, f.model)
     for _ in range(2):
@@ -307,7 +285,7 @@ def test_fresh_storage_at_every_use_is_cached_within_the_epoch(monkeypatch):
 def test_a_weight_moved_or_cast_is_quantized_again(monkeypatch):
     """Beside the epoch, an entry is kept only for a weight of the same shape, dtype and device."""
     f = _Fixture()
-    calls = _count_weight_quantizations(monkeypatch, f.model)
+    calls = count_weight_quantizations(monkeypatch, f.model)
     f.train_forward()
     f.model.fc1.weight.data = f.model.fc1.weight.data.double().float()[:, :]  # same form: reused
     f.train_forward()

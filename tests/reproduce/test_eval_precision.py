@@ -44,7 +44,15 @@ def held_out(records: list[dict], prefix: str) -> list[dict]:
     return [{k: v for k, v in r.items() if k.startswith(prefix)} for r in records if "val/mean" in r]
 
 
-TIMING = ("tokens_per_s", "step_time_s", "time_to_first_step_s", "checkpoint_time_s", "peak_mem_gib", "mfu")
+TIMING = (
+    "tokens_per_s",
+    "step_time_s",
+    "time_to_first_step_s",
+    "checkpoint_time_s",
+    "eval_time_s",
+    "peak_mem_gib",
+    "mfu",
+)
 
 
 @pytest.mark.slow  # three short training runs
@@ -71,6 +79,8 @@ def test_both_writes_a_bf16_runs_numbers_and_a_train_runs(tmp_path):
         runs[eval_precision] = read_metrics(out)
     bf16, train, both = runs["bf16"], runs["train"], runs["both"]
     assert [r["step"] for r in both if "val/mean" in r] == [2, 4]
+    assert all(r["eval_time_s"] > 0 for run in runs.values() for r in run if "val/mean" in r)
+    assert not any("eval_time_s" in r for run in runs.values() for r in run if "val/mean" not in r)
     # BF16 numbers bit for bit a bf16 run's, the training precision's a train run's
     assert held_out(both, "val/") == held_out(bf16, "val/")
     tp = [{"val/" + k[len("val_tp/") :]: v for k, v in r.items()} for r in held_out(both, "val_tp/")]

@@ -16,6 +16,7 @@ from nvfp4train.optim import OptimConfig
 from nvfp4train.precision import PrecisionController, build_linear_factory
 from nvfp4train.precision.ops import LayerState
 from nvfp4train.train.engines import TorchEngine
+from nvfp4train.train.heldout import evaluate_as
 from tests.conftest import SMALL_MODEL, read_metrics, run_torchrun, run_train
 from tests.precision.helpers import load_preset
 
@@ -83,8 +84,8 @@ def test_prefetch_reaches_fsdp2(one_rank_group, prefetch):
 @pytest.mark.parametrize("reshard", ["true", "false"])
 def test_nvfp4_weights_are_quantized_once_per_step_under_fsdp2(one_rank_group, monkeypatch, reshard):
     """Each micro-batch's forward (and, resharded, each backward) gathers the weights into fresh storage:
-    the weight cache still quantizes each layer's weight once per optimizer step. (A one-rank group
-    stands in for two: the DistInfo's world size picks the FSDP2 path, the sharding is real.)"""
+    the weight cache still quantizes each layer's weight once per optimizer step, and once per evaluation. (A
+    one-rank group stands in for two: the DistInfo's world size picks the FSDP2 path, the sharding is real.)"""
     policy = load_preset("nvfp4", bf16_first=0, bf16_last=0)
     cfg = ModelConfig.from_dict(SMALL)
     torch.manual_seed(0)
@@ -117,6 +118,11 @@ def test_nvfp4_weights_are_quantized_once_per_step_under_fsdp2(one_rank_group, m
             continue  # telemetry step (stats_every): operands are quantized one by one there
         fprop = [c for c in calls if c[1] == "fprop_w"]
         assert sorted(fprop) == sorted((layer.label, "fprop_w") for layer in quantized), calls
+    # an evaluation (two batches, each gathering afresh where resharded): once per layer too, weights only
+    calls.clear()
+    val = {"a": torch.randint(0, 97, (4, 17), generator=g)}
+    evaluate_as("train", engine.module, val, 2, CPU.device, controller.layers)
+    assert sorted(calls) == sorted((layer.label, "fprop_w") for layer in quantized), calls
 
 
 COMMON = [
