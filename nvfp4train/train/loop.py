@@ -134,6 +134,8 @@ def _run(cfg: RunConfig, stop: StopSignal) -> dict:
                 trainer.log(result)
             if trainer.save_due() or preempted:
                 last_ckpt = trainer.save(final=preempted or trainer.step == cfg.train.max_steps) or last_ckpt
+            # the next window's step time counts training only, not this read's evaluation or checkpoint
+            trainer.read_at = time.perf_counter()
             if preempted:
                 break
         profiler.finish(trainer.step)  # a run that ended inside the window (a preemption): the steps profiled
