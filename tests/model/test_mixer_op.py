@@ -9,6 +9,7 @@ import torch
 
 from nvfp4train.model import blocks
 from nvfp4train.model.config import ModelConfig
+from nvfp4train.model.layers import PLAIN_LAYERS
 from nvfp4train.model.mixer_op import mamba_conv_scan_norm, mixer_op_applies
 
 
@@ -20,7 +21,7 @@ def test_the_mixer_takes_the_op_on_cuda_only():
 def _mixer(device) -> blocks.Mamba2Mixer:
     cfg = ModelConfig(d_model=256, mamba_state=64, mamba_head_dim=64, mamba_groups=2, mamba_chunk=64)
     torch.manual_seed(0)
-    return blocks.Mamba2Mixer(cfg, 0, lambda i, o, **_: torch.nn.Linear(i, o, bias=False)).to(device)
+    return blocks.Mamba2Mixer(cfg, 0, PLAIN_LAYERS).to(device)
 
 
 def _run(mixer, u, grad, fused: bool, monkeypatch):
