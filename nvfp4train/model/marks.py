@@ -1,9 +1,10 @@
 """What torch.compile is told about some of the model's functions, without importing torch.compile's machinery.
 
 `torch.compiler.assume_constant_result` imports `torch._dynamo` (and through it sympy, triton and
-torch.distributed's FSDP), seconds that an eager run, or `--help`, does not need. The mark itself is one function
-attribute, which dynamo reads when it traces a call; `assume_constant_result` here sets that attribute as torch's
-does (tests/model/test_marks.py compares the two), so the model's modules import without dynamo.
+torch.distributed's FSDP), a large import that `--help` and the model's own import do not need. The mark itself
+is one function attribute, which dynamo reads when it traces a call; `assume_constant_result` here sets that
+attribute as torch's does (tests/model/test_marks.py compares the two), so the model's modules import without
+dynamo.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def _cli() -> None:
 
     args = get_args_parser().parse_args()
     if args.help:  # ours, not Hydra's "powered by Hydra" and the whole config (`--cfg job` prints that)
-        print(usage())  # from the config dataclasses and configs/: without torch, in a fraction of a second
+        print(usage())  # from the config dataclasses and configs/ alone: before torch, which --help does not need
         sys.exit(0)
     stop = StopSignal._active
     with stop.deferred() if stop is not None else contextlib.nullcontext():

@@ -1,4 +1,4 @@
-"""`--help` answers without the heavy modules: torch (seconds to import), torch.compile's machinery, DCP, the
+"""`--help` answers without the heavy modules: torch, torch.compile's machinery, DCP, the
 kernels' packages and the optional ones. Each check runs the entry point in a fresh interpreter and lists
 what it imported."""
 

@@ -1,5 +1,5 @@
 """The model's compile marks (model/marks.py) are torch's own, and importing the model does not import
-torch._dynamo (torch.compile's machinery: seconds that an eager run or --help does not need)."""
+torch._dynamo (torch.compile's machinery, which --help does not need)."""
 
 from __future__ import annotations
 
