@@ -7,20 +7,36 @@ x, y = loader.next_microbatch()
 val = build_val_data(data_cfg, seq_len=..., max_sequences_per_domain=...)
 """
 
+from typing import TYPE_CHECKING
+
 from .config import DataConfig, Phase, SourceConfig, parse_data_config
-from .loader import BlendedTrainLoader, build_train_loader, build_val_data
-from .shards import TokenShards
-from .tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from .loader import BlendedTrainLoader, build_train_loader, build_val_data
+    from .prepare import prepare_all, prepare_split
+    from .shards import TokenShards
+    from .tokenizer import load_tokenizer
+
+# Imported when first used: the config (which every command's options hold) without torch and numpy, and
+# prepare so that `python -m nvfp4train.data.prepare` runs a module that was not imported already (runpy
+# warns about that on every run otherwise).
+_LAZY = {
+    "BlendedTrainLoader": "loader",
+    "build_train_loader": "loader",
+    "build_val_data": "loader",
+    "TokenShards": "shards",
+    "load_tokenizer": "tokenizer",
+    "prepare_all": "prepare",
+    "prepare_split": "prepare",
+}
 
 
 def __getattr__(name: str):
-    # prepare is imported when first used, so `python -m nvfp4train.data.prepare` runs a module that
-    # was not imported already (runpy warns about that on every run otherwise)
-    if name in ("prepare_all", "prepare_split"):
-        from . import prepare
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        return getattr(prepare, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
 
 
 __all__ = [

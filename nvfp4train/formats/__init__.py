@@ -11,7 +11,25 @@ The quantizers take ``impl="auto" | "reference" | "triton"`` (impl.py): fused Tr
 (kernels/, imported only when used) on CUDA, the PyTorch reference elsewhere.
 """
 
-from . import activation, e2m1, fp8, hadamard, impl, mxfp4, nvfp4, rounding
-from .rounding import sr_generator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from . import activation, e2m1, fp8, hadamard, impl, mxfp4, nvfp4, rounding
+    from .rounding import sr_generator
+
+_SUBMODULES = ("activation", "e2m1", "fp8", "hadamard", "impl", "mxfp4", "nvfp4", "rounding")
+
+
+def __getattr__(name: str):
+    # the modules (and torch) load on first use: `formats.scale_rules`, which the precision config reads, does not
+    # need them
+    import importlib
+
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name == "sr_generator":
+        return importlib.import_module(f"{__name__}.rounding").sr_generator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["activation", "e2m1", "fp8", "hadamard", "impl", "mxfp4", "nvfp4", "rounding", "sr_generator"]

@@ -33,9 +33,10 @@ import torch
 from . import e2m1, hadamard
 from .impl import use_triton
 from .rounding import random_bits_like
+from .scale_rules import SCALE_RULES as SCALE_RULES  # the names mxfp4 had before they moved
+from .scale_rules import check_scale_rule
 
 BLOCK = 32
-SCALE_RULES = ("rceil", "floor")
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 E8M0_NAN = 255
 
@@ -81,13 +82,6 @@ def scale_from_e8m0(scales: torch.Tensor) -> torch.Tensor:
     normal = torch.bitwise_left_shift(bits.clamp(min=1), 23).view(torch.float32)  # 2^(bits-127)
     value = torch.where(bits == 0, torch.full_like(normal, 2.0**-127), normal)
     return torch.where(bits == E8M0_NAN, torch.full_like(value, float("nan")), value)
-
-
-def check_scale_rule(scale_rule: str) -> str:
-    """``scale_rule``, or ValueError in one line naming the allowed rules."""
-    if scale_rule not in SCALE_RULES:
-        raise ValueError(f"mxfp4: scale_rule={scale_rule!r} is not supported; allowed: {SCALE_RULES}")
-    return scale_rule
 
 
 def scale_exponent(block_amax: torch.Tensor, scale_rule: str) -> torch.Tensor:

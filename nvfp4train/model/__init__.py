@@ -7,13 +7,15 @@ model = build_model({"pattern": "M-*-M-", "d_model": 128}, layer_factory=None)  
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import ModelConfig
 from .flops import flops_per_token
-from .hybrid import HybridLM, param_groups
-from .layers import LINEAR_NAMES, PLAIN_LAYERS, LayerFactory
-from .loss import linear_cross_entropy
+
+if TYPE_CHECKING:
+    from .hybrid import HybridLM, param_groups
+    from .layers import LINEAR_NAMES, PLAIN_LAYERS, LayerFactory
+    from .loss import linear_cross_entropy
 
 __all__ = [
     "ModelConfig",
@@ -30,5 +32,29 @@ __all__ = [
 
 def build_model(cfg_dict: Mapping[str, Any] | ModelConfig, layer_factory: LayerFactory | None = None) -> HybridLM:
     """Validate a config mapping (unknown keys and bad values raise ValueError) and build the model."""
+    from .hybrid import HybridLM
+
     cfg = cfg_dict if isinstance(cfg_dict, ModelConfig) else ModelConfig.from_dict(cfg_dict)
     return HybridLM(cfg, layer_factory=layer_factory)
+
+
+# The modules (torch's, the kernels') load on first use of their names: `nvfp4train.model.config`, which every
+# command's config imports, then imports neither torch nor the model code.
+_LAZY = {
+    "HybridLM": "hybrid",
+    "param_groups": "hybrid",
+    "LINEAR_NAMES": "layers",
+    "PLAIN_LAYERS": "layers",
+    "LayerFactory": "layers",
+    "linear_cross_entropy": "loss",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value

@@ -20,6 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .config import ModelConfig
 from .fused_norm import fused_norm_available, fused_rms_norm
 from .layers import LayerFactory
+from .marks import assume_constant_result
 from .mixer_op import mamba_conv_scan_norm, mixer_op_applies
 from .ssd import causal_conv1d_silu, ssd_scan_packed
 
@@ -193,7 +194,7 @@ def attention_backend(
     return "flex" if choice == "flex" and compiling else "math"
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def _deterministic_attention_choice() -> str:
     return os.environ.get(DETERMINISTIC_ATTENTION_ENV, DETERMINISTIC_ATTENTION_DEFAULT)
 

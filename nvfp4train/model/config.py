@@ -112,6 +112,27 @@ class ModelConfig:
         """Number of blocks of one kind ("M", "*" or "-")."""
         return self.pattern.count(kind)
 
+    def block_params(self, kind: str) -> int:
+        """Parameters of one block of a kind: its pre-norm and its mixer (a factory's linears are bias-free
+        [out, in] weights, as `layers.LayerFactory` asks, so any factory gives the same count)."""
+        d = self.d_model
+        if kind == "M":
+            conv = self.mamba_conv_dim * (self.mamba_conv + 1)  # depthwise weight [C, 1, k] and bias
+            ssm = 3 * self.mamba_heads + self.mamba_d_inner  # dt_bias, A_log, D; the gated norm's weight
+            mixer = d * self.mamba_in_proj_dim + conv + ssm + self.mamba_d_inner * d
+        elif kind == "*":
+            mixer = d * (self.n_heads + 2 * self.n_kv_heads) * self.head_dim + self.n_heads * self.head_dim * d
+        else:
+            mixer = 2 * d * self.ffn_hidden
+        return d + mixer
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        """`HybridLM(self).num_params()` from the config alone, without building the model (which, even on
+        the meta device, takes a while for the large presets): tests/model/test_presets.py checks the two agree."""
+        blocks = sum(self.count(kind) * self.block_params(kind) for kind in BLOCK_KINDS)
+        embeddings = 0 if exclude_embeddings else 2 * self.vocab_size * self.d_model  # untied: embedding, LM head
+        return blocks + self.d_model + embeddings  # + the final norm
+
     # ---- construction and validation -----------------------------------------------------
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:

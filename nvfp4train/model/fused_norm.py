@@ -13,10 +13,11 @@ import math
 
 import torch
 
+from .marks import assume_constant_result
 from .ops import gated_norm_kernels
 
 
-@torch.compiler.assume_constant_result  # evaluated once when compiling, not traced
+@assume_constant_result  # evaluated once when compiling, not traced
 def fused_norm_available() -> bool:
     try:
         gated_norm_kernels()

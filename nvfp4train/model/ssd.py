@@ -34,9 +34,10 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import ops
+from .marks import assume_constant_result
 from .ops import (
     backward_cumsums_allowed,
-    causal_conv1d_extension,
     causal_conv1d_kernel_available,
     chunk_scan_backward,
     chunk_scan_forward,
@@ -284,7 +285,7 @@ def ssd_chunked_triton(x, dt, A, B, C, D, dt_bias, chunk_size: int) -> torch.Ten
     return _ssd_scan_triton(xbc, dt, A, D, dt_bias, chunk_size, head_dim, groups)
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def _triton_ssd_deterministic() -> bool:
     return triton_ssd_deterministic_mode()
 
@@ -379,7 +380,8 @@ def causal_conv1d_silu(
             bias is not None and triton_conv_available(),
         )
     if backend == "causal_conv1d":
-        return causal_conv1d_extension(x.transpose(1, 2), weight, bias).transpose(1, 2)
+        # an attribute of the package, read here: the eager wrapper is made on first use (ops/mamba_kernels.py)
+        return ops.causal_conv1d_extension(x.transpose(1, 2), weight, bias).transpose(1, 2)
     if backend == "triton":
         from .causal_conv import causal_conv1d_silu_triton
 
@@ -388,7 +390,7 @@ def causal_conv1d_silu(
     return F.silu(y).transpose(1, 2)
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def triton_conv_available() -> bool:
     from nvfp4train.formats.impl import triton_available  # NVFP4TRAIN_TRITON=0 turns it off too
 

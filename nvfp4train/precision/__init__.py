@@ -11,11 +11,38 @@ Imports `nvfp4train.formats`, and from the model only the protocol it implements
 (`model.layers`); Transformer Engine is imported lazily by the `te` backend (`backends/te.py`).
 """
 
-from .backends import gemm_peak_kind
-from .controller import PrecisionController, PrecisionLayers, build_linear_factory, quant_linears, weights_changed
-from .linear import QuantLinear, WeightEpoch
-from .memory import saved_activation_bytes, saved_bytes_report
-from .recipe import ROLES, LayerRecipe, OperandSpec, PrecisionPolicy, SwitchConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .backends import gemm_peak_kind
+    from .controller import PrecisionController, PrecisionLayers, build_linear_factory, quant_linears, weights_changed
+    from .linear import QuantLinear, WeightEpoch
+    from .memory import saved_activation_bytes, saved_bytes_report
+    from .recipe import ROLES, LayerRecipe, OperandSpec, PrecisionPolicy, SwitchConfig
+
+# Each name's module is imported on first use: the policy (`recipe`, which every run's config holds) without
+# torch, the layers and backends with it.
+_LAZY = {
+    "gemm_peak_kind": "backends",
+    **dict.fromkeys(
+        ("PrecisionController", "PrecisionLayers", "build_linear_factory", "quant_linears", "weights_changed"),
+        "controller",
+    ),
+    "QuantLinear": "linear",
+    "WeightEpoch": "linear",
+    "saved_activation_bytes": "memory",
+    "saved_bytes_report": "memory",
+    **dict.fromkeys(("ROLES", "LayerRecipe", "OperandSpec", "PrecisionPolicy", "SwitchConfig"), "recipe"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+
 
 __all__ = [
     "PrecisionPolicy",

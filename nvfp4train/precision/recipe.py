@@ -29,7 +29,7 @@ from enum import StrEnum
 from typing import Any
 
 from nvfp4train.config.schema import ConfigError, bounded, check, parse, to_plain
-from nvfp4train.formats import mxfp4
+from nvfp4train.formats import scale_rules
 
 ROLES = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_dy", "wgrad_x")
 FORWARD_ROLES = ("fprop_x", "fprop_w")
@@ -51,9 +51,9 @@ FourOverSixErr = StrEnum("FourOverSixErr", "mae mse")
 BackwardOverride = StrEnum("BackwardOverride", "none high_precision dequantized")
 # Its opposite (paper App. D, TE issue #2569): Fprop in BF16, Dgrad and Wgrad quantized.
 ForwardOverride = StrEnum("ForwardOverride", "none high_precision")
-# MXFP4 block-scale rules, named as torchao names them (formats/mxfp4.py): "rceil" rounds the scale
-# up (the paper's rule), "floor" is OCP MX.
-Mxfp4ScaleRule = StrEnum("Mxfp4ScaleRule", " ".join(mxfp4.SCALE_RULES))
+# MXFP4 block-scale rules, named as torchao names them (formats/mxfp4.py; listed in formats/scale_rules.py, which
+# imports no torch): "rceil" rounds the scale up (the paper's rule), "floor" is OCP MX.
+Mxfp4ScaleRule = StrEnum("Mxfp4ScaleRule", " ".join(scale_rules.SCALE_RULES))
 FORMATS, BACKENDS, RHT_CHOICES, SR_CHOICES = tuple(Format), tuple(Backend), tuple(Rht), tuple(Sr)
 SWITCH_MODES, MXFP4_SCALE_RULES = tuple(SwitchMode), tuple(Mxfp4ScaleRule)
 
@@ -497,7 +497,7 @@ class PrecisionPolicy:
         sr_other = "sr" if self.sr == "all" else "rne"
         act = (1, block)
         mode = {
-            "mxfp4": mxfp4.check_scale_rule(self.mxfp4_scale_rule),
+            "mxfp4": scale_rules.check_scale_rule(self.mxfp4_scale_rule),
             "fp8_blockwise": "pow2" if self.fp8_pow2_scales else "fp32",
         }.get(fmt, "")
 

@@ -299,19 +299,13 @@ def data_passes(data_cfg: dict, tokens: int, prepare: bool = False) -> dict[str,
     return {name: drawn[name] / available[name] for name in drawn if available.get(name)}
 
 
-_PARAMS: dict[str, tuple[int, int]] = {}
-
-
 def model_params(model_cfg: dict) -> tuple[int, int]:
-    """(all parameters, without embedding and LM head), counted on the meta device."""
+    """(all parameters, without embedding and LM head), counted from the config (no model is built, and no
+    torch imported: `ModelConfig.num_params`, which tests/model/test_presets.py checks against the built model)."""
     from nvfp4train.model import ModelConfig
-    from nvfp4train.summary import summarize
 
-    key = json.dumps(model_cfg, sort_keys=True, default=str)
-    if key not in _PARAMS:
-        s = summarize(ModelConfig.from_dict(model_cfg), 1)
-        _PARAMS[key] = (s["params"], s["params_non_embedding"])
-    return _PARAMS[key]
+    cfg = ModelConfig.from_dict(model_cfg)
+    return cfg.num_params(), cfg.num_params(exclude_embeddings=True)
 
 
 def describe(exp: Experiment, runs: list[Run], gpu: str | None = None, gpus_per_run: int = 1) -> list[str]:

@@ -77,7 +77,7 @@ nvfp4train/model/config.py, nvfp4train/precision/recipe.py, nvfp4train/optim, nv
   train.eval_every=0          held-out loss every N steps (0: at the end);  train.eval_sequences=64
   train.save_every=0          checkpoint every N steps (0: at the end);  train.resume=auto|never|DIR
   train.device=auto           auto|cpu|cuda;  train.parallel=ddp|fsdp2|hsdp|deepspeed (several ranks)
-  optim.lr=3e-3               peak learning rate (optim.*: OptimConfig in nvfp4train/optim/adamw.py)
+  optim.lr=3e-3               peak learning rate (optim.*: OptimConfig in nvfp4train/optim/config.py)
   train.wandb.enabled=true    log to Weights & Biases too (pip install 'nvfp4train[wandb]')
 
 your own data:  data=own data.sources.own.train=[a.jsonl,b.txt] data.sources.own.val=held.jsonl  (docs/data.md)
@@ -98,12 +98,17 @@ def usage() -> str:
 
 
 def _cli() -> None:
+    from hydra._internal.utils import get_args_parser  # Hydra's own command line (its flags and overrides)
+
+    args = get_args_parser().parse_args()
+    if args.help:  # ours, not Hydra's "powered by Hydra" and the whole config (`--cfg job` prints that)
+        print(usage())  # from the config dataclasses and configs/ alone: before torch, which --help does not need
+        sys.exit(0)
     stop = StopSignal._active
     with stop.deferred() if stop is not None else contextlib.nullcontext():
-        import torch  # noqa: F401  # first, and where a stop signal cannot interrupt its native start-up
+        import torch  # noqa: F401  # before our modules, and where a stop signal cannot interrupt its native start-up
 
     import hydra
-    from hydra._internal.utils import get_args_parser  # Hydra's own command line (its flags and overrides)
 
     from nvfp4train.config import (
         CONFIG_DIR,
@@ -116,10 +121,6 @@ def _cli() -> None:
     )
     from nvfp4train.launch.errors import fail
 
-    args = get_args_parser().parse_args()
-    if args.help:  # ours, not Hydra's "powered by Hydra" and the whole config (`--cfg job` prints that)
-        print(usage())
-        sys.exit(0)
     if args.shell_completion:  # Hydra's completion script or its answer: it composes configs, runs no job
         hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(_main)()
         return

@@ -181,15 +181,14 @@ def build_model_and_data(cfg: RunConfig, info: parallel.DistInfo):
 
 def build_model(model_cfg: ModelConfig, build, device: torch.device):
     """build() on `device`, refusing in one line what cannot run there: the Triton SSD off CUDA, and a
-    model whose FP32 weights (built in host memory first) do not fit: counted on the meta device, and
+    model whose FP32 weights (built in host memory first) do not fit: counted from the config, and
     an allocation that fails anyway is caught."""
     if model_cfg.ssd_backend == "triton" and (device.type != "cuda" or not triton_ssd_available()):
         raise ConfigError(
             f"model.ssd_backend=triton needs a CUDA GPU and mamba-ssm's Triton kernels (device "
             f"{device.type}); use model.ssd_backend=auto or torch"
         )
-    with torch.device("meta"):
-        n_params = sum(p.numel() for p in build().parameters())
+    n_params = model_cfg.num_params()
     need = (
         f"model {model_cfg.name}: {n_params:,} parameters need {4 * n_params / 1e9:,.1f} GB for the "
         "FP32 weights alone (about 4x that to train: gradients and AdamW moments)"

@@ -27,12 +27,6 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from nvfp4train.precision.layer import CONFIG_DERIVED_BUFFERS
 
@@ -43,6 +37,16 @@ META = "meta.json"
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used for this run; the message names the file and the mismatch."""
+
+
+# torch.distributed.checkpoint (and what it imports: DTensor, sympy) is imported where a checkpoint is read or
+# written, not before a run's first step; its reader and planner classes are in train/dcp_reader.py.
+def __getattr__(name: str):
+    if name in ("SafeFileSystemReader", "_TensorsOnlyLoadPlanner"):
+        from nvfp4train.train import dcp_reader
+
+        return getattr(dcp_reader, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @contextlib.contextmanager
@@ -91,44 +95,6 @@ class _MetadataUnpickler(pickle.Unpickler):
             if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
                 return getattr(torch, name)
         raise pickle.UnpicklingError(f"it refers to {module}.{name}, which is not allowed in a checkpoint")
-
-
-class SafeFileSystemReader(FileSystemReader):
-    """DCP's reader with the restricted unpickler, and tensor entries only.
-
-    DCP loads a `BytesStorageMetadata` entry with `torch.load(weights_only=False)`, whatever the
-    state dict asks for, so a metadata file that declared one would reach the full unpickler through
-    the data files. Our checkpoints hold tensors only; anything else is refused here.
-    """
-
-    def read_metadata(self, *args, **kwargs):
-        path = Path(self._get_metadata_path(kwargs.get("rank")))
-        try:
-            with self.fs.create_stream(path, "rb") as f:
-                metadata = _MetadataUnpickler(f).load()
-        except FileNotFoundError:
-            raise CheckpointError(f"{path} missing: the checkpoint is incomplete") from None
-        except Exception as e:  # any damage to the file: truncated, garbage, foreign objects
-            raise CheckpointError(f"{path}: refused ({e}); not loaded") from None
-        if not isinstance(metadata, Metadata):
-            raise CheckpointError(f"{path}: refused (holds a {type(metadata).__name__}, not DCP metadata); not loaded")
-        for fqn, md in metadata.state_dict_metadata.items():
-            if not isinstance(md, TensorStorageMetadata):
-                raise CheckpointError(
-                    f"{path}: refused ({fqn} is stored as {type(md).__name__}; a checkpoint "
-                    "holds tensors only); not loaded"
-                )
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-
-class _TensorsOnlyLoadPlanner(DefaultLoadPlanner):
-    """Second line behind SafeFileSystemReader: never hand stored bytes to the full unpickler."""
-
-    def load_bytes(self, read_item, value):
-        raise CheckpointError(f"refused to unpickle the non-tensor entry {read_item.dest_index.fqn}")
 
 
 def _refused(path: Path, e: pickle.UnpicklingError) -> CheckpointError:
@@ -383,6 +349,8 @@ def load_model_optim(ckpt: Path, model, optimizer, meta: dict) -> None:
     """The PyTorch engine's part: DCP shards of weights and AdamW moments, param_groups from meta.json."""
     if meta.get("engine", "torch") != "torch":
         raise CheckpointError(f"{ckpt} was written by the {meta['engine']} engine; use train.parallel=deepspeed")
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
     model_sd, optim_sd = get_state_dict(model, optimizer)
     if "param_groups" not in meta:
         raise CheckpointError(f"{ckpt / META}: field 'param_groups' missing; not loaded")
@@ -421,6 +389,8 @@ def _keep_config_derived_buffers(ckpt: Path, model_sd: dict) -> list[str]:
     names = [k for k in model_sd if k.rpartition(".")[2] in CONFIG_DERIVED_BUFFERS]
     if not names:
         return []
+    from nvfp4train.train.dcp_reader import SafeFileSystemReader
+
     stored = SafeFileSystemReader(str(ckpt / "model_optim")).read_metadata().state_dict_metadata
     kept = [
         k for k in names if f"model.{k}" not in stored or tuple(stored[f"model.{k}"].size) != tuple(model_sd[k].shape)
@@ -442,6 +412,11 @@ def load_model_tensors(ckpt: Path, template: dict[str, torch.Tensor]) -> dict[st
 def _dcp_load(ckpt: Path, state: dict, failing: str) -> None:
     """dcp.load of `ckpt/model_optim` into `state` (tensors only), every failure one CheckpointError line
     (`failing` says what could not be done)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+
+    from nvfp4train.train.dcp_reader import SafeFileSystemReader, _TensorsOnlyLoadPlanner
+
     reader = SafeFileSystemReader(str(ckpt / "model_optim"))
     reader.read_metadata()  # refused here in one line: inside dcp.load it is logged with two tracebacks first
     try:
@@ -526,6 +501,8 @@ def save(
     barrier,
 ) -> Path:
     """Write a checkpoint for `step` atomically (all ranks call this); return its final path."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+
     final = ckpt_root / f"{PREFIX}{step:08d}"
     tmp = ckpt_root / f"{final.name}.tmp"
     if rank == 0:
@@ -587,6 +564,9 @@ def tensors_are_finite(tensors) -> torch.Tensor:
 
 def save_model_optim(tmp: Path, model, optimizer) -> dict:
     """The PyTorch engine's part (all ranks): tensors to DCP, the optimizer's plain fields to meta."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     model_sd, optim_sd = get_state_dict(model, optimizer)
     for fqn, st in optim_sd["state"].items():
         for k, v in st.items():

@@ -208,6 +208,8 @@ class StepGraph:
         self.reshard()  # FSDP2 gathers inside the capture, whatever an evaluation left gathered
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # the eager steps' cached blocks, for the graph's pool
+        # said before the capture too: it runs the whole step once more, and train.log shows what a run waits on
+        log.info("cuda graph: capturing the step (%d micro-batch%s) ...", n, "" if n == 1 else "es")
         graph = torch.cuda.CUDAGraph()
         for gen in generators:
             graph.register_generator_state(gen)

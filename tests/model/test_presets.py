@@ -67,3 +67,21 @@ def test_12b_block_mix_and_linear_count():
 def test_siblings_keep_all_three_block_types(name):
     cfg = build_meta(name).cfg
     assert cfg.count("M") >= 4 * cfg.count("*") - 1 and cfg.count("*") >= 1 and cfg.count("-") >= cfg.count("M") - 1
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+def test_config_parameter_count_is_the_built_models(name):
+    """ModelConfig.num_params (what the trainer's memory checks read, without building a model) is the count of
+    the model built, plain and with a precision policy's layers, for every preset."""
+    from nvfp4train.precision import PrecisionPolicy, build_linear_factory
+
+    model = build_meta(name)
+    cfg = model.cfg
+    for exclude in (False, True):
+        assert cfg.num_params(exclude_embeddings=exclude) == model.num_params(exclude_embeddings=exclude)
+    factory = build_linear_factory(
+        PrecisionPolicy.from_dict({"format": "nvfp4"}), n_blocks=cfg.n_blocks, seed=0, modules=cfg.linear_modules()
+    )
+    with torch.device("meta"):
+        quantized = HybridLM(cfg, layer_factory=factory)
+    assert cfg.num_params() == quantized.num_params()

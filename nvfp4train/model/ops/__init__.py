@@ -4,7 +4,6 @@ is the one module of ours that imports either package, each on first use."""
 from .mamba_kernels import (
     SSD_TRITON_MODULES,
     backward_cumsums_allowed,
-    causal_conv1d_extension,
     causal_conv1d_kernel_available,
     chunk_scan_backward,
     chunk_scan_forward,
@@ -32,3 +31,11 @@ __all__ = [
     "triton_ssd_available",
     "triton_ssd_deterministic_mode",
 ]
+
+
+def __getattr__(name: str):
+    if name == "causal_conv1d_extension":  # made on first use: mamba_kernels.py
+        from . import mamba_kernels
+
+        return mamba_kernels.causal_conv1d_extension
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,6 +25,8 @@ from collections.abc import Callable
 
 import torch
 
+from ..marks import assume_constant_result
+
 _TRITON_SSD: Callable | None = None
 _TRITON_SSD_ERROR: str | None = None
 
@@ -185,7 +187,7 @@ def triton_ssd_deterministic_mode() -> bool:
     return "mamba_ssm.utils.determinism" in sys.modules
 
 
-@torch.compiler.assume_constant_result  # evaluated once when compiling, not traced
+@assume_constant_result  # evaluated once when compiling, not traced
 def triton_ssd_available() -> bool:
     try:
         load_triton_ssd()
@@ -213,12 +215,21 @@ def _load_causal_conv1d() -> Callable | None:
     return _CAUSAL_CONV1D
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def causal_conv1d_kernel_available() -> bool:
     return _load_causal_conv1d() is not None
 
 
-@torch.compiler.disable  # compiled CUDA extension: run it eagerly
-def causal_conv1d_extension(x, weight, bias):
+def _causal_conv1d_extension(x, weight, bias):
     """causal-conv1d's `causal_conv1d_fn` with SiLU: x [b, channels, T], weight [channels, 1, k]."""
     return _load_causal_conv1d()(x, weight.squeeze(1), bias, activation="silu")
+
+
+def __getattr__(name: str):
+    # `causal_conv1d_extension`: the compiled CUDA extension, which compiled code runs eagerly. It is made on first
+    # use: torch.compiler.disable imports torch._dynamo, which a model that never calls it does not need.
+    if name == "causal_conv1d_extension":
+        extension = torch.compiler.disable(_causal_conv1d_extension)
+        globals()[name] = extension
+        return extension
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
