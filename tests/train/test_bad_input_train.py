@@ -90,7 +90,7 @@ def _te_importable() -> bool:
             "model.ssd_backend=triton needs a CUDA GPU",
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible"),
         ),
-        # ~512e9 parameters: counted on the meta device, refused before a byte is allocated (train/fits.py)
+        # ~512e9 parameters: counted from the config, refused before a byte is allocated (train/fits.py)
         (
             ["model.vocab_size=2000000000"],
             r"model: 512,\d{3},\d{3},\d{3} parameters \(7,629.\d GiB of weights, gradients and AdamW state\)"
