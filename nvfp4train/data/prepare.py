@@ -403,7 +403,7 @@ def check_pinned_inputs(src, split: str, files: list[Path], fingerprint: dict) -
     if found != expected:
         raise ValueError(
             f"{files[0]}: sha256 {found[:16]}..., but {pin} expects {expected[:16]}...: not the pinned corpus; "
-            f"{REBUILD_PINNED}, or remove {pin} to train on this file"
+            f"{REBUILD_PINNED}, or set {pin}=null to train on this file"
         )
 
 

@@ -41,7 +41,7 @@ def test_a_file_with_another_sha256_is_refused_in_one_line_and_nothing_is_writte
     assert line.startswith(f"{train}: sha256 {sha256_file(train)[:16]}..., but data.sources.kjv.sha256.train ")
     assert f"expects {wrong[:16]}...: not the pinned corpus" in line
     assert "python scripts/build_corpora.py --corpora" in line and "data/README.md" in line
-    assert "or remove data.sources.kjv.sha256.train to train on this file" in line
+    assert "or set data.sources.kjv.sha256.train=null to train on this file" in line
     assert _tree(tmp_path / "cache") == []  # refused before the cache directory was made
 
     # a cache built from the file before it was pinned is left as it is
