@@ -494,7 +494,8 @@ def prepare_all(
             elif raw is not None:
                 key = f"data.sources.{name}.{split}"
                 fingerprint = inputs_fingerprint(raw, src.text_field, src.format, key)
-                check_pinned_inputs(src, split, expand_inputs(raw, key), fingerprint)  # before anything is written
+                if _pin(src, split)[1] is not None:  # before anything is written (a `datasets` input has no pin)
+                    check_pinned_inputs(src, split, expand_inputs(raw, key), fingerprint)
                 out = _cache_split_dir(cfg, tok.identity, name, split, fingerprint)
                 try:
                     prepare_split(
