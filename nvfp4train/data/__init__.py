@@ -9,6 +9,8 @@ val = build_val_data(data_cfg, seq_len=..., max_sequences_per_domain=...)
 
 from typing import TYPE_CHECKING
 
+from nvfp4train.lazy import lazy_names
+
 from .config import DataConfig, Phase, SourceConfig, parse_data_config
 
 if TYPE_CHECKING:
@@ -31,12 +33,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [

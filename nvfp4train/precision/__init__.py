@@ -13,6 +13,8 @@ Imports `nvfp4train.formats`, and from the model only the protocol it implements
 
 from typing import TYPE_CHECKING
 
+from nvfp4train.lazy import lazy_names
+
 if TYPE_CHECKING:
     from .backends import gemm_peak_kind
     from .controller import PrecisionController, PrecisionLayers, build_linear_factory, quant_linears, weights_changed
@@ -36,12 +38,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [
