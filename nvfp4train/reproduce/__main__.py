@@ -38,6 +38,7 @@ from nvfp4train.reproduce.experiments import (
 )
 from nvfp4train.reproduce.plan import (
     DEFAULT_RUNS_DIR,
+    borrowed_text,
     copy_results,
     data_passes,
     describe,
@@ -66,6 +67,9 @@ def cmd_plan(args) -> int:
     for line in describe(exp, runs, args.gpu, args.gpus_per_run):
         print(line)
     for run in runs:
+        if run.source is not None:
+            print(f"\n# {run.key} [{run_state(run.out_dir)}]  {borrowed_line(run)}")
+            continue
         print(
             f"\n# {run.key} [{run_state(run.out_dir)}]  out_dir={run.out_dir}  ({run.max_steps} steps, "
             f"{run.tokens:,} tokens, {run.precision})"
@@ -73,8 +77,16 @@ def cmd_plan(args) -> int:
         print(shell(run.train_command(args.gpus_per_run)))
         if run.eval_args is not None:
             print(shell(run.eval_command()))
-    print(f"\n{len(runs)} run(s)")
+    made = [run for run in runs if run.source is None]
+    print(
+        f"\n{len(made)} run(s)"
+        + (f"; {len(runs) - len(made)} borrowed ({borrowed_text(runs)})" if made != runs else "")
+    )
     return 0
+
+
+def borrowed_line(run) -> str:
+    return f"borrowed: {run.source_key}, out_dir={run.out_dir}; not run here (`run {run.home[0]}` makes it)"
 
 
 def experiments_named(args) -> list:
@@ -98,7 +110,15 @@ def cmd_run(args) -> int:
     if args.executor == "slurm":
         paths = []
         for exp in exps:
-            runs = select(args, exp, "cuda")
+            runs = []
+            for run in select(args, exp, "cuda"):
+                if run.source is not None:
+                    print(f"{run.key}: {borrowed_line(run)}")
+                else:
+                    runs.append(run)
+            if not runs:
+                print(f"{exp.name}: every run selected is borrowed: no job array")
+                continue
             path, _ = executors.render_slurm(
                 exp.name, runs, Path(args.runs_dir), args.experiments_dir, args.gpus_per_run, extra_sbatch=args.sbatch
             )
@@ -106,6 +126,9 @@ def cmd_run(args) -> int:
             print(f"{path}: job array of {len(runs)} task(s), {args.gpus_per_run} GPU(s) each")
             for i, run in enumerate(runs):
                 print(f"  task {i}: {run.key} [{run_state(run.out_dir)}]")
+        if not paths:
+            print("nothing to submit")
+            return 0
         if args.dry_run:
             print("dry run: not submitted (" + "; ".join(f"sbatch {p}" for p in paths) + " submits it)")
             return 0
@@ -123,7 +146,9 @@ def cmd_run(args) -> int:
     todo = []
     for run in runs:
         state = run_state(run.out_dir)
-        if state in ("done", "running") or (state == "failed" and not args.retry_failed):
+        if run.source is not None:
+            print(f"skip {run.key}: {borrowed_line(run)} [{state}]")
+        elif state in ("done", "running") or (state == "failed" and not args.retry_failed):
             print(f"skip {run.key}: {state}" + (" (--retry-failed runs it again)" if state == "failed" else ""))
         else:
             todo.append(run)
@@ -175,7 +200,8 @@ def cmd_run_one(args) -> int:
 
 def cmd_status(args) -> int:
     """Every run's state; a run is done by the rule `report` uses (`nvfp4train.runs.finished_run`), and one
-    whose files say done but disagree shows as damaged, with its one line on stderr (exit 2)."""
+    whose files say done but disagree shows as damaged, with its one line on stderr (exit 2). A sweep's
+    borrowed run shows the state of the lender's directory, counted apart (the lender counts it)."""
     names = args.experiments or experiment_names(args.experiments_dir)
     print(f"{'run':<46} {'state':<12} {'step':>13} {'tokens':>13} {'loss':>7} {'tok/s':>10}")
     counts: dict[str, int] = {}
@@ -195,7 +221,8 @@ def cmd_status(args) -> int:
             except RunError as e:
                 state = "damaged"
                 damaged.append(str(e))
-            counts[state] = counts.get(state, 0) + 1
+            counted = state if run.source is None else f"borrowed {state}"
+            counts[counted] = counts.get(counted, 0) + 1
             states[run.key] = state
             if state == "pending" and not args.all:
                 continue
@@ -204,13 +231,14 @@ def cmd_status(args) -> int:
                 f"{run.key:<46} {state:<12} {f'{step}/{run.max_steps}':>13} "
                 f"{rec.get('tokens', 0):>13,} {'-' if loss is None else f'{loss:.3f}':>7} "
                 f"{'-' if speed is None else f'{speed:,.0f}':>10}"
+                + ("" if run.source is None else f"  borrowed: {run.source_key}")
             )
         if exp.sweep is not None:
             grids += sweep_status(exp, planned, states)
     print(", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs planned")
     for line in grids:
         print(line)
-    for line in damaged:
+    for line in dict.fromkeys(damaged):  # a borrowed run is its lender's too: said once
         print(f"error: {line}", file=sys.stderr)
     return 2 if damaged else 0
 

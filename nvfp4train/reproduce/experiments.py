@@ -32,10 +32,15 @@ A sweep runs its arms (the `arms` key, as in any experiment) in every cell of a 
           seeds: [1, 2, 3, 4, 5]    (default: the experiment's)
           tokens_per_param: [5, 80] (default: the sweep's)
           arms: [bf16, nvfp4]       the arms run at this size (default: every arm)
+          borrow: b_fp8_vs_nvfp4    every arm of this size's cells is that experiment's run of the same
+                                    arm and seed (run there, compared here); only at its token budget,
+                                    and only where the runs would be the same (checked when read)
 
 Each (size, tokens per parameter, arm) becomes an arm of its own, `<size>-tpp<T>-<arm>`, whose runs live in
 <runs-dir>/<experiment>/<size>-tpp<T>-<arm>/seed<k>/; the model, optim.lr and optim.min_lr come from the size,
-so `base` and the arms may not set them.
+so `base` and the arms may not set them. A borrowed size's cells are planned with the source experiment's
+out_dirs (`Arm.borrow`, `Experiment.source`): `run` leaves them to it, and `status`, `copy-results` and
+`report` read its runs.
 
 Files whose name starts with `_` are includes, not experiments.
 """
@@ -72,7 +77,7 @@ KEYS = (
     "sweep",
 )
 SWEEP_KEYS = ("sizes", "tokens_per_param", "min_lr_fraction")
-SIZE_KEYS = ("model", "lr", "name", "seeds", "tokens_per_param", "arms")
+SIZE_KEYS = ("model", "lr", "name", "seeds", "tokens_per_param", "arms", "borrow")
 SIZE_SET = ("model", "optim.lr", "optim.min_lr")  # what a sweep's sizes set, so no other override may
 TIERS = ("A", "B", "earlier")
 
@@ -85,6 +90,7 @@ class Arm:
     tokens: int | None = None  # None: the experiment's
     tokens_per_param: float | None = None  # a sweep's cell: tokens = this x the model's non-embedding parameters
     cell: tuple[str, float, str] | None = None  # a sweep's: (size, tokens per parameter, the arm it repeats)
+    borrow: tuple[str, str] | None = None  # a sweep's borrowed cell: (the experiment that makes its runs, its arm)
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,7 @@ class Size:
     seeds: tuple[int, ...]
     tokens_per_param: tuple[float, ...]
     arms: tuple[str, ...]
+    borrow: str | None = None  # the experiment whose runs every arm of this size's cells is
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,7 @@ class Sweep:
     sizes: tuple[Size, ...]
     arms: dict[str, Arm]  # the arms each cell repeats, as the file names them
     min_lr_fraction: float = 0.01
+    lenders: dict[str, Experiment] = field(default_factory=dict, compare=False)  # the experiments borrowed from
 
     def cells(self) -> list[tuple[Size, float]]:
         return [(size, tpp) for size in self.sizes for tpp in size.tokens_per_param]
@@ -123,9 +131,17 @@ class Experiment:
     path: Path | None = None
     sweep: Sweep | None = None
 
+    def source(self, arm: str) -> tuple[str, str]:
+        """The experiment whose runs of `arm` this one compares and the arm's name there: itself; the one it
+        borrows the arm from (`borrow`); or, for a sweep's borrowed cell, the lender's arm it repeats."""
+        own = self.arms.get(arm)
+        if own is not None and own.borrow is not None:
+            return own.borrow
+        return self.borrow.get(arm, self.name), arm
+
     def arm_source(self, arm: str) -> str:
         """The experiment whose runs of `arm` this one compares (itself, or the one it borrows from)."""
-        return self.borrow.get(arm, self.name)
+        return self.source(arm)[0]
 
     @property
     def compared_arms(self) -> list[str]:
@@ -186,7 +202,9 @@ def _check_overrides(path: Path, key: str, overrides: list[str], command: str) -
         raise UsageError(f"{path}: {key}: {e}") from None
 
 
-def load_experiment(name: str, directory: Path = EXPERIMENTS_DIR) -> Experiment:
+def load_experiment(name: str, directory: Path = EXPERIMENTS_DIR, lending_to: str | None = None) -> Experiment:
+    """The experiment configs/reproduce/<name>.yaml, checked key by key. lending_to: the sweep key (`<file>:
+    sweep.sizes[i].borrow`) that borrows this one's runs, which must then be an experiment of plain arms."""
     directory = Path(directory)
     path = directory / f"{name}.yaml"
     if name.startswith("_") or not path.is_file():
@@ -204,6 +222,11 @@ def load_experiment(name: str, directory: Path = EXPERIMENTS_DIR) -> Experiment:
         base += list(_str_list(inc, "base", common.get("base")))
     spec.update(own)
     base += list(_str_list(path, "base", own.get("base")))
+    if lending_to is not None and spec.get("sweep") is not None:  # refused before its own sweep is read: no cycle
+        raise UsageError(
+            f"{lending_to}={name!r}: {path} is a sweep; a size borrows the runs of an experiment of plain arms "
+            "(named as the sweep's arms)"
+        )
     for key in (
         ("seeds", "arms", "baseline") if spec.get("sweep") is not None else ("tokens", "seeds", "arms", "baseline")
     ):
@@ -271,10 +294,13 @@ def load_experiment(name: str, directory: Path = EXPERIMENTS_DIR) -> Experiment:
     sweep = None
     if spec.get("sweep") is not None:
         if borrow:
-            raise UsageError(f"{path}: borrow beside sweep; a sweep runs every arm it compares in each cell")
+            raise UsageError(
+                f"{path}: borrow beside sweep; a sweep borrows whole sizes (sweep.sizes[].borrow: EXPERIMENT), "
+                "every arm of their cells"
+            )
         sweep = _read_sweep(path, spec["sweep"], arms, spec["arms"], seeds, str(spec["baseline"]), base)
         arms = _sweep_arms(sweep)
-    return Experiment(
+    exp = Experiment(
         name=name,
         description=" ".join(str(spec.get("description", "")).split()),
         tier=tier,
@@ -289,6 +315,11 @@ def load_experiment(name: str, directory: Path = EXPERIMENTS_DIR) -> Experiment:
         path=path,
         sweep=sweep,
     )
+    if sweep is not None and sweep.lenders:
+        from nvfp4train.reproduce.plan import check_borrowed_cells  # plan imports this module
+
+        check_borrowed_cells(exp)
+    return exp
 
 
 def _number_list(path: Path, key: str, value) -> tuple[float, ...]:
@@ -342,6 +373,7 @@ def _read_sweep(
     fraction = spec.get("min_lr_fraction", 0.01)
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
         raise UsageError(f"{path}: sweep.min_lr_fraction={fraction!r}; expected a number in [0, 1]")
+    lenders: dict[str, Experiment] = {}
     sizes_spec = spec.get("sizes")
     if not isinstance(sizes_spec, list) or not sizes_spec:
         raise UsageError(f"{path}: sweep.sizes={sizes_spec!r}; expected a non-empty list of {{model, lr, ...}}")
@@ -393,8 +425,43 @@ def _read_sweep(
                 f"{path}: {key}.arms={size_arms!r} lacks the baseline {baseline!r}: every cell compares against it"
             )
         size_seeds = _int_list(path, f"{key}.seeds", entry["seeds"]) if "seeds" in entry else seeds
-        sizes.append(Size(name, model, float(lr), size_seeds, tpp, tuple(size_arms)))
-    return Sweep(tuple(sizes), dict(arms), float(fraction))
+        source = entry.get("borrow")
+        if source is not None:
+            _lend(path, key, source, size_arms, size_seeds, lenders)
+        sizes.append(Size(name, model, float(lr), size_seeds, tpp, tuple(size_arms), source))
+    return Sweep(tuple(sizes), dict(arms), float(fraction), lenders)
+
+
+def _lend(path: Path, key: str, source, size_arms: list[str], size_seeds: tuple[int, ...], lenders: dict) -> None:
+    """A size's `borrow: EXPERIMENT`: the experiment (and, for an arm it borrows itself, the one it borrows
+    from) loaded into `lenders`, every arm of the size one of its arms and every seed one of that arm's seeds.
+    Whether the runs would be the same is `plan.check_borrowed_cells`' (it composes their configs)."""
+    where = f"{path}: {key}.borrow"
+    if not _plain_name(source):
+        raise UsageError(f"{where}={source!r}; expected the name of an experiment of {path.parent}")
+    if not (path.parent / f"{source}.yaml").is_file():
+        raise UsageError(f"{where}={source!r}: no experiment {path.parent / (source + '.yaml')}")
+    if source not in lenders:
+        lenders[source] = load_experiment(source, path.parent, lending_to=where)
+    lender = lenders[source]
+    for arm in size_arms:
+        maker = lender.arm_source(arm)
+        if arm not in lender.arms and arm not in lender.borrow:
+            raise UsageError(
+                f"{where}={source!r}: arm {arm!r} of the size is not an arm of {source} (its arms, own and "
+                f"borrowed: {', '.join(lender.compared_arms)}); give the size only those (sweep.sizes[].arms)"
+            )
+        if maker not in lenders:
+            lenders[maker] = load_experiment(maker, path.parent, lending_to=where)
+        if arm not in lenders[maker].arms:
+            raise UsageError(f"{where}={source!r}: {source} borrows arm {arm!r} from {maker}, which has no arm {arm!r}")
+        theirs = lenders[maker].arms[arm].seeds
+        missing = [s for s in size_seeds if s not in theirs]
+        if missing:
+            raise UsageError(
+                f"{where}={source!r}: seed {missing[0]} of the size is not among {maker}'s seeds of {arm} "
+                f"({', '.join(map(str, theirs))}); give the size only those (sweep.sizes[].seeds)"
+            )
 
 
 def tpp_text(tpp: float) -> str:
@@ -402,14 +469,22 @@ def tpp_text(tpp: float) -> str:
 
 
 def _sweep_arms(sweep: Sweep) -> dict[str, Arm]:
-    """Every (size, tokens per parameter, arm) as an arm of its own (the module doc)."""
+    """Every (size, tokens per parameter, arm) as an arm of its own (the module doc); a borrowed size's arms
+    say whose runs they are (`Arm.borrow`)."""
     out = {}
     for size, tpp in sweep.cells():
         sets = [f"model={size.model}", f"optim.lr={size.lr:g}", f"optim.min_lr={size.lr * sweep.min_lr_fraction:g}"]
         for template in size.arms:
             name = f"{size.name}-tpp{tpp_text(tpp)}-{template}"
+            lender = None if size.borrow is None else (sweep.lenders[size.borrow].arm_source(template), template)
             out[name] = Arm(
-                name, tuple(sets) + sweep.arms[template].overrides, size.seeds, None, tpp, (size.name, tpp, template)
+                name,
+                tuple(sets) + sweep.arms[template].overrides,
+                size.seeds,
+                None,
+                tpp,
+                (size.name, tpp, template),
+                lender,
             )
     return out
 

@@ -179,10 +179,16 @@ def report_lines(exp: Experiment, runs: dict, out: Path, figures: bool, bootstra
 
     planned = sum(len(arm.seeds) for arm in exp.arms.values())
     finished = sum(len(arm_runs(runs, exp, name)) for name in exp.arms)
+    lenders: dict[str, int] = {}  # the borrowed runs, by the experiment that makes them
+    for arm in exp.arms.values():
+        if arm.borrow is not None:
+            lenders[arm.borrow[0]] = lenders.get(arm.borrow[0], 0) + len(arm.seeds)
+    parts = [f"{n} of them {name}'s" for name, n in lenders.items()]
+    borrowed = f" ({', '.join(parts)})" if parts else ""
     lines = [
         f"## Sweep {exp.name}: {exp.description}",
         "",
-        f"{finished} of the {planned} runs it plans are finished (`python -m nvfp4train.reproduce status "
+        f"{finished} of the {planned} runs it plans{borrowed} are finished (`python -m nvfp4train.reproduce status "
         f"{exp.name}` shows the grid). Each cell is one size N (non-embedding parameters) at one budget D; "
         "the gap is the arm's final loss minus BF16's, paired by seed. The law is Kumar et al. 2024's "
         "L = A·(c·N)^−α + B·D^−β + E (c = 1 for BF16; c < 1: the precision is worth fewer parameters), the "

@@ -13,7 +13,7 @@ import json
 import os
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nvfp4train import runs
@@ -37,10 +37,20 @@ class Run:
     device: str = "cuda"  # cuda | cpu
     info: dict = field(default_factory=dict)
     order: float = 0.0  # a sweep's: the cell's training compute (parameters x tokens); runs go smallest first
+    source: tuple[str, str] | None = None  # a sweep's borrowed cell: (the experiment that makes this run, its arm)
 
     @property
     def key(self) -> str:
         return f"{self.experiment}/{self.arm}/seed{self.seed}"
+
+    @property
+    def home(self) -> tuple[str, str]:
+        """The experiment and arm whose directories hold this run (the lender's, for a borrowed one)."""
+        return self.source or (self.experiment, self.arm)
+
+    @property
+    def source_key(self) -> str:
+        return f"{self.home[0]}/{self.home[1]}/seed{self.seed}"
 
     def train_command(self, gpus_per_run: int = 1) -> list[str]:
         if gpus_per_run > 1:
@@ -94,59 +104,31 @@ def plan_experiment(
     seeds: list[int] | None = None,
     device: str = "cuda",
 ) -> list[Run]:
-    """Every run of `exp` (its own arms, not the borrowed ones), optionally only some arms or seeds, seed by
-    seed: the runs of one seed (every arm) come together, so a campaign stopped part-way leaves whole seeds,
-    which are what the paired comparison needs."""
+    """Every run of `exp` (its own arms, not the borrowed ones; a sweep's borrowed cells as the lender's runs,
+    `Run.source`, which `run` leaves to the lender), optionally only some arms or seeds, seed by seed: the runs
+    of one seed (every arm) come together, so a campaign stopped part-way leaves whole seeds, which are what
+    the paired comparison needs."""
     for arm in arms or []:
         if arm not in exp.arms:
             raise UsageError(f"--arms {arm}: not an arm of {exp.name}; allowed: {', '.join(exp.arms)}")
     runs = []
-    extra = ["train.device=cpu"] if device == "cpu" else []
     for arm_name in arms or list(exp.arms):
-        arm = exp.arms[arm_name]
-        cfg = compose_arm(list(exp.base) + list(arm.overrides) + extra)
-        t = cfg["train"]
-        per_step = int(t["global_batch_size"]) * int(t["seq_len"])
-        budget, params = arm.tokens or exp.tokens, None
-        if arm.tokens_per_param is not None:  # a sweep's cell: the budget from the model's size
-            params = model_params(cfg["model"])[1]
-            budget = arm.tokens_per_param * params
-        steps = max(1, round(budget / per_step))
-        every = [f"train.eval_every={max(1, round(steps / exp.eval_points))}"] if exp.eval_points else []
-        for seed in arm.seeds:
-            if seeds is not None and seed not in seeds:
-                continue
-            out_dir = Path(runs_dir) / exp.name / arm_name / f"seed{seed}"
-            overrides = (
-                list(exp.base)
-                + list(arm.overrides)
-                + extra
-                + every
-                + [
-                    f"train.max_steps={steps}",
-                    f"seed={seed}",
-                    f"experiment={exp.name}",
-                    f"out_dir={out_dir}",
-                    "train.progress=false",
-                ]
-            )
-            eval_args = None if exp.eval is None else list(exp.eval) + (["device=cpu"] if device == "cpu" else [])
-            runs.append(
-                Run(
-                    exp.name,
-                    arm_name,
-                    seed,
-                    out_dir,
-                    overrides,
-                    eval_args,
-                    steps,
-                    steps * per_step,
-                    str(cfg["precision"].get("name") or cfg["precision"].get("format")),
-                    device,
-                    {"model": cfg["model"], "data": cfg["data"], "per_step": per_step, "params": params},
-                    0.0 if params is None else float(params) * steps * per_step,
+        own = _plan_arm(exp, arm_name, runs_dir, seeds, device)
+        borrow = exp.arms[arm_name].borrow
+        if borrow is not None and own:
+            lender = exp.sweep.lenders[borrow[0]]
+            theirs = {r.seed: r for r in _plan_arm(lender, borrow[1], runs_dir, [r.seed for r in own], device)}
+            own = [
+                replace(
+                    run,
+                    out_dir=theirs[run.seed].out_dir,
+                    train_overrides=theirs[run.seed].train_overrides,
+                    eval_args=theirs[run.seed].eval_args,
+                    source=borrow,
                 )
-            )
+                for run in own
+            ]
+        runs += own
     if seeds is not None and not runs:
         raise UsageError(
             f"--seeds {','.join(map(str, seeds))}: no arm of {exp.name} runs these seeds "
@@ -154,6 +136,106 @@ def plan_experiment(
         )
     # stable: arms keep their order within a seed; a sweep's cells go smallest first, each seed by seed
     return sorted(runs, key=lambda run: (run.order, run.seed))
+
+
+def _plan_arm(exp: Experiment, arm_name: str, runs_dir: Path, seeds: list[int] | None, device: str) -> list[Run]:
+    """The runs of one arm of `exp` as `exp` would make them (in its own directories)."""
+    runs = []
+    extra = ["train.device=cpu"] if device == "cpu" else []
+    arm = exp.arms[arm_name]
+    cfg = compose_arm(list(exp.base) + list(arm.overrides) + extra)
+    t = cfg["train"]
+    per_step = int(t["global_batch_size"]) * int(t["seq_len"])
+    budget, params = arm.tokens or exp.tokens, None
+    if arm.tokens_per_param is not None:  # a sweep's cell: the budget from the model's size
+        params = model_params(cfg["model"])[1]
+        budget = arm.tokens_per_param * params
+    steps = max(1, round(budget / per_step))
+    every = [f"train.eval_every={max(1, round(steps / exp.eval_points))}"] if exp.eval_points else []
+    for seed in arm.seeds:
+        if seeds is not None and seed not in seeds:
+            continue
+        out_dir = Path(runs_dir) / exp.name / arm_name / f"seed{seed}"
+        overrides = (
+            list(exp.base)
+            + list(arm.overrides)
+            + extra
+            + every
+            + [
+                f"train.max_steps={steps}",
+                f"seed={seed}",
+                f"experiment={exp.name}",
+                f"out_dir={out_dir}",
+                "train.progress=false",
+            ]
+        )
+        eval_args = None if exp.eval is None else list(exp.eval) + (["device=cpu"] if device == "cpu" else [])
+        runs.append(
+            Run(
+                exp.name,
+                arm_name,
+                seed,
+                out_dir,
+                overrides,
+                eval_args,
+                steps,
+                steps * per_step,
+                str(cfg["precision"].get("name") or cfg["precision"].get("format")),
+                device,
+                {"model": cfg["model"], "data": cfg["data"], "per_step": per_step, "params": params},
+                0.0 if params is None else float(params) * steps * per_step,
+            )
+        )
+    return runs
+
+
+def _first_difference(ours, theirs, where: str = "") -> tuple[str, object, object] | None:
+    """The first key (dotted, in our order) whose value differs between two composed configs, with both values
+    (a key one lacks: None for it)."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        for key in list(ours) + [k for k in theirs if k not in ours]:
+            found = _first_difference(ours.get(key), theirs.get(key), f"{where}.{key}" if where else str(key))
+            if found:
+                return found
+        return None
+    return None if ours == theirs else (where, ours, theirs)
+
+
+def check_borrowed_cells(exp: Experiment) -> None:
+    """A sweep's borrowed cells (`sweep.sizes[].borrow`) are the lender's runs only where the sweep would make
+    the same ones: each cell at the lender's token budget, and each arm's training config, composed as the
+    trainer composes it (`experiment` and `out_dir` aside), and evaluation the lender's. UsageError naming
+    the file, the key and the first difference, otherwise."""
+    runs_dir = Path("runs")
+    for i, size in enumerate(exp.sweep.sizes):
+        if size.borrow is None:
+            continue
+        where = f"{exp.path}: sweep.sizes[{i}].borrow={size.borrow!r}"
+        for tpp in size.tokens_per_param:
+            for template in size.arms:
+                arm = exp.arms[f"{size.name}-tpp{tpp:g}-{template}"]
+                lender_name, lender_arm = arm.borrow
+                lender = exp.sweep.lenders[lender_name]
+                ours = _plan_arm(exp, arm.name, runs_dir, [arm.seeds[0]], "cuda")[0]
+                theirs = _plan_arm(lender, lender_arm, runs_dir, [arm.seeds[0]], "cuda")[0]
+                if ours.tokens != theirs.tokens:
+                    raise UsageError(
+                        f"{where}: the cell at tokens_per_param {tpp:g} trains {ours.tokens:,} tokens, "
+                        f"{lender_name}'s {lender_arm} {theirs.tokens:,}; a size borrows only at its lender's "
+                        f"budget (here {theirs.tokens / ours.info['params']:.3g} tokens per parameter)"
+                    )
+                drop = ("experiment", "out_dir")
+                mine = {k: v for k, v in compose_arm(ours.train_overrides).items() if k not in drop}
+                lent = {k: v for k, v in compose_arm(theirs.train_overrides).items() if k not in drop}
+                found = _first_difference(mine, lent)
+                if found is None and ours.eval_args != theirs.eval_args:
+                    found = ("eval", ours.eval_args, theirs.eval_args)
+                if found:
+                    key, here, there = found
+                    raise UsageError(
+                        f"{where}: arm {template} at tokens_per_param {tpp:g} would not be {lender_name}'s "
+                        f"{lender_arm} runs: {key} is {here!r} here, {there!r} there"
+                    )
 
 
 # ------------------------------------------------------------------------------------------- state
@@ -216,17 +298,18 @@ def _open_result_file(path: Path):
 
 
 def copy_results(run: Run, results_dir: Path) -> str:
-    """Copy a finished run's results (no checkpoints) to results_dir/<experiment>/<arm>/seed<k>/, metrics
-    gzipped (a tenth of the size; `report` and `compare` read it so). Never overwrites: a run already
-    there is left as it is. A file of the run that is a link is refused (UsageError), and so is a
-    `<seed>.partial/` left in the way that copy-results did not make. Returns what happened, in a few words."""
+    """Copy a finished run's results (no checkpoints) to results_dir/<experiment>/<arm>/seed<k>/ (a borrowed
+    run's: the lender's experiment and arm, where `report` looks for it), metrics gzipped (a tenth of the
+    size; `report` and `compare` read it so). Never overwrites: a run already there is left as it is. A file
+    of the run that is a link is refused (UsageError), and so is a `<seed>.partial/` left in the way that
+    copy-results did not make. Returns what happened, in a few words."""
     import gzip
     import shutil
 
     state = run_state(run.out_dir)
     if state != "done":
         return f"skipped ({state})"
-    dest = Path(results_dir) / run.experiment / run.arm / f"seed{run.seed}"
+    dest = Path(results_dir) / run.home[0] / run.home[1] / f"seed{run.seed}"  # a borrowed run: the lender's
     if os.path.lexists(dest):
         return f"already in {dest}"
     sources = [n for n in RESULT_FILES if os.path.lexists(run.out_dir / n)] + ["metrics.jsonl"]
@@ -404,7 +487,8 @@ def _arm_counts(exp: Experiment, runs: list[Run], count=None) -> str:
 def sweep_grid(exp: Experiment, runs: list[Run], gpu: str | None = None, gpus_per_run: int = 1) -> list[str]:
     """The grid a sweep plans, smallest cell first: per cell its size, tokens per parameter, tokens, arms
     with their seeds, and GPU-hours from the measured throughput (docs/results/bench/train.json), or
-    "unmeasured" where no row measured that model and precision."""
+    "unmeasured" where no row measured that model and precision; a borrowed cell says whose runs it takes,
+    and the totals count only the runs the sweep makes."""
     from nvfp4train.reproduce.scaling import count_text
 
     rows = bench_rows()
@@ -422,6 +506,8 @@ def sweep_grid(exp: Experiment, runs: list[Run], gpu: str | None = None, gpus_pe
         first = cell_runs[0]
         hours, missing = 0.0, 0
         for run in cell_runs:
+            if run.source is not None:
+                continue
             speed = measured_speed(run, rows, gpu)
             if speed is None:
                 missing += 1
@@ -430,7 +516,11 @@ def sweep_grid(exp: Experiment, runs: list[Run], gpu: str | None = None, gpus_pe
                 gpus_seen.update(speed[1])
         total += hours
         unmeasured += missing
-        if missing == len(cell_runs):
+        lenders = sorted({run.source[0] for run in cell_runs if run.source is not None})
+        made = [run for run in cell_runs if run.source is None]
+        if not made:
+            text = "borrowed"
+        elif missing == len(made):
             text = "unmeasured"
         elif missing:
             text = f"{hours:.2f} + {missing} unmeasured"
@@ -441,14 +531,26 @@ def sweep_grid(exp: Experiment, runs: list[Run], gpu: str | None = None, gpus_pe
         lines.append(
             f"  {f'{size}-tpp{tpp:g}':<24} {count_text(first.info['params']):>7} {tpp:>5g} {first.tokens:>13,} "
             f"{first.max_steps:>6} {most:>6}  {text:<22} {_arm_counts(exp, cell_runs)}"
+            + (f" (the runs of {', '.join(lenders)})" if lenders else "")
         )
-    measured_runs = len(runs) - unmeasured
+    made = [run for run in runs if run.source is None]
+    borrowed = len(runs) - len(made)
     lines.append(
-        f"  {len(runs)} run(s): {total:.2f} GPU-hours for the {measured_runs} measured"
+        f"  {len(made)} run(s): {total:.2f} GPU-hours for the {len(made) - unmeasured} measured"
         + (f" (on {', '.join(sorted(gpus_seen))})" if gpus_seen else "")
         + (f"; {unmeasured} unmeasured (benchmark their model: python -m benchmarks.bench_train)" if unmeasured else "")
+        + (f"; {borrowed} more borrowed, not run here ({borrowed_text(runs)})" if borrowed else "")
     )
     return lines
+
+
+def borrowed_text(runs: list[Run]) -> str:
+    """Which experiments make the borrowed ones of `runs`, with how many each: "9 of b_fp8_vs_nvfp4"."""
+    counts: dict[str, int] = {}
+    for run in runs:
+        if run.source is not None:
+            counts[run.source[0]] = counts.get(run.source[0], 0) + 1
+    return ", ".join(f"{n} of {name}" for name, n in counts.items())
 
 
 def sweep_status(exp: Experiment, runs: list[Run], states: dict[str, str]) -> list[str]:

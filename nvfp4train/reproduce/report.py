@@ -127,8 +127,12 @@ def load_runs(results_dirs: list[Path]) -> dict[tuple[str, str, int], RunData]:
 
 
 def arm_runs(runs: dict, exp: Experiment, arm: str) -> dict[int, RunData]:
-    source = exp.arm_source(arm)
-    return {k[2]: r for k, r in runs.items() if k[0] == source and k[1] == arm}
+    """The finished runs `exp` compares as `arm`, by seed: its own, or those of the experiment it borrows them
+    from (`Experiment.source`); of a sweep's borrowed cell, only the cell's seeds (the lender may run more)."""
+    source = exp.source(arm)
+    own = exp.arms.get(arm)
+    seeds = own.seeds if own is not None and own.borrow is not None else None
+    return {k[2]: r for k, r in runs.items() if (k[0], k[1]) == source and (seeds is None or k[2] in seeds)}
 
 
 # ------------------------------------------------------------------------------------- statistics

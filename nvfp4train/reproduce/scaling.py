@@ -338,7 +338,7 @@ def sweep_cells(exp, runs: dict, evaluation: str = "bf16") -> tuple[list[Cell], 
     on what was measured."""
     from nvfp4train.reproduce.claims import Precision
     from nvfp4train.reproduce.plan import model_params
-    from nvfp4train.reproduce.report import final_eval, held_curve
+    from nvfp4train.reproduce.report import arm_runs, final_eval, held_curve
 
     precision = Precision.BF16 if evaluation == "bf16" else Precision.TRAINING
     sources: set[str] = set()
@@ -349,9 +349,7 @@ def sweep_cells(exp, runs: dict, evaluation: str = "bf16") -> tuple[list[Cell], 
             continue
         size, tpp, template = arm.cell
         use = Precision.BF16 if template == exp.baseline else precision
-        for (experiment, arm_name, seed), run in runs.items():
-            if experiment != exp.name or arm_name != name:
-                continue
+        for seed, run in arm_runs(runs, exp, name).items():  # a borrowed cell's: its lender's
             loss = final_eval(run, use)
             if loss is not None:
                 sources.add("final checkpoint's held-out loss (eval.json)")

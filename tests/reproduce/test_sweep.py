@@ -99,20 +99,51 @@ def test_counts_read_as_a_user_writes_them(text, value):
 
 
 # ------------------------------------------------------------------------------ the example file
-def test_plan_of_the_example_sweep_prints_the_grid_smallest_first_with_measured_or_unmeasured_hours(capsys):
-    assert main(["plan", "sweep_size"]) == 0
+def grid_rows(out: str) -> dict[str, list[str]]:
+    """A plan's grid, cell by cell, smallest first: the words of each row."""
+    return {line.split()[0]: line.split() for line in out.splitlines() if re.match(r"  hybrid_\w+-tpp", line)}
+
+
+def test_plan_of_the_example_sweep_prints_the_grid_smallest_first_with_measured_or_unmeasured_hours(tmp_path, capsys):
+    """Without its borrow (a copy of the file), the example plans every cell: hybrid_5m is the measured one."""
+    text = load_experiment("sweep_size").path.read_text()
+    assert "borrow: b_fp8_vs_nvfp4" in text
+    (tmp_path / "sweep_size.yaml").write_text(re.sub(r"\n +borrow: .*\n(?: +#.*\n)*", "\n", text))
+    assert main(["--experiments-dir", str(tmp_path), "plan", "sweep_size"]) == 0
     out = capsys.readouterr().out
-    grid = [line.split() for line in out.splitlines() if re.match(r"  hybrid_\w+-tpp", line)]
-    cells = [row[0] for row in grid]
+    rows = grid_rows(out)
+    cells = list(rows)
     assert cells[0] == "hybrid_0p5m-tpp20" and cells[-1] == "hybrid_5m-tpp20" and len(cells) == 6
-    rows = {row[0]: row for row in grid}
     assert rows["hybrid_0p5m-tpp20"][6] == "unmeasured"  # no benchmark of that preset: no number invented
     assert re.fullmatch(r"\d+\.\d\d", rows["hybrid_5m-tpp20"][6])  # hybrid_5m is benchmarked on an H100
     assert "mxfp4 x5" in " ".join(rows["hybrid_0p5m-tpp20"]) and "mxfp4" not in " ".join(rows["hybrid_5m-tpp20"])
     assert {rows[f"hybrid_1p5m-tpp{t}"][2] for t in (5, 20, 80)} == {"5", "20", "80"}
-    assert "74 run(s)" in out
+    assert "74 run(s)" in out and "borrowed" not in out
     # the cell's arms run its size's model and lr (BF16-tuned, the same for every arm)
     assert "model=hybrid_0p5m optim.lr=0.003 optim.min_lr=3e-05 precision=nvfp4" in out
+
+
+def test_the_example_sweep_borrows_tier_b_runs_for_hybrid_5m_and_counts_only_its_own(capsys):
+    """hybrid_5m at 20 tokens per parameter is b_fp8_vs_nvfp4's runs (the same commands): planned in its
+    directories, not among the runs or GPU-hours the sweep makes."""
+    exp = load_experiment("sweep_size")
+    runs = plan_experiment(exp)
+    tier_b = {(r.arm, r.seed): r for r in plan_experiment(load_experiment("b_fp8_vs_nvfp4"))}
+    borrowed = [r for r in runs if r.source is not None]
+    assert len(runs) == 74 and len(borrowed) == 9
+    assert {exp.arms[r.arm].cell[:2] for r in borrowed} == {("hybrid_5m", 20.0)}
+    for run in borrowed:
+        lent = tier_b[(run.source[1], run.seed)]
+        assert run.source[0] == "b_fp8_vs_nvfp4" and run.out_dir == lent.out_dir
+        assert run.train_overrides == lent.train_overrides and run.max_steps == lent.max_steps
+    assert main(["plan", "sweep_size"]) == 0
+    out = capsys.readouterr().out
+    row = grid_rows(out)["hybrid_5m-tpp20"]
+    assert row[6] == "borrowed" and "(the runs of b_fp8_vs_nvfp4)" in " ".join(row)
+    assert "  65 run(s): 0.00 GPU-hours for the 0 measured" in out and "9 more borrowed, not run here" in out
+    assert out.rstrip().endswith("65 run(s); 9 borrowed (9 of b_fp8_vs_nvfp4)")
+    assert out.count("borrowed: b_fp8_vs_nvfp4/") == 9 and "out_dir=runs/repro/sweep_size/hybrid_5m" not in out
+    assert out.count("python -m nvfp4train.train ") == 65
 
 
 def test_status_of_the_example_sweep_shows_the_grid(tmp_path, capsys):
@@ -149,13 +180,19 @@ def sweep(tmp_path_factory):
     (root / "experiments").mkdir()
     (root / "experiments" / "small_sweep.yaml").write_text(SWEEP)
     exp = load_experiment("small_sweep", root / "experiments")
-    rng = np.random.default_rng(0)
+    write_finished(exp, plan_experiment(exp, root / "runs"), np.random.default_rng(0))
+    return root
+
+
+def write_finished(exp, runs, rng, c=0.6, shift=0.0):
+    """Finished runs of a sweep in their out_dirs (a borrowed one's: its lender's, named as the lender names
+    it), their final losses drawn from TRUE with NVFP4 worth c, plus `shift`."""
     shared = {}
-    for run in plan_experiment(exp, root / "runs"):
+    for run in runs:
         size, tpp, arm = exp.arms[run.arm].cell
         n, t = run.info["params"], run.info["per_step"]
         shared.setdefault((size, tpp, run.seed), rng.normal(0, 0.01))
-        loss = law(n, run.tokens, 0.6 if arm == "nvfp4" else 1.0) + shared[(size, tpp, run.seed)]
+        loss = law(n, run.tokens, c if arm == "nvfp4" else 1.0) + shared[(size, tpp, run.seed)] + shift
         loss += rng.normal(0, 0.003)
         tp = loss + (0.01 if arm == "nvfp4" else 0.0)  # the forward pass's quantization, in the training precision
         run.out_dir.mkdir(parents=True)
@@ -169,7 +206,14 @@ def sweep(tmp_path_factory):
         (run.out_dir / "config.yaml").write_text(yaml.safe_dump(config))
         records = [{"step": s, "tokens": s * t, "loss": loss + 1.0 / s} for s in (1, run.max_steps)]
         (run.out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-        info = {"state": "done", "experiment": exp.name, "arm": run.arm, "seed": run.seed, "max_steps": run.max_steps}
+        experiment, arm_name = run.home
+        info = {
+            "state": "done",
+            "experiment": experiment,
+            "arm": arm_name,
+            "seed": run.seed,
+            "max_steps": run.max_steps,
+        }
         (run.out_dir / "run.json").write_text(json.dumps(dict(info, tokens=run.tokens, gpu="test", commit="abc")))
         evaluation = {
             "step": run.max_steps,
@@ -180,7 +224,6 @@ def sweep(tmp_path_factory):
             "heldout_tp": {"text": {"loss": tp, "tokens": 512}},
         }
         (run.out_dir / "eval.json").write_text(json.dumps(evaluation))
-    return root
 
 
 def predict(sweep, *words, runs=None):
@@ -336,3 +379,205 @@ def test_a_learning_rate_yaml_reads_as_text_is_taken_as_the_number(tmp_path):
     exp = load_experiment("s", tmp_path)
     assert exp.sweep.sizes[0].lr == 0.003
     assert "optim.lr=0.003" in exp.arms["hybrid_0p5m-tpp5-bf16"].overrides
+
+
+# ----------------------------------------------------------------------------- a size borrowed
+LENDER = {
+    "description": "the runs a sweep borrows: hybrid_3m at its lr, 20 tokens per parameter",
+    "seeds": [1, 2, 3, 4],
+    "baseline": "bf16",
+    "base": [
+        "model=hybrid_3m",
+        "data=bundled",
+        "train.seq_len=64",
+        "train.global_batch_size=8",
+        "optim.lr=1.7e-3",
+        "optim.min_lr=1.7e-5",
+    ],
+    "eval": ["heldout_sequences=8", "eval_precision=both"],
+    "arms": {"bf16": ["precision=bf16"], "nvfp4": ["precision=nvfp4"]},
+}
+
+
+@pytest.fixture(scope="module")
+def cell_tokens(tmp_path_factory):
+    """The tokens of the small sweep's hybrid_3m cell (20 per parameter, whole steps): the lender's budget."""
+    directory = tmp_path_factory.mktemp("tokens")
+    (directory / "small_sweep.yaml").write_text(SWEEP)
+    exp = load_experiment("small_sweep", directory)
+    return plan_experiment(exp, arms=["hybrid_3m-tpp20-bf16"], seeds=[1])[0].tokens
+
+
+def borrowing(directory, tokens, change_sweep=None, change_lender=None):
+    """An experiments dir: the small sweep whose hybrid_3m size (sweep.sizes[2]) borrows `lender`'s runs."""
+    spec, lender = yaml.safe_load(SWEEP), json.loads(json.dumps(dict(LENDER, tokens=tokens)))
+    spec["sweep"]["sizes"][2]["borrow"] = "lender"
+    if change_sweep:
+        change_sweep(spec)
+    if change_lender:
+        change_lender(lender)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "small_sweep.yaml").write_text(yaml.safe_dump(spec))
+    (directory / "lender.yaml").write_text(yaml.safe_dump(lender))
+    return directory
+
+
+def test_a_borrowed_size_is_planned_with_the_lenders_out_dirs_and_run_only_by_it(tmp_path, cell_tokens, capsys):
+    experiments = borrowing(tmp_path / "experiments", cell_tokens)
+    exp = load_experiment("small_sweep", experiments)
+    assert exp.source("hybrid_3m-tpp20-nvfp4") == ("lender", "nvfp4")
+    assert exp.source("hybrid_1p5m-tpp20-nvfp4") == ("small_sweep", "hybrid_1p5m-tpp20-nvfp4")
+    runs = plan_experiment(exp, tmp_path / "runs")
+    lent = {(r.arm, r.seed): r for r in plan_experiment(load_experiment("lender", experiments), tmp_path / "runs")}
+    borrowed = [r for r in runs if r.source is not None]
+    assert len(runs) == 36 and {r.arm for r in borrowed} == {"hybrid_3m-tpp20-bf16", "hybrid_3m-tpp20-nvfp4"}
+    for run in borrowed:
+        assert run.out_dir == tmp_path / "runs" / "lender" / run.source[1] / f"seed{run.seed}"
+        assert run.train_overrides == lent[(run.source[1], run.seed)].train_overrides
+    assert all(r.out_dir.parts[-3] == "small_sweep" for r in runs if r.source is None)
+
+    args = ["--experiments-dir", str(experiments), "run", "--dry-run", "--device", "cpu", "--runs-dir", str(tmp_path)]
+    assert main([*args[:3], "small_sweep", *args[3:]]) == 0
+    out = capsys.readouterr().out
+    queued = [line.split()[-1] for line in out.splitlines() if "queued" in line]
+    assert len(queued) == 30 and not any("hybrid_3m" in k for k in queued)
+    assert "skip small_sweep/hybrid_3m-tpp20-bf16/seed1: borrowed: lender/bf16/seed1" in out
+    assert main([*args[:3], "small_sweep", "lender", *args[3:]]) == 0  # named together: each run once
+    queued = [line.split()[-1] for line in capsys.readouterr().out.splitlines() if "queued" in line]
+    assert len(queued) == len(set(queued)) == 38 and "lender/bf16/seed1" in queued
+    slurm = ["--experiments-dir", str(experiments), "run", "small_sweep", "--executor", "slurm", "--dry-run"]
+    assert main([*slurm, "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert "job array of 30 task(s)" in capsys.readouterr().out
+    assert "hybrid_3m" not in (tmp_path / "runs" / "small_sweep" / "slurm" / "runs.txt").read_text()
+
+    assert main(["--experiments-dir", str(experiments), "plan", "small_sweep", "--runs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"hybrid_3m-tpp20 .* borrowed +bf16 x3, nvfp4 x3 \(the runs of lender\)", out)
+    assert "  30 run(s): " in out and out.rstrip().endswith("30 run(s); 6 borrowed (6 of lender)")
+
+
+def test_a_size_borrows_an_arm_its_lender_borrows_from_the_experiment_that_makes_it(tmp_path, cell_tokens):
+    def lend_nvfp4_from_another(lender):
+        del lender["arms"]["nvfp4"]
+        lender["borrow"] = {"nvfp4": "maker"}
+
+    experiments = borrowing(tmp_path, cell_tokens, change_lender=lend_nvfp4_from_another)
+    maker = json.loads(json.dumps(dict(LENDER, tokens=cell_tokens, seeds=[1, 2, 3])))
+    (tmp_path / "maker.yaml").write_text(yaml.safe_dump(maker))
+    exp = load_experiment("small_sweep", experiments)
+    assert exp.source("hybrid_3m-tpp20-nvfp4") == ("maker", "nvfp4")
+    assert exp.source("hybrid_3m-tpp20-bf16") == ("lender", "bf16")
+    run = plan_experiment(exp, tmp_path / "runs", arms=["hybrid_3m-tpp20-nvfp4"], seeds=[2])[0]
+    assert run.out_dir == tmp_path / "runs" / "maker" / "nvfp4" / "seed2"
+
+
+@pytest.mark.parametrize(
+    "change_sweep, change_lender, message",
+    [
+        (
+            lambda s: s["sweep"]["sizes"][2].update(borrow="nope"),
+            None,
+            "sweep.sizes[2].borrow='nope': no experiment ",
+        ),
+        (
+            lambda s: s["sweep"]["sizes"][2].update(borrow="small_sweep"),
+            None,
+            "sweep.sizes[2].borrow='small_sweep': ",  # itself, a sweep: refused, no endless loading
+        ),
+        (
+            None,
+            lambda e: e["arms"].pop("nvfp4"),
+            "sweep.sizes[2].borrow='lender': arm 'nvfp4' of the size is not an arm of lender (its arms, own and "
+            "borrowed: bf16)",
+        ),
+        (
+            lambda s: s["sweep"]["sizes"][2].update(seeds=[1, 2, 5]),
+            None,
+            "sweep.sizes[2].borrow='lender': seed 5 of the size is not among lender's seeds of bf16 (1, 2, 3, 4)",
+        ),
+        (
+            lambda s: s["sweep"]["sizes"][2].update(tokens_per_param=[20, 80]),
+            None,
+            "sweep.sizes[2].borrow='lender': the cell at tokens_per_param 80 trains ",
+        ),
+        (
+            None,
+            lambda e: e["base"].__setitem__(4, "optim.lr=2e-3"),
+            "sweep.sizes[2].borrow='lender': arm bf16 at tokens_per_param 20 would not be lender's bf16 runs: "
+            "optim.lr is 0.0017 here, 0.002 there",
+        ),
+        (
+            None,
+            lambda e: e["arms"].update(nvfp4=["precision=nvfp4", "precision.sr=none"]),
+            "arm nvfp4 at tokens_per_param 20 would not be lender's nvfp4 runs: precision.sr is ",
+        ),
+        (
+            None,
+            lambda e: e["base"].append("train.log_every=5"),
+            "would not be lender's bf16 runs: train.log_every is ",
+        ),
+        (
+            None,
+            lambda e: e.update(eval=["heldout_sequences=16", "eval_precision=both"]),
+            "would not be lender's bf16 runs: eval is ['heldout_sequences=8', 'eval_precision=both'] here, "
+            "['heldout_sequences=16', 'eval_precision=both'] there",
+        ),
+    ],
+)
+def test_a_size_that_cannot_borrow_is_one_line_naming_the_file_and_key(
+    tmp_path, cell_tokens, capsys, change_sweep, change_lender, message
+):
+    experiments = borrowing(tmp_path, cell_tokens, change_sweep, change_lender)
+    with pytest.raises(UsageError, match=re.escape(message)):
+        load_experiment("small_sweep", experiments)
+    assert main(["--experiments-dir", str(experiments), "plan", "small_sweep"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert f"{experiments / 'small_sweep.yaml'}: sweep.sizes[2].borrow=" in err
+
+
+def test_status_copy_results_and_the_report_read_a_borrowed_size_from_its_lender(tmp_path, cell_tokens, capsys):
+    """The borrowed cell's runs are the lender's directories (the lender's seed 4, which the sweep does not
+    take, made far worse so that taking it would show); status, copy-results and the fit read them there."""
+    import shutil
+
+    from nvfp4train.reproduce.report import load_runs
+    from nvfp4train.reproduce.scaling import sweep_cells
+
+    experiments, runs_dir = borrowing(tmp_path / "experiments", cell_tokens), tmp_path / "runs"
+    exp = load_experiment("small_sweep", experiments)
+    write_finished(exp, plan_experiment(exp, runs_dir), np.random.default_rng(0))
+    for arm in ("bf16", "nvfp4"):
+        seed4 = runs_dir / "lender" / arm / "seed4"
+        shutil.copytree(runs_dir / "lender" / arm / "seed1", seed4)
+        evaluation = json.loads((seed4 / "eval.json").read_text())
+        evaluation["heldout_mean_loss"] += 5.0
+        (seed4 / "eval.json").write_text(json.dumps(evaluation))
+    assert not (runs_dir / "small_sweep" / "hybrid_3m-tpp20-bf16").exists()
+
+    cells = {c.size: c for c in sweep_cells(exp, load_runs([runs_dir]))[0]}
+    lent = json.loads((runs_dir / "lender" / "nvfp4" / "seed2" / "eval.json").read_text())
+    assert set(cells["hybrid_3m"].losses["bf16"]) == {1, 2, 3}
+    assert cells["hybrid_3m"].losses["nvfp4"][2] == lent["heldout_mean_loss"]
+
+    base = ["--experiments-dir", str(experiments)]
+    assert main([*base, "status", "small_sweep", "--runs-dir", str(runs_dir)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"small_sweep/hybrid_3m-tpp20-nvfp4/seed3 +done .* borrowed: lender/nvfp4/seed3", out)
+    assert "6 borrowed done, 30 done" in out and re.search(r"hybrid_3m-tpp20 +bf16 3/3, nvfp4 3/3", out)
+
+    results = tmp_path / "results"
+    assert main([*base, "copy-results", "small_sweep", "--runs-dir", str(runs_dir), "--to", str(results)]) == 0
+    assert f"small_sweep/hybrid_3m-tpp20-bf16/seed1: copied into {results / 'lender' / 'bf16' / 'seed1'}" in (
+        capsys.readouterr().out
+    )
+    assert sorted(p.name for p in (results / "lender" / "nvfp4").iterdir()) == ["seed1", "seed2", "seed3"]
+    assert not list(results.glob("small_sweep/hybrid_3m*"))
+
+    out = tmp_path / "out"
+    assert main([*base, "report", "--runs-dir", str(runs_dir), "--out", str(out), "--no-figures"]) == 0
+    section = (out / "reproduction.md").read_text().split("## Sweep small_sweep")[1]
+    assert "36 of the 36 runs it plans (6 of them lender's) are finished" in section
+    assert "| hybrid_3m | 2.85M | 20 | 3 |" in section  # the cell's 3 seeds, not the lender's 4
+    c = float(re.search(r"\| c \(nvfp4\) \| ([\d.]+)", section).group(1))
+    assert 0.4 < c < 0.8  # drawn at 0.6: the borrowed cell's losses are the lender's, seeds 1-3
