@@ -72,9 +72,24 @@ def prediction_lines(fit: SweepFit, arm: str, n: float, d: float) -> list[str]:
         f"[{fit.c_interval(arm)[0]:.3g}, {fit.c_interval(arm)[1]:.3g}]"
         if fit.point.law
         else "  law: not fitted (it needs six or more cells of distinct size or budget)",
-        f"  trend (gap in % over log10 N and log10 D/N): {interval_text(*p.trend_pct)}",
+        f"  trend (gap in % over log10 N and log10 D/N): {interval_text(*p.trend_pct)}{_unmeasured_axes(fit, arm, p)}",
     ]
     return lines
+
+
+def _unmeasured_axes(fit: SweepFit, arm: str, p) -> str:
+    """Why a trend prediction is missing: the axes the cells measured at one value, which the question leaves."""
+    if math.isfinite(p.trend_pct[0]):
+        return ""
+    slopes = fit.point.trend_pct.get(arm)
+    if slopes is None:
+        return ""
+    axes = [name for name, slope in (("N", slopes[1]), ("D/N", slopes[2])) if not math.isfinite(slope)]
+    if not axes:
+        return ""
+    them = "them" if len(axes) > 1 else "it"
+    measured = " and of ".join(axes)
+    return f" (the sweep measured one value of {measured}: no slope along {them} to carry the gap off {them})"
 
 
 def _distance_text(fit: SweepFit, n: float, d: float) -> str:

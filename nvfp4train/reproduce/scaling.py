@@ -264,7 +264,14 @@ class SweepFit:
         if t is None:
             return np.full_like(n, math.nan)
         x_n, x_r = np.log10(n) - self.centre[0], np.log10(d / n) - self.centre[1]
-        return t[0] + np.nan_to_num(t[1]) * x_n + np.nan_to_num(t[2]) * x_r
+        # an axis the cells measured at one value has no slope: the trend holds at that value only (there,
+        # x is 0), and is not identified off it rather than flat
+        off = np.zeros(np.shape(x_n), bool)
+        for slope, x in ((t[1], x_n), (t[2], x_r)):
+            if not math.isfinite(slope):
+                off |= ~np.isclose(x, 0.0, atol=1e-9)
+        gap = t[0] + np.nan_to_num(t[1]) * x_n + np.nan_to_num(t[2]) * x_r
+        return np.where(off, math.nan, gap)
 
     def curve(self, arm: str, n, d, model: str = "law", unit: str = "%"):
         """(point, lo, hi) arrays of the gap at (n, d) from the law or the trend."""

@@ -91,6 +91,21 @@ def test_a_flat_law_gives_slope_intervals_that_hold_zero():
     assert lo < 1 < hi
 
 
+def test_the_trend_predicts_nothing_off_an_axis_measured_at_one_value():
+    """Sizes at one D/N: the gap's trend over N is measured, but a question at another D/N has no slope to
+    carry it there (not a flat extrapolation), and one at the measured D/N gets a prediction."""
+    from nvfp4train.reproduce.scaling import predict as predict_gap
+
+    rng = np.random.default_rng(4)
+    grid = [(n, 20) for n in (5e5, 1.5e6, 3e6, 5e6)]
+    fit = fit_sweep(synthetic(rng, grid, lambda n, d, bf16: 1.01 * bf16), "bf16", ["nvfp4"], bootstrap=50)
+    assert math.isfinite(fit.slope("nvfp4", "n")[0]) and not math.isfinite(fit.slope("nvfp4", "r")[0])
+    on_axis = predict_gap(fit, "nvfp4", 1e7, 20 * 1e7)
+    assert all(math.isfinite(v) for v in on_axis.trend_pct)
+    off_axis = predict_gap(fit, "nvfp4", 1e7, 900 * 1e7)
+    assert not any(math.isfinite(v) for v in off_axis.trend_pct)
+
+
 @pytest.mark.parametrize(
     "text, value", [("12B", 12e9), ("1.2e10", 1.2e10), ("10T", 10e12), ("350m", 350e6), ("1_000", 1e3), ("x", None)]
 )
