@@ -110,7 +110,8 @@ class _StopOnSignals:
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
     @contextlib.contextmanager
-    def deferred(self, out: Path):
+    def deferred(self, out: Path | None = None):
+        """A signal inside waits until the block's end, then stops the export (out: what the block wrote)."""
         self.deferring = True
         try:
             yield
@@ -320,18 +321,23 @@ def export(
             from nvfp4train.export_nvfp4 import pack_linears
 
             packed = pack_linears(model, Path(run_dir), run_config, meta)
+        tmp = None
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # moved into place when complete
-        except OSError as e:
-            raise RunError(f"out={str(out)!r}: cannot write there ({e.strerror})") from None
-        try:
+            # moved into place when complete; a signal while it is made waits until `tmp` names it (then the
+            # `finally` below removes it: a signal inside mkdtemp would leave it behind)
+            with stop.deferred():
+                try:
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+                except OSError as e:
+                    raise RunError(f"out={str(out)!r}: cannot write there ({e.strerror})") from None
             _write_export(tmp, model, run_config, model_config, meta, ckpt, dtype, seq_len, packed)
             _make_readable(tmp)
             with stop.deferred(out):
                 kept = _move_into_place(tmp, out)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
     if kept:
         print(
             f"{out}: kept {', '.join(kept)} (not written by export); replaced only "

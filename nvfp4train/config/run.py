@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from nvfp4train.config.schema import INT64_MAX, ConfigError, bounded, check, to_plain
 from nvfp4train.data.config import DataConfig, parse_data_config
@@ -44,6 +45,30 @@ class WandbConfig:
 
     def __post_init__(self):
         check(self, "train.wandb")
+
+
+@dataclass(frozen=True)
+class FinalEvalConfig:
+    """`python -m nvfp4train.eval`'s options (configs/eval.yaml, the same defaults) for the final checkpoint,
+    evaluated in the training process when it reaches train.max_steps."""
+
+    enabled: bool = False
+    """Evaluate the final checkpoint after training, in this process (no second start-up), into
+    out_dir/eval.json: the same file and numbers as `python -m nvfp4train.eval run_dir=<out_dir>` with these
+    options. One process only: a run of several ranks is evaluated afterwards with that command."""
+    tasks: Any = "all"
+    """all, or comma-separated names from evals/tasks.yaml (checked before training starts)."""
+    heldout_sequences: int = bounded(64, ge=1)
+    """Held-out sequences per data source."""
+    max_items: int = bounded(0, ge=0)
+    """Items per task (0: all)."""
+    batch_size: int = bounded(16, ge=1)
+    """Sequences per evaluation batch."""
+    eval_precision: EvalPrecision = EvalPrecision.bf16
+    """bf16 | train | both, as eval's eval_precision."""
+
+    def __post_init__(self):
+        check(self, "train.final_eval")
 
 
 # A step's tokens over all ranks, at most: Llama 3's largest batch was 16M tokens; a run asking for more than
@@ -154,6 +179,8 @@ class TrainConfig:
     """A progress bar: auto (when interactive) | true | false."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """Weights & Biases logging."""
+    final_eval: FinalEvalConfig = field(default_factory=FinalEvalConfig)
+    """The final checkpoint's evaluation in this process (train.final_eval.enabled=true and eval's keys)."""
     tensorboard: bool = False
     """Also write metrics.jsonl's numbers as TensorBoard scalars to out_dir/tensorboard/ (pip install
     'nvfp4train[tensorboard]'; `tensorboard --logdir runs`)."""

@@ -137,6 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    print_result(result, path)
+    return 0
+
+
+def print_result(result: dict, path: Path) -> None:
+    """The evaluation's lines: held-out loss per source (and precision), each task's metrics, then the summary
+    as JSON on the last line."""
     precision = "bf16"
     if result["eval_precision"] != "bf16":
         trained_in = result["training_precision"]
@@ -154,7 +161,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"task {name:<22} {metrics}  (n={v['n']})")
     print(json.dumps(summary(result, path)))
-    return 0
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ first checkpoint starts afresh, the earlier attempt's files moved aside into `<o
 run.json records the run's commit, GPU, versions and its corpus (the sha256 of each data file it read).
 Ctrl-C / SIGTERM reach each trainer once: it checkpoints after its current step and exits, and the same
 command later resumes it. Each run ends with the evaluation of its final checkpoint (eval.json: in BF16,
-and in the training precision where the experiment's eval line says eval_precision=both) and run.json.
+and in the training precision where the experiment's eval line says eval_precision=both) and run.json. A
+run of one process evaluates in the training process (train.final_eval: the eval line as its keys; the same
+eval.json as the eval command's, without a second start-up); the eval command runs where that wrote none.
 
 slurm: one job array over the runs (slurm/reproduce_array.sbatch), each task `run-one`: the same as one
 slot of the local executor. Preemption: SLURM signals the batch shell, which passes SIGTERM to the trainer
@@ -104,6 +106,18 @@ def corpus_of(out_dir: Path) -> dict[str, str] | None:
         return corpus_record(cfg["data"])
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):  # a record, never a reason to fail
         return None
+
+
+def evaluated_since(out_dir: Path, run: Run, since: float) -> bool:
+    """Whether the trainer's final evaluation (train.final_eval) wrote eval.json of the run's last step during
+    this attempt."""
+    path = out_dir / "eval.json"
+    try:
+        written = path.stat().st_mtime
+        step = json.loads(path.read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return step == run.max_steps and written >= since - 1.0
 
 
 class RunProcess:
@@ -208,14 +222,23 @@ class RunProcess:
         attempts = int(previous.get("attempts", 0)) + 1
         started = time.time()
         train_rc, eval_rc, state = None, None, "interrupted"
+        # one process where it can: the trainer evaluates its final checkpoint (train.final_eval), and the eval
+        # command runs only where that did not write this attempt's eval.json
+        train_command = run.train_command(self.gpus_per_run)
+        in_training = run.final_eval_overrides() if self.gpus_per_run == 1 else None
+        train_command += in_training or []
+        evaluated_in_training = False
         try:
             console_fd = open_own(out_dir / "console.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             with os.fdopen(console_fd, "a") as console:
-                train_rc = self._call(run.train_command(self.gpus_per_run), console)
+                train_rc = self._call(train_command, console)
                 # exit 0 also after a stop signal (checkpoint saved): finished only with the final checkpoint
                 if train_rc == 0 and run.final_checkpoint().is_dir():
                     command = run.eval_command()
-                    if command is not None and not self.stopping:
+                    evaluated_in_training = in_training is not None and evaluated_since(out_dir, run, started)
+                    if evaluated_in_training:
+                        eval_rc = 0
+                    elif command is not None and not self.stopping:
                         eval_rc = self._call(command, console)
                     if command is None or eval_rc == 0:
                         state = "done"
@@ -231,8 +254,9 @@ class RunProcess:
             "arm": run.arm,
             "seed": run.seed,
             "state": state,
-            "train_command": shell(run.train_command(self.gpus_per_run)),
+            "train_command": shell(train_command),
             "eval_command": shell(run.eval_command()) if run.eval_args is not None else None,
+            "eval_in_training": evaluated_in_training,
             "commit": self.commit,
             "gpu": gpu_model(run.device, self.gpus),
             "gpus": self.gpus_per_run,

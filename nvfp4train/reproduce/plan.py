@@ -74,6 +74,26 @@ class Run:
     def final_checkpoint(self) -> Path:
         return self.out_dir / "checkpoints" / f"step_{self.max_steps:08d}"
 
+    def final_eval_overrides(self) -> list[str] | None:
+        """The eval line as train.final_eval keys, so that the training process evaluates its final checkpoint
+        itself (the same eval.json as eval_command's, without a second start-up); None where there is no eval
+        line or it sets a key that only the eval command takes (step; a device other than the training one)."""
+        if self.eval_args is None:
+            return None
+        from nvfp4train.config.run import FinalEvalConfig
+        from nvfp4train.config.schema import fields_of
+
+        keys = set(fields_of(FinalEvalConfig) or ()) - {"enabled"}
+        out = ["train.final_eval.enabled=true"]
+        for arg in self.eval_args:
+            key, _, value = arg.partition("=")
+            if key == "device" and f"train.device={value}" in self.train_overrides:
+                continue  # the trainer evaluates where it trained
+            if key not in keys:
+                return None
+            out.append(f"train.final_eval.{key}={shlex.quote(value) if ',' in value else value}")
+        return out
+
 
 def shell(command: list[str]) -> str:
     """A command as a user types it (`python` for this interpreter)."""

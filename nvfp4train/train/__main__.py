@@ -25,6 +25,7 @@ def _main(cfg) -> None:
         logging.getLogger().setLevel(logging.WARNING)  # one copy of the start-up log lines, from rank 0
     from nvfp4train.config import ConfigError, RunConfig
     from nvfp4train.launch.errors import fail
+    from nvfp4train.train import final_eval
     from nvfp4train.train.checkpoint import CheckpointError
     from nvfp4train.train.guards import TrainingHalted
     from nvfp4train.train.loop import run
@@ -35,6 +36,7 @@ def _main(cfg) -> None:
         print(placed, flush=True)
     try:
         run_cfg = RunConfig.from_omegaconf(cfg)
+        final_eval.check(run_cfg)
         summary = run(run_cfg)
     except (ConfigError, CheckpointError) as e:
         fail(str(e), 2)  # one line from rank 0 (and in torchrun's error file): launch/errors.py
@@ -44,6 +46,14 @@ def _main(cfg) -> None:
         print(summary["note"])
     if summary.get("exit_code"):  # Ctrl-C: 130, so that `train && eval` stops (loop.py printed the line)
         sys.exit(summary["exit_code"])
+    at_end = summary["step"] == run_cfg.train.max_steps
+    if run_cfg.train.final_eval.enabled and at_end and not (summary.get("note") and final_eval.is_done(run_cfg)):
+        from nvfp4train.eval.weights import RunError
+
+        try:
+            final_eval.evaluate_final(run_cfg)
+        except (ConfigError, RunError) as e:  # training is done and its checkpoint saved: only the evaluation failed
+            fail(f"train.final_eval: {e} (the run is trained: python -m nvfp4train.eval run_dir={run_cfg.out_dir})", 2)
 
 
 def main() -> None:

@@ -110,10 +110,23 @@ def test_plan_run_interrupt_resume_status_report(tmp_path, spawn):
             assert info["state"] == "done" and info["train_rc"] == 0 and info["eval_rc"] == 0, info
             assert info["gpu"] == "cpu" and info["deterministic"] is False and info["wall_s"] > 0 and info["torch"]
             assert json.loads((d / "eval.json").read_text())["eval_precision"] == "bf16"
+            # evaluated by the training process itself (train.final_eval): no second process started
+            assert info["eval_in_training"] is True and "train.final_eval.enabled=true" in info["train_command"]
+            assert "-m nvfp4train.eval " not in (d / "console.log").read_text()
             records = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
             assert max(r["step"] for r in records) == 100
             assert [r["step"] for r in records if "val/mean" in r] == [25, 50, 75, 100]
     assert json.loads((victim / "run.json").read_text())["attempts"] == 2
+    # the eval command run.json records gives the in-training evaluation's eval.json, bit for bit
+    done = runs / "tiny" / "nvfp4" / "seed2"
+    in_training = json.loads((done / "eval.json").read_text())
+    words = json.loads((done / "run.json").read_text())["eval_command"].split()
+    again = subprocess.run([sys.executable, *words[1:]], cwd=REPO, env=cli_env(OMP_NUM_THREADS=1), capture_output=True)
+    assert again.returncode == 0, again.stderr
+    separate = json.loads((done / "eval.json").read_text())
+    assert {k: v for k, v in separate.items() if k != "seconds"} == {
+        k: v for k, v in in_training.items() if k != "seconds"
+    }
 
     third = reproduce("run", "tiny", "--executor", "local", "--device", "cpu", *common, experiments=experiments)
     assert third.returncode == 0 and third.stdout.count(": done") == 4 and "nothing to run" in third.stdout
