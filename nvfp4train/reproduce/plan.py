@@ -479,6 +479,38 @@ def measured_speed(run: Run, rows: list[dict], gpu: str | None = None) -> tuple[
     return statistics.median(float(r["tokens_per_s"]) for r in found), sorted({str(r.get("gpu")) for r in found})
 
 
+RESULTS_DIR = BENCH_FILE.parents[1] / "runs"
+
+
+def run_overhead(results_dir: Path = RESULTS_DIR, gpu: str | None = None) -> tuple[float, int] | None:
+    """What a run costs besides its training steps (start-up, compilation, in-training evaluations,
+    checkpoints, the final evaluation): the median over the finished runs under results_dir (on GPUs whose
+    name contains `gpu`) of run.json's wall time minus max_steps x the median step time of its metrics, and
+    how many runs that is; None where there is none."""
+    import gzip
+    import statistics
+
+    overheads = []
+    for info_path in sorted(Path(results_dir).glob("*/*/seed*/run.json")):
+        info = read_json(info_path) or {}
+        wall, steps, on = info.get("wall_s"), info.get("max_steps"), str(info.get("gpu", ""))
+        if info.get("state") != "done" or not isinstance(wall, (int, float)) or not isinstance(steps, int):
+            continue
+        if on in ("", "cpu") or (gpu is not None and gpu.lower() not in on.lower()):
+            continue
+        metrics = info_path.parent / "metrics.jsonl.gz"
+        try:
+            with gzip.open(metrics, "rt") as f:
+                times = [r["step_time_s"] for r in map(json.loads, f) if isinstance(r.get("step_time_s"), float)]
+        except (OSError, ValueError, EOFError):
+            continue
+        if times:
+            overheads.append(wall - steps * statistics.median(times))
+    if not overheads:
+        return None
+    return statistics.median(overheads), len(overheads)
+
+
 def compose_train(run: Run) -> dict:
     words = dict(o.split("=", 1) for o in run.train_overrides if "=" in o)
     return {"seq_len": int(words["train.seq_len"]), "global_batch_size": int(words["train.global_batch_size"])}
@@ -512,13 +544,23 @@ def sweep_grid(exp: Experiment, runs: list[Run], gpu: str | None = None, gpus_pe
     from nvfp4train.reproduce.scaling import count_text
 
     rows = bench_rows()
+    overhead = run_overhead(gpu=gpu)
+    per_run = overhead[0] if overhead else 0.0
     lines = [
         f"{exp.name}: a sweep of {len({exp.arms[r.arm].cell[:2] for r in runs})} cells over "
-        f"{len(exp.sweep.sizes)} sizes, smallest first; GPU-hours: training only, from the median tokens/s "
+        f"{len(exp.sweep.sizes)} sizes, smallest first; GPU-hours: the training steps from the median tokens/s "
         f"of {BENCH_FILE.relative_to(BENCH_FILE.parents[3]) if BENCH_FILE.is_file() else 'the benchmark'} "
         "rows of the same model, precision, seq_len and batch (measured without train.deterministic, which "
-        "costs some tokens/s: docs/determinism.md); unmeasured where there is none; passes: the most passes "
-        "over one data source (? until the token shards are prepared)",
+        "costs some tokens/s: docs/determinism.md), "
+        + (
+            f"plus {per_run:.0f} s a run for the rest (start-up, evaluations, checkpoints: the median of wall "
+            f"time - steps x step time over the {overhead[1]} finished runs in "
+            f"{RESULTS_DIR.relative_to(BENCH_FILE.parents[3])})"
+            if overhead
+            else "training only (no finished run to measure the rest of a run's time by)"
+        )
+        + "; unmeasured where there is none; passes: the most passes over one data source (? until the "
+        "token shards are prepared)",
         f"  {'cell':<24} {'N':>7} {'D/N':>5} {'tokens':>13} {'steps':>6} {'passes':>6}  {'GPU-hours':<22} arms (seeds)",
     ]
     total, unmeasured, gpus_seen = 0.0, 0, set()
@@ -532,7 +574,7 @@ def sweep_grid(exp: Experiment, runs: list[Run], gpu: str | None = None, gpus_pe
             if speed is None:
                 missing += 1
             else:
-                hours += run.tokens / speed[0] / 3600 * gpus_per_run
+                hours += (run.tokens / speed[0] + per_run) / 3600 * gpus_per_run
                 gpus_seen.update(speed[1])
         total += hours
         unmeasured += missing

@@ -596,3 +596,29 @@ def test_status_copy_results_and_the_report_read_a_borrowed_size_from_its_lender
     assert "| hybrid_3m | 2.85M | 20 | 3 |" in section  # the cell's 3 seeds, not the lender's 4
     c = float(re.search(r"\| c \(nvfp4\) \| ([\d.]+)", section).group(1))
     assert 0.4 < c < 0.8  # drawn at 0.6: the borrowed cell's losses are the lender's, seeds 1-3
+
+
+def test_a_runs_time_besides_its_steps_is_measured_from_finished_runs(tmp_path):
+    """run_overhead: wall time minus max_steps x the median step time, the median over finished GPU runs
+    (a CPU run, an unfinished one, or one on another GPU is not counted)."""
+    import gzip
+
+    from nvfp4train.reproduce.plan import run_overhead
+
+    def write(name, wall, steps, step_time, state="done", gpu="NVIDIA H200"):
+        d = tmp_path / "exp" / name / "seed1"
+        d.mkdir(parents=True)
+        (d / "run.json").write_text(json.dumps({"state": state, "wall_s": wall, "max_steps": steps, "gpu": gpu}))
+        with gzip.open(d / "metrics.jsonl.gz", "wt") as f:
+            for step, t in enumerate([step_time, step_time, 9.0], 1):  # the median, not the slow first window
+                f.write(json.dumps({"step": step * 10, "step_time_s": t}) + "\n")
+
+    write("a", 130.0, 1000, 0.08)  # 50 s besides its steps
+    write("b", 100.0, 1000, 0.03)  # 70 s
+    write("c", 90.0, 1000, 0.03)  # 60 s
+    write("cpu", 900.0, 1000, 0.5, gpu="cpu")
+    write("cut", 10.0, 1000, 0.01, state="interrupted")
+    write("other", 500.0, 1000, 0.01, gpu="NVIDIA H100 80GB HBM3")
+    assert run_overhead(tmp_path, gpu="H200") == pytest.approx((60.0, 3))
+    assert run_overhead(tmp_path)[1] == 4
+    assert run_overhead(tmp_path / "none") is None
