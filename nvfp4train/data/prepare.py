@@ -475,11 +475,18 @@ def _cache_split_dir(cfg: DataConfig, identity: str, source: str, split: str, fi
 
 
 def prepare_all(
-    data_cfg, *, num_proc: int | None = None, progress: bool | None = None, splits=("train", "val"), names=None
+    data_cfg,
+    *,
+    num_proc: int | None = None,
+    progress: bool | None = None,
+    splits=("train", "val"),
+    names=None,
+    cached_only: bool = False,
 ) -> dict:
     """Make sure every configured source split has token shards; return {"name/split": dir}.
     Raw sources are tokenized into cache_dir/<tokenizer identity>/<source>-<inputs hash>/<split> (other
-    inputs get another directory); `shards:` sources are used as given and only checked when opened."""
+    inputs get another directory); `shards:` sources are used as given and only checked when opened.
+    cached_only: tokenize nothing; a raw split whose shards are not in the cache, current, is left out."""
     cfg = data_cfg if isinstance(data_cfg, DataConfig) else parse_data_config(data_cfg)
     tok = load_tokenizer(cfg.tokenizer)
     dirs = {}
@@ -497,6 +504,10 @@ def prepare_all(
                 if _pin(src, split)[1] is not None:  # before anything is written (a `datasets` input has no pin)
                     check_pinned_inputs(src, split, expand_inputs(raw, key), fingerprint)
                 out = _cache_split_dir(cfg, tok.identity, name, split, fingerprint)
+                if cached_only:
+                    if _why_not_current(out, tok, fingerprint) is None:
+                        dirs[f"{name}/{split}"] = out
+                    continue
                 try:
                     prepare_split(
                         raw,

@@ -376,24 +376,21 @@ def pid_alive(pid) -> bool:
 def data_passes(data_cfg: dict, tokens: int, prepare: bool = False) -> dict[str, float] | None:
     """Passes over each source's training tokens that `tokens` of training make (by the phase weights).
     prepare: tokenize raw sources first (cached, locked: what a run would do); else None unless every
-    source is already prepared token shards."""
+    source's training split is token shards already (given, or in the cache from an earlier run)."""
     from nvfp4train.data.config import parse_data_config
     from nvfp4train.data.prepare import prepare_all
     from nvfp4train.data.shards import read_manifest
 
     data = parse_data_config(data_cfg)
-    if prepare:
-        try:
-            dirs = prepare_all(data_cfg, splits=("train",), progress=False)
-        except (ValueError, FileNotFoundError) as e:
+    try:
+        dirs = prepare_all(data_cfg, splits=("train",), progress=False, cached_only=not prepare)
+    except (ValueError, FileNotFoundError) as e:
+        if prepare:
             raise UsageError(f"data {data.name}: {e}") from None
-        available = {key.split("/")[0]: read_manifest(d)["n_tokens"] for key, d in dirs.items()}
-    else:
-        available = {}
-        for name, src in data.sources.items():
-            if not src.shards or not (Path(src.shards) / "manifest.json").is_file():
-                return None
-            available[name] = read_manifest(Path(src.shards))["n_tokens"]
+        return None  # the run says what is wrong with its data when it reads it
+    if len(dirs) < len(data.sources) or not all((Path(d) / "manifest.json").is_file() for d in dirs.values()):
+        return None
+    available = {key.split("/")[0]: read_manifest(d)["n_tokens"] for key, d in dirs.items()}
     drawn = dict.fromkeys(data.sources, 0.0)
     starts = [float(p.start) for p in data.phases] + [1.0]
     for i, phase in enumerate(data.phases):

@@ -180,3 +180,15 @@ def test_the_reproduction_config_parses_with_or_without_pins():
     cfg = yaml.safe_load((REPO / "configs" / "data" / "repro30m.yaml").read_text())
     parsed = parse_data_config(cfg)
     assert len(parsed.sources) == 9
+
+
+def test_cached_only_finds_prepared_shards_and_tokenizes_nothing(tmp_path):
+    """What `reproduce plan` uses for its passes over the data: the cache's current shards, else nothing."""
+    train = write_docs(tmp_path / "train.jsonl", 20, "abc", seed=0)
+    cfg = _config(tmp_path, train)
+    assert prepare_all(cfg, splits=("train",), cached_only=True) == {}
+    assert _tree(tmp_path / "cache") == []  # nothing made
+    built = prepare_all(cfg, splits=("train",))["kjv/train"]
+    assert prepare_all(cfg, splits=("train",), cached_only=True) == {"kjv/train": built}
+    write_docs(train, 21, "abc", seed=0)  # other inputs: those shards are not theirs
+    assert prepare_all(cfg, splits=("train",), cached_only=True) == {}
