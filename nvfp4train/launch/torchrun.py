@@ -60,6 +60,28 @@ def _quiet_torchrun_logs() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+def _quiet_rendezvous_timer_stop() -> None:
+    """torch's rendezvous keeps its lease alive on a daemon thread, stopped by a `weakref.finalize` that joins
+    it (`_PeriodicTimer._stop_thread`). Where the garbage collector runs that finalizer on the timer's own
+    thread, as the launcher exits, its exception would print "Exception ignored in: <finalize object ...>"
+    after the launcher's one line. The thread is a daemon, so nothing is lost: that one is dropped; every
+    other unraisable exception is printed as before."""
+    default = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        tb = unraisable.exc_traceback
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code.co_name == "_stop_thread" and code.co_filename.endswith(
+                os.path.join("elastic", "rendezvous", "utils.py")
+            ):
+                return
+            tb = tb.tb_next
+        default(unraisable)
+
+    sys.unraisablehook = hook
+
+
 def failure_line(exc, script: str) -> tuple[str, int]:
     """The line to print for torchrun's ChildFailedError and the exit code to end with."""
     rank, failure = exc.get_first_failure()
@@ -156,6 +178,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["OMP_NUM_THREADS"] = "1"  # what torchrun sets, without its banner about it
     os.environ[LAUNCHER_PRINTS] = "1"
     _quiet_torchrun_logs()
+    _quiet_rendezvous_timer_stop()
     try:
         with _recording_worker_exits() as exits:
             run(args)
