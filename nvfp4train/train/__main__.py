@@ -39,8 +39,10 @@ def _main(cfg) -> None:
         final_eval.check(run_cfg)
         summary = run(run_cfg)
     except (ConfigError, CheckpointError) as e:
+        _end_process_group()
         fail(str(e), 2)  # one line from rank 0 (and in torchrun's error file): launch/errors.py
     except TrainingHalted as e:
+        _end_process_group()
         fail(str(e), 3)
     if summary.get("note") and summary["rank"] == 0:
         print(summary["note"])
@@ -54,6 +56,18 @@ def _main(cfg) -> None:
             final_eval.evaluate_final(run_cfg)
         except (ConfigError, RunError) as e:  # training is done and its checkpoint saved: only the evaluation failed
             fail(f"train.final_eval: {e} (the run is trained: python -m nvfp4train.eval run_dir={run_cfg.out_dir})", 2)
+
+
+def _end_process_group() -> None:
+    """Before a refusal's exit: the process group's C++ threads are ended here, not left to the interpreter's
+    shutdown, where destroying a still-running one aborted a rank ("terminate called without an active
+    exception", SIGABRT instead of the refusal's exit code)."""
+    from nvfp4train import parallel
+
+    try:
+        parallel.shutdown()
+    except Exception:  # noqa: BLE001 - the refusal is what the user must see; a failed teardown is not news
+        pass
 
 
 def main() -> None:
