@@ -246,8 +246,8 @@ def check_borrowed_cells(exp: Experiment) -> None:
                     )
                 drop = ("experiment", "out_dir")
                 mine = {k: v for k, v in compose_arm(ours.train_overrides).items() if k not in drop}
-                lent = {k: v for k, v in compose_arm(theirs.train_overrides).items() if k not in drop}
-                found = _first_difference(mine, lent)
+                lenders = {k: v for k, v in compose_arm(theirs.train_overrides).items() if k not in drop}
+                found = _first_difference(mine, lenders)
                 if found is None and ours.eval_args != theirs.eval_args:
                     found = ("eval", ours.eval_args, theirs.eval_args)
                 if found:
