@@ -61,7 +61,7 @@ from nvfp4train.train.build import (
 from nvfp4train.train.engines import StepStats, build_engine, import_deepspeed
 from nvfp4train.train.fits import check_fits
 from nvfp4train.train.guards import NonFiniteGuard, SpikeDetector, TrainingHalted
-from nvfp4train.train.heldout import evaluate_as, runs_in_bf16
+from nvfp4train.train.heldout import HeldOutGraphs, evaluate_as, runs_in_bf16
 from nvfp4train.train.metrics import (
     LogFile,
     MetricsLogger,
@@ -141,6 +141,9 @@ class Trainer:
         self.engine = build_engine(
             self.model, lambda m: param_groups(m, cfg.optim.weight_decay), cfg.optim, self.plan, t, info
         )
+        # the held-out passes replayed as CUDA graphs where the step is one (one process: no collectives)
+        captured = getattr(self.engine, "step_graph", None) is not None and info.world_size == 1
+        self.eval_graphs = HeldOutGraphs(info.device) if captured and self.val_data else None
         self.pending: list[tuple[int, float, str | None, StepStats]] = []  # enqueued steps not read yet
         self.read_at = time.perf_counter()  # when the host last waited for the device
         self.time_to_first_step: float | None = None  # build, compilation and kernel autotuning included
@@ -442,7 +445,13 @@ class Trainer:
                 )
             started = time.perf_counter()
             held_out = evaluate_as(
-                t.eval_precision, self.engine.module, self.val_data, t.micro_batch_size, self.info.device, layers
+                t.eval_precision,
+                self.engine.module,
+                self.val_data,
+                t.micro_batch_size,
+                self.info.device,
+                layers,
+                graphs=self.eval_graphs,
             )
             self.engine.after_evaluation()
             record.update(held_out)

@@ -19,6 +19,7 @@ from nvfp4train.precision import PrecisionController, PrecisionPolicy, build_lin
 from nvfp4train.precision.linear import QuantLinear
 from nvfp4train.train.cuda_graph import cuda_graph_blocker
 from nvfp4train.train.engines import TorchEngine
+from nvfp4train.train.heldout import HeldOutGraphs, evaluate_as
 from nvfp4train.train.plan import RunFacts, decide_cuda_graph, plan_run
 from tests.conftest import run_train
 
@@ -234,3 +235,58 @@ def test_compiled_graphed_run_switches_to_bf16(tmp_path, mode):
     losses = {r["step"]: r["loss"] for r in rows if "loss" in r}
     assert sorted(losses) == list(range(1, 13)) and all(math.isfinite(v) for v in losses.values())
     assert "capture #2" in (tmp_path / "train.log").read_text()
+
+
+# ------------------------------------------------------------------------------ held-out passes as graphs
+def test_held_out_passes_with_telemetry_or_forward_sr_are_not_replayed():
+    model, ctl, _ = _model("nvfp4", "cpu")
+    assert HeldOutGraphs.replayable(ctl.layers)
+    ctl.layers[1].stats_enabled = True
+    assert not HeldOutGraphs.replayable(ctl.layers)
+    model, ctl, _ = _model("nvfp4_sr_everywhere", "cpu")  # the forward's operands rounded stochastically too
+    assert not HeldOutGraphs.replayable(ctl.layers)
+
+
+def test_the_trainer_replays_held_out_passes_only_where_it_captures_the_step(tmp_path):
+    run_train(
+        "model=hybrid_tiny",
+        "precision=nvfp4",
+        "train.max_steps=2",
+        "train.seq_len=32",
+        "train.global_batch_size=2",
+        "train.eval_every=1",
+        "train.eval_sequences=2",
+        "train.progress=false",
+        f"out_dir={tmp_path}",
+    )
+    assert "captured the held-out evaluation" not in (tmp_path / "train.log").read_text()  # a CPU run: eager
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("precision", ["nvfp4", "mxfp4", "fp8_blockwise", "bf16"])
+def test_replayed_held_out_passes_are_the_eager_passes_bit_for_bit(precision):
+    """Every evaluation after a step (new weights each time) replays the graphs and gives the eager pass's
+    losses exactly, in each eval_precision; a switch to BF16 replaces the training-precision graph."""
+    model, ctl, cfg = _model(precision, "cuda")
+    engine = TorchEngine(
+        model, lambda m: param_groups(m, 0.1), OptimConfig(lr=3e-3), "ddp", _info("cuda"), cuda_graph=True
+    )
+    device = torch.device("cuda")
+    g = torch.Generator().manual_seed(2)
+    val = {name: torch.randint(0, cfg.vocab_size, (n, 65), generator=g).to(device) for name, n in (("a", 5), ("b", 3))}
+    graphs = HeldOutGraphs(device)
+    for step, batch in enumerate(_batches(cfg, 5, 1), start=1):
+        if step == 5:
+            ctl._apply_switch(True)
+        ctl.on_step((step - 1) / 5)
+        engine.train_step(batch, lr=3e-3, step=step)
+        for eval_precision in ("both", "train", "bf16"):
+            eager = evaluate_as(eval_precision, engine.module, val, 2, device, ctl.layers)
+            replayed = evaluate_as(eval_precision, engine.module, val, 2, device, ctl.layers, graphs=graphs)
+            assert replayed == eager, (step, eval_precision)
+            assert all(math.isfinite(v) for v in eager.values())
+    assert graphs.failed is None
+    # BF16 and the training precision, then after the switch the BF16 layers' own setting again
+    assert graphs.captures == 3 if precision != "bf16" else graphs.captures >= 1
+    assert len(graphs.graphs) == 1  # the graphs of the recipes before the switch are gone
