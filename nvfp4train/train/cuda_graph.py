@@ -21,8 +21,10 @@ What must hold for a replay to be the eager step, and how it is kept:
   so the captured forward quantizes the weight itself (from the master weight's memory, which the optimizer
   updates in place), and another after it, so eager code never sees the graph's tensors.
 - Python state the forward reads: a precision switch changes the layers' recipes (recapture);
-  telemetry steps read statistics on the host inside the forward, so they run eagerly, after the
-  graph and its memory are released (recaptured on the next step).
+  telemetry steps read statistics on the host inside the forward, so they run eagerly. On one process
+  the graph is kept through such a step where the GPU has room for an eager step beside the graph's
+  pool: the gradients the graph writes are detached for the eager step (which assigns its own) and handed
+  back at the next replay. Elsewhere the graph and its memory are released and recaptured on the next step.
 - The first `warmup_steps` steps of every new shape and recipe set run eagerly: mamba-ssm's autotuning,
   Triton compilation, torch.compile's recompilation after a precision switch (Inductor reads values on
   the host while compiling, which a capture forbids), cuBLAS workspaces and the lazily created SR
@@ -140,23 +142,42 @@ class StepGraph:
         self.key = None
         self.static_batches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.loss_sum: torch.Tensor | None = None
+        self.grads: list[torch.Tensor | None] | None = None  # one process: the gradients the graph writes
+        self.pool_bytes = 0  # what the capture reserved: an eager step beside the graph needs about as much
 
     # ------------------------------------------------------------------ per step
     def run(self, micro_batches) -> torch.Tensor | None:
         warm = self._shapes_and_recipes(micro_batches)
-        if self.eager_steps.get(warm, 0) < self.warmup_steps or any(m.stats_enabled for m in self.layers):
-            self.release()
+        warming = self.eager_steps.get(warm, 0) < self.warmup_steps
+        if warming or any(m.stats_enabled for m in self.layers):
+            if not warming and self._kept_through_eager_step(warm):
+                for p in self.params:  # the eager step assigns gradients of its own
+                    p.grad = None
+            else:
+                self.release()
             self.eager_steps[warm] = self.eager_steps.get(warm, 0) + 1
             return None
         key = (*warm, tuple(id(g) for g in self._sr_generators()))
         if key != self.key:
             self.release()
             self._capture(micro_batches, key)
+        elif self.grads is not None:  # after an eager step the optimizer dropped its gradients: the graph's again
+            for p, g in zip(self.params, self.grads):
+                p.grad = g
         for (sx, sy), (x, y) in zip(self.static_batches, micro_batches):
             sx.copy_(x, non_blocking=True)
             sy.copy_(y, non_blocking=True)
         self.graph.replay()
         return self.loss_sum.clone()  # the graph overwrites loss_sum at the next replay
+
+    def _kept_through_eager_step(self, warm: tuple) -> bool:
+        """Whether the graph stays for an eager step of its own shapes and recipes (a telemetry step): one
+        process, and room on the GPU for the step's memory beside the graph's pool."""
+        if self.graph is None or self.distributed or self.key is None or self.key[:2] != warm:
+            return False
+        free, _ = torch.cuda.mem_get_info(self.device)
+        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return free + cached > 1.25 * self.pool_bytes
 
     def release(self) -> None:
         """Drop the graph, its memory and the gradients it writes into (an eager step follows)."""
@@ -164,7 +185,7 @@ class StepGraph:
             return
         torch.cuda.synchronize(self.device)
         self.graph.reset()
-        self.graph = self.key = self.loss_sum = None
+        self.graph = self.key = self.loss_sum = self.grads = None
         self.static_batches = []
         self.reshard()  # FSDP2's state is the capture's, not the replays' (see the module's notes)
         if self.distributed:  # DDP's bucket views and FSDP2's sharded gradients stay the gradients
@@ -210,6 +231,7 @@ class StepGraph:
         torch.cuda.empty_cache()  # the eager steps' cached blocks, for the graph's pool
         # said before the capture too: it runs the whole step once more, and train.log shows what a run waits on
         log.info("cuda graph: capturing the step (%d micro-batch%s) ...", n, "" if n == 1 else "es")
+        reserved = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
         for gen in generators:
             graph.register_generator_state(gen)
@@ -232,6 +254,8 @@ class StepGraph:
         finally:
             bump_weight_epochs(self.layers)
         self.graph, self.loss_sum, self.key = graph, loss_sum, key
+        self.grads = None if self.distributed else [p.grad for p in self.params]
+        self.pool_bytes = max(torch.cuda.memory_reserved(self.device) - reserved, 0)
         self.captures += 1
         log.info(
             "cuda graph: captured the step (%d micro-batch%s, %d SR generators; capture #%d)",

@@ -214,6 +214,38 @@ def test_switch_recaptures_and_telemetry_steps_run_eagerly():
 
 @pytest.mark.gpu
 @requires_cuda
+@pytest.mark.parametrize("precision", ["nvfp4", "nvfp4_sr_everywhere"])
+def test_telemetry_steps_keep_the_graph_and_change_no_bits(precision):
+    """A telemetry step runs eagerly beside the kept graph, whose next replay writes the gradients the
+    optimizer reads again: the same losses, weights and SR streams, bit for bit, as releasing the graph and
+    capturing it again."""
+    runs = []
+    for keep in (True, False):
+        model, ctl, cfg = _model(precision, "cuda")
+        engine = TorchEngine(
+            model, lambda m: param_groups(m, 0.1), OptimConfig(lr=3e-3), "ddp", _info("cuda"), cuda_graph=True
+        )
+        if not keep:
+            engine.step_graph._kept_through_eager_step = lambda warm: False
+        losses = []
+        for step, batch in enumerate(_batches(cfg, 9, 1), start=1):
+            ctl.on_step((step - 1) / 9)
+            for layer in ctl.layers:
+                layer.stats_enabled = step in (5, 7)
+            losses.append(engine.train_step(batch, lr=3e-3, step=step).loss.item())
+            if step in (5, 7):
+                assert (engine.step_graph.graph is not None) == keep
+        runs.append((model, losses, engine.step_graph.captures))
+    (kept, kept_losses, kept_captures), (released, released_losses, released_captures) = runs
+    assert (kept_captures, released_captures) == (1, 3)
+    assert kept_losses == released_losses
+    assert all(torch.equal(p, q) for p, q in zip(kept.parameters(), released.parameters()))
+    a, b = _sr_states(kept), _sr_states(released)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.gpu
+@requires_cuda
 @pytest.mark.parametrize("mode", ["full", "forward_only"])
 def test_compiled_graphed_run_switches_to_bf16(tmp_path, mode):
     """The trainer's GPU defaults (compiled, CUDA graph) through a mid-run switch to BF16: torch.compile
