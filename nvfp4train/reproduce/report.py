@@ -699,6 +699,48 @@ def setup_line(exp: Experiment, runs: dict) -> str:
     )
 
 
+def side_by_side_lines(exp: Experiment, runs: dict) -> list[str]:
+    """Every arm against the experiment's baseline on the final checkpoint's evaluation, in BF16 and in the
+    training precision, paired by seed, and the arm's own forward-quantization part: a description of all the
+    arms in one place (the claims above test some pairs), for experiments of three arms or more."""
+    compared = exp.compared_arms
+    if len(compared) < 3:
+        return []
+    base = arm_runs(runs, exp, exp.baseline)
+    rows = []
+    for name in compared[1:]:
+        arm = arm_runs(runs, exp, name)
+        cells = []
+        for precision in (Precision.BF16, Precision.TRAINING):
+            m = measure(Endpoint(Loss.FINAL_EVAL, precision, Point.FINAL), arm, base)
+            seeds = sorted(m.pct)
+            cells.append(_interval_text([m.pct[s] for s in seeds], "%", 2) if seeds else "not measured")
+        parts = []
+        for run in arm.values():
+            bf16, tp = final_eval(run, Precision.BF16), final_eval(run, Precision.TRAINING)
+            if bf16 and tp is not None:
+                parts.append((tp - bf16) / bf16 * 100.0)
+        paired = len(set(arm) & set(base))
+        if not paired:
+            continue
+        own = f"{_interval_text(parts, '%', 2)} (n={len(parts)})" if parts else "not measured"
+        rows.append([f"{name} vs {exp.baseline}", str(paired), *cells, own])
+    if not rows:
+        return []
+    return [
+        f"Every arm against {exp.baseline}, side by side (descriptive, no test: the claims above are the tests): the "
+        "final checkpoint's evaluation on the whole validation split (eval.json, the unweighted mean over "
+        "sources), the paired gap's mean over seeds and its 95% interval, and the arm's own forward "
+        "quantization (its training-precision loss − its BF16 loss, in % of the BF16 loss).",
+        "",
+        *table(
+            ["arms", "paired seeds", "gap, BF16 forward", "gap, training-precision forward", "forward quantization"],
+            rows,
+        ),
+        "",
+    ]
+
+
 def left_out_lines(runs: dict, experiments: list[Experiment]) -> list[str]:
     """Finished runs that no experiment compares (an arm since removed from its experiment file)."""
     known = {(e.name, a) for e in experiments for a in e.arms}
@@ -945,6 +987,7 @@ def write_report(
                     *table(["arms", "part", "paired gap, 95% interval"], parts),
                     "",
                 ]
+            lines_tier += side_by_side_lines(exp, runs)
             if figures and relative_figure(exp, runs, out / "reproduction" / f"{exp.name}.png"):
                 lines_tier += [f"![{exp.name}: paired relative gap](reproduction/{exp.name}.png)", ""]
         body += lines_tier
