@@ -46,6 +46,7 @@ def loglikelihoods(
     token-id pair. Inputs longer than max_len + 1 tokens lose their oldest context tokens. The forward
     runs under `dtype` autocast (BF16, as the paper evaluates; torch.float32: none)."""
     results: list[tuple[float, bool] | None] = [None] * len(requests)
+    scores, greedy, owners = [], [], []  # per request: its log-likelihood and greedy flag (device tensors)
     # Longest first, so a batch's padding is small and memory peaks at the start (as lm-eval does).
     order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][0]) + len(requests[i][1])))
     for start in range(0, len(order), batch_size):
@@ -74,9 +75,13 @@ def loglikelihoods(
             length, n = len(rows[j]), spans[j]
             target = ids[j, length - n : length]
             lp = logprobs[j, length - n - 1 : length - 1]
-            score = lp.gather(-1, target[:, None]).sum().item()
-            greedy = bool((lp.argmax(-1) == target).all().item())
-            results[i] = (score, greedy)
+            # on the device until the end: a read here would wait for each batch before the next is queued
+            scores.append(lp.gather(-1, target[:, None]).sum())
+            greedy.append((lp.argmax(-1) == target).all())
+            owners.append(i)
+    if owners:
+        for i, score, is_greedy in zip(owners, torch.stack(scores).tolist(), torch.stack(greedy).tolist()):
+            results[i] = (score, bool(is_greedy))
     return results  # type: ignore[return-value]
 
 

@@ -73,6 +73,7 @@ def test_loglikelihood_matches_a_direct_forward_and_ignores_batching(tiny_run):
         targets = ids[0, len(context) :]
         direct = logprobs[len(context) - 1 :].gather(-1, targets[:, None]).sum().item()
         assert score == pytest.approx(direct, abs=0.05) and score == pytest.approx(score1, abs=0.05)
+        assert score1 == direct  # one request a batch: the same forward, and the value read once at the end
         assert greedy == bool((logprobs[len(context) - 1 :].argmax(-1) == targets).all())
 
 
