@@ -143,6 +143,38 @@ def test_evaluation_does_not_compile_the_model_again():
     torch._dynamo.reset()
 
 
+def test_every_compiled_run_of_a_process_runs_compiled():
+    """A process that trains run after run (a Hydra -m sweep, a benchmark): dynamo compiles again for every new
+    model, and past its recompile limit (8) it ran the later runs eagerly. Each engine starts from fresh
+    compile caches, so the tenth run's step is compiled like the first's."""
+    from torch._dynamo.utils import counters
+
+    class SeededLM(TinyLM):  # a constant of its own that the forward reads, as a run's seed in its quantizers
+        def __init__(self, seed: int):
+            super().__init__()
+            self.seed = seed
+
+        def forward(self, tokens, targets):
+            return super().forward(tokens, targets) * (1.0 + self.seed * 1e-6)
+
+    ((x, y),) = batches(1, 4)
+    for run in range(10):
+        torch.manual_seed(run)
+        model = SeededLM(run)
+        engine = TorchEngine(
+            model,
+            lambda m: [{"params": list(m.parameters())}],
+            OptimConfig(lr=1e-2, grad_clip=0.0),
+            "ddp",
+            CPU,
+            compile=True,
+        )
+        before = counters["stats"]["unique_graphs"]
+        engine.train_step([(x, y)], lr=1e-2, step=1)
+        assert counters["stats"]["unique_graphs"] > before, f"run {run} ran eagerly"
+    torch._dynamo.reset()
+
+
 def test_compile_true_on_cpu_is_refused_for_mamba_blocks(tmp_path):
     """Inductor's CPU code for the PyTorch SSD scan returns NaN where eager does not (hybrid_tiny, seq 128:
     loss nan from step 1): the trainer refuses the setting with one line instead of training on NaN."""

@@ -132,6 +132,11 @@ class TorchEngine:
         # Static shapes: a step's shapes are fixed, and a shape that does change (another batch or sequence
         # length) recompiles for it rather than turning the sequence length symbolic, which Inductor could not
         # lower for the SSD scan's chunking (torch 2.13: "cannot determine truth value of Relational").
+        if compile:
+            # A process that trains several runs (a Hydra -m sweep, a benchmark) compiles each as a process of its
+            # own would: dynamo compiles again for every new model, and past its recompile limit (8 entries) it
+            # would run the later runs' steps eagerly, slower and with other bits.
+            torch._dynamo.reset()
         if compile and self.fsdp:
             allow_a_compile_per_block(model)
         if compile:
