@@ -5,7 +5,8 @@
     run EXPERIMENT... --executor local   run them on this machine's GPUs (one run per GPU; --gpus-per-run N
                    [--gpus 0,1]          with torchrun), queueing the rest seed by seed (every arm of every
                                          experiment named for seed 1, then seed 2, ...); skips finished runs,
-                                         resumes interrupted ones; without CUDA, one at a time on the CPU
+                                         resumes interrupted ones; without CUDA, one at a time on the CPU;
+                   [--runs-per-process N]  N one-GPU runs one after the other in one process per GPU
     run EXPERIMENT... --executor slurm   one job array per experiment over arm x seed
                    [--dry-run]           (slurm/reproduce_array.sbatch); --dry-run renders without submitting
     status [EXPERIMENT...]               a table of every run's progress
@@ -172,7 +173,9 @@ def cmd_run(args) -> int:
     where = "the CPU, one run at a time" if device == "cpu" else f"GPU(s) {','.join(gpus)}, {len(slots)} at a time"
     print(f"{len(todo)} run(s) on {where}")
     commit = args.commit or git_commit(short=True)
-    unfinished = executors.run_local(todo, slots, commit, args.gpus_per_run if device == "cuda" else 1)
+    unfinished = executors.run_local(
+        todo, slots, commit, args.gpus_per_run if device == "cuda" else 1, runs_per_process=args.runs_per_process
+    )
     return 1 if unfinished else 0
 
 
@@ -275,6 +278,16 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def _runs_per_process(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of runs, 1 or more")
+    return n
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(
         prog="python -m nvfp4train.reproduce", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -320,6 +333,13 @@ def parse_args(argv):
         "--sbatch",
         action="append",
         help="slurm: an extra #SBATCH option, e.g. partition=gpu or --sbatch=--account=abc (repeatable)",
+    )
+    p.add_argument(
+        "--runs-per-process",
+        type=_runs_per_process,
+        default=1,
+        help="local: train up to N one-GPU runs one after the other in one process per GPU, which starts "
+        "(imports, CUDA, compiled kernels) once instead of for every run (default 1: a process per run)",
     )
     p.add_argument("--dry-run", action="store_true", help="show what would run / render the array, start nothing")
 

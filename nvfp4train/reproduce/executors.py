@@ -1,7 +1,10 @@
 """Where the runs execute: this machine's GPUs (or its CPU), or a SLURM job array.
 
 local: one run per GPU (CUDA_VISIBLE_DEVICES), or one per group of --gpus-per-run GPUs under torchrun;
-the rest wait in a queue. Finished runs are skipped; interrupted ones resume through the trainer's own
+the rest wait in a queue. With --runs-per-process N a GPU's one-process runs train one after the other in one
+worker process (train/worker.py), N of them before a new one starts: imports, CUDA and the compiled kernels
+load once, not for every run (run.json's `trained_in_worker`).
+Finished runs are skipped; interrupted ones resume through the trainer's own
 auto-resume (train.resume=auto: the latest checkpoint in out_dir); one that failed or was killed before its
 first checkpoint starts afresh, the earlier attempt's files moved aside into `<out_dir>.replaced-<time>/`.
 run.json records the run's commit, GPU, versions and its corpus (the sha256 of each data file it read).
@@ -120,19 +123,96 @@ def evaluated_since(out_dir: Path, run: Run, since: float) -> bool:
     return step == run.max_steps and written >= since - 1.0
 
 
+def child_env(gpus: str | None, runs_at_once: int) -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if "OMP_NUM_THREADS" not in env:  # the cores shared among the runs at once (the data loader is light)
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // runs_at_once))
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
+    return env
+
+
+class TrainWorker:
+    """A `python -m nvfp4train.train.worker` process of one slot: it trains the slot's runs one after the other
+    (train/worker.py), at most `runs` of them, then a new one starts."""
+
+    def __init__(self, gpus: str | None, runs_at_once: int, runs: int):
+        self.gpus, self.runs_at_once, self.runs_left = gpus, runs_at_once, runs
+        self.proc: subprocess.Popen | None = None
+
+    def train(self, args: list[str], console: Path) -> int:
+        """One run's exit status; the run's output is appended to `console`."""
+        if self.proc is None or self.proc.poll() is not None or self.runs_left <= 0:
+            self.close()
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "nvfp4train.train.worker"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=None,
+                env=child_env(self.gpus, self.runs_at_once),
+                start_new_session=True,  # as a trainer of its own: only the executor passes a stop signal on
+                text=True,
+            )
+        self.runs_left -= 1
+        try:
+            self.proc.stdin.write(json.dumps({"args": args, "console": str(console)}) + "\n")
+            self.proc.stdin.flush()
+            answer = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            answer = ""
+        if not answer:  # the worker is gone (killed, or crashed in native code): its exit status is the run's
+            rc = self.proc.wait()
+            self.proc = None
+            return rc if rc != 0 else 1
+        reply = json.loads(answer)
+        if reply.get("stopped") or reply.get("rc") == 1:  # the worker ends itself after these
+            self.proc.wait()
+            self.proc = None
+        return int(reply["rc"])
+
+    def close(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                try:
+                    self.proc.stdin.write("\n")
+                    self.proc.stdin.flush()
+                except (BrokenPipeError, OSError):
+                    pass
+            self.proc.wait()
+            self.proc = None
+
+
 class RunProcess:
     """Train (resuming what is there), then evaluate, then write run.json. stop() passes one SIGTERM to
-    the process running now: the trainer checkpoints and exits; nothing further starts."""
+    the process running now: the trainer checkpoints and exits; nothing further starts. With a `worker`
+    (TrainWorker), a one-process training command runs in it instead of a process of its own."""
 
-    def __init__(self, run: Run, commit: str, gpus: str | None, gpus_per_run: int = 1, log=None, runs_at_once: int = 1):
+    def __init__(
+        self,
+        run: Run,
+        commit: str,
+        gpus: str | None,
+        gpus_per_run: int = 1,
+        log=None,
+        runs_at_once: int = 1,
+        worker: TrainWorker | None = None,
+    ):
         self.run, self.commit, self.gpus, self.gpus_per_run = run, commit, gpus, gpus_per_run
         self.runs_at_once = runs_at_once
         self.log = log or (lambda line: print(line, flush=True))
         self.proc: subprocess.Popen | None = None
+        self.worker = worker
+        self.trained_in_worker = False
         self.stopping = False
 
     def stop(self, signum: int = signal.SIGTERM) -> None:
         self.stopping = True
+        if self.proc is None and self.worker is not None and self.worker.proc is not None:
+            try:
+                os.killpg(self.worker.proc.pid, signum)
+            except ProcessLookupError:
+                pass
+            return
         if self.proc is not None and self.proc.poll() is None:
             try:
                 # the run's own session: the trainer, or torchrun, which forwards SIGINT/SIGTERM to its ranks
@@ -142,13 +222,16 @@ class RunProcess:
                 pass
 
     def _call(self, command: list[str], console) -> int:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        if "OMP_NUM_THREADS" not in env:  # the cores shared among the runs at once (the data loader is light)
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.runs_at_once))
-        if self.gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = self.gpus
-        console.write(f"$ {shell(command)}\n")
+        env = child_env(self.gpus, self.runs_at_once)
+        trainer = [sys.executable, "-m", "nvfp4train.train"]
+        in_worker = self.worker is not None and command[:3] == trainer
+        console.write(f"$ {shell(command)}{'  (in a worker process)' if in_worker else ''}\n")
         console.flush()
+        if in_worker:
+            self.trained_in_worker = True
+            if self.stopping:
+                return 0
+            return self.worker.train(command[3:], self.run.out_dir / "console.log")
         # A session of its own: a terminal's Ctrl-C reaches the executor only, which passes it on once
         # (a second SIGINT makes the trainer exit without its checkpoint).
         self.proc = subprocess.Popen(
@@ -257,6 +340,7 @@ class RunProcess:
             "train_command": shell(train_command),
             "eval_command": shell(run.eval_command()) if run.eval_args is not None else None,
             "eval_in_training": evaluated_in_training,
+            "trained_in_worker": self.trained_in_worker,  # --runs-per-process: with other runs in one process
             "commit": self.commit,
             "gpu": gpu_model(run.device, self.gpus),
             "gpus": self.gpus_per_run,
@@ -309,8 +393,11 @@ def gpu_slots(gpus: list[str], gpus_per_run: int) -> list[str | None]:
     return [",".join(gpus[i * gpus_per_run : (i + 1) * gpus_per_run]) for i in range(n)]
 
 
-def run_local(runs: list[Run], slots: list[str | None], commit: str, gpus_per_run: int) -> int:
-    """Run the queue on the slots; returns the number of runs that did not finish."""
+def run_local(
+    runs: list[Run], slots: list[str | None], commit: str, gpus_per_run: int, runs_per_process: int = 1
+) -> int:
+    """Run the queue on the slots; returns the number of runs that did not finish. runs_per_process > 1: each
+    slot trains its one-process runs in a worker process (TrainWorker), that many before a new one starts."""
     queue = list(runs)
     lock = threading.Lock()
     active: list[RunProcess] = []
@@ -331,17 +418,24 @@ def run_local(runs: list[Run], slots: list[str | None], commit: str, gpus_per_ru
                 rp.stop()
 
     def worker(slot: str | None):
-        while not stopping.is_set():
-            with lock:
-                if not queue:
-                    return
-                run = queue.pop(0)
-                rp = RunProcess(run, commit, slot, gpus_per_run, runs_at_once=len(slots))
-                active.append(rp)
-            print(f"{run.key}: start on {'cpu' if slot is None else 'GPU ' + slot}", flush=True)
-            results[run.key] = rp.execute()
-            with lock:
-                active.remove(rp)
+        trainer = (
+            TrainWorker(slot, len(slots), runs_per_process) if runs_per_process > 1 and gpus_per_run == 1 else None
+        )
+        try:
+            while not stopping.is_set():
+                with lock:
+                    if not queue:
+                        return
+                    run = queue.pop(0)
+                    rp = RunProcess(run, commit, slot, gpus_per_run, runs_at_once=len(slots), worker=trainer)
+                    active.append(rp)
+                print(f"{run.key}: start on {'cpu' if slot is None else 'GPU ' + slot}", flush=True)
+                results[run.key] = rp.execute()
+                with lock:
+                    active.remove(rp)
+        finally:
+            if trainer is not None:
+                trainer.close()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     try:
