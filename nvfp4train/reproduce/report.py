@@ -160,6 +160,8 @@ def final_eval(run: RunData, precision: Precision) -> float | None:
         return None
     ep = str(e.get("eval_precision", "bf16"))
     if precision is Precision.TRAINING and isinstance(e.get("heldout_tp"), dict) and e["heldout_tp"]:
+        if isinstance(e.get("heldout_tp_mean_loss"), (int, float)):  # the same mean as heldout_mean_loss's
+            return float(e["heldout_tp_mean_loss"])
         losses = [float(v["loss"]) for v in e["heldout_tp"].values()]
         return sum(losses) / len(losses)
     if (precision is Precision.BF16) == (ep in ("bf16", "both")) and e.get("heldout_mean_loss") is not None:
