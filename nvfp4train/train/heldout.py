@@ -35,7 +35,9 @@ class HeldOutGraphs:
     afresh from them, as the eager pass does once per evaluation (`weights_quantized_once`). What it cannot
     replay runs eagerly: a pass with telemetry on, or one whose forward draws stochastic rounding (the eager
     pass rewinds those streams after it). The first pass of each setting is eager too, so that Triton's
-    compilation and mamba-ssm's autotuning happen outside a capture."""
+    compilation and mamba-ssm's autotuning happen outside a capture. A graph keeps the memory of its pass (one
+    forward's activations) for the rest of the run, so a pass is captured only while at least a quarter of
+    the GPU's memory is free: a run that fills the GPU evaluates eagerly, as before."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -68,6 +70,8 @@ class HeldOutGraphs:
         if key not in self.seen:
             self.seen.add(key)
             return _sums(model, val_data, micro_batch_size, self.device)
+        if key not in self.graphs and not self._room():
+            return _sums(model, val_data, micro_batch_size, self.device)
         if key not in self.graphs:
             # the graphs of the recipes before a precision switch are not replayed again: their memory back
             recipes = tuple(recipe for _, recipe in key[2])
@@ -81,6 +85,11 @@ class HeldOutGraphs:
         graph, totals, counts = self.graphs[key]
         graph.replay()
         return totals, counts  # read (copied) by _losses before this graph replays again
+
+    def _room(self) -> bool:
+        free, total = torch.cuda.mem_get_info(self.device)
+        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return free + cached >= total / 4
 
     def _capture(self, model, val_data, micro_batch_size):
         torch.cuda.synchronize(self.device)
