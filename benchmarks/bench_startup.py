@@ -8,7 +8,9 @@ warm start-up's host time goes.
 
 Each trial is its own process, as the reproduction's executor runs them: `fresh` points Triton's and
 Inductor's caches (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR) at an empty directory, `warm` at the one the
-trial before it filled. The run trains --steps steps on the bundled corpus and evaluates nothing in between.
+trial before it filled. `worker` trains the same run twice in one worker process (`python -m
+nvfp4train.train.worker`, what `reproduce run --runs-per-process` starts) and times the second, from its
+request to its first step. The run trains --steps steps on the bundled corpus and evaluates nothing in between.
 Columns: launch_to_first_step_s (wall clock, the launch to the first metrics record: the user's wait),
 trainer_to_first_step_s (the trainer's own time_to_first_step_s: build, compile, capture, autotuning),
 imports_s (the difference: interpreter, imports, config), run_s (the whole process). Rows merge into --out:
@@ -77,6 +79,51 @@ def one_trial(overrides: list[str], steps: int, cache: Path, out_dir: Path, prof
     }
 
 
+def worker_trial(overrides: list[str], steps: int, cache: Path, tmp: Path) -> dict:
+    """Two runs in one worker process; the second one timed as one_trial times a process of its own."""
+    import threading
+
+    env = dict(os.environ, TRITON_CACHE_DIR=str(cache / "triton"), TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"))
+    env.setdefault("WANDB_MODE", "disabled")
+    worker = subprocess.Popen([sys.executable, "-m", "nvfp4train.train.worker"], cwd=REPO, env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        for k in range(2):
+            out_dir = tmp / f"worker{k}"
+            args = [*overrides, f"train.max_steps={steps}", f"train.eval_every={10 * steps}", "train.eval_sequences=0",
+                    "train.progress=false", f"out_dir={out_dir}"]  # fmt: skip
+            metrics, answer = out_dir / "metrics.jsonl", []
+            t0 = time.perf_counter()
+            worker.stdin.write(json.dumps({"args": args, "console": str(tmp / f"worker{k}.log")}) + "\n")
+            worker.stdin.flush()
+            reader = threading.Thread(target=lambda: answer.append(worker.stdout.readline()), daemon=True)
+            reader.start()
+            first = None
+            while reader.is_alive():
+                if first is None and metrics.exists() and '"step"' in metrics.read_text():
+                    first = time.perf_counter() - t0
+                time.sleep(0.05)
+            run_s = time.perf_counter() - t0
+            reply = json.loads(answer[0]) if answer and answer[0] else {"rc": worker.wait()}
+            if reply["rc"] != 0:
+                log = (tmp / f"worker{k}.log").read_text() if (tmp / f"worker{k}.log").exists() else ""
+                sys.exit(f"the run in the worker failed (exit {reply['rc']}):\n{log[-3000:]}")
+    finally:
+        if worker.poll() is None:
+            worker.stdin.write("\n")
+            worker.stdin.flush()
+        worker.wait()
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    trainer = next((r["time_to_first_step_s"] for r in records if "time_to_first_step_s" in r), None)
+    first = run_s if first is None else first
+    return {
+        "launch_to_first_step_s": round(first, 1),
+        "trainer_to_first_step_s": None if trainer is None else round(trainer, 1),
+        "imports_s": None if trainer is None else round(first - trainer, 1),
+        "run_s": round(run_s, 1),
+    }
+
+
 def merge_rows(path: Path, rows: list[dict]) -> None:
     existing = json.loads(path.read_text()) if path.exists() else []
     merged = {tuple(r.get(k) for k in KEY): r for r in existing}
@@ -87,7 +134,7 @@ def merge_rows(path: Path, rows: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--set", nargs="*", default=[], help="trainer overrides on top of " + " ".join(DEFAULT_SET))
-    ap.add_argument("--trials", nargs="+", default=["fresh", "warm"], choices=["fresh", "warm"])
+    ap.add_argument("--trials", nargs="+", default=["fresh", "warm"], choices=["fresh", "warm", "worker"])
     ap.add_argument("--steps", type=int, default=20, help="steps per run")
     ap.add_argument("--cache", type=Path, help="cache directory for the trials (default: a new temporary one)")
     ap.add_argument("--cprofile", type=int, metavar="N", help="profile the last trial: print its N slowest functions")
@@ -114,7 +161,12 @@ def main() -> None:
             if trial == "fresh" and any(cache.glob("*")):
                 cache = Path(tmp) / f"cache{i}"  # an empty one
             profile = Path(tmp) / "startup.prof" if args.cprofile and i == len(args.trials) - 1 else None
-            timing = one_trial(overrides, args.steps, cache, Path(tmp) / f"run{i}", profile)
+            if trial == "worker":
+                profile = None  # not under cProfile: the worker is a process of its own
+                (Path(tmp) / f"run{i}").mkdir()
+                timing = worker_trial(overrides, args.steps, cache, Path(tmp) / f"run{i}")
+            else:
+                timing = one_trial(overrides, args.steps, cache, Path(tmp) / f"run{i}", profile)
             row = {**base, "trial": trial, **timing, "cprofile": profile is not None}  # cProfile slows the host
             rows.append({**row, "gpu": gpu, "commit": git_commit(short=True)})
             print(f"{trial:6s} {timing}", flush=True)
