@@ -80,39 +80,35 @@ def one_trial(overrides: list[str], steps: int, cache: Path, out_dir: Path, prof
 
 
 def worker_trial(overrides: list[str], steps: int, cache: Path, tmp: Path) -> dict:
-    """Two runs in one worker process; the second one timed as one_trial times a process of its own."""
+    """Two runs in one worker process (the executor's TrainWorker); the second one timed as one_trial times a
+    process of its own."""
     import threading
 
-    env = dict(os.environ, TRITON_CACHE_DIR=str(cache / "triton"), TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"))
-    env.setdefault("WANDB_MODE", "disabled")
-    worker = subprocess.Popen([sys.executable, "-m", "nvfp4train.train.worker"], cwd=REPO, env=env,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    from nvfp4train.reproduce.executors import TrainWorker
+
+    os.environ.update(TRITON_CACHE_DIR=str(cache / "triton"), TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"))
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    worker = TrainWorker(gpus=None, runs_at_once=1, runs=2)
     try:
         for k in range(2):
-            out_dir = tmp / f"worker{k}"
+            out_dir, console, rc = tmp / f"worker{k}", tmp / f"worker{k}.log", []
             args = [*overrides, f"train.max_steps={steps}", f"train.eval_every={10 * steps}", "train.eval_sequences=0",
                     "train.progress=false", f"out_dir={out_dir}"]  # fmt: skip
-            metrics, answer = out_dir / "metrics.jsonl", []
+            metrics = out_dir / "metrics.jsonl"
             t0 = time.perf_counter()
-            worker.stdin.write(json.dumps({"args": args, "console": str(tmp / f"worker{k}.log")}) + "\n")
-            worker.stdin.flush()
-            reader = threading.Thread(target=lambda: answer.append(worker.stdout.readline()), daemon=True)
-            reader.start()
+            training = threading.Thread(target=lambda: rc.append(worker.train(args, console)), daemon=True)
+            training.start()
             first = None
-            while reader.is_alive():
+            while training.is_alive():
                 if first is None and metrics.exists() and '"step"' in metrics.read_text():
                     first = time.perf_counter() - t0
                 time.sleep(0.05)
             run_s = time.perf_counter() - t0
-            reply = json.loads(answer[0]) if answer and answer[0] else {"rc": worker.wait()}
-            if reply["rc"] != 0:
-                log = (tmp / f"worker{k}.log").read_text() if (tmp / f"worker{k}.log").exists() else ""
-                sys.exit(f"the run in the worker failed (exit {reply['rc']}):\n{log[-3000:]}")
+            if rc != [0]:
+                log = console.read_text() if console.exists() else ""
+                sys.exit(f"the run in the worker failed (exit {rc[0] if rc else '?'}):\n{log[-3000:]}")
     finally:
-        if worker.poll() is None:
-            worker.stdin.write("\n")
-            worker.stdin.flush()
-        worker.wait()
+        worker.close()
     records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     trainer = next((r["time_to_first_step_s"] for r in records if "time_to_first_step_s" in r), None)
     first = run_s if first is None else first

@@ -45,6 +45,17 @@ def reproduce(*args, experiments: Path | None = None, timeout: float = 600) -> s
     )
 
 
+def wait_for_steps(proc: subprocess.Popen, run_dir: Path, steps: int, timeout: float = 300) -> None:
+    """Until the run in `run_dir` has logged `steps` training losses (while `proc`, its executor, runs)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.is_file() and sum(1 for line in metrics.read_text().splitlines() if '"loss"' in line) >= steps:
+            return
+        assert proc.poll() is None, proc.communicate(timeout=60)[0]
+        time.sleep(0.1)
+
+
 @pytest.mark.slow  # 4 runs, a resume and their evaluations: minutes on 2 shared CPU cores
 def test_plan_run_interrupt_resume_status_report(tmp_path, spawn):
     experiments = tmp_path / "experiments"
@@ -77,13 +88,7 @@ def test_plan_run_interrupt_resume_status_report(tmp_path, spawn):
         command, cwd=REPO, env=cli_env(OMP_NUM_THREADS=1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     victim = runs / "tiny" / "bf16" / "seed1"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:  # interrupt the first run once it has trained a few steps
-        metrics = victim / "metrics.jsonl"
-        if metrics.is_file() and sum(1 for line in metrics.read_text().splitlines() if '"loss"' in line) >= 5:
-            break
-        assert first.poll() is None, first.communicate(timeout=60)[0]
-        time.sleep(0.1)
+    wait_for_steps(first, victim, 5)  # interrupt the first run once it has trained a few steps
     first.send_signal(signal.SIGINT)
     out = first.communicate(timeout=300)[0]
     assert first.returncode == 1, out

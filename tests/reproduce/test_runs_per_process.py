@@ -10,10 +10,9 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 from tests.conftest import REPO, cli_env
-from tests.reproduce.test_cli import TINY, reproduce
+from tests.reproduce.test_cli import TINY, reproduce, wait_for_steps
 
 TIMING = ("time", "tok", "_s", "mfu", "seconds", "wall", "cpu", "load", "mem", "threads")
 
@@ -125,13 +124,7 @@ def test_a_stop_signal_checkpoints_the_run_in_the_worker_and_the_same_command_re
         text=True,
     )
     victim = runs / "tiny" / "nvfp4" / "seed1"  # the second run of the queue: the worker is warm
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        metrics = victim / "metrics.jsonl"
-        if metrics.is_file() and sum(1 for line in metrics.read_text().splitlines() if '"loss"' in line) >= 5:
-            break
-        assert first.poll() is None, first.communicate(timeout=60)[0]
-        time.sleep(0.1)
+    wait_for_steps(first, victim, 5)
     first.send_signal(signal.SIGINT)
     out = first.communicate(timeout=300)[0]
     assert first.returncode == 1 and "1 of 4 run(s) done" in out, out

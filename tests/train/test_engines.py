@@ -32,13 +32,21 @@ class TinyLM(nn.Module):
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
+def engine_of(model, compile: bool = False) -> TorchEngine:
+    return TorchEngine(
+        model,
+        lambda m: [{"params": list(m.parameters())}],
+        OptimConfig(lr=1e-2, grad_clip=0.0),
+        "ddp",
+        CPU,
+        compile=compile,
+    )
+
+
 def make_engine():
     torch.manual_seed(0)
     model = TinyLM()
-    engine = TorchEngine(
-        model, lambda m: [{"params": list(m.parameters())}], OptimConfig(lr=1e-2, grad_clip=0.0), "ddp", CPU
-    )
-    return model, engine
+    return model, engine_of(model)
 
 
 def batches(n, rows, seed=0):
@@ -123,14 +131,7 @@ def test_evaluation_does_not_compile_the_model_again():
     counters.clear()
     torch.manual_seed(0)
     model = TinyLM()
-    engine = TorchEngine(
-        model,
-        lambda m: [{"params": list(m.parameters())}],
-        OptimConfig(lr=1e-2, grad_clip=0.0),
-        "ddp",
-        CPU,
-        compile=True,
-    )
+    engine = engine_of(model, compile=True)
     ((x, y),) = batches(1, 4)
     engine.train_step([(x, y)], lr=1e-2, step=1)
     graphs = counters["stats"]["unique_graphs"]
@@ -161,14 +162,7 @@ def test_every_compiled_run_of_a_process_runs_compiled():
     for run in range(10):
         torch.manual_seed(run)
         model = SeededLM(run)
-        engine = TorchEngine(
-            model,
-            lambda m: [{"params": list(m.parameters())}],
-            OptimConfig(lr=1e-2, grad_clip=0.0),
-            "ddp",
-            CPU,
-            compile=True,
-        )
+        engine = engine_of(model, compile=True)
         before = counters["stats"]["unique_graphs"]
         engine.train_step([(x, y)], lr=1e-2, step=1)
         assert counters["stats"]["unique_graphs"] > before, f"run {run} ran eagerly"
