@@ -586,7 +586,8 @@ def _switch_at(run: RunData) -> float | None:
 
 def relative_figure(exp: Experiment, runs: dict, path: Path) -> bool:
     """Per arm: the mean paired relative gap to the reference with its pointwise 95% band, training loss
-    (smoothed over 5% of the tokens) and in-training validation; vertical lines at the first data repeat,
+    (smoothed over 5% of the tokens) and in-training validation, in BF16 and, where every run recorded it
+    (train.eval_precision=both), in the training precision too; vertical lines at the first data repeat,
     the blend changes and the switch. Switch experiments plot switch − NVFP4 (the tested effect); more than
     two arms get one panel each (small multiples)."""
     import matplotlib
@@ -603,14 +604,21 @@ def relative_figure(exp: Experiment, runs: dict, path: Path) -> bool:
     if not arms:
         return False
     panels = [[a] for a in arms] if len(arms) > 2 else [arms]
-    fig, axes = plt.subplots(2, len(panels), figsize=(6 * len(panels), 7.5), squeeze=False)
     any_run = next(iter(base.values()))
+    plotted = list(base.values()) + [r for a in arms for r in arm_runs(runs, exp, a).values()]
+    kinds = ["train", "val"]
+    titles = ["training loss (identical batches), 5% moving mean", any_run.val_label]
+    if _eval_precision(any_run) == "both" and all(r.val_tp for r in plotted):
+        kinds.append("val_tp")
+        sequences = any_run.config.get("train", {}).get("eval_sequences", "?")
+        titles.append(f"in-training validation (training precision, {sequences} seq/source)")
+    fig, axes = plt.subplots(len(kinds), len(panels), figsize=(6 * len(panels), 3.75 * len(kinds)), squeeze=False)
     total = any_run.total
     for col, panel in enumerate(panels):
         for arm_name in panel:
             arm = arm_runs(runs, exp, arm_name)
             seeds = sorted(set(arm) & set(base))
-            for row, kind in enumerate(("train", "val")):
+            for row, kind in enumerate(kinds):
                 ax = axes[row][col]
                 per_seed = []
                 for s in seeds:
@@ -643,7 +651,7 @@ def relative_figure(exp: Experiment, runs: dict, path: Path) -> bool:
         fresh = _fresh_end(paired)
         blends = sorted({t for r in paired for t in r.blend_changes})
         switches = sorted({t for r in paired if (t := _switch_at(r))})
-        for row, title in enumerate(("training loss (identical batches), 5% moving mean", any_run.val_label)):
+        for row, title in enumerate(titles):
             ax = axes[row][col]
             ax.axhline(0, color="black", linewidth=0.8)
             ax.axvspan(0.8 * total / 1e6, total / 1e6, color="grey", alpha=0.1)

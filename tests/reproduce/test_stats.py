@@ -518,3 +518,34 @@ def test_end_to_end_on_scaled_copies_of_a_committed_run(tmp_path):
     switch = rows["forward-only switch recovers 2/3"]
     assert "**contradicted**" in switch and "fraction 0.40" in switch
     assert "forward quantization (training precision − BF16)" in text
+
+
+@pytest.mark.skipif(not COMMITTED.is_dir(), reason="needs the committed runs")
+def test_the_figure_adds_a_training_precision_validation_row_where_every_run_recorded_it(tmp_path):
+    """Runs with train.eval_precision=both get a third row (val_tp/), runs of BF16 validation only keep two."""
+    import matplotlib.image
+
+    src = COMMITTED / "fp8_blockwise" / "seed1"
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "synth.yaml").write_text(E2E_EXPERIMENT)
+    exp = load_experiment("synth", experiments)
+    heights = {}
+    for name, both in (("both", True), ("bf16", False)):
+        runs = tmp_path / name / "synth"
+        for seed in (1, 2):
+            scaled_run(src, runs / "fp8_blockwise" / f"seed{seed}", 1.0, 1.008)
+            scaled_run(src, runs / "nvfp4" / f"seed{seed}", 1.01 + 0.001 * seed, 1.012)
+            if not both:  # as a run of train.eval_precision=bf16 writes it: no val_tp/ records
+                for arm in ("fp8_blockwise", "nvfp4"):
+                    d = runs / arm / f"seed{seed}"
+                    cfg = yaml.safe_load((d / "config.yaml").read_text())
+                    cfg["train"]["eval_precision"] = "bf16"
+                    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+                    lines = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+                    kept = [{k: v for k, v in r.items() if not k.startswith("val_tp/")} for r in lines]
+                    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in kept) + "\n")
+        path = tmp_path / f"{name}.png"
+        assert report.relative_figure(exp, report.load_runs([tmp_path / name]), path)
+        heights[name] = matplotlib.image.imread(path).shape[0]
+    assert heights["both"] == pytest.approx(1.5 * heights["bf16"], rel=0.02)  # 3 rows of panels against 2
