@@ -175,8 +175,9 @@ def _figure(exp: Experiment, fit: SweepFit, evaluation: str, path: Path) -> bool
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # the decades only: no overlapping labels
         ax.axhline(0, color="grey", lw=0.6)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    axes[2].legend(fontsize=7)
+    for ax in (axes[0], axes[2]):
+        if ax.get_legend_handles_labels()[1]:  # no residuals without a fitted law: no legend to draw
+            ax.legend(fontsize=7)
     fig.suptitle(
         f"{exp.name}: gap to {fit.baseline}, {EVALUATIONS[evaluation]}; bands: {fit.level:.0%} paired bootstrap "
         "over seeds (law: solid, trend: dashed)",
