@@ -116,7 +116,7 @@ def lr_scan(
     if exp.sweep is None:
         raise UsageError(
             f"{path}: no sweep key; tune-lr tunes a sweep's per-size learning rate (sweep.sizes[].lr), and "
-            f"{exp.name}'s arms run one model"
+            f"{exp.name} is an experiment of plain arms (its lr is in its overrides)"
         )
     precision, where = baseline_precision(exp)
     if precision != "bf16":
