@@ -13,6 +13,9 @@
     copy-results EXPERIMENT... [--to D]  copy finished runs' results (config, metrics gzipped, eval, run.json;
                                          no checkpoints) to docs/results/runs/, to commit them
     report                               docs/results/reproduction.md (+ figures) from the finished runs
+    tune-lr SWEEP [--factors 0.5,1,2]    a sweep's per-size lr, tuned on BF16: BF16 runs of its baseline at
+            [--report]                   each size's lr x each factor (run's local executor), then a table per
+                                         size with the best lr and the lines to write into the file
     predict model=M tokens=D precision=P the gap a sweep's fitted law predicts at M (a preset or N) and D
             [--extrapolate]              tokens, with its interval; past 0.5 decade outside the sweep only
                                          with --extrapolate
@@ -31,6 +34,7 @@ import signal
 import sys
 from pathlib import Path
 
+from nvfp4train.reproduce import tune_lr
 from nvfp4train.reproduce.experiments import (
     EXPERIMENTS_DIR,
     UsageError,
@@ -103,9 +107,7 @@ def experiments_named(args) -> list:
 
 
 def cmd_run(args) -> int:
-    from nvfp4train.data.paths import git_commit
     from nvfp4train.reproduce import executors
-    from nvfp4train.train.checkpoint import list_checkpoints
 
     exps = experiments_named(args)
     if args.executor == "slurm":
@@ -140,6 +142,17 @@ def cmd_run(args) -> int:
     # seed by seed across the experiments (stable: experiments, then arms, keep their order within a seed), so
     # that a campaign stopped part-way leaves whole seeds of every experiment; a sweep's cells smallest first
     runs = sorted((run for exp in exps for run in select(args, exp, device)), key=lambda run: (run.order, run.seed))
+    return run_here(args, runs, device)
+
+
+def run_here(args, runs: list, device: str) -> int:
+    """The local executor over planned runs, in their order (`run --executor local`, `tune-lr`): borrowed,
+    finished, running and (without --retry-failed) failed runs skipped, each said in a line; --dry-run lists
+    the queue. 1 where a run did not finish."""
+    from nvfp4train.data.paths import git_commit
+    from nvfp4train.reproduce import executors
+    from nvfp4train.train.checkpoint import list_checkpoints
+
     gpus = executors.visible_gpus(args.gpus, device)
     if device == "cuda" and not gpus:
         raise UsageError("no CUDA GPU visible: pass --device cpu to run on the CPU")
@@ -177,6 +190,33 @@ def cmd_run(args) -> int:
         todo, slots, commit, args.gpus_per_run if device == "cuda" else 1, runs_per_process=args.runs_per_process
     )
     return 1 if unfinished else 0
+
+
+def cmd_tune_lr(args) -> int:
+    """The BF16 learning-rate scan of a sweep (nvfp4train/reproduce/tune_lr.py): its runs by `run`'s local
+    executor, then the table per size and the lines to write into the file; --report: the table only."""
+    factors, seeds = tune_lr.parse_factors(args.factors), tune_lr.parse_seeds(args.seeds)
+    tokens_per_param = tune_lr.parse_tokens_per_param(args.tokens_per_param)
+    exp = load_experiment(args.experiment, args.experiments_dir)
+    scan = tune_lr.lr_scan(exp, factors, seeds, tokens_per_param)
+    device = "cuda" if args.report else args.device or cuda_device()  # --report: only the out_dirs matter
+    runs = plan_experiment(scan.exp, Path(args.runs_dir), device=device)
+    for line in tune_lr.header_lines(scan, runs, Path(args.runs_dir)):
+        print(line)
+    rc = 0
+    if not args.report:
+        if args.dry_run:
+            for run in runs:
+                print(f"\n# {run.key} [{run_state(run.out_dir)}]  out_dir={run.out_dir}  ({run.max_steps} steps)")
+                print(shell(run.train_command(args.gpus_per_run)))
+            print()
+        rc = run_here(args, runs, device)
+        if args.dry_run:
+            return rc
+    print()
+    for line in tune_lr.table_lines(scan, runs):
+        print(line)
+    return rc
 
 
 def cmd_run_one(args) -> int:
@@ -313,35 +353,76 @@ def parse_args(argv):
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="commands for this device (default cuda)")
     p.add_argument("--gpu", help="a sweep's GPU-hours from the benchmarks of GPUs whose name contains this (e.g. H100)")
 
+    def local_options(p, slurm=True):
+        """The local executor's options (`run`, `tune-lr`)."""
+        p.add_argument("--gpus", help="local: GPU indices to use, e.g. 0,1 (default: every visible GPU)")
+        p.add_argument("--device", choices=["cuda", "cpu"], help="local: default cuda where available, else cpu")
+        p.add_argument(
+            "--retry-failed",
+            action="store_true",
+            help="local: run failed runs again: resuming from their latest checkpoint, or afresh "
+            "without one (the failed attempt's files kept in <out_dir>.replaced-<time>/)",
+        )
+        p.add_argument(
+            "--commit",
+            help="local: the commit to record in run.json (default: git rev-parse HEAD of this "
+            "checkout; a copy of the tree without .git records 'unknown')",
+        )
+        if slurm:
+            p.add_argument(
+                "--sbatch",
+                action="append",
+                help="slurm: an extra #SBATCH option, e.g. partition=gpu or --sbatch=--account=abc (repeatable)",
+            )
+        p.add_argument(
+            "--runs-per-process",
+            type=_runs_per_process,
+            default=1,
+            help="local: train up to N one-GPU runs one after the other in one process per GPU, which starts "
+            "(imports, CUDA, compiled kernels) once instead of for every run (default 1: a process per run)",
+        )
+        p.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="show what would run" + (" / render the array" if slurm else "") + ", start nothing",
+        )
+
     p = verbs.add_parser("run", help="run the experiments here (local) or submit them (slurm)")
     common(p, several=True)
     p.add_argument("--executor", choices=["local", "slurm"], default="local")
-    p.add_argument("--gpus", help="local: GPU indices to use, e.g. 0,1 (default: every visible GPU)")
-    p.add_argument("--device", choices=["cuda", "cpu"], help="local: default cuda where available, else cpu")
+    local_options(p)
+
+    p = verbs.add_parser(
+        "tune-lr",
+        help="a sweep's per-size peak lr from BF16 runs at lr x factors",
+        description=tune_lr.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("experiment", help="configs/reproduce/NAME.yaml, a sweep")
     p.add_argument(
-        "--retry-failed",
+        "--factors",
+        default=",".join(f"{f:g}" for f in tune_lr.DEFAULT_FACTORS),
+        help="comma-separated multiples of each size's lr to train, each > 0 and once (default %(default)s)",
+    )
+    p.add_argument("--seeds", default="1", help="comma-separated seeds of every lr (default %(default)s)")
+    p.add_argument(
+        "--tokens-per-param",
+        help="every size at this many tokens per parameter (any number > 0, also one the sweep does not run; "
+        "default: 20 where the size has it, else its smallest)",
+    )
+    p.add_argument(
+        "--executor", choices=["local"], default="local", help="local only (a SLURM task reads an experiment file)"
+    )
+    p.add_argument("--gpus-per-run", type=int, default=1, help="GPUs per run (torchrun) (default 1)")
+    p.add_argument("--runs-dir", default=str(DEFAULT_RUNS_DIR), help=f"default {DEFAULT_RUNS_DIR}")
+    local_options(p, slurm=False)
+    p.add_argument(
+        "--report",
+        "--no-run",
         action="store_true",
-        help="local: run failed runs again: resuming from their latest checkpoint, or afresh "
-        "without one (the failed attempt's files kept in <out_dir>.replaced-<time>/)",
+        dest="report",
+        help="only the table from the finished runs: start nothing",
     )
-    p.add_argument(
-        "--commit",
-        help="local: the commit to record in run.json (default: git rev-parse HEAD of this "
-        "checkout; a copy of the tree without .git records 'unknown')",
-    )
-    p.add_argument(
-        "--sbatch",
-        action="append",
-        help="slurm: an extra #SBATCH option, e.g. partition=gpu or --sbatch=--account=abc (repeatable)",
-    )
-    p.add_argument(
-        "--runs-per-process",
-        type=_runs_per_process,
-        default=1,
-        help="local: train up to N one-GPU runs one after the other in one process per GPU, which starts "
-        "(imports, CUDA, compiled kernels) once instead of for every run (default 1: a process per run)",
-    )
-    p.add_argument("--dry-run", action="store_true", help="show what would run / render the array, start nothing")
 
     p = verbs.add_parser("run-one", help="(SLURM array task) one run of a rendered array")
     p.add_argument("experiment")
@@ -393,6 +474,7 @@ def main(argv=None) -> int:
         "copy-results": cmd_copy_results,
         "report": cmd_report,
         "predict": cmd_predict,
+        "tune-lr": cmd_tune_lr,
     }
     try:
         return verbs[args.verb](args)

@@ -752,9 +752,11 @@ def side_by_side_lines(exp: Experiment, runs: dict) -> list[str]:
 
 
 def left_out_lines(runs: dict, experiments: list[Experiment]) -> list[str]:
-    """Finished runs that no experiment compares (an arm since removed from its experiment file)."""
+    """Finished runs that no experiment compares (an arm since removed from its experiment file); a sweep's
+    learning-rate scan (`tune-lr`, <sweep>_lr) is not one of them: its table is tune-lr's."""
     known = {(e.name, a) for e in experiments for a in e.arms}
-    extra = sorted({f"{k[0]}/{k[1]}" for k in runs if (k[0], k[1]) not in known})
+    scans = {f"{e.name}_lr" for e in experiments if e.sweep is not None}
+    extra = sorted({f"{k[0]}/{k[1]}" for k in runs if (k[0], k[1]) not in known and k[0] not in scans})
     if not extra:
         return []
     return [
