@@ -17,6 +17,7 @@ import torch
 
 from .conftest import INTERPRETING, golden_4over6_manifest, kernel_test, rerun_in_triton_interpreter
 from .test_4over6_rowcol import check_golden_case, check_rowcol, golden_rowcol_cases, split_tiles
+from .test_triton_4over6 import extreme_amax_tensors
 
 DEVICE = torch.device("cpu" if INTERPRETING else "cuda")
 
@@ -36,7 +37,7 @@ def test_rowcol_kernel_in_the_triton_interpreter():
     """Under a minute on a 2-core CPU (6 launches)."""
     pytest.importorskip("triton")
     summary = rerun_in_triton_interpreter(__file__, timeout=400)
-    assert re.fullmatch(r"3 passed, 9 skipped in .*", summary), summary
+    assert re.fullmatch(r"4 passed, 9 skipped in .*", summary), summary
 
 
 @kernel_test
@@ -59,6 +60,14 @@ def test_rowcol_kernel_pads_both_copies():
     x[16:32, 48:64] = 0
     check_rowcol(x, "mae", 256, dense=True, row_width=128, col_width=64, impl="triton", device=DEVICE)
     check_rowcol(x, "mae", 256, dense=False, row_width=96, col_width=80, impl="triton", device=DEVICE)
+
+
+@kernel_test
+def test_rowcol_kernel_at_extreme_amax():
+    """Error values that overflow to Inf or land among subnormals (the kernel's exact path), both copies."""
+    for _, x in extreme_amax_tensors(64, 256):
+        check_rowcol(x, "mae", 448, dense=False, impl="triton", device=DEVICE)
+        check_rowcol(x, "mae", 256, dense=True, impl="triton", device=DEVICE)
 
 
 @pytest.mark.skipif(INTERPRETING, reason="GPU-sized")

@@ -12,6 +12,7 @@ from .common import (
     BLOCK_COLS,
     BLOCK_ROWS,
     FLT_MAX,
+    INTERPRETED,
     e2m1_outputs,
     launch_options,
     store_exact,
@@ -161,8 +162,9 @@ def nvfp4_tile(
 # row scaling. A program holds BLOCK_R x BLOCK_C elements as 16 [BLOCK_R, NB] tensors, element i of every
 # block, loaded once as 16-byte vectors (CHUNK elements of a block) and split in registers: each thread
 # owns whole blocks, so the block max, both candidates' errors summed in TE's element order (a loop, not
-# a reduction tree) and the chosen codes all come from those registers, with no re-read of x. The options
-# are run-time arguments, not constexprs: one compiled variant per tile height, output kind and dtype.
+# a reduction tree) and the chosen codes all come from those registers, with no re-read of x. The error mode
+# is a constexpr (MODE: 0 no 4over6, 1 MAE, 2 MSE; a run uses one), the bound and row scaling are run-time
+# arguments: one compiled variant per mode, tile height, output kind and dtype.
 @triton.jit
 def _encode_of(scale, s_dec):
     encode = tl.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale * s_dec)
@@ -190,6 +192,126 @@ def _four_over_six_candidates(amax_b, s_enc, s_dec):
     base4 = base * 1.5
     bits4, scale4 = e4m3_rne(tl.where(base4 > 448.0, 448.0, base4))
     return bits6, scale6, _encode_of(scale6, s_dec), bits4, scale4, _encode_of(scale4, s_dec)
+
+
+# The error of a candidate needs ((q * S) * amax) / (6 B) for each element's E2M1 magnitude q. q * S is exact
+# (at most 6 significant bits), and q = 2^k * f with f = 1 or 1.5 (or q = 0): while the product with amax and
+# the quotient stay in FP32's normal range, scaling by 2^k commutes with both roundings, so the value is
+# 2^k * V_f with V_f = ((f * S) * amax) / (6 B), two divisions a block instead of one an element. It stays
+# there for every block when the tensor's (row's) amax lies in [2^-80, 2^115]: the smallest product, with
+# S = 2^-9 (E4M3's smallest) and q = 0.5, is 2^-90 or more, its quotient over 2^-102, and the largest,
+# 6 x 448 x amax, is below 2^127. amax 0 (every S and value 0) and Inf or NaN (NaN errors: map-to-6 either
+# way) take the same path; a program with a row outside (_needs_exact_values) sums the reference's formula.
+_VALUES_MIN = tl.constexpr(2.0**-80)
+_VALUES_MAX = tl.constexpr(2.0**115)
+_GPU = tl.constexpr(not INTERPRETED)
+
+
+@triton.jit
+def _needs_exact_values(amax):
+    return (amax > 0) & ((amax < _VALUES_MIN) | ((amax > _VALUES_MAX) & (amax <= FLT_MAX)))
+
+
+@triton.jit
+def _div_six_b(p, six_b, inv_six_b):
+    """fl(p / (6 B)) for p 0 or in [2^-100, 2^127]. On the GPU by Markstein's correction from fl(1 / (6 B)): the
+    residual fma(-q, 6 B, p) is exact and one more FMA rounds the quotient correctly, for every FP32 significand of
+    p and both bounds (test_triton_4over6.py checks all of them); the interpreter's FMA rounds twice, so there it
+    divides."""
+    if _GPU:
+        q = p * inv_six_b
+        return tl.fma(tl.fma(q, -six_b, p), inv_six_b, q)  # -six_b: once, a scalar (Triton's minus is 0 - x)
+    else:
+        return tl.div_rn(p, six_b)
+
+
+@triton.jit
+def _error_values(scale, amax, six_b, inv_six_b):
+    """(V_1, V_1.5) of candidates with scales ``scale``: ((f * S) * amax) / (6 B), f * S exact."""
+    return _div_six_b(scale * amax, six_b, inv_six_b), _div_six_b((scale * 1.5) * amax, six_b, inv_six_b)
+
+
+@triton.jit
+def _element_error(ax, encode, v1, v15, MODE: tl.constexpr, CLAMP: tl.constexpr):
+    """(E2M1 magnitude of |x| * encode, its 4over6 error: |d| (MODE 1) or d * d (2)) from ax = |x|. d = value - |x|
+    is the reference's (signed value) - x up to its sign, which neither error sees: y = x * encode has x's sign or
+    is zero, and then the value is 0. CLAMP False leaves out round_e2m1's clamp at 6, for map-to-4: its |y| stays
+    below 7 (at most 4 x 1.5, E4M3's largest rounding down, times FP32's own rounding), which rounds onto 6 as
+    the clamp would, unless its scale is 0; then map-to-6's is 0 too, both values are 0 (or NaN, from an
+    unclamped |y| = Inf), so err4 equals err6 or is NaN, and map-to-6 is kept either way."""
+    a = ax * encode
+    if CLAMP:
+        _, magnitude, _ = round_e2m1(a, 0, 0)
+    else:
+        offset_bits = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)  # round_e2m1's, unclamped
+        offset = offset_bits.to(tl.float32, bitcast=True)
+        magnitude = tl.fma(offset, -4194304.0, tl.fma(offset, 4194304.0, a))
+    bits = magnitude.to(tl.int32, bitcast=True)
+    value = tl.where((bits & 0x400000) != 0, v15, v1) * (bits & 0x7F800000).to(tl.float32, bitcast=True)
+    d = value - ax
+    if MODE == 1:
+        e = tl.abs(d)
+    else:
+        e = d * d
+    return magnitude, e
+
+
+@triton.jit
+def _element_error_exact(x, encode, scale, amax, six_b, MODE: tl.constexpr):
+    """_element_error's error by the reference's formula, one division an element (any amax)."""
+    _, magnitude, negative = round_e2m1(x * encode, 0, 0)
+    d = with_sign(tl.div_rn((magnitude * scale) * amax, six_b), negative) - x
+    if MODE == 1:
+        e = tl.abs(d)
+    else:
+        e = d * d
+    return e
+
+
+@triton.jit
+def _block_errors(xs, encode6, scale6, encode4, scale4, amax, six_bound, inv_six_bound, MODE: tl.constexpr):
+    """Both candidates' 4over6 errors of each block (xs: the 16 columns; encode, scale [R, NB]; amax [R, 1] or a
+    scalar), each element's summed in TE's order, and their E2M1 magnitudes: (err6, err4, mags6, mags4)."""
+    v6, v6h = _error_values(scale6, amax, six_bound, inv_six_bound)
+    v4, v4h = _error_values(scale4, amax, six_bound, inv_six_bound)
+    err6 = tl.zeros(encode6.shape, tl.float32)
+    err4 = tl.zeros(encode6.shape, tl.float32)
+    mags6 = ()
+    mags4 = ()
+    for i in tl.static_range(16):
+        ax = tl.abs(xs[i])
+        m6, e6 = _element_error(ax, encode6, v6, v6h, MODE, True)
+        m4, e4 = _element_error(ax, encode4, v4, v4h, MODE, False)
+        err6 = err6 + e6
+        err4 = err4 + e4
+        mags6 = mags6 + (m6,)
+        mags4 = mags4 + (m4,)
+    return err6, err4, mags6, mags4
+
+
+@triton.jit
+def _load_column(x_ptr, r, blk, rows, cols, i):
+    """Element i of blocks ``blk`` of rows ``r`` [R, NB], in FP32 (the rare exact path's strided re-read)."""
+    mask = (r[:, None] < rows) & (blk[None, :] < cols // 16)
+    return to_fp32(tl.load(x_ptr + (r[:, None].to(tl.int64) * cols + blk[None, :] * 16 + i), mask=mask, other=0.0))
+
+
+@triton.jit
+def _block_errors_exact(x_ptr, r, blk, rows, cols, encode6, scale6, encode4, scale4, amax, six_bound,
+                        MODE: tl.constexpr):
+    """_block_errors' (err6, err4) by the reference's formula: loops, not unrolled (rarely run), over the candidates
+    and the elements, which re-read x."""
+    six_b = tl.zeros(encode6.shape, tl.float32) + six_bound
+    err6 = tl.zeros(encode6.shape, tl.float32)
+    err = tl.zeros(encode6.shape, tl.float32)
+    for j in range(32):  # map-to-6's elements, then map-to-4's: one candidate's code in the loop
+        four = j >= 16
+        err6 = tl.where(j == 16, err, err6)
+        err = tl.where(j == 16, 0.0, err)
+        x = _load_column(x_ptr, r, blk, rows, cols, j % 16)
+        err = err + _element_error_exact(x, tl.where(four, encode4, encode6), tl.where(four, scale4, scale6), amax,
+                                         six_b, MODE)
+    return err6, err
 
 
 @triton.jit
@@ -226,17 +348,13 @@ def _load_columns(x_ptr, r, blk, rows, cols, R: tl.constexpr, NB: tl.constexpr, 
 
 
 @triton.jit
-def _block_error(xs, encode, scale, amax, err_mode, six_bound):
-    """The 4over6 error of each block under a candidate (xs: the 16 columns; encode, scale [R, NB]; amax
-    [R, 1]): ((q * S) * amax) / (6 B) - x per element, |d| (err_mode 1) or d * d (2), summed in order."""
-    six_b = tl.zeros(encode.shape, tl.float32) + six_bound
-    err = tl.zeros(encode.shape, tl.float32)
-    for i in tl.static_range(16):
-        _, magnitude, negative = round_e2m1(xs[i] * encode, 0, 0)
-        value = tl.div_rn((magnitude * scale) * amax, six_b)
-        d = with_sign(value, negative) - xs[i]
-        err = err + tl.where(err_mode == 1, tl.abs(d), d * d)
-    return err
+def _abs_max16(xs):
+    """max |xs[i]| over the 16 columns, NaN-propagating (a NaN gives a NaN, as torch.amax; any NaN: the tensor's
+    amax is NaN too, and so is every scale), one max.NaN with |.| an element."""
+    m = tl.abs(xs[0])
+    for i in tl.static_range(1, 16):
+        m = tl.maximum(m, tl.abs(xs[i]), propagate_nan=tl.PropagateNan.ALL)
+    return m
 
 
 @triton.jit
@@ -249,14 +367,24 @@ def _tile_tree(err, NB: tl.constexpr):
     return a + b
 
 
-@triton.jit(do_not_specialize=["amax_stride", "rows", "err_mode"])
+@triton.jit
+def _chosen(pick4, t4, t6):
+    """A tuple of the chosen candidate's per-element tensors: t4[i] where pick4, else t6[i]."""
+    t = ()
+    for i in tl.static_range(len(t6)):
+        t = t + (tl.where(pick4, t4[i], t6[i]),)
+    return t
+
+
+@triton.jit(do_not_specialize=["rows"])
 def _nvfp4_te_kernel(
-    x_ptr, amax_ptr, amax_stride, s_dec_ptr,  # x [rows, cols]; FP32 amax per row (stride 1) or per tensor (0)
+    x_ptr, amax_ptr, s_dec_ptr,  # x [rows, cols]; FP32 amax per row (ROW_SCALED) or per tensor; s_dec out
     codes_ptr, scales_ptr, values_ptr,
     rows, cols,
-    err_mode, six_bound,  # 0: no 4over6 (row-scaled standard NVFP4), 1: MAE, 2: MSE; 6 B in FP32
-    TILE_ROWS: tl.constexpr, DENSE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    six_bound, inv_six_bound,  # 6 B and fl(1 / (6 B)) in FP32
+    MODE: tl.constexpr,  # 0: no 4over6 (row-scaled standard NVFP4), 1: MAE, 2: MSE
+    ROW_SCALED: tl.constexpr, TILE_ROWS: tl.constexpr, DENSE: tl.constexpr, CHUNK: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     NB: tl.constexpr = BLOCK_C // 16
     pid_c = tl.program_id(1)
@@ -264,29 +392,43 @@ def _nvfp4_te_kernel(
     blk = pid_c * NB + tl.arange(0, NB)
     xs = _load_columns(x_ptr, r, blk, rows, cols, BLOCK_R, NB, CHUNK)  # exact FP32
 
-    # The global scales of these rows (nvfp4.global_encode_scale_te): amax 0 gives FLT_MAX, not 1.
-    row_ok = r < rows
-    amax = tl.load(amax_ptr + r * amax_stride, mask=row_ok, other=0.0)
-    s_enc, s_dec = _bounded_global_scales(amax, six_bound)
-    # One program column stores the rows' s_dec; a per-tensor scale only once.
-    tl.store(s_dec_ptr + r * amax_stride, s_dec, mask=row_ok & (pid_c == 0) & ((amax_stride != 0) | (r == 0)))
-    amax, s_enc, s_dec = amax[:, None], s_enc[:, None], s_dec[:, None]
+    # The global scales (nvfp4.global_encode_scale_te): amax 0 gives FLT_MAX, not 1. One program column stores
+    # the rows' s_dec; a per-tensor scale only the first program.
+    if ROW_SCALED:
+        row_ok = r < rows
+        amax = tl.load(amax_ptr + r, mask=row_ok, other=0.0)
+        s_enc, s_dec = _bounded_global_scales(amax, six_bound)
+        tl.store(s_dec_ptr + r, s_dec, mask=row_ok & (pid_c == 0))
+        exact = tl.max(_needs_exact_values(amax).to(tl.int32), axis=0) != 0
+        amax, s_enc, s_dec = amax[:, None], s_enc[:, None], s_dec[:, None]
+    else:
+        amax = tl.load(amax_ptr)
+        s_enc, s_dec = _bounded_global_scales(amax, six_bound)
+        if (tl.program_id(0) == 0) & (pid_c == 0):
+            tl.store(s_dec_ptr, s_dec)
+        exact = _needs_exact_values(amax)
 
-    block_bits = xs[0].to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    for i in tl.static_range(1, 16):
-        block_bits = tl.maximum(block_bits, xs[i].to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    amax_b = _abs_max16(xs)
     if TILE_ROWS == 16:
+        block_bits = amax_b.to(tl.int32, bitcast=True)
         tile_bits = tl.max(tl.reshape(block_bits, (BLOCK_R // 16, 16, NB)), axis=1)
         block_bits = tl.reshape(tl.broadcast_to(tile_bits[:, None, :], (BLOCK_R // 16, 16, NB)), (BLOCK_R, NB))
-    amax_b = block_bits.to(tl.float32, bitcast=True)
+        amax_b = block_bits.to(tl.float32, bitcast=True)
 
-    if err_mode == 0:  # row-scaled standard NVFP4: the folded multiplier, per row
+    if MODE == 0:  # row-scaled standard NVFP4: the folded multiplier, per row
         one_sixth = tl.full(amax_b.shape, _ONE_SIXTH_BITS, tl.int32).to(tl.float32, bitcast=True)
         scale_bits, scale, encode = block_scales(amax_b, s_dec, s_enc * one_sixth)
+        mags = ()
+        for i in tl.static_range(16):
+            _, magnitude, _ = round_e2m1(xs[i] * encode, 0, 0)
+            mags = mags + (magnitude,)
     else:
         bits6, scale6, encode6, bits4, scale4, encode4 = _four_over_six_candidates(amax_b, s_enc, s_dec)
-        err6 = _block_error(xs, encode6, scale6, amax, err_mode, six_bound)
-        err4 = _block_error(xs, encode4, scale4, amax, err_mode, six_bound)
+        err6, err4, mags6, mags4 = _block_errors(xs, encode6, scale6, encode4, scale4, amax, six_bound,
+                                                 inv_six_bound, MODE)
+        if exact:
+            err6, err4 = _block_errors_exact(x_ptr, r, blk, rows, cols, encode6, scale6, encode4, scale4, amax,
+                                             six_bound, MODE)
         if TILE_ROWS == 16:
             pick4 = tl.broadcast_to(_tile_tree(err4, NB) < _tile_tree(err6, NB), (BLOCK_R, NB))
         else:
@@ -294,25 +436,33 @@ def _nvfp4_te_kernel(
         scale_bits = tl.where(pick4, bits4, bits6)
         scale = tl.where(pick4, scale4, scale6)
         encode = tl.where(pick4, encode4, encode6)
+        mags = _chosen(pick4, mags4, mags6)
 
-    _store_rows(xs, encode, scale, scale_bits, r, blk, rows, cols, codes_ptr, scales_ptr, values_ptr, DENSE, BLOCK_R,
-                NB)
+    _store_rows(xs, mags, encode, scale, scale_bits, r, blk, rows, cols, codes_ptr, scales_ptr, values_ptr, DENSE,
+                BLOCK_R, NB)
 
 
 @triton.jit
-def _store_rows(xs, encode, scale, scale_bits, r, blk, rows, cols, codes_ptr, scales_ptr, values_ptr,
+def _e2m1_index(magnitude):
+    """The E2M1 index 0..7 of an E2M1 magnitude (0, 0.5, 1, 1.5, 2, 3, 4, 6): (bits >> 22) - 252 from 1 up;
+    bit 24 (set in 0.5 .. 1.5's words, not in 0's or from 2 up) gives 0.5 its 1 and 0 its 0."""
+    bits = magnitude.to(tl.int32, bitcast=True)
+    return tl.maximum((bits >> 22) - 252, (bits >> 24) & 1)
+
+
+@triton.jit
+def _store_rows(xs, mags, encode, scale, scale_bits, r, blk, rows, cols, codes_ptr, scales_ptr, values_ptr,
                 DENSE: tl.constexpr, BLOCK_R: tl.constexpr, NB: tl.constexpr):
-    """The TE kernels' row-wise tail: the 16 columns ``xs`` of blocks ``blk`` of rows ``r`` of [rows, cols], under
-    their chosen encode / scale ([BLOCK_R, NB]), stored as dense values or as packed codes + scale bytes."""
+    """The TE kernels' row-wise tail: the 16 columns ``xs`` of blocks ``blk`` of rows ``r`` of [rows, cols], their
+    E2M1 magnitudes ``mags`` under their chosen encode / scale ([BLOCK_R, NB]), stored as dense values or as
+    packed codes + scale bytes. The sign is y's (y = x * encode), as round_e2m1's."""
     mask = (r[:, None] < rows) & (blk[None, :] < cols // 16)
     row_offs = r[:, None].to(tl.int64) * cols + blk[None, :] * 16  # the blocks' first elements
     if DENSE:  # e2m1 * fp32(scale), the sign of y (signed_value), 4 columns a vector store
         for k in tl.static_range(4):
             v = ()
             for j in tl.static_range(4):
-                y = xs[4 * k + j] * encode
-                _, magnitude, _ = round_e2m1(y, 0, 0)
-                v = v + (signed_value(magnitude, scale, y),)
+                v = v + (signed_value(mags[4 * k + j], scale, xs[4 * k + j] * encode),)
             offs = row_offs[:, :, None] + 4 * k + tl.arange(0, 4)[None, None, :]
             store_exact(values_ptr, offs, _join4(v[0], v[1], v[2], v[3], BLOCK_R, NB), mask[:, :, None])
     else:  # packed codes (element 2j in the low nibble, sign in bit 3), 4 bytes a vector store; scale bytes
@@ -320,10 +470,9 @@ def _store_rows(xs, encode, scale, scale_bits, r, blk, rows, cols, codes_ptr, sc
         for k in tl.static_range(2):
             b = ()
             for j in tl.static_range(4):
-                index0, _, negative0 = round_e2m1(xs[8 * k + 2 * j] * encode, 0, 0)
-                index1, _, negative1 = round_e2m1(xs[8 * k + 2 * j + 1] * encode, 0, 0)
-                code = (index0 | (negative0.to(tl.int32) << 3)) | ((index1 | (negative1.to(tl.int32) << 3)) << 4)
-                b = b + (masked_codes(code, scale_is_nan).to(tl.uint8),)
+                code0 = _e2m1_index(mags[8 * k + 2 * j]) | ((xs[8 * k + 2 * j] * encode < 0).to(tl.int32) << 3)
+                code1 = _e2m1_index(mags[8 * k + 2 * j + 1]) | ((xs[8 * k + 2 * j + 1] * encode < 0).to(tl.int32) << 3)
+                b = b + (masked_codes(code0 | (code1 << 4), scale_is_nan).to(tl.uint8),)
             offs = (row_offs[:, :, None] // 2) + 4 * k + tl.arange(0, 4)[None, None, :]
             tl.store(codes_ptr + offs, _join4(b[0], b[1], b[2], b[3], BLOCK_R, NB), mask=mask[:, :, None])
         tl.store(scales_ptr + r[:, None].to(tl.int64) * (cols // 16) + blk[None, :], scale_bits.to(tl.uint8),
@@ -382,21 +531,16 @@ def _join16(v, R: tl.constexpr, NB: tl.constexpr):
 
 
 @triton.jit
-def _tile_errors(xs, encode, scale, amax, err_mode, six_bound, NB: tl.constexpr):
-    """A candidate's 4over6 error of each 16x16 tile of a row of tiles (xs: its 16 columns [16, NB]; encode,
-    scale [1, NB]; amax [1, 1]), in both of TE's orders, each [1, NB]: (x's: each row's elements in order, then
-    the tree over rows; x.T's: each column's elements in order, then the tree over columns). The element errors
-    are _block_error's."""
-    six_b = tl.zeros(encode.shape, tl.float32) + six_bound
-    err = tl.zeros(xs[0].shape, tl.float32)
+def _tile_errors(es, NB: tl.constexpr):
+    """A candidate's 4over6 error of each 16x16 tile of a row of tiles from its element errors ``es`` (16 columns
+    [16, NB]), in both of TE's orders, each [1, NB]: (x's: each row's elements in order, then the tree over rows;
+    x.T's: each column's elements in order, then the tree over columns)."""
+    err = es[0]
+    for i in tl.static_range(1, 16):
+        err = err + es[i]
     columns = ()
     for i in tl.static_range(16):
-        _, magnitude, negative = round_e2m1(xs[i] * encode, 0, 0)
-        value = tl.div_rn((magnitude * scale) * amax, six_b)
-        d = with_sign(value, negative) - xs[i]
-        e = tl.where(err_mode == 1, tl.abs(d), d * d)
-        err = err + e
-        rows = _rows16(e, NB)
+        rows = _rows16(es[i], NB)
         column = rows[0]
         for j in tl.static_range(1, 16):
             column = column + rows[j]
@@ -404,13 +548,69 @@ def _tile_errors(xs, encode, scale, amax, err_mode, six_bound, NB: tl.constexpr)
     return _tile_tree(err, NB), _tree16(columns)
 
 
-@triton.jit(do_not_specialize=["err_mode"])
+@triton.jit
+def _element_errors(xs, encode6, scale6, encode4, scale4, amax, six_bound, inv_six_bound, MODE: tl.constexpr):
+    """Both candidates' E2M1 magnitudes and element errors (four tuples of 16: mags6, es6, mags4, es4) of the tiles
+    xs (16 columns [16, NB]; encode, scale [1, NB]; amax a scalar), as _block_errors computes them."""
+    v6, v6h = _error_values(scale6, amax, six_bound, inv_six_bound)
+    v4, v4h = _error_values(scale4, amax, six_bound, inv_six_bound)
+    mags6 = ()
+    es6 = ()
+    mags4 = ()
+    es4 = ()
+    for i in tl.static_range(16):
+        ax = tl.abs(xs[i])
+        m, e = _element_error(ax, encode6, v6, v6h, MODE, True)
+        mags6 = mags6 + (m,)
+        es6 = es6 + (e,)
+        m, e = _element_error(ax, encode4, v4, v4h, MODE, False)
+        mags4 = mags4 + (m,)
+        es4 = es4 + (e,)
+    return mags6, es6, mags4, es4
+
+
+@triton.jit
+def _tile_errors_exact(x_ptr, r, blk, rows, cols, encode6, scale6, encode4, scale4, amax, six_bound,
+                       NB: tl.constexpr, MODE: tl.constexpr):
+    """_tile_errors of both candidates by the reference's formula, (row6, col6, row4, col4): loops, not unrolled
+    (rarely run), over the candidates and the columns, which re-read x; column i's sum is kept in row i of a
+    [16, NB] tensor for the tree over columns."""
+    six_b = tl.zeros(encode6.shape, tl.float32) + six_bound
+    row6 = tl.zeros(encode6.shape, tl.float32)
+    col6 = tl.zeros(encode6.shape, tl.float32)
+    row4 = tl.zeros(encode6.shape, tl.float32)
+    col4 = tl.zeros(encode6.shape, tl.float32)
+    for c in range(2):
+        four = c == 1
+        encode = tl.where(four, encode4, encode6)
+        scale = tl.where(four, scale4, scale6)
+        err = tl.zeros((16, NB), tl.float32)
+        columns = tl.zeros((16, NB), tl.float32)
+        for i in range(16):
+            e = _element_error_exact(_load_column(x_ptr, r, blk, rows, cols, i), encode, scale, amax, six_b, MODE)
+            err = err + e
+            e_rows = _rows16(e, NB)
+            column = e_rows[0]
+            for j in tl.static_range(1, 16):
+                column = column + e_rows[j]
+            columns = tl.where(tl.arange(0, 16)[:, None] == i, column, columns)
+        row = _tile_tree(err, NB)
+        col = _tile_tree(columns, NB)
+        row6 = tl.where(four, row6, row)
+        col6 = tl.where(four, col6, col)
+        row4 = tl.where(four, row, row4)
+        col4 = tl.where(four, col, col4)
+    return row6, col6, row4, col4
+
+
+@triton.jit
 def _nvfp4_4over6_rowcol_kernel(
     x_ptr, amax_ptr, s_dec_ptr,  # x [rows, cols] (rows a multiple of 16); its FP32 amax; s_dec out (0-d)
     codes_ptr, scales_ptr, values_ptr,  # x's copy [rows, cols]
     codes_t_ptr, scales_t_ptr, values_t_ptr,  # x.T's copy [cols, col_width], columns from rows on left alone
     rows, cols, col_width,
-    err_mode, six_bound,  # 1: MAE, 2: MSE; 6 B in FP32
+    six_bound, inv_six_bound,  # 6 B and fl(1 / (6 B)) in FP32
+    MODE: tl.constexpr,  # 1: MAE, 2: MSE
     DENSE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     NB: tl.constexpr = BLOCK_C // 16
@@ -420,23 +620,26 @@ def _nvfp4_4over6_rowcol_kernel(
     xs = _load_columns(x_ptr, r, blk, rows, cols, 16, NB, CHUNK)  # exact FP32
 
     # the global scales (nvfp4.global_encode_scale_te), as _nvfp4_te_kernel: amax 0 gives FLT_MAX
-    amax = tl.load(amax_ptr + tl.arange(0, 1))
+    amax = tl.load(amax_ptr)
     s_enc, s_dec = _bounded_global_scales(amax, six_bound)
-    tl.store(s_dec_ptr + tl.arange(0, 1), s_dec, mask=(pid_r == 0) & (pid_c == 0))
-    amax, s_enc, s_dec = amax[:, None], s_enc[:, None], s_dec[:, None]
+    if (pid_r == 0) & (pid_c == 0):
+        tl.store(s_dec_ptr, s_dec)
 
-    block_bits = xs[0].to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    for i in tl.static_range(1, 16):
-        block_bits = tl.maximum(block_bits, xs[i].to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    block_bits = _abs_max16(xs).to(tl.int32, bitcast=True)
     amax_b = tl.max(block_bits, axis=0)[None, :].to(tl.float32, bitcast=True)  # [1, NB]: the tiles' maxima
 
     bits6, scale6, encode6, bits4, scale4, encode4 = _four_over_six_candidates(amax_b, s_enc, s_dec)
-    row6, col6 = _tile_errors(xs, encode6, scale6, amax, err_mode, six_bound, NB)
-    row4, col4 = _tile_errors(xs, encode4, scale4, amax, err_mode, six_bound, NB)
+    mags6, es6, mags4, es4 = _element_errors(xs, encode6, scale6, encode4, scale4, amax, six_bound, inv_six_bound,
+                                             MODE)
+    row6, col6 = _tile_errors(es6, NB)
+    row4, col4 = _tile_errors(es4, NB)
+    if _needs_exact_values(amax):
+        row6, col6, row4, col4 = _tile_errors_exact(x_ptr, r, blk, rows, cols, encode6, scale6, encode4, scale4, amax,
+                                                    six_bound, NB, MODE)
 
     # x's copy (strict <: ties and NaN keep map-to-6)
     pick4 = row4 < row6
-    _store_rows(xs, tl.broadcast_to(tl.where(pick4, encode4, encode6), (16, NB)),
+    _store_rows(xs, _chosen(pick4, mags4, mags6), tl.broadcast_to(tl.where(pick4, encode4, encode6), (16, NB)),
                 tl.broadcast_to(tl.where(pick4, scale4, scale6), (16, NB)),
                 tl.broadcast_to(tl.where(pick4, bits4, bits6), (16, NB)), r, blk, rows, cols, codes_ptr, scales_ptr,
                 values_ptr, DENSE, 16, NB)
@@ -445,29 +648,33 @@ def _nvfp4_4over6_rowcol_kernel(
     pick4 = col4 < col6
     encode = tl.where(pick4, encode4, encode6)
     scale = tl.where(pick4, scale4, scale6)
+    mags = _chosen(pick4, mags4, mags6)
     out_row = blk[:, None].to(tl.int64) * 16 + tl.arange(0, 16)[None, :]  # [NB, 16]
     mask_blocks = (blk < cols // 16)[:, None]  # [NB, 1]
     mask = mask_blocks[:, :, None]
     if DENSE:
         v = ()
         for i in tl.static_range(16):
-            y = xs[i] * encode
-            _, magnitude, _ = round_e2m1(y, 0, 0)
-            v = v + (signed_value(magnitude, scale, y),)
+            v = v + (signed_value(mags[i], scale, xs[i] * encode),)
         offs = out_row[:, :, None] * col_width + pid_r * 16 + tl.arange(0, 16)[None, None, :]
         store_exact(values_t_ptr, offs, tl.permute(_join16(v, 16, NB), (1, 2, 0)), mask)
     else:  # packed: elements 2j, 2j + 1 of an x.T row are rows 2j, 2j + 1 here
         scale_is_nan = scale != scale
         b = ()
         for i in tl.static_range(16):
-            index, _, negative = round_e2m1(xs[i] * encode, 0, 0)
-            code = index | (negative.to(tl.int32) << 3)
+            code = _e2m1_index(mags[i]) | ((xs[i] * encode < 0).to(tl.int32) << 3)
             low, high = tl.split(tl.permute(tl.reshape(code, (8, 2, NB)), (0, 2, 1)))
             b = b + (masked_codes(low | (high << 4), scale_is_nan).to(tl.uint8),)
         offs = out_row[:, :, None] * (col_width // 2) + pid_r * 8 + tl.arange(0, 8)[None, None, :]
         tl.store(codes_t_ptr + offs, tl.permute(_join16(b, 8, NB), (1, 2, 0)), mask=mask)
         bits = tl.broadcast_to(tl.reshape(tl.where(pick4, bits4, bits6), (NB,))[:, None], (NB, 16))
         tl.store(scales_t_ptr + out_row * (col_width // 16) + pid_r, bits.to(tl.uint8), mask=mask_blocks)
+
+
+def _six_bound_args(scale_bound: int) -> tuple[float, float]:
+    """(6 B, fl(1 / (6 B))) as FP32 values, the error formula's divisor and its rounded reciprocal."""
+    six_b = torch.tensor(6.0 * scale_bound, dtype=torch.float32)
+    return float(six_b), float(torch.div(torch.ones((), dtype=torch.float32), six_b))
 
 
 def quantize_tiles_rowcol(x: torch.Tensor, four_over_six: str, scale_bound: int, *, dense: bool,
@@ -487,8 +694,8 @@ def quantize_tiles_rowcol(x: torch.Tensor, four_over_six: str, scale_bound: int,
     grid = (rows // 16, triton.cdiv(cols, BLOCK_COLS))
     _nvfp4_4over6_rowcol_kernel[grid](
         x, amax, s_dec, codes, scales, values, codes_t, scales_t, values_t, rows, cols, col_width,
-        {"mae": 1, "mse": 2}[four_over_six], 6.0 * scale_bound,
-        DENSE=dense, CHUNK=8 if x.element_size() == 2 else 4, BLOCK_C=BLOCK_COLS, **launch_options(x),
+        *_six_bound_args(scale_bound), MODE={"mae": 1, "mse": 2}[four_over_six], DENSE=dense,
+        CHUNK=8 if x.element_size() == 2 else 4, BLOCK_C=BLOCK_COLS, **launch_options(x),
     )
     if dense:
         return (values, amax, s_dec), (values_t, amax.clone(), s_dec.clone())
@@ -512,9 +719,9 @@ def quantize_te(x: torch.Tensor, tile_rows: int, four_over_six, scale_bound: int
     codes, scales, values = e2m1_outputs(x.shape, 16, dense, out_dtype or x.dtype, x.device, unused=amax)
     grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(cols, BLOCK_COLS))
     _nvfp4_te_kernel[grid](
-        x, amax, 1 if row_scaled else 0, s_dec, codes, scales, values, rows, cols,
-        {None: 0, "mae": 1, "mse": 2}[four_over_six], 6.0 * scale_bound,
-        TILE_ROWS=tile_rows, DENSE=dense, CHUNK=8 if x.element_size() == 2 else 4, BLOCK_R=BLOCK_ROWS,
+        x, amax, s_dec, codes, scales, values, rows, cols, *_six_bound_args(scale_bound),
+        MODE={None: 0, "mae": 1, "mse": 2}[four_over_six], ROW_SCALED=row_scaled, TILE_ROWS=tile_rows, DENSE=dense,
+        CHUNK=8 if x.element_size() == 2 else 4, BLOCK_R=BLOCK_ROWS,
         BLOCK_C=BLOCK_COLS, **launch_options(x),
     )
     if row_scaled:

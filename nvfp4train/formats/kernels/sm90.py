@@ -64,15 +64,14 @@ DEQUANTIZE_ARGS = {
 NVFP4_TE_ARGS = {
     "x_ptr": "*bf16",
     "amax_ptr": "*fp32",
-    "amax_stride": "i32",
     "s_dec_ptr": "*fp32",
     "codes_ptr": "*u8",
     "scales_ptr": "*u8",
     "values_ptr": "*bf16",
     "rows": "i32",
     "cols": "i32",
-    "err_mode": "i32",
     "six_bound": "fp32",
+    "inv_six_bound": "fp32",
 }
 # nvfp4._nvfp4_4over6_rowcol_kernel as training launches it: an FP32 master weight, dense bf16 W and Wᵀ
 NVFP4_4OVER6_ROWCOL_ARGS = {
@@ -88,8 +87,8 @@ NVFP4_4OVER6_ROWCOL_ARGS = {
     "rows": "i32",
     "cols": "i32",
     "col_width": "i32",
-    "err_mode": "i32",
     "six_bound": "fp32",
+    "inv_six_bound": "fp32",
 }
 RHT_AMAX_ARGS = {"x_ptr": "*bf16", "partial_ptr": "*i32", "row_partial_ptr": "*i32", "n_features": "i32"}
 SCALE_CAST_ARGS = {"x_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*bf16", "n": "i32"}
@@ -189,6 +188,23 @@ def _rht(mode: int, dense: bool, rowwise: bool, row_dense: bool | None = None) -
     )
 
 
+def _te(tile_rows: int, mode: int, row_scaled: bool = False) -> Variant:
+    return Variant(
+        nvfp4._nvfp4_te_kernel,
+        NVFP4_TE_ARGS,
+        {
+            "MODE": mode,
+            "ROW_SCALED": row_scaled,
+            "TILE_ROWS": tile_rows,
+            "DENSE": True,
+            "CHUNK": 8,
+            "BLOCK_R": common.BLOCK_ROWS,
+            "BLOCK_C": common.BLOCK_COLS,
+        },
+        common.BLOCK_ROWS * common.BLOCK_COLS,
+    )
+
+
 # What a bf16 training step launches (operands.py / linear.py), by name.
 VARIANTS = {
     # NVFP4 1x16 along features (Fprop / Dgrad operands on their own), RNE and Philox SR, dense bf16 out
@@ -216,25 +232,26 @@ VARIANTS = {
         },
         common.BLOCK_ROWS * common.BLOCK_COLS,
     ),
-    # TE's newer options (_nvfp4_te_kernel, one variant for every error mode / bound / scaling): the 4over6
-    # weights (16x16, dense: Fprop's W), a 4over6 or row-scaled activation (1x16, dense: Fprop's X)
-    "nvfp4_te_16x16": Variant(
-        nvfp4._nvfp4_te_kernel,
-        NVFP4_TE_ARGS,
-        {"TILE_ROWS": 16, "DENSE": True, "CHUNK": 8, "BLOCK_R": common.BLOCK_ROWS, "BLOCK_C": common.BLOCK_COLS},
-        common.BLOCK_ROWS * common.BLOCK_COLS,
-    ),
-    "nvfp4_te_1x16": Variant(
-        nvfp4._nvfp4_te_kernel,
-        NVFP4_TE_ARGS,
-        {"TILE_ROWS": 1, "DENSE": True, "CHUNK": 8, "BLOCK_R": common.BLOCK_ROWS, "BLOCK_C": common.BLOCK_COLS},
-        common.BLOCK_ROWS * common.BLOCK_COLS,
-    ),
+    # TE's newer options (_nvfp4_te_kernel, one variant per error mode for every bound / scaling): the 4over6
+    # weights (16x16, dense: Fprop's W), a 4over6 activation (1x16, dense: Fprop's X), MAE (TE's default) or MSE;
+    # a row-scaled activation without 4over6 (MODE 0)
+    "nvfp4_te_16x16": _te(16, mode=1),
+    "nvfp4_te_1x16": _te(1, mode=1),
+    "nvfp4_te_16x16_mse": _te(16, mode=2),
+    "nvfp4_te_1x16_mse": _te(1, mode=2),
+    "nvfp4_te_1x16_rowscaled": _te(1, mode=1, row_scaled=True),
+    "nvfp4_rowscaled_1x16": _te(1, mode=0, row_scaled=True),
     # a 4over6 weight's W (Fprop) and Wᵀ (Dgrad) from one read (nvfp4.quantize_tiles_rowcol; the weight cache)
     "nvfp4_4over6_rowcol": Variant(
         nvfp4._nvfp4_4over6_rowcol_kernel,
         NVFP4_4OVER6_ROWCOL_ARGS,
-        {"DENSE": True, "CHUNK": 4, "BLOCK_C": common.BLOCK_COLS},
+        {"MODE": 1, "DENSE": True, "CHUNK": 4, "BLOCK_C": common.BLOCK_COLS},
+        common.BLOCK_ROWS * common.BLOCK_COLS,
+    ),
+    "nvfp4_4over6_rowcol_mse": Variant(
+        nvfp4._nvfp4_4over6_rowcol_kernel,
+        NVFP4_4OVER6_ROWCOL_ARGS,
+        {"MODE": 2, "DENSE": True, "CHUNK": 4, "BLOCK_C": common.BLOCK_COLS},
         common.BLOCK_ROWS * common.BLOCK_COLS,
     ),
     # the 16-point RHT along tokens, transposed (Wgrad operands); "rowwise": with the 1x16 copy of the same tile
