@@ -421,6 +421,8 @@ def fieller(a: list[float], b: list[float], alpha: float = ALPHA) -> Ratio:
     qa, qb, qc = mb * mb - t2 * sbb, ma * mb - t2 * sab, ma * ma - t2 * saa
     value = ma / mb if mb else math.inf
     disc = qb * qb - qa * qc
+    if -1e-12 * abs(qa * qc) <= disc < 0:  # a = r * b in every pair: disc is 0, up to rounding; the interval is r
+        disc = 0.0
     if qa <= 0 or disc < 0:
         return Ratio(n, value, None, None)
     root = math.sqrt(disc)

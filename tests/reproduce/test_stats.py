@@ -451,6 +451,7 @@ def scaled_run(src, dst, factor: float, tp_factor: float):
     e["heldout_mean_loss"] = e["heldout_mean_loss"] * factor
     e["eval_precision"] = "both"
     e["heldout_tp"] = {s: {**v, "loss": v["loss"] * tp_factor} for s, v in e["heldout"].items()}
+    e["heldout_tp_mean_loss"] = e["heldout_mean_loss"] * tp_factor  # the unweighted mean over sources, as heldout's
     (dst / "eval.json").write_text(json.dumps(e))
 
 
@@ -549,3 +550,11 @@ def test_the_figure_adds_a_training_precision_validation_row_where_every_run_rec
         assert report.relative_figure(exp, report.load_runs([tmp_path / name]), path)
         heights[name] = matplotlib.image.imread(path).shape[0]
     assert heights["both"] == pytest.approx(1.5 * heights["bf16"], rel=0.02)  # 3 rows of panels against 2
+
+
+def test_fieller_of_an_exactly_proportional_pair_is_the_ratio_itself():
+    """Every seed recovering exactly 40% of its gap: no spread in the ratio, whatever rounding does to the
+    discriminant, so the interval is the point 0.4 (not unbounded)."""
+    gap = [0.84, 0.97, 1.04, 1.17, 1.19]  # their discriminant rounds below 0
+    ratio = stats.fieller([0.4 * g for g in gap], gap)
+    assert ratio.lo == pytest.approx(0.4, abs=1e-6) and ratio.hi == pytest.approx(0.4, abs=1e-6)
