@@ -269,24 +269,42 @@ def _element_error_exact(x, encode, scale, amax, six_b, MODE: tl.constexpr):
 
 
 @triton.jit
+def _element_errors(xs, encode6, scale6, encode4, scale4, amax, six_bound, inv_six_bound, MODE: tl.constexpr):
+    """Both candidates' E2M1 magnitudes and element errors (four tuples of 16: mags6, es6, mags4, es4) of the tiles
+    xs (16 columns; encode, scale [R, NB] or [1, NB]; amax [R, 1] or a scalar)."""
+    v6, v6h = _error_values(scale6, amax, six_bound, inv_six_bound)
+    v4, v4h = _error_values(scale4, amax, six_bound, inv_six_bound)
+    mags6 = ()
+    es6 = ()
+    mags4 = ()
+    es4 = ()
+    for i in tl.static_range(16):
+        ax = tl.abs(xs[i])
+        m, e = _element_error(ax, encode6, v6, v6h, MODE, True)
+        mags6 = mags6 + (m,)
+        es6 = es6 + (e,)
+        m, e = _element_error(ax, encode4, v4, v4h, MODE, False)
+        mags4 = mags4 + (m,)
+        es4 = es4 + (e,)
+    return mags6, es6, mags4, es4
+
+
+@triton.jit
+def _sum16(es):
+    """es[0] + es[1] + ... + es[15], in that order (TE's element order)."""
+    total = es[0]
+    for i in tl.static_range(1, 16):
+        total = total + es[i]
+    return total
+
+
+@triton.jit
 def _block_errors(xs, encode6, scale6, encode4, scale4, amax, six_bound, inv_six_bound, MODE: tl.constexpr):
     """Both candidates' 4over6 errors of each block (xs: the 16 columns; encode, scale [R, NB]; amax [R, 1] or a
     scalar), each element's summed in TE's order, and their E2M1 magnitudes: (err6, err4, mags6, mags4)."""
-    v6, v6h = _error_values(scale6, amax, six_bound, inv_six_bound)
-    v4, v4h = _error_values(scale4, amax, six_bound, inv_six_bound)
-    err6 = tl.zeros(encode6.shape, tl.float32)
-    err4 = tl.zeros(encode6.shape, tl.float32)
-    mags6 = ()
-    mags4 = ()
-    for i in tl.static_range(16):
-        ax = tl.abs(xs[i])
-        m6, e6 = _element_error(ax, encode6, v6, v6h, MODE, True)
-        m4, e4 = _element_error(ax, encode4, v4, v4h, MODE, False)
-        err6 = err6 + e6
-        err4 = err4 + e4
-        mags6 = mags6 + (m6,)
-        mags4 = mags4 + (m4,)
-    return err6, err4, mags6, mags4
+    mags6, es6, mags4, es4 = _element_errors(xs, encode6, scale6, encode4, scale4, amax, six_bound, inv_six_bound,
+                                             MODE)
+    return _sum16(es6), _sum16(es4), mags6, mags4
 
 
 @triton.jit
@@ -535,9 +553,7 @@ def _tile_errors(es, NB: tl.constexpr):
     """A candidate's 4over6 error of each 16x16 tile of a row of tiles from its element errors ``es`` (16 columns
     [16, NB]), in both of TE's orders, each [1, NB]: (x's: each row's elements in order, then the tree over rows;
     x.T's: each column's elements in order, then the tree over columns)."""
-    err = es[0]
-    for i in tl.static_range(1, 16):
-        err = err + es[i]
+    err = _sum16(es)
     columns = ()
     for i in tl.static_range(16):
         rows = _rows16(es[i], NB)
@@ -546,27 +562,6 @@ def _tile_errors(es, NB: tl.constexpr):
             column = column + rows[j]
         columns = columns + (column,)
     return _tile_tree(err, NB), _tree16(columns)
-
-
-@triton.jit
-def _element_errors(xs, encode6, scale6, encode4, scale4, amax, six_bound, inv_six_bound, MODE: tl.constexpr):
-    """Both candidates' E2M1 magnitudes and element errors (four tuples of 16: mags6, es6, mags4, es4) of the tiles
-    xs (16 columns [16, NB]; encode, scale [1, NB]; amax a scalar), as _block_errors computes them."""
-    v6, v6h = _error_values(scale6, amax, six_bound, inv_six_bound)
-    v4, v4h = _error_values(scale4, amax, six_bound, inv_six_bound)
-    mags6 = ()
-    es6 = ()
-    mags4 = ()
-    es4 = ()
-    for i in tl.static_range(16):
-        ax = tl.abs(xs[i])
-        m, e = _element_error(ax, encode6, v6, v6h, MODE, True)
-        mags6 = mags6 + (m,)
-        es6 = es6 + (e,)
-        m, e = _element_error(ax, encode4, v4, v4h, MODE, False)
-        mags4 = mags4 + (m,)
-        es4 = es4 + (e,)
-    return mags6, es6, mags4, es4
 
 
 @triton.jit
