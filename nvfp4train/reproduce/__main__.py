@@ -71,6 +71,17 @@ def cmd_plan(args) -> int:
     runs = select(args, exp, args.device)
     for line in describe(exp, runs, args.gpu, args.gpus_per_run):
         print(line)
+    print_commands(runs, args.gpus_per_run)
+    made = [run for run in runs if run.source is None]
+    print(
+        f"\n{len(made)} run(s)"
+        + (f"; {len(runs) - len(made)} borrowed ({borrowed_text(runs)})" if made != runs else "")
+    )
+    return 0
+
+
+def print_commands(runs, gpus_per_run: int) -> None:
+    """Each run's state, out_dir and commands (`plan`, `tune-lr --dry-run`); a borrowed run its lender's."""
     for run in runs:
         if run.source is not None:
             print(f"\n# {run.key} [{run_state(run.out_dir)}]  {borrowed_line(run)}")
@@ -79,15 +90,9 @@ def cmd_plan(args) -> int:
             f"\n# {run.key} [{run_state(run.out_dir)}]  out_dir={run.out_dir}  ({run.max_steps} steps, "
             f"{run.tokens:,} tokens, {run.precision})"
         )
-        print(shell(run.train_command(args.gpus_per_run)))
+        print(shell(run.train_command(gpus_per_run)))
         if run.eval_args is not None:
             print(shell(run.eval_command()))
-    made = [run for run in runs if run.source is None]
-    print(
-        f"\n{len(made)} run(s)"
-        + (f"; {len(runs) - len(made)} borrowed ({borrowed_text(runs)})" if made != runs else "")
-    )
-    return 0
 
 
 def borrowed_line(run) -> str:
@@ -206,9 +211,7 @@ def cmd_tune_lr(args) -> int:
     rc = 0
     if not args.report:
         if args.dry_run:
-            for run in runs:
-                print(f"\n# {run.key} [{run_state(run.out_dir)}]  out_dir={run.out_dir}  ({run.max_steps} steps)")
-                print(shell(run.train_command(args.gpus_per_run)))
+            print_commands(runs, args.gpus_per_run)
             print()
         rc = run_here(args, runs, device)
         if args.dry_run:
